@@ -1,0 +1,454 @@
+//! `pdctl-sandbox`: a private, real systemd user manager + journald + D-Bus (shared/rig.md), booted
+//! in a new mount + PID namespace (and its own cgroup), for tests and for `pdctl demo`.
+//!
+//! ```no_run
+//! let sb = pdctl_sandbox::Sandbox::start().unwrap();
+//! sb.write_unit("hello.service", "[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+//! sb.daemon_reload().unwrap();
+//! sb.systemctl(&["start", "hello.service"]).unwrap();
+//! println!("bus: {}  journal: {}", sb.bus_address(), sb.journal_dir().display());
+//! // dropping `sb` kills everything inside it
+//! ```
+//!
+//! Everything inside is reached from outside through `/proc/<pid>/root/` of the namespace's first
+//! process: the bus at [`Sandbox::bus_address`], the journal at [`Sandbox::journal_dir`]. The
+//! network is shared with the host, so services listen on loopback ports chosen by [`free_port`].
+//! Teardown is certain: the namespace's first process exits when the owner's end of its stdin
+//! closes (on drop, or when the owning process dies for any reason), and the kernel then kills
+//! every process in the namespace.
+
+pub mod init;
+pub mod journal;
+pub mod stack;
+
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Why a sandbox could not be booted or used.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// Not running as root.
+    #[error("the sandbox needs root (it mounts a private /run and runs systemd in new namespaces); run the tests or the demo as root")]
+    NotRoot,
+    /// A program the sandbox needs is missing.
+    #[error("{0} was not found; install it (Debian: apt-get install systemd util-linux dbus) and retry")]
+    Missing(String),
+    /// A binary of this workspace is not built.
+    #[error("{name} was not found at {path}; build the workspace first (cargo build --workspace --bins) or set {env}")]
+    BinaryNotBuilt {
+        /// The binary's name.
+        name: String,
+        /// Where it was looked for.
+        path: PathBuf,
+        /// The environment variable that overrides the location.
+        env: String,
+    },
+    /// Booting failed; the message says where.
+    #[error("the sandbox did not boot: {0}")]
+    Boot(String),
+    /// A command run inside the sandbox failed.
+    #[error("`{cmd}` failed in the sandbox: {detail}")]
+    Command {
+        /// The command line.
+        cmd: String,
+        /// Its stderr/stdout or the spawn error.
+        detail: String,
+    },
+    /// Local I/O.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SandboxError {
+    let what = what.into();
+    move |source| SandboxError::Io { what, source }
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, SandboxError>;
+
+/// How long booting may take before it is reported as failed.
+const BOOT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A running sandbox. Dropping it kills every process inside and removes its files.
+pub struct Sandbox {
+    unshare: Child,
+    /// Keeps the first process alive; closing it ends the sandbox.
+    stdin: Option<ChildStdin>,
+    init_pid: u32,
+    pidfd: Option<std::os::fd::OwnedFd>,
+    dir: tempfile::TempDir,
+    cgroups: Vec<PathBuf>,
+    machine_id: String,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("init_pid", &self.init_pid)
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+/// Locate a binary of this workspace: `$env` if set, else next to the running executable
+/// (`target/<profile>/`, also from `target/<profile>/deps/` where test binaries live).
+pub fn workspace_bin(name: &str, env: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(io("find the running executable"))?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") || dir.ends_with("examples") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(SandboxError::BinaryNotBuilt {
+            name: name.into(),
+            path,
+            env: env.into(),
+        })
+    }
+}
+
+/// The repository's top directory (where the README's commands put `.venv`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The real SGLang router's `smg` entry point: `$PDCTL_ROUTER_BIN`, else `.venv/bin/smg` in the
+/// repository (installed by `scripts/setup`).
+pub fn router_bin() -> Result<PathBuf> {
+    let p = std::env::var_os("PDCTL_ROUTER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/smg"));
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(SandboxError::Missing(format!(
+            "the SGLang router ({}; run scripts/setup to install sglang-router==0.3.2, or set PDCTL_ROUTER_BIN)",
+            p.display()
+        )))
+    }
+}
+
+/// A loopback TCP port that is free now and not handed out before by this process.
+pub fn free_port() -> Result<u16> {
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    for _ in 0..64 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("bind a loopback port"))?;
+        let port = l.local_addr().map_err(io("read a bound port"))?.port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    Err(SandboxError::Boot("no free loopback port found".into()))
+}
+
+/// Cgroup directories to move the sandbox into, so that two sandboxes never share unit cgroups.
+fn prepare_cgroups(tag: &str) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => continue,
+        };
+        let mount = if ctrl.is_empty() {
+            ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+                .iter()
+                .map(PathBuf::from)
+                .find(|m| m.join("cgroup.procs").exists() && !m.join("cpu").is_dir())
+        } else if ctrl.split(',').any(|c| c == "cpuset") {
+            None // cpuset needs cpus/mems set before a task can join
+        } else {
+            let m = PathBuf::from("/sys/fs/cgroup").join(ctrl.trim_start_matches("name="));
+            m.join("cgroup.procs").exists().then_some(m)
+        };
+        if let Some(m) = mount {
+            let dir = m.join(path.trim_start_matches('/')).join(tag);
+            if std::fs::create_dir(&dir).is_ok() {
+                out.push(dir);
+            }
+        }
+    }
+    out
+}
+
+/// Remove a cgroup directory tree, deepest first (cgroupfs only removes empty groups).
+fn remove_cgroup(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+impl Sandbox {
+    /// Boot a sandbox. Needs root, `unshare`/`nsenter` (util-linux), systemd and journald.
+    pub fn start() -> Result<Sandbox> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(SandboxError::NotRoot);
+        }
+        for p in [
+            "/lib/systemd/systemd",
+            "/lib/systemd/systemd-journald",
+            "/usr/bin/unshare",
+            "/usr/bin/nsenter",
+        ] {
+            if !Path::new(p).exists() {
+                return Err(SandboxError::Missing(p.into()));
+            }
+        }
+        let init_bin = workspace_bin("pdctl-sandbox", "PDCTL_SANDBOX_BIN")?;
+        let dir = tempfile::Builder::new()
+            .prefix("pdctl-sandbox-")
+            .tempdir()
+            .map_err(io("create the sandbox directory"))?;
+        let config_home = dir.path().join("config");
+        std::fs::create_dir_all(config_home.join("systemd/user"))
+            .map_err(io("create the unit directory"))?;
+        let machine_id = std::fs::read_to_string("/etc/machine-id")
+            .map(|s| s.trim().to_string())
+            .map_err(io("read /etc/machine-id (journald needs it)"))?;
+        let tag = dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| format!("pdctl-sandbox-{}", std::process::id()));
+        // A per-sandbox cgroup named like a slice: the manager roots its units there, and
+        // journald, skipping slices, still derives `_SYSTEMD_UNIT=x.service` from the path.
+        let cgroups = prepare_cgroups(&format!("{tag}.slice"));
+        let procs: Vec<std::ffi::CString> = cgroups
+            .iter()
+            .filter_map(|d| std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok())
+            .collect();
+
+        let mut cmd = Command::new("/usr/bin/unshare");
+        cmd.args(["--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+            .arg(&init_bin)
+            .arg("__init")
+            .arg(&config_home)
+            .arg(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::File::create(dir.path().join("init.log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            );
+        // SAFETY: the closure only calls async-signal-safe functions (open, write, close) on
+        // pointers prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                for p in &procs {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd >= 0 {
+                        libc::write(fd, b"0".as_ptr().cast(), 1);
+                        libc::close(fd);
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut unshare = cmd.spawn().map_err(io("start unshare"))?;
+        let stdin = unshare.stdin.take();
+        let stdout = unshare.stdout.take();
+        let (tx, rx) = mpsc::channel();
+        if let Some(out) = stdout {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut sb = Sandbox {
+            unshare,
+            stdin,
+            init_pid: 0,
+            pidfd: None,
+            dir,
+            cgroups,
+            machine_id,
+        };
+        match rx.recv_timeout(BOOT_DEADLINE) {
+            Ok(l) if l == "READY" => {}
+            Ok(l) => {
+                return Err(SandboxError::Boot(
+                    l.strip_prefix("ERROR ").unwrap_or(&l).to_string(),
+                ))
+            }
+            Err(_) => {
+                let log = std::fs::read_to_string(sb.dir.path().join("init.log")).unwrap_or_default();
+                return Err(SandboxError::Boot(format!(
+                    "no READY within {BOOT_DEADLINE:?}; init said: {}",
+                    log.trim()
+                )));
+            }
+        }
+        let uid = sb.unshare.id();
+        let children = std::fs::read_to_string(format!("/proc/{uid}/task/{uid}/children"))
+            .map_err(io("find the sandbox's first process"))?;
+        sb.init_pid = children
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| SandboxError::Boot("unshare has no child".into()))?;
+        // SAFETY: pidfd_open takes a pid and flags; the returned fd (if any) is owned by us.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sb.init_pid as libc::pid_t, 0) };
+        if fd >= 0 {
+            // SAFETY: `fd` is a fresh descriptor returned by the kernel, owned by nobody else.
+            sb.pidfd = Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) });
+        }
+        Ok(sb)
+    }
+
+    /// Host PID of the namespace's first process.
+    pub fn init_pid(&self) -> u32 {
+        self.init_pid
+    }
+
+    /// The sandbox's root as seen from outside (`/proc/<pid>/root`).
+    pub fn root(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.init_pid))
+    }
+
+    /// D-Bus address of the session bus the user manager serves (`org.freedesktop.systemd1`).
+    pub fn bus_address(&self) -> String {
+        format!("unix:path=/proc/{}/root{}/bus", self.init_pid, init::RUNTIME_DIR)
+    }
+
+    /// The manager's runtime directory, seen from outside.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.root().join(init::RUNTIME_DIR.trim_start_matches('/'))
+    }
+
+    /// The journal directory (volatile storage), seen from outside; for `sd_journal_open_directory`
+    /// or `journalctl -D`.
+    pub fn journal_dir(&self) -> PathBuf {
+        self.root().join("run/log/journal").join(&self.machine_id)
+    }
+
+    /// Host directory the sandbox keeps its files in (unit files, logs). Removed on drop.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where unit files go (`$XDG_CONFIG_HOME/systemd/user`).
+    pub fn unit_dir(&self) -> PathBuf {
+        self.dir.path().join("config/systemd/user")
+    }
+
+    /// Write (or replace) a unit file. Call [`Sandbox::daemon_reload`] afterwards.
+    pub fn write_unit(&self, name: &str, contents: &str) -> Result<PathBuf> {
+        let p = self.unit_dir().join(name);
+        std::fs::write(&p, contents).map_err(io(format!("write {}", p.display())))?;
+        Ok(p)
+    }
+
+    /// A command that runs inside the sandbox's namespaces with the manager's environment.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("/usr/bin/nsenter");
+        c.arg(format!("--target={}", self.init_pid))
+            .args(["--mount", "--pid", "--"])
+            .arg("/usr/bin/env")
+            .arg(format!("XDG_RUNTIME_DIR={}", init::RUNTIME_DIR))
+            .arg(format!("DBUS_SESSION_BUS_ADDRESS=unix:path={}/bus", init::RUNTIME_DIR))
+            .arg(program)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, mut c: Command, shown: String) -> Result<Output> {
+        let out = c.output().map_err(|e| SandboxError::Command {
+            cmd: shown.clone(),
+            detail: e.to_string(),
+        })?;
+        if out.status.success() {
+            Ok(out)
+        } else {
+            Err(SandboxError::Command {
+                cmd: shown,
+                detail: format!(
+                    "{} {}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim(),
+                    String::from_utf8_lossy(&out.stdout).trim()
+                ),
+            })
+        }
+    }
+
+    /// `systemctl --user ARGS` inside the sandbox; an error unless it exits 0.
+    pub fn systemctl(&self, args: &[&str]) -> Result<Output> {
+        let mut c = self.command("systemctl");
+        c.arg("--user").args(args);
+        self.run(c, format!("systemctl --user {}", args.join(" ")))
+    }
+
+    /// `systemctl --user daemon-reload`.
+    pub fn daemon_reload(&self) -> Result<()> {
+        self.systemctl(&["daemon-reload"]).map(|_| ())
+    }
+
+    /// `journalctl -D <journal> ARGS` (read from outside; no namespace needed).
+    pub fn journalctl(&self, args: &[&str]) -> Result<Output> {
+        let mut c = Command::new("journalctl");
+        c.arg("-D").arg(self.journal_dir()).args(args).stdin(Stdio::null());
+        self.run(c, format!("journalctl {}", args.join(" ")))
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Closing stdin asks the first process to exit; SIGKILL makes sure it does.
+        self.stdin.take();
+        if self.init_pid > 0 {
+            // SAFETY: signalling a pid we own (the namespace's init) is harmless if it is gone.
+            unsafe { libc::kill(self.init_pid as libc::pid_t, libc::SIGKILL) };
+            if let Some(fd) = &self.pidfd {
+                let mut p = libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; readable once the process has exited.
+                unsafe { libc::poll(&mut p, 1, 10_000) };
+            }
+        }
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+        for c in &self.cgroups {
+            remove_cgroup(c);
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The 1P1D stack of the design, placed in a sandbox: a prefill and a decode `sglang-sim` as
+//! systemd units (`CUDA_VISIBLE_DEVICES` 0-3 / 4-7) and the real SGLang router in PD mode as a
+//! third unit.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::journal::field;
+use crate::{free_port, router_bin, workspace_bin, Result, Sandbox, SandboxError};
+
+/// SGLang's ready line.
+pub const READY_LINE: &str = "The server is fired up and ready to roll!";
+
+/// What to vary in the stack.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// Extra `sglang-sim` flags for the prefill unit (e.g. `--sim-version 0.5.6`).
+    pub prefill_args: Vec<String>,
+    /// Extra `sglang-sim` flags for the decode unit.
+    pub decode_args: Vec<String>,
+    /// Simulated load time (port closed) in seconds.
+    pub load_secs: f64,
+    /// Simulated warmup time (`/health` 503) in seconds.
+    pub warmup_secs: f64,
+    /// Start the real router as a unit too.
+    pub router: bool,
+    /// The router's `--health-check-interval-secs`.
+    pub router_health_interval_secs: u32,
+    /// `Restart=` of the worker units.
+    pub restart: String,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions {
+            prefill_args: Vec::new(),
+            decode_args: Vec::new(),
+            load_secs: 1.5,
+            warmup_secs: 0.5,
+            router: true,
+            router_health_interval_secs: 1,
+            restart: "no".into(),
+        }
+    }
+}
+
+/// One simulated SGLang worker unit.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    /// Unit name, e.g. `sglang-dsv4-prefill.service`.
+    pub unit: String,
+    /// `prefill` or `decode`.
+    pub role: &'static str,
+    /// HTTP port.
+    pub port: u16,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Bootstrap port (prefill only).
+    pub bootstrap_port: Option<u16>,
+    /// `CUDA_VISIBLE_DEVICES` of the unit.
+    pub gpus: &'static str,
+}
+
+/// The router unit.
+#[derive(Debug, Clone)]
+pub struct RouterUnit {
+    /// Unit name.
+    pub unit: String,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// `http://127.0.0.1:PORT/metrics` (its Prometheus endpoint).
+    pub metrics_url: String,
+}
+
+/// A sandbox with the 1P1D stack's units written and started.
+#[derive(Debug)]
+pub struct Stack {
+    /// The sandbox (dropping the stack tears it down).
+    pub sandbox: Sandbox,
+    /// The prefill worker.
+    pub prefill: Worker,
+    /// The decode worker.
+    pub decode: Worker,
+    /// The router, if started.
+    pub router: Option<RouterUnit>,
+    /// The simulator binary the units run.
+    pub sim_bin: PathBuf,
+}
+
+/// `0-3` → `0,1,2,3` (the form `CUDA_VISIBLE_DEVICES` takes).
+fn cuda_list(range: &str) -> String {
+    match range.split_once('-').map(|(a, b)| (a.parse::<u32>(), b.parse::<u32>())) {
+        Some((Ok(a), Ok(b))) if a <= b => (a..=b).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+        _ => range.to_string(),
+    }
+}
+
+/// Quote one ExecStart argument for systemd.
+fn q(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-:=,".contains(c)) {
+        s.to_string()
+    } else {
+        format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+}
+
+impl Stack {
+    /// The unit file of a simulated worker.
+    pub fn worker_unit(&self, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
+        let model = self.sandbox.dir().join("models/dsv4");
+        let mut args: Vec<String> = vec![
+            "--model-path".into(),
+            model.display().to_string(),
+            "--served-model-name".into(),
+            "dsv4".into(),
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            w.port.to_string(),
+            "--tp-size".into(),
+            "4".into(),
+            "--disaggregation-mode".into(),
+            w.role.into(),
+            "--enable-metrics".into(),
+            "--trust-remote-code".into(),
+            "--mem-fraction-static".into(),
+            "0.85".into(),
+        ];
+        if let Some(b) = w.bootstrap_port {
+            args.push("--disaggregation-bootstrap-port".into());
+            args.push(b.to_string());
+        }
+        args.extend(extra.iter().cloned());
+        let exec = std::iter::once(self.sim_bin.display().to_string())
+            .chain(args)
+            .map(|a| q(&a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        format!(
+            "[Unit]\nDescription=SGLang {role} server (sglang-sim) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
+             [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
+             Environment=SGLANG_SIM_LOAD_SECS={load} SGLANG_SIM_WARMUP_SECS={warm}\n\
+             ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\n",
+            role = w.role,
+            gpus = w.gpus,
+            cuda = cuda_list(w.gpus),
+            load = opts.load_secs,
+            warm = opts.warmup_secs,
+            restart = opts.restart,
+        )
+    }
+
+    /// Boot a sandbox, write the units and start them (without waiting for readiness).
+    pub fn boot(opts: &StackOptions) -> Result<Stack> {
+        let sim_bin = workspace_bin("sglang-sim", "PDCTL_SIM_BIN")?;
+        let smg = if opts.router { Some(router_bin()?) } else { None };
+        let sandbox = Sandbox::start()?;
+        std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| SandboxError::Io {
+            what: "create the model directory".into(),
+            source: e,
+        })?;
+        let prefill_port = free_port()?;
+        let prefill = Worker {
+            unit: "sglang-dsv4-prefill.service".into(),
+            role: "prefill",
+            port: prefill_port,
+            url: format!("http://127.0.0.1:{prefill_port}"),
+            bootstrap_port: Some(free_port()?),
+            gpus: "0-3",
+        };
+        let decode_port = free_port()?;
+        let decode = Worker {
+            unit: "sglang-dsv4-decode.service".into(),
+            role: "decode",
+            port: decode_port,
+            url: format!("http://127.0.0.1:{decode_port}"),
+            bootstrap_port: None,
+            gpus: "4-7",
+        };
+        let mut stack = Stack {
+            sandbox,
+            prefill,
+            decode,
+            router: None,
+            sim_bin,
+        };
+        let p = stack.worker_unit(&stack.prefill, opts, &opts.prefill_args);
+        let d = stack.worker_unit(&stack.decode, opts, &opts.decode_args);
+        stack.sandbox.write_unit(&stack.prefill.unit, &p)?;
+        stack.sandbox.write_unit(&stack.decode.unit, &d)?;
+        let mut units = vec![stack.prefill.unit.clone(), stack.decode.unit.clone()];
+        if let Some(smg) = smg {
+            let (port, mport) = (free_port()?, free_port()?);
+            let exec = format!(
+                "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation --prefill {} {} --decode {} \
+                 --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
+                 --worker-startup-timeout-secs 300",
+                q(&smg.display().to_string()),
+                stack.prefill.url,
+                stack.prefill.bootstrap_port.unwrap_or(8998),
+                stack.decode.url,
+                opts.router_health_interval_secs,
+            );
+            let unit = "sglang-router.service".to_string();
+            stack.sandbox.write_unit(
+                &unit,
+                &format!(
+                    "[Unit]\nDescription=SGLang router (sglang-router 0.3.2) in PD mode\nStartLimitIntervalSec=0\n\n\
+                     [Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NO_COLOR=1\n\
+                     ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n"
+                ),
+            )?;
+            units.push(unit.clone());
+            stack.router = Some(RouterUnit {
+                unit,
+                url: format!("http://127.0.0.1:{port}"),
+                metrics_url: format!("http://127.0.0.1:{mport}/metrics"),
+            });
+        }
+        stack.sandbox.daemon_reload()?;
+        let mut args = vec!["start", "--no-block"];
+        args.extend(units.iter().map(String::as_str));
+        stack.sandbox.systemctl(&args)?;
+        Ok(stack)
+    }
+
+    /// The two workers, prefill first.
+    pub fn workers(&self) -> [&Worker; 2] {
+        [&self.prefill, &self.decode]
+    }
+
+    /// Wait until journald has both workers' ready lines (from their current processes), at most
+    /// `deadline`. Returns the two entries, prefill first.
+    pub fn wait_ready(&self, deadline: Duration) -> Result<Vec<serde_json::Value>> {
+        let mut out = Vec::new();
+        for w in self.workers() {
+            let mut f = self.sandbox.follow_journal(&[&format!("_SYSTEMD_UNIT={}", w.unit)])?;
+            let entry = f
+                .wait_for(deadline, |e| field(e, "MESSAGE").is_some_and(|m| m.contains(READY_LINE)))
+                .ok_or_else(|| {
+                    SandboxError::Boot(format!(
+                        "{} logged no ready line within {deadline:?}",
+                        w.unit
+                    ))
+                })?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+}

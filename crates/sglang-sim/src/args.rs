@@ -1,0 +1,442 @@
+//! Command-line parsing that behaves like SGLang's argparse front end.
+//!
+//! SGLang rejects unknown flags at start with `unrecognized arguments` and exit code 2; a bad
+//! config rollout looks exactly like that in real life, so the simulator does the same. Flags that
+//! matter to the simulation are parsed; a list of common SGLang flags is accepted and ignored.
+//! Simulator-only knobs use the `--sim-` prefix, each also settable as `SGLANG_SIM_<NAME>` in the
+//! environment (flag wins).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::version::Version;
+
+/// The program name argparse prints, as in `python -m sglang.launch_server`.
+pub const PROG: &str = "launch_server.py";
+
+/// The PD role of the simulated server (`--disaggregation-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `null`: a regular (non-disaggregated) server.
+    Null,
+    /// `prefill`: runs the prefill half and a bootstrap server.
+    Prefill,
+    /// `decode`: runs the decode half.
+    Decode,
+}
+
+impl Mode {
+    /// The name SGLang uses for the mode in `/server_info`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Null => "null",
+            Mode::Prefill => "prefill",
+            Mode::Decode => "decode",
+        }
+    }
+}
+
+/// Everything the simulator was asked to do.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// `--host` (default 127.0.0.1, as SGLang).
+    pub host: String,
+    /// `--port` (default 30000).
+    pub port: u16,
+    /// `--model-path` (required, as SGLang).
+    pub model_path: String,
+    /// `--served-model-name` (defaults to the model path).
+    pub served_model_name: String,
+    /// `--tp-size`.
+    pub tp_size: u32,
+    /// `--disaggregation-mode`.
+    pub mode: Mode,
+    /// `--disaggregation-bootstrap-port` (default 8998).
+    pub bootstrap_port: u16,
+    /// `--enable-metrics`.
+    pub enable_metrics: bool,
+    /// `--skip-server-warmup`.
+    pub skip_warmup: bool,
+    /// `--context-length` (accepted; used for `/v1/models` and the constants).
+    pub context_length: u64,
+    /// `--page-size`.
+    pub page_size: u64,
+    /// Every flag as given, for the `server_args=` line and `/server_info`.
+    pub given: BTreeMap<String, String>,
+    /// Simulator-only settings.
+    pub sim: SimKnobs,
+}
+
+/// Simulator-only settings and fault knobs (`--sim-*` flags or `SGLANG_SIM_*` variables).
+#[derive(Debug, Clone)]
+pub struct SimKnobs {
+    /// `--sim-version`: which SGLang release to imitate (metric names, labels, /health).
+    pub version: Version,
+    /// `--sim-load-secs`: time from start to the HTTP port opening (weights, KV pool, graphs).
+    pub load: Duration,
+    /// `--sim-warmup-secs`: time from the port opening to the ready line.
+    pub warmup: Duration,
+    /// `--sim-max-total-tokens`: KV pool size in tokens.
+    pub max_total_tokens: u64,
+    /// `--sim-tokens-per-sec`: decode speed per request, so that in-flight requests exist.
+    pub tokens_per_sec: f64,
+    /// `--sim-idle-publish-secs`: the idle metrics publish period (SGLang: 30 s).
+    pub idle_publish: Duration,
+    /// `--sim-health-generate-ms`: how long `/health` takes once up (SGLang waits ≥ 1 s).
+    pub health_generate: Duration,
+    /// `--sim-exit-code N`: fault: print an error and exit with N during start-up.
+    pub exit_code: Option<i32>,
+    /// `--sim-crash-after-ready SECS`: fault: the scheduler dies SECS after the ready line.
+    pub crash_after_ready: Option<Duration>,
+    /// `--sim-never-ready`: fault: the port opens but warmup never finishes.
+    pub never_ready: bool,
+    /// `--sim-health-fail-after-ready SECS`: fault: `/health` answers 503 from SECS after ready on.
+    pub health_fail_after_ready: Option<Duration>,
+    /// `--sim-no-metrics-publish`: fault: usage/KV gauges are never published.
+    pub no_metrics_publish: bool,
+    /// `--sim-metrics-hang`: fault: `/metrics` accepts the request and never answers.
+    pub metrics_hang: bool,
+    /// `--sim-flush-ready-on-stop`: fault: on SIGTERM the ready line is written again, as a
+    /// block-buffered stderr flushes it at exit.
+    pub flush_ready_on_stop: bool,
+}
+
+impl Default for SimKnobs {
+    fn default() -> Self {
+        SimKnobs {
+            version: Version::LATEST,
+            load: Duration::from_millis(2000),
+            warmup: Duration::from_millis(1000),
+            max_total_tokens: 524_288,
+            tokens_per_sec: 200.0,
+            idle_publish: Duration::from_secs(30),
+            health_generate: Duration::from_millis(1000),
+            exit_code: None,
+            crash_after_ready: None,
+            never_ready: false,
+            health_fail_after_ready: None,
+            no_metrics_publish: false,
+            metrics_hang: false,
+            flush_ready_on_stop: false,
+        }
+    }
+}
+
+/// A parse failure, rendered the way argparse renders it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgError(pub String);
+
+impl std::fmt::Display for ArgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "usage: {PROG} [-h] --model-path MODEL_PATH [options]\n{PROG}: error: {}", self.0)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Value,
+    Flag,
+}
+
+/// Flags the simulation uses (value-taking unless marked).
+const USED: &[(&str, Kind)] = &[
+    ("--host", Kind::Value),
+    ("--port", Kind::Value),
+    ("--model-path", Kind::Value),
+    ("--model", Kind::Value),
+    ("--served-model-name", Kind::Value),
+    ("--tp-size", Kind::Value),
+    ("--tp", Kind::Value),
+    ("--disaggregation-mode", Kind::Value),
+    ("--disaggregation-bootstrap-port", Kind::Value),
+    ("--enable-metrics", Kind::Flag),
+    ("--skip-server-warmup", Kind::Flag),
+    ("--context-length", Kind::Value),
+    ("--page-size", Kind::Value),
+];
+
+/// Common SGLang flags that are accepted and have no effect on the simulation.
+const IGNORED: &[(&str, Kind)] = &[
+    ("--mem-fraction-static", Kind::Value),
+    ("--kv-cache-dtype", Kind::Value),
+    ("--trust-remote-code", Kind::Flag),
+    ("--attention-backend", Kind::Value),
+    ("--tokenizer-path", Kind::Value),
+    ("--dp-size", Kind::Value),
+    ("--dp", Kind::Value),
+    ("--ep-size", Kind::Value),
+    ("--chunked-prefill-size", Kind::Value),
+    ("--max-running-requests", Kind::Value),
+    ("--max-prefill-tokens", Kind::Value),
+    ("--disaggregation-transfer-backend", Kind::Value),
+    ("--disaggregation-ib-device", Kind::Value),
+    ("--log-level", Kind::Value),
+    ("--log-level-http", Kind::Value),
+    ("--decode-log-interval", Kind::Value),
+    ("--enable-metrics-for-all-schedulers", Kind::Flag),
+    ("--disable-cuda-graph", Kind::Flag),
+    ("--cuda-graph-max-bs", Kind::Value),
+    ("--enable-dp-attention", Kind::Flag),
+    ("--schedule-policy", Kind::Value),
+    ("--watchdog-timeout", Kind::Value),
+    ("--dtype", Kind::Value),
+    ("--quantization", Kind::Value),
+    ("--random-seed", Kind::Value),
+    ("--api-key", Kind::Value),
+    ("--uvicorn-access-log-exclude-prefixes", Kind::Value),
+];
+
+/// Simulator knobs: flag name (without `--sim-`), kind.
+const SIM: &[(&str, Kind)] = &[
+    ("version", Kind::Value),
+    ("load-secs", Kind::Value),
+    ("warmup-secs", Kind::Value),
+    ("max-total-tokens", Kind::Value),
+    ("tokens-per-sec", Kind::Value),
+    ("idle-publish-secs", Kind::Value),
+    ("health-generate-ms", Kind::Value),
+    ("exit-code", Kind::Value),
+    ("crash-after-ready", Kind::Value),
+    ("never-ready", Kind::Flag),
+    ("health-fail-after-ready", Kind::Value),
+    ("no-metrics-publish", Kind::Flag),
+    ("metrics-hang", Kind::Flag),
+    ("flush-ready-on-stop", Kind::Flag),
+];
+
+fn kind_of(flag: &str) -> Option<Kind> {
+    if let Some(k) = flag.strip_prefix("--sim-") {
+        return SIM.iter().find(|(n, _)| *n == k).map(|(_, kind)| *kind);
+    }
+    USED.iter()
+        .chain(IGNORED)
+        .find(|(n, _)| *n == flag)
+        .map(|(_, kind)| *kind)
+}
+
+/// The names of every simulator knob, as `--sim-NAME` (for docs and tests).
+pub fn sim_knob_names() -> impl Iterator<Item = &'static str> {
+    SIM.iter().map(|(n, _)| *n)
+}
+
+/// Parse `args` (without the program name). `env` looks up `SGLANG_SIM_*` variables.
+pub fn parse(
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<SimConfig, ArgError> {
+    let mut given: BTreeMap<String, String> = BTreeMap::new();
+    let mut unknown: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let raw = &args[i];
+        i += 1;
+        let (flag, inline) = match raw.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (raw.clone(), None),
+        };
+        match kind_of(&flag) {
+            None => unknown.push(raw.clone()),
+            Some(Kind::Flag) => {
+                if inline.is_some() {
+                    return Err(ArgError(format!(
+                        "argument {flag}: ignored explicit argument '{}'",
+                        inline.unwrap_or_default()
+                    )));
+                }
+                given.insert(flag, "true".into());
+            }
+            Some(Kind::Value) => {
+                let v = match inline {
+                    Some(v) => v,
+                    None => match args.get(i) {
+                        Some(v) if !v.starts_with("--") => {
+                            i += 1;
+                            v.clone()
+                        }
+                        _ => return Err(ArgError(format!("argument {flag}: expected one argument"))),
+                    },
+                };
+                given.insert(flag, v);
+            }
+        }
+    }
+    if !unknown.is_empty() {
+        return Err(ArgError(format!(
+            "unrecognized arguments: {}",
+            unknown.join(" ")
+        )));
+    }
+    let model_path = given
+        .get("--model-path")
+        .or_else(|| given.get("--model"))
+        .cloned()
+        .ok_or_else(|| {
+            ArgError("the following arguments are required: --model-path/--model".into())
+        })?;
+    let int = |flag: &str, default: u64| -> Result<u64, ArgError> {
+        match given.get(flag) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<u64>()
+                .map_err(|_| ArgError(format!("argument {flag}: invalid int value: '{v}'"))),
+        }
+    };
+    let port = int("--port", 30000)?;
+    let bootstrap_port = int("--disaggregation-bootstrap-port", 8998)?;
+    for (flag, v) in [("--port", port), ("--disaggregation-bootstrap-port", bootstrap_port)] {
+        if v > u64::from(u16::MAX) {
+            return Err(ArgError(format!("argument {flag}: invalid port: '{v}'")));
+        }
+    }
+    let tp_size = int(
+        if given.contains_key("--tp") { "--tp" } else { "--tp-size" },
+        1,
+    )?
+    .max(1);
+    let mode = match given.get("--disaggregation-mode").map(String::as_str) {
+        None | Some("null") => Mode::Null,
+        Some("prefill") => Mode::Prefill,
+        Some("decode") => Mode::Decode,
+        Some(other) => {
+            return Err(ArgError(format!(
+                "argument --disaggregation-mode: invalid choice: '{other}' (choose from 'null', 'prefill', 'decode')"
+            )))
+        }
+    };
+    let sim = parse_knobs(&given, env)?;
+    Ok(SimConfig {
+        host: given.get("--host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
+        port: port as u16,
+        served_model_name: given
+            .get("--served-model-name")
+            .cloned()
+            .unwrap_or_else(|| model_path.clone()),
+        model_path,
+        tp_size: u32::try_from(tp_size).unwrap_or(u32::MAX),
+        mode,
+        bootstrap_port: bootstrap_port as u16,
+        enable_metrics: given.contains_key("--enable-metrics"),
+        skip_warmup: given.contains_key("--skip-server-warmup"),
+        context_length: int("--context-length", 163_840)?,
+        page_size: int("--page-size", 1)?.max(1),
+        given,
+        sim,
+    })
+}
+
+fn parse_knobs(
+    given: &BTreeMap<String, String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<SimKnobs, ArgError> {
+    let get = |name: &str| -> Option<String> {
+        given.get(&format!("--sim-{name}")).cloned().or_else(|| {
+            env(&format!("SGLANG_SIM_{}", name.replace('-', "_").to_uppercase()))
+        })
+    };
+    let flag = |name: &str| -> bool {
+        get(name).is_some_and(|v| !matches!(v.as_str(), "" | "0" | "false" | "no"))
+    };
+    let num = |name: &str| -> Result<Option<f64>, ArgError> {
+        match get(name) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .map(Some)
+                .ok_or_else(|| {
+                    ArgError(format!("argument --sim-{name}: invalid non-negative number: '{v}'"))
+                }),
+        }
+    };
+    let secs = |name: &str| -> Result<Option<Duration>, ArgError> {
+        Ok(num(name)?.map(Duration::from_secs_f64))
+    };
+    let mut k = SimKnobs::default();
+    if let Some(v) = get("version") {
+        k.version = Version::parse(&v).ok_or_else(|| {
+            ArgError(format!(
+                "argument --sim-version: invalid version: '{v}' (expected like 0.5.23)"
+            ))
+        })?;
+    }
+    if let Some(d) = secs("load-secs")? {
+        k.load = d;
+    }
+    if let Some(d) = secs("warmup-secs")? {
+        k.warmup = d;
+    }
+    if let Some(n) = num("max-total-tokens")? {
+        k.max_total_tokens = (n as u64).max(1);
+    }
+    if let Some(n) = num("tokens-per-sec")? {
+        k.tokens_per_sec = n.max(0.001);
+    }
+    if let Some(d) = secs("idle-publish-secs")? {
+        k.idle_publish = d;
+    }
+    if let Some(n) = num("health-generate-ms")? {
+        k.health_generate = Duration::from_secs_f64(n / 1000.0);
+    }
+    if let Some(v) = get("exit-code") {
+        k.exit_code = Some(v.parse::<i32>().map_err(|_| {
+            ArgError(format!("argument --sim-exit-code: invalid int value: '{v}'"))
+        })?);
+    }
+    k.crash_after_ready = secs("crash-after-ready")?;
+    k.never_ready = flag("never-ready");
+    k.health_fail_after_ready = secs("health-fail-after-ready")?;
+    k.no_metrics_publish = flag("no-metrics-publish");
+    k.metrics_hang = flag("metrics-hang");
+    k.flush_ready_on_stop = flag("flush-ready-on-stop");
+    Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<SimConfig, ArgError> {
+        let v: Vec<String> = s.split_whitespace().map(String::from).collect();
+        parse(&v, &|_| None)
+    }
+
+    #[test]
+    fn parses_pd_prefill_flags() {
+        let c = p("--model-path m --port 31000 --disaggregation-mode prefill --disaggregation-bootstrap-port 9000 --enable-metrics --tp 4 --mem-fraction-static 0.8 --trust-remote-code").unwrap();
+        assert_eq!(c.port, 31000);
+        assert_eq!(c.mode, Mode::Prefill);
+        assert_eq!(c.bootstrap_port, 9000);
+        assert!(c.enable_metrics);
+        assert_eq!(c.tp_size, 4);
+        assert_eq!(c.served_model_name, "m");
+    }
+
+    #[test]
+    fn unknown_flag_is_rejected_like_argparse() {
+        let e = p("--model-path m --collect-tokens-histogram").unwrap_err();
+        assert_eq!(e.0, "unrecognized arguments: --collect-tokens-histogram");
+        assert!(e.to_string().contains("launch_server.py: error: unrecognized arguments"));
+    }
+
+    #[test]
+    fn missing_model_path_and_bad_values() {
+        assert!(p("--port 1").unwrap_err().0.contains("required: --model-path"));
+        assert!(p("--model-path m --port x").unwrap_err().0.contains("invalid int value: 'x'"));
+        assert!(p("--model-path m --port").unwrap_err().0.contains("expected one argument"));
+        assert!(p("--model-path m --disaggregation-mode both").unwrap_err().0.contains("invalid choice"));
+    }
+
+    #[test]
+    fn sim_knobs_from_flag_and_env() {
+        let v: Vec<String> = "--model-path m --sim-version 0.4.6 --sim-never-ready"
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        let env = |k: &str| (k == "SGLANG_SIM_LOAD_SECS").then(|| "0.5".to_string());
+        let c = parse(&v, &env).unwrap();
+        assert_eq!(c.sim.version, Version::parse("0.4.6").unwrap());
+        assert!(c.sim.never_ready);
+        assert_eq!(c.sim.load, Duration::from_millis(500));
+    }
+}

@@ -1,0 +1,521 @@
+//! The simulated scheduler: request and KV-cache accounting, and SGLang's rules for when gauges are
+//! published (`log_stats()` after a prefill batch, every 40 decode iterations, or after the idle
+//! period), rendered as Prometheus text the way `prometheus_client` in multiprocess mode does.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::args::{Mode, SimConfig};
+use crate::log;
+
+/// SGLang's `--decode-log-interval` default: decode stats are published every 40 iterations.
+pub const DECODE_LOG_INTERVAL: u64 = 40;
+
+/// `server_status` as SGLang tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Loading finished, warmup running: `/health` answers 503.
+    Starting,
+    /// Warmup done (or skipped): `/health` answers 200.
+    Up,
+}
+
+/// The values `log_stats()` last wrote (gauges are `mostrecent`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Published {
+    running: u64,
+    queued: u64,
+    used: u64,
+    available: u64,
+    evictable: u64,
+    gen_throughput: f64,
+    cache_hit_rate: f64,
+}
+
+#[derive(Debug)]
+struct State {
+    status: Status,
+    running: u64,
+    used: u64,
+    evictable: u64,
+    decode_iters: u64,
+    last_publish: Instant,
+    published: Option<Published>,
+    requests_total: u64,
+    prompt_tokens_total: u64,
+    generation_tokens_total: u64,
+    last_decode_tps: f64,
+}
+
+/// Shared simulator state; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    cfg: Arc<SimConfig>,
+    state: Arc<Mutex<State>>,
+}
+
+/// Tokens a running request holds; returned to the pool with [`Engine::finish`].
+#[derive(Debug)]
+pub struct Ticket {
+    held: u64,
+    generated: u64,
+}
+
+impl Engine {
+    /// A scheduler whose KV pool was just allocated (constants are written now in ≥0.5.11).
+    pub fn new(cfg: Arc<SimConfig>) -> Engine {
+        Engine {
+            cfg,
+            state: Arc::new(Mutex::new(State {
+                status: Status::Starting,
+                running: 0,
+                used: 0,
+                evictable: 0,
+                decode_iters: 0,
+                last_publish: Instant::now(),
+                published: None,
+                requests_total: 0,
+                prompt_tokens_total: 0,
+                generation_tokens_total: 0,
+                last_decode_tps: 0.0,
+            })),
+        }
+    }
+
+    /// The configuration the simulator runs with.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means another request panicked mid-update; the counters are
+        // still usable for a simulator.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Current server status.
+    pub fn status(&self) -> Status {
+        self.lock().status
+    }
+
+    /// Mark warmup finished.
+    pub fn set_up(&self) {
+        self.lock().status = Status::Up;
+    }
+
+    /// KV pool size.
+    pub fn max_total_tokens(&self) -> u64 {
+        self.cfg.sim.max_total_tokens
+    }
+
+    /// Running requests and tokens in use, for `/get_load`.
+    pub fn load(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.running, s.used)
+    }
+
+    fn publish(&self, s: &mut State) {
+        if self.cfg.sim.no_metrics_publish {
+            return;
+        }
+        let max = self.max_total_tokens();
+        s.published = Some(Published {
+            running: s.running,
+            queued: 0,
+            used: s.used,
+            available: max.saturating_sub(s.used + s.evictable),
+            evictable: s.evictable,
+            gen_throughput: s.last_decode_tps,
+            cache_hit_rate: 0.0,
+        });
+        s.last_publish = Instant::now();
+    }
+
+    /// A request arrives: the prefill batch allocates its prompt tokens. Prefill batches
+    /// publish the gauges (`report_prefill_stats`); a PD decode server runs no prefill batch.
+    pub fn admit(&self, prompt_tokens: u64) -> Ticket {
+        let max = self.max_total_tokens();
+        let mut s = self.lock();
+        s.running += 1;
+        s.requests_total += 1;
+        s.prompt_tokens_total += prompt_tokens;
+        let need = prompt_tokens.min(max);
+        // Evict cached (finished) tokens when the free pool is short.
+        let free = max.saturating_sub(s.used + s.evictable);
+        if free < need {
+            s.evictable = s.evictable.saturating_sub(need - free);
+        }
+        s.used += need;
+        if self.cfg.mode != Mode::Decode {
+            let (used, running) = (s.used, s.running);
+            log::line(&format!(
+                "Prefill batch, #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: {:.2}, #running-req: {}, #queue-req: 0",
+                used as f64 / max as f64,
+                running.saturating_sub(1)
+            ));
+            self.publish(&mut s);
+        }
+        Ticket { held: need, generated: 0 }
+    }
+
+    /// One decode iteration produced a token for `t`; every 40 iterations decode stats publish.
+    pub fn decode_step(&self, t: &mut Ticket) {
+        let max = self.max_total_tokens();
+        let mut s = self.lock();
+        if s.used + s.evictable < max {
+            s.used += 1;
+            t.held += 1;
+        }
+        t.generated += 1;
+        s.decode_iters += 1;
+        s.last_decode_tps = self.cfg.sim.tokens_per_sec * s.running.max(1) as f64;
+        if s.decode_iters % DECODE_LOG_INTERVAL == 0 {
+            log::line(&format!(
+                "Decode batch, #running-req: {}, #token: {}, token usage: {:.2}, gen throughput (token/s): {:.2}, #queue-req: 0",
+                s.running,
+                s.used,
+                s.used as f64 / max as f64,
+                s.last_decode_tps
+            ));
+            self.publish(&mut s);
+        }
+    }
+
+    /// The request finished: its tokens move to the radix cache (evictable).
+    pub fn finish(&self, t: Ticket) {
+        let mut s = self.lock();
+        s.running = s.running.saturating_sub(1);
+        s.used = s.used.saturating_sub(t.held);
+        s.evictable += t.held;
+        s.generation_tokens_total += t.generated;
+    }
+
+    /// A `/health` generate on an idle prefill-capable scheduler is a prefill batch.
+    pub fn health_probe(&self) {
+        let mut s = self.lock();
+        if self.cfg.mode != Mode::Decode && s.running == 0 {
+            self.publish(&mut s);
+        }
+    }
+
+    /// `_maybe_log_idle_metrics`: publish when idle and the last publish is older than the
+    /// idle period. Called once a second.
+    pub fn idle_tick(&self) {
+        let mut s = self.lock();
+        if s.running == 0 && s.last_publish.elapsed() >= self.cfg.sim.idle_publish {
+            self.publish(&mut s);
+        }
+    }
+
+    /// `/flush_cache`: drop the radix cache unless requests are running.
+    pub fn flush_cache(&self) -> bool {
+        let mut s = self.lock();
+        if s.running > 0 {
+            return false;
+        }
+        s.evictable = 0;
+        true
+    }
+
+    /// Render `/metrics`. `openmetrics` follows `Accept: application/openmetrics-text`:
+    /// names become `sglang_…` and the text ends with `# EOF`.
+    pub fn render_metrics(&self, openmetrics: bool) -> String {
+        let s = self.lock();
+        let v = self.cfg.sim.version;
+        let mut fams: Vec<Family> = Vec::new();
+        let max = self.max_total_tokens() as f64;
+        // Constants (≥0.5.11: written by every TP rank at init).
+        if v.constants_at_init() {
+            let ranks = self.cfg.tp_size;
+            let page = self.cfg.page_size as f64;
+            for (name, help, val) in [
+                ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max),
+                ("sglang:page_size", "The page size of the KV cache.", page),
+                ("sglang:num_pages", "The number of pages in the KV cache pool.", (max / page).floor()),
+                ("sglang:context_len", "The context length of the model.", self.cfg.context_length as f64),
+            ] {
+                let samples = (0..ranks).map(|r| (self.labels(r, None), val)).collect();
+                fams.push(Family::gauge(name, help, samples));
+            }
+        }
+        if let Some(p) = s.published {
+            let mut stat = |name: &str, help: &str, val: f64| {
+                fams.push(Family::gauge(name, help, vec![(self.labels(0, None), val)]));
+            };
+            let used = p.used as f64;
+            stat("sglang:num_running_reqs", "The number of running requests.", p.running as f64);
+            stat("sglang:num_queue_reqs", "The number of requests in the waiting queue.", p.queued as f64);
+            stat("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.", 0.0);
+            stat("sglang:num_used_tokens", "The number of used tokens.", used);
+            stat("sglang:token_usage", "The token usage.", round2(used / max));
+            stat("sglang:gen_throughput", "The generation throughput (token/s).", p.gen_throughput);
+            stat("sglang:cache_hit_rate", "The prefix cache hit rate.", p.cache_hit_rate);
+            if v.has_full_token_usage() {
+                stat("sglang:full_token_usage", "The token usage for full attention layers.", used / max);
+            }
+            if v.has_kv_tokens() {
+                stat("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.", used);
+                stat("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.", p.available as f64);
+                stat("sglang:kv_evictable_tokens", "Number of evictable (cached, unreferenced) token slots in the KV cache pool.", p.evictable as f64);
+            }
+            if v.has_max_total_num_tokens() && !v.constants_at_init() {
+                stat("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max);
+            }
+            // PD queues: both roles publish the full set; the other role's stay 0.
+            stat(v.prefill_bootstrap_queue_name(), "The number of requests in the prefill bootstrap queue.", 0.0);
+            stat(v.prefill_inflight_queue_name(), "The number of requests in the prefill inflight queue.", 0.0);
+            stat("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", 0.0);
+            stat("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", 0.0);
+            if v.has_pending_prealloc() {
+                stat("sglang:pending_prealloc_token_usage", "The token usage of pending preallocated requests.", 0.0);
+            }
+            if v.has_retracted() {
+                // No multiprocess_mode: prometheus `all` mode adds a pid label.
+                let pid = std::process::id().to_string();
+                for (name, help) in [
+                    ("sglang:num_retracted_reqs", "The number of retracted requests."),
+                    ("sglang:num_paused_reqs", "The number of paused requests."),
+                ] {
+                    fams.push(Family::gauge(name, help, vec![(self.labels(0, Some(&pid)), 0.0)]));
+                }
+            }
+        }
+        if s.requests_total > 0 {
+            let labels = self.tokenizer_labels();
+            for (name, help, val) in [
+                ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
+                ("sglang:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
+                ("sglang:num_requests", "The number of requests.", s.requests_total),
+            ] {
+                fams.push(Family {
+                    name: name.to_string(),
+                    help: help.to_string(),
+                    kind: "counter",
+                    samples: vec![(labels.clone(), val as f64)],
+                });
+            }
+        }
+        drop(s);
+        let mut out = String::new();
+        for f in &fams {
+            f.write(&mut out, openmetrics);
+        }
+        if openmetrics {
+            out.push_str("# EOF\n");
+        }
+        out
+    }
+
+    /// Scheduler labels for a TP rank, sorted by name as the multiprocess collector does.
+    fn labels(&self, tp_rank: u32, pid: Option<&str>) -> Vec<(String, String)> {
+        let v = self.cfg.sim.version;
+        let engine_type = if v.engine_type_by_role() {
+            match self.cfg.mode {
+                Mode::Null => "unified",
+                Mode::Prefill => "prefill",
+                Mode::Decode => "decode",
+            }
+        } else {
+            "unified"
+        };
+        let mut l = vec![
+            ("engine_type".to_string(), engine_type.to_string()),
+            ("model_name".to_string(), self.cfg.served_model_name.clone()),
+        ];
+        if v.has_moe_ep_rank() {
+            l.push(("moe_ep_rank".into(), "0".into()));
+        }
+        if let Some(pid) = pid {
+            l.push(("pid".into(), pid.into()));
+        }
+        if v.has_rank_labels() {
+            l.push(("pp_rank".into(), "0".into()));
+            l.push(("tp_rank".into(), tp_rank.to_string()));
+        }
+        l.sort();
+        l
+    }
+
+    fn tokenizer_labels(&self) -> Vec<(String, String)> {
+        let mut l = self.labels(0, None);
+        l.retain(|(k, _)| k == "engine_type" || k == "model_name");
+        l
+    }
+
+    /// Exposed for `/server_info`'s `internal_states`.
+    pub fn token_usage(&self) -> f64 {
+        let s = self.lock();
+        s.used as f64 / self.max_total_tokens() as f64
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+struct Family {
+    name: String,
+    help: String,
+    kind: &'static str,
+    samples: Vec<(Vec<(String, String)>, f64)>,
+}
+
+impl Family {
+    fn gauge(name: &str, help: &str, samples: Vec<(Vec<(String, String)>, f64)>) -> Family {
+        Family {
+            name: name.to_string(),
+            help: help.to_string(),
+            kind: "gauge",
+            samples,
+        }
+    }
+
+    fn write(&self, out: &mut String, openmetrics: bool) {
+        let is_counter = self.kind == "counter";
+        let (family, sample) = if openmetrics {
+            let base = self.name.replace(':', "_");
+            let sample = if is_counter { format!("{base}_total") } else { base.clone() };
+            (base, sample)
+        } else if is_counter {
+            let n = format!("{}_total", self.name);
+            (n.clone(), n)
+        } else {
+            (self.name.clone(), self.name.clone())
+        };
+        let _ = writeln!(out, "# HELP {family} {}", escape_help(&self.help));
+        let _ = writeln!(out, "# TYPE {family} {}", self.kind);
+        for (labels, value) in &self.samples {
+            out.push_str(&sample);
+            if !labels.is_empty() {
+                out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{k}=\"{}\"", escape_label(v));
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {}", py_float(*value));
+        }
+    }
+}
+
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n").replace('"', "\\\"")
+}
+
+/// Format a value as Python's `prometheus_client` does (`repr(float)`, `+Inf`, `NaN`).
+pub fn py_float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf".into() } else { "-Inf".into() }
+    } else if v.fract() == 0.0 && v.abs() < 1e16 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// How long a request of `tokens` takes at the configured speed.
+pub fn token_interval(cfg: &SimConfig) -> Duration {
+    Duration::from_secs_f64(1.0 / cfg.sim.tokens_per_sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::parse;
+
+    fn engine(flags: &str) -> Engine {
+        let v: Vec<String> = flags.split_whitespace().map(String::from).collect();
+        Engine::new(Arc::new(parse(&v, &|_| None).unwrap()))
+    }
+
+    #[test]
+    fn usage_gauges_appear_only_after_first_batch() {
+        let e = engine("--model-path m --enable-metrics");
+        let before = e.render_metrics(false);
+        assert!(before.contains("sglang:max_total_num_tokens{"), "{before}");
+        assert!(!before.contains("sglang:kv_used_tokens"), "{before}");
+        let t = e.admit(7);
+        let after = e.render_metrics(false);
+        assert!(after.contains("sglang:kv_used_tokens{engine_type=\"unified\",model_name=\"m\",moe_ep_rank=\"0\",pp_rank=\"0\",tp_rank=\"0\"} 7.0"), "{after}");
+        e.finish(t);
+    }
+
+    #[test]
+    fn kv_accounting_adds_up() {
+        let e = engine("--model-path m --sim-max-total-tokens 1000");
+        let mut t = e.admit(100);
+        for _ in 0..DECODE_LOG_INTERVAL {
+            e.decode_step(&mut t);
+        }
+        let text = e.render_metrics(false);
+        let get = |n: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(&format!("{n}{{"))).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let (u, a, ev) = (get("sglang:kv_used_tokens"), get("sglang:kv_available_tokens"), get("sglang:kv_evictable_tokens"));
+        assert_eq!(u, 140.0);
+        assert_eq!(u + a + ev, 1000.0);
+        e.finish(t);
+        let mut t2 = e.admit(10);
+        e.decode_step(&mut t2);
+        let text = e.render_metrics(false);
+        assert!(text.contains("sglang:kv_evictable_tokens{") && text.contains("} 140.0"), "{text}");
+        e.finish(t2);
+    }
+
+    #[test]
+    fn decode_role_does_not_publish_on_prefill() {
+        let e = engine("--model-path m --disaggregation-mode decode");
+        let t = e.admit(5);
+        assert!(!e.render_metrics(false).contains("sglang:token_usage"));
+        e.finish(t);
+    }
+
+    #[test]
+    fn old_versions_use_old_names_and_labels() {
+        let e = engine("--model-path m --sim-version 0.4.6 --disaggregation-mode prefill");
+        let t = e.admit(3);
+        let text = e.render_metrics(false);
+        assert!(text.contains("sglang:token_usage{engine_type=\"unified\",model_name=\"m\"} 0.0"), "{text}");
+        assert!(text.contains("sglang:num_prefill_infight_queue_reqs{"));
+        assert!(!text.contains("kv_used_tokens") && !text.contains("max_total_num_tokens"));
+        e.finish(t);
+        let e = engine("--model-path m --sim-version 0.5.10 --disaggregation-mode prefill");
+        let t = e.admit(3);
+        let text = e.render_metrics(false);
+        assert!(text.contains("engine_type=\"prefill\""));
+        assert!(text.contains("sglang:full_token_usage{") && !text.contains("kv_used_tokens"));
+        assert!(text.contains("sglang:num_prefill_prealloc_queue_reqs{"));
+        e.finish(t);
+    }
+
+    #[test]
+    fn openmetrics_uses_underscore_names_and_eof() {
+        let e = engine("--model-path m");
+        let t = e.admit(3);
+        e.finish(t);
+        let text = e.render_metrics(true);
+        assert!(text.contains("\nsglang_token_usage{"));
+        assert!(!text.contains("sglang:"));
+        assert!(text.contains("# TYPE sglang_num_requests counter\nsglang_num_requests_total{"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn floats_print_like_python() {
+        assert_eq!(py_float(1234.0), "1234.0");
+        assert_eq!(py_float(0.25), "0.25");
+        assert_eq!(py_float(f64::NAN), "NaN");
+        assert_eq!(py_float(f64::NEG_INFINITY), "-Inf");
+    }
+}

@@ -1,0 +1,566 @@
+//! The HTTP face of the simulator and its lifecycle: load → port opens → warmup → ready line.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::args::{Mode, SimConfig};
+use crate::engine::{token_interval, Engine, Status};
+use crate::log;
+
+/// SGLang's ready line.
+pub const READY_LINE: &str = "The server is fired up and ready to roll!";
+
+#[derive(Clone)]
+struct App {
+    engine: Engine,
+    ready_at: Arc<std::sync::OnceLock<Instant>>,
+}
+
+/// Run the simulator until SIGTERM/SIGINT or a simulated crash. Returns the exit code.
+pub async fn run(cfg: SimConfig) -> i32 {
+    let cfg = Arc::new(cfg);
+    let pid = std::process::id();
+    log::line(&format!("server_args=ServerArgs({})", server_args_repr(&cfg)));
+    log::line(&format!(
+        "Load weight begin. avail mem={:.2} GB",
+        78.5
+    ));
+    let load = cfg.sim.load;
+    tokio::time::sleep(load.mul_f64(0.6)).await;
+    if let Some(code) = cfg.sim.exit_code {
+        log::line("Scheduler hit an exception: Traceback (most recent call last):");
+        log::raw(&format!(
+            "RuntimeError: simulated start-up failure (--sim-exit-code {code})"
+        ));
+        log::line("Received sigquit from a child process. It usually means the child failed.");
+        log::line("Initialization failed. Please see the error messages above.");
+        return code;
+    }
+    log::line(&format!(
+        "Load weight end. elapsed={:.2} s, type=DeepseekV4ForCausalLM, avail mem=41.20 GB, mem usage=37.30 GB.",
+        load.as_secs_f64() * 0.6
+    ));
+    let max = cfg.sim.max_total_tokens;
+    if cfg.sim.version.has_kv_tokens() {
+        log::line(&format!(
+            "KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"
+        ));
+    } else {
+        log::line(&format!(
+            "KV Cache is allocated. #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"
+        ));
+    }
+    let engine = Engine::new(cfg.clone());
+    log::line("Memory pool end. avail mem=15.70 GB");
+    log::line("Capture cuda graph begin. This can take up to several minutes. avail mem=15.70 GB");
+    tokio::time::sleep(load.mul_f64(0.4)).await;
+    log::line(&format!(
+        "max_total_num_tokens={max}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=4096, context_len={}, available_gpu_mem=12.40 GB",
+        cfg.context_length
+    ));
+
+    if cfg.mode == Mode::Prefill {
+        match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.bootstrap_port)).await {
+            Ok(l) => {
+                let r = Router::new()
+                    .route("/health", get(|| async { "OK" }))
+                    .route("/route", get(|| async { axum::Json(json!({})) }).put(|| async { "OK" }));
+                tokio::spawn(async move {
+                    let _ = axum::serve(l, r).await;
+                });
+            }
+            Err(e) => {
+                log::line(&format!(
+                    "Scheduler hit an exception: OSError: bootstrap server cannot bind {}:{}: {e}",
+                    cfg.host, cfg.bootstrap_port
+                ));
+                return 1;
+            }
+        }
+    }
+
+    let listener = match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            log::line(&format!(
+                "Port is already in use. port={} error={e}",
+                cfg.port
+            ));
+            return 1;
+        }
+    };
+    let app = App {
+        engine: engine.clone(),
+        ready_at: Arc::new(std::sync::OnceLock::new()),
+    };
+    log::uvicorn(&format!("Started server process [{pid}]"));
+    log::uvicorn("Waiting for application startup.");
+    log::uvicorn("Application startup complete.");
+    log::uvicorn(&format!(
+        "Uvicorn running on http://{}:{} (Press CTRL+C to quit)",
+        cfg.host, cfg.port
+    ));
+    let router = routes(app.clone());
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+
+    // Idle publisher (`_maybe_log_idle_metrics`).
+    {
+        let e = engine.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                e.idle_tick();
+            }
+        });
+    }
+
+    let ready_line = Arc::new(std::sync::Mutex::new(None::<String>));
+    let warm = {
+        let engine = engine.clone();
+        let cfg = cfg.clone();
+        let ready_line = ready_line.clone();
+        let ready_at = app.ready_at.clone();
+        async move {
+            if !cfg.skip_warmup {
+                tokio::time::sleep(cfg.sim.warmup).await;
+                if cfg.sim.never_ready {
+                    std::future::pending::<()>().await;
+                }
+                if cfg.mode == Mode::Null {
+                    let mut t = engine.admit(7);
+                    for _ in 0..8 {
+                        engine.decode_step(&mut t);
+                    }
+                    engine.finish(t);
+                } else {
+                    log::line("Start of pd disaggregation warmup ...");
+                    if cfg.mode == Mode::Prefill {
+                        let t = engine.admit(4);
+                        engine.finish(t);
+                    }
+                    log::line("Disaggregation warmup requests completed for all 1 DP ranks");
+                    log::line("End of disaggregation warmup");
+                }
+            } else if cfg.sim.never_ready {
+                std::future::pending::<()>().await;
+            }
+            engine.set_up();
+            let line = log::format_line(READY_LINE);
+            log::raw(&line);
+            if let Ok(mut g) = ready_line.lock() {
+                *g = Some(line);
+            }
+            let _ = ready_at.set(Instant::now());
+            if let Some(after) = cfg.sim.crash_after_ready {
+                tokio::time::sleep(after).await;
+                log::line("Scheduler hit an exception: Traceback (most recent call last):");
+                log::raw("RuntimeError: CUDA error: an illegal memory access was encountered (simulated)");
+                log::line("Received sigquit from a child process. It usually means the child failed.");
+                return Some(1);
+            }
+            std::future::pending::<()>().await;
+            None
+        }
+    };
+
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            log::line(&format!("cannot install SIGTERM handler: {e}"));
+            return 1;
+        }
+    };
+    let code = tokio::select! {
+        c = warm => c.unwrap_or(0),
+        _ = term.recv() => 0,
+        _ = tokio::signal::ctrl_c() => 0,
+    };
+    if code == 0 {
+        log::uvicorn("Shutting down");
+        log::uvicorn("Waiting for application shutdown.");
+        log::uvicorn("Application shutdown complete.");
+        log::uvicorn(&format!("Finished server process [{pid}]"));
+        if cfg.sim.flush_ready_on_stop {
+            // A block-buffered stderr flushes what it held at exit: the ready line again.
+            if let Some(line) = ready_line.lock().ok().and_then(|g| g.clone()) {
+                log::raw(&line);
+            }
+        }
+    }
+    server.abort();
+    code
+}
+
+fn server_args_repr(cfg: &SimConfig) -> String {
+    format!(
+        "model_path='{}', served_model_name='{}', host='{}', port={}, tp_size={}, disaggregation_mode='{}', disaggregation_bootstrap_port={}, enable_metrics={}, skip_server_warmup={}, context_length={}, page_size={}",
+        cfg.model_path,
+        cfg.served_model_name,
+        cfg.host,
+        cfg.port,
+        cfg.tp_size,
+        cfg.mode.as_str(),
+        cfg.bootstrap_port,
+        if cfg.enable_metrics { "True" } else { "False" },
+        if cfg.skip_warmup { "True" } else { "False" },
+        cfg.context_length,
+        cfg.page_size,
+    )
+}
+
+fn routes(app: App) -> Router {
+    let mut r = Router::new()
+        .route("/health", get(health))
+        .route("/health_generate", get(health))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/v1/models", get(models))
+        .route("/get_load", get(get_load))
+        .route("/v1/loads", get(get_load))
+        .route("/flush_cache", get(flush_cache).post(flush_cache))
+        .route("/generate", post(generate))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat));
+    if app.engine.config().enable_metrics {
+        r = r.route("/metrics", get(metrics));
+    }
+    r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) })
+        .with_state(app)
+}
+
+async fn health(State(app): State<App>) -> Response {
+    let cfg = app.engine.config();
+    if cfg.sim.version.health_always_ok() {
+        return StatusCode::OK.into_response();
+    }
+    if app.engine.status() == Status::Starting {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    if let (Some(after), Some(at)) = (cfg.sim.health_fail_after_ready, app.ready_at.get()) {
+        if at.elapsed() >= after {
+            tokio::time::sleep(cfg.sim.health_generate).await;
+            return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
+        }
+    }
+    let generation = std::env::var("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")
+        .map(|v| !matches!(v.to_lowercase().as_str(), "false" | "0"))
+        .unwrap_or(true);
+    if generation {
+        app.engine.health_probe();
+        tokio::time::sleep(cfg.sim.health_generate).await;
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn server_info(State(app): State<App>) -> Response {
+    let cfg = app.engine.config();
+    let mut v = json!({
+        "model_path": cfg.model_path,
+        "tokenizer_path": cfg.model_path,
+        "served_model_name": cfg.served_model_name,
+        "host": cfg.host,
+        "port": cfg.port,
+        "tp_size": cfg.tp_size,
+        "dp_size": 1,
+        "disaggregation_mode": cfg.mode.as_str(),
+        "disaggregation_bootstrap_port": cfg.bootstrap_port,
+        "enable_metrics": cfg.enable_metrics,
+        "skip_server_warmup": cfg.skip_warmup,
+        "context_length": cfg.context_length,
+        "page_size": cfg.page_size,
+        "load_balance_method": "round_robin",
+        "launch_command": std::env::args().collect::<Vec<_>>().join(" "),
+        "status": "ready",
+        "max_total_num_tokens": cfg.sim.max_total_tokens,
+        "max_req_input_len": cfg.context_length.saturating_sub(8),
+        "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {"token_usage": app.engine.token_usage()}}],
+        "version": cfg.sim.version.to_string(),
+        "frontend": "python",
+    });
+    if let Some(obj) = v.as_object_mut() {
+        for (k, val) in &cfg.given {
+            let key = k.trim_start_matches("--").replace('-', "_");
+            obj.entry(key).or_insert_with(|| json!(val));
+        }
+    }
+    axum::Json(v).into_response()
+}
+
+async fn model_info(State(app): State<App>) -> Response {
+    let cfg = app.engine.config();
+    axum::Json(json!({
+        "model_path": cfg.model_path,
+        "tokenizer_path": cfg.model_path,
+        "served_model_name": cfg.served_model_name,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": "default",
+        "disaggregation_mode": cfg.mode.as_str(),
+        "has_image_understanding": false,
+        "has_audio_understanding": false,
+        "model_type": "deepseek_v4",
+        "architectures": ["DeepseekV4ForCausalLM"],
+    }))
+    .into_response()
+}
+
+async fn models(State(app): State<App>) -> Response {
+    let cfg = app.engine.config();
+    axum::Json(json!({"object": "list", "data": [{
+        "id": cfg.served_model_name, "object": "model", "created": unix_now(), "owned_by": "sglang",
+        "root": cfg.served_model_name, "parent": null, "max_model_len": cfg.context_length}]}))
+    .into_response()
+}
+
+async fn get_load(State(app): State<App>) -> Response {
+    let (running, used) = app.engine.load();
+    axum::Json(json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}]))
+        .into_response()
+}
+
+async fn flush_cache(State(app): State<App>) -> Response {
+    if app.engine.flush_cache() {
+        (StatusCode::OK, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n").into_response()
+    } else {
+        (StatusCode::BAD_REQUEST, "Cache not flushed. Please check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n").into_response()
+    }
+}
+
+async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
+    if app.engine.config().sim.metrics_hang {
+        std::future::pending::<()>().await;
+    }
+    let om = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    let ctype = if om {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    };
+    ([(header::CONTENT_TYPE, ctype)], app.engine.render_metrics(om)).into_response()
+}
+
+fn bad_request(msg: &str) -> Response {
+    (StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": msg}}))).into_response()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn approx_tokens(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4).max(1)
+}
+
+/// What one request asks for, whatever API it came through.
+struct Job {
+    prompt_tokens: u64,
+    max_new: u64,
+    stream: bool,
+}
+
+fn log_request(kind: &str, body: &Value) {
+    let s = |k: &str| body.get(k).map(|v| v.to_string()).unwrap_or_else(|| "None".into());
+    log::line(&format!(
+        "Receive: obj={kind}(rid={}, bootstrap_host={}, bootstrap_port={}, bootstrap_room={})",
+        s("rid"),
+        s("bootstrap_host"),
+        s("bootstrap_port"),
+        s("bootstrap_room")
+    ));
+}
+
+const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", " France", ".", " It"];
+
+/// Run a request through the engine; `on_token` sees each generated piece.
+async fn execute(engine: &Engine, job: &Job, mut on_token: impl FnMut(usize, &str) -> bool) -> u64 {
+    let mut ticket = engine.admit(job.prompt_tokens);
+    // A PD prefill server only runs the prefill (and the first token).
+    let n = if engine.config().mode == Mode::Prefill { 1 } else { job.max_new };
+    let mut produced = 0;
+    let mut tick = tokio::time::interval(token_interval(engine.config()));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    for i in 0..n as usize {
+        tick.tick().await;
+        engine.decode_step(&mut ticket);
+        produced += 1;
+        if !on_token(i, WORDS[i % WORDS.len()]) {
+            break;
+        }
+    }
+    engine.finish(ticket);
+    produced
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, Response> {
+    serde_json::from_slice::<Value>(body)
+        .map_err(|e| bad_request(&format!("invalid JSON body: {e}")))
+        .and_then(|v| if v.is_object() { Ok(v) } else { Err(bad_request("the body must be a JSON object")) })
+}
+
+fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), rx))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+async fn generate(State(app): State<App>, body: Bytes) -> Response {
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    log_request("GenerateReqInput", &v);
+    let prompt_tokens = match (v.get("text").and_then(Value::as_str), v.get("input_ids").and_then(Value::as_array)) {
+        (Some(t), _) => approx_tokens(t),
+        (None, Some(ids)) => (ids.len() as u64).max(1),
+        _ => return bad_request("Either text or input_ids should be provided."),
+    };
+    let max_new = v
+        .pointer("/sampling_params/max_new_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(128);
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", rand_u128()));
+    let started = Instant::now();
+    let meta = move |n: u64, prompt: u64| {
+        json!({"id": rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
+               "completion_tokens": n, "cached_tokens": 0, "weight_version": "default",
+               "e2e_latency": started.elapsed().as_secs_f64()})
+    };
+    if job.stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let engine = app.engine.clone();
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let mut ids = Vec::new();
+            let n = execute(&engine, &job, |i, w| {
+                text.push_str(w);
+                ids.push(1000 + i as u64);
+                let chunk = json!({"text": text, "output_ids": ids, "meta_info": meta(ids.len() as u64, job.prompt_tokens)});
+                tx.send(format!("data: {chunk}\n\n")).is_ok()
+            })
+            .await;
+            let _ = n;
+            let _ = tx.send("data: [DONE]\n\n".into());
+        });
+        return sse(rx);
+    }
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    let n = execute(&app.engine, &job, |i, w| {
+        text.push_str(w);
+        ids.push(1000 + i as u64);
+        true
+    })
+    .await;
+    axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)})).into_response()
+}
+
+async fn completions(State(app): State<App>, body: Bytes) -> Response {
+    openai(app, body, false).await
+}
+
+async fn chat(State(app): State<App>, body: Bytes) -> Response {
+    openai(app, body, true).await
+}
+
+async fn openai(app: App, body: Bytes, chat: bool) -> Response {
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    log_request(if chat { "ChatCompletionRequest" } else { "CompletionRequest" }, &v);
+    let prompt_tokens = if chat {
+        match v.get("messages").and_then(Value::as_array) {
+            Some(msgs) => msgs
+                .iter()
+                .map(|m| approx_tokens(m.get("content").and_then(Value::as_str).unwrap_or("")))
+                .sum(),
+            None => return bad_request("messages: Field required"),
+        }
+    } else {
+        match v.get("prompt").and_then(Value::as_str) {
+            Some(p) => approx_tokens(p),
+            None => return bad_request("prompt: Field required"),
+        }
+    };
+    let max_new = v
+        .get("max_completion_tokens")
+        .or_else(|| v.get("max_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(16);
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let model = app.engine.config().served_model_name.clone();
+    let id = format!("{:032x}", rand_u128());
+    let created = unix_now();
+    let (object, chunk_object) = if chat {
+        ("chat.completion", "chat.completion.chunk")
+    } else {
+        ("text_completion", "text_completion")
+    };
+    if job.stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let engine = app.engine.clone();
+        tokio::spawn(async move {
+            execute(&engine, &job, |_, w| {
+                let choice = if chat {
+                    json!({"index": 0, "delta": {"role": "assistant", "content": w}, "finish_reason": null})
+                } else {
+                    json!({"index": 0, "text": w, "finish_reason": null})
+                };
+                let c = json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
+                tx.send(format!("data: {c}\n\n")).is_ok()
+            })
+            .await;
+            let _ = tx.send("data: [DONE]\n\n".into());
+        });
+        return sse(rx);
+    }
+    let mut text = String::new();
+    let n = execute(&app.engine, &job, |_, w| {
+        text.push_str(w);
+        true
+    })
+    .await;
+    let choice = if chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+    } else {
+        json!({"index": 0, "text": text, "finish_reason": "length"})
+    };
+    axum::Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice],
+        "usage": {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}}))
+    .into_response()
+}
+
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(a);
+    (u128::from(a) << 64) | u128::from(h.finish())
+}

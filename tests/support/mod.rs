@@ -1,0 +1,162 @@
+//! Test support shared by the integration tests: a simulator process with its stderr as a stream
+//! of lines, waits with deadlines, and small HTTP helpers. Nothing here sleeps to synchronise:
+//! every wait is on an event (a log line, a journal entry) or on a condition polled with a deadline.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+pub use pdctl_sandbox;
+
+/// A `sglang-sim` running as a plain child process (for simulator-level tests).
+pub struct SimProc {
+    /// The child.
+    pub child: Child,
+    /// Its port.
+    pub port: u16,
+    lines: Receiver<String>,
+    /// Every stderr line seen so far.
+    pub seen: Vec<String>,
+}
+
+impl SimProc {
+    /// Start `sglang-sim --model-path m --port <free> ARGS` (fast load and warmup).
+    pub fn spawn(args: &[&str]) -> SimProc {
+        let port = pdctl_sandbox::free_port().expect("free port");
+        let bin = pdctl_sandbox::workspace_bin("sglang-sim", "PDCTL_SIM_BIN").expect("sglang-sim built");
+        let mut child = Command::new(bin)
+            .args(["--model-path", "m", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
+            .env("SGLANG_SIM_LOAD_SECS", "0.2")
+            .env("SGLANG_SIM_WARMUP_SECS", "0.3")
+            .env("SGLANG_SIM_HEALTH_GENERATE_MS", "20")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sglang-sim");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        SimProc { child, port, lines: rx, seen: Vec::new() }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Wait for a stderr line containing `needle`; `None` at the deadline or when stderr closes.
+    pub fn wait_line(&mut self, needle: &str, deadline: Duration) -> Option<String> {
+        let end = Instant::now() + deadline;
+        loop {
+            match self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(needle) {
+                        return Some(l);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Wait for the process to exit, at most `deadline`.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + deadline;
+        // Drain stderr as it comes; the channel closes when the process has exited.
+        while self.lines.recv_timeout(end.saturating_duration_since(Instant::now())).map(|l| self.seen.push(l)).is_ok() {}
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Send SIGTERM.
+    pub fn terminate(&self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+    }
+}
+
+impl Drop for SimProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll `f` until it returns `Some`, at most `deadline`, every `every`. For state that offers no
+/// events (an HTTP API); the deadline makes a missing condition a failure, not a hang.
+pub async fn poll_until<T, F, Fut>(deadline: Duration, every: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// An HTTP client with a timeout on every request.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("http client")
+}
+
+/// Parse a Prometheus/OpenMetrics exposition with the Python `prometheus_client` parser (the
+/// library SGLang itself uses), installed in the repository's `.venv` by `scripts/setup`.
+/// Returns `[{name, labels, value}]` for every sample.
+pub fn python_parse(text: &str, openmetrics: bool) -> Vec<serde_json::Value> {
+    let py = pdctl_sandbox::repo_root().join(".venv/bin/python");
+    let script = r#"
+import sys, json, math
+om = sys.argv[1] == "om"
+text = sys.stdin.read()
+if om:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+else:
+    from prometheus_client.parser import text_string_to_metric_families
+out = []
+for fam in text_string_to_metric_families(text):
+    for s in fam.samples:
+        v = s.value
+        out.append({"family": fam.name, "type": fam.type, "name": s.name, "labels": s.labels,
+                    "value": None if math.isnan(v) else v})
+print(json.dumps(out))
+"#;
+    let mut child = Command::new(&py)
+        .args(["-c", script, if openmetrics { "om" } else { "text" }])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {} (scripts/setup installs it): {e}", py.display()));
+    use std::io::Write as _;
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("python parser");
+    assert!(out.status.success(), "prometheus_client rejected the exposition: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("parser JSON")
+}
