@@ -24,9 +24,17 @@ impl SimProc {
     /// Start `sglang-sim --model-path m --port <free> ARGS` (fast load and warmup).
     pub fn spawn(args: &[&str]) -> SimProc {
         let port = pdctl_sandbox::free_port().expect("free port");
-        let bin = pdctl_sandbox::workspace_bin("sglang-sim", "PDCTL_SIM_BIN").expect("sglang-sim built");
+        let bin =
+            pdctl_sandbox::workspace_bin("sglang-sim", "PDCTL_SIM_BIN").expect("sglang-sim built");
         let mut child = Command::new(bin)
-            .args(["--model-path", "m", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--model-path",
+                "m",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
             .args(args)
             .env("SGLANG_SIM_LOAD_SECS", "0.2")
             .env("SGLANG_SIM_WARMUP_SECS", "0.3")
@@ -46,7 +54,12 @@ impl SimProc {
                 }
             }
         });
-        SimProc { child, port, lines: rx, seen: Vec::new() }
+        SimProc {
+            child,
+            port,
+            lines: rx,
+            seen: Vec::new(),
+        }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -58,7 +71,10 @@ impl SimProc {
     pub fn wait_line(&mut self, needle: &str, deadline: Duration) -> Option<String> {
         let end = Instant::now() + deadline;
         loop {
-            match self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            match self
+                .lines
+                .recv_timeout(end.saturating_duration_since(Instant::now()))
+            {
                 Ok(l) => {
                     self.seen.push(l.clone());
                     if l.contains(needle) {
@@ -74,7 +90,12 @@ impl SimProc {
     pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
         let end = Instant::now() + deadline;
         // Drain stderr as it comes; the channel closes when the process has exited.
-        while self.lines.recv_timeout(end.saturating_duration_since(Instant::now())).map(|l| self.seen.push(l)).is_ok() {}
+        while self
+            .lines
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+            .map(|l| self.seen.push(l))
+            .is_ok()
+        {}
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return Some(s);
@@ -88,7 +109,10 @@ impl SimProc {
 
     /// Send SIGTERM.
     pub fn terminate(&self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
     }
 }
 
@@ -155,8 +179,17 @@ print(json.dumps(out))
         .spawn()
         .unwrap_or_else(|e| panic!("run {} (scripts/setup installs it): {e}", py.display()));
     use std::io::Write as _;
-    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
     let out = child.wait_with_output().expect("python parser");
-    assert!(out.status.success(), "prometheus_client rejected the exposition: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "prometheus_client rejected the exposition: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("parser JSON")
 }

@@ -117,21 +117,28 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
         Err(e) => fail(&format!("start {SYSTEMD} --user: {e}")),
     };
     let bus = PathBuf::from(RUNTIME_DIR).join("bus");
-    let answered = wait_for("the user manager's D-Bus API", Duration::from_secs(30), || {
-        bus.exists()
-            && Command::new("systemctl")
-                .args(["--user", "is-system-running"])
-                .env("XDG_RUNTIME_DIR", RUNTIME_DIR)
-                .env("DBUS_SESSION_BUS_ADDRESS", format!("unix:path={}", bus.display()))
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .output()
-                .map(|o| {
-                    let s = String::from_utf8_lossy(&o.stdout);
-                    matches!(s.trim(), "running" | "degraded" | "starting" | "offline")
-                })
-                .unwrap_or(false)
-    });
+    let answered = wait_for(
+        "the user manager's D-Bus API",
+        Duration::from_secs(30),
+        || {
+            bus.exists()
+                && Command::new("systemctl")
+                    .args(["--user", "is-system-running"])
+                    .env("XDG_RUNTIME_DIR", RUNTIME_DIR)
+                    .env(
+                        "DBUS_SESSION_BUS_ADDRESS",
+                        format!("unix:path={}", bus.display()),
+                    )
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::null())
+                    .output()
+                    .map(|o| {
+                        let s = String::from_utf8_lossy(&o.stdout);
+                        matches!(s.trim(), "running" | "degraded" | "starting" | "offline")
+                    })
+                    .unwrap_or(false)
+        },
+    );
     if let Err(e) = answered {
         fail(&format!("{e} (see {}/manager.log)", log_dir.display()));
     }

@@ -35,7 +35,9 @@ pub enum SandboxError {
     #[error("the sandbox needs root (it mounts a private /run and runs systemd in new namespaces); run the tests or the demo as root")]
     NotRoot,
     /// A program the sandbox needs is missing.
-    #[error("{0} was not found; install it (Debian: apt-get install systemd util-linux dbus) and retry")]
+    #[error(
+        "{0} was not found; install it (Debian: apt-get install systemd util-linux dbus) and retry"
+    )]
     Missing(String),
     /// A binary of this workspace is not built.
     #[error("{name} was not found at {path}; build the workspace first (cargo build --workspace --bins) or set {env}")]
@@ -247,22 +249,31 @@ impl Sandbox {
         let cgroups = prepare_cgroups(&format!("{tag}.slice"));
         let procs: Vec<std::ffi::CString> = cgroups
             .iter()
-            .filter_map(|d| std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok())
+            .filter_map(|d| {
+                std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok()
+            })
             .collect();
 
         let mut cmd = Command::new("/usr/bin/unshare");
-        cmd.args(["--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--"])
-            .arg(&init_bin)
-            .arg("__init")
-            .arg(&config_home)
-            .arg(dir.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::File::create(dir.path().join("init.log"))
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            );
+        cmd.args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            "--",
+        ])
+        .arg(&init_bin)
+        .arg("__init")
+        .arg(&config_home)
+        .arg(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(
+            std::fs::File::create(dir.path().join("init.log"))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        );
         // SAFETY: the closure only calls async-signal-safe functions (open, write, close) on
         // pointers prepared before the fork.
         unsafe {
@@ -308,7 +319,8 @@ impl Sandbox {
                 ))
             }
             Err(_) => {
-                let log = std::fs::read_to_string(sb.dir.path().join("init.log")).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(sb.dir.path().join("init.log")).unwrap_or_default();
                 return Err(SandboxError::Boot(format!(
                     "no READY within {BOOT_DEADLINE:?}; init said: {}",
                     log.trim()
@@ -344,7 +356,11 @@ impl Sandbox {
 
     /// D-Bus address of the session bus the user manager serves (`org.freedesktop.systemd1`).
     pub fn bus_address(&self) -> String {
-        format!("unix:path=/proc/{}/root{}/bus", self.init_pid, init::RUNTIME_DIR)
+        format!(
+            "unix:path=/proc/{}/root{}/bus",
+            self.init_pid,
+            init::RUNTIME_DIR
+        )
     }
 
     /// The manager's runtime directory, seen from outside.
@@ -382,7 +398,10 @@ impl Sandbox {
             .args(["--mount", "--pid", "--"])
             .arg("/usr/bin/env")
             .arg(format!("XDG_RUNTIME_DIR={}", init::RUNTIME_DIR))
-            .arg(format!("DBUS_SESSION_BUS_ADDRESS=unix:path={}/bus", init::RUNTIME_DIR))
+            .arg(format!(
+                "DBUS_SESSION_BUS_ADDRESS=unix:path={}/bus",
+                init::RUNTIME_DIR
+            ))
             .arg(program)
             .stdin(Stdio::null());
         c
@@ -423,7 +442,10 @@ impl Sandbox {
     /// `journalctl -D <journal> ARGS` (read from outside; no namespace needed).
     pub fn journalctl(&self, args: &[&str]) -> Result<Output> {
         let mut c = Command::new("journalctl");
-        c.arg("-D").arg(self.journal_dir()).args(args).stdin(Stdio::null());
+        c.arg("-D")
+            .arg(self.journal_dir())
+            .args(args)
+            .stdin(Stdio::null());
         self.run(c, format!("journalctl {}", args.join(" ")))
     }
 }

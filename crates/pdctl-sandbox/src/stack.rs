@@ -89,15 +89,23 @@ pub struct Stack {
 
 /// `0-3` → `0,1,2,3` (the form `CUDA_VISIBLE_DEVICES` takes).
 fn cuda_list(range: &str) -> String {
-    match range.split_once('-').map(|(a, b)| (a.parse::<u32>(), b.parse::<u32>())) {
-        Some((Ok(a), Ok(b))) if a <= b => (a..=b).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+    match range
+        .split_once('-')
+        .map(|(a, b)| (a.parse::<u32>(), b.parse::<u32>()))
+    {
+        Some((Ok(a), Ok(b))) if a <= b => {
+            (a..=b).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+        }
         _ => range.to_string(),
     }
 }
 
 /// Quote one ExecStart argument for systemd.
 fn q(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-:=,".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-:=,".contains(c))
+    {
         s.to_string()
     } else {
         format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
@@ -153,11 +161,17 @@ impl Stack {
     /// Boot a sandbox, write the units and start them (without waiting for readiness).
     pub fn boot(opts: &StackOptions) -> Result<Stack> {
         let sim_bin = workspace_bin("sglang-sim", "PDCTL_SIM_BIN")?;
-        let smg = if opts.router { Some(router_bin()?) } else { None };
+        let smg = if opts.router {
+            Some(router_bin()?)
+        } else {
+            None
+        };
         let sandbox = Sandbox::start()?;
-        std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| SandboxError::Io {
-            what: "create the model directory".into(),
-            source: e,
+        std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| {
+            SandboxError::Io {
+                what: "create the model directory".into(),
+                source: e,
+            }
         })?;
         let prefill_port = free_port()?;
         let prefill = Worker {
@@ -234,9 +248,13 @@ impl Stack {
     pub fn wait_ready(&self, deadline: Duration) -> Result<Vec<serde_json::Value>> {
         let mut out = Vec::new();
         for w in self.workers() {
-            let mut f = self.sandbox.follow_journal(&[&format!("_SYSTEMD_UNIT={}", w.unit)])?;
+            let mut f = self
+                .sandbox
+                .follow_journal(&[&format!("_SYSTEMD_UNIT={}", w.unit)])?;
             let entry = f
-                .wait_for(deadline, |e| field(e, "MESSAGE").is_some_and(|m| m.contains(READY_LINE)))
+                .wait_for(deadline, |e| {
+                    field(e, "MESSAGE").is_some_and(|m| m.contains(READY_LINE))
+                })
                 .ok_or_else(|| {
                     SandboxError::Boot(format!(
                         "{} logged no ready line within {deadline:?}",

@@ -128,7 +128,11 @@ pub struct ArgError(pub String);
 
 impl std::fmt::Display for ArgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "usage: {PROG} [-h] --model-path MODEL_PATH [options]\n{PROG}: error: {}", self.0)
+        write!(
+            f,
+            "usage: {PROG} [-h] --model-path MODEL_PATH [options]\n{PROG}: error: {}",
+            self.0
+        )
     }
 }
 
@@ -220,10 +224,7 @@ pub fn sim_knob_names() -> impl Iterator<Item = &'static str> {
 }
 
 /// Parse `args` (without the program name). `env` looks up `SGLANG_SIM_*` variables.
-pub fn parse(
-    args: &[String],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<SimConfig, ArgError> {
+pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<SimConfig, ArgError> {
     let mut given: BTreeMap<String, String> = BTreeMap::new();
     let mut unknown: Vec<String> = Vec::new();
     let mut i = 0;
@@ -253,7 +254,9 @@ pub fn parse(
                             i += 1;
                             v.clone()
                         }
-                        _ => return Err(ArgError(format!("argument {flag}: expected one argument"))),
+                        _ => {
+                            return Err(ArgError(format!("argument {flag}: expected one argument")))
+                        }
                     },
                 };
                 given.insert(flag, v);
@@ -283,13 +286,20 @@ pub fn parse(
     };
     let port = int("--port", 30000)?;
     let bootstrap_port = int("--disaggregation-bootstrap-port", 8998)?;
-    for (flag, v) in [("--port", port), ("--disaggregation-bootstrap-port", bootstrap_port)] {
+    for (flag, v) in [
+        ("--port", port),
+        ("--disaggregation-bootstrap-port", bootstrap_port),
+    ] {
         if v > u64::from(u16::MAX) {
             return Err(ArgError(format!("argument {flag}: invalid port: '{v}'")));
         }
     }
     let tp_size = int(
-        if given.contains_key("--tp") { "--tp" } else { "--tp-size" },
+        if given.contains_key("--tp") {
+            "--tp"
+        } else {
+            "--tp-size"
+        },
         1,
     )?
     .max(1);
@@ -305,7 +315,10 @@ pub fn parse(
     };
     let sim = parse_knobs(&given, env)?;
     Ok(SimConfig {
-        host: given.get("--host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
+        host: given
+            .get("--host")
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1".into()),
         port: port as u16,
         served_model_name: given
             .get("--served-model-name")
@@ -330,7 +343,10 @@ fn parse_knobs(
 ) -> Result<SimKnobs, ArgError> {
     let get = |name: &str| -> Option<String> {
         given.get(&format!("--sim-{name}")).cloned().or_else(|| {
-            env(&format!("SGLANG_SIM_{}", name.replace('-', "_").to_uppercase()))
+            env(&format!(
+                "SGLANG_SIM_{}",
+                name.replace('-', "_").to_uppercase()
+            ))
         })
     };
     let flag = |name: &str| -> bool {
@@ -345,7 +361,9 @@ fn parse_knobs(
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .map(Some)
                 .ok_or_else(|| {
-                    ArgError(format!("argument --sim-{name}: invalid non-negative number: '{v}'"))
+                    ArgError(format!(
+                        "argument --sim-{name}: invalid non-negative number: '{v}'"
+                    ))
                 }),
         }
     };
@@ -380,7 +398,9 @@ fn parse_knobs(
     }
     if let Some(v) = get("exit-code") {
         k.exit_code = Some(v.parse::<i32>().map_err(|_| {
-            ArgError(format!("argument --sim-exit-code: invalid int value: '{v}'"))
+            ArgError(format!(
+                "argument --sim-exit-code: invalid int value: '{v}'"
+            ))
         })?);
     }
     k.crash_after_ready = secs("crash-after-ready")?;
@@ -416,15 +436,29 @@ mod tests {
     fn unknown_flag_is_rejected_like_argparse() {
         let e = p("--model-path m --collect-tokens-histogram").unwrap_err();
         assert_eq!(e.0, "unrecognized arguments: --collect-tokens-histogram");
-        assert!(e.to_string().contains("launch_server.py: error: unrecognized arguments"));
+        assert!(e
+            .to_string()
+            .contains("launch_server.py: error: unrecognized arguments"));
     }
 
     #[test]
     fn missing_model_path_and_bad_values() {
-        assert!(p("--port 1").unwrap_err().0.contains("required: --model-path"));
-        assert!(p("--model-path m --port x").unwrap_err().0.contains("invalid int value: 'x'"));
-        assert!(p("--model-path m --port").unwrap_err().0.contains("expected one argument"));
-        assert!(p("--model-path m --disaggregation-mode both").unwrap_err().0.contains("invalid choice"));
+        assert!(p("--port 1")
+            .unwrap_err()
+            .0
+            .contains("required: --model-path"));
+        assert!(p("--model-path m --port x")
+            .unwrap_err()
+            .0
+            .contains("invalid int value: 'x'"));
+        assert!(p("--model-path m --port")
+            .unwrap_err()
+            .0
+            .contains("expected one argument"));
+        assert!(p("--model-path m --disaggregation-mode both")
+            .unwrap_err()
+            .0
+            .contains("invalid choice"));
     }
 
     #[test]

@@ -29,11 +29,11 @@ struct App {
 pub async fn run(cfg: SimConfig) -> i32 {
     let cfg = Arc::new(cfg);
     let pid = std::process::id();
-    log::line(&format!("server_args=ServerArgs({})", server_args_repr(&cfg)));
     log::line(&format!(
-        "Load weight begin. avail mem={:.2} GB",
-        78.5
+        "server_args=ServerArgs({})",
+        server_args_repr(&cfg)
     ));
+    log::line(&format!("Load weight begin. avail mem={:.2} GB", 78.5));
     let load = cfg.sim.load;
     tokio::time::sleep(load.mul_f64(0.6)).await;
     if let Some(code) = cfg.sim.exit_code {
@@ -73,7 +73,10 @@ pub async fn run(cfg: SimConfig) -> i32 {
             Ok(l) => {
                 let r = Router::new()
                     .route("/health", get(|| async { "OK" }))
-                    .route("/route", get(|| async { axum::Json(json!({})) }).put(|| async { "OK" }));
+                    .route(
+                        "/route",
+                        get(|| async { axum::Json(json!({})) }).put(|| async { "OK" }),
+                    );
                 tokio::spawn(async move {
                     let _ = axum::serve(l, r).await;
                 });
@@ -167,7 +170,9 @@ pub async fn run(cfg: SimConfig) -> i32 {
                 tokio::time::sleep(after).await;
                 log::line("Scheduler hit an exception: Traceback (most recent call last):");
                 log::raw("RuntimeError: CUDA error: an illegal memory access was encountered (simulated)");
-                log::line("Received sigquit from a child process. It usually means the child failed.");
+                log::line(
+                    "Received sigquit from a child process. It usually means the child failed.",
+                );
                 return Some(1);
             }
             std::future::pending::<()>().await;
@@ -238,8 +243,13 @@ fn routes(app: App) -> Router {
     if app.engine.config().enable_metrics {
         r = r.route("/metrics", get(metrics));
     }
-    r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) })
-        .with_state(app)
+    r.fallback(|| async {
+        (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"detail": "Not Found"})),
+        )
+    })
+    .with_state(app)
 }
 
 async fn health(State(app): State<App>) -> Response {
@@ -253,7 +263,11 @@ async fn health(State(app): State<App>) -> Response {
     if let (Some(after), Some(at)) = (cfg.sim.health_fail_after_ready, app.ready_at.get()) {
         if at.elapsed() >= after {
             tokio::time::sleep(cfg.sim.health_generate).await;
-            return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Health check failed. (simulated)",
+            )
+                .into_response();
         }
     }
     let generation = std::env::var("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")
@@ -328,8 +342,10 @@ async fn models(State(app): State<App>) -> Response {
 
 async fn get_load(State(app): State<App>) -> Response {
     let (running, used) = app.engine.load();
-    axum::Json(json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}]))
-        .into_response()
+    axum::Json(
+        json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}]),
+    )
+    .into_response()
 }
 
 async fn flush_cache(State(app): State<App>) -> Response {
@@ -353,11 +369,19 @@ async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
     } else {
         "text/plain; version=0.0.4; charset=utf-8"
     };
-    ([(header::CONTENT_TYPE, ctype)], app.engine.render_metrics(om)).into_response()
+    (
+        [(header::CONTENT_TYPE, ctype)],
+        app.engine.render_metrics(om),
+    )
+        .into_response()
 }
 
 fn bad_request(msg: &str) -> Response {
-    (StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": msg}}))).into_response()
+    (
+        StatusCode::BAD_REQUEST,
+        axum::Json(json!({"error": {"message": msg}})),
+    )
+        .into_response()
 }
 
 fn unix_now() -> u64 {
@@ -379,7 +403,11 @@ struct Job {
 }
 
 fn log_request(kind: &str, body: &Value) {
-    let s = |k: &str| body.get(k).map(|v| v.to_string()).unwrap_or_else(|| "None".into());
+    let s = |k: &str| {
+        body.get(k)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "None".into())
+    };
     log::line(&format!(
         "Receive: obj={kind}(rid={}, bootstrap_host={}, bootstrap_port={}, bootstrap_room={})",
         s("rid"),
@@ -389,13 +417,19 @@ fn log_request(kind: &str, body: &Value) {
     ));
 }
 
-const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", " France", ".", " It"];
+const WORDS: &[&str] = &[
+    " Paris", " is", " the", " capital", " of", " France", ".", " It",
+];
 
 /// Run a request through the engine; `on_token` sees each generated piece.
 async fn execute(engine: &Engine, job: &Job, mut on_token: impl FnMut(usize, &str) -> bool) -> u64 {
     let mut ticket = engine.admit(job.prompt_tokens);
     // A PD prefill server only runs the prefill (and the first token).
-    let n = if engine.config().mode == Mode::Prefill { 1 } else { job.max_new };
+    let n = if engine.config().mode == Mode::Prefill {
+        1
+    } else {
+        job.max_new
+    };
     let mut produced = 0;
     let mut tick = tokio::time::interval(token_interval(engine.config()));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -412,18 +446,26 @@ async fn execute(engine: &Engine, job: &Job, mut on_token: impl FnMut(usize, &st
     produced
 }
 
-fn parse_body(body: &Bytes) -> Result<Value, Response> {
-    serde_json::from_slice::<Value>(body)
-        .map_err(|e| bad_request(&format!("invalid JSON body: {e}")))
-        .and_then(|v| if v.is_object() { Ok(v) } else { Err(bad_request("the body must be a JSON object")) })
+fn parse_body(body: &Bytes) -> Result<Value, String> {
+    let v = serde_json::from_slice::<Value>(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err("the body must be a JSON object".into())
+    }
 }
 
 fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), rx))
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), rx))
     });
     (
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         Body::from_stream(stream),
     )
         .into_response()
@@ -432,10 +474,13 @@ fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
 async fn generate(State(app): State<App>, body: Bytes) -> Response {
     let v = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(e) => return bad_request(&e),
     };
     log_request("GenerateReqInput", &v);
-    let prompt_tokens = match (v.get("text").and_then(Value::as_str), v.get("input_ids").and_then(Value::as_array)) {
+    let prompt_tokens = match (
+        v.get("text").and_then(Value::as_str),
+        v.get("input_ids").and_then(Value::as_array),
+    ) {
         (Some(t), _) => approx_tokens(t),
         (None, Some(ids)) => (ids.len() as u64).max(1),
         _ => return bad_request("Either text or input_ids should be provided."),
@@ -444,8 +489,16 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
         .pointer("/sampling_params/max_new_tokens")
         .and_then(Value::as_u64)
         .unwrap_or(128);
-    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
-    let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", rand_u128()));
+    let job = Job {
+        prompt_tokens,
+        max_new,
+        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+    };
+    let rid = v
+        .get("rid")
+        .and_then(Value::as_str)
+        .map(String::from)
+        .unwrap_or_else(|| format!("{:032x}", rand_u128()));
     let started = Instant::now();
     let meta = move |n: u64, prompt: u64| {
         json!({"id": rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
@@ -478,7 +531,8 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
         true
     })
     .await;
-    axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)})).into_response()
+    axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)}))
+        .into_response()
 }
 
 async fn completions(State(app): State<App>, body: Bytes) -> Response {
@@ -492,9 +546,16 @@ async fn chat(State(app): State<App>, body: Bytes) -> Response {
 async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     let v = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(e) => return bad_request(&e),
     };
-    log_request(if chat { "ChatCompletionRequest" } else { "CompletionRequest" }, &v);
+    log_request(
+        if chat {
+            "ChatCompletionRequest"
+        } else {
+            "CompletionRequest"
+        },
+        &v,
+    );
     let prompt_tokens = if chat {
         match v.get("messages").and_then(Value::as_array) {
             Some(msgs) => msgs
@@ -514,7 +575,11 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
         .or_else(|| v.get("max_tokens"))
         .and_then(Value::as_u64)
         .unwrap_or(16);
-    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let job = Job {
+        prompt_tokens,
+        max_new,
+        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+    };
     let model = app.engine.config().served_model_name.clone();
     let id = format!("{:032x}", rand_u128());
     let created = unix_now();
@@ -559,7 +624,9 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
 
 fn rand_u128() -> u128 {
     use std::hash::{BuildHasher, Hasher};
-    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let a = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(a);
     (u128::from(a) << 64) | u128::from(h.finish())
