@@ -1,0 +1,349 @@
+//! `pdctl-probe`: the HTTP gates — a worker's `/health`, the router's view of it (admission,
+//! circuit breaker, a smoke request, re-registration), and `/metrics` parsed and checked for
+//! SGLang's KV gauges. Every request has a timeout; every failure says which cause it is.
+
+pub mod kv;
+pub mod prom;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// Timeout of one HTTP request (SGLang's `/health` runs a generate and waits ≥ 1 s; its own
+/// limit is 20 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// An HTTP-level failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpError {
+    /// Connection refused, reset, DNS…
+    #[error("cannot connect to {url}: {detail} (is the process listening on that host and port?)")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// The error.
+        detail: String,
+    },
+    /// No answer in time.
+    #[error("{url} did not answer within {after:?}")]
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// A non-success status.
+    #[error("{url} answered {status}: {body}")]
+    Status {
+        /// The URL.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// A body we cannot read.
+    #[error("{url} sent a body pdctl cannot read: {detail}")]
+    Body {
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// A shared HTTP client.
+#[derive(Debug, Clone)]
+pub struct Http {
+    client: reqwest::Client,
+    timeout: Duration,
+}
+
+impl Http {
+    /// A client whose requests time out after `timeout`.
+    pub fn new(timeout: Duration) -> Http {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Http { client, timeout }
+    }
+
+    fn err(&self, url: &str, e: reqwest::Error) -> HttpError {
+        if e.is_timeout() {
+            HttpError::Timeout {
+                url: url.into(),
+                after: self.timeout,
+            }
+        } else {
+            let mut detail = e.to_string();
+            let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+            while let Some(s) = src {
+                detail = format!("{detail}: {s}");
+                src = s.source();
+            }
+            HttpError::Unreachable {
+                url: url.into(),
+                detail,
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        url: &str,
+        rq: reqwest::RequestBuilder,
+    ) -> Result<(u16, String), HttpError> {
+        let r = rq.send().await.map_err(|e| self.err(url, e))?;
+        let status = r.status().as_u16();
+        let body = r.text().await.map_err(|e| self.err(url, e))?;
+        Ok((status, body))
+    }
+
+    /// GET, any status.
+    pub async fn get(&self, url: &str, accept: Option<&str>) -> Result<(u16, String), HttpError> {
+        let mut rq = self.client.get(url);
+        if let Some(a) = accept {
+            rq = rq.header("accept", a);
+        }
+        self.send(url, rq).await
+    }
+
+    /// GET expecting 2xx JSON.
+    pub async fn get_json(&self, url: &str) -> Result<Value, HttpError> {
+        let (status, body) = self.get(url, None).await?;
+        ok_json(url, status, &body)
+    }
+
+    /// POST JSON, any status.
+    pub async fn post_json(&self, url: &str, body: &Value) -> Result<(u16, String), HttpError> {
+        self.send(url, self.client.post(url).json(body)).await
+    }
+}
+
+fn snippet(body: &str) -> String {
+    let b = body.trim();
+    match b.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &b[..i]),
+        None => b.to_string(),
+    }
+}
+
+fn ok_json(url: &str, status: u16, body: &str) -> Result<Value, HttpError> {
+    if !(200..300).contains(&status) {
+        return Err(HttpError::Status {
+            url: url.into(),
+            status,
+            body: snippet(body),
+        });
+    }
+    serde_json::from_str(body).map_err(|e| HttpError::Body {
+        url: url.into(),
+        detail: e.to_string(),
+    })
+}
+
+/// What a worker's `/health` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// 200.
+    Up,
+    /// 503: still warming up (or unhealthy).
+    Unavailable(String),
+    /// Anything else, or no answer.
+    Down(String),
+}
+
+/// GET `{url}/health`.
+pub async fn health(http: &Http, url: &str) -> Health {
+    let u = format!("{}/health", url.trim_end_matches('/'));
+    match http.get(&u, None).await {
+        Ok((200, _)) => Health::Up,
+        Ok((503, body)) => Health::Unavailable(format!("503 {}", snippet(&body))),
+        Ok((s, body)) => Health::Down(format!("{s} {}", snippet(&body))),
+        Err(e) => Health::Down(e.to_string()),
+    }
+}
+
+/// Why `/metrics` gives no usable KV gauges.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MetricsProblem {
+    /// 404: the server runs without `--enable-metrics`.
+    #[error("{url} answered 404: metrics are not enabled (add --enable-metrics to the unit's ExecStart)")]
+    Disabled {
+        /// The URL.
+        url: String,
+    },
+    /// Cannot connect or no answer.
+    #[error("{0}")]
+    Http(HttpError),
+    /// The text does not parse.
+    #[error("{url} is not valid Prometheus text: {err}")]
+    Unparseable {
+        /// The URL.
+        url: String,
+        /// The parse error.
+        err: prom::ParseError,
+    },
+    /// Parsed, but the KV gauges are missing or insane.
+    #[error("{0}")]
+    Kv(kv::KvProblem),
+}
+
+impl MetricsProblem {
+    /// Worth waiting for (gauges not published yet) rather than failing at once.
+    pub fn may_resolve(&self) -> bool {
+        matches!(
+            self,
+            MetricsProblem::Kv(kv::KvProblem::NotPublished { .. })
+                | MetricsProblem::Http(HttpError::Unreachable { .. })
+        )
+    }
+}
+
+/// GET `{url}/metrics` (asking for the plain text format), parse it, and check the KV gauges.
+pub async fn kv_metrics(http: &Http, url: &str) -> Result<kv::KvReport, MetricsProblem> {
+    let u = format!("{}/metrics", url.trim_end_matches('/'));
+    let text = fetch_metrics(http, &u).await?;
+    let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable {
+        url: u.clone(),
+        err,
+    })?;
+    kv::check(&e).map_err(MetricsProblem::Kv)
+}
+
+/// GET a metrics URL as plain text (0.0.4).
+pub async fn fetch_metrics(http: &Http, url: &str) -> Result<String, MetricsProblem> {
+    match http.get(url, Some("text/plain; version=0.0.4")).await {
+        Ok((200, t)) => Ok(t),
+        Ok((404, _)) => Err(MetricsProblem::Disabled { url: url.into() }),
+        Ok((status, body)) => Err(MetricsProblem::Http(HttpError::Status {
+            url: url.into(),
+            status,
+            body: snippet(&body),
+        })),
+        Err(e) => Err(MetricsProblem::Http(e)),
+    }
+}
+
+/// One worker as the router lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RouterWorker {
+    /// The router's UUID for it.
+    pub id: String,
+    /// Its URL.
+    pub url: String,
+    /// `prefill`, `decode`, `regular`.
+    pub worker_type: String,
+    /// Health as the router sees it.
+    pub is_healthy: bool,
+    /// Requests the router has in flight to it.
+    pub load: i64,
+}
+
+/// The SGLang router (model gateway 0.3.2) API used by the gates.
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// Base URL, e.g. `http://127.0.0.1:30001`.
+    pub url: String,
+    /// Its Prometheus endpoint, when configured.
+    pub metrics_url: Option<String>,
+}
+
+impl Router {
+    /// `GET /workers`.
+    pub async fn workers(&self, http: &Http) -> Result<Vec<RouterWorker>, HttpError> {
+        let u = format!("{}/workers", self.url.trim_end_matches('/'));
+        let v = http.get_json(&u).await?;
+        let list = v
+            .get("workers")
+            .and_then(Value::as_array)
+            .ok_or_else(|| HttpError::Body {
+                url: u.clone(),
+                detail: "no \"workers\" array".into(),
+            })?;
+        Ok(list
+            .iter()
+            .map(|w| RouterWorker {
+                id: w
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .into(),
+                url: w
+                    .get("url")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .into(),
+                worker_type: w
+                    .get("worker_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .into(),
+                is_healthy: w
+                    .get("is_healthy")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                load: w.get("load").and_then(Value::as_i64).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// `POST /workers` (re-registration of a worker the router dropped). Returns the router's id.
+    pub async fn register(
+        &self,
+        http: &Http,
+        url: &str,
+        worker_type: &str,
+        bootstrap_port: Option<u16>,
+    ) -> Result<String, HttpError> {
+        let u = format!("{}/workers", self.url.trim_end_matches('/'));
+        let mut body = json!({"url": url, "worker_type": worker_type});
+        if let Some(p) = bootstrap_port {
+            body["bootstrap_port"] = json!(p);
+        }
+        let (status, text) = http.post_json(&u, &body).await?;
+        let v = ok_json(&u, status, &text)?;
+        Ok(v.get("worker_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// `smg_worker_cb_state{worker=URL}` (0 closed, 1 open, 2 half-open, -1 removed), if exported.
+    pub async fn cb_state(
+        &self,
+        http: &Http,
+        worker_url: &str,
+    ) -> Result<Option<f64>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(None);
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable {
+            url: m.clone(),
+            err,
+        })?;
+        Ok(e.samples
+            .iter()
+            .find(|s| s.name == "smg_worker_cb_state" && s.label("worker") == Some(worker_url))
+            .map(|s| s.value))
+    }
+
+    /// One `/generate` with `max_new_tokens: 1` through the router; `Err` with the status and body
+    /// unless it answers 200.
+    pub async fn smoke(&self, http: &Http) -> Result<(), HttpError> {
+        let u = format!("{}/generate", self.url.trim_end_matches('/'));
+        let (status, body) = http.post_json(&u, &json!({"text": "pdctl smoke test", "sampling_params": {"max_new_tokens": 1, "temperature": 0}})).await?;
+        if status == 200 {
+            Ok(())
+        } else {
+            Err(HttpError::Status {
+                url: u,
+                status,
+                body: snippet(&body),
+            })
+        }
+    }
+}
