@@ -87,7 +87,7 @@ pub struct KvReport {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KvProblem {
     /// Reachable, but no SGLang usage gauges yet (they appear on the first batch or after 30 s idle).
-    #[error("/metrics answers but has no SGLang usage gauges yet ({found} sglang series present): SGLang publishes them on the first batch or after 30 s idle")]
+    #[error("/metrics answers but SGLang has not published its usage gauges yet ({found} other sglang series present): they appear on the first prefill batch, every 40 decode steps, or after 30 s idle")]
     NotPublished {
         /// How many `sglang` series exist (constants).
         found: usize,
@@ -117,24 +117,20 @@ pub fn check(e: &Exposition) -> Result<KvReport, KvProblem> {
     let usage = value(e, Gauge::TokenUsage);
     let used = value(e, Gauge::UsedTokens);
     let (Some((token_usage, un)), Some((used_tokens, kn))) = (usage, used) else {
-        let only_constants = sglang.iter().all(|n| {
-            [
-                "max_total_num_tokens",
-                "max_total_num_tokens_swa",
-                "page_size",
-                "num_pages",
-                "context_len",
-                "weight_memory_usage_gb",
-                "kv_cache_memory_usage_gb",
-                "graph_memory_usage_gb",
-                "startup_available_gpu_memory_gb",
-                "startup_time_seconds",
-                "engine_startup_time",
-                "engine_load_weights_time",
-            ]
-            .contains(n)
-        });
-        if only_constants {
+        // The scheduler's stats gauges all appear together, at its first log_stats(); constants
+        // and tokenizer counters can exist before that.
+        const STATS: [&str; 9] = [
+            "token_usage",
+            "num_used_tokens",
+            "full_token_usage",
+            "kv_used_tokens",
+            "kv_available_tokens",
+            "num_running_reqs",
+            "num_queue_reqs",
+            "gen_throughput",
+            "cache_hit_rate",
+        ];
+        if !sglang.iter().any(|n| STATS.contains(n)) {
             return Err(KvProblem::NotPublished {
                 found: sglang.len(),
             });

@@ -116,6 +116,11 @@ impl Http {
         ok_json(url, status, &body)
     }
 
+    /// DELETE, any status.
+    pub async fn delete(&self, url: &str) -> Result<(u16, String), HttpError> {
+        self.send(url, self.client.delete(url)).await
+    }
+
     /// POST JSON, any status.
     pub async fn post_json(&self, url: &str, body: &Value) -> Result<(u16, String), HttpError> {
         self.send(url, self.client.post(url).json(body)).await
@@ -331,11 +336,26 @@ impl Router {
             .map(|s| s.value))
     }
 
-    /// One `/generate` with `max_new_tokens: 1` through the router; `Err` with the status and body
+    /// `DELETE /workers/{id}` (drain: take the worker out of rotation).
+    pub async fn deregister(&self, http: &Http, id: &str) -> Result<(), HttpError> {
+        let u = format!("{}/workers/{id}", self.url.trim_end_matches('/'));
+        let (status, body) = http.delete(&u).await?;
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(HttpError::Status {
+                url: u,
+                status,
+                body: snippet(&body),
+            })
+        }
+    }
+
+    /// One `/generate` with `max_new_tokens` through the router; `Err` with the status and body
     /// unless it answers 200.
-    pub async fn smoke(&self, http: &Http) -> Result<(), HttpError> {
+    pub async fn smoke(&self, http: &Http, max_new_tokens: u32) -> Result<(), HttpError> {
         let u = format!("{}/generate", self.url.trim_end_matches('/'));
-        let (status, body) = http.post_json(&u, &json!({"text": "pdctl smoke test", "sampling_params": {"max_new_tokens": 1, "temperature": 0}})).await?;
+        let (status, body) = http.post_json(&u, &json!({"text": "pdctl smoke test", "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})).await?;
         if status == 200 {
             Ok(())
         } else {

@@ -238,6 +238,55 @@ impl Stack {
         Ok(stack)
     }
 
+    /// A pdctl config for this stack (bus, journal and procfs of the sandbox; the router; both
+    /// workers; short timeouts fit for tests and the demo).
+    pub fn pdctl_config(&self) -> String {
+        let sb = &self.sandbox;
+        let mut t = format!(
+            "# pdctl config for a sandboxed 1P1D stack (written by pdctl-sandbox)\n\
+             [systemd]\naddress = \"{}\"\n\n[journal]\ndirectory = \"{}\"\nprocfs = \"{}\"\n\n",
+            sb.bus_address(),
+            sb.journal_dir().display(),
+            sb.root().join("proc").display()
+        );
+        if let Some(r) = &self.router {
+            t.push_str(&format!(
+                "[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n\n",
+                r.url, r.metrics_url
+            ));
+        }
+        for w in self.workers() {
+            t.push_str(&format!(
+                "[[worker]]\nunit = \"{}\"\nrole = \"{}\"\nurl = \"{}\"\n",
+                w.unit, w.role, w.url
+            ));
+            if let Some(b) = w.bootstrap_port {
+                t.push_str(&format!("bootstrap_port = {b}\n"));
+            }
+            t.push_str(&format!("gpus = \"{}\"\n\n", w.gpus));
+        }
+        t.push_str(
+            "[rollout]\norder = [\"prefill\", \"decode\"]\nready_timeout = \"60s\"\nhealth_timeout = \"30s\"\n\
+             router_timeout = \"30s\"\nmetrics_timeout = \"40s\"\nmin_healthy = \"3s\"\ndrain_timeout = \"10s\"\n\n\
+             [verify]\nmetrics = \"required\"\nsmoke_request = true\n",
+        );
+        t
+    }
+
+    /// Write [`Stack::pdctl_config`] to `<sandbox>/pdctl/pdctl.toml` (fragments may go in
+    /// `<sandbox>/pdctl/config.d/`) and return its path.
+    pub fn write_pdctl_config(&self) -> Result<PathBuf> {
+        let dir = self.sandbox.dir().join("pdctl");
+        let io = |e| SandboxError::Io {
+            what: format!("write {}", dir.display()),
+            source: e,
+        };
+        std::fs::create_dir_all(dir.join("config.d")).map_err(io)?;
+        let p = dir.join("pdctl.toml");
+        std::fs::write(&p, self.pdctl_config()).map_err(io)?;
+        Ok(p)
+    }
+
     /// The two workers, prefill first.
     pub fn workers(&self) -> [&Worker; 2] {
         [&self.prefill, &self.decode]

@@ -1,12 +1,20 @@
-//! `pdctl`: the command-line front of pdctl. A thin layer: parse arguments, call the rooms that
-//! do the work, print, and map outcomes to the exit codes of the contract (docs/cli.md).
+//! `pdctl`: the command-line front of pdctl. A thin layer: parse arguments, load the settings,
+//! connect the drivers, run the engine, print (live progress or NDJSON), and map the outcome to
+//! the exit codes of the contract (docs/cli.md).
 
+mod context;
 mod demo;
+mod render;
+mod status;
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
 
 /// Exit codes of the contract (shared/design.md).
 pub mod exit {
+    /// Success.
+    pub const OK: i32 = 0;
     /// A gate failed; the rollout halted.
     pub const GATE_FAILED: i32 = 1;
     /// Bad usage or configuration.
@@ -22,19 +30,60 @@ pub mod exit {
     about = "Safe rolling restarts of SGLang units on systemd hosts"
 )]
 struct Cli {
+    /// Main config file (default: $PDCTL_CONFIG, else /etc/pdctl/pdctl.toml; config.d/*.toml next
+    /// to it is merged in name order).
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Boot a private sandbox (real systemd + journald + D-Bus) with a 1-prefill/1-decode
-    /// SGLang stack (simulated servers) behind the real SGLang router, and show its live state.
+    /// Restart workers one at a time, each gated on journald readiness, /health, router
+    /// re-admission, KV metrics and a soak.
+    Restart(RestartArgs),
+    /// Run every gate except restart and soak on every worker, changing nothing.
+    Check(OutputArgs),
+    /// Show each worker: unit state, invocation, router view, KV usage, requests.
+    Status(OutputArgs),
+    /// Boot a private sandbox (real systemd + journald + D-Bus) with a 1-prefill/1-decode SGLang
+    /// stack (simulated servers) behind the real SGLang router, roll it, and show its status.
     Demo(demo::DemoArgs),
+}
+
+#[derive(Args)]
+struct RestartArgs {
+    /// Restart units one at a time (the only mode pdctl has; required to say so).
+    #[arg(long)]
+    rolling: bool,
+    /// Only these units (repeatable), in rollout order.
+    #[arg(long = "unit", value_name = "UNIT")]
+    units: Vec<String>,
+    /// Print the plan and the preflight verdict; touch nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// One JSON object per line (events, then a summary).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct OutputArgs {
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -46,8 +95,18 @@ fn main() {
             std::process::exit(exit::UNREACHABLE);
         }
     };
+    let config = pdctl_core::config::main_path(cli.config.as_deref());
     let code = rt.block_on(async {
         match cli.command {
+            Command::Restart(a) => {
+                if !a.rolling {
+                    eprintln!("pdctl restart: say --rolling (pdctl only restarts units one at a time, each gated)");
+                    return exit::USAGE;
+                }
+                context::rollout(&config, &a.units, a.dry_run, a.json).await
+            }
+            Command::Check(a) => context::check(&config, a.json).await,
+            Command::Status(a) => status::run(&config, a.json).await,
             Command::Demo(a) => demo::run(a).await,
         }
     });

@@ -1,0 +1,692 @@
+//! Configuration: `/etc/pdctl/pdctl.toml`, then `/etc/pdctl/config.d/*.toml` merged in name order
+//! (`--config PATH` or `PDCTL_CONFIG` replaces the first), validated into [`Settings`].
+//!
+//! Merging: a later file's keys override an earlier file's, table by table; `[[worker]]` entries
+//! are appended (a fragment can add a worker; a unit named twice is an error). Unknown keys, bad
+//! durations and bad values are errors that name the file, the line and the key.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Default location of the main file.
+pub const DEFAULT_PATH: &str = "/etc/pdctl/pdctl.toml";
+
+/// A configuration error: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}{}: {msg}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The file.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// What is wrong, naming the key.
+    pub msg: String,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset.min(text.len()))
+        .map(|t| t.matches('\n').count() + 1)
+        .unwrap_or(1)
+}
+
+/// A duration written as "90s", "10m", "1h 30m".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?} ({e}); write it like \"90s\", \"10m\" or \"1h 30m\""
+            ))
+        })
+    }
+}
+
+/// A worker's role.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// PD prefill server.
+    Prefill,
+    /// PD decode server.
+    Decode,
+    /// A regular (non-disaggregated) server.
+    Regular,
+}
+
+impl Role {
+    /// The router's `worker_type` for this role.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Regular => "regular",
+        }
+    }
+}
+
+/// What to do when a gate fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailure {
+    /// Stop; touch nothing else.
+    Halt,
+    /// Restore the last good revision of the unit's files (needs pdctld's revision store).
+    Rollback,
+}
+
+/// How strict the metrics gate is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsMode {
+    /// Missing or insane KV gauges fail the gate.
+    Required,
+    /// They are reported but do not fail.
+    Warn,
+    /// Not checked.
+    Off,
+}
+
+/// Which bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusKind {
+    /// System manager.
+    System,
+    /// The caller's user manager.
+    User,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSystemd {
+    bus: Option<BusKind>,
+    address: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJournal {
+    directory: Option<PathBuf>,
+    procfs: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouter {
+    url: Option<String>,
+    metrics_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorker {
+    unit: Spanned<String>,
+    role: Role,
+    url: String,
+    bootstrap_port: Option<u16>,
+    gpus: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRollout {
+    order: Option<Vec<Role>>,
+    ready_pattern: Option<String>,
+    fatal_patterns: Option<Vec<String>>,
+    ready_timeout: Option<Dur>,
+    health_timeout: Option<Dur>,
+    router_timeout: Option<Dur>,
+    metrics_timeout: Option<Dur>,
+    job_timeout: Option<Dur>,
+    min_healthy: Option<Dur>,
+    on_failure: Option<OnFailure>,
+    max_unavailable: Option<Spanned<u32>>,
+    drain: Option<bool>,
+    drain_timeout: Option<Dur>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVerify {
+    router: Option<bool>,
+    metrics: Option<MetricsMode>,
+    smoke_request: Option<bool>,
+    warmup_request: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    systemd: Option<RawSystemd>,
+    journal: Option<RawJournal>,
+    router: Option<RawRouter>,
+    worker: Option<Vec<RawWorker>>,
+    rollout: Option<RawRollout>,
+    verify: Option<RawVerify>,
+}
+
+/// One SGLang worker unit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Worker {
+    /// The systemd unit.
+    pub unit: String,
+    /// Its role.
+    pub role: Role,
+    /// Its HTTP URL (as the router knows it).
+    pub url: String,
+    /// Prefill bootstrap port (for re-registration).
+    pub bootstrap_port: Option<u16>,
+    /// GPU indices, when configured.
+    pub gpus: Option<BTreeSet<u32>>,
+}
+
+/// The router.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterSettings {
+    /// Base URL.
+    pub url: String,
+    /// Prometheus endpoint (for the circuit-breaker check).
+    pub metrics_url: Option<String>,
+}
+
+/// `[rollout]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    /// Roles in order.
+    pub order: Vec<Role>,
+    /// Substring of the ready line.
+    pub ready_pattern: String,
+    /// Substrings of fatal lines.
+    pub fatal_patterns: Vec<String>,
+    /// Restart → ready line.
+    pub ready_timeout: Duration,
+    /// Ready → `/health` 200.
+    pub health_timeout: Duration,
+    /// → router admission (healthy, breaker closed, smoke 200).
+    pub router_timeout: Duration,
+    /// → KV gauges present (SGLang publishes on the first batch or after 30 s idle).
+    pub metrics_timeout: Duration,
+    /// RestartUnit → our job's JobRemoved.
+    pub job_timeout: Duration,
+    /// Soak: the unit must stay up this long.
+    pub min_healthy: Duration,
+    /// Halt or roll back.
+    pub on_failure: OnFailure,
+    /// Units of a role allowed down at once (pdctl restarts one unit at a time in any case).
+    pub max_unavailable: u32,
+    /// Take the worker out of the router before the restart.
+    pub drain: bool,
+    /// Bound on waiting for in-flight requests to finish.
+    pub drain_timeout: Duration,
+}
+
+/// `[verify]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verify {
+    /// Check the router's view.
+    pub router: bool,
+    /// KV metrics gate.
+    pub metrics: MetricsMode,
+    /// One small request through the router.
+    pub smoke_request: bool,
+    /// Send one request to make SGLang publish its gauges when they are missing.
+    pub warmup_request: bool,
+}
+
+/// Where systemd is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusSetting {
+    /// System bus.
+    System,
+    /// User bus.
+    User,
+    /// Explicit address.
+    Address(String),
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The bus.
+    pub bus: BusSetting,
+    /// The journal directory (`None`: the local journal).
+    pub journal_directory: Option<PathBuf>,
+    /// procfs for PID ancestry.
+    pub procfs: PathBuf,
+    /// The router.
+    pub router: Option<RouterSettings>,
+    /// Workers in file order.
+    pub workers: Vec<Worker>,
+    /// `[rollout]`.
+    pub rollout: Rollout,
+    /// `[verify]`.
+    pub verify: Verify,
+    /// Files read, in order.
+    pub sources: Vec<PathBuf>,
+}
+
+fn d(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// Parse `"0-3"`, `"0,1,2,3"`, `"0-1,6"`.
+pub fn parse_gpus(s: &str) -> Option<BTreeSet<u32>> {
+    let mut out = BTreeSet::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b || b - a > 1024 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => {
+                out.insert(part.parse().ok()?);
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<RawFile, ConfigError> {
+    toml::from_str::<RawFile>(text).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        let msg = e.message().trim().to_string();
+        // toml names the table path in its message for type errors; unknown keys name the key.
+        ConfigError {
+            file: path.display().to_string(),
+            line,
+            msg,
+        }
+    })
+}
+
+/// The files to read: the main file, then `config.d/*.toml` next to it, in name order.
+pub fn files(main: &Path) -> Vec<PathBuf> {
+    let mut out = vec![main.to_path_buf()];
+    if let Some(dir) = main.parent().map(|p| p.join("config.d")) {
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            let mut frags: Vec<PathBuf> = rd
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            frags.sort();
+            out.extend(frags);
+        }
+    }
+    out
+}
+
+/// Which main file: `--config`, else `$PDCTL_CONFIG`, else `/etc/pdctl/pdctl.toml`.
+pub fn main_path(flag: Option<&Path>) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("PDCTL_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
+}
+
+/// Load and validate the configuration rooted at `main`.
+pub fn load(main: &Path) -> Result<Settings, ConfigError> {
+    let mut texts = Vec::new();
+    for f in files(main) {
+        let text = std::fs::read_to_string(&f).map_err(|e| ConfigError {
+            file: f.display().to_string(),
+            line: None,
+            msg: format!("cannot read the config file: {e} (use --config PATH or PDCTL_CONFIG to point at another)"),
+        })?;
+        texts.push((f, text));
+    }
+    load_texts(&texts)
+}
+
+/// Validate already-read files (for tests): `(path, contents)` in merge order.
+pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> {
+    let mut sd = RawSystemd::default();
+    let mut jn = RawJournal::default();
+    let mut rt = RawRouter::default();
+    let mut ro = RawRollout::default();
+    let mut vf = RawVerify::default();
+    let mut workers: Vec<(PathBuf, usize, RawWorker)> = Vec::new();
+    macro_rules! over {
+        ($dst:ident, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() { $dst.$f = $src.$f; } )* };
+    }
+    for (path, text) in texts {
+        let raw = parse_file(path, text)?;
+        if let Some(s) = raw.systemd {
+            over!(sd, s, bus, address);
+        }
+        if let Some(s) = raw.journal {
+            over!(jn, s, directory, procfs);
+        }
+        if let Some(s) = raw.router {
+            over!(rt, s, url, metrics_url);
+        }
+        if let Some(s) = raw.rollout {
+            over!(
+                ro,
+                s,
+                order,
+                ready_pattern,
+                fatal_patterns,
+                ready_timeout,
+                health_timeout,
+                router_timeout,
+                metrics_timeout,
+                job_timeout,
+                min_healthy,
+                on_failure,
+                max_unavailable,
+                drain,
+                drain_timeout
+            );
+        }
+        if let Some(s) = raw.verify {
+            over!(vf, s, router, metrics, smoke_request, warmup_request);
+        }
+        for w in raw.worker.unwrap_or_default() {
+            let line = line_of(text, w.unit.span().start);
+            workers.push((path.clone(), line, w));
+        }
+    }
+    let err = |path: &Path, line: Option<usize>, msg: String| ConfigError {
+        file: path.display().to_string(),
+        line,
+        msg,
+    };
+    let last = texts.last().map(|t| t.0.clone()).unwrap_or_default();
+    if workers.is_empty() {
+        return Err(err(
+            &last,
+            None,
+            "no [[worker]] is configured: add one per SGLang unit (unit, role, url)".into(),
+        ));
+    }
+    let mut out_workers = Vec::new();
+    let mut seen: Vec<(String, PathBuf, usize)> = Vec::new();
+    for (path, line, w) in workers {
+        let unit = w.unit.into_inner();
+        if let Some((_, p, l)) = seen.iter().find(|(u, _, _)| *u == unit) {
+            return Err(err(
+                &path,
+                Some(line),
+                format!(
+                    "worker.unit: {unit} is configured twice (first at {}:{l})",
+                    p.display()
+                ),
+            ));
+        }
+        if !unit.contains('.') {
+            return Err(err(&path, Some(line), format!("worker.unit: {unit:?} is not a unit name (expected e.g. \"sglang-prefill.service\")")));
+        }
+        if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+            return Err(err(
+                &path,
+                Some(line),
+                format!(
+                    "worker.url of {unit}: {:?} must start with http:// or https://",
+                    w.url
+                ),
+            ));
+        }
+        if w.bootstrap_port.is_some() && w.role != Role::Prefill {
+            return Err(err(
+                &path,
+                Some(line),
+                format!(
+                    "worker.bootstrap_port of {unit}: only a prefill worker has a bootstrap port"
+                ),
+            ));
+        }
+        let gpus = match w.gpus {
+            None => None,
+            Some(g) => {
+                let gl = line_of(
+                    &texts
+                        .iter()
+                        .find(|t| t.0 == path)
+                        .map(|t| t.1.clone())
+                        .unwrap_or_default(),
+                    g.span().start,
+                );
+                Some(parse_gpus(g.get_ref()).ok_or_else(|| err(&path, Some(gl), format!("worker.gpus of {unit}: {:?} is not a GPU list like \"0-3\" or \"4,5,6,7\"", g.get_ref())))?)
+            }
+        };
+        seen.push((unit.clone(), path.clone(), line));
+        out_workers.push(Worker {
+            unit,
+            role: w.role,
+            url: w.url.trim_end_matches('/').to_string(),
+            bootstrap_port: w.bootstrap_port,
+            gpus,
+        });
+    }
+    let order = ro
+        .order
+        .unwrap_or_else(|| vec![Role::Prefill, Role::Decode, Role::Regular]);
+    for w in &out_workers {
+        if !order.contains(&w.role) {
+            return Err(err(
+                &last,
+                None,
+                format!(
+                    "rollout.order: role {:?} of {} is not in the order {:?}",
+                    w.role.as_str(),
+                    w.unit,
+                    order.iter().map(|r| r.as_str()).collect::<Vec<_>>()
+                ),
+            ));
+        }
+    }
+    let max_unavailable = match ro.max_unavailable {
+        Some(m) if *m.get_ref() == 0 => {
+            return Err(err(
+                &last,
+                None,
+                "rollout.max_unavailable: must be at least 1 (a restart takes a unit down)".into(),
+            ));
+        }
+        Some(m) => m.into_inner(),
+        None => 1,
+    };
+    let router = match rt.url {
+        Some(url) => Some(RouterSettings {
+            url: url.trim_end_matches('/').to_string(),
+            metrics_url: rt.metrics_url,
+        }),
+        None => None,
+    };
+    let verify = Verify {
+        router: vf.router.unwrap_or(true) && router.is_some(),
+        metrics: vf.metrics.unwrap_or(MetricsMode::Required),
+        smoke_request: vf.smoke_request.unwrap_or(true),
+        warmup_request: vf.warmup_request.unwrap_or(true),
+    };
+    if vf.router == Some(true) && router.is_none() {
+        return Err(err(
+            &last,
+            None,
+            "verify.router = true needs [router] url".into(),
+        ));
+    }
+    let ready_timeout = ro.ready_timeout.map(|d| d.0).unwrap_or(d(15 * 60));
+    let bus = match (sd.address, sd.bus) {
+        (Some(a), _) => BusSetting::Address(a),
+        (None, Some(BusKind::User)) => BusSetting::User,
+        (None, _) => BusSetting::System,
+    };
+    Ok(Settings {
+        bus,
+        journal_directory: jn.directory,
+        procfs: jn.procfs.unwrap_or_else(|| PathBuf::from("/proc")),
+        router,
+        workers: out_workers,
+        rollout: Rollout {
+            order,
+            ready_pattern: ro
+                .ready_pattern
+                .unwrap_or_else(|| pdctl_journal::DEFAULT_READY.to_string()),
+            fatal_patterns: ro
+                .fatal_patterns
+                .unwrap_or_else(pdctl_journal::default_fatal_patterns),
+            ready_timeout,
+            health_timeout: ro.health_timeout.map(|d| d.0).unwrap_or(d(5 * 60)),
+            router_timeout: ro.router_timeout.map(|d| d.0).unwrap_or(d(3 * 60)),
+            metrics_timeout: ro.metrics_timeout.map(|d| d.0).unwrap_or(d(40)),
+            job_timeout: ro.job_timeout.map(|d| d.0).unwrap_or(ready_timeout),
+            min_healthy: ro.min_healthy.map(|d| d.0).unwrap_or(d(10)),
+            on_failure: ro.on_failure.unwrap_or(OnFailure::Halt),
+            max_unavailable,
+            drain: ro.drain.unwrap_or(true) && verify.router,
+            drain_timeout: ro.drain_timeout.map(|d| d.0).unwrap_or(d(120)),
+        },
+        verify,
+        sources: texts.iter().map(|t| t.0.clone()).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[systemd]
+bus = "system"
+[router]
+url = "http://127.0.0.1:30001"
+metrics_url = "http://127.0.0.1:29001/metrics"
+[[worker]]
+unit = "sglang-dsv4-prefill.service"
+role = "prefill"
+url = "http://127.0.0.1:30003"
+bootstrap_port = 8998
+gpus = "0-3"
+[[worker]]
+unit = "sglang-dsv4-decode.service"
+role = "decode"
+url = "http://127.0.0.1:30002"
+gpus = "4-7"
+[rollout]
+order = ["prefill", "decode"]
+ready_pattern = "The server is fired up and ready to roll!"
+ready_timeout = "15m"
+min_healthy = "10s"
+on_failure = "halt"
+max_unavailable = 1
+drain = true
+drain_timeout = "2m"
+[verify]
+router = true
+metrics = "required"
+smoke_request = true
+"#;
+
+    fn one(text: &str) -> Result<Settings, ConfigError> {
+        load_texts(&[(PathBuf::from("/etc/pdctl/pdctl.toml"), text.to_string())])
+    }
+
+    #[test]
+    fn the_design_contract_parses() {
+        let s = one(BASE).unwrap();
+        assert_eq!(s.workers.len(), 2);
+        assert_eq!(s.workers[0].gpus, Some((0..=3).collect()));
+        assert_eq!(s.rollout.ready_timeout, Duration::from_secs(900));
+        assert_eq!(s.bus, BusSetting::System);
+        assert!(s.verify.router && s.rollout.drain);
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let text = BASE.replace(
+            "min_healthy = \"10s\"",
+            "min_healthy = \"10s\"\nmin_heathy = \"5s\"",
+        );
+        let e = one(&text).unwrap_err();
+        assert_eq!(e.file, "/etc/pdctl/pdctl.toml");
+        assert_eq!(
+            e.line,
+            Some(
+                text.lines()
+                    .position(|l| l.starts_with("min_heathy"))
+                    .unwrap()
+                    + 1
+            )
+        );
+        assert!(e.msg.contains("min_heathy"), "{e}");
+        assert!(e.to_string().starts_with("/etc/pdctl/pdctl.toml:"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_and_enum_name_the_line() {
+        let e = one(&BASE.replace("\"15m\"", "\"fifteen minutes\"")).unwrap_err();
+        assert!(e.msg.contains("invalid duration"), "{e}");
+        assert_eq!(
+            e.line,
+            Some(
+                BASE.lines()
+                    .position(|l| l.starts_with("ready_timeout"))
+                    .unwrap()
+                    + 1
+            )
+        );
+        let e = one(&BASE.replace("on_failure = \"halt\"", "on_failure = \"pray\"")).unwrap_err();
+        assert!(e.msg.contains("pray"), "{e}");
+    }
+
+    #[test]
+    fn fragments_override_and_add_workers() {
+        let frag = "[rollout]\nmin_healthy = \"1s\"\n[[worker]]\nunit = \"extra.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n";
+        let s = load_texts(&[
+            (PathBuf::from("a.toml"), BASE.into()),
+            (PathBuf::from("config.d/10.toml"), frag.into()),
+        ])
+        .unwrap();
+        assert_eq!(s.rollout.min_healthy, Duration::from_secs(1));
+        assert_eq!(s.workers.len(), 3);
+        let dup = "[[worker]]\nunit = \"sglang-dsv4-decode.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n";
+        let e = load_texts(&[
+            (PathBuf::from("a.toml"), BASE.into()),
+            (PathBuf::from("config.d/20.toml"), dup.into()),
+        ])
+        .unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("config.d/20.toml", Some(2)));
+        assert!(e.msg.contains("configured twice"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors() {
+        assert!(one(&BASE.replace("gpus = \"4-7\"", "gpus = \"four\""))
+            .unwrap_err()
+            .msg
+            .contains("worker.gpus"));
+        assert!(
+            one(&BASE.replace("max_unavailable = 1", "max_unavailable = 0"))
+                .unwrap_err()
+                .msg
+                .contains("max_unavailable")
+        );
+        assert!(
+            one(&BASE.replace("order = [\"prefill\", \"decode\"]", "order = [\"prefill\"]"))
+                .unwrap_err()
+                .msg
+                .contains("not in the order")
+        );
+        assert!(one("").unwrap_err().msg.contains("no [[worker]]"));
+    }
+
+    #[test]
+    fn gpu_lists() {
+        assert_eq!(parse_gpus("0-1,6"), Some([0, 1, 6].into_iter().collect()));
+        assert_eq!(parse_gpus("3-1"), None);
+        assert_eq!(parse_gpus(""), None);
+    }
+}

@@ -1,0 +1,154 @@
+//! Settings → drivers → engine, for `restart` and `check`; the outcome → exit code.
+
+use std::path::Path;
+
+use pdctl_core::config::{BusSetting, Settings};
+use pdctl_core::engine::Engine;
+use pdctl_core::events::{FailureKind, Outcome, Summary};
+use pdctl_core::plan::Plan;
+use pdctl_core::ports::{HttpProbes, Journald};
+use pdctl_journal::Source;
+use pdctl_probe::{Http, Router, REQUEST_TIMEOUT};
+use pdctl_systemd::{Bus, Systemd};
+
+use crate::exit;
+use crate::render::Renderer;
+
+/// The engine over the real drivers.
+pub type RealEngine = Engine<Systemd, Journald, HttpProbes>;
+
+/// Load the config, printing a clear error (exit 2) on failure.
+pub fn settings(path: &Path) -> Result<Settings, i32> {
+    pdctl_core::config::load(path).map_err(|e| {
+        eprintln!("pdctl: config error: {e}");
+        exit::USAGE
+    })
+}
+
+/// The bus from the settings.
+pub fn bus(s: &Settings) -> Bus {
+    match &s.bus {
+        BusSetting::System => Bus::System,
+        BusSetting::User => Bus::User,
+        BusSetting::Address(a) => Bus::Address(a.clone()),
+    }
+}
+
+/// The journal from the settings.
+pub fn journal(s: &Settings) -> Source {
+    match &s.journal_directory {
+        Some(d) => Source::Directory(d.clone()),
+        None => Source::Local,
+    }
+}
+
+/// HTTP probes from the settings.
+pub fn probes(s: &Settings) -> HttpProbes {
+    HttpProbes {
+        http: Http::new(REQUEST_TIMEOUT),
+        router: s.router.as_ref().map(|r| Router {
+            url: r.url.clone(),
+            metrics_url: r.metrics_url.clone(),
+        }),
+    }
+}
+
+/// Connect the drivers (exit 3 when systemd cannot be reached).
+pub async fn engine(settings: Settings) -> Result<RealEngine, i32> {
+    let units = Systemd::connect(&bus(&settings)).await.map_err(|e| {
+        eprintln!("pdctl: {e}");
+        exit::UNREACHABLE
+    })?;
+    Ok(Engine {
+        units,
+        logs: Journald(journal(&settings)),
+        probes: probes(&settings),
+        settings,
+    })
+}
+
+/// Exit code of a finished rollout.
+pub fn code(s: &Summary) -> i32 {
+    match (&s.result, &s.failed) {
+        (Outcome::Succeeded, _) => exit::OK,
+        (Outcome::Aborted, _) => 5,
+        (_, Some(f)) if f.kind == FailureKind::Config => exit::USAGE,
+        (_, Some(f)) if f.kind == FailureKind::Access => exit::UNREACHABLE,
+        _ => exit::GATE_FAILED,
+    }
+}
+
+/// `pdctl restart --rolling`.
+pub async fn rollout(config: &Path, only: &[String], dry_run: bool, json: bool) -> i32 {
+    let s = match settings(config) {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    let plan = match Plan::new(&s, only) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("pdctl: {e}");
+            return exit::USAGE;
+        }
+    };
+    let engine = match engine(s).await {
+        Ok(e) => e,
+        Err(c) => return c,
+    };
+    run_engine(
+        &engine,
+        &plan,
+        json,
+        if dry_run { Kind::DryRun } else { Kind::Rollout },
+    )
+    .await
+}
+
+/// `pdctl check`.
+pub async fn check(config: &Path, json: bool) -> i32 {
+    let s = match settings(config) {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    let plan = match Plan::new(&s, &[]) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("pdctl: {e}");
+            return exit::USAGE;
+        }
+    };
+    let engine = match engine(s).await {
+        Ok(e) => e,
+        Err(c) => return c,
+    };
+    run_engine(&engine, &plan, json, Kind::Check).await
+}
+
+/// What the engine is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A rolling restart.
+    Rollout,
+    /// Preflight only.
+    DryRun,
+    /// All read-only gates.
+    Check,
+}
+
+/// Run the engine with live output; returns the exit code.
+pub async fn run_engine(engine: &RealEngine, plan: &Plan, json: bool, kind: Kind) -> i32 {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let renderer = Renderer::new(json, plan, kind);
+    let printer = tokio::spawn(renderer.run(rx));
+    let summary = match kind {
+        Kind::Rollout => engine.rolling_restart(plan, &tx).await,
+        Kind::DryRun => engine.dry_run(plan, &tx).await,
+        Kind::Check => engine.check(plan, &tx).await,
+    };
+    drop(tx);
+    let renderer = printer.await.ok();
+    if let Some(r) = renderer {
+        r.summary(&summary);
+    }
+    code(&summary)
+}
