@@ -193,3 +193,135 @@ print(json.dumps(out))
     );
     serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("parser JSON")
 }
+
+/// What a `pdctl --json` run printed and returned.
+#[derive(Debug)]
+pub struct JsonRun {
+    /// Exit code.
+    pub code: i32,
+    /// Event lines (objects with `step`).
+    pub events: Vec<serde_json::Value>,
+    /// The last line (the summary, with `result`), if any.
+    pub summary: serde_json::Value,
+    /// Everything on stderr.
+    pub stderr: String,
+}
+
+impl JsonRun {
+    /// Index of the first event matching unit/step/status.
+    pub fn index(&self, unit: &str, step: &str, status: &str) -> Option<usize> {
+        self.events
+            .iter()
+            .position(|e| e["unit"] == unit && e["step"] == step && e["status"] == status)
+    }
+    /// The first event matching unit/step/status.
+    pub fn event(&self, unit: &str, step: &str, status: &str) -> &serde_json::Value {
+        let i = self
+            .index(unit, step, status)
+            .unwrap_or_else(|| panic!("no {unit} {step} {status} event in {:#?}", self.events));
+        &self.events[i]
+    }
+    /// Did any event touch (drain/restart) this unit?
+    pub fn touched(&self, unit: &str) -> bool {
+        self.events
+            .iter()
+            .any(|e| e["unit"] == unit && (e["step"] == "restart" || e["step"] == "drain"))
+    }
+}
+
+/// Run the `pdctl` binary with `args` (add `--json` yourself), calling `on_line` with each JSON
+/// line as it arrives; bounded by `deadline` (the process is killed past it).
+pub fn pdctl_run(
+    args: &[&str],
+    deadline: Duration,
+    mut on_line: impl FnMut(&serde_json::Value),
+) -> JsonRun {
+    let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pdctl");
+    let out = child.stdout.take().expect("stdout");
+    let err = child.stderr.take().expect("stderr");
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(err), &mut s);
+        s
+    });
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let end = Instant::now() + deadline;
+    let mut lines = Vec::new();
+    loop {
+        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) => {
+                let v: serde_json::Value = serde_json::from_str(&l)
+                    .unwrap_or_else(|e| panic!("pdctl printed a non-JSON line {l:?}: {e}"));
+                on_line(&v);
+                lines.push(v);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!(
+                    "pdctl {args:?} did not finish within {deadline:?}; lines so far: {lines:#?}"
+                );
+            }
+        }
+    }
+    let status = child.wait().expect("wait pdctl");
+    let stderr = err_thread.join().unwrap_or_default();
+    let summary = lines
+        .last()
+        .filter(|v| v.get("result").is_some())
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let events = lines
+        .into_iter()
+        .filter(|v| v.get("step").is_some())
+        .collect();
+    JsonRun {
+        code: status.code().unwrap_or(-1),
+        events,
+        summary,
+        stderr,
+    }
+}
+
+/// Boot the 1P1D stack, wait until both workers are ready (journald) and the router admits both.
+pub async fn stack_up(opts: &pdctl_sandbox::stack::StackOptions) -> pdctl_sandbox::stack::Stack {
+    let stack = pdctl_sandbox::stack::Stack::boot(opts).expect("stack boots");
+    stack
+        .wait_ready(Duration::from_secs(60))
+        .expect("workers ready");
+    if let Some(r) = &stack.router {
+        let url = format!("{}/workers", r.url);
+        let ok = poll_until(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let v: serde_json::Value = http().get(&url).send().await.ok()?.json().await.ok()?;
+                (v["workers"]
+                    .as_array()?
+                    .iter()
+                    .filter(|w| w["is_healthy"] == true)
+                    .count()
+                    == 2)
+                    .then_some(())
+            },
+        )
+        .await;
+        assert!(ok.is_some(), "the router admitted both workers");
+    }
+    stack
+}

@@ -107,6 +107,19 @@ impl<'a> StepRun<'a> {
     }
 }
 
+/// Run `fut`, but give up when the gate's time (`limit` from `t0`) is over: one hung HTTP call
+/// must not stretch a gate's deadline.
+async fn within<T>(
+    t0: Instant,
+    limit: Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let left = limit.saturating_sub(t0.elapsed());
+    tokio::time::timeout(left.max(Duration::from_millis(100)), fut)
+        .await
+        .ok()
+}
+
 fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
     w.gpus.clone().or_else(|| {
         env.iter()
@@ -527,10 +540,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let last = match self.probes.health(&w.url).await {
-                Health::Up => return Ok(json!({ "attempts": attempts })),
-                Health::Unavailable(s) => format!("{s} (warming up or unhealthy)"),
-                Health::Down(s) => s,
+            let last = match within(t0, limit, self.probes.health(&w.url)).await {
+                Some(Health::Up) => return Ok(json!({ "attempts": attempts })),
+                Some(Health::Unavailable(s)) => format!("{s} (warming up or unhealthy)"),
+                Some(Health::Down(s)) => s,
+                None => "no answer".into(),
             };
             if let Some(after) = after {
                 let st = self.units.state(&w.unit).await.map_err(from_sd)?;
@@ -558,7 +572,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut registered: Option<String> = None;
         let mut last;
         loop {
-            match self.probes.router_workers().await {
+            match within(t0, limit, self.probes.router_workers()).await.unwrap_or_else(|| Err(pdctl_probe::HttpError::Timeout { url: "router /workers".into(), after: limit })) {
                 Err(e) => last = format!("the router does not answer: {e}"),
                 Ok(list) => match list.iter().find(|x| x.url == w.url) {
                     None if may_register && registered.is_none() => {
@@ -614,7 +628,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let limit = self.settings.rollout.metrics_timeout;
         let mut warmed = None;
         loop {
-            let problem = match self.probes.kv(&w.url).await {
+            let problem = match within(t0, limit, self.probes.kv(&w.url))
+                .await
+                .unwrap_or_else(|| {
+                    Err(MetricsProblem::Http(pdctl_probe::HttpError::Timeout {
+                        url: format!("{}/metrics", w.url),
+                        after: limit,
+                    }))
+                }) {
                 Ok(r) => {
                     let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
                     if let Some(o) = d.as_object_mut() {

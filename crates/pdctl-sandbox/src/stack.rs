@@ -28,6 +28,8 @@ pub struct StackOptions {
     pub router_health_interval_secs: u32,
     /// `Restart=` of the worker units.
     pub restart: String,
+    /// Launch the decode worker with `--enable-metrics`.
+    pub decode_metrics: bool,
 }
 
 impl Default for StackOptions {
@@ -40,6 +42,7 @@ impl Default for StackOptions {
             router: true,
             router_health_interval_secs: 1,
             restart: "no".into(),
+            decode_metrics: true,
         }
     }
 }
@@ -129,11 +132,13 @@ impl Stack {
             "4".into(),
             "--disaggregation-mode".into(),
             w.role.into(),
-            "--enable-metrics".into(),
             "--trust-remote-code".into(),
             "--mem-fraction-static".into(),
             "0.85".into(),
         ];
+        if w.role != "decode" || opts.decode_metrics {
+            args.push("--enable-metrics".into());
+        }
         if let Some(b) = w.bootstrap_port {
             args.push("--disaggregation-bootstrap-port".into());
             args.push(b.to_string());
@@ -285,6 +290,42 @@ impl Stack {
         let p = dir.join("pdctl.toml");
         std::fs::write(&p, self.pdctl_config()).map_err(io)?;
         Ok(p)
+    }
+
+    /// Add a drop-in `<unit>.d/<name>.conf` and daemon-reload. (Measured on systemd 252: a new
+    /// drop-in does not set `NeedDaemonReload`, so nothing would notice it otherwise.)
+    pub fn drop_in(&self, unit: &str, name: &str, contents: &str) -> Result<PathBuf> {
+        let dir = self.sandbox.unit_dir().join(format!("{unit}.d"));
+        let io = |e| SandboxError::Io {
+            what: format!("write a drop-in in {}", dir.display()),
+            source: e,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let p = dir.join(format!("{name}.conf"));
+        std::fs::write(&p, contents).map_err(io)?;
+        self.sandbox.daemon_reload()?;
+        Ok(p)
+    }
+
+    /// Append lines to the `[Service]` section of a unit file (the last section), without
+    /// reloading: the manager then reports `NeedDaemonReload`.
+    pub fn append_to_unit(&self, unit: &str, lines: &str) -> Result<()> {
+        let p = self.sandbox.unit_dir().join(unit);
+        let io = |e| SandboxError::Io {
+            what: format!("edit {}", p.display()),
+            source: e,
+        };
+        let mut text = std::fs::read_to_string(&p).map_err(io)?;
+        text.push_str(lines);
+        std::fs::write(&p, text).map_err(io)
+    }
+
+    /// A unit property (`systemctl --user show -p NAME --value UNIT`).
+    pub fn show(&self, unit: &str, prop: &str) -> Result<String> {
+        let out = self
+            .sandbox
+            .systemctl(&["show", "-p", prop, "--value", unit])?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
     /// The two workers, prefill first.
