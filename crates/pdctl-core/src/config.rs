@@ -684,6 +684,20 @@ smoke_request = true
     }
 
     #[test]
+    fn the_shipped_example_config_is_valid() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/pdctl.toml");
+        let s = load(&p).unwrap();
+        assert_eq!(
+            s.workers.iter().map(|w| w.role).collect::<Vec<_>>(),
+            vec![Role::Prefill, Role::Decode]
+        );
+        assert_eq!(
+            s.router.unwrap().metrics_url.as_deref(),
+            Some("http://127.0.0.1:29001/metrics")
+        );
+    }
+
+    #[test]
     fn gpu_lists() {
         assert_eq!(parse_gpus("0-1,6"), Some([0, 1, 6].into_iter().collect()));
         assert_eq!(parse_gpus("3-1"), None);

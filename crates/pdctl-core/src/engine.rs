@@ -31,8 +31,8 @@ use crate::ports::{Follow, Logs, Probes, SystemdError, Units, Watch};
 
 /// Lines of the unit's log attached to a failure.
 pub const LAST_LINES: usize = 20;
-/// Pause between polls of HTTP state that offers no events.
-const POLL: Duration = Duration::from_millis(250);
+/// Pause between polls of HTTP state that offers no events (loopback calls; cheap).
+const POLL: Duration = Duration::from_millis(100);
 
 /// A step's failure before it becomes a [`Failure`].
 #[derive(Debug)]
@@ -344,7 +344,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let detail = json!({
                     "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64,
                     "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
-                    "main_pid": out.state.main_pid,
+                    "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
                 });
                 if out.job_result != "done" {
                     return Err(Fail { cause: format!("the restart job of {unit} ended with result \"{}\" (systemd: {})", out.job_result, out.state.result), kind: FailureKind::Gate, detail });
@@ -594,7 +594,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     Some(x) => {
                         let cb = self.probes.cb_state(&w.url).await;
                         match cb {
-                            Ok(Some(v)) if v == 1.0 => last = "healthy, but its circuit breaker is open (smg_worker_cb_state=1): requests are still refused".into(),
+                            Ok(Some(1.0)) => last = "healthy, but its circuit breaker is open (smg_worker_cb_state=1): requests are still refused".into(),
                             _ => {
                                 let smoke = if self.settings.verify.smoke_request { Some(self.probes.smoke(1).await) } else { None };
                                 match smoke {
@@ -669,6 +669,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     (false, _) => Ok("not sent: a PD worker needs the router".to_string()),
                 };
                 warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
+                continue; // the request has finished: the gauges may be there now
             }
             if t0.elapsed() >= limit {
                 return Err(gate(format!(
@@ -676,7 +677,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     w.unit
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(POLL).await;
         }
     }
 

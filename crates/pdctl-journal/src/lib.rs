@@ -244,14 +244,9 @@ fn follow_loop(
         }
     }
     while !stop.load(Ordering::Relaxed) {
-        loop {
-            match read_entry(&mut j).map_err(|e| read_err(src, e))? {
-                Some(e) => {
-                    if tx.send(Ok(e)).is_err() {
-                        return Ok(());
-                    }
-                }
-                None => break,
+        while let Some(e) = read_entry(&mut j).map_err(|e| read_err(src, e))? {
+            if tx.send(Ok(e)).is_err() {
+                return Ok(());
             }
         }
         j.wait(Some(POLL)).map_err(|e| read_err(src, e))?;

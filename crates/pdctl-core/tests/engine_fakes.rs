@@ -1,0 +1,292 @@
+//! The rollout state machine against in-memory fakes of systemd, the journal and the probes:
+//! ordering, halting, and what is never touched. (The same gates are proven against the real
+//! parts in tests/rollout.rs.)
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use pdctl_core::config::{load_texts, Settings};
+use pdctl_core::engine::Engine;
+use pdctl_core::events::{Event, Outcome, Status, Step};
+use pdctl_core::plan::Plan;
+use pdctl_core::ports::{Follow, JournalError, Logs, Probes, SystemdError, Units, Watch};
+use pdctl_journal::Entry;
+use pdctl_probe::kv::KvReport;
+use pdctl_probe::{Health, HttpError, MetricsProblem, RouterWorker};
+use pdctl_systemd::{RestartOutcome, UnitConfig, UnitState};
+
+#[derive(Default)]
+struct World {
+    states: HashMap<String, UnitState>,
+    restarted: Vec<String>,
+    unhealthy: Vec<String>,
+    next_pid: u32,
+}
+
+type W = Arc<Mutex<World>>;
+
+fn state(inv: &str, pid: u32) -> UnitState {
+    UnitState {
+        load_state: "loaded".into(),
+        active_state: "active".into(),
+        sub_state: "running".into(),
+        invocation_id: inv.into(),
+        main_pid: pid,
+        exec_main_pid: pid,
+        n_restarts: 0,
+        result: "success".into(),
+        exec_main_code: 0,
+        exec_main_status: 0,
+        active_enter_us: 1,
+        exec_main_start_us: 1,
+    }
+}
+
+struct FakeUnits(W);
+struct NoWatch;
+impl Watch for NoWatch {
+    async fn changed(&mut self) -> Option<()> {
+        std::future::pending().await
+    }
+}
+
+impl Units for FakeUnits {
+    type W = NoWatch;
+    async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
+        self.0
+            .lock()
+            .unwrap()
+            .states
+            .get(unit)
+            .cloned()
+            .ok_or(SystemdError::NoSuchUnit {
+                unit: unit.into(),
+                detail: "fake".into(),
+            })
+    }
+    async fn config(&self, _unit: &str) -> Result<UnitConfig, SystemdError> {
+        Ok(UnitConfig {
+            exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]],
+            ..Default::default()
+        })
+    }
+    async fn reload(&self) -> Result<(), SystemdError> {
+        Ok(())
+    }
+    async fn reset_failed(&self, _unit: &str) -> Result<(), SystemdError> {
+        Ok(())
+    }
+    async fn watch(&self, _unit: &str) -> Result<NoWatch, SystemdError> {
+        Ok(NoWatch)
+    }
+    async fn restart(&self, unit: &str, _t: Duration) -> Result<RestartOutcome, SystemdError> {
+        let mut w = self.0.lock().unwrap();
+        w.next_pid += 1;
+        let st = state(&format!("inv{}", w.next_pid), w.next_pid);
+        w.states.insert(unit.into(), st.clone());
+        w.restarted.push(unit.into());
+        Ok(RestartOutcome {
+            job_result: "done".into(),
+            job_time: Duration::from_millis(1),
+            state: st,
+        })
+    }
+}
+
+fn entry(msg: &str, pid: u32) -> Entry {
+    let fields: BTreeMap<String, String> = [
+        ("MESSAGE".to_string(), msg.to_string()),
+        ("_PID".to_string(), pid.to_string()),
+    ]
+    .into();
+    Entry {
+        cursor: "c".into(),
+        realtime_us: 0,
+        read_at: SystemTime::now(),
+        fields,
+    }
+}
+
+struct FakeFollow(Vec<Entry>);
+impl Follow for FakeFollow {
+    async fn next(&mut self) -> Option<Result<Entry, JournalError>> {
+        if self.0.is_empty() {
+            std::future::pending::<()>().await;
+        }
+        Some(Ok(self.0.remove(0)))
+    }
+}
+
+struct FakeLogs(W);
+impl Logs for FakeLogs {
+    type F = FakeFollow;
+    async fn tail_cursor(&self) -> Result<Option<String>, JournalError> {
+        Ok(Some("c".into()))
+    }
+    fn follow(&self, _cursor: Option<String>, unit: &str) -> FakeFollow {
+        let pid = self
+            .0
+            .lock()
+            .unwrap()
+            .states
+            .get(unit)
+            .map(|s| s.main_pid)
+            .unwrap_or(0);
+        // The old process flushes its ready line first; then the new run's.
+        FakeFollow(vec![
+            entry("The server is fired up and ready to roll!", 1),
+            entry("[t] The server is fired up and ready to roll!", pid),
+        ])
+    }
+    async fn last_lines(&self, _unit: &str, _n: usize) -> Result<Vec<String>, JournalError> {
+        Ok(vec!["last line".into()])
+    }
+}
+
+struct FakeProbes(W);
+impl Probes for FakeProbes {
+    async fn health(&self, url: &str) -> Health {
+        if self.0.lock().unwrap().unhealthy.iter().any(|u| u == url) {
+            Health::Unavailable("503".into())
+        } else {
+            Health::Up
+        }
+    }
+    async fn kv(&self, _url: &str) -> Result<KvReport, MetricsProblem> {
+        Ok(KvReport {
+            max_total_tokens: Some(10.0),
+            token_usage: 0.0,
+            used_tokens: 0.0,
+            available_tokens: None,
+            evictable_tokens: None,
+            running_reqs: None,
+            queue_reqs: None,
+            names: vec![],
+        })
+    }
+    async fn in_flight(&self, _url: &str) -> Result<u64, HttpError> {
+        Ok(0)
+    }
+    async fn warm_worker(&self, _url: &str) -> Result<(), HttpError> {
+        Ok(())
+    }
+    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpError> {
+        Ok(vec![])
+    }
+    async fn register(&self, _u: &str, _t: &str, _b: Option<u16>) -> Result<String, HttpError> {
+        Ok("id".into())
+    }
+    async fn deregister(&self, _id: &str) -> Result<(), HttpError> {
+        Ok(())
+    }
+    async fn cb_state(&self, _url: &str) -> Result<Option<f64>, MetricsProblem> {
+        Ok(None)
+    }
+    async fn smoke(&self, _n: u32) -> Result<(), HttpError> {
+        Ok(())
+    }
+}
+
+fn settings(gpus_decode: &str) -> Settings {
+    let text = format!(
+        "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\ngpus = \"0-3\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\ngpus = \"{gpus_decode}\"\n\
+         [rollout]\nmin_healthy = \"10ms\"\nhealth_timeout = \"300ms\"\nready_timeout = \"2s\"\n"
+    );
+    load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
+}
+
+fn world() -> W {
+    let w = World {
+        next_pid: 100,
+        ..Default::default()
+    };
+    let w = Arc::new(Mutex::new(w));
+    for (u, pid) in [("p.service", 10), ("d.service", 20)] {
+        w.lock().unwrap().states.insert(u.into(), state("old", pid));
+    }
+    w
+}
+
+async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
+    let plan = Plan::new(&s, &[]).unwrap();
+    let engine = Engine {
+        units: FakeUnits(w.clone()),
+        logs: FakeLogs(w.clone()),
+        probes: FakeProbes(w.clone()),
+        settings: s,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let summary = engine.rolling_restart(&plan, &tx).await;
+    drop(tx);
+    let mut events = Vec::new();
+    while let Some(e) = rx.recv().await {
+        events.push(e);
+    }
+    (summary, events)
+}
+
+#[tokio::test]
+async fn restarts_in_role_order_one_at_a_time_and_skips_the_old_ready_line() {
+    let w = world();
+    let (summary, events) = run(&w, settings("4-7")).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    assert_eq!(w.lock().unwrap().restarted, vec!["p.service", "d.service"]);
+    let pos = |u: &str, s: Step, st: Status| {
+        events
+            .iter()
+            .position(|e| e.unit == u && e.step == s && e.status == st)
+            .unwrap()
+    };
+    assert!(
+        pos("p.service", Step::Soak, Status::Passed)
+            < pos("d.service", Step::Restart, Status::Started)
+    );
+    let ready = &events[pos("p.service", Step::Ready, Status::Passed)].detail;
+    assert_eq!(
+        ready["pid"], 101,
+        "the new run's line, not the old process's flush"
+    );
+    assert_eq!(ready["ignored_ready_lines_of_other_runs"], 1);
+}
+
+#[tokio::test]
+async fn a_failed_gate_halts_and_the_next_unit_is_never_touched() {
+    let w = world();
+    w.lock().unwrap().unhealthy.push("http://p".into());
+    let (summary, events) = run(&w, settings("4-7")).await;
+    assert_eq!(summary.result, Outcome::Failed);
+    let f = summary.failed.unwrap();
+    assert_eq!((f.unit.as_str(), f.step), ("p.service", Step::Health));
+    assert_eq!(f.last_lines, vec!["last line"]);
+    assert_eq!(
+        w.lock().unwrap().restarted,
+        vec!["p.service"],
+        "decode never restarted"
+    );
+    assert!(!events
+        .iter()
+        .any(|e| e.unit == "d.service" && e.step != Step::Preflight));
+}
+
+#[tokio::test]
+async fn overlapping_gpus_are_refused_before_anything_restarts() {
+    let w = world();
+    let (summary, _) = run(&w, settings("3-7")).await;
+    let f = summary.failed.unwrap();
+    assert_eq!((f.unit.as_str(), f.step), ("d.service", Step::Preflight));
+    assert!(f.cause.contains("overlap"), "{}", f.cause);
+    assert!(w.lock().unwrap().restarted.is_empty());
+}
+
+#[tokio::test]
+async fn unknown_unit_is_a_config_failure() {
+    let w = world();
+    w.lock().unwrap().states.remove("d.service");
+    let (summary, _) = run(&w, settings("4-7")).await;
+    let f = summary.failed.unwrap();
+    assert_eq!(f.kind, pdctl_core::events::FailureKind::Config);
+    assert!(w.lock().unwrap().restarted.is_empty());
+}
