@@ -11,14 +11,18 @@ const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
 
+/// The stack, pdctld as a unit of the sandbox, and the (outside) config path.
 fn up(opts: StackOptions) -> (Stack, PathBuf) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let stack = rt.block_on(stack_up(&opts));
     let config = stack.write_pdctl_config().unwrap();
+    stack.start_pdctld().expect("pdctld starts (READY=1 reaches systemd)");
     (stack, config)
+}
+
+/// pdctld's socket for a stack config.
+fn socket(config: &std::path::Path) -> String {
+    config.parent().unwrap().join("pdctl.sock").display().to_string()
 }
 
 fn fragment(config: &std::path::Path, name: &str, text: &str) {
@@ -26,17 +30,7 @@ fn fragment(config: &std::path::Path, name: &str, text: &str) {
 }
 
 fn rollout(config: &std::path::Path) -> JsonRun {
-    pdctl_run(
-        &[
-            "restart",
-            "--rolling",
-            "--json",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        LIMIT,
-        |_| {},
-    )
+    pdctl_run(&["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(config)], LIMIT, |_| {})
 }
 
 fn inv(stack: &Stack, unit: &str) -> String {
@@ -45,36 +39,19 @@ fn inv(stack: &Stack, unit: &str) -> String {
 
 /// The decode unit was not restarted or drained, and its run is the same.
 fn assert_untouched(stack: &Stack, run: &JsonRun, unit: &str, before: &str) {
-    assert!(
-        !run.touched(unit),
-        "{unit} must not be touched after a failure: {:#?}",
-        run.events
-    );
+    assert!(!run.touched(unit), "{unit} must not be touched after a failure: {:#?}", run.events);
     assert_eq!(inv(stack, unit), before, "{unit} kept its run");
     assert_eq!(stack.show(unit, "ActiveState").unwrap(), "active");
 }
 
 fn assert_failed(run: &JsonRun, unit: &str, step: &str, cause_has: &str) {
-    assert_eq!(
-        run.code, 1,
-        "exit 1 for a failed gate; stderr: {}",
-        run.stderr
-    );
+    assert_eq!(run.code, 1, "exit 1 for a failed gate; stderr: {}", run.stderr);
     assert_eq!(run.summary["result"], "failed", "{:#?}", run.summary);
     assert_eq!(run.summary["failed"]["unit"], unit, "{:#?}", run.summary);
     assert_eq!(run.summary["failed"]["step"], step, "{:#?}", run.summary);
     let cause = run.summary["failed"]["cause"].as_str().unwrap();
-    assert!(
-        cause.contains(cause_has),
-        "cause {cause:?} should mention {cause_has:?}"
-    );
-    assert!(
-        !run.summary["failed"]["last_lines"]
-            .as_array()
-            .unwrap()
-            .is_empty(),
-        "the unit's last log lines are attached"
-    );
+    assert!(cause.contains(cause_has), "cause {cause:?} should mention {cause_has:?}");
+    assert!(!run.summary["failed"]["last_lines"].as_array().unwrap().is_empty(), "the unit's last log lines are attached");
 }
 
 #[test]
@@ -86,16 +63,7 @@ fn happy_path_restarts_prefill_then_decode_through_every_gate() {
     assert_eq!(run.summary["result"], "succeeded");
     assert_eq!(run.summary["units"], serde_json::json!([P, D]));
     for u in [P, D] {
-        for step in [
-            "preflight",
-            "drain",
-            "restart",
-            "ready",
-            "health",
-            "router",
-            "metrics",
-            "soak",
-        ] {
+        for step in ["preflight", "drain", "restart", "ready", "health", "router", "metrics", "soak"] {
             let e = run.event(u, step, "passed");
             assert!(e["elapsed_ms"].is_u64());
         }
@@ -110,67 +78,33 @@ fn happy_path_restarts_prefill_then_decode_through_every_gate() {
     // timestamp, and the detection delay measured from it.
     for (u, new_inv) in [(P, &p1), (D, &d1)] {
         let ready = &run.event(u, "ready", "passed")["detail"];
-        assert!(ready["line"]
-            .as_str()
-            .unwrap()
-            .ends_with("The server is fired up and ready to roll!"));
+        assert!(ready["line"].as_str().unwrap().ends_with("The server is fired up and ready to roll!"));
         assert_eq!(ready["pid"].to_string(), stack.show(u, "MainPID").unwrap());
         assert!(ready["journal_realtime_us"].as_u64().unwrap() > 0);
         assert!(ready["detect_ms"].as_f64().unwrap() < 1000.0, "{ready}");
-        assert_eq!(
-            &run.event(u, "restart", "passed")["detail"]["invocation_id"],
-            new_inv.as_str()
-        );
+        assert_eq!(&run.event(u, "restart", "passed")["detail"]["invocation_id"], new_inv.as_str());
         let router = &run.event(u, "router", "passed")["detail"];
-        assert_eq!(
-            router["re_registered"], true,
-            "drained, then re-added with worker_type"
-        );
+        assert_eq!(router["re_registered"], true, "drained, then re-added with worker_type");
         assert_eq!(router["smoke_request"], "200");
         let m = &run.event(u, "metrics", "passed")["detail"];
         assert!(m["max_total_tokens"].as_f64().unwrap() > 0.0);
     }
     // check and status work on the rolled stack.
-    let check = pdctl_run(
-        &["check", "--json", "--config", config.to_str().unwrap()],
-        LIMIT,
-        |_| {},
-    );
+    let check = pdctl_run(&["check", "--json", "--config", config.to_str().unwrap()], LIMIT, |_| {});
     assert_eq!(check.code, 0, "{:#?} {}", check.summary, check.stderr);
     assert!(!check.touched(P) && !check.touched(D));
     assert_eq!(inv(&stack, P), p1, "check restarts nothing");
-    let status = pdctl_run(
-        &["status", "--json", "--config", config.to_str().unwrap()],
-        LIMIT,
-        |_| {},
-    );
+    let status = pdctl_run(&["status", "--json", "--config", config.to_str().unwrap()], LIMIT, |_| {});
     assert_eq!(status.code, 0);
 }
 
 #[test]
 fn dry_run_touches_nothing() {
-    let (stack, config) = up(StackOptions {
-        router: false,
-        ..Default::default()
-    });
+    let (stack, config) = up(StackOptions { router: false, ..Default::default() });
     let (p0, d0) = (inv(&stack, P), inv(&stack, D));
-    let run = pdctl_run(
-        &[
-            "restart",
-            "--rolling",
-            "--dry-run",
-            "--json",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        LIMIT,
-        |_| {},
-    );
+    let run = pdctl_run(&["restart", "--rolling", "--dry-run", "--json", "--config", config.to_str().unwrap()], LIMIT, |_| {});
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_eq!(
-        run.event(P, "preflight", "passed")["detail"]["dry_run"],
-        true
-    );
+    assert_eq!(run.event(P, "preflight", "passed")["detail"]["dry_run"], true);
     assert!(!run.touched(P) && !run.touched(D));
     assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0));
 }
@@ -181,22 +115,13 @@ fn unit_that_exits_at_start_halts_at_ready() {
     let d0 = inv(&stack, D);
     // A bad flag rolled out in a drop-in: SGLang's argparse rejects it at start (exit 2).
     // The unit file is edited (not reloaded): preflight sees NeedDaemonReload and reloads.
-    stack
-        .append_to_unit(P, "Environment=SGLANG_SIM_EXIT_CODE=3\n")
-        .unwrap();
+    stack.append_to_unit(P, "Environment=SGLANG_SIM_EXIT_CODE=3\n").unwrap();
     let run = rollout(&config);
-    assert_eq!(
-        run.event(P, "preflight", "passed")["detail"]["daemon_reload"],
-        true,
-        "NeedDaemonReload → Reload"
-    );
+    assert_eq!(run.event(P, "preflight", "passed")["detail"]["daemon_reload"], true, "NeedDaemonReload → Reload");
     // Whichever arrives first halts it: the fatal line in the journal, or the unit's failure.
     assert_failed(&run, P, "ready", "");
     let cause = run.summary["failed"]["cause"].as_str().unwrap();
-    assert!(
-        cause.contains("fatal line") || cause.contains("status 3"),
-        "{cause}"
-    );
+    assert!(cause.contains("fatal line") || cause.contains("status 3"), "{cause}");
     assert_untouched(&stack, &run, D, &d0);
 }
 
@@ -204,26 +129,11 @@ fn unit_that_exits_at_start_halts_at_ready() {
 fn never_ready_halts_at_the_deadline() {
     let (stack, config) = up(StackOptions::default());
     let d0 = inv(&stack, D);
-    stack
-        .drop_in(
-            P,
-            "50-hang",
-            "[Service]\nEnvironment=SGLANG_SIM_NEVER_READY=1\n",
-        )
-        .unwrap();
-    fragment(
-        &config,
-        "10-short.toml",
-        "[rollout]\nready_timeout = \"4s\"\n",
-    );
+    stack.drop_in(P, "50-hang", "[Service]\nEnvironment=SGLANG_SIM_NEVER_READY=1\n").unwrap();
+    fragment(&config, "10-short.toml", "[rollout]\nready_timeout = \"4s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "ready", "no ready line");
-    assert!(
-        run.event(P, "ready", "failed")["elapsed_ms"]
-            .as_u64()
-            .unwrap()
-            >= 4000
-    );
+    assert!(run.event(P, "ready", "failed")["elapsed_ms"].as_u64().unwrap() >= 4000);
     assert_untouched(&stack, &run, D, &d0);
 }
 
@@ -232,31 +142,15 @@ fn crash_during_soak_is_caught_although_restart_hides_it() {
     let (stack, config) = up(StackOptions::default());
     let d0 = inv(&stack, D);
     stack.drop_in(P, "50-crash", "[Service]\nEnvironment=SGLANG_SIM_CRASH_AFTER_READY=6\nRestart=on-failure\nRestartSec=200ms\n").unwrap();
-    fragment(
-        &config,
-        "10-soak.toml",
-        "[rollout]\nmin_healthy = \"15s\"\n",
-    );
+    fragment(&config, "10-soak.toml", "[rollout]\nmin_healthy = \"15s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "soak", "restarted it");
     // systemd brings it back (Restart=on-failure): a final state check alone would call it fine.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let back = rt.block_on(pdctl_tests::poll_until(
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-        || async {
-            (stack.show(P, "NRestarts").unwrap().parse::<u32>().unwrap() >= 1
-                && stack.show(P, "ActiveState").unwrap() == "active")
-                .then_some(())
-        },
-    ));
-    assert!(
-        back.is_some(),
-        "Restart=on-failure brought the unit back to active"
-    );
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let back = rt.block_on(pdctl_tests::poll_until(Duration::from_secs(20), Duration::from_millis(100), || async {
+        (stack.show(P, "NRestarts").unwrap().parse::<u32>().unwrap() >= 1 && stack.show(P, "ActiveState").unwrap() == "active").then_some(())
+    }));
+    assert!(back.is_some(), "Restart=on-failure brought the unit back to active");
     assert_untouched(&stack, &run, D, &d0);
 }
 
@@ -265,11 +159,7 @@ fn health_stuck_at_503_halts_at_health() {
     let (stack, config) = up(StackOptions::default());
     let d0 = inv(&stack, D);
     stack.drop_in(P, "50-unhealthy", "[Service]\nEnvironment=SGLANG_SIM_HEALTH_FAIL_AFTER_READY=0 SGLANG_SIM_HEALTH_GENERATE_MS=50\n").unwrap();
-    fragment(
-        &config,
-        "10-short.toml",
-        "[rollout]\nhealth_timeout = \"4s\"\n",
-    );
+    fragment(&config, "10-short.toml", "[rollout]\nhealth_timeout = \"4s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "health", "503");
     assert_untouched(&stack, &run, D, &d0);
@@ -281,36 +171,16 @@ fn router_that_never_readmits_halts_at_router() {
     let d0 = inv(&stack, D);
     let router_pid = stack.show("sglang-router.service", "MainPID").unwrap();
     let host_pid = host_pid_of(&stack, &router_pid);
-    fragment(
-        &config,
-        "10-short.toml",
-        "[rollout]\nrouter_timeout = \"5s\"\n",
-    );
+    fragment(&config, "10-short.toml", "[rollout]\nrouter_timeout = \"5s\"\n");
     // The router hangs (SIGSTOP) right after the prefill restart: it never re-admits the worker.
     let mut stopped = false;
-    let run = pdctl_run(
-        &[
-            "restart",
-            "--rolling",
-            "--json",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        LIMIT,
-        |e| {
-            if !stopped && e["unit"] == P && e["step"] == "restart" && e["status"] == "passed" {
-                std::process::Command::new("kill")
-                    .args(["-STOP", &host_pid])
-                    .status()
-                    .unwrap();
-                stopped = true;
-            }
-        },
-    );
-    std::process::Command::new("kill")
-        .args(["-CONT", &host_pid])
-        .status()
-        .unwrap();
+    let run = pdctl_run(&["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |e| {
+        if !stopped && e["unit"] == P && e["step"] == "restart" && e["status"] == "passed" {
+            std::process::Command::new("kill").args(["-STOP", &host_pid]).status().unwrap();
+            stopped = true;
+        }
+    });
+    std::process::Command::new("kill").args(["-CONT", &host_pid]).status().unwrap();
     assert!(stopped);
     assert_failed(&run, P, "router", "did not admit");
     assert_untouched(&stack, &run, D, &d0);
@@ -328,8 +198,7 @@ fn host_pid_of(stack: &Stack, ns_pid: &str) -> String {
         let ids: Vec<&str> = ns.split_whitespace().skip(1).collect();
         if ids.len() == 2
             && ids[1] == ns_pid
-            && std::fs::read_link(e.path().join("ns/pid")).ok()
-                == std::fs::read_link(format!("/proc/{}/ns/pid", stack.sandbox.init_pid())).ok()
+            && std::fs::read_link(e.path().join("ns/pid")).ok() == std::fs::read_link(format!("/proc/{}/ns/pid", stack.sandbox.init_pid())).ok()
         {
             return ids[0].to_string();
         }
@@ -339,18 +208,10 @@ fn host_pid_of(stack: &Stack, ns_pid: &str) -> String {
 
 #[test]
 fn metrics_disabled_is_refused_in_preflight_and_nothing_restarts() {
-    let (stack, config) = up(StackOptions {
-        decode_metrics: false,
-        ..Default::default()
-    });
+    let (stack, config) = up(StackOptions { decode_metrics: false, ..Default::default() });
     let (p0, d0) = (inv(&stack, P), inv(&stack, D));
     let run = rollout(&config);
-    assert_failed(
-        &run,
-        D,
-        "preflight",
-        "--enable-metrics is not in the ExecStart",
-    );
+    assert_failed(&run, D, "preflight", "--enable-metrics is not in the ExecStart");
     assert!(!run.touched(P) && !run.touched(D));
     assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0));
 }
@@ -358,66 +219,38 @@ fn metrics_disabled_is_refused_in_preflight_and_nothing_restarts() {
 #[test]
 fn older_sglang_metric_names_pass() {
     let old = vec!["--sim-version".to_string(), "0.5.6".to_string()];
-    let (_stack, config) = up(StackOptions {
-        prefill_args: old.clone(),
-        decode_args: old,
-        ..Default::default()
-    });
+    let (_stack, config) = up(StackOptions { prefill_args: old.clone(), decode_args: old, ..Default::default() });
     let run = rollout(&config);
     assert_eq!(run.code, 0, "{:#?}\n{}", run.summary, run.stderr);
     for u in [P, D] {
         let names = run.event(u, "metrics", "passed")["detail"]["names"].to_string();
-        assert!(
-            names.contains("sglang:num_used_tokens") && !names.contains("kv_used_tokens"),
-            "{names}"
-        );
+        assert!(names.contains("sglang:num_used_tokens") && !names.contains("kv_used_tokens"), "{names}");
     }
 }
 
 #[test]
 fn ready_line_flushed_by_the_old_process_is_not_taken_for_the_new_run() {
     let flush = vec!["--sim-flush-ready-on-stop".to_string()];
-    let (stack, config) = up(StackOptions {
-        prefill_args: flush.clone(),
-        decode_args: flush,
-        load_secs: 2.0,
-        ..Default::default()
-    });
+    let (stack, config) = up(StackOptions { prefill_args: flush.clone(), decode_args: flush, load_secs: 2.0, ..Default::default() });
     let run = rollout(&config);
     assert_eq!(run.code, 0, "{:#?}\n{}", run.summary, run.stderr);
     for u in [P, D] {
         let ready = &run.event(u, "ready", "passed")["detail"];
-        assert!(
-            ready["ignored_ready_lines_of_other_runs"].as_u64().unwrap() >= 1,
-            "the old run's flushed line was seen and ignored: {ready}"
-        );
-        assert!(
-            ready["since_restart_ms"].as_u64().unwrap() >= 2000,
-            "accepted only after the new run loaded: {ready}"
-        );
+        assert!(ready["ignored_ready_lines_of_other_runs"].as_u64().unwrap() >= 1, "the old run's flushed line was seen and ignored: {ready}");
+        assert!(ready["since_restart_ms"].as_u64().unwrap() >= 2000, "accepted only after the new run loaded: {ready}");
         assert_eq!(ready["pid"].to_string(), stack.show(u, "MainPID").unwrap());
     }
 }
 
 #[test]
 fn unknown_unit_is_a_config_error_and_nothing_restarts() {
-    let (stack, config) = up(StackOptions {
-        router: false,
-        ..Default::default()
-    });
+    let (stack, config) = up(StackOptions { router: false, ..Default::default() });
     let (p0, d0) = (inv(&stack, P), inv(&stack, D));
     fragment(&config, "20-typo.toml", "[[worker]]\nunit = \"sglang-dsv4-decod.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n");
     let run = rollout(&config);
-    assert_eq!(
-        run.code, 2,
-        "an unknown unit is a config error: {:#?}",
-        run.summary
-    );
+    assert_eq!(run.code, 2, "an unknown unit is a config error: {:#?}", run.summary);
     assert_eq!(run.summary["failed"]["unit"], "sglang-dsv4-decod.service");
-    assert!(run.summary["failed"]["cause"]
-        .as_str()
-        .unwrap()
-        .contains("does not exist"));
+    assert!(run.summary["failed"]["cause"].as_str().unwrap().contains("does not exist"));
     assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0));
 }
 
@@ -426,34 +259,12 @@ fn invalid_config_names_file_line_and_key() {
     let dir = tempfile_dir();
     let main = dir.join("pdctl.toml");
     std::fs::create_dir_all(dir.join("config.d")).unwrap();
-    std::fs::write(
-        &main,
-        "[[worker]]\nunit = \"a.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n",
-    )
-    .unwrap();
+    std::fs::write(&main, "[[worker]]\nunit = \"a.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n").unwrap();
     let frag = dir.join("config.d/10-x.toml");
-    std::fs::write(
-        &frag,
-        "[rollout]\nmin_healthy = \"10s\"\nready_timout = \"5m\"\n",
-    )
-    .unwrap();
-    let run = pdctl_run(
-        &[
-            "restart",
-            "--rolling",
-            "--json",
-            "--config",
-            main.to_str().unwrap(),
-        ],
-        LIMIT,
-        |_| {},
-    );
+    std::fs::write(&frag, "[rollout]\nmin_healthy = \"10s\"\nready_timout = \"5m\"\n").unwrap();
+    let run = pdctl_run(&["restart", "--rolling", "--json", "--config", main.to_str().unwrap()], LIMIT, |_| {});
     assert_eq!(run.code, 2);
-    assert!(
-        run.stderr.contains(&format!("{}:3:", frag.display())),
-        "{}",
-        run.stderr
-    );
+    assert!(run.stderr.contains(&format!("{}:3:", frag.display())), "{}", run.stderr);
     assert!(run.stderr.contains("ready_timout"), "{}", run.stderr);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -462,10 +273,7 @@ fn tempfile_dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "pdctl-cfg-{}-{}",
         std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos()
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
     ));
     std::fs::create_dir_all(&d).unwrap();
     d

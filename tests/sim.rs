@@ -11,12 +11,7 @@ use serde_json::{json, Value};
 const T: Duration = Duration::from_secs(15);
 
 async fn status(url: &str) -> Option<u16> {
-    http()
-        .get(url)
-        .send()
-        .await
-        .ok()
-        .map(|r| r.status().as_u16())
+    http().get(url).send().await.ok().map(|r| r.status().as_u16())
 }
 
 async fn metrics(sim: &SimProc, accept: Option<&str>) -> reqwest::Response {
@@ -39,10 +34,7 @@ async fn generate(sim: &SimProc, max_new: u64) -> Value {
 }
 
 fn names(samples: &[Value]) -> BTreeSet<String> {
-    samples
-        .iter()
-        .map(|s| s["name"].as_str().unwrap().to_string())
-        .collect()
+    samples.iter().map(|s| s["name"].as_str().unwrap().to_string()).collect()
 }
 
 #[test]
@@ -50,14 +42,7 @@ fn unknown_flag_exits_2_like_argparse() {
     let mut sim = SimProc::spawn(&["--collect-tokens-histogram"]);
     let st = sim.wait_exit(T).expect("exits");
     assert_eq!(st.code(), Some(2));
-    assert!(
-        sim.seen
-            .iter()
-            .any(|l| l
-                == "launch_server.py: error: unrecognized arguments: --collect-tokens-histogram"),
-        "{:?}",
-        sim.seen
-    );
+    assert!(sim.seen.iter().any(|l| l == "launch_server.py: error: unrecognized arguments: --collect-tokens-histogram"), "{:?}", sim.seen);
 }
 
 #[test]
@@ -65,68 +50,27 @@ fn exit_code_fault_exits_before_ready() {
     let mut sim = SimProc::spawn(&["--sim-exit-code", "7"]);
     let st = sim.wait_exit(T).expect("exits");
     assert_eq!(st.code(), Some(7));
-    assert!(sim
-        .seen
-        .iter()
-        .any(|l| l.contains("Initialization failed.")));
+    assert!(sim.seen.iter().any(|l| l.contains("Initialization failed.")));
     assert!(!sim.seen.iter().any(|l| l.contains("fired up")));
 }
 
 #[tokio::test]
 async fn lifecycle_port_closed_then_503_during_warmup_then_ready() {
     let mut sim = SimProc::spawn(&["--sim-warmup-secs", "1.5"]);
-    sim.wait_line("server_args=ServerArgs(", T)
-        .expect("server_args line");
-    assert_eq!(
-        status(&format!("{}/health", sim.url())).await,
-        None,
-        "port closed while loading"
-    );
+    sim.wait_line("server_args=ServerArgs(", T).expect("server_args line");
+    assert_eq!(status(&format!("{}/health", sim.url())).await, None, "port closed while loading");
     let kv = sim.wait_line("KV Cache is allocated.", T).expect("KV line");
     assert!(kv.contains("#tokens: 524288"), "{kv}");
-    sim.wait_line("max_total_num_tokens=524288, ", T)
-        .expect("scheduler line");
-    let up = sim
-        .wait_line("Uvicorn running on", T)
-        .expect("uvicorn line");
-    assert!(
-        up.contains(&format!(
-            "INFO:     Uvicorn running on http://127.0.0.1:{} (Press CTRL+C to quit)",
-            sim.port
-        )),
-        "{up}"
-    );
-    assert_eq!(
-        status(&format!("{}/health", sim.url())).await,
-        Some(503),
-        "warming up"
-    );
-    let ready = sim
-        .wait_line("The server is fired up and ready to roll!", T)
-        .expect("ready line");
-    assert!(
-        ready.starts_with('[') && ready.as_bytes()[20] == b']',
-        "SGLang's [YYYY-MM-DD HH:MM:SS] prefix: {ready}"
-    );
+    sim.wait_line("max_total_num_tokens=524288, ", T).expect("scheduler line");
+    let up = sim.wait_line("Uvicorn running on", T).expect("uvicorn line");
+    assert!(up.contains(&format!("INFO:     Uvicorn running on http://127.0.0.1:{} (Press CTRL+C to quit)", sim.port)), "{up}");
+    assert_eq!(status(&format!("{}/health", sim.url())).await, Some(503), "warming up");
+    let ready = sim.wait_line("The server is fired up and ready to roll!", T).expect("ready line");
+    assert!(ready.starts_with('[') && ready.as_bytes()[20] == b']', "SGLang's [YYYY-MM-DD HH:MM:SS] prefix: {ready}");
     assert_eq!(status(&format!("{}/health", sim.url())).await, Some(200));
-    assert_eq!(
-        status(&format!("{}/health_generate", sim.url())).await,
-        Some(200)
-    );
-    assert_eq!(
-        status(&format!("{}/metrics", sim.url())).await,
-        Some(404),
-        "no --enable-metrics, no /metrics"
-    );
-    for p in [
-        "/server_info",
-        "/get_server_info",
-        "/model_info",
-        "/get_model_info",
-        "/v1/models",
-        "/get_load",
-        "/flush_cache",
-    ] {
+    assert_eq!(status(&format!("{}/health_generate", sim.url())).await, Some(200));
+    assert_eq!(status(&format!("{}/metrics", sim.url())).await, Some(404), "no --enable-metrics, no /metrics");
+    for p in ["/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models", "/get_load", "/flush_cache"] {
         assert_eq!(status(&format!("{}{p}", sim.url())).await, Some(200), "{p}");
     }
 }
@@ -145,28 +89,15 @@ async fn metrics_by_version_parse_with_prometheus_client() {
         Case {
             version: "0.4.6",
             mode: "prefill",
-            present: &[
-                "sglang:token_usage",
-                "sglang:num_used_tokens",
-                "sglang:num_prefill_infight_queue_reqs",
-                "sglang:num_prefill_prealloc_queue_reqs",
-            ],
-            absent: &[
-                "sglang:max_total_num_tokens",
-                "sglang:kv_used_tokens",
-                "sglang:full_token_usage",
-            ],
+            present: &["sglang:token_usage", "sglang:num_used_tokens", "sglang:num_prefill_infight_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs"],
+            absent: &["sglang:max_total_num_tokens", "sglang:kv_used_tokens", "sglang:full_token_usage"],
             labels: &["engine_type", "model_name"],
             engine_type: "unified",
         },
         Case {
             version: "0.5.6",
             mode: "decode",
-            present: &[
-                "sglang:max_total_num_tokens",
-                "sglang:pending_prealloc_token_usage",
-                "sglang:num_prefill_inflight_queue_reqs",
-            ],
+            present: &["sglang:max_total_num_tokens", "sglang:pending_prealloc_token_usage", "sglang:num_prefill_inflight_queue_reqs"],
             absent: &["sglang:kv_used_tokens", "sglang:full_token_usage"],
             labels: &["engine_type", "model_name", "pp_rank", "tp_rank"],
             engine_type: "unified",
@@ -174,21 +105,9 @@ async fn metrics_by_version_parse_with_prometheus_client() {
         Case {
             version: "0.5.10",
             mode: "decode",
-            present: &[
-                "sglang:full_token_usage",
-                "sglang:num_prefill_prealloc_queue_reqs",
-            ],
-            absent: &[
-                "sglang:kv_used_tokens",
-                "sglang:num_prefill_bootstrap_queue_reqs",
-            ],
-            labels: &[
-                "engine_type",
-                "model_name",
-                "moe_ep_rank",
-                "pp_rank",
-                "tp_rank",
-            ],
+            present: &["sglang:full_token_usage", "sglang:num_prefill_prealloc_queue_reqs"],
+            absent: &["sglang:kv_used_tokens", "sglang:num_prefill_bootstrap_queue_reqs"],
+            labels: &["engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"],
             engine_type: "decode",
         },
         Case {
@@ -202,13 +121,7 @@ async fn metrics_by_version_parse_with_prometheus_client() {
                 "sglang:context_len",
             ],
             absent: &["sglang:num_prefill_prealloc_queue_reqs"],
-            labels: &[
-                "engine_type",
-                "model_name",
-                "moe_ep_rank",
-                "pp_rank",
-                "tp_rank",
-            ],
+            labels: &["engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"],
             engine_type: "prefill",
         },
     ];
@@ -225,60 +138,27 @@ async fn metrics_by_version_parse_with_prometheus_client() {
         sim.wait_line("fired up", T).expect("ready");
         generate(&sim, 45).await; // a prefill batch and > 40 decode iterations: both roles publish
         let r = metrics(&sim, None).await;
-        assert_eq!(
-            r.headers()["content-type"],
-            "text/plain; version=0.0.4; charset=utf-8"
-        );
+        assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
         let text = r.text().await.unwrap();
         let samples = python_parse(&text, false);
         let got = names(&samples);
-        for n in c.present.iter().chain(&[
-            "sglang:num_running_reqs",
-            "sglang:num_queue_reqs",
-            "sglang:cache_hit_rate",
-            "sglang:gen_throughput",
-        ]) {
+        for n in c.present.iter().chain(&["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cache_hit_rate", "sglang:gen_throughput"]) {
             assert!(got.contains(*n), "{}: {n} missing from {got:?}", c.version);
         }
         for n in c.absent {
             assert!(!got.contains(*n), "{}: {n} must not exist", c.version);
         }
-        let usage = samples
-            .iter()
-            .find(|s| s["name"] == "sglang:token_usage")
-            .unwrap();
-        let keys: Vec<&str> = usage["labels"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
+        let usage = samples.iter().find(|s| s["name"] == "sglang:token_usage").unwrap();
+        let keys: Vec<&str> = usage["labels"].as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, c.labels, "{}: label set", c.version);
-        assert_eq!(
-            usage["labels"]["engine_type"], c.engine_type,
-            "{}",
-            c.version
-        );
-        assert!(
-            text.lines()
-                .filter(|l| !l.starts_with('#'))
-                .all(|l| l.contains('{')),
-            "every sample has labels"
-        );
+        assert_eq!(usage["labels"]["engine_type"], c.engine_type, "{}", c.version);
+        assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.contains('{')), "every sample has labels");
 
         // OpenMetrics: underscore names and # EOF, still parseable.
-        let om = metrics(&sim, Some("application/openmetrics-text; version=1.0.0"))
-            .await
-            .text()
-            .await
-            .unwrap();
+        let om = metrics(&sim, Some("application/openmetrics-text; version=1.0.0")).await.text().await.unwrap();
         assert!(om.ends_with("# EOF\n"));
         let om_samples = python_parse(&om, true);
-        assert!(
-            names(&om_samples).contains("sglang_token_usage"),
-            "{}",
-            c.version
-        );
+        assert!(names(&om_samples).contains("sglang_token_usage"), "{}", c.version);
         assert!(!om.contains("sglang:"));
     }
 }
@@ -286,22 +166,12 @@ async fn metrics_by_version_parse_with_prometheus_client() {
 #[tokio::test]
 async fn gauges_are_lazy_and_kv_accounting_holds_with_requests_in_flight() {
     // Skip warmup: no prefill batch yet, so only the ≥0.5.11 constants exist.
-    let mut sim = SimProc::spawn(&[
-        "--enable-metrics",
-        "--skip-server-warmup",
-        "--sim-tokens-per-sec",
-        "50",
-        "--sim-max-total-tokens",
-        "10000",
-    ]);
+    let mut sim = SimProc::spawn(&["--enable-metrics", "--skip-server-warmup", "--sim-tokens-per-sec", "50", "--sim-max-total-tokens", "10000"]);
     sim.wait_line("fired up", T).expect("ready");
     let text = metrics(&sim, None).await.text().await.unwrap();
     let got = names(&python_parse(&text, false));
     assert!(got.contains("sglang:max_total_num_tokens"));
-    assert!(
-        !got.contains("sglang:token_usage"),
-        "usage gauges appear only after the first batch: {got:?}"
-    );
+    assert!(!got.contains("sglang:token_usage"), "usage gauges appear only after the first batch: {got:?}");
 
     // A long request is in flight: /get_load sees it and the prefill publish shows it running.
     let url = sim.url();
@@ -316,65 +186,30 @@ async fn gauges_are_lazy_and_kv_accounting_holds_with_requests_in_flight() {
             .as_u16()
     });
     let load = poll_until(T, Duration::from_millis(20), || async {
-        let v: Value = http()
-            .get(format!("{}/get_load", sim.url()))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let v: Value = http().get(format!("{}/get_load", sim.url())).send().await.ok()?.json().await.ok()?;
         (v[0]["num_reqs"] == 1).then_some(v)
     })
     .await
     .expect("request in flight");
     assert!(load[0]["num_tokens"].as_u64().unwrap() >= 100, "{load}");
     let samples = python_parse(&metrics(&sim, None).await.text().await.unwrap(), false);
-    let val = |n: &str| {
-        samples
-            .iter()
-            .find(|s| s["name"] == n)
-            .and_then(|s| s["value"].as_f64())
-            .unwrap()
-    };
+    let val = |n: &str| samples.iter().find(|s| s["name"] == n).and_then(|s| s["value"].as_f64()).unwrap();
     assert_eq!(val("sglang:num_running_reqs"), 1.0);
     assert_eq!(val("sglang:kv_used_tokens"), 100.0);
-    assert_eq!(
-        val("sglang:kv_used_tokens")
-            + val("sglang:kv_available_tokens")
-            + val("sglang:kv_evictable_tokens"),
-        10000.0
-    );
+    assert_eq!(val("sglang:kv_used_tokens") + val("sglang:kv_available_tokens") + val("sglang:kv_evictable_tokens"), 10000.0);
     assert_eq!(long.await.unwrap(), 200);
 
     // Finished: tokens moved to evictable, the totals still add up (after the next publish).
     generate(&sim, 40).await;
     let samples = python_parse(&metrics(&sim, None).await.text().await.unwrap(), false);
-    let val = |n: &str| {
-        samples
-            .iter()
-            .find(|s| s["name"] == n)
-            .and_then(|s| s["value"].as_f64())
-            .unwrap()
-    };
+    let val = |n: &str| samples.iter().find(|s| s["name"] == n).and_then(|s| s["value"].as_f64()).unwrap();
     assert!(val("sglang:kv_evictable_tokens") >= 200.0);
-    assert_eq!(
-        val("sglang:kv_used_tokens")
-            + val("sglang:kv_available_tokens")
-            + val("sglang:kv_evictable_tokens"),
-        10000.0
-    );
+    assert_eq!(val("sglang:kv_used_tokens") + val("sglang:kv_available_tokens") + val("sglang:kv_evictable_tokens"), 10000.0);
 }
 
 #[tokio::test]
 async fn decode_publishes_on_the_idle_path() {
-    let mut sim = SimProc::spawn(&[
-        "--enable-metrics",
-        "--disaggregation-mode",
-        "decode",
-        "--sim-idle-publish-secs",
-        "1",
-    ]);
+    let mut sim = SimProc::spawn(&["--enable-metrics", "--disaggregation-mode", "decode", "--sim-idle-publish-secs", "1"]);
     sim.wait_line("fired up", T).expect("ready");
     let appeared = poll_until(T, Duration::from_millis(100), || async {
         let t = metrics(&sim, None).await.text().await.ok()?;
@@ -400,9 +235,15 @@ async fn streaming_generate_and_openai_endpoints() {
     let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 4, "{body}");
     assert_eq!(events[3], "data: [DONE]");
-    let chat: Value = http().post(format!("{}/v1/chat/completions", sim.url()))
+    let chat: Value = http()
+        .post(format!("{}/v1/chat/completions", sim.url()))
         .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
-        .send().await.unwrap().json().await.unwrap();
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(chat["object"], "chat.completion");
     assert_eq!(chat["usage"]["completion_tokens"], 2);
     let comp: Value = http()
@@ -415,12 +256,7 @@ async fn streaming_generate_and_openai_endpoints() {
         .await
         .unwrap();
     assert_eq!(comp["object"], "text_completion");
-    let bad = http()
-        .post(format!("{}/generate", sim.url()))
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
+    let bad = http().post(format!("{}/generate", sim.url())).body("{not json").send().await.unwrap();
     assert_eq!(bad.status(), 400);
 }
 
@@ -428,10 +264,7 @@ async fn streaming_generate_and_openai_endpoints() {
 async fn fault_never_ready_keeps_health_503_and_logs_no_ready_line() {
     let mut sim = SimProc::spawn(&["--sim-never-ready"]);
     sim.wait_line("Uvicorn running on", T).expect("port opens");
-    assert!(
-        sim.wait_line("fired up", Duration::from_secs(2)).is_none(),
-        "no ready line"
-    );
+    assert!(sim.wait_line("fired up", Duration::from_secs(2)).is_none(), "no ready line");
     assert_eq!(status(&format!("{}/health", sim.url())).await, Some(503));
 }
 
@@ -441,20 +274,14 @@ async fn fault_crash_after_ready() {
     sim.wait_line("fired up", T).expect("ready");
     let st = sim.wait_exit(T).expect("crashes");
     assert!(!st.success());
-    assert!(sim
-        .seen
-        .iter()
-        .any(|l| l.contains("Received sigquit from a child process")));
+    assert!(sim.seen.iter().any(|l| l.contains("Received sigquit from a child process")));
 }
 
 #[tokio::test]
 async fn fault_health_fails_after_ready() {
     let mut sim = SimProc::spawn(&["--sim-health-fail-after-ready", "0.3"]);
     sim.wait_line("fired up", T).expect("ready");
-    let failed = poll_until(T, Duration::from_millis(50), || async {
-        (status(&format!("{}/health", sim.url())).await == Some(503)).then_some(())
-    })
-    .await;
+    let failed = poll_until(T, Duration::from_millis(50), || async { (status(&format!("{}/health", sim.url())).await == Some(503)).then_some(()) }).await;
     assert!(failed.is_some());
 }
 
@@ -464,19 +291,12 @@ async fn fault_metrics_never_published_and_metrics_hang() {
     sim.wait_line("fired up", T).expect("ready");
     generate(&sim, 41).await;
     let text = metrics(&sim, None).await.text().await.unwrap();
-    assert!(
-        text.contains("sglang:max_total_num_tokens{"),
-        "constants still written at init"
-    );
+    assert!(text.contains("sglang:max_total_num_tokens{"), "constants still written at init");
     assert!(!text.contains("sglang:token_usage"), "{text}");
 
     let mut hang = SimProc::spawn(&["--enable-metrics", "--sim-metrics-hang"]);
     hang.wait_line("fired up", T).expect("ready");
-    let r = reqwest::Client::new()
-        .get(format!("{}/metrics", hang.url()))
-        .timeout(Duration::from_millis(500))
-        .send()
-        .await;
+    let r = reqwest::Client::new().get(format!("{}/metrics", hang.url())).timeout(Duration::from_millis(500)).send().await;
     assert!(r.is_err_and(|e| e.is_timeout()), "/metrics hangs");
 }
 
@@ -486,8 +306,7 @@ fn fault_ready_line_flushed_again_on_stop() {
     sim.wait_line("fired up", T).expect("ready");
     sim.terminate();
     sim.wait_line("Shutting down", T).expect("graceful stop");
-    sim.wait_line("fired up", T)
-        .expect("the ready line again while stopping");
+    sim.wait_line("fired up", T).expect("the ready line again while stopping");
     assert_eq!(sim.wait_exit(T).and_then(|s| s.code()), Some(0));
 }
 
@@ -497,8 +316,5 @@ fn sigterm_without_fault_does_not_repeat_the_ready_line() {
     sim.wait_line("fired up", T).expect("ready");
     sim.terminate();
     assert_eq!(sim.wait_exit(T).and_then(|s| s.code()), Some(0));
-    assert_eq!(
-        sim.seen.iter().filter(|l| l.contains("fired up")).count(),
-        1
-    );
+    assert_eq!(sim.seen.iter().filter(|l| l.contains("fired up")).count(), 1);
 }

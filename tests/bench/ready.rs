@@ -21,53 +21,30 @@ fn pct(v: &[f64], p: f64) -> f64 {
 }
 
 fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let (n, n_seed, n_roll) = (
-        args.first().copied().unwrap_or(20),
-        args.get(1).copied().unwrap_or(3),
-        args.get(2).copied().unwrap_or(3),
-    );
-    let opts = StackOptions {
-        load_secs: 0.3,
-        warmup_secs: 0.1,
-        ..Default::default()
-    };
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (n, n_seed, n_roll) = (args.first().copied().unwrap_or(20), args.get(1).copied().unwrap_or(3), args.get(2).copied().unwrap_or(3));
+    let opts = StackOptions { load_secs: 0.3, warmup_secs: 0.1, ..Default::default() };
     let stack = tokio::task::block_in_place(|| Stack::boot(&opts)).expect("stack");
     tokio::task::block_in_place(|| stack.wait_ready(Duration::from_secs(60))).expect("ready");
     let unit = stack.decode.unit.clone();
     let src = Source::Directory(stack.sandbox.journal_dir());
-    let sd = Systemd::connect(&Bus::Address(stack.sandbox.bus_address()))
-        .await
-        .expect("bus");
+    let sd = Systemd::connect(&Bus::Address(stack.sandbox.bus_address())).await.expect("bus");
     let procfs = stack.sandbox.root().join("proc");
 
     // 1. pdctl: cursor → restart → follow → this run's ready line.
     let mut lat = Vec::new();
     for _ in 0..n {
         let cursor = pdctl_journal::tail_cursor(&src).await.expect("cursor");
-        let out = sd
-            .restart(&unit, Duration::from_secs(30))
-            .await
-            .expect("restart");
+        let out = sd.restart(&unit, Duration::from_secs(30)).await.expect("restart");
         let judge = Judge {
             ready_pattern: pdctl_journal::DEFAULT_READY.into(),
             fatal_patterns: vec![],
-            run: Run {
-                invocation_id: out.state.invocation_id.clone(),
-                main_pid: out.state.main_pid,
-                procfs: procfs.clone(),
-            },
+            run: Run { invocation_id: out.state.invocation_id.clone(), main_pid: out.state.main_pid, procfs: procfs.clone() },
         };
         let mut f = Follower::start(&src, cursor, &unit);
         let found = tokio::time::timeout(Duration::from_secs(30), async {
@@ -90,48 +67,22 @@ async fn main() {
     let mut seed_false = 0;
     for _ in 0..n_seed {
         let restart_us = now_us();
-        sd.restart(&unit, Duration::from_secs(30))
-            .await
-            .expect("restart");
+        sd.restart(&unit, Duration::from_secs(30)).await.expect("restart");
         loop {
             tokio::time::sleep(Duration::from_secs(20)).await;
-            let out = stack
-                .sandbox
-                .journalctl(&[
-                    "--since",
-                    "2 min ago",
-                    "-u",
-                    &unit,
-                    "-o",
-                    "json",
-                    "--output-fields=MESSAGE",
-                ])
-                .expect("journalctl");
+            let out = stack.sandbox.journalctl(&["--since", "2 min ago", "-u", &unit, "-o", "json", "--output-fields=MESSAGE"]).expect("journalctl");
             let hits: Vec<u64> = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| {
-                    v["MESSAGE"]
-                        .as_str()
-                        .is_some_and(|m| m.contains(pdctl_journal::DEFAULT_READY))
-                })
-                .filter_map(|v| {
-                    v["__REALTIME_TIMESTAMP"]
-                        .as_str()
-                        .and_then(|t| t.parse().ok())
-                })
+                .filter(|v| v["MESSAGE"].as_str().is_some_and(|m| m.contains(pdctl_journal::DEFAULT_READY)))
+                .filter_map(|v| v["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
                 .collect();
             if let Some(first) = hits.first() {
                 // The seed takes the first match: with --since "2 min ago" it can be an old run's.
                 if *first < restart_us {
                     seed_false += 1;
                 }
-                let newest = hits
-                    .iter()
-                    .copied()
-                    .filter(|t| *t >= restart_us)
-                    .max()
-                    .unwrap_or(*first);
+                let newest = hits.iter().copied().filter(|t| *t >= restart_us).max().unwrap_or(*first);
                 seed.push((now_us().saturating_sub(newest)) as f64 / 1000.0);
                 break;
             }
@@ -142,43 +93,21 @@ async fn main() {
     //    answers at once as with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false): per unit, wall
     //    time of drain..metrics minus the server's own start (ExecMainStartTimestamp → ready line).
     let config = stack.write_pdctl_config().expect("config");
-    std::fs::write(
-        config.parent().unwrap().join("config.d/90-bench.toml"),
-        "[rollout]\nmin_healthy = \"1s\"\n",
-    )
-    .expect("fragment");
+    std::fs::write(config.parent().unwrap().join("config.d/90-bench.toml"), "[rollout]\nmin_healthy = \"1s\"\n").expect("fragment");
     for w in stack.workers() {
-        stack
-            .drop_in(
-                &w.unit,
-                "90-bench",
-                "[Service]\nEnvironment=SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false\n",
-            )
-            .expect("drop-in");
-        stack
-            .sandbox
-            .systemctl(&["restart", &w.unit])
-            .expect("restart");
+        stack.drop_in(&w.unit, "90-bench", "[Service]\nEnvironment=SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false\n").expect("drop-in");
+        stack.sandbox.systemctl(&["restart", &w.unit]).expect("restart");
     }
     tokio::task::block_in_place(|| stack.wait_ready(Duration::from_secs(60))).expect("ready");
     // Let the router re-admit both before timing (bounded).
-    let r = pdctl_probe::Router {
-        url: stack.router.as_ref().expect("router").url.clone(),
-        metrics_url: None,
-    };
+    let r = pdctl_probe::Router { url: stack.router.as_ref().expect("router").url.clone(), metrics_url: None };
     let http = pdctl_probe::Http::new(Duration::from_secs(5));
     let t = Instant::now();
-    while r
-        .workers(&http)
-        .await
-        .map(|l| l.iter().filter(|w| w.is_healthy).count())
-        .unwrap_or(0)
-        < 2
-        && t.elapsed() < Duration::from_secs(30)
-    {
+    while r.workers(&http).await.map(|l| l.iter().filter(|w| w.is_healthy).count()).unwrap_or(0) < 2 && t.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pdctl = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
+    let daemon = tokio::task::block_in_place(|| stack.start_pdctld()).expect("pdctld");
     let mut overhead = Vec::new();
     let mut per_step: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     let mut walls = Vec::new();
@@ -187,45 +116,23 @@ async fn main() {
         let out = std::process::Command::new(&pdctl)
             .args(["restart", "--rolling", "--json", "--config"])
             .arg(&config)
+            .arg("--socket")
+            .arg(&daemon.socket)
             .output()
             .expect("pdctl");
         walls.push(t0.elapsed().as_secs_f64());
-        assert!(
-            out.status.success(),
-            "rollout failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+        assert!(out.status.success(), "rollout failed: {}", String::from_utf8_lossy(&out.stdout));
+        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
         for w in stack.workers() {
-            let ev = |step: &str| {
-                events
-                    .iter()
-                    .find(|e| {
-                        e["unit"] == w.unit.as_str() && e["step"] == step && e["status"] == "passed"
-                    })
-                    .cloned()
-                    .unwrap_or_default()
-            };
+            let ev =
+                |step: &str| events.iter().find(|e| e["unit"] == w.unit.as_str() && e["step"] == step && e["status"] == "passed").cloned().unwrap_or_default();
             let steps = ["drain", "restart", "ready", "health", "router", "metrics"];
             for s in steps {
-                per_step
-                    .entry(s)
-                    .or_default()
-                    .push(ev(s)["elapsed_ms"].as_f64().unwrap_or(0.0));
+                per_step.entry(s).or_default().push(ev(s)["elapsed_ms"].as_f64().unwrap_or(0.0));
             }
-            let total: u64 = steps
-                .iter()
-                .map(|s| ev(s)["elapsed_ms"].as_u64().unwrap_or(0))
-                .sum();
-            let start_us = ev("restart")["detail"]["exec_main_start_us"]
-                .as_u64()
-                .unwrap_or(0);
-            let ready_us = ev("ready")["detail"]["journal_realtime_us"]
-                .as_u64()
-                .unwrap_or(0);
+            let total: u64 = steps.iter().map(|s| ev(s)["elapsed_ms"].as_u64().unwrap_or(0)).sum();
+            let start_us = ev("restart")["detail"]["exec_main_start_us"].as_u64().unwrap_or(0);
+            let ready_us = ev("ready")["detail"]["journal_realtime_us"].as_u64().unwrap_or(0);
             let server_ms = ready_us.saturating_sub(start_us) as f64 / 1000.0;
             overhead.push(total as f64 - server_ms);
         }
@@ -233,20 +140,28 @@ async fn main() {
 
     println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, sglang-router 0.3.2; debug build)");
     println!("ready detection = detection time − the ready line's __REALTIME_TIMESTAMP");
-    println!("  pdctl  (libsystemd, sd_journal_wait 5 ms)  n={:<3} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms", lat.len(), pct(&lat, 50.0), pct(&lat, 99.0), pct(&lat, 100.0));
-    println!("  seed   (journalctl --since \"2 min ago\" / 20 s)  n={:<3} p50 {:>8.0} ms  max {:>8.0} ms  old-run matches {seed_false}/{}", seed.len(), pct(&seed, 50.0), pct(&seed, 100.0), seed.len());
     println!(
-        "  ratio seed/pdctl p50: {:.0}x",
-        pct(&seed, 50.0) / pct(&lat, 50.0)
+        "  pdctl  (libsystemd, sd_journal_wait 5 ms)  n={:<3} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
+        lat.len(),
+        pct(&lat, 50.0),
+        pct(&lat, 99.0),
+        pct(&lat, 100.0)
     );
+    println!(
+        "  seed   (journalctl --since \"2 min ago\" / 20 s)  n={:<3} p50 {:>8.0} ms  max {:>8.0} ms  old-run matches {seed_false}/{}",
+        seed.len(),
+        pct(&seed, 50.0),
+        pct(&seed, 100.0),
+        seed.len()
+    );
+    println!("  ratio seed/pdctl p50: {:.0}x", pct(&seed, 50.0) / pct(&lat, 50.0));
     println!("orchestration overhead per unit = (drain..metrics wall) − (server's start: ExecMainStart → ready line)");
-    println!("  n={:<3} p50 {:>8.1} ms  max {:>8.1} ms   (rollout wall times: {:?} s, soak 1 s per unit included there)", overhead.len(), pct(&overhead, 50.0), pct(&overhead, 100.0), walls.iter().map(|w| (w * 10.0).round() / 10.0).collect::<Vec<_>>());
     println!(
-        "  per step p50 (ms): {}",
-        per_step
-            .iter()
-            .map(|(k, v)| format!("{k} {:.0}", pct(v, 50.0)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "  n={:<3} p50 {:>8.1} ms  max {:>8.1} ms   (rollout wall times: {:?} s, soak 1 s per unit included there)",
+        overhead.len(),
+        pct(&overhead, 50.0),
+        pct(&overhead, 100.0),
+        walls.iter().map(|w| (w * 10.0).round() / 10.0).collect::<Vec<_>>()
     );
+    println!("  per step p50 (ms): {}", per_step.iter().map(|(k, v)| format!("{k} {:.0}", pct(v, 50.0))).collect::<Vec<_>>().join(", "));
 }

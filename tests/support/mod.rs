@@ -24,17 +24,9 @@ impl SimProc {
     /// Start `sglang-sim --model-path m --port <free> ARGS` (fast load and warmup).
     pub fn spawn(args: &[&str]) -> SimProc {
         let port = pdctl_sandbox::free_port().expect("free port");
-        let bin =
-            pdctl_sandbox::workspace_bin("sglang-sim", "PDCTL_SIM_BIN").expect("sglang-sim built");
+        let bin = pdctl_sandbox::workspace_bin("sglang-sim", "PDCTL_SIM_BIN").expect("sglang-sim built");
         let mut child = Command::new(bin)
-            .args([
-                "--model-path",
-                "m",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-            ])
+            .args(["--model-path", "m", "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(args)
             .env("SGLANG_SIM_LOAD_SECS", "0.2")
             .env("SGLANG_SIM_WARMUP_SECS", "0.3")
@@ -54,12 +46,7 @@ impl SimProc {
                 }
             }
         });
-        SimProc {
-            child,
-            port,
-            lines: rx,
-            seen: Vec::new(),
-        }
+        SimProc { child, port, lines: rx, seen: Vec::new() }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -71,10 +58,7 @@ impl SimProc {
     pub fn wait_line(&mut self, needle: &str, deadline: Duration) -> Option<String> {
         let end = Instant::now() + deadline;
         loop {
-            match self
-                .lines
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
-            {
+            match self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
                 Ok(l) => {
                     self.seen.push(l.clone());
                     if l.contains(needle) {
@@ -90,12 +74,7 @@ impl SimProc {
     pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
         let end = Instant::now() + deadline;
         // Drain stderr as it comes; the channel closes when the process has exited.
-        while self
-            .lines
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-            .map(|l| self.seen.push(l))
-            .is_ok()
-        {}
+        while self.lines.recv_timeout(end.saturating_duration_since(Instant::now())).map(|l| self.seen.push(l)).is_ok() {}
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return Some(s);
@@ -109,10 +88,7 @@ impl SimProc {
 
     /// Send SIGTERM.
     pub fn terminate(&self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
     }
 }
 
@@ -144,10 +120,7 @@ where
 
 /// An HTTP client with a timeout on every request.
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("http client")
+    reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client")
 }
 
 /// Parse a Prometheus/OpenMetrics exposition with the Python `prometheus_client` parser (the
@@ -179,18 +152,9 @@ print(json.dumps(out))
         .spawn()
         .unwrap_or_else(|e| panic!("run {} (scripts/setup installs it): {e}", py.display()));
     use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
+    child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
     let out = child.wait_with_output().expect("python parser");
-    assert!(
-        out.status.success(),
-        "prometheus_client rejected the exposition: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "prometheus_client rejected the exposition: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("parser JSON")
 }
 
@@ -210,40 +174,24 @@ pub struct JsonRun {
 impl JsonRun {
     /// Index of the first event matching unit/step/status.
     pub fn index(&self, unit: &str, step: &str, status: &str) -> Option<usize> {
-        self.events
-            .iter()
-            .position(|e| e["unit"] == unit && e["step"] == step && e["status"] == status)
+        self.events.iter().position(|e| e["unit"] == unit && e["step"] == step && e["status"] == status)
     }
     /// The first event matching unit/step/status.
     pub fn event(&self, unit: &str, step: &str, status: &str) -> &serde_json::Value {
-        let i = self
-            .index(unit, step, status)
-            .unwrap_or_else(|| panic!("no {unit} {step} {status} event in {:#?}", self.events));
+        let i = self.index(unit, step, status).unwrap_or_else(|| panic!("no {unit} {step} {status} event in {:#?}", self.events));
         &self.events[i]
     }
     /// Did any event touch (drain/restart) this unit?
     pub fn touched(&self, unit: &str) -> bool {
-        self.events
-            .iter()
-            .any(|e| e["unit"] == unit && (e["step"] == "restart" || e["step"] == "drain"))
+        self.events.iter().any(|e| e["unit"] == unit && (e["step"] == "restart" || e["step"] == "drain"))
     }
 }
 
 /// Run the `pdctl` binary with `args` (add `--json` yourself), calling `on_line` with each JSON
 /// line as it arrives; bounded by `deadline` (the process is killed past it).
-pub fn pdctl_run(
-    args: &[&str],
-    deadline: Duration,
-    mut on_line: impl FnMut(&serde_json::Value),
-) -> JsonRun {
+pub fn pdctl_run(args: &[&str], deadline: Duration, mut on_line: impl FnMut(&serde_json::Value)) -> JsonRun {
     let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run pdctl");
+    let mut child = Command::new(bin).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run pdctl");
     let out = child.stdout.take().expect("stdout");
     let err = child.stderr.take().expect("stderr");
     let err_thread = std::thread::spawn(move || {
@@ -265,63 +213,111 @@ pub fn pdctl_run(
     loop {
         match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
             Ok(l) => {
-                let v: serde_json::Value = serde_json::from_str(&l)
-                    .unwrap_or_else(|e| panic!("pdctl printed a non-JSON line {l:?}: {e}"));
+                let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("pdctl printed a non-JSON line {l:?}: {e}"));
                 on_line(&v);
                 lines.push(v);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
-                panic!(
-                    "pdctl {args:?} did not finish within {deadline:?}; lines so far: {lines:#?}"
-                );
+                panic!("pdctl {args:?} did not finish within {deadline:?}; lines so far: {lines:#?}");
             }
         }
     }
     let status = child.wait().expect("wait pdctl");
     let stderr = err_thread.join().unwrap_or_default();
-    let summary = lines
-        .last()
-        .filter(|v| v.get("result").is_some())
-        .cloned()
-        .unwrap_or(serde_json::Value::Null);
-    let events = lines
-        .into_iter()
-        .filter(|v| v.get("step").is_some())
-        .collect();
-    JsonRun {
-        code: status.code().unwrap_or(-1),
-        events,
-        summary,
-        stderr,
-    }
+    let summary = lines.last().filter(|v| v.get("result").is_some()).cloned().unwrap_or(serde_json::Value::Null);
+    let events = lines.into_iter().filter(|v| v.get("step").is_some()).collect();
+    JsonRun { code: status.code().unwrap_or(-1), events, summary, stderr }
 }
 
 /// Boot the 1P1D stack, wait until both workers are ready (journald) and the router admits both.
 pub async fn stack_up(opts: &pdctl_sandbox::stack::StackOptions) -> pdctl_sandbox::stack::Stack {
     let stack = pdctl_sandbox::stack::Stack::boot(opts).expect("stack boots");
-    stack
-        .wait_ready(Duration::from_secs(60))
-        .expect("workers ready");
+    stack.wait_ready(Duration::from_secs(60)).expect("workers ready");
     if let Some(r) = &stack.router {
         let url = format!("{}/workers", r.url);
-        let ok = poll_until(
-            Duration::from_secs(60),
-            Duration::from_millis(200),
-            || async {
-                let v: serde_json::Value = http().get(&url).send().await.ok()?.json().await.ok()?;
-                (v["workers"]
-                    .as_array()?
-                    .iter()
-                    .filter(|w| w["is_healthy"] == true)
-                    .count()
-                    == 2)
-                    .then_some(())
-            },
-        )
+        let ok = poll_until(Duration::from_secs(60), Duration::from_millis(200), || async {
+            let v: serde_json::Value = http().get(&url).send().await.ok()?.json().await.ok()?;
+            (v["workers"].as_array()?.iter().filter(|w| w["is_healthy"] == true).count() == 2).then_some(())
+        })
         .await;
         assert!(ok.is_some(), "the router admitted both workers");
     }
     stack
+}
+
+/// A `pdctl` process whose stdout JSON lines are read live.
+pub struct LivePdctl {
+    /// The process.
+    pub child: Child,
+    lines: Receiver<serde_json::Value>,
+    /// Lines seen so far.
+    pub seen: Vec<serde_json::Value>,
+}
+
+impl LivePdctl {
+    /// Start `pdctl ARGS`.
+    pub fn spawn(args: &[&str]) -> LivePdctl {
+        let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+        let mut child = Command::new(bin).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run pdctl");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if let Ok(v) = serde_json::from_str(&l) {
+                    if tx.send(v).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        LivePdctl { child, lines: rx, seen: Vec::new() }
+    }
+
+    /// Wait for a line satisfying `pred`, at most `deadline`.
+    pub fn wait_line(&mut self, deadline: Duration, mut pred: impl FnMut(&serde_json::Value) -> bool) -> Option<serde_json::Value> {
+        let end = Instant::now() + deadline;
+        loop {
+            match self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+                Ok(v) => {
+                    self.seen.push(v.clone());
+                    if pred(&v) {
+                        return Some(v);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Wait for the process to end (draining its output), at most `deadline`; its exit code.
+    pub fn finish(&mut self, deadline: Duration) -> Option<i32> {
+        let end = Instant::now() + deadline;
+        while let Ok(v) = self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            self.seen.push(v);
+        }
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s.code();
+            }
+            if Instant::now() > end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Send a signal (`INT`, `KILL`, …).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status();
+    }
+}
+
+impl Drop for LivePdctl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -28,9 +28,7 @@ pub struct ConfigError {
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset.min(text.len()))
-        .map(|t| t.matches('\n').count() + 1)
-        .unwrap_or(1)
+    text.get(..offset.min(text.len())).map(|t| t.matches('\n').count() + 1).unwrap_or(1)
 }
 
 /// A duration written as "90s", "10m", "1h 30m".
@@ -40,18 +38,14 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map(Dur).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration {s:?} ({e}); write it like \"90s\", \"10m\" or \"1h 30m\""
-            ))
-        })
+        humantime::parse_duration(&s)
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?} ({e}); write it like \"90s\", \"10m\" or \"1h 30m\"")))
     }
 }
 
 /// A worker's role.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// PD prefill server.
@@ -134,6 +128,8 @@ struct RawWorker {
     url: String,
     bootstrap_port: Option<u16>,
     gpus: Option<Spanned<String>>,
+    #[serde(default)]
+    watch_files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -187,6 +183,8 @@ pub struct Worker {
     pub bootstrap_port: Option<u16>,
     /// GPU indices, when configured.
     pub gpus: Option<BTreeSet<u32>>,
+    /// More files whose change makes the worker stale (model configs, …).
+    pub watch_files: Vec<PathBuf>,
 }
 
 /// The router.
@@ -303,11 +301,7 @@ fn parse_file(path: &Path, text: &str) -> Result<RawFile, ConfigError> {
         let line = e.span().map(|s| line_of(text, s.start));
         let msg = e.message().trim().to_string();
         // toml names the table path in its message for type errors; unknown keys name the key.
-        ConfigError {
-            file: path.display().to_string(),
-            line,
-            msg,
-        }
+        ConfigError { file: path.display().to_string(), line, msg }
     })
 }
 
@@ -316,11 +310,7 @@ pub fn files(main: &Path) -> Vec<PathBuf> {
     let mut out = vec![main.to_path_buf()];
     if let Some(dir) = main.parent().map(|p| p.join("config.d")) {
         if let Ok(rd) = std::fs::read_dir(&dir) {
-            let mut frags: Vec<PathBuf> = rd
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-                .collect();
+            let mut frags: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
             frags.sort();
             out.extend(frags);
         }
@@ -330,9 +320,7 @@ pub fn files(main: &Path) -> Vec<PathBuf> {
 
 /// Which main file: `--config`, else `$PDCTL_CONFIG`, else `/etc/pdctl/pdctl.toml`.
 pub fn main_path(flag: Option<&Path>) -> PathBuf {
-    flag.map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("PDCTL_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
+    flag.map(Path::to_path_buf).or_else(|| std::env::var_os("PDCTL_CONFIG").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
 }
 
 /// Load and validate the configuration rooted at `main`.
@@ -398,69 +386,37 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             workers.push((path.clone(), line, w));
         }
     }
-    let err = |path: &Path, line: Option<usize>, msg: String| ConfigError {
-        file: path.display().to_string(),
-        line,
-        msg,
-    };
+    let err = |path: &Path, line: Option<usize>, msg: String| ConfigError { file: path.display().to_string(), line, msg };
     let last = texts.last().map(|t| t.0.clone()).unwrap_or_default();
     if workers.is_empty() {
-        return Err(err(
-            &last,
-            None,
-            "no [[worker]] is configured: add one per SGLang unit (unit, role, url)".into(),
-        ));
+        return Err(err(&last, None, "no [[worker]] is configured: add one per SGLang unit (unit, role, url)".into()));
     }
     let mut out_workers = Vec::new();
     let mut seen: Vec<(String, PathBuf, usize)> = Vec::new();
     for (path, line, w) in workers {
         let unit = w.unit.into_inner();
         if let Some((_, p, l)) = seen.iter().find(|(u, _, _)| *u == unit) {
-            return Err(err(
-                &path,
-                Some(line),
-                format!(
-                    "worker.unit: {unit} is configured twice (first at {}:{l})",
-                    p.display()
-                ),
-            ));
+            return Err(err(&path, Some(line), format!("worker.unit: {unit} is configured twice (first at {}:{l})", p.display())));
         }
         if !unit.contains('.') {
             return Err(err(&path, Some(line), format!("worker.unit: {unit:?} is not a unit name (expected e.g. \"sglang-prefill.service\")")));
         }
         if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-            return Err(err(
-                &path,
-                Some(line),
-                format!(
-                    "worker.url of {unit}: {:?} must start with http:// or https://",
-                    w.url
-                ),
-            ));
+            return Err(err(&path, Some(line), format!("worker.url of {unit}: {:?} must start with http:// or https://", w.url)));
         }
         if w.bootstrap_port.is_some() && w.role != Role::Prefill {
-            return Err(err(
-                &path,
-                Some(line),
-                format!(
-                    "worker.bootstrap_port of {unit}: only a prefill worker has a bootstrap port"
-                ),
-            ));
+            return Err(err(&path, Some(line), format!("worker.bootstrap_port of {unit}: only a prefill worker has a bootstrap port")));
         }
-        let gpus = match w.gpus {
-            None => None,
-            Some(g) => {
-                let gl = line_of(
-                    &texts
-                        .iter()
-                        .find(|t| t.0 == path)
-                        .map(|t| t.1.clone())
-                        .unwrap_or_default(),
-                    g.span().start,
-                );
-                Some(parse_gpus(g.get_ref()).ok_or_else(|| err(&path, Some(gl), format!("worker.gpus of {unit}: {:?} is not a GPU list like \"0-3\" or \"4,5,6,7\"", g.get_ref())))?)
-            }
-        };
+        let gpus =
+            match w.gpus {
+                None => None,
+                Some(g) => {
+                    let gl = line_of(&texts.iter().find(|t| t.0 == path).map(|t| t.1.clone()).unwrap_or_default(), g.span().start);
+                    Some(parse_gpus(g.get_ref()).ok_or_else(|| {
+                        err(&path, Some(gl), format!("worker.gpus of {unit}: {:?} is not a GPU list like \"0-3\" or \"4,5,6,7\"", g.get_ref()))
+                    })?)
+                }
+            };
         seen.push((unit.clone(), path.clone(), line));
         out_workers.push(Worker {
             unit,
@@ -468,11 +424,10 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             url: w.url.trim_end_matches('/').to_string(),
             bootstrap_port: w.bootstrap_port,
             gpus,
+            watch_files: w.watch_files,
         });
     }
-    let order = ro
-        .order
-        .unwrap_or_else(|| vec![Role::Prefill, Role::Decode, Role::Regular]);
+    let order = ro.order.unwrap_or_else(|| vec![Role::Prefill, Role::Decode, Role::Regular]);
     for w in &out_workers {
         if !order.contains(&w.role) {
             return Err(err(
@@ -489,20 +444,13 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     }
     let max_unavailable = match ro.max_unavailable {
         Some(m) if *m.get_ref() == 0 => {
-            return Err(err(
-                &last,
-                None,
-                "rollout.max_unavailable: must be at least 1 (a restart takes a unit down)".into(),
-            ));
+            return Err(err(&last, None, "rollout.max_unavailable: must be at least 1 (a restart takes a unit down)".into()));
         }
         Some(m) => m.into_inner(),
         None => 1,
     };
     let router = match rt.url {
-        Some(url) => Some(RouterSettings {
-            url: url.trim_end_matches('/').to_string(),
-            metrics_url: rt.metrics_url,
-        }),
+        Some(url) => Some(RouterSettings { url: url.trim_end_matches('/').to_string(), metrics_url: rt.metrics_url }),
         None => None,
     };
     let verify = Verify {
@@ -512,11 +460,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         warmup_request: vf.warmup_request.unwrap_or(true),
     };
     if vf.router == Some(true) && router.is_none() {
-        return Err(err(
-            &last,
-            None,
-            "verify.router = true needs [router] url".into(),
-        ));
+        return Err(err(&last, None, "verify.router = true needs [router] url".into()));
     }
     let ready_timeout = ro.ready_timeout.map(|d| d.0).unwrap_or(d(15 * 60));
     let bus = match (sd.address, sd.bus) {
@@ -532,12 +476,8 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         workers: out_workers,
         rollout: Rollout {
             order,
-            ready_pattern: ro
-                .ready_pattern
-                .unwrap_or_else(|| pdctl_journal::DEFAULT_READY.to_string()),
-            fatal_patterns: ro
-                .fatal_patterns
-                .unwrap_or_else(pdctl_journal::default_fatal_patterns),
+            ready_pattern: ro.ready_pattern.unwrap_or_else(|| pdctl_journal::DEFAULT_READY.to_string()),
+            fatal_patterns: ro.fatal_patterns.unwrap_or_else(pdctl_journal::default_fatal_patterns),
             ready_timeout,
             health_timeout: ro.health_timeout.map(|d| d.0).unwrap_or(d(5 * 60)),
             router_timeout: ro.router_timeout.map(|d| d.0).unwrap_or(d(3 * 60)),
@@ -606,21 +546,10 @@ smoke_request = true
 
     #[test]
     fn unknown_key_names_file_line_and_key() {
-        let text = BASE.replace(
-            "min_healthy = \"10s\"",
-            "min_healthy = \"10s\"\nmin_heathy = \"5s\"",
-        );
+        let text = BASE.replace("min_healthy = \"10s\"", "min_healthy = \"10s\"\nmin_heathy = \"5s\"");
         let e = one(&text).unwrap_err();
         assert_eq!(e.file, "/etc/pdctl/pdctl.toml");
-        assert_eq!(
-            e.line,
-            Some(
-                text.lines()
-                    .position(|l| l.starts_with("min_heathy"))
-                    .unwrap()
-                    + 1
-            )
-        );
+        assert_eq!(e.line, Some(text.lines().position(|l| l.starts_with("min_heathy")).unwrap() + 1));
         assert!(e.msg.contains("min_heathy"), "{e}");
         assert!(e.to_string().starts_with("/etc/pdctl/pdctl.toml:"), "{e}");
     }
@@ -629,15 +558,7 @@ smoke_request = true
     fn bad_duration_and_enum_name_the_line() {
         let e = one(&BASE.replace("\"15m\"", "\"fifteen minutes\"")).unwrap_err();
         assert!(e.msg.contains("invalid duration"), "{e}");
-        assert_eq!(
-            e.line,
-            Some(
-                BASE.lines()
-                    .position(|l| l.starts_with("ready_timeout"))
-                    .unwrap()
-                    + 1
-            )
-        );
+        assert_eq!(e.line, Some(BASE.lines().position(|l| l.starts_with("ready_timeout")).unwrap() + 1));
         let e = one(&BASE.replace("on_failure = \"halt\"", "on_failure = \"pray\"")).unwrap_err();
         assert!(e.msg.contains("pray"), "{e}");
     }
@@ -645,41 +566,20 @@ smoke_request = true
     #[test]
     fn fragments_override_and_add_workers() {
         let frag = "[rollout]\nmin_healthy = \"1s\"\n[[worker]]\nunit = \"extra.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n";
-        let s = load_texts(&[
-            (PathBuf::from("a.toml"), BASE.into()),
-            (PathBuf::from("config.d/10.toml"), frag.into()),
-        ])
-        .unwrap();
+        let s = load_texts(&[(PathBuf::from("a.toml"), BASE.into()), (PathBuf::from("config.d/10.toml"), frag.into())]).unwrap();
         assert_eq!(s.rollout.min_healthy, Duration::from_secs(1));
         assert_eq!(s.workers.len(), 3);
         let dup = "[[worker]]\nunit = \"sglang-dsv4-decode.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n";
-        let e = load_texts(&[
-            (PathBuf::from("a.toml"), BASE.into()),
-            (PathBuf::from("config.d/20.toml"), dup.into()),
-        ])
-        .unwrap_err();
+        let e = load_texts(&[(PathBuf::from("a.toml"), BASE.into()), (PathBuf::from("config.d/20.toml"), dup.into())]).unwrap_err();
         assert_eq!((e.file.as_str(), e.line), ("config.d/20.toml", Some(2)));
         assert!(e.msg.contains("configured twice"), "{e}");
     }
 
     #[test]
     fn semantic_errors() {
-        assert!(one(&BASE.replace("gpus = \"4-7\"", "gpus = \"four\""))
-            .unwrap_err()
-            .msg
-            .contains("worker.gpus"));
-        assert!(
-            one(&BASE.replace("max_unavailable = 1", "max_unavailable = 0"))
-                .unwrap_err()
-                .msg
-                .contains("max_unavailable")
-        );
-        assert!(
-            one(&BASE.replace("order = [\"prefill\", \"decode\"]", "order = [\"prefill\"]"))
-                .unwrap_err()
-                .msg
-                .contains("not in the order")
-        );
+        assert!(one(&BASE.replace("gpus = \"4-7\"", "gpus = \"four\"")).unwrap_err().msg.contains("worker.gpus"));
+        assert!(one(&BASE.replace("max_unavailable = 1", "max_unavailable = 0")).unwrap_err().msg.contains("max_unavailable"));
+        assert!(one(&BASE.replace("order = [\"prefill\", \"decode\"]", "order = [\"prefill\"]")).unwrap_err().msg.contains("not in the order"));
         assert!(one("").unwrap_err().msg.contains("no [[worker]]"));
     }
 
@@ -687,14 +587,8 @@ smoke_request = true
     fn the_shipped_example_config_is_valid() {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/pdctl.toml");
         let s = load(&p).unwrap();
-        assert_eq!(
-            s.workers.iter().map(|w| w.role).collect::<Vec<_>>(),
-            vec![Role::Prefill, Role::Decode]
-        );
-        assert_eq!(
-            s.router.unwrap().metrics_url.as_deref(),
-            Some("http://127.0.0.1:29001/metrics")
-        );
+        assert_eq!(s.workers.iter().map(|w| w.role).collect::<Vec<_>>(), vec![Role::Prefill, Role::Decode]);
+        assert_eq!(s.router.unwrap().metrics_url.as_deref(), Some("http://127.0.0.1:29001/metrics"));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! it is touched. One unit is down at a time.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pdctl_journal::{Judge, Run, Verdict};
@@ -43,11 +44,7 @@ struct Fail {
 }
 
 fn gate(cause: impl Into<String>) -> Fail {
-    Fail {
-        cause: cause.into(),
-        kind: FailureKind::Gate,
-        detail: Value::Null,
-    }
+    Fail { cause: cause.into(), kind: FailureKind::Gate, detail: Value::Null }
 }
 
 fn from_sd(e: SystemdError) -> Fail {
@@ -56,11 +53,7 @@ fn from_sd(e: SystemdError) -> Fail {
         e if e.is_access() => FailureKind::Access,
         _ => FailureKind::Gate,
     };
-    Fail {
-        cause: e.to_string(),
-        kind,
-        detail: Value::Null,
-    }
+    Fail { cause: e.to_string(), kind, detail: Value::Null }
 }
 
 struct StepRun<'a> {
@@ -72,23 +65,12 @@ struct StepRun<'a> {
 
 impl<'a> StepRun<'a> {
     fn start(sink: &'a Sink, unit: &str, step: Step) -> StepRun<'a> {
-        let s = StepRun {
-            sink,
-            unit: unit.to_string(),
-            step,
-            t0: Instant::now(),
-        };
+        let s = StepRun { sink, unit: unit.to_string(), step, t0: Instant::now() };
         s.emit(Status::Started, Value::Null);
         s
     }
     fn emit(&self, status: Status, detail: Value) {
-        let ev = Event {
-            unit: self.unit.clone(),
-            step: self.step,
-            status,
-            elapsed_ms: self.t0.elapsed().as_millis() as u64,
-            detail,
-        };
+        let ev = Event { unit: self.unit.clone(), step: self.step, status, elapsed_ms: self.t0.elapsed().as_millis() as u64, detail };
         tracing::info!(unit = %ev.unit, step = self.step.as_str(), status = ?status, elapsed_ms = ev.elapsed_ms, "step");
         let _ = self.sink.send(ev);
     }
@@ -109,23 +91,13 @@ impl<'a> StepRun<'a> {
 
 /// Run `fut`, but give up when the gate's time (`limit` from `t0`) is over: one hung HTTP call
 /// must not stretch a gate's deadline.
-async fn within<T>(
-    t0: Instant,
-    limit: Duration,
-    fut: impl std::future::Future<Output = T>,
-) -> Option<T> {
+async fn within<T>(t0: Instant, limit: Duration, fut: impl std::future::Future<Output = T>) -> Option<T> {
     let left = limit.saturating_sub(t0.elapsed());
-    tokio::time::timeout(left.max(Duration::from_millis(100)), fut)
-        .await
-        .ok()
+    tokio::time::timeout(left.max(Duration::from_millis(100)), fut).await.ok()
 }
 
 fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
-    w.gpus.clone().or_else(|| {
-        env.iter()
-            .find_map(|kv| kv.strip_prefix("CUDA_VISIBLE_DEVICES="))
-            .and_then(crate::config::parse_gpus)
-    })
+    w.gpus.clone().or_else(|| env.iter().find_map(|kv| kv.strip_prefix("CUDA_VISIBLE_DEVICES=")).and_then(crate::config::parse_gpus))
 }
 
 fn fmt_set(s: &BTreeSet<u32>) -> String {
@@ -154,23 +126,25 @@ enum Mode {
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Rollout).await
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false)).await
+    }
+
+    /// [`Engine::rolling_restart`] that stops when `abort` is set — between units only, so that
+    /// every unit is left verified (never in the middle of a restart).
+    pub async fn rolling_restart_abortable(&self, plan: &Plan, sink: &Sink, abort: &AtomicBool) -> Summary {
+        self.run(plan, sink, Mode::Rollout, abort).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Check).await
+        self.run(plan, sink, Mode::Check, &AtomicBool::new(false)).await
     }
 
-    async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode) -> Summary {
+    async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool) -> Summary {
         let t0 = Instant::now();
         let mut done = Vec::new();
         let summary = |failed: Option<Failure>, done: Vec<String>| Summary {
-            result: if failed.is_some() {
-                Outcome::Failed
-            } else {
-                Outcome::Succeeded
-            },
+            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: done,
             failed,
@@ -179,6 +153,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return summary(Some(self.failure(&unit, Step::Preflight, f).await), done);
         }
         for w in &plan.workers {
+            if abort.load(Ordering::SeqCst) {
+                return Summary { result: Outcome::Aborted, elapsed_ms: t0.elapsed().as_millis() as u64, units: done, failed: None };
+            }
             let r = match mode {
                 Mode::Rollout => self.restart_one(w, sink).await,
                 Mode::Check => self.check_one(w, sink).await,
@@ -192,21 +169,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
-        let last_lines = if unit == "router" {
-            Vec::new()
-        } else {
-            self.logs
-                .last_lines(unit, LAST_LINES)
-                .await
-                .unwrap_or_default()
-        };
-        Failure {
-            unit: unit.to_string(),
-            step,
-            cause: f.cause,
-            kind: f.kind,
-            last_lines,
-        }
+        let last_lines = if unit == "router" { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
+        Failure { unit: unit.to_string(), step, cause: f.cause, kind: f.kind, last_lines }
     }
 
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
@@ -217,11 +181,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
         Summary {
-            result: if failed.is_some() {
-                Outcome::Failed
-            } else {
-                Outcome::Succeeded
-            },
+            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
             failed,
@@ -298,13 +258,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Ok(())
     }
 
-    async fn step<T>(
-        &self,
-        sink: &Sink,
-        unit: &str,
-        step: Step,
-        fut: impl std::future::Future<Output = Result<(Value, T), Fail>>,
-    ) -> Result<T, (Step, Fail)> {
+    async fn step<T>(&self, sink: &Sink, unit: &str, step: Step, fut: impl std::future::Future<Output = Result<(Value, T), Fail>>) -> Result<T, (Step, Fail)> {
         let s = StepRun::start(sink, unit, step);
         match fut.await {
             Ok((detail, v)) => {
@@ -347,59 +301,49 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
                 });
                 if out.job_result != "done" {
-                    return Err(Fail { cause: format!("the restart job of {unit} ended with result \"{}\" (systemd: {})", out.job_result, out.state.result), kind: FailureKind::Gate, detail });
+                    return Err(Fail {
+                        cause: format!("the restart job of {unit} ended with result \"{}\" (systemd: {})", out.job_result, out.state.result),
+                        kind: FailureKind::Gate,
+                        detail,
+                    });
                 }
                 Ok((detail, (watch, cursor, out.state)))
             })
             .await?;
-        self.step(sink, unit, Step::Ready, async {
-            self.ready(w, cursor, &mut watch, &after)
-                .await
-                .map(|d| (d, ()))
-        })
-        .await?;
-        self.step(sink, unit, Step::Health, async {
-            self.health(w, Some(&after)).await.map(|d| (d, ()))
-        })
-        .await?;
+        self.step(sink, unit, Step::Ready, async { self.ready(w, cursor, &mut watch, &after).await.map(|d| (d, ())) }).await?;
+        self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
-            self.step(sink, unit, Step::Router, async {
-                self.router(w, true).await.map(|d| (d, ()))
-            })
-            .await?;
+            self.step(sink, unit, Step::Router, async { self.router(w, true).await.map(|d| (d, ())) }).await?;
         } else {
-            StepRun::start(sink, unit, Step::Router)
-                .skip("no router configured or [verify] router = false");
+            StepRun::start(sink, unit, Step::Router).skip("no router configured or [verify] router = false");
         }
         self.metrics_step(w, sink, true).await?;
-        self.step(sink, unit, Step::Soak, async {
-            self.soak(unit, &mut watch, &after).await.map(|d| (d, ()))
-        })
-        .await?;
+        self.step(sink, unit, Step::Soak, async { self.soak(unit, &mut watch, &after).await.map(|d| (d, ())) }).await?;
         Ok(())
+    }
+
+    /// Re-verify a unit without restarting it: health, router (re-registering it if the router
+    /// lost it), metrics. Used to resume an interrupted rollout.
+    pub async fn verify(&self, w: &Worker, sink: &Sink) -> bool {
+        if self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await.is_err() {
+            return false;
+        }
+        if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true).await.map(|d| (d, ())) }).await.is_err() {
+            return false;
+        }
+        self.metrics_step(w, sink, true).await.is_ok()
     }
 
     /// `check`: health, router, metrics — without changing anything.
     async fn check_one(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
-        self.step(sink, &w.unit, Step::Health, async {
-            self.health(w, None).await.map(|d| (d, ()))
-        })
-        .await?;
+        self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
-            self.step(sink, &w.unit, Step::Router, async {
-                self.router(w, false).await.map(|d| (d, ()))
-            })
-            .await?;
+            self.step(sink, &w.unit, Step::Router, async { self.router(w, false).await.map(|d| (d, ())) }).await?;
         }
         self.metrics_step(w, sink, false).await
     }
 
-    async fn metrics_step(
-        &self,
-        w: &Worker,
-        sink: &Sink,
-        may_warm: bool,
-    ) -> Result<(), (Step, Fail)> {
+    async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool) -> Result<(), (Step, Fail)> {
         if self.settings.verify.metrics == MetricsMode::Off {
             StepRun::start(sink, &w.unit, Step::Metrics).skip("[verify] metrics = \"off\"");
             return Ok(());
@@ -422,19 +366,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     async fn drain(&self, w: &Worker) -> Result<Option<Value>, Fail> {
-        let list = self.probes.router_workers().await.map_err(|e| {
-            gate(format!(
-                "cannot drain {}: the router does not answer: {e}",
-                w.unit
-            ))
-        })?;
+        let list = self.probes.router_workers().await.map_err(|e| gate(format!("cannot drain {}: the router does not answer: {e}", w.unit)))?;
         let Some(entry) = list.iter().find(|x| x.url == w.url) else {
             return Ok(None);
         };
-        self.probes
-            .deregister(&entry.id)
-            .await
-            .map_err(|e| gate(format!("the router refused to remove {}: {e}", w.url)))?;
+        self.probes.deregister(&entry.id).await.map_err(|e| gate(format!("the router refused to remove {}: {e}", w.url)))?;
         let t0 = Instant::now();
         let mut left = None;
         while t0.elapsed() < self.settings.rollout.drain_timeout {
@@ -455,24 +391,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         })))
     }
 
-    async fn ready(
-        &self,
-        w: &Worker,
-        cursor: Option<String>,
-        watch: &mut U::W,
-        after: &UnitState,
-    ) -> Result<Value, Fail> {
+    async fn ready(&self, w: &Worker, cursor: Option<String>, watch: &mut U::W, after: &UnitState) -> Result<Value, Fail> {
         let ro = &self.settings.rollout;
         let judge = Judge {
             ready_pattern: ro.ready_pattern.clone(),
             fatal_patterns: ro.fatal_patterns.clone(),
             run: Run {
                 invocation_id: after.invocation_id.clone(),
-                main_pid: if after.main_pid != 0 {
-                    after.main_pid
-                } else {
-                    after.exec_main_pid
-                },
+                main_pid: if after.main_pid != 0 { after.main_pid } else { after.exec_main_pid },
                 procfs: self.settings.procfs.clone(),
             },
         };
@@ -549,17 +475,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             if let Some(after) = after {
                 let st = self.units.state(&w.unit).await.map_err(from_sd)?;
                 if let Some(why) = st.crashed_since(after) {
-                    return Err(gate(format!(
-                        "{} went down while waiting for /health: {why}",
-                        w.unit
-                    )));
+                    return Err(gate(format!("{} went down while waiting for /health: {why}", w.unit)));
                 }
             }
             if t0.elapsed() >= limit {
-                return Err(gate(format!(
-                    "{}/health did not answer 200 within {limit:?} (last: {last})",
-                    w.url
-                )));
+                return Err(gate(format!("{}/health did not answer 200 within {limit:?} (last: {last})", w.url)));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -613,11 +533,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 },
             }
             if t0.elapsed() >= limit || (!may_register && t0.elapsed() >= Duration::from_secs(5)) {
-                return Err(gate(format!(
-                    "the router did not admit {} within {:?}: {last}",
-                    w.url,
-                    t0.elapsed()
-                )));
+                return Err(gate(format!("the router did not admit {} within {:?}: {last}", w.url, t0.elapsed())));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -630,12 +546,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         loop {
             let problem = match within(t0, limit, self.probes.kv(&w.url))
                 .await
-                .unwrap_or_else(|| {
-                    Err(MetricsProblem::Http(pdctl_probe::HttpError::Timeout {
-                        url: format!("{}/metrics", w.url),
-                        after: limit,
-                    }))
-                }) {
+                .unwrap_or_else(|| Err(MetricsProblem::Http(pdctl_probe::HttpError::Timeout { url: format!("{}/metrics", w.url), after: limit })))
+            {
                 Ok(r) => {
                     let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
                     if let Some(o) = d.as_object_mut() {
@@ -649,33 +561,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             if !problem.may_resolve() && !matches!(problem, MetricsProblem::Http(_)) {
                 return Err(gate(format!("{}: {problem}", w.unit)));
             }
-            if may_warm
-                && warmed.is_none()
-                && self.settings.verify.warmup_request
-                && matches!(problem, MetricsProblem::Kv(_))
-            {
+            if may_warm && warmed.is_none() && self.settings.verify.warmup_request && matches!(problem, MetricsProblem::Kv(_)) {
                 // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
                 let sent = match (self.settings.verify.router, w.role) {
-                    (true, _) => self
-                        .probes
-                        .smoke(48)
-                        .await
-                        .map(|_| "sent through the router".to_string()),
-                    (false, Role::Regular) => self
-                        .probes
-                        .warm_worker(&w.url)
-                        .await
-                        .map(|_| "sent to the worker".to_string()),
+                    (true, _) => self.probes.smoke(48).await.map(|_| "sent through the router".to_string()),
+                    (false, Role::Regular) => self.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
                     (false, _) => Ok("not sent: a PD worker needs the router".to_string()),
                 };
                 warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
                 continue; // the request has finished: the gauges may be there now
             }
             if t0.elapsed() >= limit {
-                return Err(gate(format!(
-                    "{}: KV gauges not usable within {limit:?}: {problem}",
-                    w.unit
-                )));
+                return Err(gate(format!("{}: KV gauges not usable within {limit:?}: {problem}", w.unit)));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -705,13 +602,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Err(gate(format!("{unit} did not stay up: {why}")));
         }
         if st.active_state != "active" {
-            return Err(gate(format!(
-                "{unit} is {}/{} after the soak, not active",
-                st.active_state, st.sub_state
-            )));
+            return Err(gate(format!("{unit} is {}/{} after the soak, not active", st.active_state, st.sub_state)));
         }
-        Ok(
-            json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts }),
-        )
+        Ok(json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts }))
     }
 }

@@ -1,11 +1,11 @@
 //! Events and the summary: the `--json` contract (one JSON object per line; the last one is the
 //! summary with `result`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The gates of one restart, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Step {
     /// The unit exists, config is current, metrics enabled, GPUs disjoint, router reachable.
@@ -43,7 +43,7 @@ impl Step {
 }
 
 /// A step's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// The step began.
@@ -57,7 +57,7 @@ pub enum Status {
 }
 
 /// One step transition.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The unit (or `router` for router-wide checks).
     pub unit: String,
@@ -72,7 +72,7 @@ pub struct Event {
 }
 
 /// How a rollout ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// Every unit passed every gate.
@@ -86,7 +86,7 @@ pub enum Outcome {
 }
 
 /// Why a failure happened, for the exit code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureKind {
     /// A gate did not pass (exit 1).
@@ -98,7 +98,7 @@ pub enum FailureKind {
 }
 
 /// The failed gate.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     /// The unit.
     pub unit: String,
@@ -109,12 +109,12 @@ pub struct Failure {
     /// Kind (exit code).
     pub kind: FailureKind,
     /// The unit's last log lines.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_lines: Vec<String>,
 }
 
 /// The last line of a rollout.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// The result.
     pub result: Outcome,
@@ -123,7 +123,7 @@ pub struct Summary {
     /// Units restarted and verified, in order.
     pub units: Vec<String>,
     /// The failed gate, unless it succeeded.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<Failure>,
 }
 

@@ -25,15 +25,7 @@ impl Plan {
     pub fn new(settings: &Settings, only: &[String]) -> Result<Plan, PlanError> {
         for u in only {
             if !settings.workers.iter().any(|w| &w.unit == u) {
-                return Err(PlanError {
-                    unit: u.clone(),
-                    known: settings
-                        .workers
-                        .iter()
-                        .map(|w| w.unit.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
+                return Err(PlanError { unit: u.clone(), known: settings.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", ") });
             }
         }
         let mut workers = Vec::new();

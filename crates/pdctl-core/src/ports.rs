@@ -34,11 +34,7 @@ pub trait Units: Send + Sync {
     /// Start watching (before acting).
     fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::W, SystemdError>> + Send;
     /// Restart and wait for our job.
-    fn restart(
-        &self,
-        unit: &str,
-        job_timeout: Duration,
-    ) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send;
+    fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send;
 }
 
 /// A stream of journal entries for one unit.
@@ -56,11 +52,7 @@ pub trait Logs: Send + Sync {
     /// Follow a unit after `cursor`.
     fn follow(&self, cursor: Option<String>, unit: &str) -> Self::F;
     /// The unit's last `n` lines.
-    fn last_lines(
-        &self,
-        unit: &str,
-        n: usize,
-    ) -> impl Future<Output = Result<Vec<String>, JournalError>> + Send;
+    fn last_lines(&self, unit: &str, n: usize) -> impl Future<Output = Result<Vec<String>, JournalError>> + Send;
 }
 
 /// HTTP checks of workers and the router.
@@ -76,19 +68,11 @@ pub trait Probes: Send + Sync {
     /// Router `GET /workers`.
     fn router_workers(&self) -> impl Future<Output = Result<Vec<RouterWorker>, HttpError>> + Send;
     /// Router `POST /workers`.
-    fn register(
-        &self,
-        url: &str,
-        worker_type: &str,
-        bootstrap_port: Option<u16>,
-    ) -> impl Future<Output = Result<String, HttpError>> + Send;
+    fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpError>> + Send;
     /// Router `DELETE /workers/{id}`.
     fn deregister(&self, id: &str) -> impl Future<Output = Result<(), HttpError>> + Send;
     /// Router circuit-breaker state of a worker (`None`: no metrics URL or no series).
-    fn cb_state(
-        &self,
-        url: &str,
-    ) -> impl Future<Output = Result<Option<f64>, MetricsProblem>> + Send;
+    fn cb_state(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsProblem>> + Send;
     /// One small request through the router.
     fn smoke(&self, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpError>> + Send;
 }
@@ -116,11 +100,7 @@ impl Units for Systemd {
     fn watch(&self, unit: &str) -> impl Future<Output = Result<UnitWatch, SystemdError>> + Send {
         Systemd::watch(self, unit)
     }
-    fn restart(
-        &self,
-        unit: &str,
-        job_timeout: Duration,
-    ) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send {
+    fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send {
         Systemd::restart(self, unit, job_timeout)
     }
 }
@@ -143,11 +123,7 @@ impl Logs for Journald {
     fn follow(&self, cursor: Option<String>, unit: &str) -> Follower {
         Follower::start(&self.0, cursor, unit)
     }
-    fn last_lines(
-        &self,
-        unit: &str,
-        n: usize,
-    ) -> impl Future<Output = Result<Vec<String>, JournalError>> + Send {
+    fn last_lines(&self, unit: &str, n: usize) -> impl Future<Output = Result<Vec<String>, JournalError>> + Send {
         pdctl_journal::last_lines(&self.0, unit, n)
     }
 }
@@ -162,10 +138,7 @@ pub struct HttpProbes {
 }
 
 fn no_router() -> HttpError {
-    HttpError::Unreachable {
-        url: "(router)".into(),
-        detail: "no [router] url is configured".into(),
-    }
+    HttpError::Unreachable { url: "(router)".into(), detail: "no [router] url is configured".into() }
 }
 
 impl Probes for HttpProbes {
@@ -179,15 +152,7 @@ impl Probes for HttpProbes {
         let u = format!("{url}/get_load");
         let v = self.http.get_json(&u).await?;
         let list = v.as_array().cloned().unwrap_or_default();
-        Ok(list
-            .iter()
-            .map(|r| {
-                r.get("num_reqs").and_then(|x| x.as_u64()).unwrap_or(0)
-                    + r.get("num_waiting_reqs")
-                        .and_then(|x| x.as_u64())
-                        .unwrap_or(0)
-            })
-            .sum())
+        Ok(list.iter().map(|r| r.get("num_reqs").and_then(|x| x.as_u64()).unwrap_or(0) + r.get("num_waiting_reqs").and_then(|x| x.as_u64()).unwrap_or(0)).sum())
     }
     async fn warm_worker(&self, url: &str) -> Result<(), HttpError> {
         let u = format!("{url}/generate");
@@ -195,11 +160,7 @@ impl Probes for HttpProbes {
         if status == 200 {
             Ok(())
         } else {
-            Err(HttpError::Status {
-                url: u,
-                status,
-                body,
-            })
+            Err(HttpError::Status { url: u, status, body })
         }
     }
     async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpError> {
@@ -208,17 +169,9 @@ impl Probes for HttpProbes {
             None => Err(no_router()),
         }
     }
-    async fn register(
-        &self,
-        url: &str,
-        worker_type: &str,
-        bootstrap_port: Option<u16>,
-    ) -> Result<String, HttpError> {
+    async fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpError> {
         match &self.router {
-            Some(r) => {
-                r.register(&self.http, url, worker_type, bootstrap_port)
-                    .await
-            }
+            Some(r) => r.register(&self.http, url, worker_type, bootstrap_port).await,
             None => Err(no_router()),
         }
     }

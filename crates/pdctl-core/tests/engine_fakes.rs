@@ -55,22 +55,10 @@ impl Watch for NoWatch {
 impl Units for FakeUnits {
     type W = NoWatch;
     async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
-        self.0
-            .lock()
-            .unwrap()
-            .states
-            .get(unit)
-            .cloned()
-            .ok_or(SystemdError::NoSuchUnit {
-                unit: unit.into(),
-                detail: "fake".into(),
-            })
+        self.0.lock().unwrap().states.get(unit).cloned().ok_or(SystemdError::NoSuchUnit { unit: unit.into(), detail: "fake".into() })
     }
     async fn config(&self, _unit: &str) -> Result<UnitConfig, SystemdError> {
-        Ok(UnitConfig {
-            exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]],
-            ..Default::default()
-        })
+        Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], ..Default::default() })
     }
     async fn reload(&self) -> Result<(), SystemdError> {
         Ok(())
@@ -87,26 +75,13 @@ impl Units for FakeUnits {
         let st = state(&format!("inv{}", w.next_pid), w.next_pid);
         w.states.insert(unit.into(), st.clone());
         w.restarted.push(unit.into());
-        Ok(RestartOutcome {
-            job_result: "done".into(),
-            job_time: Duration::from_millis(1),
-            state: st,
-        })
+        Ok(RestartOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
     }
 }
 
 fn entry(msg: &str, pid: u32) -> Entry {
-    let fields: BTreeMap<String, String> = [
-        ("MESSAGE".to_string(), msg.to_string()),
-        ("_PID".to_string(), pid.to_string()),
-    ]
-    .into();
-    Entry {
-        cursor: "c".into(),
-        realtime_us: 0,
-        read_at: SystemTime::now(),
-        fields,
-    }
+    let fields: BTreeMap<String, String> = [("MESSAGE".to_string(), msg.to_string()), ("_PID".to_string(), pid.to_string())].into();
+    Entry { cursor: "c".into(), realtime_us: 0, read_at: SystemTime::now(), fields }
 }
 
 struct FakeFollow(Vec<Entry>);
@@ -126,19 +101,9 @@ impl Logs for FakeLogs {
         Ok(Some("c".into()))
     }
     fn follow(&self, _cursor: Option<String>, unit: &str) -> FakeFollow {
-        let pid = self
-            .0
-            .lock()
-            .unwrap()
-            .states
-            .get(unit)
-            .map(|s| s.main_pid)
-            .unwrap_or(0);
+        let pid = self.0.lock().unwrap().states.get(unit).map(|s| s.main_pid).unwrap_or(0);
         // The old process flushes its ready line first; then the new run's.
-        FakeFollow(vec![
-            entry("The server is fired up and ready to roll!", 1),
-            entry("[t] The server is fired up and ready to roll!", pid),
-        ])
+        FakeFollow(vec![entry("The server is fired up and ready to roll!", 1), entry("[t] The server is fired up and ready to roll!", pid)])
     }
     async fn last_lines(&self, _unit: &str, _n: usize) -> Result<Vec<String>, JournalError> {
         Ok(vec!["last line".into()])
@@ -199,10 +164,7 @@ fn settings(gpus_decode: &str) -> Settings {
 }
 
 fn world() -> W {
-    let w = World {
-        next_pid: 100,
-        ..Default::default()
-    };
+    let w = World { next_pid: 100, ..Default::default() };
     let w = Arc::new(Mutex::new(w));
     for (u, pid) in [("p.service", 10), ("d.service", 20)] {
         w.lock().unwrap().states.insert(u.into(), state("old", pid));
@@ -212,12 +174,7 @@ fn world() -> W {
 
 async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
     let plan = Plan::new(&s, &[]).unwrap();
-    let engine = Engine {
-        units: FakeUnits(w.clone()),
-        logs: FakeLogs(w.clone()),
-        probes: FakeProbes(w.clone()),
-        settings: s,
-    };
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let summary = engine.rolling_restart(&plan, &tx).await;
     drop(tx);
@@ -234,21 +191,10 @@ async fn restarts_in_role_order_one_at_a_time_and_skips_the_old_ready_line() {
     let (summary, events) = run(&w, settings("4-7")).await;
     assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
     assert_eq!(w.lock().unwrap().restarted, vec!["p.service", "d.service"]);
-    let pos = |u: &str, s: Step, st: Status| {
-        events
-            .iter()
-            .position(|e| e.unit == u && e.step == s && e.status == st)
-            .unwrap()
-    };
-    assert!(
-        pos("p.service", Step::Soak, Status::Passed)
-            < pos("d.service", Step::Restart, Status::Started)
-    );
+    let pos = |u: &str, s: Step, st: Status| events.iter().position(|e| e.unit == u && e.step == s && e.status == st).unwrap();
+    assert!(pos("p.service", Step::Soak, Status::Passed) < pos("d.service", Step::Restart, Status::Started));
     let ready = &events[pos("p.service", Step::Ready, Status::Passed)].detail;
-    assert_eq!(
-        ready["pid"], 101,
-        "the new run's line, not the old process's flush"
-    );
+    assert_eq!(ready["pid"], 101, "the new run's line, not the old process's flush");
     assert_eq!(ready["ignored_ready_lines_of_other_runs"], 1);
 }
 
@@ -261,14 +207,8 @@ async fn a_failed_gate_halts_and_the_next_unit_is_never_touched() {
     let f = summary.failed.unwrap();
     assert_eq!((f.unit.as_str(), f.step), ("p.service", Step::Health));
     assert_eq!(f.last_lines, vec!["last line"]);
-    assert_eq!(
-        w.lock().unwrap().restarted,
-        vec!["p.service"],
-        "decode never restarted"
-    );
-    assert!(!events
-        .iter()
-        .any(|e| e.unit == "d.service" && e.step != Step::Preflight));
+    assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "decode never restarted");
+    assert!(!events.iter().any(|e| e.unit == "d.service" && e.step != Step::Preflight));
 }
 
 #[tokio::test]

@@ -65,9 +65,7 @@ fn read_err(src: &Source, e: impl std::fmt::Display) -> Error {
 fn open(src: &Source) -> Result<Journal> {
     match src {
         Source::Local => OpenOptions::default().local_only(true).open(),
-        Source::Directory(d) => {
-            OpenDirectoryOptions::default().open_directory(d.as_path().to_string_lossy().as_ref())
-        }
+        Source::Directory(d) => OpenDirectoryOptions::default().open_directory(d.as_path().to_string_lossy().as_ref()),
     }
     .map_err(|e| read_err(src, e))
 }
@@ -121,12 +119,7 @@ fn read_entry(j: &mut Journal) -> std::result::Result<Option<Entry>, std::io::Er
     let Some(fields) = j.next_entry()? else {
         return Ok(None);
     };
-    Ok(Some(Entry {
-        cursor: j.cursor()?,
-        realtime_us: j.timestamp_usec().unwrap_or(0),
-        read_at: SystemTime::now(),
-        fields,
-    }))
+    Ok(Some(Entry { cursor: j.cursor()?, realtime_us: j.timestamp_usec().unwrap_or(0), read_at: SystemTime::now(), fields }))
 }
 
 /// The cursor of the journal's current tail (`None` for an empty journal). Take it *before* the
@@ -166,15 +159,8 @@ pub async fn last_lines(src: &Source, unit: &str, n: usize) -> Result<Vec<String
     .await
 }
 
-async fn run_blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(Error::Read {
-            where_: String::new(),
-            detail: format!("journal reader thread failed: {e}"),
-        })
-    })
+async fn run_blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(Error::Read { where_: String::new(), detail: format!("journal reader thread failed: {e}") }))
 }
 
 /// A live follower of one unit's entries; stops its thread when dropped.
@@ -189,19 +175,14 @@ impl Follower {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
         let (src, unit, stop2) = (src.clone(), unit.to_string(), stop.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("journal:{unit}"))
-            .spawn(move || {
-                if let Err(e) = follow_loop(&src, cursor.as_deref(), &unit, &stop2, &tx) {
-                    let _ = tx.send(Err(e));
-                }
-            });
+        let spawned = std::thread::Builder::new().name(format!("journal:{unit}")).spawn(move || {
+            if let Err(e) = follow_loop(&src, cursor.as_deref(), &unit, &stop2, &tx) {
+                let _ = tx.send(Err(e));
+            }
+        });
         if let Err(e) = spawned {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            let _ = tx.send(Err(Error::Read {
-                where_: String::new(),
-                detail: format!("cannot start the reader thread: {e}"),
-            }));
+            let _ = tx.send(Err(Error::Read { where_: String::new(), detail: format!("cannot start the reader thread: {e}") }));
             return Follower { rx, stop };
         }
         Follower { rx, stop }
@@ -219,13 +200,7 @@ impl Drop for Follower {
     }
 }
 
-fn follow_loop(
-    src: &Source,
-    cursor: Option<&str>,
-    unit: &str,
-    stop: &AtomicBool,
-    tx: &tokio::sync::mpsc::UnboundedSender<Result<Entry>>,
-) -> Result<()> {
+fn follow_loop(src: &Source, cursor: Option<&str>, unit: &str, stop: &AtomicBool, tx: &tokio::sync::mpsc::UnboundedSender<Result<Entry>>) -> Result<()> {
     let mut j = open(src)?;
     add_unit_matches(&mut j, unit).map_err(|e| read_err(src, e))?;
     match cursor {
@@ -352,9 +327,7 @@ impl Judge {
     pub fn judge(&self, e: &Entry) -> Verdict {
         if let Some(id) = e.get("MESSAGE_ID") {
             if id == MSG_PROCESS_EXIT || id == MSG_FAILURE_RESULT {
-                let inv = e
-                    .get("USER_INVOCATION_ID")
-                    .or_else(|| e.get("INVOCATION_ID"));
+                let inv = e.get("USER_INVOCATION_ID").or_else(|| e.get("INVOCATION_ID"));
                 if inv.is_some_and(|i| i == self.run.invocation_id) {
                     return Verdict::ManagerFailure(e.message().to_string());
                 }
@@ -363,19 +336,12 @@ impl Judge {
         }
         let msg = e.message();
         let ready = msg.contains(&self.ready_pattern);
-        let fatal = self
-            .fatal_patterns
-            .iter()
-            .find(|p| msg.contains(p.as_str()));
+        let fatal = self.fatal_patterns.iter().find(|p| msg.contains(p.as_str()));
         if !ready && fatal.is_none() {
             return Verdict::Ignore;
         }
         if !self.of_this_run(e) {
-            return if ready {
-                Verdict::ForeignReady
-            } else {
-                Verdict::Ignore
-            };
+            return if ready { Verdict::ForeignReady } else { Verdict::Ignore };
         }
         match fatal {
             Some(p) => Verdict::Fatal(format!("{p}: {msg}")),
@@ -389,26 +355,14 @@ mod tests {
     use super::*;
 
     fn entry(fields: &[(&str, &str)]) -> Entry {
-        Entry {
-            cursor: "c".into(),
-            realtime_us: 0,
-            read_at: SystemTime::now(),
-            fields: fields
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
+        Entry { cursor: "c".into(), realtime_us: 0, read_at: SystemTime::now(), fields: fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
     }
 
     fn judge(inv: &str, pid: u32) -> Judge {
         Judge {
             ready_pattern: DEFAULT_READY.into(),
             fatal_patterns: default_fatal_patterns(),
-            run: Run {
-                invocation_id: inv.into(),
-                main_pid: pid,
-                procfs: "/nonexistent".into(),
-            },
+            run: Run { invocation_id: inv.into(), main_pid: pid, procfs: "/nonexistent".into() },
         }
     }
 
@@ -417,82 +371,32 @@ mod tests {
     #[test]
     fn invocation_id_decides_when_present() {
         let j = judge("new", 100);
-        assert_eq!(
-            j.judge(&entry(&[
-                ("MESSAGE", READY),
-                ("_SYSTEMD_INVOCATION_ID", "new"),
-                ("_PID", "5")
-            ])),
-            Verdict::Ready
-        );
-        assert_eq!(
-            j.judge(&entry(&[
-                ("MESSAGE", READY),
-                ("_SYSTEMD_INVOCATION_ID", "old"),
-                ("_PID", "100")
-            ])),
-            Verdict::ForeignReady
-        );
+        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_SYSTEMD_INVOCATION_ID", "new"), ("_PID", "5")])), Verdict::Ready);
+        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_SYSTEMD_INVOCATION_ID", "old"), ("_PID", "100")])), Verdict::ForeignReady);
     }
 
     #[test]
     fn pid_decides_without_invocation_id() {
         let j = judge("new", 100);
-        assert_eq!(
-            j.judge(&entry(&[("MESSAGE", READY), ("_PID", "100")])),
-            Verdict::Ready
-        );
-        assert_eq!(
-            j.judge(&entry(&[("MESSAGE", READY), ("_PID", "99")])),
-            Verdict::ForeignReady,
-            "the old process flushing its buffer"
-        );
-        assert_eq!(
-            j.judge(&entry(&[
-                ("MESSAGE", &format!("[t] INFO:     {}", DEFAULT_READY)),
-                ("_PID", "100")
-            ])),
-            Verdict::Ready,
-            "uvicorn prefix"
-        );
+        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", "100")])), Verdict::Ready);
+        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", "99")])), Verdict::ForeignReady, "the old process flushing its buffer");
+        assert_eq!(j.judge(&entry(&[("MESSAGE", &format!("[t] INFO:     {}", DEFAULT_READY)), ("_PID", "100")])), Verdict::Ready, "uvicorn prefix");
     }
 
     #[test]
     fn fatal_lines_and_manager_messages_of_this_run_only() {
         let j = judge("new", 100);
-        assert!(matches!(
-            j.judge(&entry(&[
-                (
-                    "MESSAGE",
-                    "launch_server.py: error: unrecognized arguments: --x"
-                ),
-                ("_PID", "100")
-            ])),
-            Verdict::Fatal(_)
-        ));
-        assert_eq!(
-            j.judge(&entry(&[
-                ("MESSAGE", "Traceback (most recent call last):"),
-                ("_PID", "7")
-            ])),
-            Verdict::Ignore
-        );
+        assert!(matches!(j.judge(&entry(&[("MESSAGE", "launch_server.py: error: unrecognized arguments: --x"), ("_PID", "100")])), Verdict::Fatal(_)));
+        assert_eq!(j.judge(&entry(&[("MESSAGE", "Traceback (most recent call last):"), ("_PID", "7")])), Verdict::Ignore);
         let exit = |inv: &str| {
             entry(&[
-                (
-                    "MESSAGE",
-                    "x.service: Main process exited, code=exited, status=1/FAILURE",
-                ),
+                ("MESSAGE", "x.service: Main process exited, code=exited, status=1/FAILURE"),
                 ("MESSAGE_ID", MSG_PROCESS_EXIT),
                 ("USER_INVOCATION_ID", inv),
             ])
         };
         assert!(matches!(j.judge(&exit("new")), Verdict::ManagerFailure(_)));
-        assert_eq!(
-            j.judge(&exit("old")),
-            Verdict::Ignore,
-            "the old run's exit during the restart"
-        );
+        assert_eq!(j.judge(&exit("old")), Verdict::Ignore, "the old run's exit during the restart");
     }
 
     #[test]
@@ -502,9 +406,6 @@ mod tests {
         let parent = parent_of(Path::new("/proc"), me).unwrap();
         let mut j = judge("", parent);
         j.run.procfs = "/proc".into();
-        assert_eq!(
-            j.judge(&entry(&[("MESSAGE", READY), ("_PID", &me.to_string())])),
-            Verdict::Ready
-        );
+        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", &me.to_string())])), Verdict::Ready);
     }
 }

@@ -39,8 +39,7 @@ impl Gauge {
 
 /// The SGLang part of a sample name (`sglang:x` or `sglang_x` → `x`).
 pub fn sglang_suffix(name: &str) -> Option<&str> {
-    name.strip_prefix("sglang:")
-        .or_else(|| name.strip_prefix("sglang_"))
+    name.strip_prefix("sglang:").or_else(|| name.strip_prefix("sglang_"))
 }
 
 /// Value of a logical gauge: the first name that exists, max over its series (several TP ranks
@@ -52,9 +51,7 @@ pub fn value(e: &Exposition, g: Gauge) -> Option<(f64, &'static str)> {
             .iter()
             .filter(|s| sglang_suffix(&s.name) == Some(n) && !s.value.is_nan())
             .map(|s| s.value)
-            .fold(None, |acc: Option<f64>, v| {
-                Some(acc.map_or(v, |a| a.max(v)))
-            });
+            .fold(None, |acc: Option<f64>, v| Some(acc.map_or(v, |a| a.max(v))));
         if let Some(v) = v {
             return Some((v, n));
         }
@@ -93,9 +90,7 @@ pub enum KvProblem {
         found: usize,
     },
     /// SGLang gauges exist, but not the required ones under any known name.
-    #[error(
-        "/metrics has SGLang gauges but not {missing} under any known name; closest: {closest}"
-    )]
+    #[error("/metrics has SGLang gauges but not {missing} under any known name; closest: {closest}")]
     OtherNames {
         /// The logical gauge missing.
         missing: String,
@@ -109,11 +104,7 @@ pub enum KvProblem {
 
 /// Check the KV gauges of one exposition.
 pub fn check(e: &Exposition) -> Result<KvReport, KvProblem> {
-    let sglang: Vec<&str> = e
-        .samples
-        .iter()
-        .filter_map(|s| sglang_suffix(&s.name))
-        .collect();
+    let sglang: Vec<&str> = e.samples.iter().filter_map(|s| sglang_suffix(&s.name)).collect();
     let usage = value(e, Gauge::TokenUsage);
     let used = value(e, Gauge::UsedTokens);
     let (Some((token_usage, un)), Some((used_tokens, kn))) = (usage, used) else {
@@ -131,57 +122,33 @@ pub fn check(e: &Exposition) -> Result<KvReport, KvProblem> {
             "cache_hit_rate",
         ];
         if !sglang.iter().any(|n| STATS.contains(n)) {
-            return Err(KvProblem::NotPublished {
-                found: sglang.len(),
-            });
+            return Err(KvProblem::NotPublished { found: sglang.len() });
         }
-        let missing = if usage.is_none() {
-            "token_usage"
-        } else {
-            "kv_used_tokens/num_used_tokens"
-        };
-        let mut closest: Vec<&str> = sglang
-            .iter()
-            .copied()
-            .filter(|n| n.contains("token") || n.contains("usage") || n.contains("kv"))
-            .collect();
+        let missing = if usage.is_none() { "token_usage" } else { "kv_used_tokens/num_used_tokens" };
+        let mut closest: Vec<&str> = sglang.iter().copied().filter(|n| n.contains("token") || n.contains("usage") || n.contains("kv")).collect();
         closest.sort_unstable();
         closest.dedup();
         closest.truncate(6);
         return Err(KvProblem::OtherNames {
             missing: missing.into(),
-            closest: if closest.is_empty() {
-                "none".into()
-            } else {
-                closest
-                    .iter()
-                    .map(|n| format!("sglang:{n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
+            closest: if closest.is_empty() { "none".into() } else { closest.iter().map(|n| format!("sglang:{n}")).collect::<Vec<_>>().join(", ") },
         });
     };
     let max = value(e, Gauge::MaxTotalTokens).map(|v| v.0);
     let avail = value(e, Gauge::AvailableTokens).map(|v| v.0);
     let evict = value(e, Gauge::EvictableTokens).map(|v| v.0);
     if !(0.0..=1.0).contains(&token_usage) {
-        return Err(KvProblem::Insane(format!(
-            "sglang:{un} = {token_usage} is outside 0..1"
-        )));
+        return Err(KvProblem::Insane(format!("sglang:{un} = {token_usage} is outside 0..1")));
     }
     if used_tokens < 0.0 || !used_tokens.is_finite() {
         return Err(KvProblem::Insane(format!("sglang:{kn} = {used_tokens}")));
     }
     if let Some(m) = max {
         if m <= 0.0 || !m.is_finite() {
-            return Err(KvProblem::Insane(format!(
-                "sglang:max_total_num_tokens = {m} (must be > 0)"
-            )));
+            return Err(KvProblem::Insane(format!("sglang:max_total_num_tokens = {m} (must be > 0)")));
         }
         if used_tokens > m {
-            return Err(KvProblem::Insane(format!(
-                "used tokens {used_tokens} exceed max_total_num_tokens {m}"
-            )));
+            return Err(KvProblem::Insane(format!("used tokens {used_tokens} exceed max_total_num_tokens {m}")));
         }
         if let (Some(a), Some(v)) = (avail, evict) {
             let sum = used_tokens + a + v;
@@ -223,32 +190,22 @@ mod tests {
 
     #[test]
     fn old_names_pass() {
-        let r = check(&parse("sglang:token_usage{engine_type=\"unified\",model_name=\"m\"} 0.0\nsglang:num_used_tokens{engine_type=\"unified\",model_name=\"m\"} 3.0\n").unwrap()).unwrap();
+        let r = check(
+            &parse("sglang:token_usage{engine_type=\"unified\",model_name=\"m\"} 0.0\nsglang:num_used_tokens{engine_type=\"unified\",model_name=\"m\"} 3.0\n")
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(r.used_tokens, 3.0);
         assert_eq!(r.max_total_tokens, None);
     }
 
     #[test]
     fn diagnoses() {
-        assert!(matches!(
-            check(&parse("sglang:max_total_num_tokens{a=\"b\"} 10.0\n").unwrap()),
-            Err(KvProblem::NotPublished { found: 1 })
-        ));
-        assert!(matches!(
-            check(&parse("").unwrap()),
-            Err(KvProblem::NotPublished { found: 0 })
-        ));
-        let e = check(
-            &parse("sglang:token_usage_v2{a=\"b\"} 0.1\nsglang:num_running_reqs{a=\"b\"} 0.0\n")
-                .unwrap(),
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("closest: sglang:token_usage_v2"),
-            "{e}"
-        );
-        let e = check(&parse("sglang:token_usage{} 1.5\nsglang:num_used_tokens{} 1.0\n").unwrap())
-            .unwrap_err();
+        assert!(matches!(check(&parse("sglang:max_total_num_tokens{a=\"b\"} 10.0\n").unwrap()), Err(KvProblem::NotPublished { found: 1 })));
+        assert!(matches!(check(&parse("").unwrap()), Err(KvProblem::NotPublished { found: 0 })));
+        let e = check(&parse("sglang:token_usage_v2{a=\"b\"} 0.1\nsglang:num_running_reqs{a=\"b\"} 0.0\n").unwrap()).unwrap_err();
+        assert!(e.to_string().contains("closest: sglang:token_usage_v2"), "{e}");
+        let e = check(&parse("sglang:token_usage{} 1.5\nsglang:num_used_tokens{} 1.0\n").unwrap()).unwrap_err();
         assert!(matches!(e, KvProblem::Insane(_)));
         let e = check(&parse("sglang:max_total_num_tokens{} 1000\nsglang:token_usage{} 0.1\nsglang:kv_used_tokens{} 100\nsglang:kv_available_tokens{} 100\nsglang:kv_evictable_tokens{} 100\n").unwrap()).unwrap_err();
         assert!(e.to_string().contains("not max_total_num_tokens"), "{e}");

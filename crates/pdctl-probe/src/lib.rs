@@ -62,20 +62,13 @@ pub struct Http {
 impl Http {
     /// A client whose requests time out after `timeout`.
     pub fn new(timeout: Duration) -> Http {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        let client = reqwest::Client::builder().timeout(timeout).connect_timeout(Duration::from_secs(5)).build().unwrap_or_else(|_| reqwest::Client::new());
         Http { client, timeout }
     }
 
     fn err(&self, url: &str, e: reqwest::Error) -> HttpError {
         if e.is_timeout() {
-            HttpError::Timeout {
-                url: url.into(),
-                after: self.timeout,
-            }
+            HttpError::Timeout { url: url.into(), after: self.timeout }
         } else {
             let mut detail = e.to_string();
             let mut src: Option<&dyn std::error::Error> = std::error::Error::source(&e);
@@ -83,18 +76,11 @@ impl Http {
                 detail = format!("{detail}: {s}");
                 src = s.source();
             }
-            HttpError::Unreachable {
-                url: url.into(),
-                detail,
-            }
+            HttpError::Unreachable { url: url.into(), detail }
         }
     }
 
-    async fn send(
-        &self,
-        url: &str,
-        rq: reqwest::RequestBuilder,
-    ) -> Result<(u16, String), HttpError> {
+    async fn send(&self, url: &str, rq: reqwest::RequestBuilder) -> Result<(u16, String), HttpError> {
         let r = rq.send().await.map_err(|e| self.err(url, e))?;
         let status = r.status().as_u16();
         let body = r.text().await.map_err(|e| self.err(url, e))?;
@@ -137,16 +123,9 @@ fn snippet(body: &str) -> String {
 
 fn ok_json(url: &str, status: u16, body: &str) -> Result<Value, HttpError> {
     if !(200..300).contains(&status) {
-        return Err(HttpError::Status {
-            url: url.into(),
-            status,
-            body: snippet(body),
-        });
+        return Err(HttpError::Status { url: url.into(), status, body: snippet(body) });
     }
-    serde_json::from_str(body).map_err(|e| HttpError::Body {
-        url: url.into(),
-        detail: e.to_string(),
-    })
+    serde_json::from_str(body).map_err(|e| HttpError::Body { url: url.into(), detail: e.to_string() })
 }
 
 /// What a worker's `/health` says.
@@ -199,11 +178,7 @@ pub enum MetricsProblem {
 impl MetricsProblem {
     /// Worth waiting for (gauges not published yet) rather than failing at once.
     pub fn may_resolve(&self) -> bool {
-        matches!(
-            self,
-            MetricsProblem::Kv(kv::KvProblem::NotPublished { .. })
-                | MetricsProblem::Http(HttpError::Unreachable { .. })
-        )
+        matches!(self, MetricsProblem::Kv(kv::KvProblem::NotPublished { .. }) | MetricsProblem::Http(HttpError::Unreachable { .. }))
     }
 }
 
@@ -211,10 +186,7 @@ impl MetricsProblem {
 pub async fn kv_metrics(http: &Http, url: &str) -> Result<kv::KvReport, MetricsProblem> {
     let u = format!("{}/metrics", url.trim_end_matches('/'));
     let text = fetch_metrics(http, &u).await?;
-    let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable {
-        url: u.clone(),
-        err,
-    })?;
+    let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: u.clone(), err })?;
     kv::check(&e).map_err(MetricsProblem::Kv)
 }
 
@@ -223,11 +195,7 @@ pub async fn fetch_metrics(http: &Http, url: &str) -> Result<String, MetricsProb
     match http.get(url, Some("text/plain; version=0.0.4")).await {
         Ok((200, t)) => Ok(t),
         Ok((404, _)) => Err(MetricsProblem::Disabled { url: url.into() }),
-        Ok((status, body)) => Err(MetricsProblem::Http(HttpError::Status {
-            url: url.into(),
-            status,
-            body: snippet(&body),
-        })),
+        Ok((status, body)) => Err(MetricsProblem::Http(HttpError::Status { url: url.into(), status, body: snippet(&body) })),
         Err(e) => Err(MetricsProblem::Http(e)),
     }
 }
@@ -261,48 +229,21 @@ impl Router {
     pub async fn workers(&self, http: &Http) -> Result<Vec<RouterWorker>, HttpError> {
         let u = format!("{}/workers", self.url.trim_end_matches('/'));
         let v = http.get_json(&u).await?;
-        let list = v
-            .get("workers")
-            .and_then(Value::as_array)
-            .ok_or_else(|| HttpError::Body {
-                url: u.clone(),
-                detail: "no \"workers\" array".into(),
-            })?;
+        let list = v.get("workers").and_then(Value::as_array).ok_or_else(|| HttpError::Body { url: u.clone(), detail: "no \"workers\" array".into() })?;
         Ok(list
             .iter()
             .map(|w| RouterWorker {
-                id: w
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-                url: w
-                    .get("url")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-                worker_type: w
-                    .get("worker_type")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-                is_healthy: w
-                    .get("is_healthy")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
+                id: w.get("id").and_then(Value::as_str).unwrap_or_default().into(),
+                url: w.get("url").and_then(Value::as_str).unwrap_or_default().into(),
+                worker_type: w.get("worker_type").and_then(Value::as_str).unwrap_or_default().into(),
+                is_healthy: w.get("is_healthy").and_then(Value::as_bool).unwrap_or(false),
                 load: w.get("load").and_then(Value::as_i64).unwrap_or(0),
             })
             .collect())
     }
 
     /// `POST /workers` (re-registration of a worker the router dropped). Returns the router's id.
-    pub async fn register(
-        &self,
-        http: &Http,
-        url: &str,
-        worker_type: &str,
-        bootstrap_port: Option<u16>,
-    ) -> Result<String, HttpError> {
+    pub async fn register(&self, http: &Http, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpError> {
         let u = format!("{}/workers", self.url.trim_end_matches('/'));
         let mut body = json!({"url": url, "worker_type": worker_type});
         if let Some(p) = bootstrap_port {
@@ -310,30 +251,17 @@ impl Router {
         }
         let (status, text) = http.post_json(&u, &body).await?;
         let v = ok_json(&u, status, &text)?;
-        Ok(v.get("worker_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string())
+        Ok(v.get("worker_id").and_then(Value::as_str).unwrap_or_default().to_string())
     }
 
     /// `smg_worker_cb_state{worker=URL}` (0 closed, 1 open, 2 half-open, -1 removed), if exported.
-    pub async fn cb_state(
-        &self,
-        http: &Http,
-        worker_url: &str,
-    ) -> Result<Option<f64>, MetricsProblem> {
+    pub async fn cb_state(&self, http: &Http, worker_url: &str) -> Result<Option<f64>, MetricsProblem> {
         let Some(m) = &self.metrics_url else {
             return Ok(None);
         };
         let text = fetch_metrics(http, m).await?;
-        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable {
-            url: m.clone(),
-            err,
-        })?;
-        Ok(e.samples
-            .iter()
-            .find(|s| s.name == "smg_worker_cb_state" && s.label("worker") == Some(worker_url))
-            .map(|s| s.value))
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        Ok(e.samples.iter().find(|s| s.name == "smg_worker_cb_state" && s.label("worker") == Some(worker_url)).map(|s| s.value))
     }
 
     /// `DELETE /workers/{id}` (drain: take the worker out of rotation).
@@ -343,11 +271,7 @@ impl Router {
         if (200..300).contains(&status) {
             Ok(())
         } else {
-            Err(HttpError::Status {
-                url: u,
-                status,
-                body: snippet(&body),
-            })
+            Err(HttpError::Status { url: u, status, body: snippet(&body) })
         }
     }
 
@@ -355,15 +279,12 @@ impl Router {
     /// unless it answers 200.
     pub async fn smoke(&self, http: &Http, max_new_tokens: u32) -> Result<(), HttpError> {
         let u = format!("{}/generate", self.url.trim_end_matches('/'));
-        let (status, body) = http.post_json(&u, &json!({"text": "pdctl smoke test", "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})).await?;
+        let (status, body) =
+            http.post_json(&u, &json!({"text": "pdctl smoke test", "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})).await?;
         if status == 200 {
             Ok(())
         } else {
-            Err(HttpError::Status {
-                url: u,
-                status,
-                body: snippet(&body),
-            })
+            Err(HttpError::Status { url: u, status, body: snippet(&body) })
         }
     }
 }

@@ -20,10 +20,7 @@ pub struct Sample {
 impl Sample {
     /// A label's value.
     pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.labels.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 }
 
@@ -59,10 +56,7 @@ pub fn parse_value(s: &str) -> Option<f64> {
         "NaN" | "nan" => Some(f64::NAN),
         "+Inf" | "Inf" | "+inf" | "inf" => Some(f64::INFINITY),
         "-Inf" | "-inf" => Some(f64::NEG_INFINITY),
-        _ => s
-            .parse::<f64>()
-            .ok()
-            .filter(|_| !s.contains(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')),
+        _ => s.parse::<f64>().ok().filter(|_| !s.contains(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')),
     }
 }
 
@@ -96,10 +90,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     let take_name = |i: &mut usize| -> Result<String, String> {
         let start = *i;
         if !chars.get(*i).copied().is_some_and(is_name_start) {
-            return Err(format!(
-                "expected a metric or label name at column {}",
-                *i + 1
-            ));
+            return Err(format!("expected a metric or label name at column {}", *i + 1));
         }
         while chars.get(*i).copied().is_some_and(is_name_char) {
             *i += 1;
@@ -136,12 +127,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
                             Some('\\') => val.push('\\'),
                             Some('"') => val.push('"'),
                             Some('n') => val.push('\n'),
-                            other => {
-                                return Err(format!(
-                                    "label {key} of {name}: bad escape \\{}",
-                                    other.map(|c| c.to_string()).unwrap_or_default()
-                                ))
-                            }
+                            other => return Err(format!("label {key} of {name}: bad escape \\{}", other.map(|c| c.to_string()).unwrap_or_default())),
                         }
                         i += 2;
                     }
@@ -167,9 +153,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
         return Err(format!("{name}: expected a space before the value"));
     }
     let mut fields = rest.split_whitespace();
-    let v = fields
-        .next()
-        .ok_or_else(|| format!("{name}: missing value"))?;
+    let v = fields.next().ok_or_else(|| format!("{name}: missing value"))?;
     let value = parse_value(v).ok_or_else(|| format!("{name}: bad value {v:?}"))?;
     if let Some(ts) = fields.next() {
         if ts.parse::<f64>().is_err() {
@@ -179,11 +163,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     if fields.next().is_some() {
         return Err(format!("{name}: trailing text after the value"));
     }
-    Ok(Sample {
-        name,
-        labels,
-        value,
-    })
+    Ok(Sample { name, labels, value })
 }
 
 #[cfg(test)]

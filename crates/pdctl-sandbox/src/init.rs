@@ -25,20 +25,9 @@ fn mount_tmpfs(target: &str) -> Result<(), String> {
     let c = |s: &str| std::ffi::CString::new(s).map_err(|e| e.to_string());
     let (src, tgt, fs, opts) = (c("tmpfs")?, c(target)?, c("tmpfs")?, c("mode=755")?);
     // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            tgt.as_ptr(),
-            fs.as_ptr(),
-            0,
-            opts.as_ptr().cast(),
-        )
-    };
+    let rc = unsafe { libc::mount(src.as_ptr(), tgt.as_ptr(), fs.as_ptr(), 0, opts.as_ptr().cast()) };
     if rc != 0 {
-        return Err(format!(
-            "mount tmpfs on {target}: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("mount tmpfs on {target}: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -69,12 +58,7 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
         }
         let _ = std::fs::remove_dir("/var/log/journal");
     }
-    for d in [
-        "/run/systemd/journal",
-        "/run/systemd/system",
-        RUNTIME_DIR,
-        "/run/log/journal",
-    ] {
+    for d in ["/run/systemd/journal", "/run/systemd/system", RUNTIME_DIR, "/run/log/journal"] {
         if let Err(e) = std::fs::create_dir_all(d) {
             fail(&format!("create {d}: {e}"));
         }
@@ -85,17 +69,12 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
             Err(_) => Stdio::null(),
         }
     };
-    let journald = Command::new(JOURNALD)
-        .stdin(Stdio::null())
-        .stdout(log("journald.log"))
-        .stderr(log("journald.log"))
-        .spawn();
+    let journald = Command::new(JOURNALD).stdin(Stdio::null()).stdout(log("journald.log")).stderr(log("journald.log")).spawn();
     if let Err(e) = journald {
         fail(&format!("start {JOURNALD}: {e}"));
     }
     if let Err(e) = wait_for("journald's sockets", Duration::from_secs(15), || {
-        Path::new("/run/systemd/journal/stdout").exists()
-            && Path::new("/run/systemd/journal/socket").exists()
+        Path::new("/run/systemd/journal/stdout").exists() && Path::new("/run/systemd/journal/socket").exists()
     }) {
         fail(&e);
     }
@@ -117,28 +96,21 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
         Err(e) => fail(&format!("start {SYSTEMD} --user: {e}")),
     };
     let bus = PathBuf::from(RUNTIME_DIR).join("bus");
-    let answered = wait_for(
-        "the user manager's D-Bus API",
-        Duration::from_secs(30),
-        || {
-            bus.exists()
-                && Command::new("systemctl")
-                    .args(["--user", "is-system-running"])
-                    .env("XDG_RUNTIME_DIR", RUNTIME_DIR)
-                    .env(
-                        "DBUS_SESSION_BUS_ADDRESS",
-                        format!("unix:path={}", bus.display()),
-                    )
-                    .stdin(Stdio::null())
-                    .stderr(Stdio::null())
-                    .output()
-                    .map(|o| {
-                        let s = String::from_utf8_lossy(&o.stdout);
-                        matches!(s.trim(), "running" | "degraded" | "starting" | "offline")
-                    })
-                    .unwrap_or(false)
-        },
-    );
+    let answered = wait_for("the user manager's D-Bus API", Duration::from_secs(30), || {
+        bus.exists()
+            && Command::new("systemctl")
+                .args(["--user", "is-system-running"])
+                .env("XDG_RUNTIME_DIR", RUNTIME_DIR)
+                .env("DBUS_SESSION_BUS_ADDRESS", format!("unix:path={}", bus.display()))
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+                .map(|o| {
+                    let s = String::from_utf8_lossy(&o.stdout);
+                    matches!(s.trim(), "running" | "degraded" | "starting" | "offline")
+                })
+                .unwrap_or(false)
+    });
     if let Err(e) = answered {
         fail(&format!("{e} (see {}/manager.log)", log_dir.display()));
     }

@@ -19,11 +19,7 @@ pub struct JournalFollower {
 
 impl JournalFollower {
     /// Wait until an entry satisfies `pred`, at most `deadline`. Entries before it are consumed.
-    pub fn wait_for(
-        &mut self,
-        deadline: Duration,
-        mut pred: impl FnMut(&Value) -> bool,
-    ) -> Option<Value> {
+    pub fn wait_for(&mut self, deadline: Duration, mut pred: impl FnMut(&Value) -> bool) -> Option<Value> {
         let end = Instant::now() + deadline;
         loop {
             let left = end.saturating_duration_since(Instant::now());
@@ -61,14 +57,8 @@ impl Sandbox {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| SandboxError::Command {
-                cmd: "journalctl -f".into(),
-                detail: e.to_string(),
-            })?;
-        let out = child.stdout.take().ok_or_else(|| SandboxError::Command {
-            cmd: "journalctl -f".into(),
-            detail: "no stdout".into(),
-        })?;
+            .map_err(|e| SandboxError::Command { cmd: "journalctl -f".into(), detail: e.to_string() })?;
+        let out = child.stdout.take().ok_or_else(|| SandboxError::Command { cmd: "journalctl -f".into(), detail: "no stdout".into() })?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {

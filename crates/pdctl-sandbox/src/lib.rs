@@ -35,9 +35,7 @@ pub enum SandboxError {
     #[error("the sandbox needs root (it mounts a private /run and runs systemd in new namespaces); run the tests or the demo as root")]
     NotRoot,
     /// A program the sandbox needs is missing.
-    #[error(
-        "{0} was not found; install it (Debian: apt-get install systemd util-linux dbus) and retry"
-    )]
+    #[error("{0} was not found; install it (Debian: apt-get install systemd util-linux dbus) and retry")]
     Missing(String),
     /// A binary of this workspace is not built.
     #[error("{name} was not found at {path}; build the workspace first (cargo build --workspace --bins) or set {env}")]
@@ -95,10 +93,7 @@ pub struct Sandbox {
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox")
-            .field("init_pid", &self.init_pid)
-            .field("dir", &self.dir.path())
-            .finish()
+        f.debug_struct("Sandbox").field("init_pid", &self.init_pid).field("dir", &self.dir.path()).finish()
     }
 }
 
@@ -117,36 +112,23 @@ pub fn workspace_bin(name: &str, env: &str) -> Result<PathBuf> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(SandboxError::BinaryNotBuilt {
-            name: name.into(),
-            path,
-            env: env.into(),
-        })
+        Err(SandboxError::BinaryNotBuilt { name: name.into(), path, env: env.into() })
     }
 }
 
 /// The repository's top directory (where the README's commands put `.venv`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The real SGLang router's `smg` entry point: `$PDCTL_ROUTER_BIN`, else `.venv/bin/smg` in the
 /// repository (installed by `scripts/setup`).
 pub fn router_bin() -> Result<PathBuf> {
-    let p = std::env::var_os("PDCTL_ROUTER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".venv/bin/smg"));
+    let p = std::env::var_os("PDCTL_ROUTER_BIN").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/smg"));
     if p.is_file() {
         Ok(p)
     } else {
-        Err(SandboxError::Missing(format!(
-            "the SGLang router ({}; run scripts/setup to install sglang-router==0.3.2, or set PDCTL_ROUTER_BIN)",
-            p.display()
-        )))
+        Err(SandboxError::Missing(format!("the SGLang router ({}; run scripts/setup to install sglang-router==0.3.2, or set PDCTL_ROUTER_BIN)", p.display())))
     }
 }
 
@@ -179,10 +161,7 @@ fn prepare_cgroups(tag: &str) -> Vec<PathBuf> {
             _ => continue,
         };
         let mount = if ctrl.is_empty() {
-            ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-                .iter()
-                .map(PathBuf::from)
-                .find(|m| m.join("cgroup.procs").exists() && !m.join("cpu").is_dir())
+            ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"].iter().map(PathBuf::from).find(|m| m.join("cgroup.procs").exists() && !m.join("cpu").is_dir())
         } else if ctrl.split(',').any(|c| c == "cpuset") {
             None // cpuset needs cpus/mems set before a task can join
         } else {
@@ -218,62 +197,32 @@ impl Sandbox {
         if unsafe { libc::geteuid() } != 0 {
             return Err(SandboxError::NotRoot);
         }
-        for p in [
-            "/lib/systemd/systemd",
-            "/lib/systemd/systemd-journald",
-            "/usr/bin/unshare",
-            "/usr/bin/nsenter",
-        ] {
+        for p in ["/lib/systemd/systemd", "/lib/systemd/systemd-journald", "/usr/bin/unshare", "/usr/bin/nsenter"] {
             if !Path::new(p).exists() {
                 return Err(SandboxError::Missing(p.into()));
             }
         }
         let init_bin = workspace_bin("pdctl-sandbox", "PDCTL_SANDBOX_BIN")?;
-        let dir = tempfile::Builder::new()
-            .prefix("pdctl-sandbox-")
-            .tempdir()
-            .map_err(io("create the sandbox directory"))?;
+        let dir = tempfile::Builder::new().prefix("pdctl-sandbox-").tempdir().map_err(io("create the sandbox directory"))?;
         let config_home = dir.path().join("config");
-        std::fs::create_dir_all(config_home.join("systemd/user"))
-            .map_err(io("create the unit directory"))?;
-        let machine_id = std::fs::read_to_string("/etc/machine-id")
-            .map(|s| s.trim().to_string())
-            .map_err(io("read /etc/machine-id (journald needs it)"))?;
-        let tag = dir
-            .path()
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| format!("pdctl-sandbox-{}", std::process::id()));
+        std::fs::create_dir_all(config_home.join("systemd/user")).map_err(io("create the unit directory"))?;
+        let machine_id = std::fs::read_to_string("/etc/machine-id").map(|s| s.trim().to_string()).map_err(io("read /etc/machine-id (journald needs it)"))?;
+        let tag = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| format!("pdctl-sandbox-{}", std::process::id()));
         // A per-sandbox cgroup named like a slice: the manager roots its units there, and
         // journald, skipping slices, still derives `_SYSTEMD_UNIT=x.service` from the path.
         let cgroups = prepare_cgroups(&format!("{tag}.slice"));
-        let procs: Vec<std::ffi::CString> = cgroups
-            .iter()
-            .filter_map(|d| {
-                std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok()
-            })
-            .collect();
+        let procs: Vec<std::ffi::CString> =
+            cgroups.iter().filter_map(|d| std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok()).collect();
 
         let mut cmd = Command::new("/usr/bin/unshare");
-        cmd.args([
-            "--mount",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--kill-child",
-            "--",
-        ])
-        .arg(&init_bin)
-        .arg("__init")
-        .arg(&config_home)
-        .arg(dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(
-            std::fs::File::create(dir.path().join("init.log"))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        );
+        cmd.args(["--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+            .arg(&init_bin)
+            .arg("__init")
+            .arg(&config_home)
+            .arg(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.path().join("init.log")).map(Stdio::from).unwrap_or_else(|_| Stdio::null()));
         // SAFETY: the closure only calls async-signal-safe functions (open, write, close) on
         // pointers prepared before the fork.
         unsafe {
@@ -302,39 +251,18 @@ impl Sandbox {
                 }
             });
         }
-        let mut sb = Sandbox {
-            unshare,
-            stdin,
-            init_pid: 0,
-            pidfd: None,
-            dir,
-            cgroups,
-            machine_id,
-        };
+        let mut sb = Sandbox { unshare, stdin, init_pid: 0, pidfd: None, dir, cgroups, machine_id };
         match rx.recv_timeout(BOOT_DEADLINE) {
             Ok(l) if l == "READY" => {}
-            Ok(l) => {
-                return Err(SandboxError::Boot(
-                    l.strip_prefix("ERROR ").unwrap_or(&l).to_string(),
-                ))
-            }
+            Ok(l) => return Err(SandboxError::Boot(l.strip_prefix("ERROR ").unwrap_or(&l).to_string())),
             Err(_) => {
-                let log =
-                    std::fs::read_to_string(sb.dir.path().join("init.log")).unwrap_or_default();
-                return Err(SandboxError::Boot(format!(
-                    "no READY within {BOOT_DEADLINE:?}; init said: {}",
-                    log.trim()
-                )));
+                let log = std::fs::read_to_string(sb.dir.path().join("init.log")).unwrap_or_default();
+                return Err(SandboxError::Boot(format!("no READY within {BOOT_DEADLINE:?}; init said: {}", log.trim())));
             }
         }
         let uid = sb.unshare.id();
-        let children = std::fs::read_to_string(format!("/proc/{uid}/task/{uid}/children"))
-            .map_err(io("find the sandbox's first process"))?;
-        sb.init_pid = children
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| SandboxError::Boot("unshare has no child".into()))?;
+        let children = std::fs::read_to_string(format!("/proc/{uid}/task/{uid}/children")).map_err(io("find the sandbox's first process"))?;
+        sb.init_pid = children.split_whitespace().next().and_then(|p| p.parse().ok()).ok_or_else(|| SandboxError::Boot("unshare has no child".into()))?;
         // SAFETY: pidfd_open takes a pid and flags; the returned fd (if any) is owned by us.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, sb.init_pid as libc::pid_t, 0) };
         if fd >= 0 {
@@ -356,11 +284,7 @@ impl Sandbox {
 
     /// D-Bus address of the session bus the user manager serves (`org.freedesktop.systemd1`).
     pub fn bus_address(&self) -> String {
-        format!(
-            "unix:path=/proc/{}/root{}/bus",
-            self.init_pid,
-            init::RUNTIME_DIR
-        )
+        format!("unix:path=/proc/{}/root{}/bus", self.init_pid, init::RUNTIME_DIR)
     }
 
     /// The manager's runtime directory, seen from outside.
@@ -398,31 +322,20 @@ impl Sandbox {
             .args(["--mount", "--pid", "--"])
             .arg("/usr/bin/env")
             .arg(format!("XDG_RUNTIME_DIR={}", init::RUNTIME_DIR))
-            .arg(format!(
-                "DBUS_SESSION_BUS_ADDRESS=unix:path={}/bus",
-                init::RUNTIME_DIR
-            ))
+            .arg(format!("DBUS_SESSION_BUS_ADDRESS=unix:path={}/bus", init::RUNTIME_DIR))
             .arg(program)
             .stdin(Stdio::null());
         c
     }
 
     fn run(&self, mut c: Command, shown: String) -> Result<Output> {
-        let out = c.output().map_err(|e| SandboxError::Command {
-            cmd: shown.clone(),
-            detail: e.to_string(),
-        })?;
+        let out = c.output().map_err(|e| SandboxError::Command { cmd: shown.clone(), detail: e.to_string() })?;
         if out.status.success() {
             Ok(out)
         } else {
             Err(SandboxError::Command {
                 cmd: shown,
-                detail: format!(
-                    "{} {}{}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim(),
-                    String::from_utf8_lossy(&out.stdout).trim()
-                ),
+                detail: format!("{} {}{}", out.status, String::from_utf8_lossy(&out.stderr).trim(), String::from_utf8_lossy(&out.stdout).trim()),
             })
         }
     }
@@ -442,10 +355,7 @@ impl Sandbox {
     /// `journalctl -D <journal> ARGS` (read from outside; no namespace needed).
     pub fn journalctl(&self, args: &[&str]) -> Result<Output> {
         let mut c = Command::new("journalctl");
-        c.arg("-D")
-            .arg(self.journal_dir())
-            .args(args)
-            .stdin(Stdio::null());
+        c.arg("-D").arg(self.journal_dir()).args(args).stdin(Stdio::null());
         self.run(c, format!("journalctl {}", args.join(" ")))
     }
 }
@@ -458,11 +368,7 @@ impl Drop for Sandbox {
             // SAFETY: signalling a pid we own (the namespace's init) is harmless if it is gone.
             unsafe { libc::kill(self.init_pid as libc::pid_t, libc::SIGKILL) };
             if let Some(fd) = &self.pidfd {
-                let mut p = libc::pollfd {
-                    fd: std::os::fd::AsRawFd::as_raw_fd(fd),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
+                let mut p = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(fd), events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd; readable once the process has exited.
                 unsafe { libc::poll(&mut p, 1, 10_000) };
             }

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("__init") if args.len() == 3 => {
-            pdctl_sandbox::init::run(&PathBuf::from(&args[1]), &PathBuf::from(&args[2]))
-        }
+        Some("__init") if args.len() == 3 => pdctl_sandbox::init::run(&PathBuf::from(&args[1]), &PathBuf::from(&args[2])),
         _ => {
             eprintln!("usage: pdctl-sandbox __init CONFIG_HOME LOG_DIR   (internal: started by the pdctl-sandbox library under unshare)");
             std::process::exit(2);

@@ -75,6 +75,22 @@ pub struct RouterUnit {
     pub metrics_url: String,
 }
 
+/// pdctld running as a unit of the sandbox.
+#[derive(Debug, Clone)]
+pub struct Pdctld {
+    /// `pdctld.service`.
+    pub unit: String,
+    /// Its control socket (a host path).
+    pub socket: PathBuf,
+    /// Its state directory.
+    pub state: PathBuf,
+    /// The config it reads (the inside view); fragments in `config.d/` next to it are shared
+    /// with [`Stack::write_pdctl_config`]'s file.
+    pub config: PathBuf,
+    /// Its metrics endpoint.
+    pub metrics_url: String,
+}
+
 /// A sandbox with the 1P1D stack's units written and started.
 #[derive(Debug)]
 pub struct Stack {
@@ -92,23 +108,15 @@ pub struct Stack {
 
 /// `0-3` → `0,1,2,3` (the form `CUDA_VISIBLE_DEVICES` takes).
 fn cuda_list(range: &str) -> String {
-    match range
-        .split_once('-')
-        .map(|(a, b)| (a.parse::<u32>(), b.parse::<u32>()))
-    {
-        Some((Ok(a), Ok(b))) if a <= b => {
-            (a..=b).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
-        }
+    match range.split_once('-').map(|(a, b)| (a.parse::<u32>(), b.parse::<u32>())) {
+        Some((Ok(a), Ok(b))) if a <= b => (a..=b).map(|i| i.to_string()).collect::<Vec<_>>().join(","),
         _ => range.to_string(),
     }
 }
 
 /// Quote one ExecStart argument for systemd.
 fn q(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._-:=,".contains(c))
-    {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-:=,".contains(c)) {
         s.to_string()
     } else {
         format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
@@ -144,11 +152,7 @@ impl Stack {
             args.push(b.to_string());
         }
         args.extend(extra.iter().cloned());
-        let exec = std::iter::once(self.sim_bin.display().to_string())
-            .chain(args)
-            .map(|a| q(&a))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let exec = std::iter::once(self.sim_bin.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
         format!(
             "[Unit]\nDescription=SGLang {role} server (sglang-sim) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
              [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
@@ -166,18 +170,9 @@ impl Stack {
     /// Boot a sandbox, write the units and start them (without waiting for readiness).
     pub fn boot(opts: &StackOptions) -> Result<Stack> {
         let sim_bin = workspace_bin("sglang-sim", "PDCTL_SIM_BIN")?;
-        let smg = if opts.router {
-            Some(router_bin()?)
-        } else {
-            None
-        };
+        let smg = if opts.router { Some(router_bin()?) } else { None };
         let sandbox = Sandbox::start()?;
-        std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| {
-            SandboxError::Io {
-                what: "create the model directory".into(),
-                source: e,
-            }
-        })?;
+        std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| SandboxError::Io { what: "create the model directory".into(), source: e })?;
         let prefill_port = free_port()?;
         let prefill = Worker {
             unit: "sglang-dsv4-prefill.service".into(),
@@ -196,13 +191,7 @@ impl Stack {
             bootstrap_port: None,
             gpus: "4-7",
         };
-        let mut stack = Stack {
-            sandbox,
-            prefill,
-            decode,
-            router: None,
-            sim_bin,
-        };
+        let mut stack = Stack { sandbox, prefill, decode, router: None, sim_bin };
         let p = stack.worker_unit(&stack.prefill, opts, &opts.prefill_args);
         let d = stack.worker_unit(&stack.decode, opts, &opts.decode_args);
         stack.sandbox.write_unit(&stack.prefill.unit, &p)?;
@@ -230,11 +219,7 @@ impl Stack {
                 ),
             )?;
             units.push(unit.clone());
-            stack.router = Some(RouterUnit {
-                unit,
-                url: format!("http://127.0.0.1:{port}"),
-                metrics_url: format!("http://127.0.0.1:{mport}/metrics"),
-            });
+            stack.router = Some(RouterUnit { unit, url: format!("http://127.0.0.1:{port}"), metrics_url: format!("http://127.0.0.1:{mport}/metrics") });
         }
         stack.sandbox.daemon_reload()?;
         let mut args = vec!["start", "--no-block"];
@@ -243,28 +228,31 @@ impl Stack {
         Ok(stack)
     }
 
-    /// A pdctl config for this stack (bus, journal and procfs of the sandbox; the router; both
-    /// workers; short timeouts fit for tests and the demo).
+    /// A pdctl config for this stack as seen from outside the sandbox (its bus, journal and
+    /// procfs through `/proc/PID/root`; the router; both workers; short timeouts fit for tests and
+    /// the demo).
     pub fn pdctl_config(&self) -> String {
+        self.config_text(false)
+    }
+
+    fn config_text(&self, inside: bool) -> String {
         let sb = &self.sandbox;
-        let mut t = format!(
-            "# pdctl config for a sandboxed 1P1D stack (written by pdctl-sandbox)\n\
+        let mut t = if inside {
+            "# pdctl config for pdctld running inside the sandbox (written by pdctl-sandbox)\n[systemd]\nbus = \"user\"\n\n".to_string()
+        } else {
+            format!(
+                "# pdctl config for a sandboxed 1P1D stack (written by pdctl-sandbox)\n\
              [systemd]\naddress = \"{}\"\n\n[journal]\ndirectory = \"{}\"\nprocfs = \"{}\"\n\n",
-            sb.bus_address(),
-            sb.journal_dir().display(),
-            sb.root().join("proc").display()
-        );
+                sb.bus_address(),
+                sb.journal_dir().display(),
+                sb.root().join("proc").display()
+            )
+        };
         if let Some(r) = &self.router {
-            t.push_str(&format!(
-                "[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n\n",
-                r.url, r.metrics_url
-            ));
+            t.push_str(&format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n\n", r.url, r.metrics_url));
         }
         for w in self.workers() {
-            t.push_str(&format!(
-                "[[worker]]\nunit = \"{}\"\nrole = \"{}\"\nurl = \"{}\"\n",
-                w.unit, w.role, w.url
-            ));
+            t.push_str(&format!("[[worker]]\nunit = \"{}\"\nrole = \"{}\"\nurl = \"{}\"\n", w.unit, w.role, w.url));
             if let Some(b) = w.bootstrap_port {
                 t.push_str(&format!("bootstrap_port = {b}\n"));
             }
@@ -282,10 +270,7 @@ impl Stack {
     /// `<sandbox>/pdctl/config.d/`) and return its path.
     pub fn write_pdctl_config(&self) -> Result<PathBuf> {
         let dir = self.sandbox.dir().join("pdctl");
-        let io = |e| SandboxError::Io {
-            what: format!("write {}", dir.display()),
-            source: e,
-        };
+        let io = |e| SandboxError::Io { what: format!("write {}", dir.display()), source: e };
         std::fs::create_dir_all(dir.join("config.d")).map_err(io)?;
         let p = dir.join("pdctl.toml");
         std::fs::write(&p, self.pdctl_config()).map_err(io)?;
@@ -296,10 +281,7 @@ impl Stack {
     /// drop-in does not set `NeedDaemonReload`, so nothing would notice it otherwise.)
     pub fn drop_in(&self, unit: &str, name: &str, contents: &str) -> Result<PathBuf> {
         let dir = self.sandbox.unit_dir().join(format!("{unit}.d"));
-        let io = |e| SandboxError::Io {
-            what: format!("write a drop-in in {}", dir.display()),
-            source: e,
-        };
+        let io = |e| SandboxError::Io { what: format!("write a drop-in in {}", dir.display()), source: e };
         std::fs::create_dir_all(&dir).map_err(io)?;
         let p = dir.join(format!("{name}.conf"));
         std::fs::write(&p, contents).map_err(io)?;
@@ -311,10 +293,7 @@ impl Stack {
     /// reloading: the manager then reports `NeedDaemonReload`.
     pub fn append_to_unit(&self, unit: &str, lines: &str) -> Result<()> {
         let p = self.sandbox.unit_dir().join(unit);
-        let io = |e| SandboxError::Io {
-            what: format!("edit {}", p.display()),
-            source: e,
-        };
+        let io = |e| SandboxError::Io { what: format!("edit {}", p.display()), source: e };
         let mut text = std::fs::read_to_string(&p).map_err(io)?;
         text.push_str(lines);
         std::fs::write(&p, text).map_err(io)
@@ -322,10 +301,40 @@ impl Stack {
 
     /// A unit property (`systemctl --user show -p NAME --value UNIT`).
     pub fn show(&self, unit: &str, prop: &str) -> Result<String> {
-        let out = self
-            .sandbox
-            .systemctl(&["show", "-p", prop, "--value", unit])?;
+        let out = self.sandbox.systemctl(&["show", "-p", prop, "--value", unit])?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Run `pdctld` as a `Type=notify` unit (`pdctld.service`) of the sandbox's manager, with a
+    /// config valid inside the sandbox, its socket and state under `<sandbox>/pdctl/`. Returns
+    /// once systemd has the daemon's READY=1 (`systemctl start` waits for it).
+    pub fn start_pdctld(&self) -> Result<Pdctld> {
+        let bin = workspace_bin("pdctld", "PDCTLD_BIN")?;
+        let dir = self.sandbox.dir().join("pdctl");
+        let io = |e| SandboxError::Io { what: format!("write {}", dir.display()), source: e };
+        std::fs::create_dir_all(dir.join("config.d")).map_err(io)?;
+        let config = dir.join("inside.toml");
+        std::fs::write(&config, self.config_text(true)).map_err(io)?;
+        // Both configs live in <sandbox>/pdctl/, so fragments in its config.d/ apply to both.
+        let socket = dir.join("pdctl.sock");
+        let state = dir.join("state");
+        let metrics_port = free_port()?;
+        self.sandbox.write_unit(
+            "pdctld.service",
+            &format!(
+                "[Unit]\nDescription=pdctl daemon (sandbox)\nStartLimitIntervalSec=0\n\n[Service]\nType=notify\nNotifyAccess=main\n\
+                 Environment=DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/0/bus PDCTL_LOG=info\n\
+                 ExecStart={} --config {} --socket {} --state-dir {} --metrics-listen 127.0.0.1:{metrics_port}\n\
+                 WatchdogSec=30\nTimeoutStartSec=30\nRestart=no\n",
+                q(&bin.display().to_string()),
+                q(&config.display().to_string()),
+                q(&socket.display().to_string()),
+                q(&state.display().to_string()),
+            ),
+        )?;
+        self.sandbox.daemon_reload()?;
+        self.sandbox.systemctl(&["start", "pdctld.service"])?;
+        Ok(Pdctld { unit: "pdctld.service".into(), socket, state, config, metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics") })
     }
 
     /// The two workers, prefill first.
@@ -338,19 +347,10 @@ impl Stack {
     pub fn wait_ready(&self, deadline: Duration) -> Result<Vec<serde_json::Value>> {
         let mut out = Vec::new();
         for w in self.workers() {
-            let mut f = self
-                .sandbox
-                .follow_journal(&[&format!("_SYSTEMD_UNIT={}", w.unit)])?;
+            let mut f = self.sandbox.follow_journal(&[&format!("_SYSTEMD_UNIT={}", w.unit)])?;
             let entry = f
-                .wait_for(deadline, |e| {
-                    field(e, "MESSAGE").is_some_and(|m| m.contains(READY_LINE))
-                })
-                .ok_or_else(|| {
-                    SandboxError::Boot(format!(
-                        "{} logged no ready line within {deadline:?}",
-                        w.unit
-                    ))
-                })?;
+                .wait_for(deadline, |e| field(e, "MESSAGE").is_some_and(|m| m.contains(READY_LINE)))
+                .ok_or_else(|| SandboxError::Boot(format!("{} logged no ready line within {deadline:?}", w.unit)))?;
             out.push(entry);
         }
         Ok(out)

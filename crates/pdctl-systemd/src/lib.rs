@@ -17,11 +17,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout of a daemon-reload (it answers when the reload is over).
 pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(90);
 
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
+#[zbus::proxy(interface = "org.freedesktop.systemd1.Manager", default_service = "org.freedesktop.systemd1", default_path = "/org/freedesktop/systemd1")]
 trait Manager {
     fn subscribe(&self) -> zbus::Result<()>;
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
@@ -29,20 +25,10 @@ trait Manager {
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
     fn reload(&self) -> zbus::Result<()>;
     #[zbus(signal)]
-    fn job_removed(
-        &self,
-        id: u32,
-        job: OwnedObjectPath,
-        unit: String,
-        result: String,
-    ) -> zbus::Result<()>;
+    fn job_removed(&self, id: u32, job: OwnedObjectPath, unit: String, result: String) -> zbus::Result<()>;
 }
 
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Unit",
-    default_service = "org.freedesktop.systemd1",
-    assume_defaults = false
-)]
+#[zbus::proxy(interface = "org.freedesktop.systemd1.Unit", default_service = "org.freedesktop.systemd1", assume_defaults = false)]
 trait Unit {
     #[zbus(property)]
     fn load_state(&self) -> zbus::Result<String>;
@@ -64,11 +50,7 @@ trait Unit {
 
 type ExecCommand = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
 
-#[zbus::proxy(
-    interface = "org.freedesktop.systemd1.Service",
-    default_service = "org.freedesktop.systemd1",
-    assume_defaults = false
-)]
+#[zbus::proxy(interface = "org.freedesktop.systemd1.Service", default_service = "org.freedesktop.systemd1", assume_defaults = false)]
 trait Service {
     #[zbus(property, name = "MainPID")]
     fn main_pid(&self) -> zbus::Result<u32>;
@@ -171,13 +153,7 @@ pub enum Error {
 impl Error {
     /// True for errors that mean "cannot reach systemd / permission denied" (CLI exit code 3).
     pub fn is_access(&self) -> bool {
-        matches!(
-            self,
-            Error::Unreachable { .. }
-                | Error::AccessDenied { .. }
-                | Error::InteractiveAuth { .. }
-                | Error::Timeout { .. }
-        )
+        matches!(self, Error::Unreachable { .. } | Error::AccessDenied { .. } | Error::InteractiveAuth { .. } | Error::Timeout { .. })
     }
 }
 
@@ -186,49 +162,22 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 fn classify(e: zbus::Error, action: &str, unit: &str) -> Error {
     match e {
-        zbus::Error::MethodError(name, msg, _)
-            if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" =>
-        {
-            Error::NoSuchUnit {
-                unit: unit.into(),
-                detail: msg.unwrap_or_default(),
-            }
+        zbus::Error::MethodError(name, msg, _) if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" => {
+            Error::NoSuchUnit { unit: unit.into(), detail: msg.unwrap_or_default() }
         }
         zbus::Error::FDO(fdo) => match *fdo {
-            zbus::fdo::Error::AccessDenied(_) => Error::AccessDenied {
-                action: action.into(),
-                unit: unit.into(),
-            },
-            zbus::fdo::Error::InteractiveAuthorizationRequired(_) => Error::InteractiveAuth {
-                action: action.into(),
-                unit: unit.into(),
-            },
-            other => Error::Other {
-                action: action.into(),
-                unit: unit.into(),
-                detail: other.to_string(),
-            },
+            zbus::fdo::Error::AccessDenied(_) => Error::AccessDenied { action: action.into(), unit: unit.into() },
+            zbus::fdo::Error::InteractiveAuthorizationRequired(_) => Error::InteractiveAuth { action: action.into(), unit: unit.into() },
+            other => Error::Other { action: action.into(), unit: unit.into(), detail: other.to_string() },
         },
-        other => Error::Other {
-            action: action.into(),
-            unit: unit.into(),
-            detail: other.to_string(),
-        },
+        other => Error::Other { action: action.into(), unit: unit.into(), detail: other.to_string() },
     }
 }
 
-async fn call<T>(
-    action: &str,
-    unit: &str,
-    limit: Duration,
-    f: impl std::future::Future<Output = zbus::Result<T>>,
-) -> Result<T> {
+async fn call<T>(action: &str, unit: &str, limit: Duration, f: impl std::future::Future<Output = zbus::Result<T>>) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(|e| classify(e, action, unit)),
-        Err(_) => Err(Error::Timeout {
-            what: format!("{action} {unit}"),
-            after: limit,
-        }),
+        Err(_) => Err(Error::Timeout { what: format!("{action} {unit}"), after: limit }),
     }
 }
 
@@ -279,23 +228,13 @@ impl UnitState {
             ));
         }
         if self.sub_state == "auto-restart" || self.n_restarts > base.n_restarts {
-            return Some(format!(
-                "the unit crashed and systemd restarted it (NRestarts {} → {}, Restart= hid the crash)",
-                base.n_restarts, self.n_restarts
-            ));
+            return Some(format!("the unit crashed and systemd restarted it (NRestarts {} → {}, Restart= hid the crash)", base.n_restarts, self.n_restarts));
         }
         if !base.invocation_id.is_empty() && self.invocation_id != base.invocation_id {
-            return Some(format!(
-                "the unit was started again by someone else (InvocationID {} → {})",
-                short(&base.invocation_id),
-                short(&self.invocation_id)
-            ));
+            return Some(format!("the unit was started again by someone else (InvocationID {} → {})", short(&base.invocation_id), short(&self.invocation_id)));
         }
         if matches!(self.active_state.as_str(), "inactive" | "deactivating") {
-            return Some(format!(
-                "the unit stopped ({}/{}, result {}, exit status {})",
-                self.active_state, self.sub_state, self.result, self.exec_main_status
-            ));
+            return Some(format!("the unit stopped ({}/{}, result {}, exit status {})", self.active_state, self.sub_state, self.result, self.exec_main_status));
         }
         None
     }
@@ -362,10 +301,7 @@ impl UnitWatch {
 impl Systemd {
     /// Connect to the manager on `bus` and `Subscribe()` to its signals.
     pub async fn connect(bus: &Bus) -> Result<Systemd> {
-        let unreachable = |detail: String| Error::Unreachable {
-            bus: bus.to_string(),
-            detail,
-        };
+        let unreachable = |detail: String| Error::Unreachable { bus: bus.to_string(), detail };
         let fut = async {
             match bus {
                 Bus::System => Connection::system().await,
@@ -378,27 +314,12 @@ impl Systemd {
             Ok(Err(e)) => return Err(unreachable(e.to_string())),
             Err(_) => return Err(unreachable(format!("no answer within {CALL_TIMEOUT:?}"))),
         };
-        let manager = ManagerProxy::builder(&conn)
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        call(
-            "subscribe to",
-            "the manager",
-            CALL_TIMEOUT,
-            manager.subscribe(),
-        )
-        .await
-        .map_err(|e| match e {
+        let manager = ManagerProxy::builder(&conn).cache_properties(CacheProperties::No).build().await.map_err(|e| unreachable(e.to_string()))?;
+        call("subscribe to", "the manager", CALL_TIMEOUT, manager.subscribe()).await.map_err(|e| match e {
             Error::Other { detail, .. } => unreachable(detail),
             other => other,
         })?;
-        Ok(Systemd {
-            conn,
-            bus: bus.clone(),
-            manager,
-        })
+        Ok(Systemd { conn, bus: bus.clone(), manager })
     }
 
     /// The bus this connection uses.
@@ -413,69 +334,38 @@ impl Systemd {
     async fn proxies(&self, unit: &str) -> Result<(UnitProxy<'static>, ServiceProxy<'static>)> {
         let path = self.unit_path(unit).await?;
         let err = |e: zbus::Error| classify(e, "inspect", unit);
-        let u = UnitProxy::builder(&self.conn)
-            .path(path.clone())
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(err)?;
-        let s = ServiceProxy::builder(&self.conn)
-            .path(path)
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(err)?;
+        let u = UnitProxy::builder(&self.conn).path(path.clone()).cache_properties(CacheProperties::No).build().await.map_err(err)?;
+        let s = ServiceProxy::builder(&self.conn).path(path).cache_properties(CacheProperties::No).build().await.map_err(err)?;
         Ok((u, s))
     }
 
     /// The unit's state (uncached). A unit that does not exist is [`Error::NoSuchUnit`].
     pub async fn state(&self, unit: &str) -> Result<UnitState> {
         let (u, s) = self.proxies(unit).await?;
-        let r =
-            |what: &'static str| move |e: zbus::Error| classify(e, &format!("read {what} of"), "");
+        let r = |what: &'static str| move |e: zbus::Error| classify(e, &format!("read {what} of"), "");
         let get = async {
             let st = UnitState {
                 load_state: u.load_state().await.map_err(r("LoadState"))?,
                 active_state: u.active_state().await.map_err(r("ActiveState"))?,
                 sub_state: u.sub_state().await.map_err(r("SubState"))?,
-                invocation_id: u
-                    .invocation_id()
-                    .await
-                    .map_err(r("InvocationID"))?
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect(),
+                invocation_id: u.invocation_id().await.map_err(r("InvocationID"))?.iter().map(|b| format!("{b:02x}")).collect(),
                 main_pid: s.main_pid().await.map_err(r("MainPID"))?,
                 exec_main_pid: s.exec_main_pid().await.map_err(r("ExecMainPID"))?,
                 n_restarts: s.n_restarts().await.map_err(r("NRestarts"))?,
                 result: s.result().await.map_err(r("Result"))?,
                 exec_main_code: s.exec_main_code().await.map_err(r("ExecMainCode"))?,
                 exec_main_status: s.exec_main_status().await.map_err(r("ExecMainStatus"))?,
-                active_enter_us: u
-                    .active_enter_timestamp()
-                    .await
-                    .map_err(r("ActiveEnterTimestamp"))?,
-                exec_main_start_us: s
-                    .exec_main_start_timestamp()
-                    .await
-                    .map_err(r("ExecMainStartTimestamp"))?,
+                active_enter_us: u.active_enter_timestamp().await.map_err(r("ActiveEnterTimestamp"))?,
+                exec_main_start_us: s.exec_main_start_timestamp().await.map_err(r("ExecMainStartTimestamp"))?,
             };
             Ok::<_, Error>(st)
         };
         let st = match tokio::time::timeout(CALL_TIMEOUT, get).await {
             Ok(r) => r?,
-            Err(_) => {
-                return Err(Error::Timeout {
-                    what: format!("reading the state of {unit}"),
-                    after: CALL_TIMEOUT,
-                })
-            }
+            Err(_) => return Err(Error::Timeout { what: format!("reading the state of {unit}"), after: CALL_TIMEOUT }),
         };
         if st.load_state == "not-found" {
-            return Err(Error::NoSuchUnit {
-                unit: unit.into(),
-                detail: "LoadState=not-found".into(),
-            });
+            return Err(Error::NoSuchUnit { unit: unit.into(), detail: "LoadState=not-found".into() });
         }
         Ok(st)
     }
@@ -483,56 +373,31 @@ impl Systemd {
     /// The unit's configuration (uncached: ExecStart/Environment are stale in a cache after reload).
     pub async fn config(&self, unit: &str) -> Result<UnitConfig> {
         let (u, s) = self.proxies(unit).await?;
-        let r =
-            |what: &'static str| move |e: zbus::Error| classify(e, &format!("read {what} of"), "");
+        let r = |what: &'static str| move |e: zbus::Error| classify(e, &format!("read {what} of"), "");
         let get = async {
             Ok::<_, Error>(UnitConfig {
-                exec_start: s
-                    .exec_start()
-                    .await
-                    .map_err(r("ExecStart"))?
-                    .into_iter()
-                    .map(|c| c.1)
-                    .collect(),
+                exec_start: s.exec_start().await.map_err(r("ExecStart"))?.into_iter().map(|c| c.1).collect(),
                 environment: s.environment().await.map_err(r("Environment"))?,
                 environment_files: s.environment_files().await.map_err(r("EnvironmentFiles"))?,
                 fragment_path: u.fragment_path().await.map_err(r("FragmentPath"))?,
                 drop_in_paths: u.drop_in_paths().await.map_err(r("DropInPaths"))?,
-                need_daemon_reload: u
-                    .need_daemon_reload()
-                    .await
-                    .map_err(r("NeedDaemonReload"))?,
+                need_daemon_reload: u.need_daemon_reload().await.map_err(r("NeedDaemonReload"))?,
             })
         };
         match tokio::time::timeout(CALL_TIMEOUT, get).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                what: format!("reading the config of {unit}"),
-                after: CALL_TIMEOUT,
-            }),
+            Err(_) => Err(Error::Timeout { what: format!("reading the config of {unit}"), after: CALL_TIMEOUT }),
         }
     }
 
     /// `daemon-reload` (the reply comes when the reload is over).
     pub async fn reload(&self) -> Result<()> {
-        call(
-            "reload",
-            "the manager",
-            RELOAD_TIMEOUT,
-            self.manager.reload(),
-        )
-        .await
+        call("reload", "the manager", RELOAD_TIMEOUT, self.manager.reload()).await
     }
 
     /// `ResetFailedUnit` (clears a start-limit hit).
     pub async fn reset_failed(&self, unit: &str) -> Result<()> {
-        call(
-            "reset the failed state of",
-            unit,
-            CALL_TIMEOUT,
-            self.manager.reset_failed_unit(unit),
-        )
-        .await
+        call("reset the failed state of", unit, CALL_TIMEOUT, self.manager.reset_failed_unit(unit)).await
     }
 
     /// Start watching `unit` for changes. Open it *before* acting on the unit.
@@ -545,31 +410,16 @@ impl Systemd {
             .build()
             .await
             .map_err(|e| classify(e, "watch", unit))?;
-        let stream = call("watch", unit, CALL_TIMEOUT, async {
-            props.inner().receive_signal("PropertiesChanged").await
-        })
-        .await?;
+        let stream = call("watch", unit, CALL_TIMEOUT, async { props.inner().receive_signal("PropertiesChanged").await }).await?;
         Ok(UnitWatch { stream })
     }
 
     /// `RestartUnit(unit, "replace")` and wait (at most `job_timeout`) for *our* job's JobRemoved.
     /// The JobRemoved stream is opened before the call, so fast jobs are not missed.
     pub async fn restart(&self, unit: &str, job_timeout: Duration) -> Result<RestartOutcome> {
-        let mut removed = call(
-            "subscribe to jobs for",
-            unit,
-            CALL_TIMEOUT,
-            self.manager.receive_job_removed(),
-        )
-        .await?;
+        let mut removed = call("subscribe to jobs for", unit, CALL_TIMEOUT, self.manager.receive_job_removed()).await?;
         let started = std::time::Instant::now();
-        let job = call(
-            "restart",
-            unit,
-            CALL_TIMEOUT,
-            self.manager.restart_unit(unit, "replace"),
-        )
-        .await?;
+        let job = call("restart", unit, CALL_TIMEOUT, self.manager.restart_unit(unit, "replace")).await?;
         tracing::debug!(unit, job = job.as_str(), "restart job queued");
         let wait = async {
             while let Some(sig) = removed.next().await {
@@ -584,25 +434,13 @@ impl Systemd {
         let job_result = match tokio::time::timeout(job_timeout, wait).await {
             Ok(Some(r)) => r,
             Ok(None) => {
-                return Err(Error::Unreachable {
-                    bus: self.bus.to_string(),
-                    detail: "the bus connection closed while waiting for the restart job".into(),
-                })
+                return Err(Error::Unreachable { bus: self.bus.to_string(), detail: "the bus connection closed while waiting for the restart job".into() })
             }
-            Err(_) => {
-                return Err(Error::Timeout {
-                    what: format!("the restart job of {unit}"),
-                    after: job_timeout,
-                })
-            }
+            Err(_) => return Err(Error::Timeout { what: format!("the restart job of {unit}"), after: job_timeout }),
         };
         let job_time = started.elapsed();
         let state = self.state(unit).await?;
-        Ok(RestartOutcome {
-            job_result,
-            job_time,
-            state,
-        })
+        Ok(RestartOutcome { job_result, job_time, state })
     }
 }
 
@@ -631,30 +469,12 @@ mod tests {
     fn crash_rules() {
         let base = st("active", "running", "aa", 0);
         assert_eq!(st("active", "running", "aa", 0).crashed_since(&base), None);
-        assert_eq!(
-            st("activating", "start", "aa", 0).crashed_since(&base),
-            None
-        );
-        assert!(st("failed", "failed", "aa", 0)
-            .crashed_since(&base)
-            .unwrap()
-            .contains("failed"));
-        assert!(st("activating", "auto-restart", "aa", 0)
-            .crashed_since(&base)
-            .unwrap()
-            .contains("restarted"));
+        assert_eq!(st("activating", "start", "aa", 0).crashed_since(&base), None);
+        assert!(st("failed", "failed", "aa", 0).crashed_since(&base).unwrap().contains("failed"));
+        assert!(st("activating", "auto-restart", "aa", 0).crashed_since(&base).unwrap().contains("restarted"));
         // Restart= hid the crash: active again, but NRestarts and InvocationID moved.
-        assert!(st("active", "running", "bb", 1)
-            .crashed_since(&base)
-            .unwrap()
-            .contains("NRestarts 0 → 1"));
-        assert!(st("active", "running", "bb", 0)
-            .crashed_since(&base)
-            .unwrap()
-            .contains("InvocationID"));
-        assert!(st("inactive", "dead", "aa", 0)
-            .crashed_since(&base)
-            .unwrap()
-            .contains("stopped"));
+        assert!(st("active", "running", "bb", 1).crashed_since(&base).unwrap().contains("NRestarts 0 → 1"));
+        assert!(st("active", "running", "bb", 0).crashed_since(&base).unwrap().contains("InvocationID"));
+        assert!(st("inactive", "dead", "aa", 0).crashed_since(&base).unwrap().contains("stopped"));
     }
 }

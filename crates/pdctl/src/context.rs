@@ -25,6 +25,19 @@ pub fn settings(path: &Path) -> Result<Settings, i32> {
     })
 }
 
+/// Before asking pdctld: when the config file is readable here, report its errors (and unknown
+/// `--unit`s) at once, exit 2. pdctld reads the same file and checks again.
+pub fn validate_locally(path: &Path, only: &[String]) -> Result<(), i32> {
+    if std::fs::metadata(path).is_err() {
+        return Ok(());
+    }
+    let s = settings(path)?;
+    Plan::new(&s, only).map(|_| ()).map_err(|e| {
+        eprintln!("pdctl: {e}");
+        exit::USAGE
+    })
+}
+
 /// The bus from the settings.
 pub fn bus(s: &Settings) -> Bus {
     match &s.bus {
@@ -44,13 +57,7 @@ pub fn journal(s: &Settings) -> Source {
 
 /// HTTP probes from the settings.
 pub fn probes(s: &Settings) -> HttpProbes {
-    HttpProbes {
-        http: Http::new(REQUEST_TIMEOUT),
-        router: s.router.as_ref().map(|r| Router {
-            url: r.url.clone(),
-            metrics_url: r.metrics_url.clone(),
-        }),
-    }
+    HttpProbes { http: Http::new(REQUEST_TIMEOUT), router: s.router.as_ref().map(|r| Router { url: r.url.clone(), metrics_url: r.metrics_url.clone() }) }
 }
 
 /// Connect the drivers (exit 3 when systemd cannot be reached).
@@ -59,12 +66,7 @@ pub async fn engine(settings: Settings) -> Result<RealEngine, i32> {
         eprintln!("pdctl: {e}");
         exit::UNREACHABLE
     })?;
-    Ok(Engine {
-        units,
-        logs: Journald(journal(&settings)),
-        probes: probes(&settings),
-        settings,
-    })
+    Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings })
 }
 
 /// Exit code of a finished rollout.
@@ -95,13 +97,7 @@ pub async fn rollout(config: &Path, only: &[String], dry_run: bool, json: bool) 
         Ok(e) => e,
         Err(c) => return c,
     };
-    run_engine(
-        &engine,
-        &plan,
-        json,
-        if dry_run { Kind::DryRun } else { Kind::Rollout },
-    )
-    .await
+    run_engine(&engine, &plan, json, if dry_run { Kind::DryRun } else { Kind::Rollout }).await
 }
 
 /// `pdctl check`.
@@ -133,6 +129,8 @@ pub enum Kind {
     DryRun,
     /// All read-only gates.
     Check,
+    /// A rollout run by the daemon, watched.
+    Daemon,
 }
 
 /// Run the engine with live output; returns the exit code.
@@ -143,7 +141,7 @@ pub async fn run_engine(engine: &RealEngine, plan: &Plan, json: bool, kind: Kind
     let summary = match kind {
         Kind::Rollout => engine.rolling_restart(plan, &tx).await,
         Kind::DryRun => engine.dry_run(plan, &tx).await,
-        Kind::Check => engine.check(plan, &tx).await,
+        Kind::Check | Kind::Daemon => engine.check(plan, &tx).await,
     };
     drop(tx);
     let renderer = printer.await.ok();

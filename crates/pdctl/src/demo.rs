@@ -38,19 +38,18 @@ pub async fn run(args: DemoArgs) -> i32 {
     }
     // The router admits the workers in the background; wait for it (bounded) before rolling.
     let http = Http::new(Duration::from_secs(5));
-    let r = Router {
-        url: router.url.clone(),
-        metrics_url: Some(router.metrics_url.clone()),
-    };
+    let r = Router { url: router.url.clone(), metrics_url: Some(router.metrics_url.clone()) };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let healthy = r
-            .workers(&http)
-            .await
-            .map(|l| l.iter().filter(|w| w.is_healthy).count())
-            .unwrap_or(0);
+        let healthy = r.workers(&http).await.map(|l| l.iter().filter(|w| w.is_healthy).count()).unwrap_or(0);
         if healthy == 2 || Instant::now() > deadline {
-            println!("pdctl demo: stack up in {:.1}s: {} and {} ready (journald), router {} sees {healthy}/2 healthy", t0.elapsed().as_secs_f64(), stack.prefill.unit, stack.decode.unit, router.url);
+            println!(
+                "pdctl demo: stack up in {:.1}s: {} and {} ready (journald), router {} sees {healthy}/2 healthy",
+                t0.elapsed().as_secs_f64(),
+                stack.prefill.unit,
+                stack.decode.unit,
+                router.url
+            );
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -62,15 +61,27 @@ pub async fn run(args: DemoArgs) -> i32 {
             return exit::UNREACHABLE;
         }
     };
+    let daemon = match tokio::task::block_in_place(|| stack.start_pdctld()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("pdctl demo: pdctld did not start: {e}");
+            return exit::UNREACHABLE;
+        }
+    };
+    println!("pdctl demo: pdctld runs as {} (Type=notify; its READY=1 reached systemd), socket {}", daemon.unit, daemon.socket.display());
     println!("\n$ pdctl status --config {}", config.display());
     crate::status::run(&config, false).await;
-    println!("\n$ pdctl restart --rolling --config {}", config.display());
-    let code = crate::context::rollout(&config, &[], false, false).await;
+    println!("\n$ pdctl restart --rolling --config {} --socket {}", config.display(), daemon.socket.display());
+    let client = crate::client::Client::new(&daemon.socket);
+    let code = crate::rollout::start(&client, serde_json::json!({ "kind": "restart", "units": [] }), false).await;
+    println!("\n$ pdctl rollout history --socket {}", daemon.socket.display());
+    crate::rollout::history(&client, false).await;
     println!("\n$ pdctl status --config {}", config.display());
     crate::status::run(&config, false).await;
     if args.hold {
         println!(
-            "\nholding the sandbox (Ctrl-C ends it):\n  config   {}\n  bus      {}\n  journal  {}\n  units    {}\n  router   {}  metrics {}",
+            "\nholding the sandbox (Ctrl-C ends it):\n  socket   {}\n  config   {}\n  bus      {}\n  journal  {}\n  units    {}\n  router   {}  metrics {}",
+            daemon.socket.display(),
             config.display(),
             stack.sandbox.bus_address(),
             stack.sandbox.journal_dir().display(),

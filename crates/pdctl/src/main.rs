@@ -2,9 +2,11 @@
 //! connect the drivers, run the engine, print (live progress or NDJSON), and map the outcome to
 //! the exit codes of the contract (docs/cli.md).
 
+mod client;
 mod context;
 mod demo;
 mod render;
+mod rollout;
 mod status;
 
 use std::path::PathBuf;
@@ -24,16 +26,15 @@ pub mod exit {
 }
 
 #[derive(Parser)]
-#[command(
-    name = "pdctl",
-    version,
-    about = "Safe rolling restarts of SGLang units on systemd hosts"
-)]
+#[command(name = "pdctl", version, about = "Safe rolling restarts of SGLang units on systemd hosts")]
 struct Cli {
     /// Main config file (default: $PDCTL_CONFIG, else /etc/pdctl/pdctl.toml; config.d/*.toml next
     /// to it is merged in name order).
     #[arg(long, global = true, value_name = "PATH")]
     config: Option<PathBuf>,
+    /// pdctld's control socket.
+    #[arg(long, global = true, value_name = "PATH", env = "PDCTL_SOCKET", default_value = "/run/pdctl/pdctl.sock")]
+    socket: PathBuf,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,8 +42,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Restart workers one at a time, each gated on journald readiness, /health, router
-    /// re-admission, KV metrics and a soak.
+    /// re-admission, KV metrics and a soak (run by pdctld; --dry-run runs here).
     Restart(RestartArgs),
+    /// Rollouts run by pdctld: config rollouts, watch, abort, resume, history.
+    #[command(subcommand)]
+    Rollout(RolloutCmd),
     /// Run every gate except restart and soak on every worker, changing nothing.
     Check(OutputArgs),
     /// Show each worker: unit state, invocation, router view, KV usage, requests.
@@ -68,6 +72,48 @@ struct RestartArgs {
     json: bool,
 }
 
+#[derive(Subcommand)]
+enum RolloutCmd {
+    /// Which workers are stale (unit file, drop-ins, EnvironmentFiles or watch_files changed since
+    /// their last verified start, or NeedDaemonReload) and why.
+    Diff(OutputArgs),
+    /// Reload the manager if needed and roll the stale workers through every gate.
+    Apply {
+        /// Do nothing (and exit 0) when no worker is stale.
+        #[arg(long)]
+        if_changed: bool,
+        /// Roll every worker, stale or not.
+        #[arg(long)]
+        all: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a rollout from its first event (re-attach after Ctrl-C).
+    Watch {
+        /// The rollout id.
+        id: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a rollout after the unit in progress is verified.
+    Abort {
+        /// The rollout id.
+        id: String,
+    },
+    /// Continue an interrupted rollout from the unit it stopped at (re-verified first).
+    Resume {
+        /// The interrupted rollout's id.
+        id: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Past rollouts.
+    History(OutputArgs),
+}
+
 #[derive(Args)]
 struct OutputArgs {
     /// One JSON object per line.
@@ -79,16 +125,9 @@ fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pdctl: cannot start the async runtime: {e}");
@@ -96,6 +135,7 @@ fn main() {
         }
     };
     let config = pdctl_core::config::main_path(cli.config.as_deref());
+    let client = client::Client::new(&cli.socket);
     let code = rt.block_on(async {
         match cli.command {
             Command::Restart(a) => {
@@ -103,10 +143,26 @@ fn main() {
                     eprintln!("pdctl restart: say --rolling (pdctl only restarts units one at a time, each gated)");
                     return exit::USAGE;
                 }
-                context::rollout(&config, &a.units, a.dry_run, a.json).await
+                if a.dry_run {
+                    return context::rollout(&config, &a.units, true, a.json).await;
+                }
+                if let Err(c) = context::validate_locally(&config, &a.units) {
+                    return c;
+                }
+                rollout::start(&client, serde_json::json!({ "kind": "restart", "units": a.units }), a.json).await
             }
+            Command::Rollout(r) => match r {
+                RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
+                RolloutCmd::Apply { if_changed, all, json } => {
+                    rollout::start(&client, serde_json::json!({ "kind": "apply", "if_changed": if_changed, "all": all }), json).await
+                }
+                RolloutCmd::Watch { id, json } => rollout::watch(&client, &id, json).await,
+                RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
+                RolloutCmd::Resume { id, json } => rollout::start(&client, serde_json::json!({ "kind": "resume", "id": id }), json).await,
+                RolloutCmd::History(a) => rollout::history(&client, a.json).await,
+            },
             Command::Check(a) => context::check(&config, a.json).await,
-            Command::Status(a) => status::run(&config, a.json).await,
+            Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
             Command::Demo(a) => demo::run(a).await,
         }
     });

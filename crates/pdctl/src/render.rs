@@ -34,32 +34,22 @@ fn secs(ms: u64) -> String {
 impl Renderer {
     /// A renderer for `plan`.
     pub fn new(json: bool, plan: &Plan, kind: Kind) -> Renderer {
+        let units: Vec<String> = plan.workers.iter().map(|w| w.unit.clone()).collect();
+        Renderer::for_units(json, &units, kind)
+    }
+
+    /// A renderer for these units, in order.
+    pub fn for_units(json: bool, units: &[String], kind: Kind) -> Renderer {
         let live = (!json && std::io::stdout().is_terminal()).then(|| {
             let mp = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
-            let style = ProgressStyle::with_template("{prefix:.bold} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner());
-            let width = plan
-                .workers
-                .iter()
-                .map(|w| w.unit.len())
-                .max()
-                .unwrap_or(10)
-                .max(8);
+            let style = ProgressStyle::with_template("{prefix:.bold} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner());
+            let width = units.iter().map(String::len).max().unwrap_or(10).max(8);
             let mut lines = HashMap::new();
-            for name in std::iter::once("router".to_string())
-                .chain(plan.workers.iter().map(|w| w.unit.clone()))
-            {
+            for name in std::iter::once("router".to_string()).chain(units.iter().cloned()) {
                 let bar = mp.add(ProgressBar::new_spinner());
                 bar.set_style(style.clone());
                 bar.set_prefix(format!("{name:<width$}"));
-                lines.insert(
-                    name,
-                    Line {
-                        bar,
-                        done: Vec::new(),
-                        current: None,
-                    },
-                );
+                lines.insert(name, Line { bar, done: Vec::new(), current: None });
             }
             (mp, lines)
         });
@@ -68,20 +58,12 @@ impl Renderer {
                 Kind::Rollout => "rolling restart",
                 Kind::DryRun => "dry run (preflight only, nothing is touched) of a rolling restart",
                 Kind::Check => "check (every gate but restart and soak; nothing is changed)",
+                Kind::Daemon => "rollout (run by pdctld)",
             };
-            let order: Vec<&str> = plan.workers.iter().map(|w| w.unit.as_str()).collect();
-            println!(
-                "pdctl: {what} of {} unit(s), in order: {}",
-                order.len(),
-                order.join(" → ")
-            );
+            let order: Vec<&str> = units.iter().map(String::as_str).collect();
+            println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
         }
-        Renderer {
-            json,
-            live,
-            kind,
-            units: plan.workers.len(),
-        }
+        Renderer { json, live, kind, units: units.len() }
     }
 
     fn redraw(&mut self) {
@@ -93,17 +75,14 @@ impl Renderer {
             let mut msg = l.done.join("  ");
             if let Some((step, t0)) = &l.current {
                 let i = (t0.elapsed().as_millis() / 100) as usize % SPIN.len();
-                msg = format!(
-                    "{msg}  {} {step} {:.1}s",
-                    SPIN[i],
-                    t0.elapsed().as_secs_f64()
-                );
+                msg = format!("{msg}  {} {step} {:.1}s", SPIN[i], t0.elapsed().as_secs_f64());
             }
             l.bar.set_message(msg.trim_start().to_string());
         }
     }
 
-    fn event(&mut self, e: &Event) {
+    /// Show one event.
+    pub fn event(&mut self, e: &Event) {
         if self.json {
             if let Ok(s) = serde_json::to_string(e) {
                 println!("{s}");
@@ -173,7 +152,7 @@ impl Renderer {
         match &s.failed {
             None => {
                 let what = match self.kind {
-                    Kind::Rollout => {
+                    Kind::Rollout | Kind::Daemon => {
                         format!("all {} unit(s) restarted and verified", s.units.len())
                     }
                     Kind::DryRun => "preflight passed; nothing was touched".into(),
@@ -182,28 +161,20 @@ impl Renderer {
                 println!("pdctl: ✓ {what} in {}", secs(s.elapsed_ms));
             }
             Some(f) => {
-                println!(
-                    "pdctl: ✗ {} failed at {}: {}",
-                    f.unit,
-                    f.step.as_str(),
-                    f.cause
-                );
+                println!("pdctl: ✗ {} failed at {}: {}", f.unit, f.step.as_str(), f.cause);
                 if !f.last_lines.is_empty() {
                     println!("  last log lines of {}:", f.unit);
                     for l in &f.last_lines {
                         println!("    {l}");
                     }
                 }
-                if self.kind == Kind::Rollout {
+                if matches!(self.kind, Kind::Rollout | Kind::Daemon) {
                     let rest = if s.units.is_empty() {
                         "no unit was restarted before it".to_string()
                     } else {
                         format!("restarted and verified before it: {}", s.units.join(", "))
                     };
-                    println!(
-                        "pdctl: rollout halted; nothing after {} was touched ({rest})",
-                        f.unit
-                    );
+                    println!("pdctl: rollout halted; nothing after {} was touched ({rest})", f.unit);
                 }
             }
         }

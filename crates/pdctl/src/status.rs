@@ -16,14 +16,8 @@ fn since(us: u64) -> (String, String) {
         return ("-".into(), String::new());
     }
     let t = SystemTime::UNIX_EPOCH + Duration::from_micros(us);
-    let ago = SystemTime::now()
-        .duration_since(t)
-        .map(|d| Duration::from_secs(d.as_secs()))
-        .unwrap_or_default();
-    (
-        humantime::format_rfc3339_seconds(t).to_string(),
-        humantime::format_duration(ago).to_string(),
-    )
+    let ago = SystemTime::now().duration_since(t).map(|d| Duration::from_secs(d.as_secs())).unwrap_or_default();
+    (humantime::format_rfc3339_seconds(t).to_string(), humantime::format_duration(ago).to_string())
 }
 
 fn kv_text(kv: &Result<KvReport, String>) -> (String, String, String) {
@@ -33,19 +27,44 @@ fn kv_text(kv: &Result<KvReport, String>) -> (String, String, String) {
                 Some(m) => format!("{:.0}/{:.0} ({:.2})", r.used_tokens, m, r.token_usage),
                 None => format!("{:.0}/? ({:.2})", r.used_tokens, r.token_usage),
             },
-            r.running_reqs
-                .map(|v| format!("{v:.0}"))
-                .unwrap_or("-".into()),
-            r.queue_reqs
-                .map(|v| format!("{v:.0}"))
-                .unwrap_or("-".into()),
+            r.running_reqs.map(|v| format!("{v:.0}")).unwrap_or("-".into()),
+            r.queue_reqs.map(|v| format!("{v:.0}")).unwrap_or("-".into()),
         ),
-        Err(e) => (
-            format!("({})", e.split(':').next().unwrap_or(e)),
-            "-".into(),
-            "-".into(),
-        ),
+        Err(e) => (format!("({})", e.split(':').next().unwrap_or(e)), "-".into(), "-".into()),
     }
+}
+
+/// Run `pdctl status` (the daemon's state too, when `client` reaches it).
+pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> i32 {
+    let line = match client.json("GET", "/v1/status", None).await {
+        Ok((200, v)) => match v.get("running").and_then(Value::as_str) {
+            Some(id) => json!({ "pdctld": "running a rollout", "rollout": id }),
+            None => json!({ "pdctld": "idle", "last": v.get("last") }),
+        },
+        Ok((_, v)) => json!({ "pdctld": "error", "detail": v }),
+        Err(e) => json!({ "pdctld": "not reachable", "detail": e.to_string() }),
+    };
+    if json {
+        println!("{line}");
+    } else {
+        match line["pdctld"].as_str() {
+            Some("running a rollout") => println!(
+                "pdctld: running rollout {} (pdctl rollout watch {})",
+                line["rollout"].as_str().unwrap_or("?"),
+                line["rollout"].as_str().unwrap_or("?")
+            ),
+            Some("idle") => println!(
+                "pdctld: idle; last rollout: {}",
+                if line["last"].is_null() {
+                    "none".to_string()
+                } else {
+                    format!("{} ({})", line["last"]["id"].as_str().unwrap_or("?"), line["last"]["state"].as_str().unwrap_or("?"))
+                }
+            ),
+            _ => println!("pdctld: not reachable ({})", line["detail"].as_str().unwrap_or("")),
+        }
+    }
+    run(config, json).await
 }
 
 /// Run `pdctl status`.
@@ -56,11 +75,7 @@ pub async fn run(config: &Path, json: bool) -> i32 {
     };
     let sd = Systemd::connect(&context::bus(&s)).await;
     let probes = context::probes(&s);
-    let router = if s.router.is_some() {
-        Some(probes.router_workers().await.map_err(|e| e.to_string()))
-    } else {
-        None
-    };
+    let router = if s.router.is_some() { Some(probes.router_workers().await.map_err(|e| e.to_string())) } else { None };
     let mut rows: Vec<Value> = Vec::new();
     for w in &s.workers {
         let state = match &sd {
@@ -78,10 +93,7 @@ pub async fn run(config: &Path, json: bool) -> i32 {
                 None => json!({ "listed": false }),
             },
         };
-        let (since_at, ago) = state
-            .as_ref()
-            .map(|st| since(st.active_enter_us))
-            .unwrap_or_default();
+        let (since_at, ago) = state.as_ref().map(|st| since(st.active_enter_us)).unwrap_or_default();
         let mut row = json!({
             "unit": w.unit, "role": w.role, "url": w.url,
             "router": in_router,
@@ -111,29 +123,15 @@ pub async fn run(config: &Path, json: bool) -> i32 {
             if rows.is_empty() {
                 println!(
                     "{:<30} {:<16} {:>7}  {:<9} {:<34} {:<18} {:<26} {:>4} {:>5}",
-                    "UNIT",
-                    "STATE",
-                    "PID",
-                    "RUN",
-                    "ACTIVE SINCE",
-                    "ROUTER",
-                    "KV USED/MAX (USAGE)",
-                    "RUN",
-                    "QUEUE"
+                    "UNIT", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "KV USED/MAX (USAGE)", "RUN", "QUEUE"
                 );
             }
             let (kvs, run, queue) = kv_text(&kv);
             let router_s = match &row["router"] {
                 Value::Null => "-".to_string(),
-                r if r["listed"] == true => format!(
-                    "{} {}",
-                    r["worker_type"].as_str().unwrap_or("?"),
-                    if r["is_healthy"] == true {
-                        "healthy"
-                    } else {
-                        "UNHEALTHY"
-                    }
-                ),
+                r if r["listed"] == true => {
+                    format!("{} {}", r["worker_type"].as_str().unwrap_or("?"), if r["is_healthy"] == true { "healthy" } else { "UNHEALTHY" })
+                }
                 r if r["listed"] == false => "NOT LISTED".into(),
                 _ => "unreachable".into(),
             };

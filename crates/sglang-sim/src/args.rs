@@ -128,11 +128,7 @@ pub struct ArgError(pub String);
 
 impl std::fmt::Display for ArgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "usage: {PROG} [-h] --model-path MODEL_PATH [options]\n{PROG}: error: {}",
-            self.0
-        )
+        write!(f, "usage: {PROG} [-h] --model-path MODEL_PATH [options]\n{PROG}: error: {}", self.0)
     }
 }
 
@@ -212,10 +208,7 @@ fn kind_of(flag: &str) -> Option<Kind> {
     if let Some(k) = flag.strip_prefix("--sim-") {
         return SIM.iter().find(|(n, _)| *n == k).map(|(_, kind)| *kind);
     }
-    USED.iter()
-        .chain(IGNORED)
-        .find(|(n, _)| *n == flag)
-        .map(|(_, kind)| *kind)
+    USED.iter().chain(IGNORED).find(|(n, _)| *n == flag).map(|(_, kind)| *kind)
 }
 
 /// The names of every simulator knob, as `--sim-NAME` (for docs and tests).
@@ -239,10 +232,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
             None => unknown.push(raw.clone()),
             Some(Kind::Flag) => {
                 if inline.is_some() {
-                    return Err(ArgError(format!(
-                        "argument {flag}: ignored explicit argument '{}'",
-                        inline.unwrap_or_default()
-                    )));
+                    return Err(ArgError(format!("argument {flag}: ignored explicit argument '{}'", inline.unwrap_or_default())));
                 }
                 given.insert(flag, "true".into());
             }
@@ -254,9 +244,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
                             i += 1;
                             v.clone()
                         }
-                        _ => {
-                            return Err(ArgError(format!("argument {flag}: expected one argument")))
-                        }
+                        _ => return Err(ArgError(format!("argument {flag}: expected one argument"))),
                     },
                 };
                 given.insert(flag, v);
@@ -264,66 +252,38 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         }
     }
     if !unknown.is_empty() {
-        return Err(ArgError(format!(
-            "unrecognized arguments: {}",
-            unknown.join(" ")
-        )));
+        return Err(ArgError(format!("unrecognized arguments: {}", unknown.join(" "))));
     }
     let model_path = given
         .get("--model-path")
         .or_else(|| given.get("--model"))
         .cloned()
-        .ok_or_else(|| {
-            ArgError("the following arguments are required: --model-path/--model".into())
-        })?;
+        .ok_or_else(|| ArgError("the following arguments are required: --model-path/--model".into()))?;
     let int = |flag: &str, default: u64| -> Result<u64, ArgError> {
         match given.get(flag) {
             None => Ok(default),
-            Some(v) => v
-                .parse::<u64>()
-                .map_err(|_| ArgError(format!("argument {flag}: invalid int value: '{v}'"))),
+            Some(v) => v.parse::<u64>().map_err(|_| ArgError(format!("argument {flag}: invalid int value: '{v}'"))),
         }
     };
     let port = int("--port", 30000)?;
     let bootstrap_port = int("--disaggregation-bootstrap-port", 8998)?;
-    for (flag, v) in [
-        ("--port", port),
-        ("--disaggregation-bootstrap-port", bootstrap_port),
-    ] {
+    for (flag, v) in [("--port", port), ("--disaggregation-bootstrap-port", bootstrap_port)] {
         if v > u64::from(u16::MAX) {
             return Err(ArgError(format!("argument {flag}: invalid port: '{v}'")));
         }
     }
-    let tp_size = int(
-        if given.contains_key("--tp") {
-            "--tp"
-        } else {
-            "--tp-size"
-        },
-        1,
-    )?
-    .max(1);
+    let tp_size = int(if given.contains_key("--tp") { "--tp" } else { "--tp-size" }, 1)?.max(1);
     let mode = match given.get("--disaggregation-mode").map(String::as_str) {
         None | Some("null") => Mode::Null,
         Some("prefill") => Mode::Prefill,
         Some("decode") => Mode::Decode,
-        Some(other) => {
-            return Err(ArgError(format!(
-                "argument --disaggregation-mode: invalid choice: '{other}' (choose from 'null', 'prefill', 'decode')"
-            )))
-        }
+        Some(other) => return Err(ArgError(format!("argument --disaggregation-mode: invalid choice: '{other}' (choose from 'null', 'prefill', 'decode')"))),
     };
     let sim = parse_knobs(&given, env)?;
     Ok(SimConfig {
-        host: given
-            .get("--host")
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".into()),
+        host: given.get("--host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
         port: port as u16,
-        served_model_name: given
-            .get("--served-model-name")
-            .cloned()
-            .unwrap_or_else(|| model_path.clone()),
+        served_model_name: given.get("--served-model-name").cloned().unwrap_or_else(|| model_path.clone()),
         model_path,
         tp_size: u32::try_from(tp_size).unwrap_or(u32::MAX),
         mode,
@@ -337,21 +297,11 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
     })
 }
 
-fn parse_knobs(
-    given: &BTreeMap<String, String>,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<SimKnobs, ArgError> {
+fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<String>) -> Result<SimKnobs, ArgError> {
     let get = |name: &str| -> Option<String> {
-        given.get(&format!("--sim-{name}")).cloned().or_else(|| {
-            env(&format!(
-                "SGLANG_SIM_{}",
-                name.replace('-', "_").to_uppercase()
-            ))
-        })
+        given.get(&format!("--sim-{name}")).cloned().or_else(|| env(&format!("SGLANG_SIM_{}", name.replace('-', "_").to_uppercase())))
     };
-    let flag = |name: &str| -> bool {
-        get(name).is_some_and(|v| !matches!(v.as_str(), "" | "0" | "false" | "no"))
-    };
+    let flag = |name: &str| -> bool { get(name).is_some_and(|v| !matches!(v.as_str(), "" | "0" | "false" | "no")) };
     let num = |name: &str| -> Result<Option<f64>, ArgError> {
         match get(name) {
             None => Ok(None),
@@ -360,23 +310,13 @@ fn parse_knobs(
                 .ok()
                 .filter(|x| x.is_finite() && *x >= 0.0)
                 .map(Some)
-                .ok_or_else(|| {
-                    ArgError(format!(
-                        "argument --sim-{name}: invalid non-negative number: '{v}'"
-                    ))
-                }),
+                .ok_or_else(|| ArgError(format!("argument --sim-{name}: invalid non-negative number: '{v}'"))),
         }
     };
-    let secs = |name: &str| -> Result<Option<Duration>, ArgError> {
-        Ok(num(name)?.map(Duration::from_secs_f64))
-    };
+    let secs = |name: &str| -> Result<Option<Duration>, ArgError> { Ok(num(name)?.map(Duration::from_secs_f64)) };
     let mut k = SimKnobs::default();
     if let Some(v) = get("version") {
-        k.version = Version::parse(&v).ok_or_else(|| {
-            ArgError(format!(
-                "argument --sim-version: invalid version: '{v}' (expected like 0.5.23)"
-            ))
-        })?;
+        k.version = Version::parse(&v).ok_or_else(|| ArgError(format!("argument --sim-version: invalid version: '{v}' (expected like 0.5.23)")))?;
     }
     if let Some(d) = secs("load-secs")? {
         k.load = d;
@@ -397,11 +337,7 @@ fn parse_knobs(
         k.health_generate = Duration::from_secs_f64(n / 1000.0);
     }
     if let Some(v) = get("exit-code") {
-        k.exit_code = Some(v.parse::<i32>().map_err(|_| {
-            ArgError(format!(
-                "argument --sim-exit-code: invalid int value: '{v}'"
-            ))
-        })?);
+        k.exit_code = Some(v.parse::<i32>().map_err(|_| ArgError(format!("argument --sim-exit-code: invalid int value: '{v}'")))?);
     }
     k.crash_after_ready = secs("crash-after-ready")?;
     k.never_ready = flag("never-ready");
@@ -436,37 +372,20 @@ mod tests {
     fn unknown_flag_is_rejected_like_argparse() {
         let e = p("--model-path m --collect-tokens-histogram").unwrap_err();
         assert_eq!(e.0, "unrecognized arguments: --collect-tokens-histogram");
-        assert!(e
-            .to_string()
-            .contains("launch_server.py: error: unrecognized arguments"));
+        assert!(e.to_string().contains("launch_server.py: error: unrecognized arguments"));
     }
 
     #[test]
     fn missing_model_path_and_bad_values() {
-        assert!(p("--port 1")
-            .unwrap_err()
-            .0
-            .contains("required: --model-path"));
-        assert!(p("--model-path m --port x")
-            .unwrap_err()
-            .0
-            .contains("invalid int value: 'x'"));
-        assert!(p("--model-path m --port")
-            .unwrap_err()
-            .0
-            .contains("expected one argument"));
-        assert!(p("--model-path m --disaggregation-mode both")
-            .unwrap_err()
-            .0
-            .contains("invalid choice"));
+        assert!(p("--port 1").unwrap_err().0.contains("required: --model-path"));
+        assert!(p("--model-path m --port x").unwrap_err().0.contains("invalid int value: 'x'"));
+        assert!(p("--model-path m --port").unwrap_err().0.contains("expected one argument"));
+        assert!(p("--model-path m --disaggregation-mode both").unwrap_err().0.contains("invalid choice"));
     }
 
     #[test]
     fn sim_knobs_from_flag_and_env() {
-        let v: Vec<String> = "--model-path m --sim-version 0.4.6 --sim-never-ready"
-            .split_whitespace()
-            .map(String::from)
-            .collect();
+        let v: Vec<String> = "--model-path m --sim-version 0.4.6 --sim-never-ready".split_whitespace().map(String::from).collect();
         let env = |k: &str| (k == "SGLANG_SIM_LOAD_SECS").then(|| "0.5".to_string());
         let c = parse(&v, &env).unwrap();
         assert_eq!(c.sim.version, Version::parse("0.4.6").unwrap());

@@ -156,10 +156,7 @@ impl Engine {
             ));
             self.publish(&mut s);
         }
-        Ticket {
-            held: need,
-            generated: 0,
-        }
+        Ticket { held: need, generated: 0 }
     }
 
     /// One decode iteration produced a token for `t`; every 40 iterations decode stats publish.
@@ -233,22 +230,10 @@ impl Engine {
             let ranks = self.cfg.tp_size;
             let page = self.cfg.page_size as f64;
             for (name, help, val) in [
-                (
-                    "sglang:max_total_num_tokens",
-                    "Maximum total number of tokens in the KV cache pool.",
-                    max,
-                ),
+                ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max),
                 ("sglang:page_size", "The page size of the KV cache.", page),
-                (
-                    "sglang:num_pages",
-                    "The number of pages in the KV cache pool.",
-                    (max / page).floor(),
-                ),
-                (
-                    "sglang:context_len",
-                    "The context length of the model.",
-                    self.cfg.context_length as f64,
-                ),
+                ("sglang:num_pages", "The number of pages in the KV cache pool.", (max / page).floor()),
+                ("sglang:context_len", "The context length of the model.", self.cfg.context_length as f64),
             ] {
                 let samples = (0..ranks).map(|r| (self.labels(r, None), val)).collect();
                 fams.push(Family::gauge(name, help, samples));
@@ -259,135 +244,50 @@ impl Engine {
                 fams.push(Family::gauge(name, help, vec![(self.labels(0, None), val)]));
             };
             let used = p.used as f64;
-            stat(
-                "sglang:num_running_reqs",
-                "The number of running requests.",
-                p.running as f64,
-            );
-            stat(
-                "sglang:num_queue_reqs",
-                "The number of requests in the waiting queue.",
-                p.queued as f64,
-            );
-            stat(
-                "sglang:num_grammar_queue_reqs",
-                "The number of requests in the grammar waiting queue.",
-                0.0,
-            );
+            stat("sglang:num_running_reqs", "The number of running requests.", p.running as f64);
+            stat("sglang:num_queue_reqs", "The number of requests in the waiting queue.", p.queued as f64);
+            stat("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.", 0.0);
             stat("sglang:num_used_tokens", "The number of used tokens.", used);
             stat("sglang:token_usage", "The token usage.", round2(used / max));
-            stat(
-                "sglang:gen_throughput",
-                "The generation throughput (token/s).",
-                p.gen_throughput,
-            );
-            stat(
-                "sglang:cache_hit_rate",
-                "The prefix cache hit rate.",
-                p.cache_hit_rate,
-            );
+            stat("sglang:gen_throughput", "The generation throughput (token/s).", p.gen_throughput);
+            stat("sglang:cache_hit_rate", "The prefix cache hit rate.", p.cache_hit_rate);
             if v.has_full_token_usage() {
-                stat(
-                    "sglang:full_token_usage",
-                    "The token usage for full attention layers.",
-                    used / max,
-                );
+                stat("sglang:full_token_usage", "The token usage for full attention layers.", used / max);
             }
             if v.has_kv_tokens() {
-                stat(
-                    "sglang:kv_used_tokens",
-                    "Number of actively used token slots in the KV cache pool.",
-                    used,
-                );
-                stat(
-                    "sglang:kv_available_tokens",
-                    "Number of free token slots in the KV cache pool.",
-                    p.available as f64,
-                );
-                stat(
-                    "sglang:kv_evictable_tokens",
-                    "Number of evictable (cached, unreferenced) token slots in the KV cache pool.",
-                    p.evictable as f64,
-                );
+                stat("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.", used);
+                stat("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.", p.available as f64);
+                stat("sglang:kv_evictable_tokens", "Number of evictable (cached, unreferenced) token slots in the KV cache pool.", p.evictable as f64);
             }
             if v.has_max_total_num_tokens() && !v.constants_at_init() {
-                stat(
-                    "sglang:max_total_num_tokens",
-                    "Maximum total number of tokens in the KV cache pool.",
-                    max,
-                );
+                stat("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max);
             }
             // PD queues: both roles publish the full set; the other role's stay 0.
-            stat(
-                v.prefill_bootstrap_queue_name(),
-                "The number of requests in the prefill bootstrap queue.",
-                0.0,
-            );
-            stat(
-                v.prefill_inflight_queue_name(),
-                "The number of requests in the prefill inflight queue.",
-                0.0,
-            );
-            stat(
-                "sglang:num_decode_prealloc_queue_reqs",
-                "The number of requests in the decode prealloc queue.",
-                0.0,
-            );
-            stat(
-                "sglang:num_decode_transfer_queue_reqs",
-                "The number of requests in the decode transfer queue.",
-                0.0,
-            );
+            stat(v.prefill_bootstrap_queue_name(), "The number of requests in the prefill bootstrap queue.", 0.0);
+            stat(v.prefill_inflight_queue_name(), "The number of requests in the prefill inflight queue.", 0.0);
+            stat("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", 0.0);
+            stat("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", 0.0);
             if v.has_pending_prealloc() {
-                stat(
-                    "sglang:pending_prealloc_token_usage",
-                    "The token usage of pending preallocated requests.",
-                    0.0,
-                );
+                stat("sglang:pending_prealloc_token_usage", "The token usage of pending preallocated requests.", 0.0);
             }
             if v.has_retracted() {
                 // No multiprocess_mode: prometheus `all` mode adds a pid label.
                 let pid = std::process::id().to_string();
-                for (name, help) in [
-                    (
-                        "sglang:num_retracted_reqs",
-                        "The number of retracted requests.",
-                    ),
-                    ("sglang:num_paused_reqs", "The number of paused requests."),
-                ] {
-                    fams.push(Family::gauge(
-                        name,
-                        help,
-                        vec![(self.labels(0, Some(&pid)), 0.0)],
-                    ));
+                for (name, help) in
+                    [("sglang:num_retracted_reqs", "The number of retracted requests."), ("sglang:num_paused_reqs", "The number of paused requests.")]
+                {
+                    fams.push(Family::gauge(name, help, vec![(self.labels(0, Some(&pid)), 0.0)]));
                 }
             }
         }
         if s.requests_total > 0 {
             let labels = self.tokenizer_labels();
             for (name, help, val) in [
-                (
-                    "sglang:prompt_tokens",
-                    "Number of prefill tokens processed.",
-                    s.prompt_tokens_total,
-                ),
-                (
-                    "sglang:generation_tokens",
-                    "Number of generation tokens processed.",
-                    s.generation_tokens_total,
-                ),
-                (
-                    "sglang:num_requests",
-                    "The number of requests.",
-                    s.requests_total,
-                ),
+                ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
+                ("sglang:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
+                ("sglang:num_requests", "The number of requests.", s.requests_total),
             ] {
-                fams.push(Family {
-                    name: name.to_string(),
-                    help: help.to_string(),
-                    kind: "counter",
-                    samples: vec![(labels.clone(), val as f64)],
-                });
+                fams.push(Family { name: name.to_string(), help: help.to_string(), kind: "counter", samples: vec![(labels.clone(), val as f64)] });
             }
         }
         drop(s);
@@ -413,10 +313,7 @@ impl Engine {
         } else {
             "unified"
         };
-        let mut l = vec![
-            ("engine_type".to_string(), engine_type.to_string()),
-            ("model_name".to_string(), self.cfg.served_model_name.clone()),
-        ];
+        let mut l = vec![("engine_type".to_string(), engine_type.to_string()), ("model_name".to_string(), self.cfg.served_model_name.clone())];
         if v.has_moe_ep_rank() {
             l.push(("moe_ep_rank".into(), "0".into()));
         }
@@ -457,23 +354,14 @@ struct Family {
 
 impl Family {
     fn gauge(name: &str, help: &str, samples: Vec<(Vec<(String, String)>, f64)>) -> Family {
-        Family {
-            name: name.to_string(),
-            help: help.to_string(),
-            kind: "gauge",
-            samples,
-        }
+        Family { name: name.to_string(), help: help.to_string(), kind: "gauge", samples }
     }
 
     fn write(&self, out: &mut String, openmetrics: bool) {
         let is_counter = self.kind == "counter";
         let (family, sample) = if openmetrics {
             let base = self.name.replace(':', "_");
-            let sample = if is_counter {
-                format!("{base}_total")
-            } else {
-                base.clone()
-            };
+            let sample = if is_counter { format!("{base}_total") } else { base.clone() };
             (base, sample)
         } else if is_counter {
             let n = format!("{}_total", self.name);
@@ -505,9 +393,7 @@ fn escape_help(s: &str) -> String {
 }
 
 fn escape_label(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('\n', "\\n")
-        .replace('"', "\\\"")
+    s.replace('\\', "\\\\").replace('\n', "\\n").replace('"', "\\\"")
 }
 
 /// Format a value as Python's `prometheus_client` does (`repr(float)`, `+Inf`, `NaN`).
@@ -563,27 +449,17 @@ mod tests {
         }
         let text = e.render_metrics(false);
         let get = |n: &str| -> f64 {
-            let line = text
-                .lines()
-                .find(|l| l.starts_with(&format!("{n}{{")))
-                .unwrap();
+            let line = text.lines().find(|l| l.starts_with(&format!("{n}{{"))).unwrap();
             line.rsplit(' ').next().unwrap().parse().unwrap()
         };
-        let (u, a, ev) = (
-            get("sglang:kv_used_tokens"),
-            get("sglang:kv_available_tokens"),
-            get("sglang:kv_evictable_tokens"),
-        );
+        let (u, a, ev) = (get("sglang:kv_used_tokens"), get("sglang:kv_available_tokens"), get("sglang:kv_evictable_tokens"));
         assert_eq!(u, 140.0);
         assert_eq!(u + a + ev, 1000.0);
         e.finish(t);
         let mut t2 = e.admit(10);
         e.decode_step(&mut t2);
         let text = e.render_metrics(false);
-        assert!(
-            text.contains("sglang:kv_evictable_tokens{") && text.contains("} 140.0"),
-            "{text}"
-        );
+        assert!(text.contains("sglang:kv_evictable_tokens{") && text.contains("} 140.0"), "{text}");
         e.finish(t2);
     }
 
@@ -600,10 +476,7 @@ mod tests {
         let e = engine("--model-path m --sim-version 0.4.6 --disaggregation-mode prefill");
         let t = e.admit(3);
         let text = e.render_metrics(false);
-        assert!(
-            text.contains("sglang:token_usage{engine_type=\"unified\",model_name=\"m\"} 0.0"),
-            "{text}"
-        );
+        assert!(text.contains("sglang:token_usage{engine_type=\"unified\",model_name=\"m\"} 0.0"), "{text}");
         assert!(text.contains("sglang:num_prefill_infight_queue_reqs{"));
         assert!(!text.contains("kv_used_tokens") && !text.contains("max_total_num_tokens"));
         e.finish(t);

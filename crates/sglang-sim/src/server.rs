@@ -29,35 +29,23 @@ struct App {
 pub async fn run(cfg: SimConfig) -> i32 {
     let cfg = Arc::new(cfg);
     let pid = std::process::id();
-    log::line(&format!(
-        "server_args=ServerArgs({})",
-        server_args_repr(&cfg)
-    ));
+    log::line(&format!("server_args=ServerArgs({})", server_args_repr(&cfg)));
     log::line(&format!("Load weight begin. avail mem={:.2} GB", 78.5));
     let load = cfg.sim.load;
     tokio::time::sleep(load.mul_f64(0.6)).await;
     if let Some(code) = cfg.sim.exit_code {
         log::line("Scheduler hit an exception: Traceback (most recent call last):");
-        log::raw(&format!(
-            "RuntimeError: simulated start-up failure (--sim-exit-code {code})"
-        ));
+        log::raw(&format!("RuntimeError: simulated start-up failure (--sim-exit-code {code})"));
         log::line("Received sigquit from a child process. It usually means the child failed.");
         log::line("Initialization failed. Please see the error messages above.");
         return code;
     }
-    log::line(&format!(
-        "Load weight end. elapsed={:.2} s, type=DeepseekV4ForCausalLM, avail mem=41.20 GB, mem usage=37.30 GB.",
-        load.as_secs_f64() * 0.6
-    ));
+    log::line(&format!("Load weight end. elapsed={:.2} s, type=DeepseekV4ForCausalLM, avail mem=41.20 GB, mem usage=37.30 GB.", load.as_secs_f64() * 0.6));
     let max = cfg.sim.max_total_tokens;
     if cfg.sim.version.has_kv_tokens() {
-        log::line(&format!(
-            "KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"
-        ));
+        log::line(&format!("KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"));
     } else {
-        log::line(&format!(
-            "KV Cache is allocated. #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"
-        ));
+        log::line(&format!("KV Cache is allocated. #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"));
     }
     let engine = Engine::new(cfg.clone());
     log::line("Memory pool end. avail mem=15.70 GB");
@@ -71,21 +59,13 @@ pub async fn run(cfg: SimConfig) -> i32 {
     if cfg.mode == Mode::Prefill {
         match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.bootstrap_port)).await {
             Ok(l) => {
-                let r = Router::new()
-                    .route("/health", get(|| async { "OK" }))
-                    .route(
-                        "/route",
-                        get(|| async { axum::Json(json!({})) }).put(|| async { "OK" }),
-                    );
+                let r = Router::new().route("/health", get(|| async { "OK" })).route("/route", get(|| async { axum::Json(json!({})) }).put(|| async { "OK" }));
                 tokio::spawn(async move {
                     let _ = axum::serve(l, r).await;
                 });
             }
             Err(e) => {
-                log::line(&format!(
-                    "Scheduler hit an exception: OSError: bootstrap server cannot bind {}:{}: {e}",
-                    cfg.host, cfg.bootstrap_port
-                ));
+                log::line(&format!("Scheduler hit an exception: OSError: bootstrap server cannot bind {}:{}: {e}", cfg.host, cfg.bootstrap_port));
                 return 1;
             }
         }
@@ -94,24 +74,15 @@ pub async fn run(cfg: SimConfig) -> i32 {
     let listener = match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await {
         Ok(l) => l,
         Err(e) => {
-            log::line(&format!(
-                "Port is already in use. port={} error={e}",
-                cfg.port
-            ));
+            log::line(&format!("Port is already in use. port={} error={e}", cfg.port));
             return 1;
         }
     };
-    let app = App {
-        engine: engine.clone(),
-        ready_at: Arc::new(std::sync::OnceLock::new()),
-    };
+    let app = App { engine: engine.clone(), ready_at: Arc::new(std::sync::OnceLock::new()) };
     log::uvicorn(&format!("Started server process [{pid}]"));
     log::uvicorn("Waiting for application startup.");
     log::uvicorn("Application startup complete.");
-    log::uvicorn(&format!(
-        "Uvicorn running on http://{}:{} (Press CTRL+C to quit)",
-        cfg.host, cfg.port
-    ));
+    log::uvicorn(&format!("Uvicorn running on http://{}:{} (Press CTRL+C to quit)", cfg.host, cfg.port));
     let router = routes(app.clone());
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
@@ -170,9 +141,7 @@ pub async fn run(cfg: SimConfig) -> i32 {
                 tokio::time::sleep(after).await;
                 log::line("Scheduler hit an exception: Traceback (most recent call last):");
                 log::raw("RuntimeError: CUDA error: an illegal memory access was encountered (simulated)");
-                log::line(
-                    "Received sigquit from a child process. It usually means the child failed.",
-                );
+                log::line("Received sigquit from a child process. It usually means the child failed.");
                 return Some(1);
             }
             std::future::pending::<()>().await;
@@ -243,13 +212,7 @@ fn routes(app: App) -> Router {
     if app.engine.config().enable_metrics {
         r = r.route("/metrics", get(metrics));
     }
-    r.fallback(|| async {
-        (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"detail": "Not Found"})),
-        )
-    })
-    .with_state(app)
+    r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) }).with_state(app)
 }
 
 async fn health(State(app): State<App>) -> Response {
@@ -263,16 +226,10 @@ async fn health(State(app): State<App>) -> Response {
     if let (Some(after), Some(at)) = (cfg.sim.health_fail_after_ready, app.ready_at.get()) {
         if at.elapsed() >= after {
             tokio::time::sleep(cfg.sim.health_generate).await;
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Health check failed. (simulated)",
-            )
-                .into_response();
+            return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
         }
     }
-    let generation = std::env::var("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION")
-        .map(|v| !matches!(v.to_lowercase().as_str(), "false" | "0"))
-        .unwrap_or(true);
+    let generation = std::env::var("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION").map(|v| !matches!(v.to_lowercase().as_str(), "false" | "0")).unwrap_or(true);
     if generation {
         app.engine.health_probe();
         tokio::time::sleep(cfg.sim.health_generate).await;
@@ -342,15 +299,16 @@ async fn models(State(app): State<App>) -> Response {
 
 async fn get_load(State(app): State<App>) -> Response {
     let (running, used) = app.engine.load();
-    axum::Json(
-        json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}]),
-    )
-    .into_response()
+    axum::Json(json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}])).into_response()
 }
 
 async fn flush_cache(State(app): State<App>) -> Response {
     if app.engine.flush_cache() {
-        (StatusCode::OK, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n").into_response()
+        (
+            StatusCode::OK,
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n",
+        )
+            .into_response()
     } else {
         (StatusCode::BAD_REQUEST, "Cache not flushed. Please check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n").into_response()
     }
@@ -360,35 +318,17 @@ async fn metrics(State(app): State<App>, headers: HeaderMap) -> Response {
     if app.engine.config().sim.metrics_hang {
         std::future::pending::<()>().await;
     }
-    let om = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("application/openmetrics-text"));
-    let ctype = if om {
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    } else {
-        "text/plain; version=0.0.4; charset=utf-8"
-    };
-    (
-        [(header::CONTENT_TYPE, ctype)],
-        app.engine.render_metrics(om),
-    )
-        .into_response()
+    let om = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("application/openmetrics-text"));
+    let ctype = if om { "application/openmetrics-text; version=1.0.0; charset=utf-8" } else { "text/plain; version=0.0.4; charset=utf-8" };
+    ([(header::CONTENT_TYPE, ctype)], app.engine.render_metrics(om)).into_response()
 }
 
 fn bad_request(msg: &str) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        axum::Json(json!({"error": {"message": msg}})),
-    )
-        .into_response()
+    (StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": msg}}))).into_response()
 }
 
 fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn approx_tokens(text: &str) -> u64 {
@@ -403,11 +343,7 @@ struct Job {
 }
 
 fn log_request(kind: &str, body: &Value) {
-    let s = |k: &str| {
-        body.get(k)
-            .map(|v| v.to_string())
-            .unwrap_or_else(|| "None".into())
-    };
+    let s = |k: &str| body.get(k).map(|v| v.to_string()).unwrap_or_else(|| "None".into());
     log::line(&format!(
         "Receive: obj={kind}(rid={}, bootstrap_host={}, bootstrap_port={}, bootstrap_room={})",
         s("rid"),
@@ -417,19 +353,13 @@ fn log_request(kind: &str, body: &Value) {
     ));
 }
 
-const WORDS: &[&str] = &[
-    " Paris", " is", " the", " capital", " of", " France", ".", " It",
-];
+const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", " France", ".", " It"];
 
 /// Run a request through the engine; `on_token` sees each generated piece.
 async fn execute(engine: &Engine, job: &Job, mut on_token: impl FnMut(usize, &str) -> bool) -> u64 {
     let mut ticket = engine.admit(job.prompt_tokens);
     // A PD prefill server only runs the prefill (and the first token).
-    let n = if engine.config().mode == Mode::Prefill {
-        1
-    } else {
-        job.max_new
-    };
+    let n = if engine.config().mode == Mode::Prefill { 1 } else { job.max_new };
     let mut produced = 0;
     let mut tick = tokio::time::interval(token_interval(engine.config()));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -456,19 +386,8 @@ fn parse_body(body: &Bytes) -> Result<Value, String> {
 }
 
 fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), rx))
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response()
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), rx)) });
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
 }
 
 async fn generate(State(app): State<App>, body: Bytes) -> Response {
@@ -477,28 +396,14 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
         Err(e) => return bad_request(&e),
     };
     log_request("GenerateReqInput", &v);
-    let prompt_tokens = match (
-        v.get("text").and_then(Value::as_str),
-        v.get("input_ids").and_then(Value::as_array),
-    ) {
+    let prompt_tokens = match (v.get("text").and_then(Value::as_str), v.get("input_ids").and_then(Value::as_array)) {
         (Some(t), _) => approx_tokens(t),
         (None, Some(ids)) => (ids.len() as u64).max(1),
         _ => return bad_request("Either text or input_ids should be provided."),
     };
-    let max_new = v
-        .pointer("/sampling_params/max_new_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(128);
-    let job = Job {
-        prompt_tokens,
-        max_new,
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
-    };
-    let rid = v
-        .get("rid")
-        .and_then(Value::as_str)
-        .map(String::from)
-        .unwrap_or_else(|| format!("{:032x}", rand_u128()));
+    let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", rand_u128()));
     let started = Instant::now();
     let meta = move |n: u64, prompt: u64| {
         json!({"id": rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
@@ -531,8 +436,7 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
         true
     })
     .await;
-    axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)}))
-        .into_response()
+    axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)})).into_response()
 }
 
 async fn completions(State(app): State<App>, body: Bytes) -> Response {
@@ -548,20 +452,10 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
         Ok(v) => v,
         Err(e) => return bad_request(&e),
     };
-    log_request(
-        if chat {
-            "ChatCompletionRequest"
-        } else {
-            "CompletionRequest"
-        },
-        &v,
-    );
+    log_request(if chat { "ChatCompletionRequest" } else { "CompletionRequest" }, &v);
     let prompt_tokens = if chat {
         match v.get("messages").and_then(Value::as_array) {
-            Some(msgs) => msgs
-                .iter()
-                .map(|m| approx_tokens(m.get("content").and_then(Value::as_str).unwrap_or("")))
-                .sum(),
+            Some(msgs) => msgs.iter().map(|m| approx_tokens(m.get("content").and_then(Value::as_str).unwrap_or(""))).sum(),
             None => return bad_request("messages: Field required"),
         }
     } else {
@@ -570,24 +464,12 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
             None => return bad_request("prompt: Field required"),
         }
     };
-    let max_new = v
-        .get("max_completion_tokens")
-        .or_else(|| v.get("max_tokens"))
-        .and_then(Value::as_u64)
-        .unwrap_or(16);
-    let job = Job {
-        prompt_tokens,
-        max_new,
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
-    };
+    let max_new = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(Value::as_u64).unwrap_or(16);
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
     let model = app.engine.config().served_model_name.clone();
     let id = format!("{:032x}", rand_u128());
     let created = unix_now();
-    let (object, chunk_object) = if chat {
-        ("chat.completion", "chat.completion.chunk")
-    } else {
-        ("text_completion", "text_completion")
-    };
+    let (object, chunk_object) = if chat { ("chat.completion", "chat.completion.chunk") } else { ("text_completion", "text_completion") };
     if job.stream {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let engine = app.engine.clone();
@@ -624,9 +506,7 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
 
 fn rand_u128() -> u128 {
     use std::hash::{BuildHasher, Hasher};
-    let a = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
+    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(a);
     (u128::from(a) << 64) | u128::from(h.finish())

@@ -112,17 +112,8 @@ mod tests {
         assert!(!v056.engine_type_by_role() && v0510.engine_type_by_role());
         assert!(!v0510.has_kv_tokens() && v0523.has_kv_tokens());
         assert!(!v046.has_max_total_num_tokens() && v056.has_max_total_num_tokens());
-        assert_eq!(
-            v046.prefill_inflight_queue_name(),
-            "sglang:num_prefill_infight_queue_reqs"
-        );
-        assert_eq!(
-            v0510.prefill_bootstrap_queue_name(),
-            "sglang:num_prefill_prealloc_queue_reqs"
-        );
-        assert_eq!(
-            v0523.prefill_bootstrap_queue_name(),
-            "sglang:num_prefill_bootstrap_queue_reqs"
-        );
+        assert_eq!(v046.prefill_inflight_queue_name(), "sglang:num_prefill_infight_queue_reqs");
+        assert_eq!(v0510.prefill_bootstrap_queue_name(), "sglang:num_prefill_prealloc_queue_reqs");
+        assert_eq!(v0523.prefill_bootstrap_queue_name(), "sglang:num_prefill_bootstrap_queue_reqs");
     }
 }

@@ -1,0 +1,107 @@
+//! A client of pdctld's control API: HTTP/1.1 + JSON over its Unix socket (hyper), with a
+//! timeout on every request and NDJSON streaming for events.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+/// Timeout of a plain request.
+pub const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why the daemon could not be asked.
+#[derive(Debug)]
+pub enum ClientError {
+    /// No daemon at the socket.
+    NotRunning(PathBuf, String),
+    /// Permission denied on the socket.
+    Denied(PathBuf),
+    /// Anything else.
+    Other(String),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::NotRunning(p, e) => write!(
+                f,
+                "pdctld is not running (cannot connect to {}: {e}); start it with `systemctl start pdctld` (or point --socket / PDCTL_SOCKET at its socket)",
+                p.display()
+            ),
+            ClientError::Denied(p) => write!(f, "permission denied on {}; run as root or as a member of the socket's group", p.display()),
+            ClientError::Other(e) => write!(f, "talking to pdctld failed: {e}"),
+        }
+    }
+}
+
+/// The daemon at a socket.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    /// A client for `socket`.
+    pub fn new(socket: &Path) -> Client {
+        Client { socket: socket.to_path_buf() }
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Incoming), ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => ClientError::Denied(self.socket.clone()),
+            _ => ClientError::NotRunning(self.socket.clone(), e.to_string()),
+        })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Other(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://pdctld{path}"))
+            .header("host", "pdctld")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes))
+            .map_err(|e| ClientError::Other(e.to_string()))?;
+        let resp = sender.send_request(req).await.map_err(|e| ClientError::Other(e.to_string()))?;
+        Ok((resp.status().as_u16(), resp.into_body()))
+    }
+
+    /// A request whose answer is one JSON document.
+    pub async fn json(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), ClientError> {
+        let fut = async {
+            let (status, body) = self.send(method, path, body).await?;
+            let bytes = body.collect().await.map_err(|e| ClientError::Other(e.to_string()))?.to_bytes();
+            let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+            Ok((status, v))
+        };
+        tokio::time::timeout(TIMEOUT, fut).await.unwrap_or_else(|_| Err(ClientError::Other(format!("no answer within {TIMEOUT:?}"))))
+    }
+
+    /// Stream NDJSON lines from `path` to `on_line` until the stream ends.
+    pub async fn lines(&self, path: &str, mut on_line: impl FnMut(Value)) -> Result<(), ClientError> {
+        let (status, mut body) = self.send("GET", path, None).await?;
+        let mut buf: Vec<u8> = Vec::new();
+        if status != 200 {
+            let bytes = body.collect().await.map_err(|e| ClientError::Other(e.to_string()))?.to_bytes();
+            return Err(ClientError::Other(String::from_utf8_lossy(&bytes).into_owned()));
+        }
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| ClientError::Other(e.to_string()))?;
+            if let Some(d) = frame.data_ref() {
+                buf.extend_from_slice(d);
+                while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=i).collect();
+                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                        on_line(v);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

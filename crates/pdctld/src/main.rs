@@ -1,0 +1,139 @@
+//! `pdctld`: the daemon that owns rollouts. `Type=notify` (READY=1 once it serves, WATCHDOG=1,
+//! STATUS= with the current rollout); control API over a Unix socket (HTTP/1.1 + JSON, events as
+//! NDJSON); its own metrics on a loopback TCP address; logs to journald with `PDCTL_ROLLOUT_ID`,
+//! `PDCTL_UNIT`, `PDCTL_STEP` fields when run by systemd, to stderr otherwise.
+
+mod daemon;
+mod metrics;
+mod revisions;
+mod store;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use tracing_subscriber::prelude::*;
+
+#[derive(Parser)]
+#[command(name = "pdctld", version, about = "pdctl's daemon: owns rollouts of SGLang units")]
+struct Args {
+    /// Main config file (default: $PDCTL_CONFIG, else /etc/pdctl/pdctl.toml).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Control socket.
+    #[arg(long, default_value = "/run/pdctl/pdctl.sock", env = "PDCTL_SOCKET")]
+    socket: PathBuf,
+    /// Group that may use the socket (mode 0660).
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// State directory (rollout records, revisions).
+    #[arg(long, default_value = "/var/lib/pdctl", env = "STATE_DIRECTORY")]
+    state_dir: PathBuf,
+    /// Loopback address of the metrics endpoint (`off` to disable).
+    #[arg(long, default_value = "127.0.0.1:9731")]
+    metrics_listen: String,
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Under systemd (stderr is a journal stream), log natively to journald with our fields.
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        if let Ok(j) = tracing_journald::layer() {
+            tracing_subscriber::registry().with(filter).with(j.with_field_prefix(None).with_syslog_identifier("pdctld".into())).init();
+            return;
+        }
+    }
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).init();
+}
+
+fn chgrp(path: &std::path::Path, group: &str) -> Result<(), String> {
+    let c = std::ffi::CString::new(group).map_err(|e| e.to_string())?;
+    // SAFETY: getgrnam returns a pointer into static storage or null; read gr_gid at once.
+    let gid = unsafe {
+        let g = libc::getgrnam(c.as_ptr());
+        if g.is_null() {
+            return Err(format!("no group {group}"));
+        }
+        (*g).gr_gid
+    };
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: valid path; uid -1 keeps the owner.
+    if unsafe { libc::chown(p.as_ptr(), u32::MAX, gid) } != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    init_logs();
+    let config = pdctl_core::config::main_path(args.config.as_deref());
+    // STATE_DIRECTORY from systemd may list several paths separated by ':'.
+    let state_dir = PathBuf::from(args.state_dir.to_string_lossy().split(':').next().unwrap_or("/var/lib/pdctl"));
+    let store = match store::Store::open(&state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pdctld: cannot use the state directory {}: {e}", state_dir.display());
+            std::process::exit(3);
+        }
+    };
+    if let Err(e) = pdctl_core::config::load(&config) {
+        tracing::warn!("config error (rollouts will be refused until it is fixed): {e}");
+    }
+    let d = Arc::new(daemon::Daemon::new(config, store).await);
+    if let Some(dir) = args.socket.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    let listener = match tokio::net::UnixListener::bind(&args.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pdctld: cannot listen on {}: {e}", args.socket.display());
+            std::process::exit(3);
+        }
+    };
+    let _ = std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o660));
+    if let Some(g) = &args.socket_group {
+        if let Err(e) = chgrp(&args.socket, g) {
+            tracing::warn!("cannot give the socket to group {g}: {e}");
+        }
+    }
+    if args.metrics_listen != "off" {
+        match tokio::net::TcpListener::bind(&args.metrics_listen).await {
+            Ok(l) => {
+                let app = daemon::metrics_api(d.clone());
+                tokio::spawn(async move {
+                    let _ = axum::serve(l, app).await;
+                });
+            }
+            Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
+        }
+    }
+    if let Some(every) = sd_notify::watchdog_enabled() {
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(every / 2);
+            loop {
+                t.tick().await;
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+        });
+    }
+    tracing::info!(socket = %args.socket.display(), state_dir = %state_dir.display(), "pdctld serving");
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("idle")]);
+    let app = daemon::api(d);
+    let serve = axum::serve(listener, app);
+    tokio::select! {
+        r = serve => if let Err(e) = r { eprintln!("pdctld: {e}"); std::process::exit(1); },
+        _ = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => { s.recv().await; }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        } => {
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+            tracing::info!("pdctld stopping");
+        }
+    }
+}

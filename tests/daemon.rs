@@ -1,0 +1,246 @@
+//! pdctld as a unit of the sandbox's manager (Type=notify: its READY must reach systemd): rollouts
+//! through the control socket, one at a time, detach and re-attach, SIGKILL mid-rollout →
+//! interrupted → resume, abort, config rollouts through pdctl-rollout.service with rollback, its
+//! metrics and its journald fields.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
+use pdctl_tests::{pdctl_run, stack_up, JsonRun, LivePdctl};
+use serde_json::Value;
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn up() -> (Stack, PathBuf, Pdctld) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stack = rt.block_on(stack_up(&StackOptions::default()));
+    let config = stack.write_pdctl_config().unwrap();
+    std::fs::write(config.parent().unwrap().join("config.d/05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").unwrap();
+    let d = stack.start_pdctld().expect("pdctld starts: systemctl start waits for its READY=1");
+    (stack, config, d)
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn cli(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.extend(["--config".into(), s(config), "--socket".into(), s(&d.socket)]);
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    pdctl_run(&refs, LIMIT, |_| {})
+}
+
+fn live(d: &Pdctld, config: &Path, args: &[&str]) -> LivePdctl {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.extend(["--config".into(), s(config), "--socket".into(), s(&d.socket)]);
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    LivePdctl::spawn(&refs)
+}
+
+fn history(d: &Pdctld, config: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let o = std::process::Command::new(bin).args(["rollout", "history", "--json", "--config", &s(config), "--socket", &s(&d.socket)]).output().unwrap();
+    assert!(o.status.success(), "history: {}", String::from_utf8_lossy(&o.stderr));
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        out.push(serde_json::from_str(l).unwrap());
+    }
+    out
+}
+
+fn inv(stack: &Stack, unit: &str) -> String {
+    stack.show(unit, "InvocationID").unwrap()
+}
+
+fn is(e: &Value, unit: &str, step: &str, status: &str) -> bool {
+    e["unit"] == unit && e["step"] == step && e["status"] == status
+}
+
+#[test]
+fn one_rollout_at_a_time_with_status_metrics_and_journald_fields() {
+    let (stack, config, d) = up();
+    assert_eq!(stack.show(&d.unit, "ActiveState").unwrap(), "active", "Type=notify: active only after READY=1");
+    assert_eq!(stack.show(&d.unit, "StatusText").unwrap(), "idle");
+    let mut first = live(&d, &config, &["restart", "--rolling", "--json"]);
+    first.wait_line(LIMIT, |e| is(e, P, "restart", "started")).expect("the first rollout runs");
+    let id = history(&d, &config).into_iter().find(|r| r["state"] == "running").expect("a running record")["id"].as_str().unwrap().to_string();
+    assert!(stack.show(&d.unit, "StatusText").unwrap().contains(&id), "STATUS= names the rollout");
+    let second = cli(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(second.code, 4, "busy: {}", second.stderr);
+    assert!(second.stderr.contains(&format!("another rollout is running: {id}")), "{}", second.stderr);
+    assert_eq!(first.finish(LIMIT), Some(0), "{:#?}", first.seen);
+    assert_eq!(first.seen.last().unwrap()["result"], "succeeded");
+
+    let text = http_get(&d.metrics_url);
+    assert!(text.contains("pdctl_rollouts_total{result=\"succeeded\"} 1"), "{text}");
+    assert!(text.contains("pdctl_units_restarted_total 2"), "{text}");
+    assert!(text.contains("pdctl_step_duration_seconds_count{step=\"ready\"} 2"), "{text}");
+    assert!(text.contains("pdctl_last_success_timestamp_seconds"), "{text}");
+    assert!(text.contains("pdctl_rollout_running 0"), "{text}");
+
+    let j = stack.sandbox.journalctl(&["-o", "json", &format!("PDCTL_ROLLOUT_ID={id}")]).unwrap();
+    let entries: Vec<Value> = String::from_utf8_lossy(&j.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(
+        entries.iter().any(|e| e["PDCTL_UNIT"] == P && e["PDCTL_STEP"] == "ready"),
+        "journalctl PDCTL_ROLLOUT_ID={id} shows its steps: {} entries",
+        entries.len()
+    );
+}
+
+fn http_get(url: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async { pdctl_tests::http().get(url).send().await.unwrap().text().await.unwrap() })
+}
+
+#[test]
+fn ctrl_c_detaches_and_watch_replays_from_the_beginning() {
+    let (stack, config, d) = up();
+    let d0 = inv(&stack, D);
+    let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
+    cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
+    cli1.signal("INT");
+    assert_eq!(cli1.finish(Duration::from_secs(10)), Some(0), "Ctrl-C detaches");
+    let id = history(&d, &config).into_iter().last().unwrap()["id"].as_str().unwrap().to_string();
+    let w = cli(&d, &config, &["rollout", "watch", &id, "--json"]);
+    assert_eq!(w.code, 0, "{}", w.stderr);
+    assert!(is(&w.events[0], P, "preflight", "started"), "replayed from the first event: {:?}", w.events[0]);
+    assert_eq!(w.summary["result"], "succeeded", "the rollout went on without the CLI");
+    assert_ne!(inv(&stack, D), d0);
+}
+
+#[test]
+fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
+    let (stack, config, d) = up();
+    let d0 = inv(&stack, D);
+    let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
+    cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
+    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
+    let _ = cli1.finish(Duration::from_secs(20));
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    let rec = history(&d, &config).into_iter().last().unwrap();
+    assert_eq!(rec["state"], "interrupted", "{rec:#}");
+    assert_eq!(rec["interrupted"]["unit"], P, "{rec:#}");
+    assert!(rec["interrupted"]["step"].is_string());
+    assert_eq!(rec["interrupted"]["units"].as_array().unwrap().len(), 2, "each unit's state is reported");
+    assert_eq!(inv(&stack, D), d0, "nothing resumed by itself");
+    let id = rec["id"].as_str().unwrap();
+    let r = cli(&d, &config, &["rollout", "resume", id, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    assert!(r.index(P, "health", "passed").is_some(), "the interrupted unit is re-verified first");
+    assert!(r.index(D, "soak", "passed").is_some());
+    assert_ne!(inv(&stack, D), d0, "the rest of the plan ran");
+    let last = history(&d, &config).into_iter().last().unwrap();
+    assert_eq!(last["kind"], "resume");
+}
+
+#[test]
+fn abort_stops_after_the_current_unit_is_verified() {
+    let (stack, config, d) = up();
+    let d0 = inv(&stack, D);
+    let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
+    cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
+    let id = history(&d, &config).into_iter().last().unwrap()["id"].as_str().unwrap().to_string();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let a = std::process::Command::new(bin).args(["rollout", "abort", &id, "--socket", &s(&d.socket)]).output().unwrap();
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(String::from_utf8_lossy(&a.stdout).contains("aborting after the current unit"));
+    assert_eq!(cli1.finish(LIMIT), Some(5), "exit 5: aborted");
+    assert_eq!(cli1.seen.last().unwrap()["result"], "aborted");
+    assert!(cli1.seen.iter().any(|e| is(e, P, "soak", "passed")), "the unit in progress was verified");
+    assert_eq!(inv(&stack, D), d0, "decode untouched");
+}
+
+fn exec_start_line(stack: &Stack, unit: &str) -> String {
+    let text = std::fs::read_to_string(stack.sandbox.unit_dir().join(unit)).unwrap();
+    text.lines().find(|l| l.starts_with("ExecStart=")).unwrap().to_string()
+}
+
+fn raw_drop_in(stack: &Stack, unit: &str, name: &str, body: &str) -> PathBuf {
+    let dir = stack.sandbox.unit_dir().join(format!("{unit}.d"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{name}.conf"));
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+#[test]
+fn bad_flag_applied_by_the_timer_service_is_rolled_back() {
+    let (stack, config, d) = up();
+    std::fs::write(config.parent().unwrap().join("config.d/10-rollback.toml"), "[rollout]\non_failure = \"rollback\"\n").unwrap();
+    let base = cli(&d, &config, &["rollout", "apply", "--all", "--json"]);
+    assert_eq!(base.code, 0, "baseline: {:#?}", base.summary);
+    let d0 = inv(&stack, D);
+    // A bad flag rolled out in a drop-in (not reloaded: pdctl finds it itself).
+    let bad = raw_drop_in(&stack, P, "50-bad-flag", &format!("[Service]\nExecStart=\n{} --bogus-flag\n", exec_start_line(&stack, P)));
+    let diff = std::process::Command::new(pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap())
+        .args(["rollout", "diff", "--json", "--socket", &s(&d.socket)])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&diff.stdout);
+    assert!(diff.status.success() && out.contains("50-bad-flag.conf is new"), "{out}");
+    // pdctl-rollout.service, as the timer would start it.
+    let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    stack.sandbox.write_unit("pdctl-rollout.service", &format!("[Unit]\nRequires=pdctld.service\nAfter=pdctld.service\n[Service]\nType=oneshot\nExecStart={} rollout apply --if-changed --config {} --socket {}\n", pdctl.display(), s(&d.config), s(&d.socket))).unwrap();
+    stack.sandbox.daemon_reload().unwrap();
+    let r = stack.sandbox.systemctl(&["start", "pdctl-rollout.service"]);
+    assert!(r.is_err(), "the oneshot fails (exit 1): the change did not go through");
+    let rec = history(&d, &config).into_iter().last().unwrap();
+    assert_eq!(rec["kind"], "apply");
+    assert_eq!(rec["state"], "rolled_back", "{rec:#}");
+    assert_eq!(rec["failed"]["unit"], P);
+    assert!(!bad.exists(), "the bad drop-in was moved aside");
+    assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
+    assert!(!stack.show(P, "ExecStart").unwrap().contains("--bogus-flag"), "runs the old config");
+    assert_eq!(inv(&stack, D), d0, "decode untouched");
+}
+
+#[test]
+fn a_good_change_is_rolled_out_to_the_stale_worker_only_and_recorded() {
+    let (stack, config, d) = up();
+    let base = cli(&d, &config, &["rollout", "apply", "--all", "--json"]);
+    assert_eq!(base.code, 0, "baseline: {:#?}", base.summary);
+    let p0 = inv(&stack, P);
+    raw_drop_in(&stack, D, "60-kv", "[Service]\nEnvironment=SGLANG_SIM_MAX_TOTAL_TOKENS=100000\n");
+    let r = cli(&d, &config, &["rollout", "apply", "--if-changed", "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    assert_eq!(r.summary["units"], serde_json::json!([D]));
+    assert!(!r.touched(P));
+    assert_eq!(inv(&stack, P), p0);
+    let m = &r.event(D, "metrics", "passed")["detail"];
+    assert_eq!(m["max_total_tokens"], 100000.0, "the new config is live");
+    let again = cli(&d, &config, &["rollout", "apply", "--if-changed", "--json"]);
+    assert_eq!(again.code, 0);
+    assert_eq!(again.summary["units"], serde_json::json!([]), "recorded: nothing stale any more");
+}
+
+#[test]
+fn missing_daemon_is_exit_3_with_the_command_to_start_it() {
+    let dir = std::env::temp_dir().join(format!("pdctl-nodaemon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("pdctl.toml");
+    std::fs::write(&cfg, "[[worker]]\nunit = \"a.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:1\"\n").unwrap();
+    let r = pdctl_run(&["restart", "--rolling", "--json", "--config", &s(&cfg), "--socket", &s(&dir.join("none.sock"))], LIMIT, |_| {});
+    assert_eq!(r.code, 3);
+    assert!(r.stderr.contains("systemctl start pdctld"), "{}", r.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn shipped_units_are_valid_and_pdctld_is_hardened() {
+    let units = pdctl_tests::pdctl_sandbox::repo_root().join("units");
+    let out = std::process::Command::new("systemd-analyze").args(["security", "--offline=true"]).arg(units.join("pdctld.service")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("Overall exposure level")).unwrap_or_else(|| panic!("{text}"));
+    let level: f64 = line.split(':').nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert!(level <= 3.0, "exposure {level} > 3.0: {line}");
+    for u in ["pdctld.service", "pdctl-rollout.service", "pdctl-rollout.timer", "sglang-prefill.service", "sglang-decode.service"] {
+        let o = std::process::Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(units.join(u)).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let bad: Vec<&str> = err.lines().filter(|l| l.contains("Unknown") || l.contains("Invalid") || l.contains("Failed to parse")).collect();
+        assert!(bad.is_empty(), "{u}: {bad:?}");
+    }
+}
