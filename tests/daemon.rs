@@ -195,6 +195,9 @@ fn bad_flag_applied_by_the_timer_service_is_rolled_back() {
     assert!(!bad.exists(), "the bad drop-in was moved aside");
     assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
     assert!(!stack.show(P, "ExecStart").unwrap().contains("--bogus-flag"), "runs the old config");
+    let m = http_get(&d.metrics_url);
+    assert!(m.contains("pdctl_rollouts_total{result=\"rolled_back\"} 1"), "{m}");
+    assert!(m.contains("pdctl_gate_failures_total{step=\"ready\",cause="), "{m}");
     assert_eq!(inv(&stack, D), d0, "decode untouched");
 }
 

@@ -2,6 +2,8 @@
 //! the rollout state machine ([`engine::Engine`]: the gates of one restart), and the events it
 //! emits. It reaches systemd, the journal and HTTP only through the traits in [`ports`].
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod engine;
 pub mod events;

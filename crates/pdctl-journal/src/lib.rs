@@ -10,6 +10,8 @@
 //! `_SYSTEMD_INVOCATION_ID` is the new InvocationID, or, where journald did not record one, when
 //! its `_PID` is the new main PID or one of its descendants.
 
+#![warn(missing_docs)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

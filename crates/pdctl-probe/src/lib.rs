@@ -2,6 +2,8 @@
 //! circuit breaker, a smoke request, re-registration), and `/metrics` parsed and checked for
 //! SGLang's KV gauges. Every request has a timeout; every failure says which cause it is.
 
+#![warn(missing_docs)]
+
 pub mod kv;
 pub mod prom;
 

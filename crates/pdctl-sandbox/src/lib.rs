@@ -17,6 +17,8 @@
 //! closes (on drop, or when the owning process dies for any reason), and the kernel then kills
 //! every process in the namespace.
 
+#![warn(missing_docs)]
+
 pub mod init;
 pub mod journal;
 pub mod stack;

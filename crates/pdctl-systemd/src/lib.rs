@@ -6,6 +6,8 @@
 //! systemd); read a unit's configuration; daemon-reload; reset a failed unit. Every call has a
 //! timeout, and errors are one sentence that says what to do (facts: shared/zbus-facts.md).
 
+#![warn(missing_docs)]
+
 use std::time::Duration;
 
 use futures_util::StreamExt as _;

@@ -80,44 +80,30 @@ pub fn code(s: &Summary) -> i32 {
     }
 }
 
-/// `pdctl restart --rolling`.
+/// Config → plan → connected engine, or the exit code of what went wrong (2 or 3).
+async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), i32> {
+    let s = settings(config)?;
+    let plan = Plan::new(&s, only).map_err(|e| {
+        eprintln!("pdctl: {e}");
+        exit::USAGE
+    })?;
+    Ok((engine(s).await?, plan))
+}
+
+/// `pdctl restart --rolling` in-process (`--dry-run`; the demo before the daemon existed).
 pub async fn rollout(config: &Path, only: &[String], dry_run: bool, json: bool) -> i32 {
-    let s = match settings(config) {
-        Ok(s) => s,
-        Err(c) => return c,
-    };
-    let plan = match Plan::new(&s, only) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("pdctl: {e}");
-            return exit::USAGE;
-        }
-    };
-    let engine = match engine(s).await {
-        Ok(e) => e,
-        Err(c) => return c,
-    };
-    run_engine(&engine, &plan, json, if dry_run { Kind::DryRun } else { Kind::Rollout }).await
+    match prepare(config, only).await {
+        Ok((engine, plan)) => run_engine(&engine, &plan, json, if dry_run { Kind::DryRun } else { Kind::Rollout }).await,
+        Err(c) => c,
+    }
 }
 
 /// `pdctl check`.
 pub async fn check(config: &Path, json: bool) -> i32 {
-    let s = match settings(config) {
-        Ok(s) => s,
-        Err(c) => return c,
-    };
-    let plan = match Plan::new(&s, &[]) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("pdctl: {e}");
-            return exit::USAGE;
-        }
-    };
-    let engine = match engine(s).await {
-        Ok(e) => e,
-        Err(c) => return c,
-    };
-    run_engine(&engine, &plan, json, Kind::Check).await
+    match prepare(config, &[]).await {
+        Ok((engine, plan)) => run_engine(&engine, &plan, json, Kind::Check).await,
+        Err(c) => c,
+    }
 }
 
 /// What the engine is asked to do.

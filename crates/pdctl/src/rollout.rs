@@ -119,15 +119,21 @@ pub async fn abort(client: &Client, id: &str) -> i32 {
     }
 }
 
+/// GET a JSON document from pdctld, or the exit code of what went wrong.
+async fn get(client: &Client, path: &str) -> Result<Value, i32> {
+    match client.json("GET", path, None).await {
+        Ok((200, v)) => Ok(v),
+        Ok((status, v)) => Err(api_error(status, &v)),
+        Err(e) => Err(fail(e)),
+    }
+}
+
 /// `pdctl rollout history`.
 pub async fn history(client: &Client, json: bool) -> i32 {
-    let (status, v) = match client.json("GET", "/v1/rollouts", None).await {
-        Ok(r) => r,
-        Err(e) => return fail(e),
+    let v = match get(client, "/v1/rollouts").await {
+        Ok(v) => v,
+        Err(c) => return c,
     };
-    if status != 200 {
-        return api_error(status, &v);
-    }
     let items = v.get("rollouts").and_then(Value::as_array).cloned().unwrap_or_default();
     if json {
         for i in &items {
@@ -161,13 +167,10 @@ pub async fn history(client: &Client, json: bool) -> i32 {
 
 /// `pdctl rollout diff`.
 pub async fn diff(client: &Client, json: bool) -> i32 {
-    let (status, v) = match client.json("GET", "/v1/diff", None).await {
-        Ok(r) => r,
-        Err(e) => return fail(e),
+    let v = match get(client, "/v1/diff").await {
+        Ok(v) => v,
+        Err(c) => return c,
     };
-    if status != 200 {
-        return api_error(status, &v);
-    }
     let ws = v.get("workers").and_then(Value::as_array).cloned().unwrap_or_default();
     for w in &ws {
         if json {

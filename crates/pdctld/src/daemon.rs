@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::metrics::{Metrics, ResultLabel, StepLabel};
+use crate::metrics::{cause_class, FailureLabel, Metrics, ResultLabel, StepLabel};
 use crate::revisions;
 use crate::store::{last_position, now, Record, State as RState, Store};
 
@@ -279,7 +279,8 @@ async fn run(
                         daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0)
                     }
                     Status::Failed => {
-                        daemon.metrics.gate_failures.get_or_create(&StepLabel { step: ev.step.as_str().into() }).inc();
+                        let cause = ev.detail.get("cause").and_then(Value::as_str).unwrap_or("");
+                        daemon.metrics.gate_failures.get_or_create(&FailureLabel { step: ev.step.as_str().into(), cause: cause_class(cause).into() }).inc();
                     }
                     _ => {}
                 }

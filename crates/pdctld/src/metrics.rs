@@ -22,6 +22,50 @@ pub struct StepLabel {
     pub step: String,
 }
 
+/// `step` and `cause` labels of a gate failure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabel {
+    /// The gate.
+    pub step: String,
+    /// A bounded class of the cause (see [`cause_class`]).
+    pub cause: String,
+}
+
+/// Classify a failure's cause into a small fixed set (a label must not carry free text).
+pub fn cause_class(cause: &str) -> &'static str {
+    let c = cause.to_lowercase();
+    let table: [(&str, &'static str); 14] = [
+        ("does not exist", "no_such_unit"),
+        ("--enable-metrics", "metrics_disabled"),
+        ("answered 404", "metrics_disabled"),
+        ("overlap", "gpu_overlap"),
+        ("fatal line", "fatal_line"),
+        ("circuit breaker", "breaker_open"),
+        ("not published", "metrics_not_published"),
+        ("not sane", "metrics_insane"),
+        ("did not stay up", "crashed"),
+        ("did not become ready", "crashed"),
+        ("went down", "crashed"),
+        ("no ready line", "ready_timeout"),
+        ("/health did not answer", "health_timeout"),
+        ("does not answer", "unreachable"),
+    ];
+    for (needle, class) in table {
+        if c.contains(needle) {
+            return class;
+        }
+    }
+    if c.contains("did not admit") {
+        "router_not_admitted"
+    } else if c.contains("restart job") {
+        "restart_job_failed"
+    } else if c.contains("permission") || c.contains("authentication") {
+        "access_denied"
+    } else {
+        "other"
+    }
+}
+
 /// Every metric pdctld exports.
 pub struct Metrics {
     registry: Registry,
@@ -29,8 +73,8 @@ pub struct Metrics {
     pub rollouts: Family<ResultLabel, Counter>,
     /// `pdctl_step_duration_seconds{step}` (passed steps).
     pub step_duration: Family<StepLabel, Histogram>,
-    /// `pdctl_gate_failures_total{step}`.
-    pub gate_failures: Family<StepLabel, Counter>,
+    /// `pdctl_gate_failures_total{step,cause}`.
+    pub gate_failures: Family<FailureLabel, Counter>,
     /// `pdctl_units_restarted_total`.
     pub units_restarted: Counter,
     /// `pdctl_last_success_timestamp_seconds`.
@@ -44,13 +88,13 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("pdctl");
         let rollouts = Family::<ResultLabel, Counter>::default();
         let step_duration = Family::<StepLabel, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 2.5, 14)));
-        let gate_failures = Family::<StepLabel, Counter>::default();
+        let gate_failures = Family::<FailureLabel, Counter>::default();
         let units_restarted = Counter::default();
         let last_success = Gauge::default();
         let running = Gauge::default();
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
-        registry.register("gate_failures", "Gates that failed, by step", gate_failures.clone());
+        registry.register("gate_failures", "Gates that failed, by step and cause class", gate_failures.clone());
         registry.register("units_restarted", "Units restarted and verified", units_restarted.clone());
         registry.register("last_success_timestamp_seconds", "When the last rollout succeeded (seconds since the epoch)", last_success.clone());
         registry.register("rollout_running", "1 while a rollout runs", running.clone());
@@ -66,5 +110,19 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_fall_into_a_fixed_set() {
+        assert_eq!(cause_class("x.service logged no ready line (\"…\") of this run within 4s"), "ready_timeout");
+        assert_eq!(cause_class("x.service did not stay up: the unit crashed and systemd restarted it"), "crashed");
+        assert_eq!(cause_class("the metrics gate is required but --enable-metrics is not in the ExecStart"), "metrics_disabled");
+        assert_eq!(cause_class("the router did not admit http://x within 5s: healthy, but its circuit breaker is open"), "breaker_open");
+        assert_eq!(cause_class("something new"), "other");
     }
 }

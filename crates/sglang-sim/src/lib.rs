@@ -4,6 +4,8 @@
 //! `--enable-metrics` (names, labels and lazy publication by version), PD roles with a bootstrap
 //! port, and documented fault knobs. See `docs/sglang-sim.md`.
 
+#![warn(missing_docs)]
+
 pub mod args;
 pub mod engine;
 pub mod log;
