@@ -141,8 +141,8 @@ fn never_ready_halts_at_the_deadline() {
 fn crash_during_soak_is_caught_although_restart_hides_it() {
     let (stack, config) = up(StackOptions::default());
     let d0 = inv(&stack, D);
-    stack.drop_in(P, "50-crash", "[Service]\nEnvironment=SGLANG_SIM_CRASH_AFTER_READY=6\nRestart=on-failure\nRestartSec=200ms\n").unwrap();
-    fragment(&config, "10-soak.toml", "[rollout]\nmin_healthy = \"15s\"\n");
+    stack.drop_in(P, "50-crash", "[Service]\nEnvironment=SGLANG_SIM_CRASH_AFTER_READY=10\nRestart=on-failure\nRestartSec=200ms\n").unwrap();
+    fragment(&config, "10-soak.toml", "[rollout]\nmin_healthy = \"25s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "soak", "restarted it");
     // systemd brings it back (Restart=on-failure): a final state check alone would call it fine.
