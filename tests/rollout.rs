@@ -62,6 +62,7 @@ fn happy_path_restarts_prefill_then_decode_through_every_gate() {
     assert_eq!(run.code, 0, "stderr: {}\n{:#?}", run.stderr, run.summary);
     assert_eq!(run.summary["result"], "succeeded");
     assert_eq!(run.summary["units"], serde_json::json!([P, D]));
+    assert!(run.summary["id"].as_str().is_some_and(|id| id.starts_with('r')), "the summary names pdctld's rollout id");
     for u in [P, D] {
         for step in ["preflight", "drain", "restart", "ready", "health", "router", "metrics", "soak"] {
             let e = run.event(u, step, "passed");

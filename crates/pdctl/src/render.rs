@@ -18,6 +18,7 @@ pub struct Renderer {
     live: Option<(MultiProgress, HashMap<String, Line>)>,
     kind: Kind,
     units: usize,
+    id: Option<String>,
 }
 
 /// One unit's progress line.
@@ -63,7 +64,7 @@ impl Renderer {
             let order: Vec<&str> = units.iter().map(String::as_str).collect();
             println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
         }
-        Renderer { json, live, kind, units: units.len() }
+        Renderer { json, live, kind, units: units.len(), id: None }
     }
 
     fn redraw(&mut self) {
@@ -79,6 +80,12 @@ impl Renderer {
             }
             l.bar.set_message(msg.trim_start().to_string());
         }
+    }
+
+    /// Name the daemon's rollout id in the JSON summary (`"id"`).
+    pub fn with_id(mut self, id: &str) -> Renderer {
+        self.id = Some(id.to_string());
+        self
     }
 
     /// Show one event.
@@ -144,8 +151,11 @@ impl Renderer {
             }
         }
         if self.json {
-            if let Ok(j) = serde_json::to_string(s) {
-                println!("{j}");
+            if let Ok(mut v) = serde_json::to_value(s) {
+                if let (Some(o), Some(id)) = (v.as_object_mut(), &self.id) {
+                    o.insert("id".into(), serde_json::Value::String(id.clone()));
+                }
+                println!("{v}");
             }
             return;
         }

@@ -416,14 +416,13 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
         tokio::spawn(async move {
             let mut text = String::new();
             let mut ids = Vec::new();
-            let n = execute(&engine, &job, |i, w| {
+            execute(&engine, &job, |i, w| {
                 text.push_str(w);
                 ids.push(1000 + i as u64);
                 let chunk = json!({"text": text, "output_ids": ids, "meta_info": meta(ids.len() as u64, job.prompt_tokens)});
                 tx.send(format!("data: {chunk}\n\n")).is_ok()
             })
             .await;
-            let _ = n;
             let _ = tx.send("data: [DONE]\n\n".into());
         });
         return sse(rx);
