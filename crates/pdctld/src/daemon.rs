@@ -193,8 +193,9 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Value, Response> {
             }
             let plan = Plan::new(&e.settings, &chosen).map_err(|er| api_err(StatusCode::BAD_REQUEST, 2, er.to_string()))?;
             let plan = if chosen.is_empty() { Plan { workers: vec![] } } else { plan };
-            // New or changed unit files and drop-ins need a reload before the restart.
-            if stale.iter().any(|(_, why)| why.iter().any(|w| w.contains(".service") || w.contains(".conf") || w.contains("NeedDaemonReload"))) {
+            // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
+            // idempotent and cheap, so do it whenever a worker is rolled for a change.
+            if stale.iter().any(|(u, why)| !why.is_empty() && chosen.contains(u)) {
                 e.units.reload().await.map_err(|er| api_err(StatusCode::SERVICE_UNAVAILABLE, 3, er.to_string()))?;
             }
             let reasons: Value = stale.iter().map(|(u, why)| (u.clone(), json!(why))).collect::<serde_json::Map<_, _>>().into();
