@@ -194,3 +194,37 @@ impl Probes for HttpProbes {
         }
     }
 }
+
+/// The engine over the real drivers.
+pub type RealEngine = crate::engine::Engine<Systemd, Journald, HttpProbes>;
+
+/// The bus `settings` name.
+pub fn bus(settings: &crate::config::Settings) -> pdctl_systemd::Bus {
+    match &settings.bus {
+        crate::config::BusSetting::System => pdctl_systemd::Bus::System,
+        crate::config::BusSetting::User => pdctl_systemd::Bus::User,
+        crate::config::BusSetting::Address(a) => pdctl_systemd::Bus::Address(a.clone()),
+    }
+}
+
+/// The journal `settings` name (a directory, else this host's).
+pub fn journal(settings: &crate::config::Settings) -> Source {
+    match &settings.journal_directory {
+        Some(d) => Source::Directory(d.clone()),
+        None => Source::Local,
+    }
+}
+
+/// HTTP probes of the workers and the router `settings` name.
+pub fn probes(settings: &crate::config::Settings) -> HttpProbes {
+    HttpProbes {
+        http: Http::new(pdctl_probe::REQUEST_TIMEOUT),
+        router: settings.router.as_ref().map(|r| Router { url: r.url.clone(), metrics_url: r.metrics_url.clone() }),
+    }
+}
+
+/// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes).
+pub async fn connect(settings: crate::config::Settings) -> Result<RealEngine, SystemdError> {
+    let units = Systemd::connect(&bus(&settings)).await?;
+    Ok(crate::engine::Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings })
+}

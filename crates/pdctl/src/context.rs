@@ -2,20 +2,13 @@
 
 use std::path::Path;
 
-use pdctl_core::config::{BusSetting, Settings};
-use pdctl_core::engine::Engine;
+use pdctl_core::config::Settings;
 use pdctl_core::events::{FailureKind, Outcome, Summary};
 use pdctl_core::plan::Plan;
-use pdctl_core::ports::{HttpProbes, Journald};
-use pdctl_journal::Source;
-use pdctl_probe::{Http, Router, REQUEST_TIMEOUT};
-use pdctl_systemd::{Bus, Systemd};
+use pdctl_core::ports::RealEngine;
 
 use crate::exit;
 use crate::render::Renderer;
-
-/// The engine over the real drivers.
-pub type RealEngine = Engine<Systemd, Journald, HttpProbes>;
 
 /// Load the config, printing a clear error (exit 2) on failure.
 pub fn settings(path: &Path) -> Result<Settings, i32> {
@@ -38,35 +31,12 @@ pub fn validate_locally(path: &Path, only: &[String]) -> Result<(), i32> {
     })
 }
 
-/// The bus from the settings.
-pub fn bus(s: &Settings) -> Bus {
-    match &s.bus {
-        BusSetting::System => Bus::System,
-        BusSetting::User => Bus::User,
-        BusSetting::Address(a) => Bus::Address(a.clone()),
-    }
-}
-
-/// The journal from the settings.
-pub fn journal(s: &Settings) -> Source {
-    match &s.journal_directory {
-        Some(d) => Source::Directory(d.clone()),
-        None => Source::Local,
-    }
-}
-
-/// HTTP probes from the settings.
-pub fn probes(s: &Settings) -> HttpProbes {
-    HttpProbes { http: Http::new(REQUEST_TIMEOUT), router: s.router.as_ref().map(|r| Router { url: r.url.clone(), metrics_url: r.metrics_url.clone() }) }
-}
-
 /// Connect the drivers (exit 3 when systemd cannot be reached).
 pub async fn engine(settings: Settings) -> Result<RealEngine, i32> {
-    let units = Systemd::connect(&bus(&settings)).await.map_err(|e| {
+    pdctl_core::ports::connect(settings).await.map_err(|e| {
         eprintln!("pdctl: {e}");
         exit::UNREACHABLE
-    })?;
-    Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings })
+    })
 }
 
 /// Exit code of a finished rollout.

@@ -73,8 +73,8 @@ pub async fn run(config: &Path, json: bool) -> i32 {
         Ok(s) => s,
         Err(c) => return c,
     };
-    let sd = Systemd::connect(&context::bus(&s)).await;
-    let probes = context::probes(&s);
+    let sd = Systemd::connect(&pdctl_core::ports::bus(&s)).await;
+    let probes = pdctl_core::ports::probes(&s);
     let router = if s.router.is_some() { Some(probes.router_workers().await.map_err(|e| e.to_string())) } else { None };
     let mut rows: Vec<Value> = Vec::new();
     for w in &s.workers {

@@ -13,14 +13,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pdctl_core::config::{BusSetting, OnFailure, Settings};
-use pdctl_core::engine::Engine;
+use pdctl_core::config::{OnFailure, Settings};
 use pdctl_core::events::{Event, Outcome, Status, Step, Summary};
 use pdctl_core::plan::Plan;
-use pdctl_core::ports::{HttpProbes, Journald};
-use pdctl_journal::Source;
-use pdctl_probe::{Http, Router as RouterApi, REQUEST_TIMEOUT};
-use pdctl_systemd::{Bus, Systemd};
+use pdctl_core::ports::RealEngine;
+use pdctl_systemd::Systemd;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -28,8 +25,6 @@ use tokio::sync::broadcast;
 use crate::metrics::{cause_class, FailureLabel, Metrics, ResultLabel, StepLabel};
 use crate::revisions;
 use crate::store::{last_position, now, Record, State as RState, Store};
-
-type RealEngine = Engine<Systemd, Journald, HttpProbes>;
 
 struct Running {
     id: String,
@@ -88,25 +83,8 @@ pub enum Request {
     },
 }
 
-fn bus(s: &Settings) -> Bus {
-    match &s.bus {
-        BusSetting::System => Bus::System,
-        BusSetting::User => Bus::User,
-        BusSetting::Address(a) => Bus::Address(a.clone()),
-    }
-}
-
 async fn engine(settings: Settings) -> Result<RealEngine, Response> {
-    let units = Systemd::connect(&bus(&settings)).await.map_err(|e| api_err(StatusCode::SERVICE_UNAVAILABLE, 3, e.to_string()))?;
-    let logs = Journald(match &settings.journal_directory {
-        Some(d) => Source::Directory(d.clone()),
-        None => Source::Local,
-    });
-    let probes = HttpProbes {
-        http: Http::new(REQUEST_TIMEOUT),
-        router: settings.router.as_ref().map(|r| RouterApi { url: r.url.clone(), metrics_url: r.metrics_url.clone() }),
-    };
-    Ok(Engine { units, logs, probes, settings })
+    pdctl_core::ports::connect(settings).await.map_err(|e| api_err(StatusCode::SERVICE_UNAVAILABLE, 3, e.to_string()))
 }
 
 /// Why each worker is stale (unit → reasons), recording a baseline revision for a worker pdctld
@@ -140,7 +118,7 @@ impl Daemon {
         let stuck: Vec<Record> = d.store.all().into_iter().filter(|r| r.state == RState::Running).collect();
         if !stuck.is_empty() {
             let sd = match pdctl_core::config::load(&d.config) {
-                Ok(s) => Systemd::connect(&bus(&s)).await.ok(),
+                Ok(s) => Systemd::connect(&pdctl_core::ports::bus(&s)).await.ok(),
                 Err(_) => None,
             };
             for mut r in stuck {
