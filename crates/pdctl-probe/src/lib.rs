@@ -83,7 +83,9 @@ impl Http {
     }
 
     async fn send(&self, url: &str, rq: reqwest::RequestBuilder) -> Result<(u16, String), HttpError> {
-        let r = rq.send().await.map_err(|e| self.err(url, e))?;
+        // Set on every request, not only on the client: a client built by the fallback in
+        // `Http::new` must not lose it.
+        let r = rq.timeout(self.timeout).send().await.map_err(|e| self.err(url, e))?;
         let status = r.status().as_u16();
         let body = r.text().await.map_err(|e| self.err(url, e))?;
         Ok((status, body))
