@@ -60,10 +60,10 @@ async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), i
     Ok((engine(s).await?, plan))
 }
 
-/// `pdctl restart --rolling` in-process (`--dry-run`; the demo before the daemon existed).
-pub async fn rollout(config: &Path, only: &[String], dry_run: bool, json: bool) -> i32 {
+/// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here.
+pub async fn dry_run(config: &Path, only: &[String], json: bool) -> i32 {
     match prepare(config, only).await {
-        Ok((engine, plan)) => run_engine(&engine, &plan, json, if dry_run { Kind::DryRun } else { Kind::Rollout }).await,
+        Ok((engine, plan)) => run_read_only(&engine, &plan, json, true).await,
         Err(c) => c,
     }
 }
@@ -71,34 +71,29 @@ pub async fn rollout(config: &Path, only: &[String], dry_run: bool, json: bool) 
 /// `pdctl check`.
 pub async fn check(config: &Path, json: bool) -> i32 {
     match prepare(config, &[]).await {
-        Ok((engine, plan)) => run_engine(&engine, &plan, json, Kind::Check).await,
+        Ok((engine, plan)) => run_read_only(&engine, &plan, json, false).await,
         Err(c) => c,
     }
 }
 
-/// What the engine is asked to do.
+/// What is being shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// A rolling restart.
+    /// A rolling restart run by pdctld, watched.
     Rollout,
-    /// Preflight only.
+    /// Preflight only, run here.
     DryRun,
-    /// All read-only gates.
+    /// All read-only gates, run here.
     Check,
-    /// A rollout run by the daemon, watched.
-    Daemon,
 }
 
-/// Run the engine with live output; returns the exit code.
-pub async fn run_engine(engine: &RealEngine, plan: &Plan, json: bool, kind: Kind) -> i32 {
+/// Run the read-only parts of the engine here (`dry`: preflight only; else `check`) with live
+/// output; returns the exit code. Rollouts themselves run in pdctld.
+async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: bool) -> i32 {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let renderer = Renderer::new(json, plan, kind);
+    let renderer = Renderer::new(json, plan, if dry { Kind::DryRun } else { Kind::Check });
     let printer = tokio::spawn(renderer.run(rx));
-    let summary = match kind {
-        Kind::Rollout => engine.rolling_restart(plan, &tx).await,
-        Kind::DryRun => engine.dry_run(plan, &tx).await,
-        Kind::Check | Kind::Daemon => engine.check(plan, &tx).await,
-    };
+    let summary = if dry { engine.dry_run(plan, &tx).await } else { engine.check(plan, &tx).await };
     drop(tx);
     let renderer = printer.await.ok();
     if let Some(r) = renderer {

@@ -144,7 +144,7 @@ fn main() {
                     return exit::USAGE;
                 }
                 if a.dry_run {
-                    return context::rollout(&config, &a.units, true, a.json).await;
+                    return context::dry_run(&config, &a.units, a.json).await;
                 }
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;

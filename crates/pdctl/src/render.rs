@@ -56,10 +56,9 @@ impl Renderer {
         });
         if !json {
             let what = match kind {
-                Kind::Rollout => "rolling restart",
+                Kind::Rollout => "rolling restart (run by pdctld)",
                 Kind::DryRun => "dry run (preflight only, nothing is touched) of a rolling restart",
                 Kind::Check => "check (every gate but restart and soak; nothing is changed)",
-                Kind::Daemon => "rollout (run by pdctld)",
             };
             let order: Vec<&str> = units.iter().map(String::as_str).collect();
             println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
@@ -162,7 +161,7 @@ impl Renderer {
         match &s.failed {
             None => {
                 let what = match self.kind {
-                    Kind::Rollout | Kind::Daemon => {
+                    Kind::Rollout => {
                         format!("all {} unit(s) restarted and verified", s.units.len())
                     }
                     Kind::DryRun => "preflight passed; nothing was touched".into(),
@@ -178,7 +177,7 @@ impl Renderer {
                         println!("    {l}");
                     }
                 }
-                if matches!(self.kind, Kind::Rollout | Kind::Daemon) {
+                if matches!(self.kind, Kind::Rollout) {
                     let rest = if s.units.is_empty() {
                         "no unit was restarted before it".to_string()
                     } else {

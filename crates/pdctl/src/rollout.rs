@@ -58,7 +58,7 @@ pub async fn watch(client: &Client, id: &str, json: bool) -> i32 {
     }
     let units: Vec<String> =
         rec.get("plan").and_then(Value::as_array).map(|a| a.iter().filter_map(|u| u.as_str().map(String::from)).collect()).unwrap_or_default();
-    let mut r = Renderer::for_units(json, &units, Kind::Daemon).with_id(id);
+    let mut r = Renderer::for_units(json, &units, Kind::Rollout).with_id(id);
     let mut outcome: Option<i32> = None;
     let mut last: Option<Value> = None;
     let path = format!("/v1/rollouts/{id}/events");
