@@ -72,18 +72,7 @@ impl SimProc {
 
     /// Wait for the process to exit, at most `deadline`.
     pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
-        let end = Instant::now() + deadline;
-        // Drain stderr as it comes; the channel closes when the process has exited.
-        while self.lines.recv_timeout(end.saturating_duration_since(Instant::now())).map(|l| self.seen.push(l)).is_ok() {}
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            if Instant::now() > end {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        drain_and_wait(&self.lines, &mut self.seen, &mut self.child, Instant::now() + deadline)
     }
 
     /// Send SIGTERM.
@@ -96,6 +85,24 @@ impl Drop for SimProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Collect a child's output lines into `seen` until the output closes, then its exit status; both
+/// bounded by `end` (`None` past it).
+fn drain_and_wait<T>(lines: &Receiver<T>, seen: &mut Vec<T>, child: &mut Child, end: Instant) -> Option<std::process::ExitStatus> {
+    while let Ok(v) = lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        seen.push(v);
+    }
+    // The output closed: the process is exiting; its status follows at once.
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -294,19 +301,7 @@ impl LivePdctl {
 
     /// Wait for the process to end (draining its output), at most `deadline`; its exit code.
     pub fn finish(&mut self, deadline: Duration) -> Option<i32> {
-        let end = Instant::now() + deadline;
-        while let Ok(v) = self.lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            self.seen.push(v);
-        }
-        loop {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return s.code();
-            }
-            if Instant::now() > end {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        drain_and_wait(&self.lines, &mut self.seen, &mut self.child, Instant::now() + deadline).and_then(|s| s.code())
     }
 
     /// Send a signal (`INT`, `KILL`, …).
