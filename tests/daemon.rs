@@ -89,6 +89,14 @@ fn one_rollout_at_a_time_with_status_metrics_and_journald_fields() {
         "journalctl PDCTL_ROLLOUT_ID={id} shows its steps: {} entries",
         entries.len()
     );
+    // Each entry reads as a sentence (unit, step, status, duration), and none carries UNIT=,
+    // which `journalctl -u` and a failure's last lines would match.
+    let ready = entries
+        .iter()
+        .find(|e| e["PDCTL_UNIT"] == P && e["PDCTL_STEP"] == "ready" && e["MESSAGE"].as_str().is_some_and(|m| m.contains("passed")))
+        .expect("the ready step passed");
+    assert!(ready["MESSAGE"].as_str().unwrap().starts_with(&format!("{P}: ready passed in ")), "{ready}");
+    assert!(entries.iter().all(|e| e.get("UNIT").is_none()), "pdctld's entries must not carry UNIT=");
 }
 
 fn http_get(url: &str) -> String {

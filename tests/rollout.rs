@@ -52,6 +52,13 @@ fn assert_failed(run: &JsonRun, unit: &str, step: &str, cause_has: &str) {
     let cause = run.summary["failed"]["cause"].as_str().unwrap();
     assert!(cause.contains(cause_has), "cause {cause:?} should mention {cause_has:?}");
     assert!(!run.summary["failed"]["last_lines"].as_array().unwrap().is_empty(), "the unit's last log lines are attached");
+    assert_eq!(run.summary["failed"]["cause_code"].as_str().map(|c| !c.is_empty()), Some(true), "a stable cause code: {:#?}", run.summary);
+    // Those lines are the unit's own and its manager's: none of pdctld's step sentences.
+    let steps = ["preflight", "drain", "restart", "ready", "health", "router", "metrics", "soak"];
+    for l in run.summary["failed"]["last_lines"].as_array().unwrap() {
+        let l = l.as_str().unwrap();
+        assert!(!steps.iter().any(|s| l.starts_with(&format!("{unit}: {s} "))) && l != "step", "pdctld's own line among the unit's: {l:?}");
+    }
 }
 
 #[test]
@@ -134,6 +141,7 @@ fn never_ready_halts_at_the_deadline() {
     fragment(&config, "10-short.toml", "[rollout]\nready_timeout = \"4s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "ready", "no ready line");
+    assert_eq!(run.summary["failed"]["cause_code"], "ready_timeout");
     assert!(run.event(P, "ready", "failed")["elapsed_ms"].as_u64().unwrap() >= 4000);
     assert_untouched(&stack, &run, D, &d0);
 }
@@ -146,6 +154,7 @@ fn crash_during_soak_is_caught_although_restart_hides_it() {
     fragment(&config, "10-soak.toml", "[rollout]\nmin_healthy = \"25s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "soak", "restarted it");
+    assert_eq!(run.summary["failed"]["cause_code"], "crashed");
     // systemd brings it back (Restart=on-failure): a final state check alone would call it fine.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let back = rt.block_on(pdctl_tests::poll_until(Duration::from_secs(20), Duration::from_millis(100), || async {
@@ -163,6 +172,7 @@ fn health_stuck_at_503_halts_at_health() {
     fragment(&config, "10-short.toml", "[rollout]\nhealth_timeout = \"4s\"\n");
     let run = rollout(&config);
     assert_failed(&run, P, "health", "503");
+    assert_eq!(run.summary["failed"]["cause_code"], "health_timeout");
     assert_untouched(&stack, &run, D, &d0);
 }
 
@@ -184,6 +194,7 @@ fn router_that_never_readmits_halts_at_router() {
     std::process::Command::new("kill").args(["-CONT", &host_pid]).status().unwrap();
     assert!(stopped);
     assert_failed(&run, P, "router", "did not admit");
+    assert_eq!(run.summary["failed"]["cause_code"], "router_never_admits");
     assert_untouched(&stack, &run, D, &d0);
 }
 
@@ -213,6 +224,7 @@ fn metrics_disabled_is_refused_in_preflight_and_nothing_restarts() {
     let (p0, d0) = (inv(&stack, P), inv(&stack, D));
     let run = rollout(&config);
     assert_failed(&run, D, "preflight", "--enable-metrics is not in the ExecStart");
+    assert_eq!(run.summary["failed"]["cause_code"], "metrics_disabled");
     assert!(!run.touched(P) && !run.touched(D));
     assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0));
 }
@@ -252,6 +264,7 @@ fn unknown_unit_is_a_config_error_and_nothing_restarts() {
     assert_eq!(run.code, 2, "an unknown unit is a config error: {:#?}", run.summary);
     assert_eq!(run.summary["failed"]["unit"], "sglang-dsv4-decod.service");
     assert!(run.summary["failed"]["cause"].as_str().unwrap().contains("does not exist"));
+    assert_eq!(run.summary["failed"]["cause_code"], "unit_missing");
     assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0));
 }
 

@@ -1,4 +1,4 @@
-//! `sglang-sim` against shared/sglang-facts.md: flags and argparse errors, lifecycle lines and the
+//! `sglang-sim` against SGLang's observable behaviour (docs/sglang-sim.md): flags and argparse errors, lifecycle lines and the
 //! port/health timeline, `/metrics` by version (checked by the Python `prometheus_client` parser),
 //! lazy gauges, KV accounting with in-flight requests, and every fault knob.
 

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use pdctl_journal::{Follower, Judge, Run, Source, Verdict};
-use pdctl_sandbox::stack::{Stack, StackOptions};
+use pdctl_core::events::{Status, Step};
+use pdctl_sandbox::stack::{Stack, StackOptions, READY_LINE};
 use pdctl_systemd::{Bus, Systemd};
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -32,34 +32,25 @@ async fn main() {
     let stack = tokio::task::block_in_place(|| Stack::boot(&opts)).expect("stack");
     tokio::task::block_in_place(|| stack.wait_ready(Duration::from_secs(60))).expect("ready");
     let unit = stack.decode.unit.clone();
-    let src = Source::Directory(stack.sandbox.journal_dir());
     let sd = Systemd::connect(&Bus::Address(stack.sandbox.bus_address())).await.expect("bus");
-    let procfs = stack.sandbox.root().join("proc");
 
-    // 1. pdctl: cursor → restart → follow → this run's ready line.
+    // 1. pdctl: the engine's own restart and ready gates (journal cursor → RestartUnit → follow →
+    //    this run's ready line, with the MainPID fallback and the fatal patterns), timed from the
+    //    ready event's detect_ms: the follower's read time minus journald's receive time.
+    let config = stack.write_pdctl_config().expect("config");
+    let settings = pdctl_core::config::load(&config).expect("settings");
+    let worker = settings.workers.iter().find(|w| w.unit == unit).cloned().expect("decode worker");
+    let engine = pdctl_core::real::connect(settings).await.expect("engine");
     let mut lat = Vec::new();
     for _ in 0..n {
-        let cursor = pdctl_journal::tail_cursor(&src).await.expect("cursor");
-        let out = sd.restart(&unit, Duration::from_secs(30)).await.expect("restart");
-        let judge = Judge {
-            ready_pattern: pdctl_journal::DEFAULT_READY.into(),
-            fatal_patterns: vec![],
-            run: Run { invocation_id: out.state.invocation_id.clone(), main_pid: out.state.main_pid, procfs: procfs.clone() },
-        };
-        let mut f = Follower::start(&src, cursor, &unit);
-        let found = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(Ok(e)) = f.next().await {
-                if judge.judge(&e) == Verdict::Ready {
-                    return Some(e.latency().as_secs_f64() * 1000.0);
-                }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        engine.restart_until_ready(&worker, &tx).await.expect("restart and ready gates pass");
+        drop(tx);
+        while let Some(e) = rx.recv().await {
+            if e.step == Step::Ready && e.status == Status::Passed {
+                lat.push(e.detail["detect_ms"].as_f64().expect("detect_ms"));
             }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .expect("ready line");
-        lat.push(found);
+        }
     }
 
     // 2. The seed's procedure: every 20 s, `journalctl --since "2 min ago" -u UNIT | grep ready`.
@@ -74,7 +65,7 @@ async fn main() {
             let hits: Vec<u64> = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v["MESSAGE"].as_str().is_some_and(|m| m.contains(pdctl_journal::DEFAULT_READY)))
+                .filter(|v| v["MESSAGE"].as_str().is_some_and(|m| m.contains(READY_LINE)))
                 .filter_map(|v| v["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
                 .collect();
             if let Some(first) = hits.first() {
@@ -92,7 +83,6 @@ async fn main() {
     // 3. Orchestration overhead of `pdctl restart --rolling` (1P1D, router, metrics; health
     //    answers at once as with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false): per unit, wall
     //    time of drain..metrics minus the server's own start (ExecMainStartTimestamp → ready line).
-    let config = stack.write_pdctl_config().expect("config");
     std::fs::write(config.parent().unwrap().join("config.d/90-bench.toml"), "[rollout]\nmin_healthy = \"1s\"\n").expect("fragment");
     for w in stack.workers() {
         stack.drop_in(&w.unit, "90-bench", "[Service]\nEnvironment=SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false\n").expect("drop-in");
@@ -100,12 +90,7 @@ async fn main() {
     }
     tokio::task::block_in_place(|| stack.wait_ready(Duration::from_secs(60))).expect("ready");
     // Let the router re-admit both before timing (bounded).
-    let r = pdctl_probe::Router { url: stack.router.as_ref().expect("router").url.clone(), metrics_url: None };
-    let http = pdctl_probe::Http::new(Duration::from_secs(5));
-    let t = Instant::now();
-    while r.workers(&http).await.map(|l| l.iter().filter(|w| w.is_healthy).count()).unwrap_or(0) < 2 && t.elapsed() < Duration::from_secs(30) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    tokio::task::block_in_place(|| stack.wait_router_healthy(2, Duration::from_secs(30))).expect("router re-admits both");
     let pdctl = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
     let daemon = tokio::task::block_in_place(|| stack.start_pdctld()).expect("pdctld");
     let mut overhead = Vec::new();
@@ -141,7 +126,7 @@ async fn main() {
     println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, sglang-router 0.3.2; debug build)");
     println!("ready detection = detection time − the ready line's __REALTIME_TIMESTAMP");
     println!(
-        "  pdctl  (libsystemd, sd_journal_wait 5 ms)  n={:<3} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
+        "  pdctl  (the engine's ready gate: libsystemd, sd_journal_wait 5 ms)  n={:<3} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
         lat.len(),
         pct(&lat, 50.0),
         pct(&lat, 99.0),

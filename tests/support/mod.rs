@@ -9,6 +9,23 @@ use std::time::{Duration, Instant};
 
 pub use pdctl_sandbox;
 
+/// Read `r` line by line on a thread of its own; each line (parsed by `parse`, skipped when it
+/// returns `None`) arrives on the returned channel, which closes when `r` does.
+pub fn line_reader<T: Send + 'static>(r: impl std::io::Read + Send + 'static, parse: impl Fn(String) -> Option<T> + Send + 'static) -> Receiver<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(r).lines() {
+            let Ok(l) = l else { break };
+            if let Some(v) = parse(l) {
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    rx
+}
+
 /// A `sglang-sim` running as a plain child process (for simulator-level tests).
 pub struct SimProc {
     /// The child.
@@ -36,16 +53,7 @@ impl SimProc {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn sglang-sim");
-        let err = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = line_reader(child.stderr.take().expect("stderr"), Some);
         SimProc { child, port, lines: rx, seen: Vec::new() }
     }
 
@@ -206,15 +214,7 @@ pub fn pdctl_run(args: &[&str], deadline: Duration, mut on_line: impl FnMut(&ser
         let _ = std::io::Read::read_to_string(&mut BufReader::new(err), &mut s);
         s
     });
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = line_reader(out, Some);
     let end = Instant::now() + deadline;
     let mut lines = Vec::new();
     loop {
@@ -242,14 +242,8 @@ pub fn pdctl_run(args: &[&str], deadline: Duration, mut on_line: impl FnMut(&ser
 pub async fn stack_up(opts: &pdctl_sandbox::stack::StackOptions) -> pdctl_sandbox::stack::Stack {
     let stack = pdctl_sandbox::stack::Stack::boot(opts).expect("stack boots");
     stack.wait_ready(Duration::from_secs(60)).expect("workers ready");
-    if let Some(r) = &stack.router {
-        let url = format!("{}/workers", r.url);
-        let ok = poll_until(Duration::from_secs(60), Duration::from_millis(200), || async {
-            let v: serde_json::Value = http().get(&url).send().await.ok()?.json().await.ok()?;
-            (v["workers"].as_array()?.iter().filter(|w| w["is_healthy"] == true).count() == 2).then_some(())
-        })
-        .await;
-        assert!(ok.is_some(), "the router admitted both workers");
+    if stack.router.is_some() {
+        stack.wait_router_healthy(2, Duration::from_secs(60)).expect("the router admitted both workers");
     }
     stack
 }
@@ -268,18 +262,7 @@ impl LivePdctl {
     pub fn spawn(args: &[&str]) -> LivePdctl {
         let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
         let mut child = Command::new(bin).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run pdctl");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if let Ok(v) = serde_json::from_str(&l) {
-                    if tx.send(v).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
+        let rx = line_reader(child.stdout.take().expect("stdout"), |l| serde_json::from_str(&l).ok());
         LivePdctl { child, lines: rx, seen: Vec::new() }
     }
 

@@ -136,7 +136,7 @@ struct RawWorker {
 #[serde(deny_unknown_fields)]
 struct RawRollout {
     order: Option<Vec<Role>>,
-    ready_pattern: Option<String>,
+    ready_pattern: Option<Spanned<String>>,
     fatal_patterns: Option<Vec<String>>,
     ready_timeout: Option<Dur>,
     health_timeout: Option<Dur>,
@@ -201,9 +201,10 @@ pub struct RouterSettings {
 pub struct Rollout {
     /// Roles in order.
     pub order: Vec<Role>,
-    /// Substring of the ready line.
+    /// Substring of the ready line (default: SGLang's, [`crate::sglang::READY_LINE`]).
     pub ready_pattern: String,
-    /// Substrings of fatal lines.
+    /// Substrings of fatal lines: SGLang's ([`crate::sglang::FATAL_PATTERNS`]) and the configured
+    /// extra ones (`fatal_patterns` adds; nothing removes the built-in ones).
     pub fatal_patterns: Vec<String>,
     /// Restart → ready line.
     pub ready_timeout: Duration,
@@ -345,6 +346,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     let mut ro = RawRollout::default();
     let mut vf = RawVerify::default();
     let mut workers: Vec<(PathBuf, usize, RawWorker)> = Vec::new();
+    let mut ready_origin: Option<(PathBuf, usize)> = None;
     macro_rules! over {
         ($dst:ident, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() { $dst.$f = $src.$f; } )* };
     }
@@ -360,6 +362,9 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             over!(rt, s, url, metrics_url);
         }
         if let Some(s) = raw.rollout {
+            if let Some(p) = &s.ready_pattern {
+                ready_origin = Some((path.clone(), line_of(text, p.span().start)));
+            }
             over!(
                 ro,
                 s,
@@ -462,6 +467,20 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     if vf.router == Some(true) && router.is_none() {
         return Err(err(&last, None, "verify.router = true needs [router] url".into()));
     }
+    let ready_pattern = match (ro.ready_pattern, ready_origin) {
+        (Some(p), Some((path, line))) => {
+            let p = p.into_inner();
+            if let Some(why) = crate::sglang::unusable_ready_pattern(&p) {
+                return Err(err(
+                    &path,
+                    Some(line),
+                    format!("rollout.ready_pattern: {p:?} cannot be the ready pattern: {why}; use a substring of SGLang's ready line (the default)"),
+                ));
+            }
+            p
+        }
+        _ => crate::sglang::READY_LINE.to_string(),
+    };
     let ready_timeout = ro.ready_timeout.map(|d| d.0).unwrap_or(d(15 * 60));
     let bus = match (sd.address, sd.bus) {
         (Some(a), _) => BusSetting::Address(a),
@@ -476,8 +495,8 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         workers: out_workers,
         rollout: Rollout {
             order,
-            ready_pattern: ro.ready_pattern.unwrap_or_else(|| pdctl_journal::DEFAULT_READY.to_string()),
-            fatal_patterns: ro.fatal_patterns.unwrap_or_else(pdctl_journal::default_fatal_patterns),
+            ready_pattern,
+            fatal_patterns: crate::sglang::fatal_patterns(&ro.fatal_patterns.unwrap_or_default()),
             ready_timeout,
             health_timeout: ro.health_timeout.map(|d| d.0).unwrap_or(d(5 * 60)),
             router_timeout: ro.router_timeout.map(|d| d.0).unwrap_or(d(3 * 60)),
@@ -589,6 +608,20 @@ smoke_request = true
         let s = load(&p).unwrap();
         assert_eq!(s.workers.iter().map(|w| w.role).collect::<Vec<_>>(), vec![Role::Prefill, Role::Decode]);
         assert_eq!(s.router.unwrap().metrics_url.as_deref(), Some("http://127.0.0.1:29001/metrics"));
+    }
+
+    #[test]
+    fn ready_pattern_cannot_match_early_lines_and_fatal_patterns_only_add() {
+        let e = one(&BASE.replace("ready_pattern = \"The server is fired up and ready to roll!\"", "ready_pattern = \"\"")).unwrap_err();
+        assert!(e.msg.contains("rollout.ready_pattern") && e.msg.contains("empty"), "{e}");
+        assert_eq!(e.line, Some(BASE.lines().position(|l| l.starts_with("ready_pattern")).unwrap() + 1));
+        let e = one(&BASE.replace("ready_pattern = \"The server is fired up and ready to roll!\"", "ready_pattern = \"server\"")).unwrap_err();
+        assert!(e.msg.contains("server_args") || e.msg.contains("Started server process"), "{e}");
+        let s = one(&BASE.replace("drain_timeout = \"2m\"", "drain_timeout = \"2m\"\nfatal_patterns = [\"CUDA out of memory\"]")).unwrap();
+        assert!(s.rollout.fatal_patterns.iter().any(|p| p == "CUDA out of memory"));
+        assert!(s.rollout.fatal_patterns.iter().any(|p| p == "Traceback (most recent call last)"), "SGLang's patterns stay");
+        let s = one(&BASE.replace("drain_timeout = \"2m\"", "drain_timeout = \"2m\"\nfatal_patterns = []")).unwrap();
+        assert_eq!(s.rollout.fatal_patterns.len(), crate::sglang::FATAL_PATTERNS.len(), "an empty list cannot remove them");
     }
 
     #[test]

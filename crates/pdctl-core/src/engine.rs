@@ -1,59 +1,62 @@
-//! The rollout state machine. For each worker, in plan order:
+//! The rollout state machine. It reads like the runbook — for each worker, in plan order:
 //!
 //! 1. **preflight** (all workers, before the first restart): the unit exists; reload the manager if
 //!    `NeedDaemonReload`; `--enable-metrics` is in ExecStart when the metrics gate is required; GPU
 //!    sets do not overlap; the router answers.
 //! 2. **drain**: take the worker out of the router, wait (bounded) for its in-flight requests.
 //! 3. **restart**: journal cursor, watch the unit, `RestartUnit(name, "replace")`, our job's result.
-//! 4. **ready**: the ready line of *this* run (InvocationID, else main PID); fail fast on a fatal
-//!    line, the manager's exit/failure messages, or a crash/auto-restart of the unit.
+//! 4. **ready**: the ready line of *this* run ([`crate::judge::Judge`]); fail fast on a fatal line,
+//!    the manager's exit/failure messages, or a crash/auto-restart ([`crate::judge::crashed_since`]).
 //! 5. **health**: `/health` answers 200.
 //! 6. **router**: registered (re-registered if the router dropped it) with the right type, healthy,
 //!    circuit breaker not open, one small request through the router answers 200.
 //! 7. **metrics**: KV gauges exposed and sane (one warm-up request if they are not published yet).
-//! 8. **soak**: the same run (InvocationID, NRestarts) stays up for `min_healthy`.
+//! 8. **soak**: the same run (InvocationID, NRestarts) stays up for `min_healthy`; then the files it
+//!    runs with are recorded as its good revision.
 //!
-//! The first failure halts the rollout with its cause and the unit's last log lines; nothing after
-//! it is touched. One unit is down at a time.
+//! The first failure halts the rollout with its [`Cause`] and the unit's last log lines; nothing
+//! after it is touched. One unit is down at a time. With `on_failure = "rollback"` the failed unit's
+//! last good revision is restored and run through the same gates ([`Engine::execute`]). A resumed
+//! rollout re-verifies the unit it stopped at and restarts it only if that fails.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pdctl_journal::{Judge, Run, Verdict};
-use pdctl_probe::{Health, MetricsProblem};
-use pdctl_systemd::UnitState;
 use serde_json::{json, Value};
 
-use crate::config::{MetricsMode, Role, Settings, Worker};
-use crate::events::{Event, Failure, FailureKind, Outcome, Sink, Status, Step, Summary};
+use crate::api::ROUTER;
+use crate::cause::{Cause, MetricsDiagnosis, Phase, RouterSeen};
+use crate::config::{MetricsMode, OnFailure, Role, Settings, Worker};
+use crate::events::{Event, Failure, Outcome, Sink, Status, Step, Summary};
+use crate::judge::{crashed_since, Judge, Run, Verdict};
 use crate::plan::Plan;
-use crate::ports::{Follow, Logs, Probes, SystemdError, Units, Watch};
+use crate::ports::{Follow, Health, Logs, Probes, UnitState, Units, UnitsError, Watch};
+use crate::revisions;
 
 /// Lines of the unit's log attached to a failure.
 pub const LAST_LINES: usize = 20;
 /// Pause between polls of HTTP state that offers no events (loopback calls; cheap).
 const POLL: Duration = Duration::from_millis(100);
 
-/// A step's failure before it becomes a [`Failure`].
+/// A step's failure before it becomes a [`Failure`]: the cause, and facts for the event's detail.
 #[derive(Debug)]
 struct Fail {
-    cause: String,
-    kind: FailureKind,
+    cause: Cause,
     detail: Value,
 }
 
-fn gate(cause: impl Into<String>) -> Fail {
-    Fail { cause: cause.into(), kind: FailureKind::Gate, detail: Value::Null }
+impl From<Cause> for Fail {
+    fn from(cause: Cause) -> Fail {
+        Fail { cause, detail: Value::Null }
+    }
 }
 
-fn from_sd(e: SystemdError) -> Fail {
-    let kind = match &e {
-        SystemdError::NoSuchUnit { .. } => FailureKind::Config,
-        e if e.is_access() => FailureKind::Access,
-        _ => FailureKind::Gate,
-    };
-    Fail { cause: e.to_string(), kind, detail: Value::Null }
+impl From<UnitsError> for Fail {
+    fn from(e: UnitsError) -> Fail {
+        e.cause().into()
+    }
 }
 
 struct StepRun<'a> {
@@ -71,7 +74,9 @@ impl<'a> StepRun<'a> {
     }
     fn emit(&self, status: Status, detail: Value) {
         let ev = Event { unit: self.unit.clone(), step: self.step, status, elapsed_ms: self.t0.elapsed().as_millis() as u64, detail };
-        tracing::info!(unit = %ev.unit, step = self.step.as_str(), status = ?status, elapsed_ms = ev.elapsed_ms, "step");
+        // Never a field named `unit`: journald would store it as UNIT=, which systemd's unit
+        // filters match, and pdctl's lines would show up among the unit's own.
+        tracing::debug!(pdctl_unit = %ev.unit, pdctl_step = self.step.as_str(), "{}", sentence(&ev));
         let _ = self.sink.send(ev);
     }
     fn pass(self, detail: Value) {
@@ -81,11 +86,22 @@ impl<'a> StepRun<'a> {
         self.emit(Status::Skipped, json!({ "reason": why }));
     }
     fn fail(self, f: &Fail) {
-        let mut d = json!({ "cause": f.cause });
+        let mut d = json!({ "cause": f.cause.sentence(), "cause_code": f.cause.code() });
         if let (Some(o), Value::Object(extra)) = (d.as_object_mut(), &f.detail) {
             o.extend(extra.clone());
         }
         self.emit(Status::Failed, d);
+    }
+}
+
+/// One event as a log sentence: unit, step, status, duration, and the cause of a failure.
+pub fn sentence(e: &Event) -> String {
+    let secs = e.elapsed_ms as f64 / 1000.0;
+    match e.status {
+        Status::Started => format!("{}: {} started", e.unit, e.step.as_str()),
+        Status::Passed => format!("{}: {} passed in {secs:.1}s", e.unit, e.step.as_str()),
+        Status::Skipped => format!("{}: {} skipped ({})", e.unit, e.step.as_str(), e.detail["reason"].as_str().unwrap_or("not needed")),
+        Status::Failed => format!("{}: {} failed after {secs:.1}s: {}", e.unit, e.step.as_str(), e.detail["cause"].as_str().unwrap_or("unknown cause")),
     }
 }
 
@@ -123,54 +139,104 @@ enum Mode {
     Check,
 }
 
+/// A rollout for [`Engine::execute`].
+pub struct RolloutRun<'a> {
+    /// The workers, in order.
+    pub plan: &'a Plan,
+    /// Continue an interrupted rollout: the first unit is re-verified and restarted only if that fails.
+    pub resume: bool,
+    /// Set by an operator: stop between units.
+    pub abort: &'a AtomicBool,
+    /// Where good revisions live (pdctld's state directory); `None`: no revisions, no rollback.
+    pub revisions: Option<&'a Path>,
+    /// The rollout's id (names files moved aside by a rollback).
+    pub id: &'a str,
+}
+
+/// How a rollout ended, and what was done besides the gates (revisions recorded, rollback).
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The summary.
+    pub summary: Summary,
+    /// What was recorded or restored, one sentence each.
+    pub notes: Vec<String>,
+}
+
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false)).await
-    }
-
-    /// [`Engine::rolling_restart`] that stops when `abort` is set — between units only, so that
-    /// every unit is left verified (never in the middle of a restart).
-    pub async fn rolling_restart_abortable(&self, plan: &Plan, sink: &Sink, abort: &AtomicBool) -> Summary {
-        self.run(plan, sink, Mode::Rollout, abort).await
+        let mut notes = Vec::new();
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), None, &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Check, &AtomicBool::new(false)).await
+        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), None, &mut Vec::new()).await
     }
 
-    async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool) -> Summary {
+    /// A rollout as pdctld runs it: a rolling restart (or the rest of an interrupted one), stopped
+    /// between units when `abort` is set, recording each verified unit's files as its good revision,
+    /// and with `on_failure = "rollback"` restoring the failed unit's last good revision and
+    /// verifying it through the same gates (then the result is `rolled_back`).
+    pub async fn execute(&self, r: RolloutRun<'_>, sink: &Sink) -> Finished {
+        let mut notes = Vec::new();
+        let mut plan = r.plan.clone();
+        if r.resume {
+            if let Some(first) = plan.workers.first().cloned() {
+                if self.verify(&first, sink).await {
+                    plan.workers.remove(0);
+                    notes.push(format!("{} passed its gates again without a restart", first.unit));
+                }
+            }
+        }
+        let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, r.revisions, &mut notes).await;
+        if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
+            if self.settings.rollout.on_failure == OnFailure::Rollback && f.step != Step::Preflight && f.unit != ROUTER {
+                let unit = f.unit.clone();
+                match self.rollback(&unit, dir, r.id, sink, &mut notes).await {
+                    Ok(()) => summary.result = Outcome::RolledBack,
+                    Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
+                }
+            }
+        }
+        Finished { summary, notes }
+    }
+
+    async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, revisions: Option<&Path>, notes: &mut Vec<String>) -> Summary {
         let t0 = Instant::now();
         let mut done = Vec::new();
-        let summary = |failed: Option<Failure>, done: Vec<String>| Summary {
-            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
+        let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>| Summary {
+            id: None,
+            result,
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: done,
             failed,
         };
         if let Err((unit, f)) = self.preflight(plan, sink, false).await {
-            return summary(Some(self.failure(&unit, Step::Preflight, f).await), done);
+            return summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await), done);
         }
         for w in &plan.workers {
             if abort.load(Ordering::SeqCst) {
-                return Summary { result: Outcome::Aborted, elapsed_ms: t0.elapsed().as_millis() as u64, units: done, failed: None };
+                return summary(Outcome::Aborted, None, done);
             }
             let r = match mode {
                 Mode::Rollout => self.restart_one(w, sink).await,
                 Mode::Check => self.check_one(w, sink).await,
             };
             if let Err((step, f)) = r {
-                return summary(Some(self.failure(&w.unit, step, f).await), done);
+                return summary(Outcome::Failed, Some(self.failure(&w.unit, step, f).await), done);
+            }
+            if let (Mode::Rollout, Some(dir)) = (mode, revisions) {
+                notes.push(self.record_revision(w, dir).await);
             }
             done.push(w.unit.clone());
         }
-        summary(None, done)
+        summary(Outcome::Succeeded, None, done)
     }
 
     async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
-        let last_lines = if unit == "router" { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
-        Failure { unit: unit.to_string(), step, cause: f.cause, kind: f.kind, last_lines }
+        let last_lines = if unit == ROUTER { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
+        Failure::new(unit, step, &f.cause, last_lines)
     }
 
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
@@ -181,6 +247,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
         Summary {
+            id: None,
             result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
@@ -195,32 +262,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         for w in &plan.workers {
             let s = StepRun::start(sink, &w.unit, Step::Preflight);
             let r = async {
-                let st = self.units.state(&w.unit).await.map_err(from_sd)?;
-                let mut cfg = self.units.config(&w.unit).await.map_err(from_sd)?;
+                let st = self.units.state(&w.unit).await?;
+                let mut cfg = self.units.config(&w.unit).await?;
                 let mut did_reload = false;
                 if cfg.need_daemon_reload && dry {
                     did_reload = true; // reported as "would reload"
                 } else if cfg.need_daemon_reload && !reloaded {
-                    self.units.reload().await.map_err(from_sd)?;
+                    self.units.reload().await?;
                     reloaded = true;
                     did_reload = true;
-                    cfg = self.units.config(&w.unit).await.map_err(from_sd)?;
+                    cfg = self.units.config(&w.unit).await?;
                 }
                 let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
                 let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
                 if self.settings.verify.metrics == MetricsMode::Required && !metrics_flag {
-                    return Err(gate(format!(
-                        "the metrics gate is required but --enable-metrics is not in the ExecStart of {}: add it to the unit (then daemon-reload), or set [verify] metrics = \"warn\" or \"off\"",
-                        w.unit
-                    )));
+                    return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
                 }
                 let gpus = gpus_of(w, &cfg.environment);
                 if let Some(g) = &gpus {
                     if let Some((other, og)) = sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
-                        return Err(gate(format!(
-                            "GPUs {} of {} overlap with GPUs {} of {other}: two servers cannot share GPUs; fix gpus or CUDA_VISIBLE_DEVICES",
-                            fmt_set(g), w.unit, fmt_set(og)
-                        )));
+                        return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
                     }
                     sets.push((w.unit.clone(), g.clone()));
                 }
@@ -241,17 +302,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         if self.settings.verify.router {
-            let s = StepRun::start(sink, "router", Step::Preflight);
+            let s = StepRun::start(sink, ROUTER, Step::Preflight);
             match self.probes.router_workers().await {
                 Ok(list) => s.pass(json!({ "workers": list })),
                 Err(e) => {
-                    let f = Fail {
-                        cause: format!("the router does not answer: {e}; start it or fix [router] url (or set [verify] router = false)"),
-                        kind: FailureKind::Access,
-                        detail: Value::Null,
-                    };
+                    let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
                     s.fail(&f);
-                    return Err(("router".into(), f));
+                    return Err((ROUTER.into(), f));
                 }
             }
         }
@@ -286,31 +343,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        let (mut watch, cursor, after) = self
-            .step(sink, unit, Step::Restart, async {
-                let before = self.units.state(unit).await.map_err(from_sd)?;
-                if before.result == "start-limit-hit" {
-                    self.units.reset_failed(unit).await.map_err(from_sd)?;
-                }
-                let cursor = self.logs.tail_cursor().await.map_err(|e| Fail { cause: e.to_string(), kind: FailureKind::Access, detail: Value::Null })?;
-                let watch = self.units.watch(unit).await.map_err(from_sd)?;
-                let out = self.units.restart(unit, self.settings.rollout.job_timeout).await.map_err(from_sd)?;
-                let detail = json!({
-                    "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64,
-                    "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
-                    "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
-                });
-                if out.job_result != "done" {
-                    return Err(Fail {
-                        cause: format!("the restart job of {unit} ended with result \"{}\" (systemd: {})", out.job_result, out.state.result),
-                        kind: FailureKind::Gate,
-                        detail,
-                    });
-                }
-                Ok((detail, (watch, cursor, out.state)))
-            })
-            .await?;
-        self.step(sink, unit, Step::Ready, async { self.ready(w, cursor, &mut watch, &after).await.map(|d| (d, ())) }).await?;
+        let (mut watch, after) = self.restart_and_ready(w, sink).await?;
         self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
             self.step(sink, unit, Step::Router, async { self.router(w, true).await.map(|d| (d, ())) }).await?;
@@ -322,9 +355,48 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Ok(())
     }
 
+    /// Only the restart and ready gates of one worker, exactly as a rollout runs them (events go
+    /// to `sink`; the ready event's detail has `detect_ms`): for the benchmark, and for anyone who
+    /// wants to time them. Returns the unit's state after the restart.
+    pub async fn restart_until_ready(&self, w: &Worker, sink: &Sink) -> Result<UnitState, Failure> {
+        match self.restart_and_ready(w, sink).await {
+            Ok((_, after)) => Ok(after),
+            Err((step, f)) => Err(self.failure(&w.unit, step, f).await),
+        }
+    }
+
+    /// The restart and ready gates; returns the unit's watch and its state after the restart (the
+    /// run the later gates hold it to).
+    async fn restart_and_ready(&self, w: &Worker, sink: &Sink) -> Result<(U::W, UnitState), (Step, Fail)> {
+        let unit = w.unit.as_str();
+        let (mut watch, cursor, after) = self
+            .step(sink, unit, Step::Restart, async {
+                let before = self.units.state(unit).await?;
+                if before.result == "start-limit-hit" {
+                    self.units.reset_failed(unit).await?;
+                }
+                let cursor = self.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;
+                let watch = self.units.watch(unit).await?;
+                let out = self.units.restart(unit, self.settings.rollout.job_timeout).await?;
+                let detail = json!({
+                    "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64,
+                    "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
+                    "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
+                });
+                if out.job_result != "done" {
+                    let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
+                    return Err(Fail { cause, detail });
+                }
+                Ok((detail, (watch, cursor, out.state)))
+            })
+            .await?;
+        self.step(sink, unit, Step::Ready, async { self.ready(w, cursor, &mut watch, &after).await.map(|d| (d, ())) }).await?;
+        Ok((watch, after))
+    }
+
     /// Re-verify a unit without restarting it: health, router (re-registering it if the router
-    /// lost it), metrics. Used to resume an interrupted rollout.
-    pub async fn verify(&self, w: &Worker, sink: &Sink) -> bool {
+    /// lost it), metrics.
+    async fn verify(&self, w: &Worker, sink: &Sink) -> bool {
         if self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
@@ -355,7 +427,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok(())
             }
             Err(f) if self.settings.verify.metrics == MetricsMode::Warn => {
-                s.pass(json!({ "warning": f.cause }));
+                s.pass(json!({ "warning": f.cause.sentence(), "cause_code": f.cause.code() }));
                 Ok(())
             }
             Err(f) => {
@@ -366,11 +438,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     async fn drain(&self, w: &Worker) -> Result<Option<Value>, Fail> {
-        let list = self.probes.router_workers().await.map_err(|e| gate(format!("cannot drain {}: the router does not answer: {e}", w.unit)))?;
+        let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
+        let list = self.probes.router_workers().await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
         let Some(entry) = list.iter().find(|x| x.url == w.url) else {
             return Ok(None);
         };
-        self.probes.deregister(&entry.id).await.map_err(|e| gate(format!("the router refused to remove {}: {e}", w.url)))?;
+        self.probes.deregister(&entry.id).await.map_err(|e| drain_failed(format!("the router refused to remove {}: {e}", w.url)))?;
         let t0 = Instant::now();
         let mut left = None;
         while t0.elapsed() < self.settings.rollout.drain_timeout {
@@ -407,12 +480,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let deadline = tokio::time::sleep(ro.ready_timeout);
         tokio::pin!(deadline);
         let mut foreign = 0u32;
-        let mut crashed: Option<String> = after.crashed_since(after);
+        let mut crashed: Option<String> = crashed_since(after, after);
         while crashed.is_none() {
             tokio::select! {
                 e = follow.next() => match e {
-                    None => return Err(gate("the journal follower stopped")),
-                    Some(Err(e)) => return Err(Fail { cause: e.to_string(), kind: FailureKind::Access, detail: Value::Null }),
+                    None => return Err(Cause::EventSourceClosed { what: "the journal follower".into() }.into()),
+                    Some(Err(e)) => return Err(Cause::JournalUnreadable { message: e.to_string() }.into()),
                     Some(Ok(entry)) => match judge.judge(&entry) {
                         Verdict::Ready => {
                             return Ok(json!({
@@ -424,7 +497,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                                 "since_restart_ms": t0.elapsed().as_millis() as u64,
                             }))
                         }
-                        Verdict::Fatal(line) => return Err(gate(format!("{} logged a fatal line: {line}", w.unit))),
+                        Verdict::Fatal(line) => return Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
                         Verdict::ManagerFailure(m) => crashed = Some(format!("systemd reports: {m}")),
                         Verdict::ForeignReady => foreign += 1,
                         Verdict::Ignore => {}
@@ -432,32 +505,28 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 },
                 c = watch.changed() => {
                     if c.is_none() {
-                        return Err(gate("the D-Bus connection to systemd closed"));
+                        return Err(Cause::EventSourceClosed { what: "the D-Bus connection to systemd".into() }.into());
                     }
-                    let st = self.units.state(&w.unit).await.map_err(from_sd)?;
-                    crashed = st.crashed_since(after);
+                    let st = self.units.state(&w.unit).await?;
+                    crashed = crashed_since(&st, after);
                 }
                 _ = &mut deadline => {
-                    return Err(gate(format!(
-                        "{} logged no ready line (\"{}\") of this run within {:?}{}",
-                        w.unit, ro.ready_pattern, ro.ready_timeout,
-                        if foreign > 0 { format!(" ({foreign} ready line(s) of another run were ignored)") } else { String::new() }
-                    )))
+                    return Err(Cause::ReadyTimeout { unit: w.unit.clone(), pattern: ro.ready_pattern.clone(), after: ro.ready_timeout, foreign }.into())
                 }
             }
         }
         // The unit died: look briefly for the fatal line that explains it.
-        let mut cause = crashed.unwrap_or_default();
+        let mut why = crashed.unwrap_or_default();
         let _ = tokio::time::timeout(Duration::from_millis(300), async {
             while let Some(Ok(e)) = follow.next().await {
                 if let Verdict::Fatal(l) = judge.judge(&e) {
-                    cause = format!("{cause}; fatal line: {l}");
+                    why = format!("{why}; fatal line: {l}");
                     break;
                 }
             }
         })
         .await;
-        Err(gate(format!("{} did not become ready: {cause}", w.unit)))
+        Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why }.into())
     }
 
     async fn health(&self, w: &Worker, after: Option<&UnitState>) -> Result<Value, Fail> {
@@ -473,13 +542,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 None => "no answer".into(),
             };
             if let Some(after) = after {
-                let st = self.units.state(&w.unit).await.map_err(from_sd)?;
-                if let Some(why) = st.crashed_since(after) {
-                    return Err(gate(format!("{} went down while waiting for /health: {why}", w.unit)));
+                let st = self.units.state(&w.unit).await?;
+                if let Some(why) = crashed_since(&st, after) {
+                    return Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Health, why }.into());
                 }
             }
             if t0.elapsed() >= limit {
-                return Err(gate(format!("{}/health did not answer 200 within {limit:?} (last: {last})", w.url)));
+                return Err(Cause::HealthTimeout { url: w.url.clone(), after: limit, last }.into());
             }
             tokio::time::sleep(POLL).await;
         }
@@ -490,35 +559,33 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let limit = self.settings.rollout.router_timeout;
         let role = w.role.as_str();
         let mut registered: Option<String> = None;
-        let mut last;
+        let mut seen;
         loop {
-            match within(t0, limit, self.probes.router_workers()).await.unwrap_or_else(|| Err(pdctl_probe::HttpError::Timeout { url: "router /workers".into(), after: limit })) {
-                Err(e) => last = format!("the router does not answer: {e}"),
-                Ok(list) => match list.iter().find(|x| x.url == w.url) {
+            match within(t0, limit, self.probes.router_workers()).await {
+                None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
+                Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
+                Some(Ok(list)) => match list.iter().find(|x| x.url == w.url) {
                     None if may_register && registered.is_none() => {
                         let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
                         match self.probes.register(&w.url, role, bp).await {
                             Ok(id) => registered = Some(id),
-                            Err(e) => return Err(gate(format!("the router does not list {} and refused to register it: {e}", w.url))),
+                            Err(e) => return Err(Cause::RegisterRefused { url: w.url.clone(), error: e.to_string() }.into()),
                         }
-                        last = "registered; waiting for the router to admit it".into();
+                        seen = RouterSeen::RegistrationPending;
                     }
-                    None => last = if registered.is_some() { "registration still pending".into() } else { format!("the router does not list {}", w.url) },
+                    None => seen = if registered.is_some() { RouterSeen::RegistrationPending } else { RouterSeen::NotListed },
                     Some(x) if x.worker_type != role => {
-                        return Err(gate(format!(
-                            "the router lists {} as \"{}\", not \"{role}\" (registered without worker_type?): remove it from the router and re-add it with worker_type \"{role}\"",
-                            w.url, x.worker_type
-                        )))
+                        return Err(Cause::WrongWorkerType { url: w.url.clone(), listed: x.worker_type.clone(), role: role.to_string() }.into())
                     }
-                    Some(x) if !x.is_healthy => last = "listed but not healthy yet".into(),
+                    Some(x) if !x.is_healthy => seen = RouterSeen::Unhealthy("is_healthy: false".into()),
                     Some(x) => {
                         let cb = self.probes.cb_state(&w.url).await;
                         match cb {
-                            Ok(Some(1.0)) => last = "healthy, but its circuit breaker is open (smg_worker_cb_state=1): requests are still refused".into(),
+                            Ok(Some(1.0)) => seen = RouterSeen::BreakerOpen,
                             _ => {
                                 let smoke = if self.settings.verify.smoke_request { Some(self.probes.smoke(1).await) } else { None };
                                 match smoke {
-                                    Some(Err(e)) => last = format!("healthy, but a request through the router failed: {e}"),
+                                    Some(Err(e)) => seen = RouterSeen::SmokeFailed(e.to_string()),
                                     _ => {
                                         return Ok(json!({
                                             "router_id": x.id, "worker_type": x.worker_type, "re_registered": registered.is_some(),
@@ -533,7 +600,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 },
             }
             if t0.elapsed() >= limit || (!may_register && t0.elapsed() >= Duration::from_secs(5)) {
-                return Err(gate(format!("the router did not admit {} within {:?}: {last}", w.url, t0.elapsed())));
+                let (url, after) = (w.url.clone(), t0.elapsed());
+                return Err(match seen {
+                    RouterSeen::BreakerOpen => Cause::CircuitOpen { url, after },
+                    RouterSeen::SmokeFailed(error) => Cause::SmokeFailed { url, after, error },
+                    other => Cause::RouterNeverAdmits { url, after, last: other.to_string() },
+                }
+                .into());
             }
             tokio::time::sleep(POLL).await;
         }
@@ -544,11 +617,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let limit = self.settings.rollout.metrics_timeout;
         let mut warmed = None;
         loop {
-            let problem = match within(t0, limit, self.probes.kv(&w.url))
-                .await
-                .unwrap_or_else(|| Err(MetricsProblem::Http(pdctl_probe::HttpError::Timeout { url: format!("{}/metrics", w.url), after: limit })))
-            {
-                Ok(r) => {
+            let problem = match within(t0, limit, self.probes.kv(&w.url)).await {
+                Some(Ok(r)) => {
                     let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
                     if let Some(o) = d.as_object_mut() {
                         o.insert("warm_up_request".into(), json!(warmed));
@@ -556,12 +626,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     }
                     return Ok(d);
                 }
-                Err(p) => p,
+                Some(Err(p)) => p,
+                None => crate::ports::MetricsError {
+                    diagnosis: MetricsDiagnosis::Unreachable,
+                    message: format!("{}/metrics did not answer within {limit:?}", w.url),
+                },
             };
-            if !problem.may_resolve() && !matches!(problem, MetricsProblem::Http(_)) {
-                return Err(gate(format!("{}: {problem}", w.unit)));
+            if !problem.may_resolve() {
+                return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: None }.into());
             }
-            if may_warm && warmed.is_none() && self.settings.verify.warmup_request && matches!(problem, MetricsProblem::Kv(_)) {
+            if may_warm && warmed.is_none() && self.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
                 // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
                 let sent = match (self.settings.verify.router, w.role) {
                     (true, _) => self.probes.smoke(48).await.map(|_| "sent through the router".to_string()),
@@ -572,7 +646,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 continue; // the request has finished: the gauges may be there now
             }
             if t0.elapsed() >= limit {
-                return Err(gate(format!("{}: KV gauges not usable within {limit:?}: {problem}", w.unit)));
+                return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: Some(limit) }.into());
             }
             tokio::time::sleep(POLL).await;
         }
@@ -580,30 +654,90 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     async fn soak(&self, unit: &str, watch: &mut U::W, after: &UnitState) -> Result<Value, Fail> {
         let limit = self.settings.rollout.min_healthy;
+        let crashed = |why: String| Fail::from(Cause::Crashed { unit: unit.to_string(), phase: Phase::Soak, why });
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
             tokio::select! {
                 c = watch.changed() => {
                     if c.is_none() {
-                        return Err(gate("the D-Bus connection to systemd closed during the soak"));
+                        return Err(Cause::EventSourceClosed { what: "the D-Bus connection to systemd".into() }.into());
                     }
-                    let st = self.units.state(unit).await.map_err(from_sd)?;
-                    if let Some(why) = st.crashed_since(after) {
-                        return Err(gate(format!("{unit} did not stay up: {why}")));
+                    let st = self.units.state(unit).await?;
+                    if let Some(why) = crashed_since(&st, after) {
+                        return Err(crashed(why));
                     }
                 }
                 _ = &mut deadline => break,
             }
         }
         // Changes between signals are caught by comparing once more.
-        let st = self.units.state(unit).await.map_err(from_sd)?;
-        if let Some(why) = st.crashed_since(after) {
-            return Err(gate(format!("{unit} did not stay up: {why}")));
+        let st = self.units.state(unit).await?;
+        if let Some(why) = crashed_since(&st, after) {
+            return Err(crashed(why));
         }
         if st.active_state != "active" {
-            return Err(gate(format!("{unit} is {}/{} after the soak, not active", st.active_state, st.sub_state)));
+            return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
         }
         Ok(json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts }))
+    }
+
+    /// Record the files `w` was just verified with as its good revision; returns the note.
+    async fn record_revision(&self, w: &Worker, dir: &Path) -> String {
+        let cfg = match self.units.config(&w.unit).await {
+            Ok(c) => c,
+            Err(e) => return format!("could not record the revision of {}: {e}", w.unit),
+        };
+        let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "started");
+        match revisions::save(dir, &rev) {
+            Ok(()) => format!("recorded the revision {} runs with: {}", w.unit, rev.files.keys().cloned().collect::<Vec<_>>().join(", ")),
+            Err(er) => format!("could not record the revision of {}: {er}", w.unit),
+        }
+    }
+
+    /// Restore `unit`'s last good revision, reload, and run it through the same gates.
+    async fn rollback(&self, unit: &str, dir: &Path, id: &str, sink: &Sink, notes: &mut Vec<String>) -> Result<(), String> {
+        let w = self.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
+        let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
+        let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
+        let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
+        let done = revisions::restore(&last, &current, id).map_err(|er| format!("cannot restore the files: {er}"))?;
+        tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
+        notes.extend(done);
+        self.units.reload().await.map_err(|er| er.to_string())?;
+        let plan = Plan { workers: vec![w.clone()] };
+        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), Some(dir), notes).await;
+        match s.result {
+            Outcome::Succeeded => {
+                notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
+                Ok(())
+            }
+            _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
+        }
+    }
+
+    /// Why each configured worker is stale (in config order: unit and reasons; no reasons: it runs
+    /// its current files),
+    /// recording a baseline revision for a worker never seen start whose files are older than its
+    /// running process.
+    pub async fn staleness(&self, dir: &Path) -> Result<Vec<(String, Vec<String>)>, Cause> {
+        let mut out = Vec::new();
+        for w in &self.settings.workers {
+            let cfg = self.units.config(&w.unit).await.map_err(UnitsError::cause)?;
+            let st = self.units.state(&w.unit).await.map_err(UnitsError::cause)?;
+            let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
+            let mut last = revisions::load(dir, &w.unit);
+            if last.is_none() {
+                let by_mtime = revisions::stale_reasons(&current, None, st.exec_main_start_us, false);
+                if by_mtime.is_empty() && !cfg.need_daemon_reload && st.active_state == "active" {
+                    let mut base = current.clone();
+                    base.why = "baseline".into();
+                    let _ = revisions::save(dir, &base);
+                    last = Some(base);
+                }
+            }
+            out.push((w.unit.clone(), revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload)));
+        }
+        Ok(out)
     }
 }

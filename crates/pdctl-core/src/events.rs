@@ -1,8 +1,11 @@
 //! Events and the summary: the `--json` contract (one JSON object per line; the last one is the
-//! summary with `result`).
+//! summary with `result`). Part of the contract in [`crate::api`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::cause::Cause;
+pub use crate::cause::FailureKind;
 
 /// The gates of one restart, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,8 +61,9 @@ pub enum Status {
 
 /// One step transition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Event {
-    /// The unit (or `router` for router-wide checks).
+    /// The unit (or [`crate::api::ROUTER`] for router-wide checks).
     pub unit: String,
     /// The step.
     pub step: Step,
@@ -85,20 +89,9 @@ pub enum Outcome {
     Aborted,
 }
 
-/// Why a failure happened, for the exit code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureKind {
-    /// A gate did not pass (exit 1).
-    Gate,
-    /// The configuration names something that does not exist (exit 2).
-    Config,
-    /// systemd or the journal cannot be reached, or permission denied (exit 3).
-    Access,
-}
-
 /// The failed gate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Failure {
     /// The unit.
     pub unit: String,
@@ -106,6 +99,8 @@ pub struct Failure {
     pub step: Step,
     /// One sentence.
     pub cause: String,
+    /// The cause's stable code ([`Cause::code`]).
+    pub cause_code: String,
     /// Kind (exit code).
     pub kind: FailureKind,
     /// The unit's last log lines.
@@ -113,9 +108,20 @@ pub struct Failure {
     pub last_lines: Vec<String>,
 }
 
+impl Failure {
+    /// The failure of `unit` at `step` with `cause`.
+    pub fn new(unit: &str, step: Step, cause: &Cause, last_lines: Vec<String>) -> Failure {
+        Failure { unit: unit.to_string(), step, cause: cause.sentence(), cause_code: cause.code().to_string(), kind: cause.kind(), last_lines }
+    }
+}
+
 /// The last line of a rollout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Summary {
+    /// pdctld's rollout id (absent for the CLI's own dry run and check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// The result.
     pub result: Outcome,
     /// Total time.

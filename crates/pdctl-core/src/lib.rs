@@ -1,11 +1,21 @@
 //! `pdctl-core`: configuration (TOML layers → validated [`config::Settings`]), the [`plan::Plan`],
-//! the rollout state machine ([`engine::Engine`]: the gates of one restart), and the events it
-//! emits. It reaches systemd, the journal and HTTP only through the traits in [`ports`].
+//! the rollout state machine ([`engine::Engine`]: the gates of one restart, resume, rollback), the
+//! lifecycle of a rollout ([`lifecycle`]), every failure ([`cause::Cause`]), the contract with
+//! clients ([`api`]), what facts mean ([`judge`]), SGLang's built-in facts ([`sglang`]) and config
+//! drift ([`revisions`]). It reaches systemd, the journal and HTTP only through the traits in
+//! [`ports`]; [`real`] implements them over the driver crates.
 
 #![warn(missing_docs)]
 
+pub mod api;
+pub mod cause;
 pub mod config;
 pub mod engine;
 pub mod events;
+pub mod judge;
+pub mod lifecycle;
 pub mod plan;
 pub mod ports;
+pub mod real;
+pub mod revisions;
+pub mod sglang;

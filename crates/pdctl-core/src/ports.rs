@@ -1,17 +1,231 @@
-//! The small traits the engine talks through — systemd, the journal, the HTTP probes — and their
-//! real implementations over `pdctl-systemd`, `pdctl-journal` and `pdctl-probe`. Unit tests of
-//! the engine use in-memory fakes behind the same traits.
+//! The boundary of the engine: three small traits — systemd ([`Units`]), the journal ([`Logs`]),
+//! HTTP checks of workers and the router ([`Probes`]) — and the facts they report, in core's own
+//! types. Drivers report facts; the engine and [`crate::judge`] decide what they mean. The real
+//! implementations are in [`crate::real`]; unit tests use in-memory fakes behind the same traits.
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use pdctl_journal::{Entry, Follower, Source};
-use pdctl_probe::kv::KvReport;
-use pdctl_probe::{Health, Http, HttpError, MetricsProblem, Router, RouterWorker};
-use pdctl_systemd::{RestartOutcome, Systemd, UnitConfig, UnitState, UnitWatch};
+use serde::Serialize;
 
-pub use pdctl_journal::Error as JournalError;
-pub use pdctl_systemd::Error as SystemdError;
+use crate::cause::{Cause, MetricsDiagnosis};
+
+/// A unit's runtime state, read uncached.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitState {
+    /// `loaded`, `not-found`, `masked`, …
+    pub load_state: String,
+    /// `active`, `activating`, `failed`, …
+    pub active_state: String,
+    /// `running`, `auto-restart`, `dead`, …
+    pub sub_state: String,
+    /// Hex InvocationID of the current run ("" when none).
+    pub invocation_id: String,
+    /// Main PID (0 when none).
+    pub main_pid: u32,
+    /// PID of the last main process, kept after it exits.
+    pub exec_main_pid: u32,
+    /// Automatic restarts so far.
+    pub n_restarts: u32,
+    /// Service result (`success`, `exit-code`, `timeout`, `start-limit-hit`, …).
+    pub result: String,
+    /// CLD_* code of the main process's exit (1 exited, 2 killed, 3 dumped core).
+    pub exec_main_code: i32,
+    /// Exit status or signal of the main process.
+    pub exec_main_status: i32,
+    /// When the unit last entered `active` (µs since the epoch, 0 = never).
+    pub active_enter_us: u64,
+    /// When the current main process started (µs since the epoch).
+    pub exec_main_start_us: u64,
+}
+
+/// A unit's configuration as systemd parsed it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitConfig {
+    /// argv of each ExecStart= command.
+    pub exec_start: Vec<Vec<String>>,
+    /// `KEY=value` from Environment= (unit and drop-ins merged).
+    pub environment: Vec<String>,
+    /// EnvironmentFile= paths (and whether a missing one is ignored).
+    pub environment_files: Vec<(String, bool)>,
+    /// The unit file.
+    pub fragment_path: String,
+    /// Drop-ins systemd loaded.
+    pub drop_in_paths: Vec<String>,
+    /// The unit file changed on disk since the last daemon-reload.
+    pub need_daemon_reload: bool,
+}
+
+/// How our restart job ended.
+#[derive(Debug, Clone)]
+pub struct JobOutcome {
+    /// The job's result: `done`, `failed`, `timeout`, `canceled`, `dependency`, `skipped`, …
+    pub job_result: String,
+    /// Time from the call to our job's removal.
+    pub job_time: Duration,
+    /// The unit right after the job (uncached).
+    pub state: UnitState,
+}
+
+/// What went wrong talking to systemd: which class, and the driver's sentence (what to do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitsError {
+    /// The unit does not exist.
+    NoSuchUnit(String),
+    /// The bus or manager cannot be reached.
+    Unreachable(String),
+    /// Permission denied (or interactive authentication required).
+    Denied(String),
+    /// A call or the job took longer than its limit.
+    Timeout(String),
+    /// Anything else systemd said.
+    Refused(String),
+}
+
+impl UnitsError {
+    /// The cause it is.
+    pub fn cause(self) -> Cause {
+        match self {
+            UnitsError::NoSuchUnit(message) => Cause::UnitMissing { message },
+            UnitsError::Unreachable(message) => Cause::SystemdUnreachable { message },
+            UnitsError::Denied(message) => Cause::AccessDenied { message },
+            UnitsError::Timeout(message) => Cause::SystemdTimeout { message },
+            UnitsError::Refused(message) => Cause::SystemdRefused { message },
+        }
+    }
+}
+
+impl std::fmt::Display for UnitsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnitsError::NoSuchUnit(m) | UnitsError::Unreachable(m) | UnitsError::Denied(m) | UnitsError::Timeout(m) | UnitsError::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
+/// One journal entry.
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    /// `__REALTIME_TIMESTAMP` (µs since the epoch): when journald received it.
+    pub realtime_us: u64,
+    /// When the follower read it.
+    pub read_at: SystemTime,
+    /// Its fields.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl LogEntry {
+    /// A field's value.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).map(String::as_str)
+    }
+    /// `MESSAGE` ("" when absent).
+    pub fn message(&self) -> &str {
+        self.get("MESSAGE").unwrap_or("")
+    }
+    /// `_PID`.
+    pub fn pid(&self) -> Option<u32> {
+        self.get("_PID").and_then(|p| p.parse().ok())
+    }
+    /// Detection latency: read time minus journald's receive time.
+    pub fn latency(&self) -> Duration {
+        let received = SystemTime::UNIX_EPOCH + Duration::from_micros(self.realtime_us);
+        self.read_at.duration_since(received).unwrap_or_default()
+    }
+}
+
+/// The journal cannot be read (the driver's sentence, with what to do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogError(pub String);
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a worker's `/health` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// 200.
+    Up,
+    /// 503: still warming up (or unhealthy).
+    Unavailable(String),
+    /// Anything else, or no answer.
+    Down(String),
+}
+
+/// What the KV gauges say.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvReport {
+    /// KV pool size, when exported.
+    pub max_total_tokens: Option<f64>,
+    /// `token_usage` (0..1).
+    pub token_usage: f64,
+    /// Tokens in use.
+    pub used_tokens: f64,
+    /// Free slots, when exported.
+    pub available_tokens: Option<f64>,
+    /// Evictable slots, when exported.
+    pub evictable_tokens: Option<f64>,
+    /// Running requests, when exported.
+    pub running_reqs: Option<f64>,
+    /// Queued requests, when exported.
+    pub queue_reqs: Option<f64>,
+    /// The metric names the values were read from.
+    pub names: Vec<String>,
+}
+
+/// Why a worker's `/metrics` gives no usable KV gauges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsError {
+    /// Which known cause.
+    pub diagnosis: MetricsDiagnosis,
+    /// The probe's sentence.
+    pub message: String,
+}
+
+impl std::fmt::Display for MetricsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl MetricsError {
+    /// Worth waiting for (not published yet, or not listening yet) rather than failing at once.
+    pub fn may_resolve(&self) -> bool {
+        match self.diagnosis {
+            MetricsDiagnosis::NotPublished | MetricsDiagnosis::Unreachable => true,
+            MetricsDiagnosis::Disabled | MetricsDiagnosis::Unparseable | MetricsDiagnosis::UnknownNames | MetricsDiagnosis::Insane => false,
+        }
+    }
+}
+
+/// One worker as the router lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouterWorker {
+    /// The router's id for it.
+    pub id: String,
+    /// Its URL.
+    pub url: String,
+    /// `prefill`, `decode`, `regular`.
+    pub worker_type: String,
+    /// Health as the router sees it.
+    pub is_healthy: bool,
+    /// Requests the router has in flight to it.
+    pub load: i64,
+}
+
+/// An HTTP call failed (the probe's sentence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpFailure(pub String);
+
+impl std::fmt::Display for HttpFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// Change notifications for one unit.
 pub trait Watch: Send {
@@ -24,23 +238,23 @@ pub trait Units: Send + Sync {
     /// Watch type.
     type W: Watch;
     /// Uncached state.
-    fn state(&self, unit: &str) -> impl Future<Output = Result<UnitState, SystemdError>> + Send;
+    fn state(&self, unit: &str) -> impl Future<Output = Result<UnitState, UnitsError>> + Send;
     /// Parsed configuration.
-    fn config(&self, unit: &str) -> impl Future<Output = Result<UnitConfig, SystemdError>> + Send;
+    fn config(&self, unit: &str) -> impl Future<Output = Result<UnitConfig, UnitsError>> + Send;
     /// daemon-reload.
-    fn reload(&self) -> impl Future<Output = Result<(), SystemdError>> + Send;
+    fn reload(&self) -> impl Future<Output = Result<(), UnitsError>> + Send;
     /// ResetFailedUnit.
-    fn reset_failed(&self, unit: &str) -> impl Future<Output = Result<(), SystemdError>> + Send;
+    fn reset_failed(&self, unit: &str) -> impl Future<Output = Result<(), UnitsError>> + Send;
     /// Start watching (before acting).
-    fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::W, SystemdError>> + Send;
+    fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::W, UnitsError>> + Send;
     /// Restart and wait for our job.
-    fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send;
+    fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
 }
 
 /// A stream of journal entries for one unit.
 pub trait Follow: Send {
     /// The next entry.
-    fn next(&mut self) -> impl Future<Output = Option<Result<Entry, JournalError>>> + Send;
+    fn next(&mut self) -> impl Future<Output = Option<Result<LogEntry, LogError>>> + Send;
 }
 
 /// The journal.
@@ -48,11 +262,11 @@ pub trait Logs: Send + Sync {
     /// Follower type.
     type F: Follow;
     /// The tail cursor (take it before the restart).
-    fn tail_cursor(&self) -> impl Future<Output = Result<Option<String>, JournalError>> + Send;
+    fn tail_cursor(&self) -> impl Future<Output = Result<Option<String>, LogError>> + Send;
     /// Follow a unit after `cursor`.
     fn follow(&self, cursor: Option<String>, unit: &str) -> Self::F;
-    /// The unit's last `n` lines.
-    fn last_lines(&self, unit: &str, n: usize) -> impl Future<Output = Result<Vec<String>, JournalError>> + Send;
+    /// The unit's last `n` lines: its own output and its manager's messages about it.
+    fn last_lines(&self, unit: &str, n: usize) -> impl Future<Output = Result<Vec<String>, LogError>> + Send;
 }
 
 /// HTTP checks of workers and the router.
@@ -60,171 +274,19 @@ pub trait Probes: Send + Sync {
     /// Worker `/health`.
     fn health(&self, url: &str) -> impl Future<Output = Health> + Send;
     /// Worker `/metrics` KV gauges.
-    fn kv(&self, url: &str) -> impl Future<Output = Result<KvReport, MetricsProblem>> + Send;
-    /// Worker `/get_load`: requests running + queued.
-    fn in_flight(&self, url: &str) -> impl Future<Output = Result<u64, HttpError>> + Send;
-    /// One request straight to a worker (regular workers) to make it publish its gauges.
-    fn warm_worker(&self, url: &str) -> impl Future<Output = Result<(), HttpError>> + Send;
-    /// Router `GET /workers`.
-    fn router_workers(&self) -> impl Future<Output = Result<Vec<RouterWorker>, HttpError>> + Send;
-    /// Router `POST /workers`.
-    fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpError>> + Send;
-    /// Router `DELETE /workers/{id}`.
-    fn deregister(&self, id: &str) -> impl Future<Output = Result<(), HttpError>> + Send;
-    /// Router circuit-breaker state of a worker (`None`: no metrics URL or no series).
-    fn cb_state(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsProblem>> + Send;
+    fn kv(&self, url: &str) -> impl Future<Output = Result<KvReport, MetricsError>> + Send;
+    /// Requests the worker is running or has queued.
+    fn in_flight(&self, url: &str) -> impl Future<Output = Result<u64, HttpFailure>> + Send;
+    /// One request straight to a (regular) worker so that it publishes its gauges.
+    fn warm_worker(&self, url: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// The router's worker list.
+    fn router_workers(&self) -> impl Future<Output = Result<Vec<RouterWorker>, HttpFailure>> + Send;
+    /// Add a worker to the router; returns the router's id.
+    fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpFailure>> + Send;
+    /// Remove a worker from the router by its id.
+    fn deregister(&self, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// The router's circuit-breaker state of a worker (`None`: not exported).
+    fn cb_state(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
     /// One small request through the router.
-    fn smoke(&self, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpError>> + Send;
-}
-
-impl Watch for UnitWatch {
-    fn changed(&mut self) -> impl Future<Output = Option<()>> + Send {
-        UnitWatch::changed(self)
-    }
-}
-
-impl Units for Systemd {
-    type W = UnitWatch;
-    fn state(&self, unit: &str) -> impl Future<Output = Result<UnitState, SystemdError>> + Send {
-        Systemd::state(self, unit)
-    }
-    fn config(&self, unit: &str) -> impl Future<Output = Result<UnitConfig, SystemdError>> + Send {
-        Systemd::config(self, unit)
-    }
-    fn reload(&self) -> impl Future<Output = Result<(), SystemdError>> + Send {
-        Systemd::reload(self)
-    }
-    fn reset_failed(&self, unit: &str) -> impl Future<Output = Result<(), SystemdError>> + Send {
-        Systemd::reset_failed(self, unit)
-    }
-    fn watch(&self, unit: &str) -> impl Future<Output = Result<UnitWatch, SystemdError>> + Send {
-        Systemd::watch(self, unit)
-    }
-    fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send {
-        Systemd::restart(self, unit, job_timeout)
-    }
-}
-
-impl Follow for Follower {
-    fn next(&mut self) -> impl Future<Output = Option<Result<Entry, JournalError>>> + Send {
-        Follower::next(self)
-    }
-}
-
-/// The journal on this host or in a directory.
-#[derive(Debug, Clone)]
-pub struct Journald(pub Source);
-
-impl Logs for Journald {
-    type F = Follower;
-    fn tail_cursor(&self) -> impl Future<Output = Result<Option<String>, JournalError>> + Send {
-        pdctl_journal::tail_cursor(&self.0)
-    }
-    fn follow(&self, cursor: Option<String>, unit: &str) -> Follower {
-        Follower::start(&self.0, cursor, unit)
-    }
-    fn last_lines(&self, unit: &str, n: usize) -> impl Future<Output = Result<Vec<String>, JournalError>> + Send {
-        pdctl_journal::last_lines(&self.0, unit, n)
-    }
-}
-
-/// Real HTTP probes.
-#[derive(Debug, Clone)]
-pub struct HttpProbes {
-    /// Client.
-    pub http: Http,
-    /// The router, if configured.
-    pub router: Option<Router>,
-}
-
-fn no_router() -> HttpError {
-    HttpError::Unreachable { url: "(router)".into(), detail: "no [router] url is configured".into() }
-}
-
-impl Probes for HttpProbes {
-    async fn health(&self, url: &str) -> Health {
-        pdctl_probe::health(&self.http, url).await
-    }
-    async fn kv(&self, url: &str) -> Result<KvReport, MetricsProblem> {
-        pdctl_probe::kv_metrics(&self.http, url).await
-    }
-    async fn in_flight(&self, url: &str) -> Result<u64, HttpError> {
-        let u = format!("{url}/get_load");
-        let v = self.http.get_json(&u).await?;
-        let list = v.as_array().cloned().unwrap_or_default();
-        Ok(list.iter().map(|r| r.get("num_reqs").and_then(|x| x.as_u64()).unwrap_or(0) + r.get("num_waiting_reqs").and_then(|x| x.as_u64()).unwrap_or(0)).sum())
-    }
-    async fn warm_worker(&self, url: &str) -> Result<(), HttpError> {
-        let u = format!("{url}/generate");
-        let (status, body) = self.http.post_json(&u, &serde_json::json!({"text": "pdctl warm-up", "sampling_params": {"max_new_tokens": 1}})).await?;
-        if status == 200 {
-            Ok(())
-        } else {
-            Err(HttpError::Status { url: u, status, body })
-        }
-    }
-    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpError> {
-        match &self.router {
-            Some(r) => r.workers(&self.http).await,
-            None => Err(no_router()),
-        }
-    }
-    async fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpError> {
-        match &self.router {
-            Some(r) => r.register(&self.http, url, worker_type, bootstrap_port).await,
-            None => Err(no_router()),
-        }
-    }
-    async fn deregister(&self, id: &str) -> Result<(), HttpError> {
-        match &self.router {
-            Some(r) => r.deregister(&self.http, id).await,
-            None => Err(no_router()),
-        }
-    }
-    async fn cb_state(&self, url: &str) -> Result<Option<f64>, MetricsProblem> {
-        match &self.router {
-            Some(r) => r.cb_state(&self.http, url).await,
-            None => Ok(None),
-        }
-    }
-    async fn smoke(&self, max_new_tokens: u32) -> Result<(), HttpError> {
-        match &self.router {
-            Some(r) => r.smoke(&self.http, max_new_tokens).await,
-            None => Err(no_router()),
-        }
-    }
-}
-
-/// The engine over the real drivers.
-pub type RealEngine = crate::engine::Engine<Systemd, Journald, HttpProbes>;
-
-/// The bus `settings` name.
-pub fn bus(settings: &crate::config::Settings) -> pdctl_systemd::Bus {
-    match &settings.bus {
-        crate::config::BusSetting::System => pdctl_systemd::Bus::System,
-        crate::config::BusSetting::User => pdctl_systemd::Bus::User,
-        crate::config::BusSetting::Address(a) => pdctl_systemd::Bus::Address(a.clone()),
-    }
-}
-
-/// The journal `settings` name (a directory, else this host's).
-pub fn journal(settings: &crate::config::Settings) -> Source {
-    match &settings.journal_directory {
-        Some(d) => Source::Directory(d.clone()),
-        None => Source::Local,
-    }
-}
-
-/// HTTP probes of the workers and the router `settings` name.
-pub fn probes(settings: &crate::config::Settings) -> HttpProbes {
-    HttpProbes {
-        http: Http::new(pdctl_probe::REQUEST_TIMEOUT),
-        router: settings.router.as_ref().map(|r| Router { url: r.url.clone(), metrics_url: r.metrics_url.clone() }),
-    }
-}
-
-/// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes).
-pub async fn connect(settings: crate::config::Settings) -> Result<RealEngine, SystemdError> {
-    let units = Systemd::connect(&bus(&settings)).await?;
-    Ok(crate::engine::Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings })
+    fn smoke(&self, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpFailure>> + Send;
 }

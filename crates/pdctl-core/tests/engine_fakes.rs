@@ -11,11 +11,10 @@ use pdctl_core::config::{load_texts, Settings};
 use pdctl_core::engine::Engine;
 use pdctl_core::events::{Event, Outcome, Status, Step};
 use pdctl_core::plan::Plan;
-use pdctl_core::ports::{Follow, JournalError, Logs, Probes, SystemdError, Units, Watch};
-use pdctl_journal::Entry;
-use pdctl_probe::kv::KvReport;
-use pdctl_probe::{Health, HttpError, MetricsProblem, RouterWorker};
-use pdctl_systemd::{RestartOutcome, UnitConfig, UnitState};
+use pdctl_core::ports::{
+    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, Probes, RouterWorker, UnitConfig, UnitState, Units, UnitsError,
+    Watch,
+};
 
 #[derive(Default)]
 struct World {
@@ -54,39 +53,39 @@ impl Watch for NoWatch {
 
 impl Units for FakeUnits {
     type W = NoWatch;
-    async fn state(&self, unit: &str) -> Result<UnitState, SystemdError> {
-        self.0.lock().unwrap().states.get(unit).cloned().ok_or(SystemdError::NoSuchUnit { unit: unit.into(), detail: "fake".into() })
+    async fn state(&self, unit: &str) -> Result<UnitState, UnitsError> {
+        self.0.lock().unwrap().states.get(unit).cloned().ok_or(UnitsError::NoSuchUnit(format!("unit {unit} does not exist")))
     }
-    async fn config(&self, _unit: &str) -> Result<UnitConfig, SystemdError> {
+    async fn config(&self, _unit: &str) -> Result<UnitConfig, UnitsError> {
         Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], ..Default::default() })
     }
-    async fn reload(&self) -> Result<(), SystemdError> {
+    async fn reload(&self) -> Result<(), UnitsError> {
         Ok(())
     }
-    async fn reset_failed(&self, _unit: &str) -> Result<(), SystemdError> {
+    async fn reset_failed(&self, _unit: &str) -> Result<(), UnitsError> {
         Ok(())
     }
-    async fn watch(&self, _unit: &str) -> Result<NoWatch, SystemdError> {
+    async fn watch(&self, _unit: &str) -> Result<NoWatch, UnitsError> {
         Ok(NoWatch)
     }
-    async fn restart(&self, unit: &str, _t: Duration) -> Result<RestartOutcome, SystemdError> {
+    async fn restart(&self, unit: &str, _t: Duration) -> Result<JobOutcome, UnitsError> {
         let mut w = self.0.lock().unwrap();
         w.next_pid += 1;
         let st = state(&format!("inv{}", w.next_pid), w.next_pid);
         w.states.insert(unit.into(), st.clone());
         w.restarted.push(unit.into());
-        Ok(RestartOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
+        Ok(JobOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
     }
 }
 
-fn entry(msg: &str, pid: u32) -> Entry {
+fn entry(msg: &str, pid: u32) -> LogEntry {
     let fields: BTreeMap<String, String> = [("MESSAGE".to_string(), msg.to_string()), ("_PID".to_string(), pid.to_string())].into();
-    Entry { cursor: "c".into(), realtime_us: 0, read_at: SystemTime::now(), fields }
+    LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields }
 }
 
-struct FakeFollow(Vec<Entry>);
+struct FakeFollow(Vec<LogEntry>);
 impl Follow for FakeFollow {
-    async fn next(&mut self) -> Option<Result<Entry, JournalError>> {
+    async fn next(&mut self) -> Option<Result<LogEntry, LogError>> {
         if self.0.is_empty() {
             std::future::pending::<()>().await;
         }
@@ -97,7 +96,7 @@ impl Follow for FakeFollow {
 struct FakeLogs(W);
 impl Logs for FakeLogs {
     type F = FakeFollow;
-    async fn tail_cursor(&self) -> Result<Option<String>, JournalError> {
+    async fn tail_cursor(&self) -> Result<Option<String>, LogError> {
         Ok(Some("c".into()))
     }
     fn follow(&self, _cursor: Option<String>, unit: &str) -> FakeFollow {
@@ -105,7 +104,7 @@ impl Logs for FakeLogs {
         // The old process flushes its ready line first; then the new run's.
         FakeFollow(vec![entry("The server is fired up and ready to roll!", 1), entry("[t] The server is fired up and ready to roll!", pid)])
     }
-    async fn last_lines(&self, _unit: &str, _n: usize) -> Result<Vec<String>, JournalError> {
+    async fn last_lines(&self, _unit: &str, _n: usize) -> Result<Vec<String>, LogError> {
         Ok(vec!["last line".into()])
     }
 }
@@ -119,7 +118,7 @@ impl Probes for FakeProbes {
             Health::Up
         }
     }
-    async fn kv(&self, _url: &str) -> Result<KvReport, MetricsProblem> {
+    async fn kv(&self, _url: &str) -> Result<KvReport, MetricsError> {
         Ok(KvReport {
             max_total_tokens: Some(10.0),
             token_usage: 0.0,
@@ -131,25 +130,25 @@ impl Probes for FakeProbes {
             names: vec![],
         })
     }
-    async fn in_flight(&self, _url: &str) -> Result<u64, HttpError> {
+    async fn in_flight(&self, _url: &str) -> Result<u64, HttpFailure> {
         Ok(0)
     }
-    async fn warm_worker(&self, _url: &str) -> Result<(), HttpError> {
+    async fn warm_worker(&self, _url: &str) -> Result<(), HttpFailure> {
         Ok(())
     }
-    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpError> {
+    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpFailure> {
         Ok(vec![])
     }
-    async fn register(&self, _u: &str, _t: &str, _b: Option<u16>) -> Result<String, HttpError> {
+    async fn register(&self, _u: &str, _t: &str, _b: Option<u16>) -> Result<String, HttpFailure> {
         Ok("id".into())
     }
-    async fn deregister(&self, _id: &str) -> Result<(), HttpError> {
+    async fn deregister(&self, _id: &str) -> Result<(), HttpFailure> {
         Ok(())
     }
-    async fn cb_state(&self, _url: &str) -> Result<Option<f64>, MetricsProblem> {
+    async fn cb_state(&self, _url: &str) -> Result<Option<f64>, MetricsError> {
         Ok(None)
     }
-    async fn smoke(&self, _n: u32) -> Result<(), HttpError> {
+    async fn smoke(&self, _n: u32) -> Result<(), HttpFailure> {
         Ok(())
     }
 }
@@ -206,6 +205,7 @@ async fn a_failed_gate_halts_and_the_next_unit_is_never_touched() {
     assert_eq!(summary.result, Outcome::Failed);
     let f = summary.failed.unwrap();
     assert_eq!((f.unit.as_str(), f.step), ("p.service", Step::Health));
+    assert_eq!(f.cause_code, "health_timeout");
     assert_eq!(f.last_lines, vec!["last line"]);
     assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "decode never restarted");
     assert!(!events.iter().any(|e| e.unit == "d.service" && e.step != Step::Preflight));
@@ -218,6 +218,7 @@ async fn overlapping_gpus_are_refused_before_anything_restarts() {
     let f = summary.failed.unwrap();
     assert_eq!((f.unit.as_str(), f.step), ("d.service", Step::Preflight));
     assert!(f.cause.contains("overlap"), "{}", f.cause);
+    assert_eq!(f.cause_code, "gpu_overlap");
     assert!(w.lock().unwrap().restarted.is_empty());
 }
 
@@ -228,5 +229,6 @@ async fn unknown_unit_is_a_config_failure() {
     let (summary, _) = run(&w, settings("4-7")).await;
     let f = summary.failed.unwrap();
     assert_eq!(f.kind, pdctl_core::events::FailureKind::Config);
+    assert_eq!(f.cause_code, "unit_missing");
     assert!(w.lock().unwrap().restarted.is_empty());
 }

@@ -1,19 +1,17 @@
-//! `pdctl-journal`: follow journald from a cursor, and judge whether a line belongs to *this* run.
+//! `pdctl-journal`: follow journald from a cursor for one unit, and read a unit's last lines.
+//! It reports entries; which of them belong to *this* run is decided in pdctl-core (`judge`).
 //!
 //! Backed by the host's own libsystemd (`sd-journal` through the `systemd` crate) on a dedicated
-//! thread — the journal handle is `!Send` — polling `sd_journal_wait` with a short timeout, which
-//! journal-facts.md measured at 2-51 ms (inotify-based waits sit on journald's 250 ms timer).
-//! Entries reach tokio over a channel.
-//!
-//! A cursor alone is not enough to find the new run's ready line: the old process can flush the
-//! same line while it is being stopped. [`Judge`] accepts a line only when its
-//! `_SYSTEMD_INVOCATION_ID` is the new InvocationID, or, where journald did not record one, when
-//! its `_PID` is the new main PID or one of its descendants.
+//! thread — the journal handle is `!Send` — polling `sd_journal_wait` with a short timeout
+//! (measured: the ready line detected 2-51 ms after journald received it; an inotify-only wait
+//! sits on journald's 250 ms sync timer). Entries reach tokio over a channel. libsystemd follows
+//! rotation and vacuuming by itself (it re-scans the directory when `sd_journal_wait` reports
+//! `SD_JOURNAL_INVALIDATE`).
 
 #![warn(missing_docs)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -22,11 +20,6 @@ use systemd::journal::{Journal, OpenDirectoryOptions, OpenOptions};
 
 /// How long the follower thread blocks in `sd_journal_wait` between polls.
 pub const POLL: Duration = Duration::from_millis(5);
-
-/// `SD_MESSAGE_UNIT_PROCESS_EXIT`: the manager's "Main process exited" message.
-pub const MSG_PROCESS_EXIT: &str = "98e322203f7a4ed290d09fe03c09fe15";
-/// `SD_MESSAGE_UNIT_FAILURE_RESULT`: the manager's "Failed with result" message.
-pub const MSG_FAILURE_RESULT: &str = "d9b373ed55a64feb8242e02dbe79a49c";
 
 /// Where to read the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +65,7 @@ fn open(src: &Source) -> Result<Journal> {
     .map_err(|e| read_err(src, e))
 }
 
-/// One journal entry.
+/// One journal entry, as journald stored it (pdctl-core reads its fields).
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// Its cursor.
@@ -83,26 +76,6 @@ pub struct Entry {
     pub read_at: SystemTime,
     /// Its fields.
     pub fields: BTreeMap<String, String>,
-}
-
-impl Entry {
-    /// A field's value.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.fields.get(name).map(String::as_str)
-    }
-    /// `MESSAGE` ("" when absent).
-    pub fn message(&self) -> &str {
-        self.get("MESSAGE").unwrap_or("")
-    }
-    /// `_PID`.
-    pub fn pid(&self) -> Option<u32> {
-        self.get("_PID").and_then(|p| p.parse().ok())
-    }
-    /// Detection latency: read time minus journald's receive time.
-    pub fn latency(&self) -> Duration {
-        let received = SystemTime::UNIX_EPOCH + Duration::from_micros(self.realtime_us);
-        self.read_at.duration_since(received).unwrap_or_default()
-    }
 }
 
 fn add_unit_matches(j: &mut Journal, unit: &str) -> std::result::Result<(), std::io::Error> {
@@ -140,6 +113,13 @@ pub async fn tail_cursor(src: &Source) -> Result<Option<String>> {
     .await
 }
 
+/// An entry pdctl (or pdctld) logged itself, about the unit: not the unit's own output. pdctl never
+/// names a tracing field `unit` (journald would store it as `UNIT=`, which the unit filters
+/// match), but its daemon's entries carry `PDCTL_*` fields and its syslog identifier.
+fn is_pdctl_own(fields: &BTreeMap<String, String>) -> bool {
+    fields.get("SYSLOG_IDENTIFIER").is_some_and(|s| s == "pdctld" || s == "pdctl") || fields.keys().any(|k| k.starts_with("PDCTL_"))
+}
+
 /// The last `n` messages of `unit` (its own lines and the manager's about it), oldest first.
 pub async fn last_lines(src: &Source, unit: &str, n: usize) -> Result<Vec<String>> {
     let (src, unit) = (src.clone(), unit.to_string());
@@ -150,6 +130,7 @@ pub async fn last_lines(src: &Source, unit: &str, n: usize) -> Result<Vec<String
         let mut out = Vec::new();
         while out.len() < n {
             match j.previous_entry() {
+                Ok(Some(f)) if is_pdctl_own(&f) => {}
                 Ok(Some(f)) => out.push(f.get("MESSAGE").cloned().unwrap_or_default()),
                 Ok(None) => break,
                 Err(e) => return Err(read_err(&src, e)),
@@ -229,185 +210,4 @@ fn follow_loop(src: &Source, cursor: Option<&str>, unit: &str, stop: &AtomicBool
         j.wait(Some(POLL)).map_err(|e| read_err(src, e))?;
     }
     Ok(())
-}
-
-/// The identity of the run we restarted.
-#[derive(Debug, Clone, Default)]
-pub struct Run {
-    /// Hex InvocationID of the new run.
-    pub invocation_id: String,
-    /// Its main PID (or ExecMainPID when it already exited).
-    pub main_pid: u32,
-    /// procfs to walk for descendants (`/proc`, or a sandbox's `/proc/PID/root/proc`).
-    pub procfs: PathBuf,
-}
-
-/// What a line means for the ready step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// The ready line of this run.
-    Ready,
-    /// A fatal line of this run (the matching pattern and the line).
-    Fatal(String),
-    /// The manager reports our run's main process exited or failed.
-    ManagerFailure(String),
-    /// A ready line, but from another run (e.g. the old process flushing while it stopped).
-    ForeignReady,
-    /// Nothing to act on.
-    Ignore,
-}
-
-/// Classifies journal entries for one run.
-#[derive(Debug, Clone)]
-pub struct Judge {
-    /// Substring of the ready line.
-    pub ready_pattern: String,
-    /// Substrings that mean the run failed.
-    pub fatal_patterns: Vec<String>,
-    /// The run.
-    pub run: Run,
-}
-
-/// SGLang's ready line.
-pub const DEFAULT_READY: &str = "The server is fired up and ready to roll!";
-
-/// Fatal lines of SGLang start-up (sglang-facts.md, "Error strings").
-pub fn default_fatal_patterns() -> Vec<String> {
-    [
-        "Traceback (most recent call last)",
-        "Initialization failed",
-        "Not enough memory",
-        "Received sigquit",
-        "unrecognized arguments",
-        "Scheduler hit an exception",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-fn parent_of(procfs: &Path, pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(procfs.join(pid.to_string()).join("stat")).ok()?;
-    // comm may contain spaces and parentheses: the fields after the last ')' are fixed.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-impl Judge {
-    /// Is this entry from our run?
-    pub fn of_this_run(&self, e: &Entry) -> bool {
-        if let Some(inv) = e.get("_SYSTEMD_INVOCATION_ID") {
-            if !self.run.invocation_id.is_empty() && inv == self.run.invocation_id {
-                return true;
-            }
-            // On systemd 239-244 a user unit's lines carry user@UID.service's id: the PID decides.
-            return e.get("_SYSTEMD_USER_UNIT").is_some() && self.is_ours(e.pid());
-        }
-        self.is_ours(e.pid())
-    }
-
-    fn is_ours(&self, pid: Option<u32>) -> bool {
-        let (Some(mut p), main) = (pid, self.run.main_pid) else {
-            return false;
-        };
-        if main == 0 {
-            return false;
-        }
-        for _ in 0..64 {
-            if p == main {
-                return true;
-            }
-            match parent_of(&self.run.procfs, p) {
-                Some(pp) if pp > 1 && pp != p => p = pp,
-                _ => return false,
-            }
-        }
-        false
-    }
-
-    /// Classify one entry.
-    pub fn judge(&self, e: &Entry) -> Verdict {
-        if let Some(id) = e.get("MESSAGE_ID") {
-            if id == MSG_PROCESS_EXIT || id == MSG_FAILURE_RESULT {
-                let inv = e.get("USER_INVOCATION_ID").or_else(|| e.get("INVOCATION_ID"));
-                if inv.is_some_and(|i| i == self.run.invocation_id) {
-                    return Verdict::ManagerFailure(e.message().to_string());
-                }
-                return Verdict::Ignore;
-            }
-        }
-        let msg = e.message();
-        let ready = msg.contains(&self.ready_pattern);
-        let fatal = self.fatal_patterns.iter().find(|p| msg.contains(p.as_str()));
-        if !ready && fatal.is_none() {
-            return Verdict::Ignore;
-        }
-        if !self.of_this_run(e) {
-            return if ready { Verdict::ForeignReady } else { Verdict::Ignore };
-        }
-        match fatal {
-            Some(p) => Verdict::Fatal(format!("{p}: {msg}")),
-            None => Verdict::Ready,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(fields: &[(&str, &str)]) -> Entry {
-        Entry { cursor: "c".into(), realtime_us: 0, read_at: SystemTime::now(), fields: fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
-    }
-
-    fn judge(inv: &str, pid: u32) -> Judge {
-        Judge {
-            ready_pattern: DEFAULT_READY.into(),
-            fatal_patterns: default_fatal_patterns(),
-            run: Run { invocation_id: inv.into(), main_pid: pid, procfs: "/nonexistent".into() },
-        }
-    }
-
-    const READY: &str = "[2026-05-01 12:00:00] The server is fired up and ready to roll!";
-
-    #[test]
-    fn invocation_id_decides_when_present() {
-        let j = judge("new", 100);
-        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_SYSTEMD_INVOCATION_ID", "new"), ("_PID", "5")])), Verdict::Ready);
-        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_SYSTEMD_INVOCATION_ID", "old"), ("_PID", "100")])), Verdict::ForeignReady);
-    }
-
-    #[test]
-    fn pid_decides_without_invocation_id() {
-        let j = judge("new", 100);
-        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", "100")])), Verdict::Ready);
-        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", "99")])), Verdict::ForeignReady, "the old process flushing its buffer");
-        assert_eq!(j.judge(&entry(&[("MESSAGE", &format!("[t] INFO:     {}", DEFAULT_READY)), ("_PID", "100")])), Verdict::Ready, "uvicorn prefix");
-    }
-
-    #[test]
-    fn fatal_lines_and_manager_messages_of_this_run_only() {
-        let j = judge("new", 100);
-        assert!(matches!(j.judge(&entry(&[("MESSAGE", "launch_server.py: error: unrecognized arguments: --x"), ("_PID", "100")])), Verdict::Fatal(_)));
-        assert_eq!(j.judge(&entry(&[("MESSAGE", "Traceback (most recent call last):"), ("_PID", "7")])), Verdict::Ignore);
-        let exit = |inv: &str| {
-            entry(&[
-                ("MESSAGE", "x.service: Main process exited, code=exited, status=1/FAILURE"),
-                ("MESSAGE_ID", MSG_PROCESS_EXIT),
-                ("USER_INVOCATION_ID", inv),
-            ])
-        };
-        assert!(matches!(j.judge(&exit("new")), Verdict::ManagerFailure(_)));
-        assert_eq!(j.judge(&exit("old")), Verdict::Ignore, "the old run's exit during the restart");
-    }
-
-    #[test]
-    fn descendants_count_as_this_run() {
-        // Our own process tree: this test process's parent chain contains its parent.
-        let me = std::process::id();
-        let parent = parent_of(Path::new("/proc"), me).unwrap();
-        let mut j = judge("", parent);
-        j.run.procfs = "/proc".into();
-        assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", &me.to_string())])), Verdict::Ready);
-    }
 }

@@ -1,5 +1,8 @@
 //! SGLang's KV-cache gauges under every version's names, with sanity checks and a diagnosis when
-//! they are missing (facts: shared/sglang-facts.md, sections 2-3).
+//! they are missing. Names by release (upstream `sgl-project/sglang`,
+//! `srt/observability/metrics_collector.py`): `num_used_tokens` and `token_usage` since 0.4.6,
+//! `max_total_num_tokens` from 0.5.6, `kv_used_tokens` / `kv_available_tokens` /
+//! `kv_evictable_tokens` from 0.5.11; `sglang:` prefix, or `sglang_` when scraped as OpenMetrics.
 
 use crate::prom::Exposition;
 

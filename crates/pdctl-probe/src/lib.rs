@@ -154,6 +154,28 @@ pub async fn health(http: &Http, url: &str) -> Health {
     }
 }
 
+/// Requests a worker is running or has queued: the sum of `num_reqs` and `num_waiting_reqs` over
+/// the DP ranks listed by SGLang's `GET /get_load` (`entrypoints/http_server.py`).
+pub async fn in_flight(http: &Http, url: &str) -> Result<u64, HttpError> {
+    let u = format!("{}/get_load", url.trim_end_matches('/'));
+    let v = http.get_json(&u).await?;
+    let ranks = v.as_array().ok_or_else(|| HttpError::Body { url: u.clone(), detail: "expected a JSON array of DP ranks".into() })?;
+    Ok(ranks.iter().map(|r| r.get("num_reqs").and_then(Value::as_u64).unwrap_or(0) + r.get("num_waiting_reqs").and_then(Value::as_u64).unwrap_or(0)).sum())
+}
+
+/// One 1-token `/generate` straight to a regular (non-PD) worker: SGLang publishes its usage
+/// gauges at its first batch, so this makes them appear. A PD worker cannot serve it alone (a
+/// decode needs bootstrap fields): warm those through the router ([`Router::smoke`]).
+pub async fn warm_worker(http: &Http, url: &str) -> Result<(), HttpError> {
+    let u = format!("{}/generate", url.trim_end_matches('/'));
+    let (status, body) = http.post_json(&u, &json!({"text": "pdctl warm-up", "sampling_params": {"max_new_tokens": 1}})).await?;
+    if status == 200 {
+        Ok(())
+    } else {
+        Err(HttpError::Status { url: u, status, body: snippet(&body) })
+    }
+}
+
 /// Why `/metrics` gives no usable KV gauges.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MetricsProblem {

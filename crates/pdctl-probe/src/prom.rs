@@ -2,7 +2,8 @@
 //! text. Metric names may contain `:` (SGLang's `sglang:token_usage`), label values may contain
 //! `}` and the escapes `\\`, `\"`, `\n`, values may be `NaN`, `+Inf`, `-Inf` or exponents, and a
 //! sample may carry a timestamp. Malformed lines are an error naming the line — never silently
-//! dropped (the popular `prometheus-parse` drops every `sglang:` sample; prometheus-facts.md).
+//! dropped (the popular `prometheus-parse` crate, 0.2, drops every sample whose name has a `:`,
+//! i.e. every `sglang:` sample — measured when the parser was chosen; docs/architecture.md).
 
 use std::collections::BTreeMap;
 

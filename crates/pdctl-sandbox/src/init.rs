@@ -1,7 +1,8 @@
 //! The first process of a sandbox's PID namespace (run by `pdctl-sandbox __init` under `unshare`).
 //!
 //! It mounts a private `/run`, starts a standalone `systemd-journald` and a real
-//! `systemd --user --log-target=journal` (shared/rig.md), reports `READY` on stdout, then reaps
+//! `systemd --user --log-target=journal` (the manager logs to the journal it finds at
+//! `/run/systemd/journal/socket`), reports `READY` on stdout, then reaps
 //! orphans until its stdin closes — which happens when the owning [`crate::Sandbox`] is dropped or
 //! its process dies. When this process exits, the kernel kills everything in the namespace.
 

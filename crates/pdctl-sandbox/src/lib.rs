@@ -1,5 +1,6 @@
-//! `pdctl-sandbox`: a private, real systemd user manager + journald + D-Bus (shared/rig.md), booted
-//! in a new mount + PID namespace (and its own cgroup), for tests and for `pdctl demo`.
+//! `pdctl-sandbox`: a private, real systemd user manager + journald + D-Bus, booted in new mount
+//! and PID namespaces (and its own cgroup), for tests and for `pdctl-demo`. How and why it boots
+//! this way: docs/architecture.md, "How a test boots the sandbox".
 //!
 //! ```no_run
 //! let sb = pdctl_sandbox::Sandbox::start().unwrap();

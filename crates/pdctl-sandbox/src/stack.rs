@@ -2,8 +2,10 @@
 //! systemd units (`CUDA_VISIBLE_DEVICES` 0-3 / 4-7) and the real SGLang router in PD mode as a
 //! third unit.
 
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::journal::field;
 use crate::{free_port, router_bin, workspace_bin, Result, Sandbox, SandboxError};
@@ -342,6 +344,30 @@ impl Stack {
         [&self.prefill, &self.decode]
     }
 
+    /// Wait until the router lists `n` workers as healthy (`GET /workers`, `is_healthy`), at most
+    /// `deadline`; returns how many it listed healthy at the end. The router admits workers in the
+    /// background after they start, so tests and the demo wait for this before acting.
+    pub fn wait_router_healthy(&self, n: usize, deadline: Duration) -> Result<usize> {
+        let Some(r) = &self.router else {
+            return Ok(0);
+        };
+        let end = Instant::now() + deadline;
+        let mut healthy = 0;
+        while Instant::now() < end {
+            healthy = http_get(&format!("{}/workers", r.url))
+                .ok()
+                .filter(|(status, _)| *status == 200)
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .and_then(|v| v["workers"].as_array().map(|l| l.iter().filter(|w| w["is_healthy"] == true).count()))
+                .unwrap_or(0);
+            if healthy >= n {
+                return Ok(healthy);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Err(SandboxError::Boot(format!("the router listed {healthy} of {n} workers healthy within {deadline:?}")))
+    }
+
     /// Wait until journald has both workers' ready lines (from their current processes), at most
     /// `deadline`. Returns the two entries, prefill first.
     pub fn wait_ready(&self, deadline: Duration) -> Result<Vec<serde_json::Value>> {
@@ -355,4 +381,23 @@ impl Stack {
         }
         Ok(out)
     }
+}
+
+/// A blocking `GET` of a loopback `http://HOST:PORT/path` URL (HTTP/1.0, 5 s timeouts): status and
+/// body. For the harness's own checks of the router, without an async client.
+pub fn http_get(url: &str) -> Result<(u16, String)> {
+    let fail = |detail: String| SandboxError::Command { cmd: format!("GET {url}"), detail };
+    let rest = url.strip_prefix("http://").ok_or_else(|| fail("only http:// URLs".into()))?;
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+    let addr = host.parse::<std::net::SocketAddr>().map_err(|e| fail(format!("{host} is not an address: {e}")))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| fail(e.to_string()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| fail(e.to_string()))?;
+    s.set_write_timeout(Some(Duration::from_secs(5))).map_err(|e| fail(e.to_string()))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).map_err(|e| fail(e.to_string()))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| fail(e.to_string()))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| fail("no HTTP header".into()))?;
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| fail(format!("bad status line {:?}", head.lines().next())))?;
+    Ok((status, body.to_string()))
 }

@@ -4,7 +4,8 @@
 //! job tracking (streams opened *before* `RestartUnit`, our job matched by path); watch a unit for
 //! changes (PropertiesChanged as a wake-up, then uncached reads — zbus's cache goes stale with
 //! systemd); read a unit's configuration; daemon-reload; reset a failed unit. Every call has a
-//! timeout, and errors are one sentence that says what to do (facts: shared/zbus-facts.md).
+//! timeout, and errors are one sentence that says what to do. What a state means (a crash, a
+//! restart behind our back) is decided in pdctl-core, not here.
 
 #![warn(missing_docs)]
 
@@ -212,40 +213,6 @@ pub struct UnitState {
     pub exec_main_start_us: u64,
 }
 
-impl UnitState {
-    /// Did the unit crash or get restarted since `base` (our run)? Returns why.
-    /// A job result `done` only means "not failed yet" (zbus-facts.md, fact 4).
-    pub fn crashed_since(&self, base: &UnitState) -> Option<String> {
-        if self.active_state == "failed" {
-            return Some(format!(
-                "the unit failed (result {}, main process {} with status {})",
-                self.result,
-                match self.exec_main_code {
-                    1 => "exited",
-                    2 => "was killed",
-                    3 => "dumped core",
-                    _ => "ended",
-                },
-                self.exec_main_status
-            ));
-        }
-        if self.sub_state == "auto-restart" || self.n_restarts > base.n_restarts {
-            return Some(format!("the unit crashed and systemd restarted it (NRestarts {} → {}, Restart= hid the crash)", base.n_restarts, self.n_restarts));
-        }
-        if !base.invocation_id.is_empty() && self.invocation_id != base.invocation_id {
-            return Some(format!("the unit was started again by someone else (InvocationID {} → {})", short(&base.invocation_id), short(&self.invocation_id)));
-        }
-        if matches!(self.active_state.as_str(), "inactive" | "deactivating") {
-            return Some(format!("the unit stopped ({}/{}, result {}, exit status {})", self.active_state, self.sub_state, self.result, self.exec_main_status));
-        }
-        None
-    }
-}
-
-fn short(id: &str) -> &str {
-    id.get(..8).unwrap_or(id)
-}
-
 /// A unit's configuration as systemd parsed it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitConfig {
@@ -443,40 +410,5 @@ impl Systemd {
         let job_time = started.elapsed();
         let state = self.state(unit).await?;
         Ok(RestartOutcome { job_result, job_time, state })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn st(active: &str, sub: &str, inv: &str, n: u32) -> UnitState {
-        UnitState {
-            load_state: "loaded".into(),
-            active_state: active.into(),
-            sub_state: sub.into(),
-            invocation_id: inv.into(),
-            main_pid: 10,
-            exec_main_pid: 10,
-            n_restarts: n,
-            result: "success".into(),
-            exec_main_code: 0,
-            exec_main_status: 0,
-            active_enter_us: 1,
-            exec_main_start_us: 1,
-        }
-    }
-
-    #[test]
-    fn crash_rules() {
-        let base = st("active", "running", "aa", 0);
-        assert_eq!(st("active", "running", "aa", 0).crashed_since(&base), None);
-        assert_eq!(st("activating", "start", "aa", 0).crashed_since(&base), None);
-        assert!(st("failed", "failed", "aa", 0).crashed_since(&base).unwrap().contains("failed"));
-        assert!(st("activating", "auto-restart", "aa", 0).crashed_since(&base).unwrap().contains("restarted"));
-        // Restart= hid the crash: active again, but NRestarts and InvocationID moved.
-        assert!(st("active", "running", "bb", 1).crashed_since(&base).unwrap().contains("NRestarts 0 → 1"));
-        assert!(st("active", "running", "bb", 0).crashed_since(&base).unwrap().contains("InvocationID"));
-        assert!(st("inactive", "dead", "aa", 0).crashed_since(&base).unwrap().contains("stopped"));
     }
 }

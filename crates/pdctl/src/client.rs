@@ -8,7 +8,9 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use pdctl_core::api::{ApiError, Exit, StreamLine};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 /// Timeout of a plain request.
 pub const TIMEOUT: Duration = Duration::from_secs(120);
@@ -22,6 +24,15 @@ pub enum ClientError {
     Denied(PathBuf),
     /// Anything else.
     Other(String),
+}
+
+impl ClientError {
+    /// Every client error means pdctld cannot be reached (or used).
+    pub fn exit(&self) -> Exit {
+        match self {
+            ClientError::NotRunning(..) | ClientError::Denied(..) | ClientError::Other(_) => Exit::Unreachable,
+        }
+    }
 }
 
 impl std::fmt::Display for ClientError {
@@ -50,7 +61,7 @@ impl Client {
         Client { socket: socket.to_path_buf() }
     }
 
-    async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Incoming), ClientError> {
+    async fn send(&self, method: &str, path: &str, body: Option<String>) -> Result<(u16, Incoming), ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(|e| match e.kind() {
             std::io::ErrorKind::PermissionDenied => ClientError::Denied(self.socket.clone()),
             _ => ClientError::NotRunning(self.socket.clone(), e.to_string()),
@@ -59,7 +70,7 @@ impl Client {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let bytes = body.map(Bytes::from).unwrap_or_default();
         let req = Request::builder()
             .method(method)
             .uri(format!("http://pdctld{path}"))
@@ -71,19 +82,31 @@ impl Client {
         Ok((resp.status().as_u16(), resp.into_body()))
     }
 
-    /// A request whose answer is one JSON document.
-    pub async fn json(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), ClientError> {
+    /// A request whose answer is one JSON document of type `T` (2xx), or pdctld's error body.
+    pub async fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&impl Serialize>) -> Result<Result<T, ApiError>, ClientError> {
+        let body = match body.map(serde_json::to_string).transpose() {
+            Ok(b) => b,
+            Err(e) => return Err(ClientError::Other(format!("cannot encode the request: {e}"))),
+        };
         let fut = async {
             let (status, body) = self.send(method, path, body).await?;
             let bytes = body.collect().await.map_err(|e| ClientError::Other(e.to_string()))?.to_bytes();
-            let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-            Ok((status, v))
+            if (200..300).contains(&status) {
+                return serde_json::from_slice::<T>(&bytes).map(Ok).map_err(|e| {
+                    ClientError::Other(format!("pdctld answered {path} with a body this pdctl cannot read ({e}); are pdctl and pdctld the same version?"))
+                });
+            }
+            Ok(Err(serde_json::from_slice::<ApiError>(&bytes).unwrap_or_else(|_| ApiError {
+                error: format!("pdctld answered {status}: {}", String::from_utf8_lossy(&bytes).trim()),
+                exit_code: Exit::Unreachable,
+                cause_code: "unknown".into(),
+            })))
         };
         tokio::time::timeout(TIMEOUT, fut).await.unwrap_or_else(|_| Err(ClientError::Other(format!("no answer within {TIMEOUT:?}"))))
     }
 
-    /// Stream NDJSON lines from `path` to `on_line` until the stream ends.
-    pub async fn lines(&self, path: &str, mut on_line: impl FnMut(Value)) -> Result<(), ClientError> {
+    /// Stream the NDJSON lines of a rollout from `path` to `on_line` until the stream ends.
+    pub async fn lines(&self, path: &str, mut on_line: impl FnMut(StreamLine)) -> Result<(), ClientError> {
         let (status, mut body) = self.send("GET", path, None).await?;
         let mut buf: Vec<u8> = Vec::new();
         if status != 200 {
@@ -96,8 +119,9 @@ impl Client {
                 buf.extend_from_slice(d);
                 while let Some(i) = buf.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = buf.drain(..=i).collect();
-                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                        on_line(v);
+                    match serde_json::from_slice::<StreamLine>(&line) {
+                        Ok(v) => on_line(v),
+                        Err(e) => tracing::warn!("pdctld sent a line this pdctl cannot read ({e}): {}", String::from_utf8_lossy(&line).trim()),
                     }
                 }
             }

@@ -1,67 +1,55 @@
-//! Settings → drivers → engine, for `restart` and `check`; the outcome → exit code.
+//! Settings → drivers → engine, for what the CLI runs itself: `check` and `restart --dry-run`.
 
 use std::path::Path;
 
+use pdctl_core::api::Exit;
 use pdctl_core::config::Settings;
-use pdctl_core::events::{FailureKind, Outcome, Summary};
 use pdctl_core::plan::Plan;
-use pdctl_core::ports::RealEngine;
+use pdctl_core::real::RealEngine;
 
-use crate::exit;
 use crate::render::Renderer;
 
 /// Load the config, printing a clear error (exit 2) on failure.
-pub fn settings(path: &Path) -> Result<Settings, i32> {
+pub fn settings(path: &Path) -> Result<Settings, Exit> {
     pdctl_core::config::load(path).map_err(|e| {
         eprintln!("pdctl: config error: {e}");
-        exit::USAGE
+        Exit::Usage
     })
 }
 
 /// Before asking pdctld: when the config file is readable here, report its errors (and unknown
 /// `--unit`s) at once, exit 2. pdctld reads the same file and checks again.
-pub fn validate_locally(path: &Path, only: &[String]) -> Result<(), i32> {
+pub fn validate_locally(path: &Path, only: &[String]) -> Result<(), Exit> {
     if std::fs::metadata(path).is_err() {
         return Ok(());
     }
     let s = settings(path)?;
     Plan::new(&s, only).map(|_| ()).map_err(|e| {
         eprintln!("pdctl: {e}");
-        exit::USAGE
+        Exit::Usage
     })
 }
 
 /// Connect the drivers (exit 3 when systemd cannot be reached).
-pub async fn engine(settings: Settings) -> Result<RealEngine, i32> {
-    pdctl_core::ports::connect(settings).await.map_err(|e| {
+pub async fn engine(settings: Settings) -> Result<RealEngine, Exit> {
+    pdctl_core::real::connect(settings).await.map_err(|e| {
         eprintln!("pdctl: {e}");
-        exit::UNREACHABLE
+        Exit::Unreachable
     })
 }
 
-/// Exit code of a finished rollout.
-pub fn code(s: &Summary) -> i32 {
-    match (&s.result, &s.failed) {
-        (Outcome::Succeeded, _) => exit::OK,
-        (Outcome::Aborted, _) => 5,
-        (_, Some(f)) if f.kind == FailureKind::Config => exit::USAGE,
-        (_, Some(f)) if f.kind == FailureKind::Access => exit::UNREACHABLE,
-        _ => exit::GATE_FAILED,
-    }
-}
-
 /// Config → plan → connected engine, or the exit code of what went wrong (2 or 3).
-async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), i32> {
+async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), Exit> {
     let s = settings(config)?;
     let plan = Plan::new(&s, only).map_err(|e| {
         eprintln!("pdctl: {e}");
-        exit::USAGE
+        Exit::Usage
     })?;
     Ok((engine(s).await?, plan))
 }
 
 /// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here.
-pub async fn dry_run(config: &Path, only: &[String], json: bool) -> i32 {
+pub async fn dry_run(config: &Path, only: &[String], json: bool) -> Exit {
     match prepare(config, only).await {
         Ok((engine, plan)) => run_read_only(&engine, &plan, json, true).await,
         Err(c) => c,
@@ -69,7 +57,7 @@ pub async fn dry_run(config: &Path, only: &[String], json: bool) -> i32 {
 }
 
 /// `pdctl check`.
-pub async fn check(config: &Path, json: bool) -> i32 {
+pub async fn check(config: &Path, json: bool) -> Exit {
     match prepare(config, &[]).await {
         Ok((engine, plan)) => run_read_only(&engine, &plan, json, false).await,
         Err(c) => c,
@@ -89,7 +77,7 @@ pub enum Kind {
 
 /// Run the read-only parts of the engine here (`dry`: preflight only; else `check`) with live
 /// output; returns the exit code. Rollouts themselves run in pdctld.
-async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: bool) -> i32 {
+async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: bool) -> Exit {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let renderer = Renderer::new(json, plan, if dry { Kind::DryRun } else { Kind::Check });
     let printer = tokio::spawn(renderer.run(rx));
@@ -99,5 +87,5 @@ async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: bool) 
     if let Some(r) = renderer {
         r.summary(&summary);
     }
-    code(&summary)
+    Exit::of(&summary)
 }

@@ -1,10 +1,9 @@
-//! `pdctl`: the command-line front of pdctl. A thin layer: parse arguments, load the settings,
-//! connect the drivers, run the engine, print (live progress or NDJSON), and map the outcome to
-//! the exit codes of the contract (docs/cli.md).
+//! `pdctl`: the command-line front of pdctl. A thin layer: parse arguments, ask pdctld (or, for
+//! the read-only `check`, `status` and `--dry-run`, run the engine here), print (live progress or
+//! NDJSON), and end with the exit code of the outcome (`pdctl_core::api::Exit`, docs/cli.md).
 
 mod client;
 mod context;
-mod demo;
 mod render;
 mod rollout;
 mod status;
@@ -12,18 +11,7 @@ mod status;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-
-/// Exit codes of the contract (shared/design.md).
-pub mod exit {
-    /// Success.
-    pub const OK: i32 = 0;
-    /// A gate failed; the rollout halted.
-    pub const GATE_FAILED: i32 = 1;
-    /// Bad usage or configuration.
-    pub const USAGE: i32 = 2;
-    /// Cannot reach systemd / the daemon / permission denied.
-    pub const UNREACHABLE: i32 = 3;
-}
+use pdctl_core::api::{Exit, Request};
 
 #[derive(Parser)]
 #[command(name = "pdctl", version, about = "Safe rolling restarts of SGLang units on systemd hosts")]
@@ -51,9 +39,6 @@ enum Command {
     Check(OutputArgs),
     /// Show each worker: unit state, invocation, router view, KV usage, requests.
     Status(OutputArgs),
-    /// Boot a private sandbox (real systemd + journald + D-Bus) with a 1-prefill/1-decode SGLang
-    /// stack (simulated servers) behind the real SGLang router, roll it, and show its status.
-    Demo(demo::DemoArgs),
 }
 
 #[derive(Args)]
@@ -131,7 +116,7 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pdctl: cannot start the async runtime: {e}");
-            std::process::exit(exit::UNREACHABLE);
+            Exit::Unreachable.exit_process();
         }
     };
     let config = pdctl_core::config::main_path(cli.config.as_deref());
@@ -141,7 +126,7 @@ fn main() {
             Command::Restart(a) => {
                 if !a.rolling {
                     eprintln!("pdctl restart: say --rolling (pdctl only restarts units one at a time, each gated)");
-                    return exit::USAGE;
+                    return Exit::Usage;
                 }
                 if a.dry_run {
                     return context::dry_run(&config, &a.units, a.json).await;
@@ -149,22 +134,19 @@ fn main() {
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;
                 }
-                rollout::start(&client, serde_json::json!({ "kind": "restart", "units": a.units }), a.json).await
+                rollout::start(&client, &Request::Restart { units: a.units }, a.json).await
             }
             Command::Rollout(r) => match r {
                 RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
-                RolloutCmd::Apply { if_changed, all, json } => {
-                    rollout::start(&client, serde_json::json!({ "kind": "apply", "if_changed": if_changed, "all": all }), json).await
-                }
+                RolloutCmd::Apply { if_changed, all, json } => rollout::start(&client, &Request::Apply { if_changed, all }, json).await,
                 RolloutCmd::Watch { id, json } => rollout::watch(&client, &id, json).await,
                 RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
-                RolloutCmd::Resume { id, json } => rollout::start(&client, serde_json::json!({ "kind": "resume", "id": id }), json).await,
+                RolloutCmd::Resume { id, json } => rollout::start(&client, &Request::Resume { id }, json).await,
                 RolloutCmd::History(a) => rollout::history(&client, a.json).await,
             },
             Command::Check(a) => context::check(&config, a.json).await,
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
-            Command::Demo(a) => demo::run(a).await,
         }
     });
-    std::process::exit(code);
+    code.exit_process();
 }

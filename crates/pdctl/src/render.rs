@@ -7,6 +7,7 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pdctl_core::api::ROUTER;
 use pdctl_core::events::{Event, Status, Summary};
 use pdctl_core::plan::Plan;
 
@@ -18,7 +19,6 @@ pub struct Renderer {
     live: Option<(MultiProgress, HashMap<String, Line>)>,
     kind: Kind,
     units: usize,
-    id: Option<String>,
 }
 
 /// One unit's progress line.
@@ -46,7 +46,7 @@ impl Renderer {
             let style = ProgressStyle::with_template("{prefix:.bold} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner());
             let width = units.iter().map(String::len).max().unwrap_or(10).max(8);
             let mut lines = HashMap::new();
-            for name in std::iter::once("router".to_string()).chain(units.iter().cloned()) {
+            for name in std::iter::once(ROUTER.to_string()).chain(units.iter().cloned()) {
                 let bar = mp.add(ProgressBar::new_spinner());
                 bar.set_style(style.clone());
                 bar.set_prefix(format!("{name:<width$}"));
@@ -63,7 +63,7 @@ impl Renderer {
             let order: Vec<&str> = units.iter().map(String::as_str).collect();
             println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
         }
-        Renderer { json, live, kind, units: units.len(), id: None }
+        Renderer { json, live, kind, units: units.len() }
     }
 
     fn redraw(&mut self) {
@@ -79,12 +79,6 @@ impl Renderer {
             }
             l.bar.set_message(msg.trim_start().to_string());
         }
-    }
-
-    /// Name the daemon's rollout id in the JSON summary (`"id"`).
-    pub fn with_id(mut self, id: &str) -> Renderer {
-        self.id = Some(id.to_string());
-        self
     }
 
     /// Show one event.
@@ -150,10 +144,7 @@ impl Renderer {
             }
         }
         if self.json {
-            if let Ok(mut v) = serde_json::to_value(s) {
-                if let (Some(o), Some(id)) = (v.as_object_mut(), &self.id) {
-                    o.insert("id".into(), serde_json::Value::String(id.clone()));
-                }
+            if let Ok(v) = serde_json::to_string(s) {
                 println!("{v}");
             }
             return;

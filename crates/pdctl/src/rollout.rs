@@ -1,73 +1,65 @@
 //! Commands that go through pdctld: start a rollout and watch it (Ctrl-C detaches; the rollout
 //! goes on), watch/abort/resume one, history, and config rollouts (diff, apply).
 
-use pdctl_core::events::{Event, Summary};
-use serde_json::{json, Value};
+use pdctl_core::api::{AbortAccepted, ApiError, Diff, Exit, History, Record, Request, Started, StreamLine};
 
 use crate::client::{Client, ClientError};
-use crate::context::{code, Kind};
-use crate::exit;
+use crate::context::Kind;
 use crate::render::Renderer;
 
-fn fail(e: ClientError) -> i32 {
+fn fail(e: ClientError) -> Exit {
     eprintln!("pdctl: {e}");
-    match e {
-        ClientError::NotRunning(..) | ClientError::Denied(..) => exit::UNREACHABLE,
-        ClientError::Other(_) => exit::UNREACHABLE,
-    }
+    e.exit()
 }
 
-fn api_error(status: u16, v: &Value) -> i32 {
-    let msg = v.get("error").and_then(Value::as_str).map(String::from).unwrap_or_else(|| v.to_string());
-    eprintln!("pdctl: {msg}");
-    v.get("exit_code").and_then(Value::as_i64).map(|c| c as i32).unwrap_or(if status == 409 { 4 } else { exit::USAGE })
+fn api_error(e: ApiError) -> Exit {
+    eprintln!("pdctl: {}", e.error);
+    e.exit_code
+}
+
+/// Ask pdctld, or the exit code of what went wrong (printed).
+async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, path: &str, body: Option<&Request>) -> Result<T, Exit> {
+    match client.call::<T>(method, path, body).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(api_error(e)),
+        Err(e) => Err(fail(e)),
+    }
 }
 
 /// Ask pdctld to start a rollout, then watch it.
-pub async fn start(client: &Client, req: Value, json: bool) -> i32 {
-    let (status, v) = match client.json("POST", "/v1/rollouts", Some(&req)).await {
-        Ok(r) => r,
-        Err(e) => return fail(e),
+pub async fn start(client: &Client, req: &Request, json: bool) -> Exit {
+    let started: Started = match ask(client, "POST", "/v1/rollouts", Some(req)).await {
+        Ok(s) => s,
+        Err(c) => return c,
     };
-    if status != 202 && status != 200 {
-        return api_error(status, &v);
-    }
-    let Some(id) = v.get("id").and_then(Value::as_str) else {
+    let Some(id) = started.id else {
         // A config rollout with nothing stale.
+        let message = started.message.unwrap_or_else(|| "nothing to do".into());
         if json {
-            println!("{}", json!({ "result": "succeeded", "units": [], "message": v.get("message") }));
+            println!("{}", serde_json::json!({ "result": "succeeded", "units": [], "message": message }));
         } else {
-            println!("pdctl: {}", v.get("message").and_then(Value::as_str).unwrap_or("nothing to do"));
+            println!("pdctl: {message}");
         }
-        return exit::OK;
+        return Exit::Ok;
     };
     if !json {
         eprintln!("pdctl: rollout {id} started by pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}");
     }
-    watch(client, id, json).await
+    watch(client, &id, json).await
 }
 
 /// Follow a rollout's events from the beginning; returns its exit code.
-pub async fn watch(client: &Client, id: &str, json: bool) -> i32 {
-    let (status, rec) = match client.json("GET", &format!("/v1/rollouts/{id}"), None).await {
+pub async fn watch(client: &Client, id: &str, json: bool) -> Exit {
+    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await {
         Ok(r) => r,
-        Err(e) => return fail(e),
+        Err(c) => return c,
     };
-    if status != 200 {
-        return api_error(status, &rec);
-    }
-    let units: Vec<String> =
-        rec.get("plan").and_then(Value::as_array).map(|a| a.iter().filter_map(|u| u.as_str().map(String::from)).collect()).unwrap_or_default();
-    let mut r = Renderer::for_units(json, &units, Kind::Rollout).with_id(id);
-    let mut outcome: Option<i32> = None;
-    let mut last: Option<Value> = None;
+    let mut r = Renderer::for_units(json, &rec.plan, Kind::Rollout);
+    let mut last: Option<StreamLine> = None;
     let path = format!("/v1/rollouts/{id}/events");
-    let stream = client.lines(&path, |v| {
-        if v.get("result").is_some() {
-            last = Some(v);
-        } else if let Ok(e) = serde_json::from_value::<Event>(v) {
-            r.event(&e);
-        }
+    let stream = client.lines(&path, |line| match line {
+        StreamLine::Event(e) => r.event(&e),
+        end => last = Some(end),
     });
     tokio::select! {
         res = stream => {
@@ -77,112 +69,101 @@ pub async fn watch(client: &Client, id: &str, json: bool) -> i32 {
         }
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\npdctl: detached; rollout {id} goes on in pdctld. Re-attach: pdctl rollout watch {id}");
-            return exit::OK;
+            return Exit::Ok;
         }
     }
     match last {
-        Some(v) => match serde_json::from_value::<Summary>(v.clone()) {
-            Ok(s) => {
-                outcome = Some(code(&s));
-                r.summary(&s);
+        Some(StreamLine::Summary(s)) => {
+            let code = Exit::of(&s);
+            r.summary(&s);
+            code
+        }
+        Some(StreamLine::Interrupted(end)) => {
+            if json {
+                println!("{}", serde_json::to_string(&end).unwrap_or_default());
+            } else {
+                let i = &end.interrupted;
+                let units: Vec<String> = i
+                    .units
+                    .iter()
+                    .map(|u| match (&u.active_state, &u.sub_state, &u.error) {
+                        (Some(a), Some(s), _) => format!("{} {a}/{s}", u.unit),
+                        (_, _, Some(e)) => format!("{} unknown ({e})", u.unit),
+                        _ => format!("{} unknown", u.unit),
+                    })
+                    .collect();
+                println!(
+                    "pdctl: rollout {id} was interrupted at {} ({}): pdctld stopped while it ran. Units then: {}",
+                    i.unit.as_deref().unwrap_or("its start"),
+                    i.step.map(|s| s.as_str()).unwrap_or("-"),
+                    units.join(", ")
+                );
+                println!("pdctl: nothing resumes by itself; continue with: pdctl rollout resume {id}");
             }
-            Err(_) => {
-                if json {
-                    println!("{v}");
-                } else {
-                    let i = &v["interrupted"];
-                    println!(
-                        "pdctl: rollout {id} was interrupted at {} ({}): pdctld stopped while it ran. Units then: {}",
-                        i["unit"].as_str().unwrap_or("?"),
-                        i["step"].as_str().unwrap_or("?"),
-                        i["units"]
-                    );
-                    println!("pdctl: nothing resumes by itself; continue with: pdctl rollout resume {id}");
-                }
-                outcome = Some(exit::GATE_FAILED);
-            }
-        },
-        None => eprintln!("pdctl: the event stream of {id} ended without a summary"),
+            Exit::GateFailed
+        }
+        Some(StreamLine::Event(_)) | None => {
+            eprintln!("pdctl: the event stream of {id} ended without a summary; see pdctl rollout history");
+            Exit::Unreachable
+        }
     }
-    outcome.unwrap_or(exit::UNREACHABLE)
 }
 
 /// `pdctl rollout abort ID`.
-pub async fn abort(client: &Client, id: &str) -> i32 {
-    match client.json("POST", &format!("/v1/rollouts/{id}/abort"), None).await {
-        Ok((202, v)) => {
-            println!("pdctl: {}", v.get("message").and_then(Value::as_str).unwrap_or("aborting"));
-            exit::OK
+pub async fn abort(client: &Client, id: &str) -> Exit {
+    match ask::<AbortAccepted>(client, "POST", &format!("/v1/rollouts/{id}/abort"), None).await {
+        Ok(a) => {
+            println!("pdctl: {}", a.message);
+            Exit::Ok
         }
-        Ok((s, v)) => api_error(s, &v),
-        Err(e) => fail(e),
-    }
-}
-
-/// GET a JSON document from pdctld, or the exit code of what went wrong.
-async fn get(client: &Client, path: &str) -> Result<Value, i32> {
-    match client.json("GET", path, None).await {
-        Ok((200, v)) => Ok(v),
-        Ok((status, v)) => Err(api_error(status, &v)),
-        Err(e) => Err(fail(e)),
+        Err(c) => c,
     }
 }
 
 /// `pdctl rollout history`.
-pub async fn history(client: &Client, json: bool) -> i32 {
-    let v = match get(client, "/v1/rollouts").await {
+pub async fn history(client: &Client, json: bool) -> Exit {
+    let h: History = match ask(client, "GET", "/v1/rollouts", None).await {
         Ok(v) => v,
         Err(c) => return c,
     };
-    let items = v.get("rollouts").and_then(Value::as_array).cloned().unwrap_or_default();
     if json {
-        for i in &items {
-            println!("{i}");
+        for i in &h.rollouts {
+            println!("{}", serde_json::to_string(i).unwrap_or_default());
         }
-        return exit::OK;
+        return Exit::Ok;
     }
     println!("{:<16} {:<8} {:<12} {:<20} DETAIL", "ID", "KIND", "STATE", "CREATED");
-    for i in &items {
-        let created = i["created_at"]
-            .as_u64()
-            .map(|s| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)).to_string())
-            .unwrap_or_default();
-        let detail = if let Some(f) = i.get("failed").filter(|f| !f.is_null()) {
-            format!("{} at {}: {}", f["unit"].as_str().unwrap_or("?"), f["step"].as_str().unwrap_or("?"), f["cause"].as_str().unwrap_or(""))
-        } else if let Some(x) = i.get("interrupted").filter(|x| !x.is_null()) {
-            format!("interrupted at {} ({})", x["unit"].as_str().unwrap_or("?"), x["step"].as_str().unwrap_or("?"))
+    for i in &h.rollouts {
+        let created = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(i.created_at)).to_string();
+        let detail = if let Some(f) = &i.failed {
+            format!("{} at {}: {}", f.unit, f.step.as_str(), f.cause)
+        } else if let Some(x) = &i.interrupted {
+            format!("interrupted at {} ({})", x.unit.as_deref().unwrap_or("its start"), x.step.map(|s| s.as_str()).unwrap_or("-"))
         } else {
-            i["plan"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")).unwrap_or_default()
+            i.plan.join(", ")
         };
-        println!(
-            "{:<16} {:<8} {:<12} {:<20} {detail}",
-            i["id"].as_str().unwrap_or("?"),
-            i["kind"].as_str().unwrap_or("?"),
-            i["state"].as_str().unwrap_or("?"),
-            created
-        );
+        println!("{:<16} {:<8} {:<12} {:<20} {detail}", i.id, i.kind.as_str(), i.state.as_str(), created);
     }
-    exit::OK
+    Exit::Ok
 }
 
 /// `pdctl rollout diff`.
-pub async fn diff(client: &Client, json: bool) -> i32 {
-    let v = match get(client, "/v1/diff").await {
+pub async fn diff(client: &Client, json: bool) -> Exit {
+    let d: Diff = match ask(client, "GET", "/v1/diff", None).await {
         Ok(v) => v,
         Err(c) => return c,
     };
-    let ws = v.get("workers").and_then(Value::as_array).cloned().unwrap_or_default();
-    for w in &ws {
+    for w in &d.workers {
         if json {
-            println!("{w}");
-        } else if w["stale"] == true {
-            println!("{} is stale:", w["unit"].as_str().unwrap_or("?"));
-            for r in w["reasons"].as_array().into_iter().flatten() {
-                println!("  - {}", r.as_str().unwrap_or(""));
+            println!("{}", serde_json::to_string(w).unwrap_or_default());
+        } else if w.stale {
+            println!("{} is stale:", w.unit);
+            for r in &w.reasons {
+                println!("  - {r}");
             }
         } else {
-            println!("{} runs its current config", w["unit"].as_str().unwrap_or("?"));
+            println!("{} runs its current config", w.unit);
         }
     }
-    exit::OK
+    Exit::Ok
 }

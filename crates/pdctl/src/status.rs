@@ -4,12 +4,12 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use pdctl_core::ports::Probes as _;
-use pdctl_probe::kv::KvReport;
-use pdctl_systemd::Systemd;
+use pdctl_core::api::{DaemonStatus, Exit};
+use pdctl_core::ports::{KvReport, Probes as _, Units as _};
+use pdctl_core::real::SystemdUnits;
 use serde_json::{json, Value};
 
-use crate::{context, exit};
+use crate::context;
 
 fn since(us: u64) -> (String, String) {
     if us == 0 {
@@ -35,13 +35,13 @@ fn kv_text(kv: &Result<KvReport, String>) -> (String, String, String) {
 }
 
 /// Run `pdctl status` (the daemon's state too, when `client` reaches it).
-pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> i32 {
-    let line = match client.json("GET", "/v1/status", None).await {
-        Ok((200, v)) => match v.get("running").and_then(Value::as_str) {
+pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
+    let line = match client.call::<DaemonStatus>("GET", "/v1/status", None::<&()>).await {
+        Ok(Ok(v)) => match v.running {
             Some(id) => json!({ "pdctld": "running a rollout", "rollout": id }),
-            None => json!({ "pdctld": "idle", "last": v.get("last") }),
+            None => json!({ "pdctld": "idle", "last": v.last }),
         },
-        Ok((_, v)) => json!({ "pdctld": "error", "detail": v }),
+        Ok(Err(e)) => json!({ "pdctld": "error", "detail": e.error }),
         Err(e) => json!({ "pdctld": "not reachable", "detail": e.to_string() }),
     };
     if json {
@@ -68,13 +68,13 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
 }
 
 /// Run `pdctl status`.
-pub async fn run(config: &Path, json: bool) -> i32 {
+pub async fn run(config: &Path, json: bool) -> Exit {
     let s = match context::settings(config) {
         Ok(s) => s,
         Err(c) => return c,
     };
-    let sd = Systemd::connect(&pdctl_core::ports::bus(&s)).await;
-    let probes = pdctl_core::ports::probes(&s);
+    let sd = SystemdUnits::connect(&s).await;
+    let probes = pdctl_core::real::probes(&s);
     let router = if s.router.is_some() { Some(probes.router_workers().await.map_err(|e| e.to_string())) } else { None };
     let mut rows: Vec<Value> = Vec::new();
     for w in &s.workers {
@@ -154,10 +154,10 @@ pub async fn run(config: &Path, json: bool) -> i32 {
         rows.push(row);
     }
     match sd {
-        Ok(_) => exit::OK,
+        Ok(_) => Exit::Ok,
         Err(e) => {
             eprintln!("pdctl: {e}");
-            exit::UNREACHABLE
+            Exit::Unreachable
         }
     }
 }

@@ -1,7 +1,9 @@
-//! The daemon: one rollout at a time, every event persisted and streamed, abort between units,
-//! interrupted rollouts reported (never resumed by themselves), config rollouts with rollback.
+//! The daemon's control API: transport (HTTP/1.1 + JSON on a Unix socket), persistence of every
+//! event, sd_notify status and metrics around the engine. What a rollout does is decided in
+//! pdctl-core (`Engine::execute`: gates, resume, rollback); what its API looks like in
+//! `pdctl_core::api`; how it fails in `pdctl_core::cause`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,23 +15,26 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pdctl_core::config::{OnFailure, Settings};
-use pdctl_core::events::{Event, Outcome, Status, Step, Summary};
+use pdctl_core::api::{
+    AbortAccepted, ApiError, DaemonStatus, Diff, DiffWorker, History, Interruption, LastRollout, Record, Request, RolloutKind, Started, StreamLine,
+    UnitSnapshot,
+};
+use pdctl_core::cause::Cause;
+use pdctl_core::engine::RolloutRun;
+use pdctl_core::events::{Event, Status, Step};
+use pdctl_core::lifecycle::{now, RolloutState};
 use pdctl_core::plan::Plan;
-use pdctl_core::ports::RealEngine;
-use pdctl_systemd::Systemd;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use pdctl_core::ports::Units as _;
+use pdctl_core::real::{RealEngine, SystemdUnits};
 use tokio::sync::broadcast;
 
-use crate::metrics::{cause_class, FailureLabel, Metrics, ResultLabel, StepLabel};
-use crate::revisions;
-use crate::store::{last_position, now, Record, State as RState, Store};
+use crate::metrics::{FailureLabel, Metrics, ResultLabel, StepLabel};
+use crate::store::Store;
 
 struct Running {
     id: String,
     abort: Arc<AtomicBool>,
-    tx: broadcast::Sender<Value>,
+    tx: broadcast::Sender<StreamLine>,
     record: Arc<Mutex<Record>>,
 }
 
@@ -44,9 +49,10 @@ pub struct Daemon {
     running: Mutex<Option<Running>>,
 }
 
-/// An API error: HTTP status, the CLI exit code it maps to, one sentence.
-fn api_err(status: StatusCode, exit: i32, msg: impl Into<String>) -> Response {
-    (status, Json(json!({ "error": msg.into(), "exit_code": exit }))).into_response()
+/// The error response of `cause`: its HTTP status and the documented JSON body.
+pub fn api_err(cause: &Cause) -> Response {
+    let status = StatusCode::from_u16(cause.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(ApiError::of(cause))).into_response()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -57,87 +63,69 @@ fn notify_status(s: &str) {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(s)]);
 }
 
-/// What a client asks for.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Request {
-    /// A rolling restart.
-    Restart {
-        /// Only these units.
-        #[serde(default)]
-        units: Vec<String>,
-    },
-    /// A config rollout of stale workers.
-    Apply {
-        /// Do nothing (no record) when no worker is stale.
-        #[serde(default)]
-        if_changed: bool,
-        /// Roll every worker, stale or not.
-        #[serde(default)]
-        all: bool,
-    },
-    /// Continue an interrupted rollout.
-    Resume {
-        /// The interrupted rollout.
-        id: String,
-    },
+fn config(daemon: &Daemon) -> Result<pdctl_core::config::Settings, Cause> {
+    pdctl_core::config::load(&daemon.config).map_err(|e| Cause::ConfigInvalid { message: e.to_string() })
 }
 
-async fn engine(settings: Settings) -> Result<RealEngine, Response> {
-    pdctl_core::ports::connect(settings).await.map_err(|e| api_err(StatusCode::SERVICE_UNAVAILABLE, 3, e.to_string()))
-}
-
-/// Why each worker is stale (unit → reasons), recording a baseline revision for a worker pdctld
-/// has never seen start when its files are older than its running process.
-async fn staleness(daemon: &Daemon, e: &RealEngine) -> Result<Vec<(String, Vec<String>)>, Response> {
-    let mut out = Vec::new();
-    for w in &e.settings.workers {
-        let cfg = e.units.config(&w.unit).await.map_err(|er| api_err(StatusCode::BAD_REQUEST, if er.is_access() { 3 } else { 2 }, er.to_string()))?;
-        let st = e.units.state(&w.unit).await.map_err(|er| api_err(StatusCode::BAD_REQUEST, if er.is_access() { 3 } else { 2 }, er.to_string()))?;
-        let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
-        let mut last = revisions::load(daemon.store.dir(), &w.unit);
-        if last.is_none() {
-            let by_mtime = revisions::stale_reasons(&current, None, st.exec_main_start_us, false);
-            if by_mtime.is_empty() && !cfg.need_daemon_reload && st.active_state == "active" {
-                let mut base = current.clone();
-                base.why = "baseline".into();
-                let _ = revisions::save(daemon.store.dir(), &base);
-                last = Some(base);
-            }
-        }
-        out.push((w.unit.clone(), revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload)));
-    }
-    Ok(out)
+async fn engine(daemon: &Daemon) -> Result<RealEngine, Cause> {
+    pdctl_core::real::connect(config(daemon)?).await.map_err(|e| e.cause())
 }
 
 impl Daemon {
-    /// A daemon over `store`; rollouts left `running` by a previous process are marked
-    /// interrupted (with each unit's state now), and nothing resumes by itself.
+    /// A daemon over `store`; rollouts left running by a previous process are marked interrupted
+    /// (with each unit's state now), and nothing resumes by itself.
     pub async fn new(config: PathBuf, store: Store) -> Daemon {
         let d = Daemon { config, store, metrics: Metrics::default(), running: Mutex::new(None) };
-        let stuck: Vec<Record> = d.store.all().into_iter().filter(|r| r.state == RState::Running).collect();
+        let stuck: Vec<Record> = d.store.all().into_iter().filter(|r| r.lifecycle.state() == RolloutState::Running).collect();
         if !stuck.is_empty() {
             let sd = match pdctl_core::config::load(&d.config) {
-                Ok(s) => Systemd::connect(&pdctl_core::ports::bus(&s)).await.ok(),
+                Ok(s) => SystemdUnits::connect(&s).await.ok(),
                 Err(_) => None,
             };
             for mut r in stuck {
-                let (unit, step) = last_position(&r);
+                let pos = r.lifecycle.position().cloned();
                 let mut units = Vec::new();
                 for u in &r.plan {
-                    let st = match &sd {
-                        Some(sd) => sd.state(u).await.map(|s| json!({ "unit": u, "active_state": s.active_state, "sub_state": s.sub_state, "invocation_id": s.invocation_id, "n_restarts": s.n_restarts })).unwrap_or_else(|e| json!({ "unit": u, "error": e.to_string() })),
-                        None => json!({ "unit": u, "error": "systemd not reachable at start-up" }),
+                    let snap = match &sd {
+                        Some(sd) => match sd.state(u).await {
+                            Ok(s) => UnitSnapshot {
+                                unit: u.clone(),
+                                active_state: Some(s.active_state),
+                                sub_state: Some(s.sub_state),
+                                invocation_id: Some(s.invocation_id),
+                                n_restarts: Some(s.n_restarts),
+                                error: None,
+                            },
+                            Err(e) => UnitSnapshot {
+                                unit: u.clone(),
+                                active_state: None,
+                                sub_state: None,
+                                invocation_id: None,
+                                n_restarts: None,
+                                error: Some(e.to_string()),
+                            },
+                        },
+                        None => UnitSnapshot {
+                            unit: u.clone(),
+                            active_state: None,
+                            sub_state: None,
+                            invocation_id: None,
+                            n_restarts: None,
+                            error: Some("systemd not reachable at start-up".into()),
+                        },
                     };
-                    units.push(st);
+                    units.push(snap);
                 }
-                tracing::warn!(pdctl_rollout_id = %r.id, unit = ?unit, step = ?step, "rollout was interrupted (daemon stopped while it ran)");
-                r.interrupted = Some(json!({ "unit": unit, "step": step, "detected_at": now(), "units": units }));
-                r.state = RState::Interrupted;
+                let (unit, step) = (pos.as_ref().map(|p| p.unit.clone()), pos.as_ref().map(|p| p.step));
+                tracing::warn!(pdctl_rollout_id = %r.id, "rollout {} was interrupted at {} ({}): pdctld stopped while it ran; resume it with pdctl rollout resume {}", r.id, unit.as_deref().unwrap_or("its start"), step.map(|s| s.as_str()).unwrap_or("-"), r.id);
+                if r.lifecycle.interrupt().is_err() {
+                    continue;
+                }
+                r.interrupted = Some(Interruption { unit, step, detected_at: now(), units });
                 r.finished_at = Some(now());
-                d.metrics.rollouts.get_or_create(&ResultLabel { result: "interrupted".into() }).inc();
+                d.metrics.rollouts.get_or_create(&ResultLabel { result: RolloutState::Interrupted.as_str().into() }).inc();
                 if let Err(e) = d.store.save(&r) {
-                    tracing::error!("cannot save {}: {e}", r.id);
+                    tracing::error!("cannot save rollout {}: {e}", r.id);
                 }
             }
         }
@@ -151,86 +139,131 @@ impl Daemon {
     }
 }
 
-/// Start a rollout; `Ok(id)` or an error response (busy, config, unreachable).
-async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Value, Response> {
-    if let Some(id) = daemon.running_id() {
-        return Err(api_err(StatusCode::CONFLICT, 4, format!("another rollout is running: {id} (pdctl rollout watch {id}; pdctl rollout abort {id})")));
+/// Frees the running slot when a start fails before the rollout's task takes it over.
+struct Slot<'a> {
+    daemon: &'a Daemon,
+    armed: bool,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            *lock(&self.daemon.running) = None;
+            self.daemon.metrics.running.set(0);
+        }
     }
-    let settings = pdctl_core::config::load(&daemon.config).map_err(|e| api_err(StatusCode::BAD_REQUEST, 2, format!("config error: {e}")))?;
-    let e = engine(settings).await?;
+}
+
+/// Start a rollout: take the one running slot (busy check and lock are one step), then load the
+/// config, plan, and hand over to a task. `Ok` with the id, or the cause.
+async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
+    let (id, abort, tx, record) = {
+        let mut slot = lock(&daemon.running);
+        if let Some(other) = slot.as_ref() {
+            return Err(Cause::Busy { id: other.id.clone() });
+        }
+        let id = daemon.store.new_id();
+        let (tx, _) = broadcast::channel(4096);
+        let abort = Arc::new(AtomicBool::new(false));
+        let record = Arc::new(Mutex::new(Record::new(&id, RolloutKind::Restart, vec![], BTreeMap::new(), None)));
+        *slot = Some(Running { id: id.clone(), abort: abort.clone(), tx: tx.clone(), record: record.clone() });
+        (id, abort, tx, record)
+    };
+    daemon.metrics.running.set(1);
+    let mut guard = Slot { daemon: &daemon, armed: true };
+    let e = engine(&daemon).await?;
+    let dir = daemon.store.dir().join("revisions");
     let (kind, plan, reasons, resumes) = match req {
         Request::Restart { units } => {
-            let plan = Plan::new(&e.settings, &units).map_err(|er| api_err(StatusCode::BAD_REQUEST, 2, er.to_string()))?;
-            ("restart", plan, Value::Null, None)
+            let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            (RolloutKind::Restart, plan, BTreeMap::new(), None)
         }
         Request::Apply { if_changed, all } => {
-            let stale = staleness(&daemon, &e).await?;
+            let stale = e.staleness(&dir).await?;
             let chosen: Vec<String> = stale.iter().filter(|(_, why)| all || !why.is_empty()).map(|(u, _)| u.clone()).collect();
             if chosen.is_empty() && if_changed {
-                return Ok(json!({ "id": null, "message": "no worker is stale; nothing to do", "stale": [] }));
+                return Ok(Started { id: None, message: Some("no worker is stale; nothing to do".into()) });
             }
-            let plan = Plan::new(&e.settings, &chosen).map_err(|er| api_err(StatusCode::BAD_REQUEST, 2, er.to_string()))?;
-            let plan = if chosen.is_empty() { Plan { workers: vec![] } } else { plan };
+            let plan = if chosen.is_empty() {
+                Plan { workers: vec![] }
+            } else {
+                Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?
+            };
             // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
             // idempotent and cheap, so do it whenever a worker is rolled for a change.
             if stale.iter().any(|(u, why)| !why.is_empty() && chosen.contains(u)) {
-                e.units.reload().await.map_err(|er| api_err(StatusCode::SERVICE_UNAVAILABLE, 3, er.to_string()))?;
+                e.units.reload().await.map_err(|er| er.cause())?;
             }
-            let reasons: Value = stale.iter().map(|(u, why)| (u.clone(), json!(why))).collect::<serde_json::Map<_, _>>().into();
-            ("apply", plan, reasons, None)
+            (RolloutKind::Apply, plan, stale.into_iter().collect(), None)
         }
-        Request::Resume { id } => {
-            let old = daemon.store.load(&id).ok_or_else(|| api_err(StatusCode::NOT_FOUND, 2, format!("no rollout {id}")))?;
-            if old.state != RState::Interrupted {
-                return Err(api_err(
-                    StatusCode::CONFLICT,
-                    2,
-                    format!("rollout {id} is {:?}, not interrupted: only an interrupted rollout can be resumed", old.state),
-                ));
+        Request::Resume { id: old_id } => {
+            let mut old = daemon.store.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
+            let wrong = |state: RolloutState| Cause::WrongState {
+                id: old_id.clone(),
+                state: state.as_str().into(),
+                needs: "only an interrupted rollout can be resumed, and only once".into(),
+            };
+            if old.lifecycle.state() != RolloutState::Interrupted {
+                return Err(wrong(old.lifecycle.state()));
             }
-            let (unit, _) = last_position(&old);
-            let from = unit.as_ref().and_then(|u| old.plan.iter().position(|p| p == u)).unwrap_or(0);
-            let rest: Vec<String> = old.plan[from..].to_vec();
-            let plan = Plan::new(&e.settings, &rest).map_err(|er| api_err(StatusCode::BAD_REQUEST, 2, er.to_string()))?;
-            ("resume", plan, Value::Null, Some(id))
+            let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
+            let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
+            daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
+            (RolloutKind::Resume, plan, BTreeMap::new(), Some(old_id))
         }
     };
-    let store = daemon.store.clone();
-    let id = store.new_id();
-    let record = Record {
-        id: id.clone(),
-        kind: kind.into(),
-        plan: plan.workers.iter().map(|w| w.unit.clone()).collect(),
-        state: RState::Running,
-        created_at: now(),
-        finished_at: None,
-        events: vec![],
-        summary: None,
-        interrupted: None,
-        reasons,
-        notes: vec![],
-        resumes,
-    };
-    store
-        .save(&record)
-        .map_err(|er| api_err(StatusCode::INTERNAL_SERVER_ERROR, 3, format!("cannot write the rollout record in {}: {er}", store.dir().display())))?;
-    let (tx, _) = broadcast::channel(4096);
-    let abort = Arc::new(AtomicBool::new(false));
-    let record = Arc::new(Mutex::new(record));
     {
-        let mut r = lock(&daemon.running);
-        if let Some(other) = r.as_ref() {
-            return Err(api_err(StatusCode::CONFLICT, 4, format!("another rollout is running: {}", other.id)));
-        }
-        *r = Some(Running { id: id.clone(), abort: abort.clone(), tx: tx.clone(), record: record.clone() });
+        let mut r = lock(&record);
+        *r = Record::new(&id, kind, plan.workers.iter().map(|w| w.unit.clone()).collect(), reasons, resumes);
+        daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
-    daemon.metrics.running.set(1);
-    notify_status(&format!("rollout {id} ({kind}): starting"));
-    tracing::info!(pdctl_rollout_id = %id, kind, units = ?plan.workers.iter().map(|w| &w.unit).collect::<Vec<_>>(), "rollout started");
+    guard.armed = false;
+    notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
+    tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
     let id2 = id.clone();
     tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort).await });
-    Ok(json!({ "id": id }))
+    Ok(Started { id: Some(id), message: None })
+}
+
+/// Persist, broadcast, count and log one event.
+fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &broadcast::Sender<StreamLine>, ev: Event) {
+    tracing::info!(pdctl_rollout_id = %id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
+    match ev.status {
+        Status::Passed => daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0),
+        Status::Failed => {
+            // The engine puts its Cause's code here (Cause::code: a fixed set).
+            let cause = ev.detail.get("cause_code").and_then(|v| v.as_str()).unwrap_or("unknown").to_string();
+            daemon.metrics.gate_failures.get_or_create(&FailureLabel { step: ev.step.as_str().into(), cause }).inc();
+        }
+        Status::Started | Status::Skipped => {}
+    }
+    if ev.step == Step::Soak && ev.status == Status::Passed {
+        daemon.metrics.units_restarted.inc();
+    }
+    notify_status(&format!(
+        "rollout {id}: {} {} {}",
+        ev.unit,
+        ev.step.as_str(),
+        match ev.status {
+            Status::Started => "started",
+            Status::Passed => "passed",
+            Status::Failed => "failed",
+            Status::Skipped => "skipped",
+        }
+    ));
+    let mut r = lock(record);
+    if ev.status == Status::Started {
+        if let Err(e) = r.lifecycle.enter(&ev.unit, ev.step) {
+            tracing::error!(pdctl_rollout_id = %id, "{e}");
+        }
+    }
+    r.events.push(ev.clone());
+    if let Err(er) = daemon.store.save(&r) {
+        tracing::error!(pdctl_rollout_id = %id, "cannot save rollout {id}: {er}");
+    }
+    let _ = tx.send(StreamLine::Event(ev));
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -239,145 +272,70 @@ async fn run(
     e: RealEngine,
     plan: Plan,
     id: String,
-    kind: &'static str,
+    kind: RolloutKind,
     record: Arc<Mutex<Record>>,
-    tx: broadcast::Sender<Value>,
+    tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    // The consumer: persist, broadcast, count, log, record revisions of verified units.
     let consumer = {
         let (daemon, record, tx, id) = (daemon.clone(), record.clone(), tx.clone(), id.clone());
-        let e_settings = e.settings.clone();
-        let units = e.units.clone();
         tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
-                tracing::info!(pdctl_rollout_id = %id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), status = ?ev.status, elapsed_ms = ev.elapsed_ms, "step");
-                match ev.status {
-                    Status::Passed => {
-                        daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0)
-                    }
-                    Status::Failed => {
-                        let cause = ev.detail.get("cause").and_then(Value::as_str).unwrap_or("");
-                        daemon.metrics.gate_failures.get_or_create(&FailureLabel { step: ev.step.as_str().into(), cause: cause_class(cause).into() }).inc();
-                    }
-                    _ => {}
-                }
-                notify_status(&format!("rollout {id}: {} {} {:?}", ev.unit, ev.step.as_str(), ev.status).to_lowercase());
-                let mut note = None;
-                if ev.step == Step::Soak && ev.status == Status::Passed {
-                    daemon.metrics.units_restarted.inc();
-                    if let Some(w) = e_settings.workers.iter().find(|w| w.unit == ev.unit) {
-                        if let Ok(cfg) = units.config(&w.unit).await {
-                            let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "started");
-                            note = Some(match revisions::save(daemon.store.dir(), &rev) {
-                                Ok(()) => format!("recorded the revision {} runs with: {}", w.unit, rev.files.keys().cloned().collect::<Vec<_>>().join(", ")),
-                                Err(er) => format!("could not record the revision of {}: {er}", w.unit),
-                            });
-                        }
-                    }
-                }
-                let line = serde_json::to_value(&ev).unwrap_or(Value::Null);
-                let mut r = lock(&record);
-                r.events.push(ev);
-                r.notes.extend(note);
-                if let Err(er) = daemon.store.save(&r) {
-                    tracing::error!("cannot save rollout {}: {er}", r.id);
-                }
-                let _ = tx.send(line);
+                on_event(&daemon, &id, &record, &tx, ev);
             }
         })
     };
-
-    let mut summary = if kind == "resume" { resume(&e, &plan, &sink, &abort).await } else { e.rolling_restart_abortable(&plan, &sink, &abort).await };
-    let mut notes = Vec::new();
-    if let (Outcome::Failed, Some(f)) = (summary.result, &summary.failed) {
-        if e.settings.rollout.on_failure == OnFailure::Rollback && f.step != Step::Preflight && f.unit != "router" {
-            match rollback(&daemon, &e, &f.unit, &id, &sink).await {
-                Ok(mut done) => {
-                    summary.result = Outcome::RolledBack;
-                    notes.append(&mut done);
-                }
-                Err(why) => notes.push(format!("rollback of {} failed: {why}", f.unit)),
-            }
-        }
-    }
+    let dir = daemon.store.dir().join("revisions");
+    let run = RolloutRun { plan: &plan, resume: kind == RolloutKind::Resume, abort: &abort, revisions: Some(&dir), id: &id };
+    let mut finished = e.execute(run, &sink).await;
     drop(sink);
     let _ = consumer.await;
-    let state = match summary.result {
-        Outcome::Succeeded => RState::Succeeded,
-        Outcome::Failed => RState::Failed,
-        Outcome::RolledBack => RState::RolledBack,
-        Outcome::Aborted => RState::Aborted,
-    };
-    let result = serde_json::to_value(summary.result).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: result.clone() }).inc();
-    if state == RState::Succeeded {
+    finished.summary.id = Some(id.clone());
+    let summary = finished.summary;
+    let state = RolloutState::of(summary.result);
+    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: state.as_str().into() }).inc();
+    if state == RolloutState::Succeeded {
         daemon.metrics.last_success.set(now() as i64);
     }
-    daemon.metrics.running.set(0);
     {
         let mut r = lock(&record);
-        r.state = state;
+        if let Err(er) = r.lifecycle.finish(summary.result) {
+            tracing::error!(pdctl_rollout_id = %id, "{er}");
+        }
         r.finished_at = Some(now());
         r.summary = Some(summary.clone());
-        r.notes.extend(notes);
+        r.notes.extend(finished.notes);
         if let Err(er) = daemon.store.save(&r) {
-            tracing::error!("cannot save rollout {}: {er}", r.id);
+            tracing::error!(pdctl_rollout_id = %id, "cannot save rollout {id}: {er}");
         }
     }
-    tracing::info!(pdctl_rollout_id = %id, result = %result, "rollout finished");
-    let _ = tx.send(serde_json::to_value(&summary).unwrap_or(Value::Null));
+    tracing::info!(pdctl_rollout_id = %id, "rollout {id} finished: {}", state.as_str());
+    let _ = tx.send(StreamLine::Summary(summary));
     *lock(&daemon.running) = None;
-    notify_status(&format!("idle; last rollout {id}: {result}"));
+    daemon.metrics.running.set(0);
+    notify_status(&format!("idle; last rollout {id}: {}", state.as_str()));
 }
 
-/// Resume: re-verify the interrupted unit (restart it only if it does not pass), then the rest.
-async fn resume(e: &RealEngine, plan: &Plan, sink: &pdctl_core::events::Sink, abort: &AtomicBool) -> Summary {
-    let mut plan = plan.clone();
-    if let Some(first) = plan.workers.first().cloned() {
-        if e.verify(&first, sink).await {
-            plan.workers.remove(0);
-        }
-    }
-    e.rolling_restart_abortable(&plan, sink, abort).await
+/// Decode a JSON body strictly (unknown fields rejected); the cause names what is wrong.
+fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Cause> {
+    serde_json::from_slice(body)
+        .map_err(|e| Cause::BadRequest { message: format!("the request body is not valid: {e}; see docs/cli.md for the requests pdctld accepts") })
 }
 
-/// Restore the unit's last good revision, reload, and run it through the same gates.
-async fn rollback(daemon: &Daemon, e: &RealEngine, unit: &str, id: &str, sink: &pdctl_core::events::Sink) -> Result<Vec<String>, String> {
-    let w = e.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
-    let last = revisions::load(daemon.store.dir(), unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
-    let cfg = e.units.config(unit).await.map_err(|er| er.to_string())?;
-    let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
-    let mut done = revisions::restore(&last, &current, id).map_err(|er| format!("cannot restore the files: {er}"))?;
-    tracing::warn!(pdctl_rollout_id = %id, pdctl_unit = %unit, actions = ?done, "rolling back to the last good revision");
-    e.units.reload().await.map_err(|er| er.to_string())?;
-    let plan = Plan { workers: vec![w.clone()] };
-    let s = e.rolling_restart(&plan, sink).await;
-    match s.result {
-        Outcome::Succeeded => {
-            done.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
-            Ok(done)
-        }
-        _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
-    }
-}
-
-async fn post_rollout(State(d): State<Arc<Daemon>>, Json(req): Json<Request>) -> Response {
+async fn post_rollout(State(d): State<Arc<Daemon>>, body: Bytes) -> Response {
+    let req: Request = match decode(&body) {
+        Ok(r) => r,
+        Err(c) => return api_err(&c),
+    };
     match start(d, req).await {
         Ok(v) => (StatusCode::ACCEPTED, Json(v)).into_response(),
-        Err(r) => r,
+        Err(c) => api_err(&c),
     }
 }
 
 async fn list(State(d): State<Arc<Daemon>>) -> Response {
-    let items: Vec<Value> = d
-        .store
-        .all()
-        .iter()
-        .map(|r| json!({ "id": r.id, "kind": r.kind, "state": r.state, "plan": r.plan, "created_at": r.created_at, "finished_at": r.finished_at, "failed": r.summary.as_ref().and_then(|s| s.failed.clone()), "interrupted": r.interrupted }))
-        .collect();
-    Json(json!({ "rollouts": items, "running": d.running_id() })).into_response()
+    Json(History { rollouts: d.store.all().iter().map(Record::history_item).collect(), running: d.running_id() }).into_response()
 }
 
 async fn get_one(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Response {
@@ -386,44 +344,41 @@ async fn get_one(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> 
     }
     match d.store.load(&id) {
         Some(r) => Json(r).into_response(),
-        None => api_err(StatusCode::NOT_FOUND, 2, format!("no rollout {id}")),
+        None => api_err(&Cause::NoSuchRollout { id }),
     }
 }
 
 /// NDJSON: every event from the beginning, then live ones, then the summary.
 async fn events(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Response {
-    let (backlog, rx): (VecDeque<Value>, Option<broadcast::Receiver<Value>>) = match lock(&d.running).as_ref().filter(|r| r.id == id) {
+    let (backlog, rx): (VecDeque<StreamLine>, Option<broadcast::Receiver<StreamLine>>) = match lock(&d.running).as_ref().filter(|r| r.id == id) {
         Some(r) => {
             let rec = lock(&r.record);
             let rx = r.tx.subscribe();
-            (rec.events.iter().filter_map(|e| serde_json::to_value(e).ok()).collect(), Some(rx))
+            (rec.events.iter().cloned().map(StreamLine::Event).collect(), Some(rx))
         }
         None => match d.store.load(&id) {
             Some(rec) => {
-                let mut q: VecDeque<Value> = rec.events.iter().filter_map(|e| serde_json::to_value(e).ok()).collect();
-                match (&rec.summary, &rec.interrupted) {
-                    (Some(s), _) => q.push_back(serde_json::to_value(s).unwrap_or(Value::Null)),
-                    (None, Some(i)) => q.push_back(json!({ "result": "interrupted", "interrupted": i })),
-                    _ => {}
-                }
+                let mut q: VecDeque<StreamLine> = rec.events.iter().cloned().map(StreamLine::Event).collect();
+                q.extend(rec.end_line());
                 (q, None)
             }
-            None => return api_err(StatusCode::NOT_FOUND, 2, format!("no rollout {id}")),
+            None => return api_err(&Cause::NoSuchRollout { id }),
         },
     };
-    let stream = futures_util::stream::unfold((backlog, rx, false), |(mut q, mut rx, done)| async move {
+    let line = |v: &StreamLine| Bytes::from(format!("{}\n", serde_json::to_string(v).unwrap_or_default()));
+    let stream = futures_util::stream::unfold((backlog, rx, false), move |(mut q, mut rx, done)| async move {
         if done {
             return None;
         }
         if let Some(v) = q.pop_front() {
-            return Some((Ok::<_, Infallible>(Bytes::from(format!("{v}\n"))), (q, rx, false)));
+            return Some((Ok::<_, Infallible>(line(&v)), (q, rx, false)));
         }
         let r = rx.as_mut()?;
         loop {
             match r.recv().await {
                 Ok(v) => {
-                    let last = v.get("result").is_some();
-                    return Some((Ok(Bytes::from(format!("{v}\n"))), (q, rx, last)));
+                    let last = !matches!(v, StreamLine::Event(_));
+                    return Some((Ok(line(&v)), (q, rx, last)));
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return None,
@@ -437,32 +392,35 @@ async fn abort(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Re
     match lock(&d.running).as_ref() {
         Some(r) if r.id == id => {
             r.abort.store(true, Ordering::SeqCst);
-            tracing::warn!(pdctl_rollout_id = %id, "abort requested");
-            (StatusCode::ACCEPTED, Json(json!({ "id": id, "message": "aborting after the current unit is verified" }))).into_response()
+            tracing::warn!(pdctl_rollout_id = %id, "abort of rollout {id} requested: it stops after the unit in progress is verified");
+            (StatusCode::ACCEPTED, Json(AbortAccepted { id, message: "aborting after the current unit is verified".into() })).into_response()
         }
-        _ => api_err(StatusCode::CONFLICT, 2, format!("rollout {id} is not running")),
+        _ => {
+            let state = d.store.load(&id).map(|r| r.lifecycle.state().as_str().to_string());
+            match state {
+                Some(state) => api_err(&Cause::WrongState { id, state, needs: "only a running rollout can be aborted".into() }),
+                None => api_err(&Cause::NoSuchRollout { id }),
+            }
+        }
     }
 }
 
 async fn diff(State(d): State<Arc<Daemon>>) -> Response {
-    let settings = match pdctl_core::config::load(&d.config) {
-        Ok(s) => s,
-        Err(e) => return api_err(StatusCode::BAD_REQUEST, 2, format!("config error: {e}")),
-    };
-    let e = match engine(settings).await {
+    let e = match engine(&d).await {
         Ok(e) => e,
-        Err(r) => return r,
+        Err(c) => return api_err(&c),
     };
-    match staleness(&d, &e).await {
-        Ok(s) => Json(json!({ "workers": s.iter().map(|(u, why)| json!({ "unit": u, "stale": !why.is_empty(), "reasons": why })).collect::<Vec<_>>() }))
-            .into_response(),
-        Err(r) => r,
+    match e.staleness(&d.store.dir().join("revisions")).await {
+        Ok(s) => {
+            Json(Diff { workers: s.into_iter().map(|(unit, reasons)| DiffWorker { unit, stale: !reasons.is_empty(), reasons }).collect() }).into_response()
+        }
+        Err(c) => api_err(&c),
     }
 }
 
 async fn status(State(d): State<Arc<Daemon>>) -> Response {
-    let last = d.store.all().into_iter().last().map(|r| json!({ "id": r.id, "state": r.state, "kind": r.kind }));
-    Json(json!({ "running": d.running_id(), "last": last, "config": d.config, "state_dir": d.store.dir() })).into_response()
+    let last = d.store.all().into_iter().last().map(|r| LastRollout { id: r.id.clone(), state: r.lifecycle.state(), kind: r.kind });
+    Json(DaemonStatus { running: d.running_id(), last, config: d.config.display().to_string(), state_dir: d.store.dir().display().to_string() }).into_response()
 }
 
 /// The control API.
@@ -474,6 +432,7 @@ pub fn api(d: Arc<Daemon>) -> Router {
         .route("/v1/rollouts/{id}/abort", post(abort))
         .route("/v1/diff", get(diff))
         .route("/v1/status", get(status))
+        .fallback(|| async { api_err(&Cause::BadRequest { message: "no such endpoint; see docs/cli.md for pdctld's control API".into() }) })
         .with_state(d)
 }
 

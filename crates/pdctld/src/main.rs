@@ -5,7 +5,6 @@
 
 mod daemon;
 mod metrics;
-mod revisions;
 mod store;
 
 use std::os::unix::fs::PermissionsExt as _;
@@ -13,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
+use pdctl_core::api::Exit;
 use tracing_subscriber::prelude::*;
 
 #[derive(Parser)]
@@ -75,8 +75,11 @@ async fn main() {
     let store = match store::Store::open(&state_dir) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("pdctld: cannot use the state directory {}: {e}", state_dir.display());
-            std::process::exit(3);
+            eprintln!(
+                "pdctld: cannot use the state directory {}: {e}; check --state-dir (StateDirectory= in the unit) and its permissions",
+                state_dir.display()
+            );
+            Exit::Unreachable.exit_process();
         }
     };
     if let Err(e) = pdctl_core::config::load(&config) {
@@ -90,8 +93,8 @@ async fn main() {
     let listener = match tokio::net::UnixListener::bind(&args.socket) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("pdctld: cannot listen on {}: {e}", args.socket.display());
-            std::process::exit(3);
+            eprintln!("pdctld: cannot listen on {}: {e}; is another pdctld running? (systemctl status pdctld)", args.socket.display());
+            Exit::Unreachable.exit_process();
         }
     };
     let _ = std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o660));
@@ -125,7 +128,7 @@ async fn main() {
     let app = daemon::api(d);
     let serve = axum::serve(listener, app);
     tokio::select! {
-        r = serve => if let Err(e) = r { eprintln!("pdctld: {e}"); std::process::exit(1); },
+        r = serve => if let Err(e) = r { eprintln!("pdctld: the control socket failed: {e}"); Exit::Unreachable.exit_process(); },
         _ = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(mut s) => { s.recv().await; }

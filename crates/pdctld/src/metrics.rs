@@ -11,7 +11,8 @@ use prometheus_client::registry::Registry;
 /// `result` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    /// succeeded, failed, rolled_back, aborted, interrupted.
+    /// A final `pdctl_core::lifecycle::RolloutState` (succeeded, failed, rolled_back, aborted,
+    /// interrupted).
     pub result: String,
 }
 
@@ -27,43 +28,8 @@ pub struct StepLabel {
 pub struct FailureLabel {
     /// The gate.
     pub step: String,
-    /// A bounded class of the cause (see [`cause_class`]).
+    /// The cause's stable code (`pdctl_core::cause::Cause::code`: a fixed set, never free text).
     pub cause: String,
-}
-
-/// Classify a failure's cause into a small fixed set (a label must not carry free text).
-pub fn cause_class(cause: &str) -> &'static str {
-    let c = cause.to_lowercase();
-    let table: [(&str, &'static str); 14] = [
-        ("does not exist", "no_such_unit"),
-        ("--enable-metrics", "metrics_disabled"),
-        ("answered 404", "metrics_disabled"),
-        ("overlap", "gpu_overlap"),
-        ("fatal line", "fatal_line"),
-        ("circuit breaker", "breaker_open"),
-        ("not published", "metrics_not_published"),
-        ("not sane", "metrics_insane"),
-        ("did not stay up", "crashed"),
-        ("did not become ready", "crashed"),
-        ("went down", "crashed"),
-        ("no ready line", "ready_timeout"),
-        ("/health did not answer", "health_timeout"),
-        ("does not answer", "unreachable"),
-    ];
-    for (needle, class) in table {
-        if c.contains(needle) {
-            return class;
-        }
-    }
-    if c.contains("did not admit") {
-        "router_not_admitted"
-    } else if c.contains("restart job") {
-        "restart_job_failed"
-    } else if c.contains("permission") || c.contains("authentication") {
-        "access_denied"
-    } else {
-        "other"
-    }
 }
 
 /// Every metric pdctld exports.
@@ -94,7 +60,7 @@ impl Default for Metrics {
         let running = Gauge::default();
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
-        registry.register("gate_failures", "Gates that failed, by step and cause class", gate_failures.clone());
+        registry.register("gate_failures", "Gates that failed, by step and cause code", gate_failures.clone());
         registry.register("units_restarted", "Units restarted and verified", units_restarted.clone());
         registry.register("last_success_timestamp_seconds", "When the last rollout succeeded (seconds since the epoch)", last_success.clone());
         registry.register("rollout_running", "1 while a rollout runs", running.clone());
@@ -110,19 +76,5 @@ impl Metrics {
             out.clear();
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn causes_fall_into_a_fixed_set() {
-        assert_eq!(cause_class("x.service logged no ready line (\"…\") of this run within 4s"), "ready_timeout");
-        assert_eq!(cause_class("x.service did not stay up: the unit crashed and systemd restarted it"), "crashed");
-        assert_eq!(cause_class("the metrics gate is required but --enable-metrics is not in the ExecStart"), "metrics_disabled");
-        assert_eq!(cause_class("the router did not admit http://x within 5s: healthy, but its circuit breaker is open"), "breaker_open");
-        assert_eq!(cause_class("something new"), "other");
     }
 }

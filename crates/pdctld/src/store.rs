@@ -2,89 +2,15 @@
 //! written atomically (write a temporary file, fsync it, rename it over the old one, fsync the
 //! directory), so that a crash or SIGKILL leaves either the old or the new record, never half.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use pdctl_core::events::{Event, Summary};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
-/// Where a rollout stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    /// In progress.
-    Running,
-    /// Every unit passed.
-    Succeeded,
-    /// A gate failed; halted.
-    Failed,
-    /// A gate failed; the unit was restored to its last good revision.
-    RolledBack,
-    /// Stopped by an operator between units.
-    Aborted,
-    /// The daemon died while it ran; nothing resumed by itself.
-    Interrupted,
-}
-
-/// One rollout's record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Record {
-    /// Its id.
-    pub id: String,
-    /// `restart`, `apply`, `resume`.
-    pub kind: String,
-    /// Units in order.
-    pub plan: Vec<String>,
-    /// Where it stands.
-    pub state: State,
-    /// Seconds since the epoch.
-    pub created_at: u64,
-    /// Seconds since the epoch, when finished.
-    #[serde(default)]
-    pub finished_at: Option<u64>,
-    /// Every event so far.
-    #[serde(default)]
-    pub events: Vec<Event>,
-    /// The summary, when finished.
-    #[serde(default)]
-    pub summary: Option<Summary>,
-    /// Where it was interrupted, and each unit's verified state then.
-    #[serde(default)]
-    pub interrupted: Option<Value>,
-    /// Why the workers were chosen (config rollouts: what changed).
-    #[serde(default)]
-    pub reasons: Value,
-    /// Rollback details, revisions recorded.
-    #[serde(default)]
-    pub notes: Vec<String>,
-    /// The rollout this one resumes.
-    #[serde(default)]
-    pub resumes: Option<String>,
-}
+pub use pdctl_core::api::Record;
+use pdctl_core::revisions::atomic_write;
 
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
-}
-
-/// Seconds since the epoch.
-pub fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Write `bytes` to `path` atomically.
-pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 impl Store {
@@ -134,16 +60,12 @@ impl Store {
         out
     }
 
-    /// A new id: time-ordered and unique in this directory.
+    /// A new id: time-ordered and unique in this directory (callers hold pdctld's one running
+    /// slot, so no two ids are chosen at once).
     pub fn new_id(&self) -> String {
-        let base = format!("r{}", now());
+        let base = format!("r{}", pdctl_core::lifecycle::now());
         (0..1000).map(|i| if i == 0 { base.clone() } else { format!("{base}-{i}") }).find(|id| !self.path(id).exists()).unwrap_or(base)
     }
-}
-
-/// Where a record stopped: the last unit and step that started.
-pub fn last_position(r: &Record) -> (Option<String>, Option<String>) {
-    r.events.iter().rev().find(|e| e.unit != "router").map(|e| (Some(e.unit.clone()), Some(e.step.as_str().to_string()))).unwrap_or((None, None))
 }
 
 #[cfg(test)]
@@ -155,20 +77,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pdctld-store-{}", std::process::id()));
         let s = Store::open(&dir).unwrap();
         let id = s.new_id();
-        let r = Record {
-            id: id.clone(),
-            kind: "restart".into(),
-            plan: vec!["a.service".into()],
-            state: State::Running,
-            created_at: now(),
-            finished_at: None,
-            events: vec![],
-            summary: None,
-            interrupted: None,
-            reasons: Value::Null,
-            notes: vec![],
-            resumes: None,
-        };
+        let r = Record::new(&id, pdctl_core::api::RolloutKind::Restart, vec!["a.service".into()], Default::default(), None);
         s.save(&r).unwrap();
         assert_eq!(s.load(&id).unwrap().plan, vec!["a.service"]);
         assert_ne!(s.new_id(), id);

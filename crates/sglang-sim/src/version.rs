@@ -1,5 +1,6 @@
 //! Version profiles: which metric names, labels and behaviours each SGLang release has
-//! (facts: shared/sglang-facts.md, sections 2 and 3).
+//! (upstream `sgl-project/sglang`, `python/sglang/srt/observability/metrics_collector.py` and
+//! `managers/scheduler_metrics_mixin.py` at each release; the table is in docs/sglang-sim.md).
 
 /// An SGLang release, compared component-wise (`0.5.10 > 0.5.6`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use pdctl_systemd::UnitConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::store::{atomic_write, now};
+use crate::lifecycle::now;
+use crate::ports::UnitConfig;
 
 /// One file of a revision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +36,29 @@ pub struct Revision {
     pub why: String,
     /// Path → file.
     pub files: BTreeMap<String, FileRev>,
+}
+
+/// Write `bytes` to `path` atomically: a temporary file next to it (unique to this process and
+/// call), fsync, rename over `path`, fsync the directory. A crash leaves the old or the new
+/// contents, never half.
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -89,19 +112,19 @@ pub fn snapshot(unit: &str, files: &BTreeSet<PathBuf>, why: &str) -> Revision {
     Revision { unit: unit.into(), recorded_at: now(), why: why.into(), files }
 }
 
-fn rev_path(state_dir: &Path, unit: &str) -> PathBuf {
-    state_dir.join("revisions").join(format!("{}.json", unit.replace('/', "_")))
+fn rev_path(dir: &Path, unit: &str) -> PathBuf {
+    dir.join(format!("{}.json", unit.replace('/', "_")))
 }
 
-/// The last good revision of `unit`.
-pub fn load(state_dir: &Path, unit: &str) -> Option<Revision> {
-    serde_json::from_slice(&std::fs::read(rev_path(state_dir, unit)).ok()?).ok()
+/// The last good revision of `unit` in the revisions directory `dir`.
+pub fn load(dir: &Path, unit: &str) -> Option<Revision> {
+    serde_json::from_slice(&std::fs::read(rev_path(dir, unit)).ok()?).ok()
 }
 
-/// Record `rev` as the last good revision.
-pub fn save(state_dir: &Path, rev: &Revision) -> std::io::Result<()> {
+/// Record `rev` as the last good revision in the revisions directory `dir`.
+pub fn save(dir: &Path, rev: &Revision) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(rev).map_err(std::io::Error::other)?;
-    atomic_write(&rev_path(state_dir, &rev.unit), &bytes)
+    atomic_write(&rev_path(dir, &rev.unit), &bytes)
 }
 
 /// Why `unit` is stale (empty: it runs with its current files).

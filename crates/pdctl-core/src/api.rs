@@ -1,0 +1,429 @@
+//! The contract between `pdctl`, `pdctld` and whatever scripts read them: the exit-code table,
+//! the control-API requests and responses, the rollout record, and the NDJSON lines of an event
+//! stream. Both binaries use these types; every one rejects unknown fields, and a test checks
+//! that each JSON example in docs/cli.md parses into its type.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cause::Cause;
+pub use crate::events::{Event, Failure, Outcome, Status, Step, Summary};
+use crate::lifecycle::{Lifecycle, RolloutState};
+
+/// The pseudo-unit of events about the router as a whole (its preflight check).
+pub const ROUTER: &str = "router";
+
+/// The exit codes of `pdctl` (and the `exit_code` of a control-API error). The only place a
+/// number is given to an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "i32", try_from = "i32")]
+pub enum Exit {
+    /// 0: success.
+    Ok,
+    /// 1: a gate failed; the rollout halted (or was rolled back).
+    GateFailed,
+    /// 2: bad usage, request or config (also: a configured unit does not exist).
+    Usage,
+    /// 3: cannot reach systemd / the journal / the daemon / the router in preflight, or
+    /// permission denied, or pdctld cannot write its records.
+    Unreachable,
+    /// 4: another rollout is running.
+    Busy,
+    /// 5: aborted by an operator.
+    Aborted,
+}
+
+impl Exit {
+    /// Every code, in order (for documentation tests).
+    pub const ALL: [Exit; 6] = [Exit::Ok, Exit::GateFailed, Exit::Usage, Exit::Unreachable, Exit::Busy, Exit::Aborted];
+
+    /// The process exit code.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Ok => 0,
+            Exit::GateFailed => 1,
+            Exit::Usage => 2,
+            Exit::Unreachable => 3,
+            Exit::Busy => 4,
+            Exit::Aborted => 5,
+        }
+    }
+
+    /// The code's meaning, one line (docs/cli.md's table).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Exit::Ok => "success",
+            Exit::GateFailed => "a gate failed; the rollout halted (or was rolled back)",
+            Exit::Usage => "bad usage, request or config",
+            Exit::Unreachable => "cannot reach systemd / the journal / pdctld / the router in preflight, or permission denied",
+            Exit::Busy => "another rollout is running",
+            Exit::Aborted => "aborted by an operator",
+        }
+    }
+
+    /// The exit code of a finished rollout.
+    pub fn of(summary: &Summary) -> Exit {
+        match (&summary.result, &summary.failed) {
+            (Outcome::Succeeded, _) => Exit::Ok,
+            (Outcome::Aborted, _) => Exit::Aborted,
+            (Outcome::Failed | Outcome::RolledBack, Some(f)) => f.kind.exit(),
+            (Outcome::Failed | Outcome::RolledBack, None) => Exit::GateFailed,
+        }
+    }
+
+    /// Terminate the process with this code.
+    pub fn exit_process(self) -> ! {
+        std::process::exit(self.code())
+    }
+}
+
+impl From<Exit> for i32 {
+    fn from(e: Exit) -> i32 {
+        e.code()
+    }
+}
+
+impl TryFrom<i32> for Exit {
+    type Error = String;
+    fn try_from(c: i32) -> Result<Exit, String> {
+        Exit::ALL.into_iter().find(|e| e.code() == c).ok_or_else(|| format!("{c} is not one of pdctl's exit codes"))
+    }
+}
+
+/// What a client asks pdctld to start (`POST /v1/rollouts`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// A rolling restart.
+    Restart {
+        /// Only these units (empty: every configured worker).
+        #[serde(default)]
+        units: Vec<String>,
+    },
+    /// A config rollout of stale workers.
+    Apply {
+        /// Do nothing (no record) when no worker is stale.
+        #[serde(default)]
+        if_changed: bool,
+        /// Roll every worker, stale or not.
+        #[serde(default)]
+        all: bool,
+    },
+    /// Continue an interrupted rollout.
+    Resume {
+        /// The interrupted rollout.
+        id: String,
+    },
+}
+
+/// What kind of rollout a record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutKind {
+    /// `pdctl restart --rolling`.
+    Restart,
+    /// `pdctl rollout apply`.
+    Apply,
+    /// `pdctl rollout resume`.
+    Resume,
+}
+
+impl RolloutKind {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutKind::Restart => "restart",
+            RolloutKind::Apply => "apply",
+            RolloutKind::Resume => "resume",
+        }
+    }
+}
+
+/// 202 answer to `POST /v1/rollouts` (`id` null: a config rollout found nothing stale).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Started {
+    /// The new rollout's id.
+    pub id: Option<String>,
+    /// Why nothing started, when `id` is null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Every control-API error body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    /// One sentence: what is wrong and what to do.
+    pub error: String,
+    /// The exit code the CLI ends with.
+    pub exit_code: Exit,
+    /// The cause's stable code.
+    pub cause_code: String,
+}
+
+impl ApiError {
+    /// The error body of `cause`.
+    pub fn of(cause: &Cause) -> ApiError {
+        ApiError { error: cause.sentence(), exit_code: cause.exit(), cause_code: cause.code().to_string() }
+    }
+}
+
+/// 202 answer to `POST /v1/rollouts/{id}/abort`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbortAccepted {
+    /// The rollout.
+    pub id: String,
+    /// What happens now.
+    pub message: String,
+}
+
+/// One unit's systemd state when an interruption was found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitSnapshot {
+    /// The unit.
+    pub unit: String,
+    /// `active`, `failed`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_state: Option<String>,
+    /// `running`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_state: Option<String>,
+    /// The run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+    /// Automatic restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_restarts: Option<u32>,
+    /// Why the state is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where an interrupted rollout stopped, and each unit's state when that was found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interruption {
+    /// The last unit that started a step.
+    pub unit: Option<String>,
+    /// That step.
+    pub step: Option<Step>,
+    /// When pdctld found it (seconds since the epoch).
+    pub detected_at: u64,
+    /// Every unit of the plan.
+    pub units: Vec<UnitSnapshot>,
+}
+
+/// One rollout's record (`GET /v1/rollouts/{id}`, and the file in the state directory).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    /// Its id.
+    pub id: String,
+    /// What started it.
+    pub kind: RolloutKind,
+    /// Units in order.
+    pub plan: Vec<String>,
+    /// Its state, position and when that changed.
+    pub lifecycle: Lifecycle,
+    /// Seconds since the epoch.
+    pub created_at: u64,
+    /// Seconds since the epoch, when finished.
+    #[serde(default)]
+    pub finished_at: Option<u64>,
+    /// Every event so far.
+    #[serde(default)]
+    pub events: Vec<Event>,
+    /// The summary, when finished.
+    #[serde(default)]
+    pub summary: Option<Summary>,
+    /// Where it was interrupted.
+    #[serde(default)]
+    pub interrupted: Option<Interruption>,
+    /// Why the workers were chosen (config rollouts: unit → what changed).
+    #[serde(default)]
+    pub reasons: BTreeMap<String, Vec<String>>,
+    /// Rollback details, revisions recorded.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// The rollout this one resumes.
+    #[serde(default)]
+    pub resumes: Option<String>,
+}
+
+impl Record {
+    /// A new, running record.
+    pub fn new(id: &str, kind: RolloutKind, plan: Vec<String>, reasons: BTreeMap<String, Vec<String>>, resumes: Option<String>) -> Record {
+        Record {
+            id: id.to_string(),
+            kind,
+            plan,
+            lifecycle: Lifecycle::new(),
+            created_at: crate::lifecycle::now(),
+            finished_at: None,
+            events: vec![],
+            summary: None,
+            interrupted: None,
+            reasons,
+            notes: vec![],
+            resumes,
+        }
+    }
+
+    /// The line of `GET /v1/rollouts` for this record.
+    pub fn history_item(&self) -> HistoryItem {
+        HistoryItem {
+            id: self.id.clone(),
+            kind: self.kind,
+            state: self.lifecycle.state(),
+            plan: self.plan.clone(),
+            created_at: self.created_at,
+            finished_at: self.finished_at,
+            failed: self.summary.as_ref().and_then(|s| s.failed.clone()),
+            interrupted: self.interrupted.clone(),
+        }
+    }
+
+    /// The last line of its event stream, once it has ended.
+    pub fn end_line(&self) -> Option<StreamLine> {
+        match (&self.summary, &self.interrupted) {
+            (Some(s), _) => Some(StreamLine::Summary(s.clone())),
+            (None, Some(i)) => Some(StreamLine::Interrupted(InterruptedEnd { result: InterruptedResult::Interrupted, interrupted: i.clone() })),
+            (None, None) => None,
+        }
+    }
+}
+
+/// One line of `GET /v1/rollouts` (and of `pdctl rollout history --json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryItem {
+    /// The id.
+    pub id: String,
+    /// What started it.
+    pub kind: RolloutKind,
+    /// Its state.
+    pub state: RolloutState,
+    /// Units in order.
+    pub plan: Vec<String>,
+    /// Seconds since the epoch.
+    pub created_at: u64,
+    /// Seconds since the epoch.
+    pub finished_at: Option<u64>,
+    /// The failed gate.
+    pub failed: Option<Failure>,
+    /// Where it was interrupted.
+    pub interrupted: Option<Interruption>,
+}
+
+/// `GET /v1/rollouts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    /// Oldest first.
+    pub rollouts: Vec<HistoryItem>,
+    /// The running rollout's id.
+    pub running: Option<String>,
+}
+
+/// One worker of `GET /v1/diff`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffWorker {
+    /// The unit.
+    pub unit: String,
+    /// Whether it runs other files than it has now.
+    pub stale: bool,
+    /// What changed.
+    pub reasons: Vec<String>,
+}
+
+/// `GET /v1/diff`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Diff {
+    /// Every configured worker.
+    pub workers: Vec<DiffWorker>,
+}
+
+/// The last rollout, in `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LastRollout {
+    /// Its id.
+    pub id: String,
+    /// Its state.
+    pub state: RolloutState,
+    /// Its kind.
+    pub kind: RolloutKind,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonStatus {
+    /// The running rollout.
+    pub running: Option<String>,
+    /// The newest record.
+    pub last: Option<LastRollout>,
+    /// The main config file.
+    pub config: String,
+    /// The state directory.
+    pub state_dir: String,
+}
+
+/// The `result` of an interrupted rollout's last stream line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InterruptedResult {
+    /// The only value.
+    Interrupted,
+}
+
+/// The last stream line of a rollout pdctld found interrupted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptedEnd {
+    /// `"interrupted"`.
+    pub result: InterruptedResult,
+    /// Where and each unit's state.
+    pub interrupted: Interruption,
+}
+
+/// One NDJSON line of `GET /v1/rollouts/{id}/events` (and of `pdctl --json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StreamLine {
+    /// A step transition.
+    Event(Event),
+    /// The last line of a finished rollout.
+    Summary(Summary),
+    /// The last line of an interrupted rollout.
+    Interrupted(InterruptedEnd),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_reject_unknown_fields() {
+        let ok: Request = serde_json::from_str(r#"{"kind":"restart","units":["a.service"]}"#).unwrap();
+        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()] });
+        let typo = serde_json::from_str::<Request>(r#"{"kind":"restart","unit":["x"]}"#).unwrap_err();
+        assert!(typo.to_string().contains("unknown field `unit`"), "{typo}");
+        assert!(serde_json::from_str::<Request>(r#"{"kind":"reboot"}"#).is_err());
+    }
+
+    #[test]
+    fn exit_codes_round_trip() {
+        for e in Exit::ALL {
+            assert_eq!(Exit::try_from(e.code()), Ok(e));
+        }
+        assert!(Exit::try_from(9).is_err());
+        assert_eq!(serde_json::to_string(&Exit::Busy).unwrap(), "4");
+    }
+}

@@ -1,0 +1,560 @@
+//! Every failure pdctl knows, as one enum. The human sentence, the stable `cause_code` (JSON
+//! summary, record, metric label), the `kind` (gate / config / access / busy), the exit code and
+//! the HTTP status of a control-API error are all derived from a [`Cause`] by exhaustive `match`es
+//! below — nothing anywhere matches the text of a message.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::Exit;
+
+/// The class of a failure: what the operator must fix, and so the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FailureKind {
+    /// A gate did not pass: the server, the router or the change is at fault (exit 1).
+    Gate,
+    /// The configuration or the request is wrong (exit 2).
+    Config,
+    /// systemd, the journal, the router in preflight or pdctld's state cannot be reached or
+    /// written, or permission denied (exit 3).
+    Access,
+    /// Another rollout is running (exit 4; control-API errors only, never a rollout's `failed`).
+    Busy,
+}
+
+impl FailureKind {
+    /// The exit code of this kind (the table in [`crate::api::Exit`]).
+    pub fn exit(self) -> Exit {
+        match self {
+            FailureKind::Gate => Exit::GateFailed,
+            FailureKind::Config => Exit::Usage,
+            FailureKind::Access => Exit::Unreachable,
+            FailureKind::Busy => Exit::Busy,
+        }
+    }
+}
+
+/// When a unit was seen to crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Between the restart and the ready line.
+    Starting,
+    /// While waiting for `/health`.
+    Health,
+    /// During the soak.
+    Soak,
+}
+
+/// What the router showed last before a router gate gave up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouterSeen {
+    /// `GET /workers` failed.
+    Down(String),
+    /// The worker is not listed (and was not, or could not yet be, re-registered).
+    NotListed,
+    /// Registered by pdctl; the router has not listed it yet.
+    RegistrationPending,
+    /// Listed, not healthy (or, on gateways that say so, not `ready`).
+    Unhealthy(String),
+    /// Healthy, but its circuit breaker is open.
+    BreakerOpen,
+    /// Healthy, breaker closed, but a request through the router failed.
+    SmokeFailed(String),
+}
+
+impl std::fmt::Display for RouterSeen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RouterSeen::Down(e) => write!(f, "the router does not answer: {e}"),
+            RouterSeen::NotListed => f.write_str("the router does not list it"),
+            RouterSeen::RegistrationPending => f.write_str("registered; waiting for the router to admit it"),
+            RouterSeen::Unhealthy(s) => write!(f, "listed but not healthy yet ({s})"),
+            RouterSeen::BreakerOpen => f.write_str("healthy, but its circuit breaker is open (smg_worker_cb_state=1): requests are still refused"),
+            RouterSeen::SmokeFailed(e) => write!(f, "healthy, but a request through the router failed: {e}"),
+        }
+    }
+}
+
+/// Why `/metrics` gave no usable KV gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsDiagnosis {
+    /// 404: the server runs without `--enable-metrics`.
+    Disabled,
+    /// No answer (connection refused, timeout, an error status).
+    Unreachable,
+    /// Not valid Prometheus text.
+    Unparseable,
+    /// SGLang has not published its usage gauges yet (and the warm-up did not make it).
+    NotPublished,
+    /// SGLang gauges exist but none under a known name (a renamed gauge).
+    UnknownNames,
+    /// Values out of range, or the KV accounting does not add up.
+    Insane,
+}
+
+/// Every failure pdctl can report. Variants carry the facts their sentence needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    // --- systemd and the journal (from the drivers' errors) ---
+    /// The unit is not known to systemd.
+    UnitMissing {
+        /// systemd's sentence.
+        message: String,
+    },
+    /// The bus or the manager cannot be reached.
+    SystemdUnreachable {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// systemd (polkit) said no.
+    AccessDenied {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// A D-Bus call or our restart job took longer than its limit.
+    SystemdTimeout {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// systemd refused a call for another reason.
+    SystemdRefused {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// The journal cannot be read.
+    JournalUnreadable {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// The journal follower or the D-Bus signal stream ended while a gate waited on it.
+    EventSourceClosed {
+        /// Which one.
+        what: String,
+    },
+    // --- preflight ---
+    /// The metrics gate is required but the unit does not enable metrics.
+    MetricsDisabled {
+        /// The unit.
+        unit: String,
+    },
+    /// Two workers' GPU sets overlap.
+    GpuOverlap {
+        /// The unit.
+        unit: String,
+        /// Its GPUs.
+        gpus: String,
+        /// The other unit.
+        other: String,
+        /// The other unit's GPUs.
+        other_gpus: String,
+    },
+    /// The router does not answer in preflight.
+    RouterUnreachable {
+        /// The HTTP error.
+        error: String,
+    },
+    // --- drain ---
+    /// The router could not be asked to remove the worker.
+    DrainFailed {
+        /// The unit.
+        unit: String,
+        /// What went wrong.
+        error: String,
+    },
+    // --- restart ---
+    /// Our restart job ended with a result other than `done`.
+    JobFailed {
+        /// The unit.
+        unit: String,
+        /// The job's result.
+        job_result: String,
+        /// The service's `Result`.
+        service_result: String,
+    },
+    // --- ready, health, soak ---
+    /// A fatal line of this run.
+    FatalLine {
+        /// The unit.
+        unit: String,
+        /// The pattern and the line.
+        line: String,
+    },
+    /// The unit failed, exited or was restarted behind our back.
+    Crashed {
+        /// The unit.
+        unit: String,
+        /// When.
+        phase: Phase,
+        /// What systemd (and the journal) showed.
+        why: String,
+    },
+    /// No ready line of this run in time.
+    ReadyTimeout {
+        /// The unit.
+        unit: String,
+        /// The pattern waited for.
+        pattern: String,
+        /// The limit.
+        after: Duration,
+        /// Ready lines of other runs seen and ignored.
+        foreign: u32,
+    },
+    /// `/health` never answered 200 in time.
+    HealthTimeout {
+        /// The worker URL.
+        url: String,
+        /// The limit.
+        after: Duration,
+        /// The last answer.
+        last: String,
+    },
+    // --- router ---
+    /// The router lists the worker under another role.
+    WrongWorkerType {
+        /// The worker URL.
+        url: String,
+        /// What the router says.
+        listed: String,
+        /// What the config says.
+        role: String,
+    },
+    /// The router does not list the worker and refused to register it.
+    RegisterRefused {
+        /// The worker URL.
+        url: String,
+        /// The HTTP error.
+        error: String,
+    },
+    /// The router did not admit the worker in time.
+    RouterNeverAdmits {
+        /// The worker URL.
+        url: String,
+        /// Time waited.
+        after: Duration,
+        /// The last observation.
+        last: String,
+    },
+    /// Admitted and healthy, but its circuit breaker stayed open.
+    CircuitOpen {
+        /// The worker URL.
+        url: String,
+        /// Time waited.
+        after: Duration,
+    },
+    /// Admitted, breaker closed, but a request through the router kept failing.
+    SmokeFailed {
+        /// The worker URL.
+        url: String,
+        /// Time waited.
+        after: Duration,
+        /// The last error.
+        error: String,
+    },
+    // --- metrics ---
+    /// No usable KV gauges, with the diagnosis.
+    MetricsMissing {
+        /// The unit.
+        unit: String,
+        /// Which known cause.
+        diagnosis: MetricsDiagnosis,
+        /// The probe's sentence.
+        detail: String,
+        /// Whether the gate waited (and how long) before giving up.
+        waited: Option<Duration>,
+    },
+    // --- control API ---
+    /// The configuration does not load.
+    ConfigInvalid {
+        /// The loader's sentence (file:line: key …).
+        message: String,
+    },
+    /// The request is malformed or names something unknown.
+    BadRequest {
+        /// What is wrong.
+        message: String,
+    },
+    /// Another rollout is running.
+    Busy {
+        /// Its id.
+        id: String,
+    },
+    /// No rollout with that id.
+    NoSuchRollout {
+        /// The id.
+        id: String,
+    },
+    /// The rollout is not in a state that allows the request.
+    WrongState {
+        /// The id.
+        id: String,
+        /// Its state.
+        state: String,
+        /// What was asked and what it needs.
+        needs: String,
+    },
+    /// The state directory cannot be written.
+    RecordUnwritable {
+        /// The directory.
+        dir: String,
+        /// The I/O error.
+        error: String,
+    },
+}
+
+fn dur(d: &Duration) -> String {
+    format!("{d:?}")
+}
+
+impl Cause {
+    /// The stable snake_case code (`failed.cause_code`, the metric label).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Cause::UnitMissing { .. } => "unit_missing",
+            Cause::SystemdUnreachable { .. } => "systemd_unreachable",
+            Cause::AccessDenied { .. } => "access_denied",
+            Cause::SystemdTimeout { .. } => "systemd_timeout",
+            Cause::SystemdRefused { .. } => "systemd_refused",
+            Cause::JournalUnreadable { .. } => "journal_unreadable",
+            Cause::EventSourceClosed { .. } => "event_source_closed",
+            Cause::MetricsDisabled { .. } => "metrics_disabled",
+            Cause::GpuOverlap { .. } => "gpu_overlap",
+            Cause::RouterUnreachable { .. } => "router_unreachable",
+            Cause::DrainFailed { .. } => "drain_failed",
+            Cause::JobFailed { .. } => "job_failed",
+            Cause::FatalLine { .. } => "fatal_line",
+            Cause::Crashed { .. } => "crashed",
+            Cause::ReadyTimeout { .. } => "ready_timeout",
+            Cause::HealthTimeout { .. } => "health_timeout",
+            Cause::WrongWorkerType { .. } => "wrong_worker_type",
+            Cause::RegisterRefused { .. } => "register_refused",
+            Cause::RouterNeverAdmits { .. } => "router_never_admits",
+            Cause::CircuitOpen { .. } => "circuit_open",
+            Cause::SmokeFailed { .. } => "smoke_request_failed",
+            Cause::MetricsMissing { diagnosis, .. } => match diagnosis {
+                MetricsDiagnosis::Disabled => "metrics_disabled",
+                MetricsDiagnosis::Unreachable => "metrics_unreachable",
+                MetricsDiagnosis::Unparseable => "metrics_unparseable",
+                MetricsDiagnosis::NotPublished => "metrics_not_published",
+                MetricsDiagnosis::UnknownNames => "metrics_unknown_names",
+                MetricsDiagnosis::Insane => "metrics_insane",
+            },
+            Cause::ConfigInvalid { .. } => "config_invalid",
+            Cause::BadRequest { .. } => "bad_request",
+            Cause::Busy { .. } => "busy",
+            Cause::NoSuchRollout { .. } => "no_such_rollout",
+            Cause::WrongState { .. } => "wrong_state",
+            Cause::RecordUnwritable { .. } => "record_unwritable",
+        }
+    }
+
+    /// The kind (and so the exit code).
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            Cause::UnitMissing { .. } | Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::NoSuchRollout { .. } | Cause::WrongState { .. } => {
+                FailureKind::Config
+            }
+            Cause::SystemdUnreachable { .. }
+            | Cause::AccessDenied { .. }
+            | Cause::SystemdTimeout { .. }
+            | Cause::JournalUnreadable { .. }
+            | Cause::RouterUnreachable { .. }
+            | Cause::RecordUnwritable { .. } => FailureKind::Access,
+            Cause::Busy { .. } => FailureKind::Busy,
+            Cause::SystemdRefused { .. }
+            | Cause::EventSourceClosed { .. }
+            | Cause::MetricsDisabled { .. }
+            | Cause::GpuOverlap { .. }
+            | Cause::DrainFailed { .. }
+            | Cause::JobFailed { .. }
+            | Cause::FatalLine { .. }
+            | Cause::Crashed { .. }
+            | Cause::ReadyTimeout { .. }
+            | Cause::HealthTimeout { .. }
+            | Cause::WrongWorkerType { .. }
+            | Cause::RegisterRefused { .. }
+            | Cause::RouterNeverAdmits { .. }
+            | Cause::CircuitOpen { .. }
+            | Cause::SmokeFailed { .. }
+            | Cause::MetricsMissing { .. } => FailureKind::Gate,
+        }
+    }
+
+    /// The exit code.
+    pub fn exit(&self) -> Exit {
+        self.kind().exit()
+    }
+
+    /// The HTTP status of a control-API error with this cause.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Cause::Busy { .. } | Cause::WrongState { .. } => 409,
+            Cause::NoSuchRollout { .. } => 404,
+            Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } => 400,
+            Cause::RecordUnwritable { .. } => 500,
+            Cause::SystemdUnreachable { .. }
+            | Cause::AccessDenied { .. }
+            | Cause::SystemdTimeout { .. }
+            | Cause::SystemdRefused { .. }
+            | Cause::JournalUnreadable { .. }
+            | Cause::EventSourceClosed { .. }
+            | Cause::RouterUnreachable { .. } => 503,
+            Cause::MetricsDisabled { .. }
+            | Cause::GpuOverlap { .. }
+            | Cause::DrainFailed { .. }
+            | Cause::JobFailed { .. }
+            | Cause::FatalLine { .. }
+            | Cause::Crashed { .. }
+            | Cause::ReadyTimeout { .. }
+            | Cause::HealthTimeout { .. }
+            | Cause::WrongWorkerType { .. }
+            | Cause::RegisterRefused { .. }
+            | Cause::RouterNeverAdmits { .. }
+            | Cause::CircuitOpen { .. }
+            | Cause::SmokeFailed { .. }
+            | Cause::MetricsMissing { .. } => 422,
+        }
+    }
+
+    /// The one-sentence explanation, with what to do where pdctl knows it.
+    pub fn sentence(&self) -> String {
+        match self {
+            Cause::UnitMissing { message }
+            | Cause::SystemdUnreachable { message }
+            | Cause::AccessDenied { message }
+            | Cause::SystemdTimeout { message }
+            | Cause::SystemdRefused { message }
+            | Cause::JournalUnreadable { message } => message.clone(),
+            Cause::EventSourceClosed { what } => format!("{what} closed while a gate waited on it; check the journal and the D-Bus connection, then resume"),
+            Cause::MetricsDisabled { unit } => format!(
+                "the metrics gate is required but --enable-metrics is not in the ExecStart of {unit}: add it to the unit (then daemon-reload), or set [verify] metrics = \"warn\" or \"off\""
+            ),
+            Cause::GpuOverlap { unit, gpus, other, other_gpus } => {
+                format!("GPUs {gpus} of {unit} overlap with GPUs {other_gpus} of {other}: two servers cannot share GPUs; fix gpus or CUDA_VISIBLE_DEVICES")
+            }
+            Cause::RouterUnreachable { error } => {
+                format!("the router does not answer: {error}; start it or fix [router] url (or set [verify] router = false)")
+            }
+            Cause::DrainFailed { unit, error } => format!("cannot drain {unit}: {error}"),
+            Cause::JobFailed { unit, job_result, service_result } => {
+                format!("the restart job of {unit} ended with result \"{job_result}\" (systemd: {service_result})")
+            }
+            Cause::FatalLine { unit, line } => format!("{unit} logged a fatal line: {line}"),
+            Cause::Crashed { unit, phase, why } => match phase {
+                Phase::Starting => format!("{unit} did not become ready: {why}"),
+                Phase::Health => format!("{unit} went down while waiting for /health: {why}"),
+                Phase::Soak => format!("{unit} did not stay up: {why}"),
+            },
+            Cause::ReadyTimeout { unit, pattern, after, foreign } => format!(
+                "{unit} logged no ready line (\"{pattern}\") of this run within {}{}",
+                dur(after),
+                if *foreign > 0 { format!(" ({foreign} ready line(s) of another run were ignored)") } else { String::new() }
+            ),
+            Cause::HealthTimeout { url, after, last } => format!("{url}/health did not answer 200 within {} (last: {last})", dur(after)),
+            Cause::WrongWorkerType { url, listed, role } => format!(
+                "the router lists {url} as \"{listed}\", not \"{role}\" (registered without worker_type?): remove it from the router and re-add it with worker_type \"{role}\""
+            ),
+            Cause::RegisterRefused { url, error } => format!("the router does not list {url} and refused to register it: {error}"),
+            Cause::RouterNeverAdmits { url, after, last } => format!("the router did not admit {url} within {}: {last}", dur(after)),
+            Cause::CircuitOpen { url, after } => format!("the router did not admit {url} within {}: {}", dur(after), RouterSeen::BreakerOpen),
+            Cause::SmokeFailed { url, after, error } => {
+                format!("the router did not admit {url} within {}: {}", dur(after), RouterSeen::SmokeFailed(error.clone()))
+            }
+            Cause::MetricsMissing { unit, detail, waited, .. } => match waited {
+                Some(w) => format!("{unit}: KV gauges not usable within {}: {detail}", dur(w)),
+                None => format!("{unit}: {detail}"),
+            },
+            Cause::ConfigInvalid { message } => format!("config error: {message}"),
+            Cause::BadRequest { message } => message.clone(),
+            Cause::Busy { id } => format!("another rollout is running: {id} (pdctl rollout watch {id}; pdctl rollout abort {id})"),
+            Cause::NoSuchRollout { id } => format!("no rollout {id}; list them with pdctl rollout history"),
+            Cause::WrongState { id, state, needs } => format!("rollout {id} is {state}: {needs}"),
+            Cause::RecordUnwritable { dir, error } => {
+                format!("cannot write the rollout record in {dir}: {error}; check the state directory's space and permissions")
+            }
+        }
+    }
+
+    /// One of each variant (and each metrics diagnosis), with sample facts: for the tests that
+    /// hold docs/cli.md's cause table and the runbook to the code. Add a line here with each new
+    /// variant.
+    pub fn examples() -> Vec<Cause> {
+        let unit = || "sglang-prefill.service".to_string();
+        let url = || "http://127.0.0.1:30003".to_string();
+        let msg = || "…".to_string();
+        let d = Duration::from_secs(180);
+        let mut out = vec![
+            Cause::UnitMissing { message: msg() },
+            Cause::SystemdUnreachable { message: msg() },
+            Cause::AccessDenied { message: msg() },
+            Cause::SystemdTimeout { message: msg() },
+            Cause::SystemdRefused { message: msg() },
+            Cause::JournalUnreadable { message: msg() },
+            Cause::EventSourceClosed { what: "the journal follower".into() },
+            Cause::MetricsDisabled { unit: unit() },
+            Cause::GpuOverlap { unit: unit(), gpus: "0-3".into(), other: "sglang-decode.service".into(), other_gpus: "3-7".into() },
+            Cause::RouterUnreachable { error: msg() },
+            Cause::DrainFailed { unit: unit(), error: msg() },
+            Cause::JobFailed { unit: unit(), job_result: "failed".into(), service_result: "exit-code".into() },
+            Cause::FatalLine { unit: unit(), line: msg() },
+            Cause::Crashed { unit: unit(), phase: Phase::Soak, why: msg() },
+            Cause::ReadyTimeout { unit: unit(), pattern: crate::sglang::READY_LINE.into(), after: d, foreign: 0 },
+            Cause::HealthTimeout { url: url(), after: d, last: msg() },
+            Cause::WrongWorkerType { url: url(), listed: "regular".into(), role: "prefill".into() },
+            Cause::RegisterRefused { url: url(), error: msg() },
+            Cause::RouterNeverAdmits { url: url(), after: d, last: msg() },
+            Cause::CircuitOpen { url: url(), after: d },
+            Cause::SmokeFailed { url: url(), after: d, error: msg() },
+            Cause::ConfigInvalid { message: msg() },
+            Cause::BadRequest { message: msg() },
+            Cause::Busy { id: "r1764500000".into() },
+            Cause::NoSuchRollout { id: "r1764500000".into() },
+            Cause::WrongState { id: "r1764500000".into(), state: "succeeded".into(), needs: msg() },
+            Cause::RecordUnwritable { dir: "/var/lib/pdctl".into(), error: msg() },
+        ];
+        for diagnosis in [
+            MetricsDiagnosis::Disabled,
+            MetricsDiagnosis::Unreachable,
+            MetricsDiagnosis::Unparseable,
+            MetricsDiagnosis::NotPublished,
+            MetricsDiagnosis::UnknownNames,
+            MetricsDiagnosis::Insane,
+        ] {
+            out.push(Cause::MetricsMissing { unit: unit(), diagnosis, detail: msg(), waited: None });
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.sentence())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_snake_case_and_sentences_end_cleanly() {
+        for c in Cause::examples() {
+            assert!(c.code().chars().all(|ch| ch.is_ascii_lowercase() || ch == '_'), "{}", c.code());
+            assert!(!c.sentence().is_empty());
+        }
+        // metrics_disabled is one cause found in two places (preflight's ExecStart, the gate's 404).
+        let codes: std::collections::BTreeSet<&str> = Cause::examples().iter().map(Cause::code).collect();
+        assert_eq!(codes.len(), Cause::examples().len() - 1);
+    }
+
+    #[test]
+    fn kinds_map_to_the_exit_table() {
+        assert_eq!(Cause::UnitMissing { message: String::new() }.exit().code(), 2);
+        assert_eq!(Cause::AccessDenied { message: String::new() }.exit().code(), 3);
+        assert_eq!(Cause::Busy { id: String::new() }.exit().code(), 4);
+        assert_eq!(Cause::FatalLine { unit: String::new(), line: String::new() }.exit().code(), 1);
+    }
+}

@@ -1,0 +1,248 @@
+//! The ports over the real drivers — `pdctl-systemd` (D-Bus), `pdctl-journal` (libsystemd),
+//! `pdctl-probe` (HTTP) — translating their facts into core's types, and the one mapping from
+//! [`Settings`] to connected drivers, used by the CLI and pdctld alike.
+
+use std::future::Future;
+use std::time::Duration;
+
+use pdctl_journal::{Follower, Source};
+use pdctl_probe::{Http, HttpError, MetricsProblem, Router};
+use pdctl_systemd::{Systemd, UnitWatch};
+
+use crate::cause::MetricsDiagnosis;
+use crate::config::{BusSetting, Settings};
+use crate::engine::Engine;
+use crate::ports::{
+    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, Probes, RouterWorker, UnitConfig, UnitState, Units, UnitsError,
+    Watch,
+};
+
+fn units_error(e: pdctl_systemd::Error) -> UnitsError {
+    use pdctl_systemd::Error as E;
+    let m = e.to_string();
+    match e {
+        E::NoSuchUnit { .. } => UnitsError::NoSuchUnit(m),
+        E::Unreachable { .. } => UnitsError::Unreachable(m),
+        E::AccessDenied { .. } | E::InteractiveAuth { .. } => UnitsError::Denied(m),
+        E::Timeout { .. } => UnitsError::Timeout(m),
+        E::Other { .. } => UnitsError::Refused(m),
+    }
+}
+
+/// Core's view of a driver's unit state.
+pub fn unit_state(s: pdctl_systemd::UnitState) -> UnitState {
+    UnitState {
+        load_state: s.load_state,
+        active_state: s.active_state,
+        sub_state: s.sub_state,
+        invocation_id: s.invocation_id,
+        main_pid: s.main_pid,
+        exec_main_pid: s.exec_main_pid,
+        n_restarts: s.n_restarts,
+        result: s.result,
+        exec_main_code: s.exec_main_code,
+        exec_main_status: s.exec_main_status,
+        active_enter_us: s.active_enter_us,
+        exec_main_start_us: s.exec_main_start_us,
+    }
+}
+
+fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
+    UnitConfig {
+        exec_start: c.exec_start,
+        environment: c.environment,
+        environment_files: c.environment_files,
+        fragment_path: c.fragment_path,
+        drop_in_paths: c.drop_in_paths,
+        need_daemon_reload: c.need_daemon_reload,
+    }
+}
+
+/// systemd over D-Bus.
+#[derive(Debug, Clone)]
+pub struct SystemdUnits(pub Systemd);
+
+/// A D-Bus PropertiesChanged stream.
+pub struct DbusWatch(UnitWatch);
+
+impl Watch for DbusWatch {
+    fn changed(&mut self) -> impl Future<Output = Option<()>> + Send {
+        self.0.changed()
+    }
+}
+
+impl SystemdUnits {
+    /// Connect to the manager `settings` name.
+    pub async fn connect(settings: &Settings) -> Result<SystemdUnits, UnitsError> {
+        Systemd::connect(&bus(settings)).await.map(SystemdUnits).map_err(units_error)
+    }
+}
+
+impl Units for SystemdUnits {
+    type W = DbusWatch;
+    async fn state(&self, unit: &str) -> Result<UnitState, UnitsError> {
+        self.0.state(unit).await.map(unit_state).map_err(units_error)
+    }
+    async fn config(&self, unit: &str) -> Result<UnitConfig, UnitsError> {
+        self.0.config(unit).await.map(unit_config).map_err(units_error)
+    }
+    async fn reload(&self) -> Result<(), UnitsError> {
+        self.0.reload().await.map_err(units_error)
+    }
+    async fn reset_failed(&self, unit: &str) -> Result<(), UnitsError> {
+        self.0.reset_failed(unit).await.map_err(units_error)
+    }
+    async fn watch(&self, unit: &str) -> Result<DbusWatch, UnitsError> {
+        self.0.watch(unit).await.map(DbusWatch).map_err(units_error)
+    }
+    async fn restart(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
+        let o = self.0.restart(unit, job_timeout).await.map_err(units_error)?;
+        Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
+    }
+}
+
+/// A libsystemd follower.
+pub struct JournalFollow(Follower);
+
+fn log_entry(e: pdctl_journal::Entry) -> LogEntry {
+    LogEntry { realtime_us: e.realtime_us, read_at: e.read_at, fields: e.fields }
+}
+
+impl Follow for JournalFollow {
+    async fn next(&mut self) -> Option<Result<LogEntry, LogError>> {
+        self.0.next().await.map(|r| r.map(log_entry).map_err(|e| LogError(e.to_string())))
+    }
+}
+
+/// The journal on this host or in a directory.
+#[derive(Debug, Clone)]
+pub struct Journald(pub Source);
+
+impl Logs for Journald {
+    type F = JournalFollow;
+    async fn tail_cursor(&self) -> Result<Option<String>, LogError> {
+        pdctl_journal::tail_cursor(&self.0).await.map_err(|e| LogError(e.to_string()))
+    }
+    fn follow(&self, cursor: Option<String>, unit: &str) -> JournalFollow {
+        JournalFollow(Follower::start(&self.0, cursor, unit))
+    }
+    async fn last_lines(&self, unit: &str, n: usize) -> Result<Vec<String>, LogError> {
+        pdctl_journal::last_lines(&self.0, unit, n).await.map_err(|e| LogError(e.to_string()))
+    }
+}
+
+/// Real HTTP probes.
+#[derive(Debug, Clone)]
+pub struct HttpProbes {
+    /// Client.
+    pub http: Http,
+    /// The router, if configured.
+    pub router: Option<Router>,
+}
+
+fn failure(e: HttpError) -> HttpFailure {
+    HttpFailure(e.to_string())
+}
+
+fn no_router() -> HttpFailure {
+    HttpFailure("no [router] url is configured".into())
+}
+
+fn metrics_error(p: MetricsProblem) -> MetricsError {
+    use pdctl_probe::kv::KvProblem;
+    let diagnosis = match &p {
+        MetricsProblem::Disabled { .. } => MetricsDiagnosis::Disabled,
+        MetricsProblem::Http(_) => MetricsDiagnosis::Unreachable,
+        MetricsProblem::Unparseable { .. } => MetricsDiagnosis::Unparseable,
+        MetricsProblem::Kv(KvProblem::NotPublished { .. }) => MetricsDiagnosis::NotPublished,
+        MetricsProblem::Kv(KvProblem::OtherNames { .. }) => MetricsDiagnosis::UnknownNames,
+        MetricsProblem::Kv(KvProblem::Insane(_)) => MetricsDiagnosis::Insane,
+    };
+    MetricsError { diagnosis, message: p.to_string() }
+}
+
+fn kv_report(r: pdctl_probe::kv::KvReport) -> KvReport {
+    KvReport {
+        max_total_tokens: r.max_total_tokens,
+        token_usage: r.token_usage,
+        used_tokens: r.used_tokens,
+        available_tokens: r.available_tokens,
+        evictable_tokens: r.evictable_tokens,
+        running_reqs: r.running_reqs,
+        queue_reqs: r.queue_reqs,
+        names: r.names,
+    }
+}
+
+impl Probes for HttpProbes {
+    async fn health(&self, url: &str) -> Health {
+        match pdctl_probe::health(&self.http, url).await {
+            pdctl_probe::Health::Up => Health::Up,
+            pdctl_probe::Health::Unavailable(s) => Health::Unavailable(s),
+            pdctl_probe::Health::Down(s) => Health::Down(s),
+        }
+    }
+    async fn kv(&self, url: &str) -> Result<KvReport, MetricsError> {
+        pdctl_probe::kv_metrics(&self.http, url).await.map(kv_report).map_err(metrics_error)
+    }
+    async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
+        pdctl_probe::in_flight(&self.http, url).await.map_err(failure)
+    }
+    async fn warm_worker(&self, url: &str) -> Result<(), HttpFailure> {
+        pdctl_probe::warm_worker(&self.http, url).await.map_err(failure)
+    }
+    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpFailure> {
+        let r = self.router.as_ref().ok_or_else(no_router)?;
+        let list = r.workers(&self.http).await.map_err(failure)?;
+        Ok(list.into_iter().map(|w| RouterWorker { id: w.id, url: w.url, worker_type: w.worker_type, is_healthy: w.is_healthy, load: w.load }).collect())
+    }
+    async fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
+        self.router.as_ref().ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)
+    }
+    async fn deregister(&self, id: &str) -> Result<(), HttpFailure> {
+        self.router.as_ref().ok_or_else(no_router)?.deregister(&self.http, id).await.map_err(failure)
+    }
+    async fn cb_state(&self, url: &str) -> Result<Option<f64>, MetricsError> {
+        match &self.router {
+            Some(r) => r.cb_state(&self.http, url).await.map_err(metrics_error),
+            None => Ok(None),
+        }
+    }
+    async fn smoke(&self, max_new_tokens: u32) -> Result<(), HttpFailure> {
+        self.router.as_ref().ok_or_else(no_router)?.smoke(&self.http, max_new_tokens).await.map_err(failure)
+    }
+}
+
+/// The engine over the real drivers.
+pub type RealEngine = Engine<SystemdUnits, Journald, HttpProbes>;
+
+/// The bus `settings` name.
+pub fn bus(settings: &Settings) -> pdctl_systemd::Bus {
+    match &settings.bus {
+        BusSetting::System => pdctl_systemd::Bus::System,
+        BusSetting::User => pdctl_systemd::Bus::User,
+        BusSetting::Address(a) => pdctl_systemd::Bus::Address(a.clone()),
+    }
+}
+
+/// The journal `settings` name (a directory, else this host's).
+pub fn journal(settings: &Settings) -> Source {
+    match &settings.journal_directory {
+        Some(d) => Source::Directory(d.clone()),
+        None => Source::Local,
+    }
+}
+
+/// HTTP probes of the workers and the router `settings` name.
+pub fn probes(settings: &Settings) -> HttpProbes {
+    HttpProbes {
+        http: Http::new(pdctl_probe::REQUEST_TIMEOUT),
+        router: settings.router.as_ref().map(|r| Router { url: r.url.clone(), metrics_url: r.metrics_url.clone() }),
+    }
+}
+
+/// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes).
+pub async fn connect(settings: Settings) -> Result<RealEngine, UnitsError> {
+    let units = SystemdUnits::connect(&settings).await?;
+    Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings })
+}

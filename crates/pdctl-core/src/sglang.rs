@@ -1,0 +1,72 @@
+//! What pdctl knows of SGLang's start-up log, compiled in (upstream `sgl-project/sglang`,
+//! `python/sglang/srt/`, read at 0.5.23). Config can add patterns; nothing can remove these.
+
+/// The ready line, logged at INFO by `_wait_and_warmup()` (`entrypoints/http_server.py`) once
+/// the warm-up request has passed. Matched as a substring: with `--tokenizer-worker-num > 1` it
+/// is printed through uvicorn's handler as `[…] INFO:     The server is fired up…`.
+pub const READY_LINE: &str = "The server is fired up and ready to roll!";
+
+/// Lines that mean this run failed, each with where SGLang prints it.
+pub const FATAL_PATTERNS: &[&str] = &[
+    // Any uncaught exception (Python).
+    "Traceback (most recent call last)",
+    // `Initialization failed. warmup error: …` (entrypoints/http_server.py) and
+    // `Initialization failed. Please see the error messages above.` (entrypoints/engine.py).
+    "Initialization failed",
+    // `Not enough memory. Please try to increase --mem-fraction-static.`
+    // (model_executor/pool_configurator.py).
+    "Not enough memory",
+    // `Received sigquit from a child process. It usually means the child failed.` (entrypoints/engine.py).
+    "Received sigquit",
+    // argparse rejecting a flag: `launch_server.py: error: unrecognized arguments: …` (exit 2).
+    "unrecognized arguments",
+    // `Scheduler hit an exception: …` (managers/scheduler.py); it then SIGQUITs its parent.
+    "Scheduler hit an exception",
+];
+
+/// Lines SGLang prints before its ready line on every start, in order (0.5.23; the same strings
+/// since 0.4.6 where noted in docs/runbook.md): `server_args=` (`entrypoints/engine.py`), weight
+/// loading (`model_executor/model_runner.py`), the KV pool (`mem_cache/memory_pool.py`), CUDA
+/// graphs, the scheduler's limits (`managers/scheduler.py`), uvicorn's start-up, the PD warm-up
+/// (`entrypoints/http_server.py`). A ready pattern must not match any of them, or the ready gate
+/// would pass milliseconds after the start.
+pub const EARLY_LINES: &[&str] = &[
+    "[2026-05-01 12:00:00] server_args=ServerArgs(model_path='deepseek-ai/DeepSeek-V4-Flash', host='127.0.0.1', port=30000, enable_metrics=True)",
+    "[2026-05-01 12:00:01] Load weight begin. avail mem=78.50 GB",
+    "[2026-05-01 12:00:40] Load weight end. elapsed=39.10 s, type=DeepseekV4ForCausalLM, avail mem=41.20 GB, mem usage=37.30 GB.",
+    "[2026-05-01 12:00:41] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 393216, K size: 12.50 GB, V size: 12.50 GB",
+    "[2026-05-01 12:00:41] Memory pool end. avail mem=15.70 GB",
+    "[2026-05-01 12:00:41] Capture cuda graph begin. This can take up to several minutes. avail mem=15.70 GB",
+    "[2026-05-01 12:00:55] max_total_num_tokens=393216, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=128, context_len=163840, available_gpu_mem=15.20 GB",
+    "[2026-05-01 12:00:56] INFO:     Started server process [4242]",
+    "[2026-05-01 12:00:56] INFO:     Waiting for application startup.",
+    "[2026-05-01 12:00:56] INFO:     Application startup complete.",
+    "[2026-05-01 12:00:56] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
+    "[2026-05-01 12:00:57] INFO:     127.0.0.1:5555 - \"GET /model_info HTTP/1.1\" 200 OK",
+    "[2026-05-01 12:00:57] Start of pd disaggregation warmup ...",
+    "[2026-05-01 12:00:58] Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0",
+    "[2026-05-01 12:00:58] Disaggregation warmup requests completed for all 1 DP ranks",
+    "[2026-05-01 12:00:58] End of disaggregation warmup",
+];
+
+/// Why `pattern` cannot be the ready pattern (`None`: it can).
+pub fn unusable_ready_pattern(pattern: &str) -> Option<String> {
+    if pattern.trim().is_empty() {
+        return Some("it is empty: every line would match".into());
+    }
+    EARLY_LINES
+        .iter()
+        .find(|l| l.contains(pattern))
+        .map(|l| format!("it matches a line SGLang prints on every start before it is ready ({l:?}), so the ready gate would pass at once"))
+}
+
+/// The fatal patterns in force: SGLang's, then the configured extra ones.
+pub fn fatal_patterns(extra: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = FATAL_PATTERNS.iter().map(|s| s.to_string()).collect();
+    for e in extra {
+        if !out.contains(e) {
+            out.push(e.clone());
+        }
+    }
+    out
+}

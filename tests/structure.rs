@@ -1,0 +1,124 @@
+//! The house rules that keep each fact in one place, checked on the source tree: the production
+//! `pdctl` does not link the test sandbox; exit codes are numbered only in the exit-code table;
+//! the router pseudo-unit is spelled only in its constant; nothing points at files outside the
+//! repository.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    pdctl_tests::pdctl_sandbox::repo_root()
+}
+
+/// Tracked files (and untracked, not ignored ones) under `dir`, as git lists them.
+fn files(dir: &str) -> Vec<PathBuf> {
+    let out = Command::new("git").args(["ls-files", "--cached", "--others", "--exclude-standard", dir]).current_dir(root()).output().expect("git ls-files");
+    assert!(out.status.success(), "git ls-files: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| root().join(l)).filter(|p| p.is_file()).collect()
+}
+
+fn rust_sources(dir: &str) -> Vec<PathBuf> {
+    files(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "rs")).collect()
+}
+
+/// Code lines (not comments) of a Rust file, with their numbers, up to its unit-test module.
+fn code_lines(p: &Path) -> Vec<(usize, String)> {
+    let text = std::fs::read_to_string(p).unwrap_or_default();
+    text.lines()
+        .enumerate()
+        .take_while(|(_, l)| !l.trim_start().starts_with("#[cfg(test)]"))
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .map(|(i, l)| (i + 1, l.to_string()))
+        .collect()
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap_or(p).display().to_string()
+}
+
+#[test]
+fn pdctl_does_not_link_the_sandbox() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out =
+        Command::new(cargo).args(["tree", "--offline", "-p", "pdctl", "-e", "normal", "--prefix", "none"]).current_dir(root()).output().expect("cargo tree");
+    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.lines().any(|l| l.starts_with("pdctl-core ")), "cargo tree lists pdctl's dependencies:\n{tree}");
+    for banned in ["pdctl-sandbox ", "sglang-sim "] {
+        assert!(!tree.lines().any(|l| l.starts_with(banned)), "pdctl links {banned}(a test part):\n{tree}");
+    }
+}
+
+/// Does `line` give an exit code a number outside `pdctl_core::api::Exit`?
+fn numbered_exit(line: &str) -> bool {
+    let l = line.replace(' ', "");
+    let digit_after = |pat: &str| l.match_indices(pat).any(|(i, _)| l[i + pat.len()..].starts_with(|c: char| c.is_ascii_digit()));
+    digit_after("process::exit(") || digit_after("\"exit_code\":") || digit_after("exit_code:") || digit_after("exit_code=")
+}
+
+#[test]
+fn exit_codes_are_numbered_only_in_the_exit_table() {
+    let mut bad = Vec::new();
+    for dir in ["crates/pdctl", "crates/pdctld", "crates/pdctl-core/src"] {
+        for p in rust_sources(dir) {
+            if p.ends_with("pdctl-core/src/api.rs") {
+                continue; // the table itself
+            }
+            for (n, l) in code_lines(&p) {
+                if numbered_exit(&l) {
+                    bad.push(format!("{}:{n}: {}", rel(&p), l.trim()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "exit codes must come from pdctl_core::api::Exit:\n{}", bad.join("\n"));
+    // The detector itself.
+    assert!(numbered_exit("std::process::exit(3);") && numbered_exit("json!({\"exit_code\": 4})") && !numbered_exit("Exit::Busy.exit_process()"));
+}
+
+/// Does `line` use the string "router" other than as a JSON key or the step's name?
+fn router_as_unit(line: &str) -> bool {
+    let q = "\"router\"";
+    line.match_indices(q).any(|(i, _)| {
+        let after = line[i + q.len()..].trim_start();
+        let before = line[..i].trim_end();
+        let json_key = after.starts_with(':') || (before.ends_with('[') && after.starts_with(']'));
+        let step_name = before.ends_with("Step::Router =>");
+        !(json_key || step_name)
+    })
+}
+
+#[test]
+fn the_router_pseudo_unit_is_spelled_only_in_its_constant() {
+    let mut bad = Vec::new();
+    for p in rust_sources("crates") {
+        if p.ends_with("pdctl-core/src/api.rs") {
+            continue; // pub const ROUTER: &str = "router";
+        }
+        for (n, l) in code_lines(&p) {
+            if router_as_unit(&l) {
+                bad.push(format!("{}:{n}: {}", rel(&p), l.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "use pdctl_core::api::ROUTER:\n{}", bad.join("\n"));
+    assert!(router_as_unit("if unit == \"router\" {") && !router_as_unit("json!({ \"router\": x })") && !router_as_unit("row[\"router\"]"));
+}
+
+#[test]
+fn nothing_points_outside_the_repository() {
+    // Spelled in pieces so that this file does not match itself.
+    let needles = [format!("{}/", "shared"), format!("{}.md", "rig"), format!("-{}.md", "facts"), format!("design {}", "card"), format!("{}.md", "design")];
+    let mut bad = Vec::new();
+    for p in files(".") {
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue; // not text
+        };
+        for (n, l) in text.lines().enumerate() {
+            if let Some(needle) = needles.iter().find(|k| l.contains(k.as_str())) {
+                bad.push(format!("{}:{}: mentions {needle:?}: {}", rel(&p), n + 1, l.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "state the fact in place or cite the upstream source:\n{}", bad.join("\n"));
+}
