@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
-use pdctl_tests::{pdctl_run, stack_up, JsonRun, LivePdctl};
+use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack};
+use pdctl_tests::{pdctl_run, JsonRun, LivePdctl};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -15,12 +15,7 @@ const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
 
 fn up() -> (Stack, PathBuf, Pdctld) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let stack = rt.block_on(stack_up(&StackOptions::default()));
-    let config = stack.write_pdctl_config().unwrap();
-    std::fs::write(config.parent().unwrap().join("config.d/05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").unwrap();
-    let d = stack.start_pdctld().expect("pdctld starts: systemctl start waits for its READY=1");
-    (stack, config, d)
+    pdctl_tests::stack_with_pdctld()
 }
 
 fn s(p: &Path) -> String {
@@ -28,17 +23,11 @@ fn s(p: &Path) -> String {
 }
 
 fn cli(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
-    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    all.extend(["--config".into(), s(config), "--socket".into(), s(&d.socket)]);
-    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-    pdctl_run(&refs, LIMIT, |_| {})
+    pdctl_tests::pdctl_daemon(d, config, args, LIMIT)
 }
 
 fn live(d: &Pdctld, config: &Path, args: &[&str]) -> LivePdctl {
-    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    all.extend(["--config".into(), s(config), "--socket".into(), s(&d.socket)]);
-    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-    LivePdctl::spawn(&refs)
+    pdctl_tests::live_daemon(d, config, args)
 }
 
 fn history(d: &Pdctld, config: &Path) -> Vec<Value> {
@@ -136,13 +125,28 @@ fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     assert_eq!(rec["interrupted"]["units"].as_array().unwrap().len(), 2, "each unit's state is reported");
     assert_eq!(inv(&stack, D), d0, "nothing resumed by itself");
     let id = rec["id"].as_str().unwrap();
-    let r = cli(&d, &config, &["rollout", "resume", id, "--json"]);
+    // pdctld first re-admits the prefill it had drained (no rollout starts meanwhile: exit 4).
+    let t0 = std::time::Instant::now();
+    let r = loop {
+        let r = cli(&d, &config, &["rollout", "resume", id, "--json"]);
+        if r.code != 4 || t0.elapsed() > Duration::from_secs(60) {
+            break r;
+        }
+        assert!(r.stderr.contains("re-admitting"), "{}", r.stderr);
+        std::thread::sleep(Duration::from_millis(500));
+    };
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     assert!(r.index(P, "health", "passed").is_some(), "the interrupted unit is re-verified first");
     assert!(r.index(D, "soak", "passed").is_some());
     assert_ne!(inv(&stack, D), d0, "the rest of the plan ran");
     let last = history(&d, &config).into_iter().last().unwrap();
     assert_eq!(last["kind"], "resume");
+    // An id is resumed once: the second resume would restart the decode again.
+    let d1 = inv(&stack, D);
+    let again = cli(&d, &config, &["rollout", "resume", id, "--json"]);
+    assert_eq!(again.code, 2, "{}", again.stderr);
+    assert!(again.stderr.contains("only once"), "{}", again.stderr);
+    assert_eq!(inv(&stack, D), d1);
 }
 
 #[test]

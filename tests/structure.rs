@@ -82,7 +82,7 @@ fn router_as_unit(line: &str) -> bool {
     line.match_indices(q).any(|(i, _)| {
         let after = line[i + q.len()..].trim_start();
         let before = line[..i].trim_end();
-        let json_key = after.starts_with(':') || (before.ends_with('[') && after.starts_with(']'));
+        let json_key = after.starts_with(':') || (before.ends_with('[') && after.starts_with(']')) || before.ends_with("insert(");
         let step_name = before.ends_with("Step::Router =>");
         !(json_key || step_name)
     })
@@ -103,6 +103,7 @@ fn the_router_pseudo_unit_is_spelled_only_in_its_constant() {
     }
     assert!(bad.is_empty(), "use pdctl_core::api::ROUTER:\n{}", bad.join("\n"));
     assert!(router_as_unit("if unit == \"router\" {") && !router_as_unit("json!({ \"router\": x })") && !router_as_unit("row[\"router\"]"));
+    assert!(!router_as_unit("o.insert(\"router\".into(), v);"), "a JSON key");
 }
 
 #[test]

@@ -299,3 +299,34 @@ impl Drop for LivePdctl {
         let _ = self.child.wait();
     }
 }
+
+/// The 1P1D stack with pdctld as a unit of the sandbox (short soak and ready timeout), and the
+/// (outside) config path.
+pub fn stack_with_pdctld() -> (pdctl_sandbox::stack::Stack, std::path::PathBuf, pdctl_sandbox::stack::Pdctld) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let stack = rt.block_on(stack_up(&pdctl_sandbox::stack::StackOptions::default()));
+    let config = stack.write_pdctl_config().expect("config");
+    let dir = config.parent().expect("config dir").join("config.d");
+    std::fs::write(dir.join("05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").expect("fragment");
+    let d = stack.start_pdctld().expect("pdctld starts: systemctl start waits for its READY=1");
+    (stack, config, d)
+}
+
+/// `args` plus `--config CONFIG --socket SOCKET` of this pdctld.
+fn daemon_args(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.extend(["--config".into(), config.display().to_string(), "--socket".into(), d.socket.display().to_string()]);
+    all
+}
+
+/// [`pdctl_run`] against this pdctld.
+pub fn pdctl_daemon(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str], deadline: Duration) -> JsonRun {
+    let all = daemon_args(d, config, args);
+    pdctl_run(&all.iter().map(String::as_str).collect::<Vec<_>>(), deadline, |_| {})
+}
+
+/// [`LivePdctl::spawn`] against this pdctld.
+pub fn live_daemon(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> LivePdctl {
+    let all = daemon_args(d, config, args);
+    LivePdctl::spawn(&all.iter().map(String::as_str).collect::<Vec<_>>())
+}

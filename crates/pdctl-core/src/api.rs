@@ -21,7 +21,8 @@ pub const ROUTER: &str = "router";
 pub enum Exit {
     /// 0: success.
     Ok,
-    /// 1: a gate failed; the rollout halted (or was rolled back).
+    /// 1: a gate failed; the rollout halted (or was rolled back); for `pdctl status`: a worker is
+    /// not serving.
     GateFailed,
     /// 2: bad usage, request or config (also: a configured unit does not exist).
     Usage,
@@ -54,7 +55,7 @@ impl Exit {
     pub fn meaning(self) -> &'static str {
         match self {
             Exit::Ok => "success",
-            Exit::GateFailed => "a gate failed; the rollout halted (or was rolled back)",
+            Exit::GateFailed => "a gate failed; the rollout halted (or was rolled back); `pdctl status`: a worker is not serving",
             Exit::Usage => "bad usage, request or config",
             Exit::Unreachable => "cannot reach systemd / the journal / pdctld / the router in preflight, or permission denied",
             Exit::Busy => "another rollout is running",
@@ -319,6 +320,16 @@ pub struct HistoryItem {
     pub interrupted: Option<Interruption>,
 }
 
+/// A file in the records directory that is not a readable record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorruptRecord {
+    /// The file.
+    pub file: String,
+    /// Why it does not read.
+    pub error: String,
+}
+
 /// `GET /v1/rollouts`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -327,6 +338,9 @@ pub struct History {
     pub rollouts: Vec<HistoryItem>,
     /// The running rollout's id.
     pub running: Option<String>,
+    /// Record files that do not read (listed, never dropped).
+    #[serde(default)]
+    pub corrupt: Vec<CorruptRecord>,
 }
 
 /// One worker of `GET /v1/diff`.
@@ -339,6 +353,10 @@ pub struct DiffWorker {
     pub stale: bool,
     /// What changed.
     pub reasons: Vec<String>,
+    /// The current files are a change that failed: `rollout apply` skips the worker until they
+    /// change again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<crate::revisions::Quarantine>,
 }
 
 /// `GET /v1/diff`.
@@ -373,6 +391,18 @@ pub struct DaemonStatus {
     pub config: String,
     /// The state directory.
     pub state_dir: String,
+    /// pdctld is restoring drains it made before (no rollout starts until it is done).
+    #[serde(default)]
+    pub reconciling: bool,
+    /// Workers pdctl took out of the router and has not re-admitted (they are not serving).
+    #[serde(default)]
+    pub drained: Vec<crate::drains::Drain>,
+    /// Why the last record write failed, while records are not being saved (no rollout starts).
+    #[serde(default)]
+    pub record_error: Option<String>,
+    /// Record files that do not read.
+    #[serde(default)]
+    pub corrupt: Vec<CorruptRecord>,
 }
 
 /// The `result` of an interrupted rollout's last stream line.

@@ -282,6 +282,23 @@ pub enum Cause {
         /// Its id.
         id: String,
     },
+    /// pdctld is restoring drains it made before it stopped.
+    Reconciling {
+        /// The units it is restoring.
+        units: Vec<String>,
+    },
+    /// A drained worker could not be re-admitted: it is out of the router and not serving.
+    DrainNotRestored {
+        /// The unit.
+        unit: String,
+        /// What was seen.
+        why: String,
+    },
+    /// pdctld's records are not being saved (a write failed after retries).
+    RecordsFailing {
+        /// The last error.
+        error: String,
+    },
     /// No rollout with that id.
     NoSuchRollout {
         /// The id.
@@ -345,6 +362,9 @@ impl Cause {
             Cause::ConfigInvalid { .. } => "config_invalid",
             Cause::BadRequest { .. } => "bad_request",
             Cause::Busy { .. } => "busy",
+            Cause::Reconciling { .. } => "reconciling",
+            Cause::DrainNotRestored { .. } => "drain_not_restored",
+            Cause::RecordsFailing { .. } => "records_failing",
             Cause::NoSuchRollout { .. } => "no_such_rollout",
             Cause::WrongState { .. } => "wrong_state",
             Cause::RecordUnwritable { .. } => "record_unwritable",
@@ -363,7 +383,8 @@ impl Cause {
             | Cause::JournalUnreadable { .. }
             | Cause::RouterUnreachable { .. }
             | Cause::RecordUnwritable { .. } => FailureKind::Access,
-            Cause::Busy { .. } => FailureKind::Busy,
+            Cause::Busy { .. } | Cause::Reconciling { .. } => FailureKind::Busy,
+            Cause::RecordsFailing { .. } => FailureKind::Access,
             Cause::SystemdRefused { .. }
             | Cause::EventSourceClosed { .. }
             | Cause::MetricsDisabled { .. }
@@ -379,7 +400,8 @@ impl Cause {
             | Cause::RouterNeverAdmits { .. }
             | Cause::CircuitOpen { .. }
             | Cause::SmokeFailed { .. }
-            | Cause::MetricsMissing { .. } => FailureKind::Gate,
+            | Cause::MetricsMissing { .. }
+            | Cause::DrainNotRestored { .. } => FailureKind::Gate,
         }
     }
 
@@ -391,7 +413,8 @@ impl Cause {
     /// The HTTP status of a control-API error with this cause.
     pub fn http_status(&self) -> u16 {
         match self {
-            Cause::Busy { .. } | Cause::WrongState { .. } => 409,
+            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::WrongState { .. } => 409,
+            Cause::RecordsFailing { .. } => 503,
             Cause::NoSuchRollout { .. } => 404,
             Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } => 400,
             Cause::RecordUnwritable { .. } => 500,
@@ -415,7 +438,8 @@ impl Cause {
             | Cause::RouterNeverAdmits { .. }
             | Cause::CircuitOpen { .. }
             | Cause::SmokeFailed { .. }
-            | Cause::MetricsMissing { .. } => 422,
+            | Cause::MetricsMissing { .. }
+            | Cause::DrainNotRestored { .. } => 422,
         }
     }
 
@@ -470,6 +494,16 @@ impl Cause {
             Cause::ConfigInvalid { message } => format!("config error: {message}"),
             Cause::BadRequest { message } => message.clone(),
             Cause::Busy { id } => format!("another rollout is running: {id} (pdctl rollout watch {id}; pdctl rollout abort {id})"),
+            Cause::Reconciling { units } => format!(
+                "pdctld is re-admitting workers it had drained before it stopped ({}); retry when `pdctl status` no longer says reconciling",
+                units.join(", ")
+            ),
+            Cause::DrainNotRestored { unit, why } => format!(
+                "{unit} is out of the router and not serving ({why}); pdctl keeps its drain on record: fix the unit, then `pdctl restart --rolling --unit {unit}` re-admits it"
+            ),
+            Cause::RecordsFailing { error } => format!(
+                "pdctld cannot save its rollout records ({error}); no rollout starts until it can: free space or fix the state directory's permissions, then retry"
+            ),
             Cause::NoSuchRollout { id } => format!("no rollout {id}; list them with pdctl rollout history"),
             Cause::WrongState { id, state, needs } => format!("rollout {id} is {state}: {needs}"),
             Cause::RecordUnwritable { dir, error } => {
@@ -511,6 +545,9 @@ impl Cause {
             Cause::ConfigInvalid { message: msg() },
             Cause::BadRequest { message: msg() },
             Cause::Busy { id: "r1764500000".into() },
+            Cause::Reconciling { units: vec![unit()] },
+            Cause::DrainNotRestored { unit: unit(), why: msg() },
+            Cause::RecordsFailing { error: msg() },
             Cause::NoSuchRollout { id: "r1764500000".into() },
             Cause::WrongState { id: "r1764500000".into(), state: "succeeded".into(), needs: msg() },
             Cause::RecordUnwritable { dir: "/var/lib/pdctl".into(), error: msg() },

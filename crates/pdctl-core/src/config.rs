@@ -125,7 +125,7 @@ struct RawRouter {
 struct RawWorker {
     unit: Spanned<String>,
     role: Role,
-    url: String,
+    url: Spanned<String>,
     bootstrap_port: Option<u16>,
     gpus: Option<Spanned<String>>,
     #[serde(default)]
@@ -228,6 +228,28 @@ pub struct Rollout {
     pub drain_timeout: Duration,
 }
 
+impl Rollout {
+    /// How long the engine may stay in `step` before it must have emitted its next event: the
+    /// step's own deadline plus the HTTP timeout of one call inside it. pdctld stops feeding
+    /// systemd's watchdog when a running rollout's engine sits in a step longer than this (a hung
+    /// engine must not hide behind a daemon that still answers).
+    pub fn step_limit(&self, step: crate::events::Step) -> Duration {
+        use crate::events::Step;
+        let call = Duration::from_secs(30);
+        call + match step {
+            Step::Preflight => Duration::from_secs(120),
+            Step::Drain => self.drain_timeout,
+            Step::Restart => self.job_timeout,
+            Step::Ready => self.ready_timeout,
+            Step::Health => self.health_timeout,
+            Step::Router => self.router_timeout,
+            Step::Metrics => self.metrics_timeout + call,
+            Step::Soak => self.min_healthy,
+            Step::Reconcile => self.ready_timeout + self.router_timeout,
+        }
+    }
+}
+
 /// `[verify]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verify {
@@ -275,6 +297,81 @@ pub struct Settings {
 
 fn d(s: u64) -> Duration {
     Duration::from_secs(s)
+}
+
+/// The bounds of every `[rollout]` duration: key, minimum, maximum. "0s" is never valid: a zero
+/// wait turns a gate into a failure (or a drain into no drain).
+pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
+    ("ready_timeout", Duration::from_secs(1), Duration::from_secs(24 * 3600)),
+    ("job_timeout", Duration::from_secs(1), Duration::from_secs(24 * 3600)),
+    ("health_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("router_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("metrics_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("min_healthy", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("drain_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+];
+
+/// The line where `key = …` is set in `text` (first such line).
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    text.lines().position(|l| l.trim_start().strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('='))).map(|i| i + 1)
+}
+
+/// The canonical form of an http(s) URL, for comparing spellings of one server: lower-case
+/// scheme and host, the port made explicit (80/443 by default), no trailing slash. `Err` says
+/// what is wrong with it.
+pub fn canonical_url(u: &str) -> Result<String, String> {
+    let (scheme, rest) = u.split_once("://").ok_or("must start with http:// or https://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return Err("must start with http:// or https://".into()),
+    };
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err("must not carry a user name or password".into());
+    }
+    let (host, port) = if let Some(h) = authority.strip_prefix('[') {
+        let (h, after) = h.split_once(']').ok_or("has an unclosed [IPv6] host")?;
+        (format!("[{}]", h.to_ascii_lowercase()), after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_ascii_lowercase(), Some(p)),
+            None => (authority.to_ascii_lowercase(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("has no host".into());
+    }
+    if !host.chars().all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c)) {
+        return Err(format!("has an invalid host {host:?}"));
+    }
+    let port: u16 = match port {
+        None => default_port,
+        Some(p) => p.parse().ok().filter(|p| *p > 0).ok_or_else(|| format!("has an invalid port {p:?}"))?,
+    };
+    Ok(format!("{scheme}://{host}:{port}{}", path.trim_end_matches('/')))
+}
+
+/// A server's base URL: http(s), a host, an optional port, nothing after it.
+fn server_url(u: &str) -> Result<String, String> {
+    let c = canonical_url(u)?;
+    let (_, rest) = c.split_once("://").unwrap_or(("", &c));
+    if rest.contains(['/', '?', '#']) {
+        return Err("must be the server's base URL (scheme, host, port), without a path".into());
+    }
+    Ok(c)
+}
+
+/// Do `a` and `b` name the same server (scheme, host, port, trailing slash compared canonically)?
+pub fn same_url(a: &str, b: &str) -> bool {
+    match (canonical_url(a), canonical_url(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a.trim_end_matches('/') == b.trim_end_matches('/'),
+    }
 }
 
 /// Parse `"0-3"`, `"0,1,2,3"`, `"0-1,6"`.
@@ -347,25 +444,32 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     let mut vf = RawVerify::default();
     let mut workers: Vec<(PathBuf, usize, RawWorker)> = Vec::new();
     let mut ready_origin: Option<(PathBuf, usize)> = None;
+    // Which file (and line) last set each `table.key`, for errors found after merging.
+    let mut origins: std::collections::BTreeMap<String, (PathBuf, Option<usize>)> = Default::default();
     macro_rules! over {
-        ($dst:ident, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() { $dst.$f = $src.$f; } )* };
+        ($path:expr, $text:expr, $dst:ident, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
+            $dst.$f = $src.$f;
+            origins.insert(format!("{}.{}", stringify!($dst), stringify!($f)), ($path.clone(), line_of_key($text, stringify!($f))));
+        } )* };
     }
     for (path, text) in texts {
         let raw = parse_file(path, text)?;
         if let Some(s) = raw.systemd {
-            over!(sd, s, bus, address);
+            over!(path, text, sd, s, bus, address);
         }
         if let Some(s) = raw.journal {
-            over!(jn, s, directory, procfs);
+            over!(path, text, jn, s, directory, procfs);
         }
         if let Some(s) = raw.router {
-            over!(rt, s, url, metrics_url);
+            over!(path, text, rt, s, url, metrics_url);
         }
         if let Some(s) = raw.rollout {
             if let Some(p) = &s.ready_pattern {
                 ready_origin = Some((path.clone(), line_of(text, p.span().start)));
             }
             over!(
+                path,
+                text,
                 ro,
                 s,
                 order,
@@ -384,7 +488,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             );
         }
         if let Some(s) = raw.verify {
-            over!(vf, s, router, metrics, smoke_request, warmup_request);
+            over!(path, text, vf, s, router, metrics, smoke_request, warmup_request);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
@@ -393,6 +497,14 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     }
     let err = |path: &Path, line: Option<usize>, msg: String| ConfigError { file: path.display().to_string(), line, msg };
     let last = texts.last().map(|t| t.0.clone()).unwrap_or_default();
+    // The error of a merged key: the file and line that set it (else the last file).
+    let at = |key: &str, msg: String| {
+        let short = key.replace("ro.", "rollout.").replace("rt.", "router.").replace("vf.", "verify.");
+        match origins.get(key) {
+            Some((p, l)) => err(p, *l, format!("{short}: {msg}")),
+            None => err(&last, None, format!("{short}: {msg}")),
+        }
+    };
     if workers.is_empty() {
         return Err(err(&last, None, "no [[worker]] is configured: add one per SGLang unit (unit, role, url)".into()));
     }
@@ -406,27 +518,43 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         if !unit.contains('.') {
             return Err(err(&path, Some(line), format!("worker.unit: {unit:?} is not a unit name (expected e.g. \"sglang-prefill.service\")")));
         }
-        if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
-            return Err(err(&path, Some(line), format!("worker.url of {unit}: {:?} must start with http:// or https://", w.url)));
+        let url_line = line_of(&texts.iter().find(|t| t.0 == path).map(|t| t.1.clone()).unwrap_or_default(), w.url.span().start);
+        let url = w.url.into_inner();
+        if let Err(why) = server_url(&url) {
+            return Err(err(&path, Some(url_line), format!("worker.url of {unit}: {url:?} {why}")));
+        }
+        if let Some(other) = out_workers.iter().find(|o: &&Worker| same_url(&o.url, &url)) {
+            return Err(err(&path, Some(url_line), format!("worker.url of {unit}: {url:?} is also the URL of {}; each worker is its own server", other.unit)));
         }
         if w.bootstrap_port.is_some() && w.role != Role::Prefill {
             return Err(err(&path, Some(line), format!("worker.bootstrap_port of {unit}: only a prefill worker has a bootstrap port")));
         }
+        let mut gpus_line = None;
         let gpus =
             match w.gpus {
                 None => None,
                 Some(g) => {
                     let gl = line_of(&texts.iter().find(|t| t.0 == path).map(|t| t.1.clone()).unwrap_or_default(), g.span().start);
+                    gpus_line = Some(gl);
                     Some(parse_gpus(g.get_ref()).ok_or_else(|| {
                         err(&path, Some(gl), format!("worker.gpus of {unit}: {:?} is not a GPU list like \"0-3\" or \"4,5,6,7\"", g.get_ref()))
                     })?)
                 }
             };
+        if let (Some(g), Some(gl)) = (&gpus, gpus_line) {
+            if let Some(o) = out_workers.iter().find(|o: &&Worker| o.gpus.as_ref().is_some_and(|og| !og.is_disjoint(g))) {
+                return Err(err(
+                    &path,
+                    Some(gl),
+                    format!("worker.gpus of {unit}: GPUs overlap with those of {}: two servers cannot share GPUs; give each worker its own GPUs", o.unit),
+                ));
+            }
+        }
         seen.push((unit.clone(), path.clone(), line));
         out_workers.push(Worker {
             unit,
             role: w.role,
-            url: w.url.trim_end_matches('/').to_string(),
+            url: url.trim_end_matches('/').to_string(),
             bootstrap_port: w.bootstrap_port,
             gpus,
             watch_files: w.watch_files,
@@ -449,13 +577,19 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     }
     let max_unavailable = match ro.max_unavailable {
         Some(m) if *m.get_ref() == 0 => {
-            return Err(err(&last, None, "rollout.max_unavailable: must be at least 1 (a restart takes a unit down)".into()));
+            return Err(at("ro.max_unavailable", "must be at least 1 (a restart takes a unit down)".into()));
         }
         Some(m) => m.into_inner(),
         None => 1,
     };
     let router = match rt.url {
-        Some(url) => Some(RouterSettings { url: url.trim_end_matches('/').to_string(), metrics_url: rt.metrics_url }),
+        Some(url) => {
+            server_url(&url).map_err(|why| at("rt.url", format!("{url:?} {why}")))?;
+            if let Some(m) = &rt.metrics_url {
+                canonical_url(m).map_err(|why| at("rt.metrics_url", format!("{m:?} {why}")))?;
+            }
+            Some(RouterSettings { url: url.trim_end_matches('/').to_string(), metrics_url: rt.metrics_url })
+        }
         None => None,
     };
     let verify = Verify {
@@ -481,7 +615,25 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         }
         _ => crate::sglang::READY_LINE.to_string(),
     };
-    let ready_timeout = ro.ready_timeout.map(|d| d.0).unwrap_or(d(15 * 60));
+    let bounded = |key: &str, v: Option<Dur>, default: Duration| -> Result<Duration, ConfigError> {
+        let Some(Dur(v)) = v else {
+            return Ok(default);
+        };
+        let (_, min, max) = DURATION_BOUNDS.iter().find(|(k, _, _)| *k == key).copied().unwrap_or((key, Duration::ZERO, Duration::MAX));
+        if v < min || v > max {
+            return Err(at(
+                &format!("ro.{key}"),
+                format!(
+                    "{} is outside {} to {} (docs/cli.md lists each duration's bounds)",
+                    humantime::format_duration(v),
+                    humantime::format_duration(min),
+                    humantime::format_duration(max)
+                ),
+            ));
+        }
+        Ok(v)
+    };
+    let ready_timeout = bounded("ready_timeout", ro.ready_timeout, d(15 * 60))?;
     let bus = match (sd.address, sd.bus) {
         (Some(a), _) => BusSetting::Address(a),
         (None, Some(BusKind::User)) => BusSetting::User,
@@ -498,15 +650,15 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             ready_pattern,
             fatal_patterns: crate::sglang::fatal_patterns(&ro.fatal_patterns.unwrap_or_default()),
             ready_timeout,
-            health_timeout: ro.health_timeout.map(|d| d.0).unwrap_or(d(5 * 60)),
-            router_timeout: ro.router_timeout.map(|d| d.0).unwrap_or(d(3 * 60)),
-            metrics_timeout: ro.metrics_timeout.map(|d| d.0).unwrap_or(d(40)),
-            job_timeout: ro.job_timeout.map(|d| d.0).unwrap_or(ready_timeout),
-            min_healthy: ro.min_healthy.map(|d| d.0).unwrap_or(d(10)),
+            health_timeout: bounded("health_timeout", ro.health_timeout, d(5 * 60))?,
+            router_timeout: bounded("router_timeout", ro.router_timeout, d(3 * 60))?,
+            metrics_timeout: bounded("metrics_timeout", ro.metrics_timeout, d(40))?,
+            job_timeout: bounded("job_timeout", ro.job_timeout, ready_timeout)?,
+            min_healthy: bounded("min_healthy", ro.min_healthy, d(10))?,
             on_failure: ro.on_failure.unwrap_or(OnFailure::Halt),
             max_unavailable,
             drain: ro.drain.unwrap_or(true) && verify.router,
-            drain_timeout: ro.drain_timeout.map(|d| d.0).unwrap_or(d(120)),
+            drain_timeout: bounded("drain_timeout", ro.drain_timeout, d(120))?,
         },
         verify,
         sources: texts.iter().map(|t| t.0.clone()).collect(),
@@ -622,6 +774,46 @@ smoke_request = true
         assert!(s.rollout.fatal_patterns.iter().any(|p| p == "Traceback (most recent call last)"), "SGLang's patterns stay");
         let s = one(&BASE.replace("drain_timeout = \"2m\"", "drain_timeout = \"2m\"\nfatal_patterns = []")).unwrap();
         assert_eq!(s.rollout.fatal_patterns.len(), crate::sglang::FATAL_PATTERNS.len(), "an empty list cannot remove them");
+    }
+
+    #[test]
+    fn durations_have_bounds_and_errors_name_file_line_key() {
+        for (key, bad) in [("min_healthy", "0s"), ("drain_timeout", "0s"), ("ready_timeout", "48h"), ("job_timeout", "500ms")] {
+            let base: Vec<&str> = BASE.lines().filter(|l| !l.starts_with(&format!("{key} ="))).collect();
+            let text = base.join("\n").replace("[verify]", &format!("{key} = \"{bad}\"\n[verify]"));
+            let e = one(&text).unwrap_err();
+            assert!(e.msg.starts_with(&format!("rollout.{key}: ")) && e.msg.contains("outside"), "{key}: {e}");
+            assert_eq!(e.line, Some(text.lines().position(|l| l.starts_with(&format!("{key} = "))).unwrap() + 1), "{key}: {e}");
+        }
+        // A fragment that sets it is the one named.
+        let frag = "[rollout]\nmin_healthy = \"0s\"\n";
+        let e = load_texts(&[(PathBuf::from("a.toml"), BASE.into()), (PathBuf::from("config.d/10.toml"), frag.into())]).unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("config.d/10.toml", Some(2)), "{e}");
+    }
+
+    #[test]
+    fn urls_are_checked_and_compared_canonically() {
+        for bad in ["http://", "ftp://127.0.0.1:1", "127.0.0.1:30003", "http://127.0.0.1:99999", "http://127.0.0.1:30003/generate", "http://u:p@127.0.0.1:1"] {
+            let e = one(&BASE.replace("url = \"http://127.0.0.1:30003\"", &format!("url = \"{bad}\""))).unwrap_err();
+            assert!(e.msg.starts_with("worker.url of sglang-dsv4-prefill.service"), "{bad}: {e}");
+            assert_eq!(e.line, Some(BASE.lines().position(|l| l.starts_with("url = \"http://127.0.0.1:30003")).unwrap() + 1));
+        }
+        let e = one(&BASE.replace("url = \"http://127.0.0.1:30001\"", "url = \"http//127.0.0.1:30001\"")).unwrap_err();
+        assert!(e.msg.starts_with("router.url: "), "{e}");
+        assert_eq!(e.line, Some(BASE.lines().position(|l| l.starts_with("url = \"http://127.0.0.1:30001")).unwrap() + 1));
+        let e = one(&BASE.replace("url = \"http://127.0.0.1:30002\"", "url = \"HTTP://127.0.0.1:30003/\"")).unwrap_err();
+        assert!(e.msg.contains("also the URL of sglang-dsv4-prefill.service"), "{e}");
+        assert!(same_url("http://LOCALHOST:80/", "http://localhost"));
+        assert!(same_url("http://127.0.0.1:30003", "http://127.0.0.1:30003/"));
+        assert!(!same_url("http://127.0.0.1:30003", "https://127.0.0.1:30003"));
+        assert!(!same_url("http://127.0.0.1:30003", "http://127.0.0.1:30004"));
+    }
+
+    #[test]
+    fn overlapping_gpus_are_a_config_error() {
+        let e = one(&BASE.replace("gpus = \"4-7\"", "gpus = \"3-7\"")).unwrap_err();
+        assert!(e.msg.contains("overlap with those of sglang-dsv4-prefill.service"), "{e}");
+        assert_eq!(e.line, Some(BASE.lines().position(|l| l.starts_with("gpus = \"4-7\"")).unwrap() + 1));
     }
 
     #[test]

@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use crate::api::ROUTER;
 use crate::cause::{Cause, MetricsDiagnosis, Phase, RouterSeen};
 use crate::config::{MetricsMode, OnFailure, Role, Settings, Worker};
+use crate::drains::{Drain, Ledger};
 use crate::events::{Event, Failure, Outcome, Sink, Status, Step, Summary};
 use crate::judge::{crashed_since, Judge, Run, Verdict};
 use crate::plan::Plan;
@@ -73,7 +74,14 @@ impl<'a> StepRun<'a> {
         s
     }
     fn emit(&self, status: Status, detail: Value) {
-        let ev = Event { unit: self.unit.clone(), step: self.step, status, elapsed_ms: self.t0.elapsed().as_millis() as u64, detail };
+        let ev = Event {
+            unit: self.unit.clone(),
+            step: self.step,
+            status,
+            elapsed_ms: self.t0.elapsed().as_millis() as u64,
+            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            detail,
+        };
         // Never a field named `unit`: journald would store it as UNIT=, which systemd's unit
         // filters match, and pdctl's lines would show up among the unit's own.
         tracing::debug!(pdctl_unit = %ev.unit, pdctl_step = self.step.as_str(), "{}", sentence(&ev));
@@ -149,8 +157,36 @@ pub struct RolloutRun<'a> {
     pub abort: &'a AtomicBool,
     /// Where good revisions live (pdctld's state directory); `None`: no revisions, no rollback.
     pub revisions: Option<&'a Path>,
-    /// The rollout's id (names files moved aside by a rollback).
+    /// Where drains are written down before the router is touched; `None`: drains are not
+    /// persisted (only for in-process runs that cannot outlive their caller).
+    pub ledger: Option<&'a Ledger>,
+    /// The rollout's id (names files moved aside by a rollback; in the drain ledger).
     pub id: &'a str,
+}
+
+/// What a run writes to besides events.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    revisions: Option<&'a Path>,
+    ledger: Option<&'a Ledger>,
+    id: &'a str,
+}
+
+impl Ctx<'_> {
+    fn none() -> Ctx<'static> {
+        Ctx { revisions: None, ledger: None, id: "" }
+    }
+}
+
+/// Whether a worker runs its current files.
+#[derive(Debug, Clone)]
+pub struct Staleness {
+    /// The unit.
+    pub unit: String,
+    /// What changed since its last good revision (empty: nothing).
+    pub reasons: Vec<String>,
+    /// Its current files are a change that failed before (not rolled out again by `apply`).
+    pub quarantined: Option<revisions::Quarantine>,
 }
 
 /// How a rollout ended, and what was done besides the gates (revisions recorded, rollback).
@@ -166,12 +202,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
-        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), None, &mut notes).await
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(), &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), None, &mut Vec::new()).await
+        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(), &mut Vec::new()).await
     }
 
     /// A rollout as pdctld runs it: a rolling restart (or the rest of an interrupted one), stopped
@@ -179,6 +215,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// and with `on_failure = "rollback"` restoring the failed unit's last good revision and
     /// verifying it through the same gates (then the result is `rolled_back`).
     pub async fn execute(&self, r: RolloutRun<'_>, sink: &Sink) -> Finished {
+        let t0 = Instant::now();
         let mut notes = Vec::new();
         let mut plan = r.plan.clone();
         if r.resume {
@@ -189,20 +226,32 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, r.revisions, &mut notes).await;
+        let ctx = Ctx { revisions: r.revisions, ledger: r.ledger, id: r.id };
+        if let Some(dir) = r.revisions {
+            // Every unit about to restart has a revision to roll back to (recorded before the restart).
+            let _ = self.staleness(dir).await;
+        }
+        let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
         if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
-            if self.settings.rollout.on_failure == OnFailure::Rollback && f.step != Step::Preflight && f.unit != ROUTER {
+            if f.step != Step::Preflight && f.unit != ROUTER {
+                notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
+            }
+            if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER {
                 let unit = f.unit.clone();
-                match self.rollback(&unit, dir, r.id, sink, &mut notes).await {
-                    Ok(()) => summary.result = Outcome::RolledBack,
+                let restart = f.step != Step::Preflight;
+                match self.rollback(&unit, ctx, dir, restart, sink, &mut notes).await {
+                    Ok(true) => summary.result = Outcome::RolledBack,
+                    Ok(false) => {}
                     Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
                 }
             }
         }
+        // The whole rollout's time: a resume's re-verification and a rollback included.
+        summary.elapsed_ms = t0.elapsed().as_millis() as u64;
         Finished { summary, notes }
     }
 
-    async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, revisions: Option<&Path>, notes: &mut Vec<String>) -> Summary {
+    async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
         let t0 = Instant::now();
         let mut done = Vec::new();
         let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>| Summary {
@@ -220,13 +269,22 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 return summary(Outcome::Aborted, None, done);
             }
             let r = match mode {
-                Mode::Rollout => self.restart_one(w, sink).await,
+                Mode::Rollout => self.restart_one(w, sink, ctx).await,
                 Mode::Check => self.check_one(w, sink).await,
             };
             if let Err((step, f)) = r {
-                return summary(Outcome::Failed, Some(self.failure(&w.unit, step, f).await), done);
+                let failure = self.failure(&w.unit, step, f).await;
+                // A drain this run made is never left behind: re-admit the worker if it serves.
+                if let Some(d) = ctx.ledger.and_then(|l| l.get(&w.unit).filter(|d| d.rollout_id == ctx.id).map(|d| (l, d))) {
+                    let budget = if step == Step::Restart { self.settings.rollout.ready_timeout } else { Duration::ZERO };
+                    notes.push(match self.reconcile(&d.1, d.0, budget, sink).await {
+                        Ok(n) => n,
+                        Err(c) => c.sentence(),
+                    });
+                }
+                return summary(Outcome::Failed, Some(failure), done);
             }
-            if let (Mode::Rollout, Some(dir)) = (mode, revisions) {
+            if let (Mode::Rollout, Some(dir)) = (mode, ctx.revisions) {
                 notes.push(self.record_revision(w, dir).await);
             }
             done.push(w.unit.clone());
@@ -264,15 +322,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let r = async {
                 let st = self.units.state(&w.unit).await?;
                 let mut cfg = self.units.config(&w.unit).await?;
+                // Drop-ins on disk that systemd has not loaded yet (a new one does not set
+                // NeedDaemonReload): a restart without a reload would not apply them.
+                let not_loaded = |cfg: &crate::ports::UnitConfig| -> Vec<String> {
+                    revisions::paths(&w.unit, cfg, &[])
+                        .into_iter()
+                        .map(|p| p.display().to_string())
+                        .filter(|p| p.ends_with(".conf") && !cfg.drop_in_paths.contains(p))
+                        .collect()
+                };
+                let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
                 let mut did_reload = false;
-                if cfg.need_daemon_reload && dry {
+                if needs_reload && dry {
                     did_reload = true; // reported as "would reload"
-                } else if cfg.need_daemon_reload && !reloaded {
+                } else if needs_reload && !reloaded {
                     self.units.reload().await?;
                     reloaded = true;
                     did_reload = true;
                     cfg = self.units.config(&w.unit).await?;
                 }
+                let on_disk = not_loaded(&cfg);
                 let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
                 let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
                 if self.settings.verify.metrics == MetricsMode::Required && !metrics_flag {
@@ -288,6 +357,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok(json!({
                     "active_state": st.active_state, "sub_state": st.sub_state, "invocation_id": st.invocation_id,
                     "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
+                    "drop_ins_not_loaded": on_disk,
                     "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
                     "gpus": gpus.as_ref().map(fmt_set),
                 }))
@@ -330,11 +400,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// Restart one worker through every gate.
-    async fn restart_one(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
+    async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.rollout.drain {
             let s = StepRun::start(sink, unit, Step::Drain);
-            match self.drain(w).await {
+            match self.drain(w, ctx).await {
                 Ok(Some(d)) => s.pass(d),
                 Ok(None) => s.skip("not registered in the router"),
                 Err(f) => {
@@ -346,7 +416,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let (mut watch, after) = self.restart_and_ready(w, sink).await?;
         self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
-            self.step(sink, unit, Step::Router, async { self.router(w, true).await.map(|d| (d, ())) }).await?;
+            self.step(sink, unit, Step::Router, async {
+                let d = self.router(w, true).await?;
+                // Admitted again: the drain is undone.
+                if let Some(l) = ctx.ledger {
+                    l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+                }
+                Ok((d, ()))
+            })
+            .await?;
         } else {
             StepRun::start(sink, unit, Step::Router).skip("no router configured or [verify] router = false");
         }
@@ -437,12 +515,28 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    async fn drain(&self, w: &Worker) -> Result<Option<Value>, Fail> {
+    async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
         let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
         let list = self.probes.router_workers().await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
-        let Some(entry) = list.iter().find(|x| x.url == w.url) else {
+        let Some(entry) = list.iter().find(|x| crate::config::same_url(&x.url, &w.url)) else {
             return Ok(None);
         };
+        // Written down before the router is touched: whatever happens next (a failed gate, a
+        // crash, SIGKILL), the drain is found and undone.
+        if let Some(l) = ctx.ledger {
+            let st = self.units.state(&w.unit).await?;
+            let d = Drain {
+                unit: w.unit.clone(),
+                url: w.url.clone(),
+                role: w.role,
+                bootstrap_port: w.bootstrap_port,
+                invocation_id: st.invocation_id,
+                router_id: entry.id.clone(),
+                rollout_id: ctx.id.to_string(),
+                drained_at: crate::lifecycle::now(),
+            };
+            l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+        }
         self.probes.deregister(&entry.id).await.map_err(|e| drain_failed(format!("the router refused to remove {}: {e}", w.url)))?;
         let t0 = Instant::now();
         let mut left = None;
@@ -564,7 +658,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             match within(t0, limit, self.probes.router_workers()).await {
                 None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
                 Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
-                Some(Ok(list)) => match list.iter().find(|x| x.url == w.url) {
+                Some(Ok(list)) => match list.iter().find(|x| crate::config::same_url(&x.url, &w.url)) {
                     None if may_register && registered.is_none() => {
                         let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
                         match self.probes.register(&w.url, role, bp).await {
@@ -682,61 +776,159 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Ok(json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts }))
     }
 
-    /// Record the files `w` was just verified with as its good revision; returns the note.
+    /// Record the files `w` was just verified with as its good revision — only those its running
+    /// process can have started with ([`revisions::baseline`]); returns the note.
     async fn record_revision(&self, w: &Worker, dir: &Path) -> String {
-        let cfg = match self.units.config(&w.unit).await {
-            Ok(c) => c,
-            Err(e) => return format!("could not record the revision of {}: {e}", w.unit),
+        let (cfg, st) = match (self.units.config(&w.unit).await, self.units.state(&w.unit).await) {
+            (Ok(c), Ok(s)) => (c, s),
+            (Err(e), _) | (_, Err(e)) => return format!("could not record the revision of {}: {e}", w.unit),
         };
-        let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "started");
+        let mut rev = revisions::baseline(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), st.exec_main_start_us);
+        rev.why = "started".into();
         match revisions::save(dir, &rev) {
             Ok(()) => format!("recorded the revision {} runs with: {}", w.unit, rev.files.keys().cloned().collect::<Vec<_>>().join(", ")),
             Err(er) => format!("could not record the revision of {}: {er}", w.unit),
         }
     }
 
-    /// Restore `unit`'s last good revision, reload, and run it through the same gates.
-    async fn rollback(&self, unit: &str, dir: &Path, id: &str, sink: &Sink, notes: &mut Vec<String>) -> Result<(), String> {
+    /// A unit failed its gates with files that differ from its last good revision: that change
+    /// failed, so `rollout apply` does not roll the same files out again until they change.
+    async fn quarantine_if_changed(&self, unit: &str, cause: &str, dir: &Path, id: &str) -> Option<String> {
+        let w = self.settings.workers.iter().find(|w| w.unit == unit)?;
+        let cfg = self.units.config(unit).await.ok()?;
+        let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
+        let last = revisions::load(dir, unit)?;
+        if revisions::stale_reasons(&current, Some(&last), 0, false).is_empty() {
+            return None;
+        }
+        let q = revisions::Quarantine {
+            unit: unit.into(),
+            fingerprint: revisions::fingerprint(&current),
+            rollout_id: id.into(),
+            cause: cause.into(),
+            at: crate::lifecycle::now(),
+        };
+        Some(match revisions::quarantine(dir, &q) {
+            Ok(()) => format!("quarantined the change of {unit} that failed (its files' fingerprint {}): `pdctl rollout apply` will not roll it out again until the files change", &q.fingerprint[..12]),
+            Err(e) => format!("could not quarantine the failed change of {unit}: {e}"),
+        })
+    }
+
+    /// Restore `unit`'s last good revision, reload, and — when it was restarted (`restart`) — run
+    /// it through the same gates. A preflight failure restarted nothing: the running process still
+    /// has its old files, so the change is only taken back (files restored, manager reloaded).
+    /// `Ok(false)`: there was nothing to take back.
+    async fn rollback(&self, unit: &str, ctx: Ctx<'_>, dir: &Path, restart: bool, sink: &Sink, notes: &mut Vec<String>) -> Result<bool, String> {
         let w = self.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
         let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
         let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
         let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
-        let done = revisions::restore(&last, &current, id).map_err(|er| format!("cannot restore the files: {er}"))?;
+        let done = revisions::restore(&last, &current, ctx.id).map_err(|er| format!("cannot restore the files: {er}"))?;
+        if !restart && done.is_empty() {
+            return Ok(false);
+        }
         tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
         notes.extend(done);
         self.units.reload().await.map_err(|er| er.to_string())?;
+        if !restart {
+            notes.push(format!("{unit} was not restarted (preflight refused the change): its files are back to what it runs, and the manager reloaded them"));
+            return Ok(true);
+        }
         let plan = Plan { workers: vec![w.clone()] };
-        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), Some(dir), notes).await;
+        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), ctx, notes).await;
         match s.result {
             Outcome::Succeeded => {
                 notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
-                Ok(())
+                Ok(true)
             }
             _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
         }
     }
 
-    /// Why each configured worker is stale (in config order: unit and reasons; no reasons: it runs
-    /// its current files),
-    /// recording a baseline revision for a worker never seen start whose files are older than its
-    /// running process.
-    pub async fn staleness(&self, dir: &Path) -> Result<Vec<(String, Vec<String>)>, Cause> {
+    /// Undo a drain pdctl made (step `reconcile`): the worker is re-admitted to the router only
+    /// when it serves. Still on the run that was drained and healthy: re-registered at once (that
+    /// process passed the gates). On a new run: only after `/health` and the router gate pass,
+    /// waiting up to `budget` for it to come up while systemd is still starting it (a 0.3.2 router
+    /// loses for good a worker registered while it is still starting). Anything else stays in
+    /// the ledger and is reported. Returns a note for the record.
+    pub async fn reconcile(&self, d: &Drain, ledger: &Ledger, budget: Duration, sink: &Sink) -> Result<String, Cause> {
+        let s = StepRun::start(sink, &d.unit, Step::Reconcile);
+        let t0 = Instant::now();
+        let w = self.settings.workers.iter().find(|w| w.unit == d.unit).cloned().unwrap_or_else(|| Worker {
+            unit: d.unit.clone(),
+            role: d.role,
+            url: d.url.clone(),
+            bootstrap_port: d.bootstrap_port,
+            gpus: None,
+            watch_files: Vec::new(),
+        });
+        let r = async {
+            let st = self.units.state(&d.unit).await?;
+            let same_run = !d.invocation_id.is_empty() && st.invocation_id == d.invocation_id;
+            let mut last;
+            let mut stopped_since: Option<Instant> = None;
+            loop {
+                last = match within(t0, budget.max(Duration::from_secs(30)), self.probes.health(&w.url)).await {
+                    Some(Health::Up) => break,
+                    Some(Health::Unavailable(x)) | Some(Health::Down(x)) => x,
+                    None => "no answer".into(),
+                };
+                let st = self.units.state(&d.unit).await?;
+                // A restart passes through deactivating and, briefly, inactive: only a failed unit,
+                // or one that stays inactive, is not coming up.
+                stopped_since = match st.active_state.as_str() {
+                    "inactive" => stopped_since.or(Some(Instant::now())),
+                    _ => None,
+                };
+                let gone = st.active_state == "failed" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+                if gone || t0.elapsed() >= budget {
+                    return Err(Fail::from(Cause::DrainNotRestored {
+                        unit: d.unit.clone(),
+                        why: format!("{}/{}, /health: {last}", st.active_state, st.sub_state),
+                    }));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            let admitted = self.router(&w, true).await?;
+            ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+            Ok(json!({ "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64 }))
+        }
+        .await;
+        match r {
+            Ok(detail) => {
+                s.pass(detail);
+                Ok(format!("{} was drained by {} and is back in the router", d.unit, d.rollout_id))
+            }
+            Err(f) => {
+                s.fail(&f);
+                Err(f.cause)
+            }
+        }
+    }
+
+    /// Each configured worker, in config order: why it is stale (no reasons: it runs its current
+    /// files) and whether its current files are a change that already failed. A worker without a
+    /// recorded revision gets one first: what its running process started with
+    /// ([`revisions::baseline`]), so that a rollback works from the first day.
+    pub async fn staleness(&self, dir: &Path) -> Result<Vec<Staleness>, Cause> {
         let mut out = Vec::new();
         for w in &self.settings.workers {
             let cfg = self.units.config(&w.unit).await.map_err(UnitsError::cause)?;
             let st = self.units.state(&w.unit).await.map_err(UnitsError::cause)?;
-            let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
-            let mut last = revisions::load(dir, &w.unit);
-            if last.is_none() {
-                let by_mtime = revisions::stale_reasons(&current, None, st.exec_main_start_us, false);
-                if by_mtime.is_empty() && !cfg.need_daemon_reload && st.active_state == "active" {
-                    let mut base = current.clone();
-                    base.why = "baseline".into();
+            let files = revisions::paths(&w.unit, &cfg, &w.watch_files);
+            let current = revisions::snapshot(&w.unit, &files, "current");
+            let last = match revisions::load(dir, &w.unit) {
+                Some(r) => Some(r),
+                None if st.active_state == "active" => {
+                    let base = revisions::baseline(&w.unit, &files, st.exec_main_start_us);
                     let _ = revisions::save(dir, &base);
-                    last = Some(base);
+                    Some(base)
                 }
-            }
-            out.push((w.unit.clone(), revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload)));
+                None => None,
+            };
+            let reasons = revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload);
+            let quarantined = if reasons.is_empty() { None } else { revisions::quarantined(dir, &current) };
+            out.push(Staleness { unit: w.unit.clone(), reasons, quarantined });
         }
         Ok(out)
     }

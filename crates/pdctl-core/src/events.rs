@@ -27,6 +27,9 @@ pub enum Step {
     Metrics,
     /// The unit stays up (same run) for `min_healthy`.
     Soak,
+    /// A drain pdctl made is undone: the worker is re-admitted to the router once it serves
+    /// (after a failed gate, or when pdctld starts or stops with drains in its ledger).
+    Reconcile,
 }
 
 impl Step {
@@ -41,6 +44,7 @@ impl Step {
             Step::Router => "router",
             Step::Metrics => "metrics",
             Step::Soak => "soak",
+            Step::Reconcile => "reconcile",
         }
     }
 }
@@ -71,6 +75,8 @@ pub struct Event {
     pub status: Status,
     /// Time since the step started.
     pub elapsed_ms: u64,
+    /// Wall-clock time of the transition (RFC 3339, UTC, milliseconds).
+    pub at: String,
     /// Step-specific facts (what was measured, why it failed).
     pub detail: Value,
 }

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod cause;
 pub mod config;
+pub mod drains;
 pub mod engine;
 pub mod events;
 pub mod judge;

@@ -38,11 +38,25 @@ pub struct Revision {
     pub files: BTreeMap<String, FileRev>,
 }
 
-/// Write `bytes` to `path` atomically: a temporary file next to it (unique to this process and
-/// call), fsync, rename over `path`, fsync the directory. A crash leaves the old or the new
-/// contents, never half.
-pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Mode of pdctl's own state files (records, revisions, the drain ledger): they hold unit files
+/// and environment files, so not world-readable, whatever the umask.
+pub const STATE_FILE_MODE: u32 = 0o640;
+/// Mode of pdctl's state directories.
+pub const STATE_DIR_MODE: u32 = 0o750;
+
+/// Create `dir` (and its parents) and give it [`STATE_DIR_MODE`].
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(STATE_DIR_MODE))
+}
+
+/// Write `bytes` to `path` atomically with file mode `mode` (set explicitly, whatever the umask):
+/// a temporary file next to it (unique to this process and call), fsync, rename over `path`,
+/// fsync the directory. A crash leaves the old or the new contents, never half.
+pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt as _;
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -50,6 +64,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
@@ -59,6 +74,12 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
     written?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// The mode a restored file gets: the one it has now, else 0644 (unit files are world-readable).
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o644)
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -112,6 +133,83 @@ pub fn snapshot(unit: &str, files: &BTreeSet<PathBuf>, why: &str) -> Revision {
     Revision { unit: unit.into(), recorded_at: now(), why: why.into(), files }
 }
 
+/// The old content of this file is not known (it changed after the running process started).
+pub const UNKNOWN: &str = "unknown";
+
+fn modified_us(p: &Path) -> Option<u64> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_micros() as u64)
+}
+
+fn created_us(p: &Path) -> Option<u64> {
+    std::fs::metadata(p).and_then(|m| m.created()).ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_micros() as u64)
+}
+
+fn is_drop_in(p: &Path) -> bool {
+    p.extension().is_some_and(|x| x == "conf") && p.parent().and_then(|d| d.file_name()).is_some_and(|n| n.to_string_lossy().ends_with(".d"))
+}
+
+/// What the running process was started with, as far as the files can tell (a baseline recorded
+/// when pdctld first sees a unit, before any restart): every file not changed since the process
+/// started (`exec_main_start_us`) with its content; a file changed since — its content then is
+/// unknown — as [`UNKNOWN`]; drop-ins written since, and other files created since, are left
+/// out: they cannot be what runs, so a rollback moves them aside.
+pub fn baseline(unit: &str, files: &BTreeSet<PathBuf>, exec_main_start_us: u64) -> Revision {
+    let mut rev = snapshot(unit, files, "baseline");
+    rev.files.retain(|p, f| {
+        let p = Path::new(p);
+        let newer = exec_main_start_us > 0 && modified_us(p).is_some_and(|m| m > exec_main_start_us);
+        if !newer || f.sha256 == "absent" {
+            return true;
+        }
+        let created_since = created_us(p).is_some_and(|c| c > exec_main_start_us);
+        if is_drop_in(p) || created_since {
+            return false;
+        }
+        *f = FileRev { sha256: UNKNOWN.into(), contents: None };
+        true
+    });
+    rev
+}
+
+/// A digest of a set of files' contents (which change a failed rollout tried).
+pub fn fingerprint(rev: &Revision) -> String {
+    let text: String = rev.files.iter().map(|(p, f)| format!("{p}\t{}\n", f.sha256)).collect();
+    sha(text.as_bytes())
+}
+
+/// A change that failed: the files of `unit` with this fingerprint are not rolled out again by
+/// `rollout apply` until they change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quarantine {
+    /// The unit.
+    pub unit: String,
+    /// [`fingerprint`] of its files when the change failed.
+    pub fingerprint: String,
+    /// The rollout where it failed.
+    pub rollout_id: String,
+    /// Why (the failure's sentence).
+    pub cause: String,
+    /// When (seconds since the epoch).
+    pub at: u64,
+}
+
+fn quarantine_path(dir: &Path, unit: &str) -> PathBuf {
+    dir.join(format!("{}.quarantine.json", unit.replace('/', "_")))
+}
+
+/// Record a failed change of `q.unit`.
+pub fn quarantine(dir: &Path, q: &Quarantine) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(q).map_err(std::io::Error::other)?;
+    atomic_write(&quarantine_path(dir, &q.unit), &bytes, STATE_FILE_MODE)
+}
+
+/// The quarantine of `unit` if its files are still the ones that failed.
+pub fn quarantined(dir: &Path, current: &Revision) -> Option<Quarantine> {
+    let q: Quarantine = serde_json::from_slice(&std::fs::read(quarantine_path(dir, &current.unit)).ok()?).ok()?;
+    (q.fingerprint == fingerprint(current)).then_some(q)
+}
+
 fn rev_path(dir: &Path, unit: &str) -> PathBuf {
     dir.join(format!("{}.json", unit.replace('/', "_")))
 }
@@ -124,7 +222,7 @@ pub fn load(dir: &Path, unit: &str) -> Option<Revision> {
 /// Record `rev` as the last good revision in the revisions directory `dir`.
 pub fn save(dir: &Path, rev: &Revision) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(rev).map_err(std::io::Error::other)?;
-    atomic_write(&rev_path(dir, &rev.unit), &bytes)
+    atomic_write(&rev_path(dir, &rev.unit), &bytes, STATE_FILE_MODE)
 }
 
 /// Why `unit` is stale (empty: it runs with its current files).
@@ -139,6 +237,7 @@ pub fn stale_reasons(current: &Revision, last: Option<&Revision>, exec_main_star
                 match last.files.get(p) {
                     None if f.sha256 != "absent" => why.push(format!("{p} is new")),
                     None => {}
+                    Some(old) if old.sha256 == UNKNOWN => why.push(format!("{p} was modified after the running process started")),
                     Some(old) if old.sha256 != f.sha256 => why.push(if f.sha256 == "absent" { format!("{p} was removed") } else { format!("{p} changed") }),
                     Some(_) => {}
                 }
@@ -174,8 +273,11 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io
     for (p, f) in &current.files {
         match last.files.get(p) {
             Some(old) if old.sha256 == f.sha256 => {}
+            Some(old) if old.sha256 == UNKNOWN => {
+                done.push(format!("not restored: {p} changed after the running process started and its old content is unknown; check it by hand"));
+            }
             Some(FileRev { contents: Some(c), .. }) => {
-                atomic_write(Path::new(p), c.as_bytes())?;
+                atomic_write(Path::new(p), c.as_bytes(), mode_of(Path::new(p)))?;
                 done.push(format!("restored {p}"));
             }
             Some(_) | None if f.sha256 != "absent" => {
@@ -189,7 +291,7 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io
     for (p, old) in &last.files {
         if !current.files.contains_key(p) {
             if let Some(c) = &old.contents {
-                atomic_write(Path::new(p), c.as_bytes())?;
+                atomic_write(Path::new(p), c.as_bytes(), mode_of(Path::new(p)))?;
                 done.push(format!("restored {p}"));
             }
         }

@@ -103,6 +103,17 @@ fn table(doc: &str, heading: &str) -> Vec<Vec<String>> {
 }
 
 #[test]
+fn the_duration_table_is_the_code() {
+    let rows = table(&cli_md(), "## Durations");
+    let doc: Vec<(String, String, String)> = rows.iter().map(|r| (r[0].clone(), r[1].clone(), r[2].clone())).collect();
+    let code: Vec<(String, String, String)> = pdctl_core::config::DURATION_BOUNDS
+        .iter()
+        .map(|(k, min, max)| (k.to_string(), humantime::format_duration(*min).to_string(), humantime::format_duration(*max).to_string()))
+        .collect();
+    assert_eq!(doc, code);
+}
+
+#[test]
 fn the_exit_code_table_is_the_code() {
     let rows = table(&cli_md(), "## Exit codes");
     let doc: Vec<(i32, String)> = rows.iter().map(|r| (r[0].parse().expect("a code"), r[1].clone())).collect();

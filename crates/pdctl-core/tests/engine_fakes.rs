@@ -21,6 +21,7 @@ struct World {
     states: HashMap<String, UnitState>,
     restarted: Vec<String>,
     unhealthy: Vec<String>,
+    env: HashMap<String, Vec<String>>,
     next_pid: u32,
 }
 
@@ -56,8 +57,9 @@ impl Units for FakeUnits {
     async fn state(&self, unit: &str) -> Result<UnitState, UnitsError> {
         self.0.lock().unwrap().states.get(unit).cloned().ok_or(UnitsError::NoSuchUnit(format!("unit {unit} does not exist")))
     }
-    async fn config(&self, _unit: &str) -> Result<UnitConfig, UnitsError> {
-        Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], ..Default::default() })
+    async fn config(&self, unit: &str) -> Result<UnitConfig, UnitsError> {
+        let environment = self.0.lock().unwrap().env.get(unit).cloned().unwrap_or_default();
+        Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], environment, ..Default::default() })
     }
     async fn reload(&self) -> Result<(), UnitsError> {
         Ok(())
@@ -153,20 +155,19 @@ impl Probes for FakeProbes {
     }
 }
 
-fn settings(gpus_decode: &str) -> Settings {
-    let text = format!(
-        "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\ngpus = \"0-3\"\n\
-         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\ngpus = \"{gpus_decode}\"\n\
-         [rollout]\nmin_healthy = \"10ms\"\nhealth_timeout = \"300ms\"\nready_timeout = \"2s\"\n"
-    );
-    load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
+fn settings() -> Settings {
+    let text = "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n";
+    load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap()
 }
 
 fn world() -> W {
     let w = World { next_pid: 100, ..Default::default() };
     let w = Arc::new(Mutex::new(w));
-    for (u, pid) in [("p.service", 10), ("d.service", 20)] {
+    for (u, pid, gpus) in [("p.service", 10, "0,1,2,3"), ("d.service", 20, "4,5,6,7")] {
         w.lock().unwrap().states.insert(u.into(), state("old", pid));
+        w.lock().unwrap().env.insert(u.into(), vec![format!("CUDA_VISIBLE_DEVICES={gpus}")]);
     }
     w
 }
@@ -187,7 +188,7 @@ async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
 #[tokio::test]
 async fn restarts_in_role_order_one_at_a_time_and_skips_the_old_ready_line() {
     let w = world();
-    let (summary, events) = run(&w, settings("4-7")).await;
+    let (summary, events) = run(&w, settings()).await;
     assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
     assert_eq!(w.lock().unwrap().restarted, vec!["p.service", "d.service"]);
     let pos = |u: &str, s: Step, st: Status| events.iter().position(|e| e.unit == u && e.step == s && e.status == st).unwrap();
@@ -201,7 +202,7 @@ async fn restarts_in_role_order_one_at_a_time_and_skips_the_old_ready_line() {
 async fn a_failed_gate_halts_and_the_next_unit_is_never_touched() {
     let w = world();
     w.lock().unwrap().unhealthy.push("http://p".into());
-    let (summary, events) = run(&w, settings("4-7")).await;
+    let (summary, events) = run(&w, settings()).await;
     assert_eq!(summary.result, Outcome::Failed);
     let f = summary.failed.unwrap();
     assert_eq!((f.unit.as_str(), f.step), ("p.service", Step::Health));
@@ -214,7 +215,9 @@ async fn a_failed_gate_halts_and_the_next_unit_is_never_touched() {
 #[tokio::test]
 async fn overlapping_gpus_are_refused_before_anything_restarts() {
     let w = world();
-    let (summary, _) = run(&w, settings("3-7")).await;
+    // The units' own CUDA_VISIBLE_DEVICES (config cannot see these; preflight reads them).
+    w.lock().unwrap().env.insert("d.service".into(), vec!["CUDA_VISIBLE_DEVICES=3,4,5,6,7".into()]);
+    let (summary, _) = run(&w, settings()).await;
     let f = summary.failed.unwrap();
     assert_eq!((f.unit.as_str(), f.step), ("d.service", Step::Preflight));
     assert!(f.cause.contains("overlap"), "{}", f.cause);
@@ -226,7 +229,7 @@ async fn overlapping_gpus_are_refused_before_anything_restarts() {
 async fn unknown_unit_is_a_config_failure() {
     let w = world();
     w.lock().unwrap().states.remove("d.service");
-    let (summary, _) = run(&w, settings("4-7")).await;
+    let (summary, _) = run(&w, settings()).await;
     let f = summary.failed.unwrap();
     assert_eq!(f.kind, pdctl_core::events::FailureKind::Config);
     assert_eq!(f.cause_code, "unit_missing");

@@ -85,7 +85,8 @@ async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: bool) 
     drop(tx);
     let renderer = printer.await.ok();
     if let Some(r) = renderer {
-        r.summary(&summary);
+        let after = crate::render::Epilogue { plan: plan.workers.iter().map(|w| w.unit.clone()).collect(), ..Default::default() };
+        r.summary(&summary, &after);
     }
     Exit::of(&summary)
 }

@@ -97,6 +97,14 @@ enum RolloutCmd {
     },
     /// Past rollouts.
     History(OutputArgs),
+    /// One rollout's record: plan, state, every step with its time, the failure, notes.
+    Show {
+        /// The rollout id.
+        id: String,
+        /// The record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -107,6 +115,12 @@ struct OutputArgs {
 }
 
 fn main() {
+    // A closed pipe (`pdctl status | head -1`) ends the process quietly, as for any Unix tool,
+    // instead of a panic in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -134,15 +148,16 @@ fn main() {
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;
                 }
-                rollout::start(&client, &Request::Restart { units: a.units }, a.json).await
+                rollout::start(&client, &config, &Request::Restart { units: a.units }, a.json).await
             }
             Command::Rollout(r) => match r {
                 RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
-                RolloutCmd::Apply { if_changed, all, json } => rollout::start(&client, &Request::Apply { if_changed, all }, json).await,
-                RolloutCmd::Watch { id, json } => rollout::watch(&client, &id, json).await,
+                RolloutCmd::Apply { if_changed, all, json } => rollout::start(&client, &config, &Request::Apply { if_changed, all }, json).await,
+                RolloutCmd::Watch { id, json } => rollout::watch(&client, &config, &id, json).await,
                 RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
-                RolloutCmd::Resume { id, json } => rollout::start(&client, &Request::Resume { id }, json).await,
+                RolloutCmd::Resume { id, json } => rollout::start(&client, &config, &Request::Resume { id }, json).await,
                 RolloutCmd::History(a) => rollout::history(&client, a.json).await,
+                RolloutCmd::Show { id, json } => rollout::show(&client, &id, json).await,
             },
             Command::Check(a) => context::check(&config, a.json).await,
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,

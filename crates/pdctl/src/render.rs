@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pdctl_core::api::ROUTER;
-use pdctl_core::events::{Event, Status, Summary};
+use pdctl_core::events::{Event, Outcome, Status, Summary};
 use pdctl_core::plan::Plan;
 
 use crate::context::Kind;
@@ -66,7 +66,8 @@ impl Renderer {
         Renderer { json, live, kind, units: units.len() }
     }
 
-    fn redraw(&mut self) {
+    /// Redraw the live lines (the spinner and the current step's elapsed time advance).
+    pub fn redraw(&mut self) {
         const SPIN: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
         let Some((_, lines)) = &mut self.live else {
             return;
@@ -132,8 +133,20 @@ impl Renderer {
         self
     }
 
-    /// Print the summary (the last JSON line, or the verdict for humans).
-    pub fn summary(self, s: &Summary) {
+    /// Print a line above the progress block (it stays on screen while the block redraws).
+    pub fn note(&self, text: &str) {
+        match &self.live {
+            Some((mp, _)) => {
+                let _ = mp.println(text);
+            }
+            None if !self.json => eprintln!("{text}"),
+            None => {}
+        }
+    }
+
+    /// Print the summary: the last JSON line, or for humans what happened and, last, one line
+    /// with the outcome and the next command to run.
+    pub fn summary(self, s: &Summary, after: &Epilogue) {
         if let Some((_, lines)) = &self.live {
             for l in lines.values() {
                 if l.done.is_empty() {
@@ -149,34 +162,71 @@ impl Renderer {
             }
             return;
         }
-        match &s.failed {
-            None => {
-                let what = match self.kind {
-                    Kind::Rollout => {
-                        format!("all {} unit(s) restarted and verified", s.units.len())
-                    }
-                    Kind::DryRun => "preflight passed; nothing was touched".into(),
-                    Kind::Check => format!("all {} unit(s) pass every gate", self.units),
-                };
-                println!("pdctl: ✓ {what} in {}", secs(s.elapsed_ms));
-            }
-            Some(f) => {
-                println!("pdctl: ✗ {} failed at {}: {}", f.unit, f.step.as_str(), f.cause);
-                if !f.last_lines.is_empty() {
-                    println!("  last log lines of {}:", f.unit);
-                    for l in &f.last_lines {
-                        println!("    {l}");
-                    }
-                }
-                if matches!(self.kind, Kind::Rollout) {
-                    let rest = if s.units.is_empty() {
-                        "no unit was restarted before it".to_string()
-                    } else {
-                        format!("restarted and verified before it: {}", s.units.join(", "))
-                    };
-                    println!("pdctl: rollout halted; nothing after {} was touched ({rest})", f.unit);
+        let took = secs(s.elapsed_ms);
+        let not_started: Vec<&str> =
+            after.plan.iter().map(String::as_str).filter(|u| !s.units.iter().any(|d| d == u) && s.failed.as_ref().is_none_or(|f| f.unit != *u)).collect();
+        let not_started = if not_started.is_empty() { "none".to_string() } else { not_started.join(", ") };
+        let verified = if s.units.is_empty() { "none".to_string() } else { s.units.join(", ") };
+        let id = after.id.as_deref().map(|i| format!(" (rollout {i})")).unwrap_or_default();
+        if let Some(f) = &s.failed {
+            println!("pdctl: ✗ {} failed at {}: {}", f.unit, f.step.as_str(), f.cause);
+            if !f.last_lines.is_empty() {
+                println!("  last log lines of {}:", f.unit);
+                for l in &f.last_lines {
+                    println!("    {l}");
                 }
             }
         }
+        if !after.notes.is_empty() {
+            println!("pdctl: notes{id}:");
+            for n in &after.notes {
+                println!("  - {n}");
+            }
+        }
+        let state = |u: &str| after.unit_state.as_ref().filter(|(x, _)| x == u).map(|(_, st)| format!("; {u} is now {st}")).unwrap_or_default();
+        let line = match (s.result, &s.failed, self.kind) {
+            (Outcome::Succeeded, _, Kind::Rollout) => format!("✓ succeeded{id}: all {} unit(s) restarted and verified in {took}", s.units.len()),
+            (Outcome::Succeeded, _, Kind::DryRun) => format!("✓ preflight passed; nothing was touched ({took}); next: pdctl restart --rolling"),
+            (Outcome::Succeeded, _, Kind::Check) => format!("✓ all {} unit(s) pass every gate ({took})", self.units),
+            (Outcome::Aborted, _, _) => format!(
+                "■ aborted by an operator{id} after {took}: verified {verified}; not started: {not_started}; next: pdctl restart --rolling --unit UNIT for the rest"
+            ),
+            (Outcome::RolledBack, Some(f), _) if f.step == pdctl_core::events::Step::Preflight => format!(
+                "↩ rolled back{id}: the change of {} was refused in preflight ({}); its files are restored (notes above) and nothing was restarted; next: pdctl rollout diff, fix the change",
+                f.unit, f.cause_code
+            ),
+            (Outcome::RolledBack, Some(f), _) => format!(
+                "↩ rolled back{id}: {} failed at {} ({}) and runs its last good revision again, verified (restored: see the notes above); not started: {not_started}; next: pdctl rollout diff, fix the change (the failed one is quarantined until its files change)",
+                f.unit,
+                f.step.as_str(),
+                f.cause_code
+            ),
+            (_, Some(f), Kind::Rollout) => format!(
+                "✗ halted{id} at {} ({}, {}){}; verified before it: {verified}; not started: {not_started}; next: journalctl -u {} -n 200, fix it, then pdctl restart --rolling --unit {}",
+                f.unit,
+                f.step.as_str(),
+                f.cause_code,
+                state(&f.unit),
+                f.unit,
+                f.unit
+            ),
+            (_, Some(f), _) => format!("✗ {} failed at {} ({}); nothing was touched; next: fix it, then run this again", f.unit, f.step.as_str(), f.cause_code),
+            (_, None, _) => format!("✗ {:?} without a failed gate{id}", s.result),
+        };
+        println!("pdctl: {line}");
     }
+}
+
+/// What the last lines say besides the summary: the plan, the record's notes (what a rollback
+/// restored, drains undone), the failed unit's state now, the rollout id.
+#[derive(Debug, Default, Clone)]
+pub struct Epilogue {
+    /// Every unit of the plan, in order.
+    pub plan: Vec<String>,
+    /// The record's notes.
+    pub notes: Vec<String>,
+    /// The failed unit and its systemd state now (`active/running`, …).
+    pub unit_state: Option<(String, String)>,
+    /// pdctld's rollout id.
+    pub id: Option<String>,
 }

@@ -1,11 +1,16 @@
 //! Commands that go through pdctld: start a rollout and watch it (Ctrl-C detaches; the rollout
 //! goes on), watch/abort/resume one, history, and config rollouts (diff, apply).
 
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use pdctl_core::api::{AbortAccepted, ApiError, Diff, Exit, History, Record, Request, Started, StreamLine};
+use pdctl_core::ports::Units as _;
 
 use crate::client::{Client, ClientError};
 use crate::context::Kind;
-use crate::render::Renderer;
+use crate::render::{Epilogue, Renderer};
 
 fn fail(e: ClientError) -> Exit {
     eprintln!("pdctl: {e}");
@@ -27,7 +32,7 @@ async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, path
 }
 
 /// Ask pdctld to start a rollout, then watch it.
-pub async fn start(client: &Client, req: &Request, json: bool) -> Exit {
+pub async fn start(client: &Client, config: &Path, req: &Request, json: bool) -> Exit {
     let started: Started = match ask(client, "POST", "/v1/rollouts", Some(req)).await {
         Ok(s) => s,
         Err(c) => return c,
@@ -42,40 +47,80 @@ pub async fn start(client: &Client, req: &Request, json: bool) -> Exit {
         }
         return Exit::Ok;
     };
-    if !json {
-        eprintln!("pdctl: rollout {id} started by pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}");
-    }
-    watch(client, &id, json).await
+    watch(client, config, &id, json).await
+}
+
+/// The failed unit's systemd state now, read here (read-only), when the config is readable.
+async fn unit_state_now(config: &Path, unit: &str) -> Option<(String, String)> {
+    let settings = pdctl_core::config::load(config).ok()?;
+    let sd = pdctl_core::real::SystemdUnits::connect(&settings).await.ok()?;
+    let st = sd.state(unit).await.ok()?;
+    let inv = st.invocation_id.get(..8).map(|i| format!(", run {i}")).unwrap_or_default();
+    Some((unit.to_string(), format!("{}/{}{inv}", st.active_state, st.sub_state)))
 }
 
 /// Follow a rollout's events from the beginning; returns its exit code.
-pub async fn watch(client: &Client, id: &str, json: bool) -> Exit {
+pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit {
     let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await {
         Ok(r) => r,
         Err(c) => return c,
     };
-    let mut r = Renderer::for_units(json, &rec.plan, Kind::Rollout);
+    let r = Arc::new(Mutex::new(Renderer::for_units(json, &rec.plan, Kind::Rollout)));
+    lock(&r).note(&format!("pdctl: rollout {id} runs in pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}"));
     let mut last: Option<StreamLine> = None;
     let path = format!("/v1/rollouts/{id}/events");
+    // The spinner and the current step's time tick between events.
+    let ticker = {
+        let r = r.clone();
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                t.tick().await;
+                lock(&r).redraw();
+            }
+        })
+    };
     let stream = client.lines(&path, |line| match line {
-        StreamLine::Event(e) => r.event(&e),
+        StreamLine::Event(e) => lock(&r).event(&e),
         end => last = Some(end),
     });
-    tokio::select! {
-        res = stream => {
-            if let Err(e) = res {
-                return fail(e);
-            }
-        }
+    let res = tokio::select! {
+        res = stream => res,
         _ = tokio::signal::ctrl_c() => {
+            ticker.abort();
             eprintln!("\npdctl: detached; rollout {id} goes on in pdctld. Re-attach: pdctl rollout watch {id}");
             return Exit::Ok;
         }
+    };
+    ticker.abort();
+    // The ticker holds the renderer until its task has really ended.
+    let _ = ticker.await;
+    if let Err(e) = res {
+        return fail(e);
     }
+    let renderer = match Arc::try_unwrap(r) {
+        Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
+        Err(_) => {
+            eprintln!("pdctl: internal: the progress display is still in use");
+            return Exit::Unreachable;
+        }
+    };
     match last {
         Some(StreamLine::Summary(s)) => {
             let code = Exit::of(&s);
-            r.summary(&s);
+            let rec: Option<Record> = ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await.ok();
+            let failed_unit = s.failed.as_ref().map(|f| f.unit.clone());
+            let unit_state = match failed_unit {
+                Some(u) if !json => unit_state_now(config, &u).await,
+                _ => None,
+            };
+            let after = Epilogue {
+                plan: rec.as_ref().map(|r| r.plan.clone()).unwrap_or_default(),
+                notes: rec.map(|r| r.notes).unwrap_or_default(),
+                unit_state,
+                id: Some(id.to_string()),
+            };
+            renderer.summary(&s, &after);
             code
         }
         Some(StreamLine::Interrupted(end)) => {
@@ -98,15 +143,75 @@ pub async fn watch(client: &Client, id: &str, json: bool) -> Exit {
                     i.step.map(|s| s.as_str()).unwrap_or("-"),
                     units.join(", ")
                 );
-                println!("pdctl: nothing resumes by itself; continue with: pdctl rollout resume {id}");
+                println!("pdctl: ✗ interrupted; nothing resumes by itself; next: pdctl rollout resume {id}");
             }
             Exit::GateFailed
         }
         Some(StreamLine::Event(_)) | None => {
-            eprintln!("pdctl: the event stream of {id} ended without a summary; see pdctl rollout history");
+            eprintln!("pdctl: the event stream of {id} ended without a summary; next: pdctl rollout show {id}");
             Exit::Unreachable
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `pdctl rollout show ID`.
+pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
+    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await {
+        Ok(r) => r,
+        Err(c) => return c,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rec).unwrap_or_default());
+        return Exit::Ok;
+    }
+    let when = |t: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(t)).to_string();
+    println!("rollout   {} ({})", rec.id, rec.kind.as_str());
+    println!("state     {} (since {})", rec.lifecycle.state().as_str(), when(rec.lifecycle.changed_at()));
+    if let Some(p) = rec.lifecycle.position() {
+        println!("at        {} ({})", p.unit, p.step.as_str());
+    }
+    println!("created   {}", when(rec.created_at));
+    if let Some(f) = rec.finished_at {
+        println!("finished  {}", when(f));
+    }
+    println!("plan      {}", rec.plan.join(" → "));
+    if let Some(r) = &rec.resumes {
+        println!("resumes   {r}");
+    }
+    if let Some(by) = rec.lifecycle.resumed_by() {
+        println!("resumed by {by}");
+    }
+    for (u, why) in rec.reasons.iter().filter(|(_, w)| !w.is_empty()) {
+        println!("changed   {u}: {}", why.join("; "));
+    }
+    println!("\n{:<24} {:<30} {:<10} {:<8} {:>8}  DETAIL", "AT", "UNIT", "STEP", "STATUS", "TOOK");
+    for e in rec.events.iter().filter(|e| e.status != pdctl_core::events::Status::Started) {
+        let status = format!("{:?}", e.status).to_lowercase();
+        let detail = e.detail.get("cause").or_else(|| e.detail.get("reason")).and_then(|v| v.as_str()).unwrap_or("");
+        println!("{:<24} {:<30} {:<10} {:<8} {:>7.1}s  {detail}", e.at, e.unit, e.step.as_str(), status, e.elapsed_ms as f64 / 1000.0);
+    }
+    if let Some(s) = &rec.summary {
+        match &s.failed {
+            Some(f) => println!("\nresult    {} — {} failed at {} ({}): {}", rec.lifecycle.state().as_str(), f.unit, f.step.as_str(), f.cause_code, f.cause),
+            None => println!("\nresult    {} — verified: {}", rec.lifecycle.state().as_str(), s.units.join(", ")),
+        }
+    }
+    if let Some(i) = &rec.interrupted {
+        println!(
+            "\ninterrupted at {} ({}); next: pdctl rollout resume {}",
+            i.unit.as_deref().unwrap_or("its start"),
+            i.step.map(|s| s.as_str()).unwrap_or("-"),
+            rec.id
+        );
+    }
+    for n in &rec.notes {
+        println!("note      {n}");
+    }
+    Exit::Ok
 }
 
 /// `pdctl rollout abort ID`.
@@ -130,6 +235,9 @@ pub async fn history(client: &Client, json: bool) -> Exit {
         for i in &h.rollouts {
             println!("{}", serde_json::to_string(i).unwrap_or_default());
         }
+        for c in &h.corrupt {
+            println!("{}", serde_json::json!({ "state": "corrupt", "file": c.file, "error": c.error }));
+        }
         return Exit::Ok;
     }
     println!("{:<16} {:<8} {:<12} {:<20} DETAIL", "ID", "KIND", "STATE", "CREATED");
@@ -143,6 +251,9 @@ pub async fn history(client: &Client, json: bool) -> Exit {
             i.plan.join(", ")
         };
         println!("{:<16} {:<8} {:<12} {:<20} {detail}", i.id, i.kind.as_str(), i.state.as_str(), created);
+    }
+    for c in &h.corrupt {
+        println!("{:<16} {:<8} {:<12} {:<20} {}: {}", "?", "?", "corrupt", "?", c.file, c.error);
     }
     Exit::Ok
 }
@@ -160,6 +271,9 @@ pub async fn diff(client: &Client, json: bool) -> Exit {
             println!("{} is stale:", w.unit);
             for r in &w.reasons {
                 println!("  - {r}");
+            }
+            if let Some(q) = &w.quarantined {
+                println!("  quarantined: this change failed in {} ({}); rollout apply skips it until the files change", q.rollout_id, q.cause);
             }
         } else {
             println!("{} runs its current config", w.unit);

@@ -1,5 +1,8 @@
-//! `pdctl status`: per worker, the unit's state and run, the router's view, KV usage and requests.
-//! Read-only; works without the daemon.
+//! `pdctl status`: pdctld's state, then per worker the unit's state and run, the router's view,
+//! KV usage and requests. Read-only — it sends no request that changes or loads a worker (no
+//! `/health`: SGLang's runs a generate) — and works without the daemon. Exit 1 when a worker is
+//! not serving (unit not active, or the router does not list it healthy), 3 when systemd cannot
+//! be reached.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -20,54 +23,63 @@ fn since(us: u64) -> (String, String) {
     (humantime::format_rfc3339_seconds(t).to_string(), humantime::format_duration(ago).to_string())
 }
 
-fn kv_text(kv: &Result<KvReport, String>) -> (String, String, String) {
-    match kv {
-        Ok(r) => (
-            match r.max_total_tokens {
-                Some(m) => format!("{:.0}/{:.0} ({:.2})", r.used_tokens, m, r.token_usage),
-                None => format!("{:.0}/? ({:.2})", r.used_tokens, r.token_usage),
-            },
-            r.running_reqs.map(|v| format!("{v:.0}")).unwrap_or("-".into()),
-            r.queue_reqs.map(|v| format!("{v:.0}")).unwrap_or("-".into()),
-        ),
-        Err(e) => (format!("({})", e.split(':').next().unwrap_or(e)), "-".into(), "-".into()),
+/// `12.5% (65536/524288)`.
+fn kv_cell(r: &KvReport) -> String {
+    match r.max_total_tokens {
+        Some(m) if m > 0.0 => format!("{:.1}% ({:.0}/{:.0})", 100.0 * r.used_tokens / m, r.used_tokens, m),
+        _ => format!("{:.0}% ({:.0}/?)", 100.0 * r.token_usage, r.used_tokens),
     }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into())
 }
 
 /// Run `pdctl status` (the daemon's state too, when `client` reaches it).
 pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
     let line = match client.call::<DaemonStatus>("GET", "/v1/status", None::<&()>).await {
-        Ok(Ok(v)) => match v.running {
-            Some(id) => json!({ "pdctld": "running a rollout", "rollout": id }),
-            None => json!({ "pdctld": "idle", "last": v.last }),
-        },
-        Ok(Err(e)) => json!({ "pdctld": "error", "detail": e.error }),
-        Err(e) => json!({ "pdctld": "not reachable", "detail": e.to_string() }),
+        Ok(Ok(v)) => {
+            if !json {
+                match &v.running {
+                    Some(id) => println!("pdctld: running rollout {id} (pdctl rollout watch {id})"),
+                    None if v.reconciling => println!("pdctld: re-admitting workers it drained before it stopped (no rollout starts until done)"),
+                    None => println!(
+                        "pdctld: idle; last rollout: {}",
+                        v.last.as_ref().map(|l| format!("{} ({}, {})", l.id, l.kind.as_str(), l.state.as_str())).unwrap_or_else(|| "none".into())
+                    ),
+                }
+                for d in &v.drained {
+                    println!("pdctld: ! {} is out of the router by pdctl's hand since rollout {} and not re-admitted yet (not serving)", d.unit, d.rollout_id);
+                }
+                if let Some(e) = &v.record_error {
+                    println!("pdctld: ! rollout records are not being saved: {e}; no rollout starts until they are");
+                }
+                for c in &v.corrupt {
+                    println!("pdctld: ! unreadable record {}: {}", c.file, c.error);
+                }
+            }
+            serde_json::to_value(&v).unwrap_or(Value::Null)
+        }
+        Ok(Err(e)) => {
+            if !json {
+                println!("pdctld: error: {}", e.error);
+            }
+            json!({ "pdctld": "error", "error": e.error })
+        }
+        Err(e) => {
+            if !json {
+                println!("pdctld: not reachable ({e})");
+            }
+            json!({ "pdctld": "not reachable", "error": e.to_string() })
+        }
     };
     if json {
-        println!("{line}");
-    } else {
-        match line["pdctld"].as_str() {
-            Some("running a rollout") => println!(
-                "pdctld: running rollout {} (pdctl rollout watch {})",
-                line["rollout"].as_str().unwrap_or("?"),
-                line["rollout"].as_str().unwrap_or("?")
-            ),
-            Some("idle") => println!(
-                "pdctld: idle; last rollout: {}",
-                if line["last"].is_null() {
-                    "none".to_string()
-                } else {
-                    format!("{} ({})", line["last"]["id"].as_str().unwrap_or("?"), line["last"]["state"].as_str().unwrap_or("?"))
-                }
-            ),
-            _ => println!("pdctld: not reachable ({})", line["detail"].as_str().unwrap_or("")),
-        }
+        println!("{}", json!({ "pdctld": line }));
     }
     run(config, json).await
 }
 
-/// Run `pdctl status`.
+/// Run `pdctl status` for the workers.
 pub async fn run(config: &Path, json: bool) -> Exit {
     let s = match context::settings(config) {
         Ok(s) => s,
@@ -76,88 +88,130 @@ pub async fn run(config: &Path, json: bool) -> Exit {
     let sd = SystemdUnits::connect(&s).await;
     let probes = pdctl_core::real::probes(&s);
     let router = if s.router.is_some() { Some(probes.router_workers().await.map_err(|e| e.to_string())) } else { None };
-    let mut rows: Vec<Value> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    let mut not_serving = false;
+    let header = format!(
+        "{:<30} {:<8} {:<14} {:>7} {:<10} {:<20} {:<9} {:<9} {:<26} {:>7} {:>6}",
+        "UNIT", "ROLE", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "HEALTHY", "KV USED", "RUNNING", "QUEUED"
+    );
+    if !json {
+        println!("{header}");
+    }
     for w in &s.workers {
         let state = match &sd {
             Ok(sd) => sd.state(&w.unit).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         let kv = probes.kv(&w.url).await.map_err(|e| e.to_string());
-        let in_router = match &router {
-            None => Value::Null,
-            Some(Err(e)) => json!({ "error": e }),
-            Some(Ok(list)) => match list.iter().find(|x| x.url == w.url) {
-                Some(x) => {
-                    json!({ "listed": true, "worker_type": x.worker_type, "is_healthy": x.is_healthy, "load": x.load, "id": x.id })
-                }
-                None => json!({ "listed": false }),
-            },
+        let listed = match &router {
+            None => None,
+            Some(Err(e)) => Some(Err(e.clone())),
+            Some(Ok(list)) => Some(Ok(list.iter().find(|x| pdctl_core::config::same_url(&x.url, &w.url)).cloned())),
         };
-        let (since_at, ago) = state.as_ref().map(|st| since(st.active_enter_us)).unwrap_or_default();
-        let mut row = json!({
-            "unit": w.unit, "role": w.role, "url": w.url,
-            "router": in_router,
-        });
-        if let Some(o) = row.as_object_mut() {
-            match &state {
-                Ok(st) => {
-                    o.insert("active_state".into(), json!(st.active_state));
-                    o.insert("sub_state".into(), json!(st.sub_state));
-                    o.insert("invocation_id".into(), json!(st.invocation_id));
-                    o.insert("main_pid".into(), json!(st.main_pid));
-                    o.insert("n_restarts".into(), json!(st.n_restarts));
-                    o.insert("active_since".into(), json!(since_at));
-                }
-                Err(e) => {
-                    o.insert("unit_error".into(), json!(e));
-                }
-            }
-            match &kv {
-                Ok(r) => o.insert("kv".into(), serde_json::to_value(r).unwrap_or(Value::Null)),
-                Err(e) => o.insert("kv".into(), json!({ "error": e })),
-            };
+        let active = state.as_ref().is_ok_and(|st| st.active_state == "active");
+        let healthy_in_router = match &listed {
+            None => true,
+            Some(Ok(Some(x))) => x.is_healthy,
+            Some(Ok(None)) | Some(Err(_)) => false,
+        };
+        if !active || !healthy_in_router {
+            not_serving = true;
         }
         if json {
-            println!("{row}");
-        } else {
-            if rows.is_empty() {
-                println!(
-                    "{:<30} {:<16} {:>7}  {:<9} {:<34} {:<18} {:<26} {:>4} {:>5}",
-                    "UNIT", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "KV USED/MAX (USAGE)", "RUN", "QUEUE"
+            let mut row = json!({ "unit": w.unit, "role": w.role, "url": w.url, "serving": active && healthy_in_router });
+            if let Some(o) = row.as_object_mut() {
+                match &state {
+                    Ok(st) => {
+                        o.insert("active_state".into(), json!(st.active_state));
+                        o.insert("sub_state".into(), json!(st.sub_state));
+                        o.insert("invocation_id".into(), json!(st.invocation_id));
+                        o.insert("main_pid".into(), json!(st.main_pid));
+                        o.insert("n_restarts".into(), json!(st.n_restarts));
+                        o.insert("active_since".into(), json!(since(st.active_enter_us).0));
+                    }
+                    Err(e) => {
+                        o.insert("unit_error".into(), json!(e));
+                    }
+                }
+                let in_router = match &listed {
+                    None => Value::Null,
+                    Some(Err(e)) => json!({ "error": e }),
+                    Some(Ok(None)) => json!({ "listed": false }),
+                    Some(Ok(Some(x))) => json!({ "listed": true, "worker_type": x.worker_type, "is_healthy": x.is_healthy, "load": x.load, "id": x.id }),
+                };
+                o.insert("router".into(), in_router);
+                o.insert(
+                    "kv".into(),
+                    match &kv {
+                        Ok(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+                        Err(e) => json!({ "error": e }),
+                    },
                 );
             }
-            let (kvs, run, queue) = kv_text(&kv);
-            let router_s = match &row["router"] {
-                Value::Null => "-".to_string(),
-                r if r["listed"] == true => {
-                    format!("{} {}", r["worker_type"].as_str().unwrap_or("?"), if r["is_healthy"] == true { "healthy" } else { "UNHEALTHY" })
-                }
-                r if r["listed"] == false => "NOT LISTED".into(),
-                _ => "unreachable".into(),
-            };
-            match &state {
-                Ok(st) => println!(
-                    "{:<30} {:<16} {:>7}  {:<9} {:<34} {:<18} {:<26} {:>4} {:>5}",
-                    w.unit,
-                    format!("{}/{}", st.active_state, st.sub_state),
-                    st.main_pid,
-                    st.invocation_id.get(..8).unwrap_or("-"),
-                    format!("{since_at} ({ago} ago)"),
-                    router_s,
-                    kvs,
-                    run,
-                    queue
-                ),
-                Err(e) => println!("{:<30} {e}", w.unit),
-            }
+            println!("{row}");
+            continue;
         }
-        rows.push(row);
+        let (state_cell, pid, run, active_since) = match &state {
+            Ok(st) => (
+                format!("{}/{}", st.active_state, st.sub_state),
+                st.main_pid.to_string(),
+                st.invocation_id.get(..8).unwrap_or("-").to_string(),
+                since(st.active_enter_us).1,
+            ),
+            Err(e) => {
+                errors.push(format!("{}: systemd: {e}", w.unit));
+                ("error".into(), "-".into(), "-".into(), "-".into())
+            }
+        };
+        let (router_cell, healthy_cell) = match &listed {
+            None => ("-".to_string(), "-".to_string()),
+            Some(Err(e)) => {
+                errors.push(format!("{}: router: {e}", w.unit));
+                ("error".into(), "-".into())
+            }
+            Some(Ok(None)) => ("NOT LISTED".into(), "-".into()),
+            Some(Ok(Some(x))) => (x.worker_type.clone(), if x.is_healthy { "yes".into() } else { "NO".into() }),
+        };
+        let (kv_cell, running, queued) = match &kv {
+            Ok(r) => (kv_cell(r), opt(r.running_reqs), opt(r.queue_reqs)),
+            Err(e) => {
+                errors.push(format!("{}: metrics: {e}", w.unit));
+                ("(see below)".into(), "-".into(), "-".into())
+            }
+        };
+        let ago = if active_since.is_empty() || active_since == "-" { "-".to_string() } else { format!("{active_since} ago") };
+        println!(
+            "{:<30} {:<8} {:<14} {:>7} {:<10} {:<20} {:<9} {:<9} {:<26} {:>7} {:>6}",
+            w.unit,
+            w.role.as_str(),
+            state_cell,
+            pid,
+            run,
+            ago,
+            router_cell,
+            healthy_cell,
+            kv_cell,
+            running,
+            queued
+        );
+    }
+    if !json && !errors.is_empty() {
+        println!();
+        for e in &errors {
+            println!("  {e}");
+        }
     }
     match sd {
-        Ok(_) => Exit::Ok,
         Err(e) => {
             eprintln!("pdctl: {e}");
             Exit::Unreachable
         }
+        Ok(_) if not_serving => {
+            if !json {
+                println!("pdctl: ✗ a worker is not serving (see STATE / ROUTER / HEALTHY); next: pdctl check, journalctl -u UNIT");
+            }
+            Exit::GateFailed
+        }
+        Ok(_) => Exit::Ok,
     }
 }

@@ -20,6 +20,7 @@ use pdctl_core::api::{
     UnitSnapshot,
 };
 use pdctl_core::cause::Cause;
+use pdctl_core::drains::Drain;
 use pdctl_core::engine::RolloutRun;
 use pdctl_core::events::{Event, Status, Step};
 use pdctl_core::lifecycle::{now, RolloutState};
@@ -36,6 +37,11 @@ struct Running {
     abort: Arc<AtomicBool>,
     tx: broadcast::Sender<StreamLine>,
     record: Arc<Mutex<Record>>,
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// When the engine last emitted an event, and the step it is in.
+    progress: Mutex<(std::time::Instant, Step)>,
+    /// Its settings' deadlines (for the watchdog's progress check).
+    limits: Option<pdctl_core::config::Rollout>,
 }
 
 /// Shared daemon state.
@@ -47,6 +53,12 @@ pub struct Daemon {
     /// Own metrics.
     pub metrics: Metrics,
     running: Mutex<Option<Running>>,
+    /// Drains from before this process are being undone: no rollout starts meanwhile.
+    reconciling: AtomicBool,
+    /// Why the last record write failed, while some record is unsaved.
+    record_error: Mutex<Option<String>>,
+    /// Records whose latest state could not be written yet (retried; served from here).
+    unsaved: Mutex<BTreeMap<String, Record>>,
 }
 
 /// The error response of `cause`: its HTTP status and the documented JSON body.
@@ -71,71 +83,245 @@ async fn engine(daemon: &Daemon) -> Result<RealEngine, Cause> {
     pdctl_core::real::connect(config(daemon)?).await.map_err(|e| e.cause())
 }
 
+/// Each unit's systemd state now (for an interruption).
+async fn snapshot(sd: Option<&SystemdUnits>, units: &[String]) -> Vec<UnitSnapshot> {
+    let mut out = Vec::new();
+    for u in units {
+        let none =
+            |error: String| UnitSnapshot { unit: u.clone(), active_state: None, sub_state: None, invocation_id: None, n_restarts: None, error: Some(error) };
+        out.push(match sd {
+            Some(sd) => match sd.state(u).await {
+                Ok(s) => UnitSnapshot {
+                    unit: u.clone(),
+                    active_state: Some(s.active_state),
+                    sub_state: Some(s.sub_state),
+                    invocation_id: Some(s.invocation_id),
+                    n_restarts: Some(s.n_restarts),
+                    error: None,
+                },
+                Err(e) => none(e.to_string()),
+            },
+            None => none("systemd not reachable".into()),
+        });
+    }
+    out
+}
+
 impl Daemon {
     /// A daemon over `store`; rollouts left running by a previous process are marked interrupted
-    /// (with each unit's state now), and nothing resumes by itself.
+    /// (with each unit's state now), and nothing resumes by itself. Drains left in the ledger are
+    /// undone by [`Daemon::reconcile_at_start`]; until then no rollout starts.
     pub async fn new(config: PathBuf, store: Store) -> Daemon {
-        let d = Daemon { config, store, metrics: Metrics::default(), running: Mutex::new(None) };
-        let stuck: Vec<Record> = d.store.all().into_iter().filter(|r| r.lifecycle.state() == RolloutState::Running).collect();
+        let d = Daemon {
+            config,
+            store,
+            metrics: Metrics::default(),
+            running: Mutex::new(None),
+            reconciling: AtomicBool::new(false),
+            record_error: Mutex::new(None),
+            unsaved: Mutex::new(BTreeMap::new()),
+        };
+        let (records, corrupt) = d.store.all();
+        for c in &corrupt {
+            tracing::error!("rollout record {} does not read ({}); it is listed as corrupt in pdctl rollout history", c.file, c.error);
+        }
+        d.metrics.corrupt_records.set(corrupt.len() as i64);
+        let stuck: Vec<Record> = records.into_iter().filter(|r| r.lifecycle.state() == RolloutState::Running).collect();
         if !stuck.is_empty() {
             let sd = match pdctl_core::config::load(&d.config) {
                 Ok(s) => SystemdUnits::connect(&s).await.ok(),
                 Err(_) => None,
             };
             for mut r in stuck {
-                let pos = r.lifecycle.position().cloned();
-                let mut units = Vec::new();
-                for u in &r.plan {
-                    let snap = match &sd {
-                        Some(sd) => match sd.state(u).await {
-                            Ok(s) => UnitSnapshot {
-                                unit: u.clone(),
-                                active_state: Some(s.active_state),
-                                sub_state: Some(s.sub_state),
-                                invocation_id: Some(s.invocation_id),
-                                n_restarts: Some(s.n_restarts),
-                                error: None,
-                            },
-                            Err(e) => UnitSnapshot {
-                                unit: u.clone(),
-                                active_state: None,
-                                sub_state: None,
-                                invocation_id: None,
-                                n_restarts: None,
-                                error: Some(e.to_string()),
-                            },
-                        },
-                        None => UnitSnapshot {
-                            unit: u.clone(),
-                            active_state: None,
-                            sub_state: None,
-                            invocation_id: None,
-                            n_restarts: None,
-                            error: Some("systemd not reachable at start-up".into()),
-                        },
-                    };
-                    units.push(snap);
-                }
-                let (unit, step) = (pos.as_ref().map(|p| p.unit.clone()), pos.as_ref().map(|p| p.step));
-                tracing::warn!(pdctl_rollout_id = %r.id, "rollout {} was interrupted at {} ({}): pdctld stopped while it ran; resume it with pdctl rollout resume {}", r.id, unit.as_deref().unwrap_or("its start"), step.map(|s| s.as_str()).unwrap_or("-"), r.id);
-                if r.lifecycle.interrupt().is_err() {
-                    continue;
-                }
-                r.interrupted = Some(Interruption { unit, step, detected_at: now(), units });
-                r.finished_at = Some(now());
-                d.metrics.rollouts.get_or_create(&ResultLabel { result: RolloutState::Interrupted.as_str().into() }).inc();
-                if let Err(e) = d.store.save(&r) {
-                    tracing::error!("cannot save rollout {}: {e}", r.id);
-                }
+                let units = snapshot(sd.as_ref(), &r.plan).await;
+                d.interrupt(&mut r, units);
             }
         }
-        notify_status("idle");
+        let (drains, bad) = d.store.ledger().all();
+        for b in &bad {
+            tracing::error!("drain ledger file {} does not read ({}); check the router by hand", b.path.display(), b.error);
+        }
+        d.metrics.drained.set(drains.len() as i64);
+        d.reconciling.store(!drains.is_empty(), Ordering::SeqCst);
+        notify_status(if drains.is_empty() { "idle" } else { "re-admitting drained workers" });
         d
+    }
+
+    /// Mark a record interrupted where it stopped, with the units' state.
+    fn interrupt(&self, r: &mut Record, units: Vec<UnitSnapshot>) {
+        let pos = r.lifecycle.position().cloned();
+        let (unit, step) = (pos.as_ref().map(|p| p.unit.clone()), pos.as_ref().map(|p| p.step));
+        if r.lifecycle.interrupt().is_err() {
+            return;
+        }
+        tracing::warn!(pdctl_rollout_id = %r.id, "rollout {} was interrupted at {} ({}): pdctld stopped while it ran; resume it with pdctl rollout resume {}", r.id, unit.as_deref().unwrap_or("its start"), step.map(|s| s.as_str()).unwrap_or("-"), r.id);
+        r.interrupted = Some(Interruption { unit, step, detected_at: now(), units });
+        r.finished_at = Some(now());
+        self.metrics.rollouts.get_or_create(&ResultLabel { result: RolloutState::Interrupted.as_str().into() }).inc();
+        self.save(r);
+    }
+
+    /// Why the running rollout's engine looks hung (it has sat in one step past that step's
+    /// limit), if it does.
+    pub fn engine_stuck(&self) -> Option<String> {
+        let running = lock(&self.running);
+        let r = running.as_ref()?;
+        let limits = r.limits.as_ref()?;
+        let (since, step) = *lock(&r.progress);
+        let limit = limits.step_limit(step);
+        (since.elapsed() > limit).then(|| format!("rollout {} has been in step {} for {:?}, past its limit {limit:?}", r.id, step.as_str(), since.elapsed()))
     }
 
     /// The running rollout's id.
     pub fn running_id(&self) -> Option<String> {
         lock(&self.running).as_ref().map(|r| r.id.clone())
+    }
+
+    /// Persist `r` (retried by the store); on failure keep it in memory, report it (status,
+    /// metrics, journal) and retry later ([`Daemon::retry_unsaved`]). Returns whether it is on disk.
+    pub fn save(&self, r: &Record) -> bool {
+        match self.store.save(r) {
+            Ok(()) => {
+                let mut unsaved = lock(&self.unsaved);
+                unsaved.remove(&r.id);
+                if unsaved.is_empty() && lock(&self.record_error).take().is_some() {
+                    self.metrics.records_failing.set(0);
+                    tracing::info!("rollout records are being saved again");
+                }
+                true
+            }
+            Err(e) => {
+                lock(&self.unsaved).insert(r.id.clone(), r.clone());
+                let msg = format!("cannot write {}: {e}", self.store.dir().join("rollouts").display());
+                if lock(&self.record_error).replace(msg.clone()).is_none() {
+                    tracing::error!(pdctl_rollout_id = %r.id, "{msg}; pdctld keeps the record in memory, retries, and starts no rollout until it is saved");
+                }
+                self.metrics.record_write_failures.inc();
+                self.metrics.records_failing.set(1);
+                false
+            }
+        }
+    }
+
+    /// Try again to write the records whose last write failed (called periodically).
+    pub fn retry_unsaved(&self) {
+        let pending: Vec<Record> = lock(&self.unsaved).values().cloned().collect();
+        for r in pending {
+            // The running rollout's newer state is saved by its own events.
+            if self.running_id().as_deref() == Some(r.id.as_str()) {
+                continue;
+            }
+            self.save(&r);
+        }
+    }
+
+    /// A record by id: unsaved (newest) first, then the store.
+    fn load(&self, id: &str) -> Option<Record> {
+        lock(&self.unsaved).get(id).cloned().or_else(|| self.store.load(id))
+    }
+
+    /// Undo one drain (events in the record of the rollout that made it, metrics, journal).
+    async fn reconcile_one(&self, e: &RealEngine, d: &Drain, budget: std::time::Duration, record: Option<&Mutex<Record>>) {
+        let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let result = e.reconcile(d, self.store.ledger(), budget, &sink).await;
+        drop(sink);
+        let mut events = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            tracing::info!(pdctl_rollout_id = %d.rollout_id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
+            events.push(ev);
+        }
+        let note = match &result {
+            Ok(n) => {
+                self.metrics.reconciles.get_or_create(&ResultLabel { result: "restored".into() }).inc();
+                n.clone()
+            }
+            Err(c) => {
+                self.metrics.reconciles.get_or_create(&ResultLabel { result: "not_restored".into() }).inc();
+                tracing::error!(pdctl_rollout_id = %d.rollout_id, pdctl_unit = %d.unit, "{}", c.sentence());
+                c.sentence()
+            }
+        };
+        let apply = |r: &mut Record| {
+            r.events.extend(events.iter().cloned());
+            r.notes.push(note.clone());
+        };
+        match record {
+            Some(m) => {
+                let mut r = lock(m);
+                apply(&mut r);
+                self.save(&r);
+            }
+            None => {
+                if let Some(mut r) = self.load(&d.rollout_id) {
+                    apply(&mut r);
+                    self.save(&r);
+                }
+            }
+        }
+        self.metrics.drained.set(self.store.ledger().all().0.len() as i64);
+    }
+
+    /// Undo the drains left in the ledger by a previous process, before any rollout starts:
+    /// each worker is re-admitted once it serves (see `Engine::reconcile`), waiting up to
+    /// `ready_timeout` for a worker that is starting.
+    pub async fn reconcile_at_start(self: Arc<Self>) {
+        // Good revisions are recorded eagerly: what each worker's running process started with,
+        // so that a rollback works from the first day.
+        if let Ok(e) = engine(&self).await {
+            if let Err(c) = e.staleness(&self.store.revisions_dir()).await {
+                tracing::warn!("cannot record the workers' revisions at start: {}", c.sentence());
+            }
+        }
+        let (drains, _) = self.store.ledger().all();
+        if !drains.is_empty() {
+            match engine(&self).await {
+                Ok(e) => {
+                    let budget = e.settings.rollout.ready_timeout;
+                    for d in &drains {
+                        notify_status(&format!("re-admitting {} (drained by {})", d.unit, d.rollout_id));
+                        self.reconcile_one(&e, d, budget, None).await;
+                    }
+                }
+                Err(c) => tracing::error!(
+                    "cannot re-admit the workers pdctl drained before it stopped ({}): {}; they stay out of the router until a rollout re-admits them",
+                    drains.iter().map(|d| d.unit.as_str()).collect::<Vec<_>>().join(", "),
+                    c.sentence()
+                ),
+            }
+        }
+        self.reconciling.store(false, Ordering::SeqCst);
+        notify_status("idle");
+    }
+
+    /// SIGTERM: stop the running rollout's engine, undo its drain (within `budget`), and mark it
+    /// interrupted, so that stopping pdctld — an upgrade, `systemctl restart pdctld` — never leaves
+    /// a worker out of the router. What is not undone in time stays in the ledger for the next start.
+    pub async fn shutdown(&self, budget: std::time::Duration) {
+        let running = lock(&self.running).take();
+        let Some(r) = running else {
+            return;
+        };
+        if let Some(h) = lock(&r.task).take() {
+            h.abort();
+        }
+        // Let the event consumer write what the engine emitted before it stopped.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        tracing::warn!(pdctl_rollout_id = %r.id, "pdctld is stopping during rollout {}: undoing its drain, then it is interrupted (resume it with pdctl rollout resume {})", r.id, r.id);
+        let e = engine(self).await;
+        if let Ok(e) = &e {
+            let (drains, _) = self.store.ledger().all();
+            for d in drains.iter().filter(|d| d.rollout_id == r.id) {
+                self.reconcile_one(e, d, budget, Some(&r.record)).await;
+            }
+        }
+        let sd = e.as_ref().ok().map(|e| &e.units);
+        let plan = lock(&r.record).plan.clone();
+        let units = snapshot(sd, &plan).await;
+        let mut rec = lock(&r.record).clone();
+        self.interrupt(&mut rec, units);
+        if let Some(end) = rec.end_line() {
+            let _ = r.tx.send(end);
+        }
     }
 }
 
@@ -162,17 +348,31 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
         if let Some(other) = slot.as_ref() {
             return Err(Cause::Busy { id: other.id.clone() });
         }
+        if daemon.reconciling.load(Ordering::SeqCst) {
+            return Err(Cause::Reconciling { units: daemon.store.ledger().all().0.into_iter().map(|d| d.unit).collect() });
+        }
+        if let Some(error) = lock(&daemon.record_error).clone() {
+            return Err(Cause::RecordsFailing { error });
+        }
         let id = daemon.store.new_id();
         let (tx, _) = broadcast::channel(4096);
         let abort = Arc::new(AtomicBool::new(false));
         let record = Arc::new(Mutex::new(Record::new(&id, RolloutKind::Restart, vec![], BTreeMap::new(), None)));
-        *slot = Some(Running { id: id.clone(), abort: abort.clone(), tx: tx.clone(), record: record.clone() });
+        *slot = Some(Running {
+            id: id.clone(),
+            abort: abort.clone(),
+            tx: tx.clone(),
+            record: record.clone(),
+            task: Mutex::new(None),
+            progress: Mutex::new((std::time::Instant::now(), Step::Preflight)),
+            limits: None,
+        });
         (id, abort, tx, record)
     };
     daemon.metrics.running.set(1);
     let mut guard = Slot { daemon: &daemon, armed: true };
     let e = engine(&daemon).await?;
-    let dir = daemon.store.dir().join("revisions");
+    let dir = daemon.store.revisions_dir();
     let (kind, plan, reasons, resumes) = match req {
         Request::Restart { units } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
@@ -180,9 +380,22 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
         }
         Request::Apply { if_changed, all } => {
             let stale = e.staleness(&dir).await?;
-            let chosen: Vec<String> = stale.iter().filter(|(_, why)| all || !why.is_empty()).map(|(u, _)| u.clone()).collect();
+            // A change that already failed is not rolled out again until its files change.
+            let held: Vec<String> = stale
+                .iter()
+                .filter_map(|w| w.quarantined.as_ref().map(|q| format!("{} (its change failed in {}: {})", w.unit, q.rollout_id, q.cause)))
+                .collect();
+            for h in &held {
+                tracing::warn!("not rolling out {h}; change its files to try again");
+            }
+            let chosen: Vec<String> = stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect();
             if chosen.is_empty() && if_changed {
-                return Ok(Started { id: None, message: Some("no worker is stale; nothing to do".into()) });
+                let message = if held.is_empty() {
+                    "no worker is stale; nothing to do".to_string()
+                } else {
+                    format!("nothing to do: quarantined, not rolled out again: {}", held.join("; "))
+                };
+                return Ok(Started { id: None, message: Some(message) });
             }
             let plan = if chosen.is_empty() {
                 Plan { workers: vec![] }
@@ -191,13 +404,13 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
             };
             // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
             // idempotent and cheap, so do it whenever a worker is rolled for a change.
-            if stale.iter().any(|(u, why)| !why.is_empty() && chosen.contains(u)) {
+            if stale.iter().any(|w| !w.reasons.is_empty() && chosen.contains(&w.unit)) {
                 e.units.reload().await.map_err(|er| er.cause())?;
             }
-            (RolloutKind::Apply, plan, stale.into_iter().collect(), None)
+            (RolloutKind::Apply, plan, stale.into_iter().map(|w| (w.unit, w.reasons)).collect(), None)
         }
         Request::Resume { id: old_id } => {
-            let mut old = daemon.store.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
+            let mut old = daemon.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
             let wrong = |state: RolloutState| Cause::WrongState {
                 id: old_id.clone(),
                 state: state.as_str().into(),
@@ -210,6 +423,7 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
             let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
             daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
+            lock(&daemon.unsaved).remove(&old_id);
             (RolloutKind::Resume, plan, BTreeMap::new(), Some(old_id))
         }
     };
@@ -223,12 +437,20 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
     let id2 = id.clone();
-    tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort).await });
+    let limits = e.settings.rollout.clone();
+    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort).await });
+    if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
+        *lock(&r.task) = Some(task.abort_handle());
+        r.limits = Some(limits);
+    }
     Ok(Started { id: Some(id), message: None })
 }
 
 /// Persist, broadcast, count and log one event.
 fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &broadcast::Sender<StreamLine>, ev: Event) {
+    if let Some(r) = lock(&daemon.running).as_ref().filter(|r| r.id == id) {
+        *lock(&r.progress) = (std::time::Instant::now(), ev.step);
+    }
     tracing::info!(pdctl_rollout_id = %id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
     match ev.status {
         Status::Passed => daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0),
@@ -260,9 +482,7 @@ fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &broadcast::S
         }
     }
     r.events.push(ev.clone());
-    if let Err(er) = daemon.store.save(&r) {
-        tracing::error!(pdctl_rollout_id = %id, "cannot save rollout {id}: {er}");
-    }
+    daemon.save(&r);
     let _ = tx.send(StreamLine::Event(ev));
 }
 
@@ -286,8 +506,9 @@ async fn run(
             }
         })
     };
-    let dir = daemon.store.dir().join("revisions");
-    let run = RolloutRun { plan: &plan, resume: kind == RolloutKind::Resume, abort: &abort, revisions: Some(&dir), id: &id };
+    let dir = daemon.store.revisions_dir();
+    let run =
+        RolloutRun { plan: &plan, resume: kind == RolloutKind::Resume, abort: &abort, revisions: Some(&dir), ledger: Some(daemon.store.ledger()), id: &id };
     let mut finished = e.execute(run, &sink).await;
     drop(sink);
     let _ = consumer.await;
@@ -306,13 +527,17 @@ async fn run(
         r.finished_at = Some(now());
         r.summary = Some(summary.clone());
         r.notes.extend(finished.notes);
-        if let Err(er) = daemon.store.save(&r) {
-            tracing::error!(pdctl_rollout_id = %id, "cannot save rollout {id}: {er}");
-        }
+        daemon.save(&r);
     }
+    daemon.metrics.drained.set(daemon.store.ledger().all().0.len() as i64);
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} finished: {}", state.as_str());
     let _ = tx.send(StreamLine::Summary(summary));
-    *lock(&daemon.running) = None;
+    {
+        let mut slot = lock(&daemon.running);
+        if slot.as_ref().is_some_and(|r| r.id == id) {
+            *slot = None;
+        }
+    }
     daemon.metrics.running.set(0);
     notify_status(&format!("idle; last rollout {id}: {}", state.as_str()));
 }
@@ -334,15 +559,35 @@ async fn post_rollout(State(d): State<Arc<Daemon>>, body: Bytes) -> Response {
     }
 }
 
+/// Every record, the unsaved ones in their newest state, and the corrupt files.
+fn records(d: &Daemon) -> (Vec<Record>, Vec<pdctl_core::api::CorruptRecord>) {
+    let (mut all, corrupt) = d.store.all();
+    let unsaved = lock(&d.unsaved).clone();
+    for r in all.iter_mut() {
+        if let Some(u) = unsaved.get(&r.id) {
+            *r = u.clone();
+        }
+    }
+    for (id, u) in unsaved {
+        if !all.iter().any(|r| r.id == id) {
+            all.push(u);
+        }
+    }
+    all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    d.metrics.corrupt_records.set(corrupt.len() as i64);
+    (all, corrupt)
+}
+
 async fn list(State(d): State<Arc<Daemon>>) -> Response {
-    Json(History { rollouts: d.store.all().iter().map(Record::history_item).collect(), running: d.running_id() }).into_response()
+    let (all, corrupt) = records(&d);
+    Json(History { rollouts: all.iter().map(Record::history_item).collect(), running: d.running_id(), corrupt }).into_response()
 }
 
 async fn get_one(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Response {
     if let Some(r) = lock(&d.running).as_ref().filter(|r| r.id == id) {
         return Json(lock(&r.record).clone()).into_response();
     }
-    match d.store.load(&id) {
+    match d.load(&id) {
         Some(r) => Json(r).into_response(),
         None => api_err(&Cause::NoSuchRollout { id }),
     }
@@ -356,7 +601,7 @@ async fn events(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> R
             let rx = r.tx.subscribe();
             (rec.events.iter().cloned().map(StreamLine::Event).collect(), Some(rx))
         }
-        None => match d.store.load(&id) {
+        None => match d.load(&id) {
             Some(rec) => {
                 let mut q: VecDeque<StreamLine> = rec.events.iter().cloned().map(StreamLine::Event).collect();
                 q.extend(rec.end_line());
@@ -396,7 +641,7 @@ async fn abort(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Re
             (StatusCode::ACCEPTED, Json(AbortAccepted { id, message: "aborting after the current unit is verified".into() })).into_response()
         }
         _ => {
-            let state = d.store.load(&id).map(|r| r.lifecycle.state().as_str().to_string());
+            let state = d.load(&id).map(|r| r.lifecycle.state().as_str().to_string());
             match state {
                 Some(state) => api_err(&Cause::WrongState { id, state, needs: "only a running rollout can be aborted".into() }),
                 None => api_err(&Cause::NoSuchRollout { id }),
@@ -410,17 +655,29 @@ async fn diff(State(d): State<Arc<Daemon>>) -> Response {
         Ok(e) => e,
         Err(c) => return api_err(&c),
     };
-    match e.staleness(&d.store.dir().join("revisions")).await {
-        Ok(s) => {
-            Json(Diff { workers: s.into_iter().map(|(unit, reasons)| DiffWorker { unit, stale: !reasons.is_empty(), reasons }).collect() }).into_response()
-        }
+    match e.staleness(&d.store.revisions_dir()).await {
+        Ok(s) => Json(Diff {
+            workers: s.into_iter().map(|w| DiffWorker { unit: w.unit, stale: !w.reasons.is_empty(), reasons: w.reasons, quarantined: w.quarantined }).collect(),
+        })
+        .into_response(),
         Err(c) => api_err(&c),
     }
 }
 
 async fn status(State(d): State<Arc<Daemon>>) -> Response {
-    let last = d.store.all().into_iter().last().map(|r| LastRollout { id: r.id.clone(), state: r.lifecycle.state(), kind: r.kind });
-    Json(DaemonStatus { running: d.running_id(), last, config: d.config.display().to_string(), state_dir: d.store.dir().display().to_string() }).into_response()
+    let (all, corrupt) = records(&d);
+    let last = all.last().map(|r| LastRollout { id: r.id.clone(), state: r.lifecycle.state(), kind: r.kind });
+    Json(DaemonStatus {
+        running: d.running_id(),
+        last,
+        config: d.config.display().to_string(),
+        state_dir: d.store.dir().display().to_string(),
+        reconciling: d.reconciling.load(Ordering::SeqCst),
+        drained: d.store.ledger().all().0,
+        record_error: lock(&d.record_error).clone(),
+        corrupt,
+    })
+    .into_response()
 }
 
 /// The control API.
@@ -433,6 +690,9 @@ pub fn api(d: Arc<Daemon>) -> Router {
         .route("/v1/diff", get(diff))
         .route("/v1/status", get(status))
         .fallback(|| async { api_err(&Cause::BadRequest { message: "no such endpoint; see docs/cli.md for pdctld's control API".into() }) })
+        .method_not_allowed_fallback(|| async {
+            api_err(&Cause::BadRequest { message: "that method is not allowed on this endpoint; see docs/cli.md for pdctld's control API".into() })
+        })
         .with_state(d)
 }
 

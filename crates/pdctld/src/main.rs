@@ -10,6 +10,7 @@ mod store;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use pdctl_core::api::Exit;
@@ -33,6 +34,10 @@ struct Args {
     /// Loopback address of the metrics endpoint (`off` to disable).
     #[arg(long, default_value = "127.0.0.1:9731")]
     metrics_listen: String,
+    /// On SIGTERM, how long to spend undoing the running rollout's drain before exiting (keep it
+    /// below the unit's TimeoutStopSec). What is not undone by then is undone at the next start.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    stop_timeout: std::time::Duration,
 }
 
 fn init_logs() {
@@ -114,29 +119,100 @@ async fn main() {
             Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
         }
     }
+    let app = daemon::api(d.clone());
     if let Some(every) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(d.clone(), app.clone(), every / 2));
+    }
+    // Records whose write failed are retried until they are on disk.
+    {
+        let d = d.clone();
         tokio::spawn(async move {
-            let mut t = tokio::time::interval(every / 2);
+            let mut t = tokio::time::interval(Duration::from_secs(5));
             loop {
                 t.tick().await;
-                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                d.retry_unsaved();
             }
         });
     }
-    tracing::info!(socket = %args.socket.display(), state_dir = %state_dir.display(), "pdctld serving");
+    tracing::info!(socket = %args.socket.display(), state_dir = %state_dir.display(), "pdctld serving on {}", args.socket.display());
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("idle")]);
-    let app = daemon::api(d);
-    let serve = axum::serve(listener, app);
+    // Drains left by a previous process are undone before any rollout starts (the API answers
+    // meanwhile: status says "reconciling", a new rollout is refused with exit 4).
+    tokio::spawn(d.clone().reconcile_at_start());
     tokio::select! {
-        r = serve => if let Err(e) = r { eprintln!("pdctld: the control socket failed: {e}"); Exit::Unreachable.exit_process(); },
+        _ = serve(listener, app) => {}
         _ = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(mut s) => { s.recv().await; }
                 Err(_) => std::future::pending::<()>().await,
             }
         } => {
-            let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping, sd_notify::NotifyState::Status("stopping: undoing the running rollout's drain")]);
             tracing::info!("pdctld stopping");
+            // The socket stops answering; the running rollout's drain is undone within the budget.
+            d.shutdown(args.stop_timeout).await;
+        }
+    }
+}
+
+/// Connections served at once; more are closed at once (a local client retries).
+const MAX_CONNECTIONS: usize = 256;
+/// A client must send its request head within this time (from the moment it connects).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The control socket's accept loop: at most [`MAX_CONNECTIONS`] connections, each closed unless
+/// it sends its request head within [`HEADER_TIMEOUT`], one request per connection (no idle
+/// keep-alive). So half-open connections cannot exhaust the file descriptors or starve the API.
+async fn serve(listener: tokio::net::UnixListener, app: axum::Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning; the connections in hand
+                // time out and free their descriptors.
+                tracing::warn!("the control socket cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            let _ = conn.await;
+            drop(slot);
+        });
+    }
+}
+
+/// Feed systemd's watchdog only while the control API answers (a request through the same
+/// router the socket serves, bounded) and a running rollout's engine makes progress within its
+/// current step's limit. A stuck handler or a hung engine lets systemd restart pdctld, whose
+/// start then undoes any drain it left.
+async fn watchdog(d: Arc<daemon::Daemon>, app: axum::Router, every: Duration) {
+    use tower::ServiceExt as _;
+    let mut t = tokio::time::interval(every);
+    loop {
+        t.tick().await;
+        let probe = axum::http::Request::builder().uri("/v1/status").body(axum::body::Body::empty());
+        let answers = match probe {
+            Ok(req) => matches!(tokio::time::timeout(Duration::from_secs(5), app.clone().oneshot(req)).await, Ok(Ok(r)) if r.status().is_success()),
+            Err(_) => false,
+        };
+        match (answers, d.engine_stuck()) {
+            (true, None) => {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+            (false, _) => tracing::error!("the control API did not answer within 5s; not feeding the watchdog"),
+            (true, Some(why)) => tracing::error!("{why}; the engine looks hung: not feeding the watchdog"),
         }
     }
 }

@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     /// A final `pdctl_core::lifecycle::RolloutState` (succeeded, failed, rolled_back, aborted,
-    /// interrupted).
+    /// interrupted), or a reconcile's result (restored, not_restored).
     pub result: String,
 }
 
@@ -47,6 +47,16 @@ pub struct Metrics {
     pub last_success: Gauge,
     /// `pdctl_rollout_running` (1 while a rollout runs).
     pub running: Gauge,
+    /// `pdctl_drained_workers`: workers pdctl took out of the router and has not re-admitted.
+    pub drained: Gauge,
+    /// `pdctl_reconciles_total{result}`: drains undone (`restored`) or not (`not_restored`).
+    pub reconciles: Family<ResultLabel, Counter>,
+    /// `pdctl_records_failing`: 1 while rollout records cannot be saved (no rollout starts).
+    pub records_failing: Gauge,
+    /// `pdctl_record_write_failures_total`: record writes that failed after their retries.
+    pub record_write_failures: Counter,
+    /// `pdctl_corrupt_records`: record files that do not read.
+    pub corrupt_records: Gauge,
 }
 
 impl Default for Metrics {
@@ -58,13 +68,36 @@ impl Default for Metrics {
         let units_restarted = Counter::default();
         let last_success = Gauge::default();
         let running = Gauge::default();
+        let drained = Gauge::default();
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        let records_failing = Gauge::default();
+        let record_write_failures = Counter::default();
+        let corrupt_records = Gauge::default();
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
         registry.register("gate_failures", "Gates that failed, by step and cause code", gate_failures.clone());
         registry.register("units_restarted", "Units restarted and verified", units_restarted.clone());
         registry.register("last_success_timestamp_seconds", "When the last rollout succeeded (seconds since the epoch)", last_success.clone());
         registry.register("rollout_running", "1 while a rollout runs", running.clone());
-        Metrics { registry, rollouts, step_duration, gate_failures, units_restarted, last_success, running }
+        registry.register("drained_workers", "Workers pdctl took out of the router and has not re-admitted (not serving)", drained.clone());
+        registry.register("reconciles", "Drains undone after a failure or a restart of pdctld, by result (restored, not_restored)", reconciles.clone());
+        registry.register("records_failing", "1 while rollout records cannot be saved (no rollout starts meanwhile)", records_failing.clone());
+        registry.register("record_write_failures", "Rollout record writes that failed after their retries", record_write_failures.clone());
+        registry.register("corrupt_records", "Rollout record files that do not read", corrupt_records.clone());
+        Metrics {
+            registry,
+            rollouts,
+            step_duration,
+            gate_failures,
+            units_restarted,
+            last_success,
+            running,
+            drained,
+            reconciles,
+            records_failing,
+            record_write_failures,
+            corrupt_records,
+        }
     }
 }
 

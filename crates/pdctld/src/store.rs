@@ -1,24 +1,35 @@
-//! The state directory: one JSON record per rollout (plan, every event, result, revisions),
-//! written atomically (write a temporary file, fsync it, rename it over the old one, fsync the
-//! directory), so that a crash or SIGKILL leaves either the old or the new record, never half.
+//! The state directory: one JSON record per rollout (plan, lifecycle, every event, result), the
+//! last good revision of each worker, and the drain ledger — each file written atomically (a
+//! temporary file, fsync, rename over the old one, fsync the directory), so that a crash or
+//! SIGKILL leaves either the old or the new record, never half. Files are 0640 and directories
+//! 0750 whatever the umask: revisions hold unit files and environment files.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use pdctl_core::api::CorruptRecord;
 pub use pdctl_core::api::Record;
-use pdctl_core::revisions::atomic_write;
+use pdctl_core::drains::Ledger;
+use pdctl_core::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
 
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
+    ledger: Ledger,
 }
+
+/// Attempts of one record write before it is reported as failed.
+const WRITE_ATTEMPTS: u32 = 3;
 
 impl Store {
     /// Open (and create) the state directory.
     pub fn open(dir: &Path) -> std::io::Result<Store> {
-        std::fs::create_dir_all(dir.join("rollouts"))?;
-        std::fs::create_dir_all(dir.join("revisions"))?;
-        Ok(Store { dir: dir.to_path_buf() })
+        create_private_dir(dir)?;
+        create_private_dir(&dir.join("rollouts"))?;
+        create_private_dir(&dir.join("revisions"))?;
+        let ledger = Ledger::open(&dir.join("drains"))?;
+        Ok(Store { dir: dir.to_path_buf(), ledger })
     }
 
     /// The directory.
@@ -26,38 +37,65 @@ impl Store {
         &self.dir
     }
 
+    /// Where workers' good revisions are kept.
+    pub fn revisions_dir(&self) -> PathBuf {
+        self.dir.join("revisions")
+    }
+
+    /// The drain ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
     fn path(&self, id: &str) -> PathBuf {
         self.dir.join("rollouts").join(format!("{id}.json"))
     }
 
-    /// Persist a record.
+    /// Persist a record: retried a few times (a full disk may free up, an NFS hiccup pass);
+    /// the last error if every attempt failed.
     pub fn save(&self, r: &Record) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
-        atomic_write(&self.path(&r.id), &bytes)
+        let mut last = None;
+        for attempt in 0..WRITE_ATTEMPTS {
+            match atomic_write(&self.path(&r.id), &bytes, STATE_FILE_MODE) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            if attempt + 1 < WRITE_ATTEMPTS {
+                std::thread::sleep(Duration::from_millis(50 << attempt));
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no write attempted")))
     }
 
     /// One record.
     pub fn load(&self, id: &str) -> Option<Record> {
-        if id.contains('/') || id.starts_with('.') {
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
             return None;
         }
         let text = std::fs::read(self.path(id)).ok()?;
         serde_json::from_slice(&text).ok()
     }
 
-    /// Every record, oldest first.
-    pub fn all(&self) -> Vec<Record> {
-        let mut out: Vec<Record> = std::fs::read_dir(self.dir.join("rollouts"))
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-                    .filter_map(|e| std::fs::read(e.path()).ok())
-                    .filter_map(|b| serde_json::from_slice::<Record>(&b).ok())
-                    .collect()
-            })
-            .unwrap_or_default();
+    /// Every record, oldest first, and the files that are not readable records (listed, never
+    /// dropped silently: a half-written or hand-edited file is something an operator must see).
+    pub fn all(&self) -> (Vec<Record>, Vec<CorruptRecord>) {
+        let (mut out, mut corrupt) = (Vec::new(), Vec::new());
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("rollouts")) {
+            for e in rd.flatten() {
+                let path = e.path();
+                if path.extension().is_none_or(|x| x != "json") {
+                    continue;
+                }
+                match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| serde_json::from_slice::<Record>(&b).map_err(|e| e.to_string())) {
+                    Ok(r) => out.push(r),
+                    Err(error) => corrupt.push(CorruptRecord { file: path.display().to_string(), error }),
+                }
+            }
+        }
         out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        out
+        corrupt.sort_by(|a, b| a.file.cmp(&b.file));
+        (out, corrupt)
     }
 
     /// A new id: time-ordered and unique in this directory (callers hold pdctld's one running
@@ -70,19 +108,28 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     #[test]
-    fn records_survive_a_round_trip_and_writes_are_atomic() {
+    fn records_survive_a_round_trip_are_private_and_corrupt_ones_are_listed() {
         let dir = std::env::temp_dir().join(format!("pdctld-store-{}", std::process::id()));
         let s = Store::open(&dir).unwrap();
         let id = s.new_id();
         let r = Record::new(&id, pdctl_core::api::RolloutKind::Restart, vec!["a.service".into()], Default::default(), None);
         s.save(&r).unwrap();
         assert_eq!(s.load(&id).unwrap().plan, vec!["a.service"]);
+        assert_eq!(std::fs::metadata(s.path(&id)).unwrap().permissions().mode() & 0o777, 0o640);
+        assert_eq!(std::fs::metadata(dir.join("rollouts")).unwrap().permissions().mode() & 0o777, 0o750);
         assert_ne!(s.new_id(), id);
         assert!(!std::fs::read_dir(dir.join("rollouts")).unwrap().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".tmp")));
         assert!(s.load("../etc/passwd").is_none());
+        std::fs::write(dir.join("rollouts/r1.json"), "{\"id\":").unwrap();
+        let (ok, corrupt) = s.all();
+        assert_eq!(ok.len(), 1);
+        assert_eq!(corrupt.len(), 1);
+        assert!(corrupt[0].file.ends_with("r1.json"));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

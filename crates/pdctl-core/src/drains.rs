@@ -1,0 +1,130 @@
+//! The drain ledger: every worker pdctl takes out of the router is written down *before* the router
+//! is touched, and crossed off only once the router admits it again. A drain still in the ledger
+//! is one pdctl made and has not undone — after a crash, a SIGKILL, a watchdog kill or a failed
+//! gate — and [`crate::engine::Engine::reconcile`] restores it. pdctl acts only on drains in its
+//! ledger, never on workers an operator removed from the router.
+//!
+//! One JSON file per unit in the ledger directory (pdctld: `<state>/drains/`), written atomically.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Role;
+use crate::revisions::{atomic_write, STATE_FILE_MODE};
+
+/// One drain pdctl made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drain {
+    /// The unit.
+    pub unit: String,
+    /// The worker's URL as configured.
+    pub url: String,
+    /// Its role (the router's `worker_type`).
+    pub role: Role,
+    /// Its bootstrap port (prefill), for re-registration.
+    pub bootstrap_port: Option<u16>,
+    /// The unit's InvocationID when it was drained: the run that had passed the gates.
+    pub invocation_id: String,
+    /// The router's id of the worker that was removed.
+    pub router_id: String,
+    /// The rollout that drained it.
+    pub rollout_id: String,
+    /// When (seconds since the epoch).
+    pub drained_at: u64,
+}
+
+/// The ledger directory.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    dir: PathBuf,
+}
+
+/// A ledger file that does not parse (reported, never deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub error: String,
+}
+
+impl Ledger {
+    /// The ledger in `dir` (created if needed, mode 0750).
+    pub fn open(dir: &Path) -> std::io::Result<Ledger> {
+        crate::revisions::create_private_dir(dir)?;
+        Ok(Ledger { dir: dir.to_path_buf() })
+    }
+
+    fn path(&self, unit: &str) -> PathBuf {
+        self.dir.join(format!("{}.json", unit.replace('/', "_")))
+    }
+
+    /// Write the drain down (before the router is touched).
+    pub fn record(&self, d: &Drain) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(d).map_err(std::io::Error::other)?;
+        atomic_write(&self.path(&d.unit), &bytes, STATE_FILE_MODE)
+    }
+
+    /// Cross it off (the router admits the worker again).
+    pub fn clear(&self, unit: &str) -> std::io::Result<()> {
+        match std::fs::remove_file(self.path(unit)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => std::fs::File::open(&self.dir)?.sync_all(),
+        }
+    }
+
+    /// The drain of `unit`, if pdctl made one and has not undone it.
+    pub fn get(&self, unit: &str) -> Option<Drain> {
+        serde_json::from_slice(&std::fs::read(self.path(unit)).ok()?).ok()
+    }
+
+    /// Every open drain, and the files that do not parse.
+    pub fn all(&self) -> (Vec<Drain>, Vec<Unreadable>) {
+        let (mut ok, mut bad) = (Vec::new(), Vec::new());
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return (ok, bad);
+        };
+        let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+        paths.sort();
+        for path in paths {
+            match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| serde_json::from_slice::<Drain>(&b).map_err(|e| e.to_string())) {
+                Ok(d) => ok.push(d),
+                Err(error) => bad.push(Unreadable { path, error }),
+            }
+        }
+        (ok, bad)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_get_clear() {
+        let dir = std::env::temp_dir().join(format!("pdctl-ledger-{}", std::process::id()));
+        let l = Ledger::open(&dir).unwrap();
+        let d = Drain {
+            unit: "p.service".into(),
+            url: "http://127.0.0.1:1".into(),
+            role: Role::Prefill,
+            bootstrap_port: Some(8998),
+            invocation_id: "abc".into(),
+            router_id: "w1".into(),
+            rollout_id: "r1".into(),
+            drained_at: 1,
+        };
+        l.record(&d).unwrap();
+        assert_eq!(l.get("p.service"), Some(d.clone()));
+        std::fs::write(dir.join("junk.json"), "{").unwrap();
+        let (ok, bad) = l.all();
+        assert_eq!(ok, vec![d]);
+        assert_eq!(bad.len(), 1, "an unreadable file is reported, not dropped");
+        l.clear("p.service").unwrap();
+        l.clear("p.service").unwrap();
+        assert_eq!(l.get("p.service"), None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,500 @@
+//! Never make it worse: pdctld stopped, killed or failing after a drain never leaves a worker out
+//! of the router; one rollout at a time, atomically; a control socket that cannot be starved;
+//! strict API input. On the sandbox (real systemd, journald, D-Bus) with the real router.
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pdctl_tests::pdctl_sandbox::stack::{http_get, Pdctld, Stack, StackOptions};
+use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, stack_up, stack_with_pdctld};
+use serde_json::Value;
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn is(e: &Value, unit: &str, step: &str, status: &str) -> bool {
+    e["unit"] == unit && e["step"] == step && e["status"] == status
+}
+
+/// One raw HTTP/1.0 request on pdctld's socket: status and JSON body.
+fn raw(socket: &Path, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let mut c = UnixStream::connect(socket).expect("connect to pdctld");
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(c, "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, serde_json::from_str(body).unwrap_or(Value::String(body.to_string())))
+}
+
+/// Is `url` listed healthy by the router now?
+fn in_router(stack: &Stack, url: &str) -> bool {
+    let r = stack.router.as_ref().unwrap();
+    http_get(&format!("{}/workers", r.url))
+        .ok()
+        .and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
+        .and_then(|v| v["workers"].as_array().map(|l| l.iter().any(|w| w["url"] == url && w["is_healthy"] == true)))
+        .unwrap_or(false)
+}
+
+/// Wait (bounded) until the router lists the prefill healthy again; then a request through the
+/// router must succeed. Returns how long it took.
+fn back_in_router(stack: &Stack) -> Duration {
+    let t0 = Instant::now();
+    while !in_router(stack, &stack.prefill.url) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the prefill is back in the router within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = t0.elapsed();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
+    let ok = rt.block_on(pdctl_tests::poll_until(Duration::from_secs(20), Duration::from_millis(200), || async {
+        let r = pdctl_tests::http().post(&url).json(&serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}})).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    }));
+    assert!(ok.is_some(), "a request through the router succeeds");
+    took
+}
+
+/// The record of `id`, once pdctld is done re-admitting drained workers (bounded).
+fn record(d: &Pdctld, id: &str) -> Value {
+    let t0 = Instant::now();
+    while raw(&d.socket, "GET", "/v1/status", "").1["reconciling"] != false {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pdctld finished reconciling within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, v) = raw(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+fn running_id(d: &Pdctld) -> String {
+    let (_, h) = raw(&d.socket, "GET", "/v1/rollouts", "");
+    h["rollouts"].as_array().unwrap().last().unwrap()["id"].as_str().unwrap().to_string()
+}
+
+/// The rollout of the one drain in pdctld's ledger (read from disk: pdctld may be down).
+fn ledger_rollout(d: &Pdctld) -> String {
+    let drains: Vec<PathBuf> = std::fs::read_dir(d.state.join("drains")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(drains.len(), 1, "the drain is in the ledger: {drains:?}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&drains[0]).unwrap()).unwrap();
+    assert_eq!(v["unit"], P);
+    v["rollout_id"].as_str().unwrap().to_string()
+}
+
+fn reconcile_event(rec: &Value, unit: &str) -> Value {
+    rec["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| is(e, unit, "reconcile", "passed"))
+        .cloned()
+        .unwrap_or_else(|| panic!("a passed reconcile of {unit}: {rec:#}"))
+}
+
+#[test]
+fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
+    let (stack, config, d) = stack_with_pdctld();
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill was drained");
+    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
+    let _ = c.finish(Duration::from_secs(20));
+    // Read the ledger before pdctld starts again: the drain was written down.
+    let id = ledger_rollout(&d);
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    let took = back_in_router(&stack);
+    let rec = record(&d, &id);
+    assert_eq!(rec["lifecycle"]["state"], "interrupted");
+    let ev = reconcile_event(&rec, P);
+    eprintln!("re-admitted {took:?} after pdctld's start (same run: {})", ev["detail"]["same_run"]);
+    assert!(std::fs::read_dir(d.state.join("drains")).unwrap().next().is_none(), "the ledger is empty again");
+    let (_, st) = raw(&d.socket, "GET", "/v1/status", "");
+    assert_eq!(st["drained"], serde_json::json!([]), "{st}");
+    assert_eq!(st["reconciling"], false);
+}
+
+#[test]
+fn sigkill_while_the_drained_worker_restarts_re_admits_it_only_after_its_gates() {
+    let (stack, config, d) = stack_with_pdctld();
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    c.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("the prefill restarted");
+    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
+    let _ = c.finish(Duration::from_secs(20));
+    let id = ledger_rollout(&d);
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    back_in_router(&stack);
+    let rec = record(&d, &id);
+    let ev = reconcile_event(&rec, P);
+    assert_eq!(ev["detail"]["same_run"], false, "a new run: {ev}");
+    assert_eq!(ev["detail"]["router"]["re_registered"], true, "re-registered by the reconcile: {ev}");
+    // Nothing resumed by itself: the decode was not touched.
+    assert!(!rec["events"].as_array().unwrap().iter().any(|e| e["unit"] == D && e["step"] == "restart"));
+}
+
+#[test]
+fn stopping_pdctld_mid_rollout_undoes_the_drain_before_it_exits() {
+    let (stack, config, d) = stack_with_pdctld();
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill was drained");
+    let id = running_id(&d);
+    // SIGTERM (an upgrade, `systemctl restart pdctld`): stop returns once pdctld has exited.
+    stack.sandbox.systemctl(&["stop", &d.unit]).unwrap();
+    assert_eq!(stack.show(&d.unit, "ActiveState").unwrap(), "inactive");
+    assert!(in_router(&stack, &stack.prefill.url), "pdctld put the prefill back before it exited");
+    let _ = c.finish(Duration::from_secs(20));
+    stack.sandbox.systemctl(&["start", &d.unit]).unwrap();
+    let rec = record(&d, &id);
+    assert_eq!(rec["lifecycle"]["state"], "interrupted", "{rec:#}");
+    reconcile_event(&rec, P);
+    back_in_router(&stack);
+}
+
+#[test]
+fn a_gate_failing_after_the_drain_re_admits_the_worker() {
+    let (stack, config, d) = stack_with_pdctld();
+    // The restart job outlives job_timeout (its stop takes 3 s): the restart step fails (exit 3)
+    // after the drain, while systemd goes on starting the unit.
+    stack.drop_in(P, "50-slow-stop", "[Service]\nExecStopPost=/bin/sleep 3\n").unwrap();
+    std::fs::write(config.parent().unwrap().join("config.d/20-job.toml"), "[rollout]\njob_timeout = \"1s\"\n").unwrap();
+    let run = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], LIMIT);
+    assert_eq!(run.code, 3, "{:#?} {}", run.summary, run.stderr);
+    assert_eq!(run.summary["failed"]["step"], "restart");
+    assert_eq!(run.summary["failed"]["cause_code"], "systemd_timeout");
+    assert!(run.index(P, "reconcile", "passed").is_some(), "the drain was undone on the error path: {:#?}", run.events);
+    assert!(!run.touched(D), "nothing after the failed unit");
+    back_in_router(&stack);
+}
+
+#[test]
+fn concurrent_starts_get_one_202_and_the_rest_409_naming_it_and_a_resume_runs_once() {
+    let (_stack, config, d) = stack_with_pdctld();
+    let sock = d.socket.clone();
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let sock = sock.clone();
+            std::thread::spawn(move || raw(&sock, "POST", "/v1/rollouts", r#"{"kind":"restart","units":[]}"#))
+        })
+        .collect();
+    let answers: Vec<(u16, Value)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let accepted: Vec<&Value> = answers.iter().filter(|(s, _)| *s == 202).map(|(_, v)| v).collect();
+    assert_eq!(accepted.len(), 1, "{answers:?}");
+    let id = accepted[0]["id"].as_str().unwrap().to_string();
+    for (status, v) in answers.iter().filter(|(s, _)| *s != 202) {
+        assert_eq!(*status, 409, "{v}");
+        assert_eq!(v["exit_code"], 4);
+        assert_eq!(v["cause_code"], "busy");
+        assert!(v["error"].as_str().unwrap().contains(&id), "names the running rollout: {v}");
+    }
+    let (_, h) = raw(&sock, "GET", "/v1/rollouts", "");
+    assert_eq!(h["rollouts"].as_array().unwrap().len(), 1, "no phantom records: {h}");
+    let w = pdctl_daemon(&d, &config, &["rollout", "watch", &id, "--json"], LIMIT);
+    assert_eq!(w.code, 0, "{}", w.stderr);
+    assert!(w.summary["elapsed_ms"].as_u64().unwrap() >= 4000, "the whole rollout's time (two 2 s soaks at least): {}", w.summary);
+    assert!(w.events.iter().all(|e| e["at"].as_str().is_some_and(|t| t.ends_with('Z'))), "every event carries its wall-clock time");
+    let again = pdctl_daemon(&d, &config, &["rollout", "resume", &id, "--json"], LIMIT);
+    assert_eq!(again.code, 2, "a succeeded rollout cannot be resumed: {}", again.stderr);
+}
+
+#[test]
+fn half_open_connections_do_not_starve_the_api_or_kill_pdctld() {
+    let (stack, _config, d) = stack_with_pdctld();
+    let pid0 = stack.show(&d.unit, "MainPID").unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2000 {
+        match UnixStream::connect(&d.socket) {
+            Ok(c) => {
+                let _ = (&c).write_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n"); // never finished
+                held.push(c);
+            }
+            Err(_) => break,
+        }
+    }
+    assert!(held.len() >= 1000, "opened {} half-open connections", held.len());
+    let t0 = Instant::now();
+    let mut answered = false;
+    while t0.elapsed() < Duration::from_secs(30) {
+        if let Ok(mut c) = UnixStream::connect(&d.socket) {
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = c.write_all(b"GET /v1/status HTTP/1.0\r\nHost: x\r\n\r\n");
+            let mut out = String::new();
+            if c.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.") && out.contains("\"reconciling\"") {
+                answered = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("the API answered {:?} after {} half-open connections", t0.elapsed(), held.len());
+    assert!(answered, "the API answers while {} half-open connections are held", held.len());
+    drop(held);
+    assert_eq!(stack.show(&d.unit, "MainPID").unwrap(), pid0, "pdctld was not killed or restarted");
+    assert_eq!(stack.show(&d.unit, "NRestarts").unwrap(), "0");
+}
+
+#[test]
+fn api_input_is_strict_and_every_rejection_is_the_json_error() {
+    let (stack, _config, d) = stack_with_pdctld();
+    let p0 = stack.show(P, "InvocationID").unwrap();
+    let (status, v) = raw(&d.socket, "POST", "/v1/rollouts", r#"{"kind":"restart","unit":["x"]}"#);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["cause_code"], "bad_request");
+    assert_eq!(v["exit_code"], 2);
+    assert!(v["error"].as_str().unwrap().contains("unknown field `unit`"), "{v}");
+    for (m, path, body) in [("POST", "/v1/rollouts", "not json"), ("GET", "/v2/nothing", ""), ("DELETE", "/v1/rollouts", ""), ("GET", "/v1/rollouts/nope", "")]
+    {
+        let (status, v) = raw(&d.socket, m, path, body);
+        assert!(status >= 400, "{m} {path}: {status}");
+        assert!(v["error"].is_string() && v["exit_code"].is_number() && v["cause_code"].is_string(), "{m} {path}: the documented error body: {v}");
+    }
+    assert_eq!(stack.show(P, "InvocationID").unwrap(), p0, "nothing was restarted");
+}
+
+/// `pdctl-rollout.service`, as the timer starts it: `rollout apply --if-changed`.
+fn timer_service(stack: &Stack, d: &Pdctld) {
+    let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    stack
+        .sandbox
+        .write_unit(
+            "pdctl-rollout.service",
+            &format!(
+                "[Unit]\nRequires=pdctld.service\nAfter=pdctld.service\n[Service]\nType=oneshot\nExecStart={} rollout apply --if-changed --config {} --socket {}\n",
+                pdctl.display(),
+                s(&d.config),
+                s(&d.socket)
+            ),
+        )
+        .unwrap();
+    stack.sandbox.daemon_reload().unwrap();
+}
+
+fn bad_flag_drop_in(stack: &Stack) -> PathBuf {
+    let text = std::fs::read_to_string(stack.sandbox.unit_dir().join(P)).unwrap();
+    let exec = text.lines().find(|l| l.starts_with("ExecStart=")).unwrap().to_string();
+    let dir = stack.sandbox.unit_dir().join(format!("{P}.d"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("50-turbo.conf");
+    std::fs::write(&p, format!("[Service]\nExecStart=\n{exec} --bogus-turbo\n")).unwrap();
+    p
+}
+
+fn rollback_policy(config: &Path) {
+    std::fs::write(config.parent().unwrap().join("config.d/10-rollback.toml"), "[rollout]\non_failure = \"rollback\"\n").unwrap();
+}
+
+/// pdctl's CLI as an operator runs it (human output): exit code and stdout lines.
+fn human(d: &Pdctld, config: &Path, args: &[&str]) -> (i32, Vec<String>, String) {
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let o = std::process::Command::new(bin).args(args).args(["--config", &s(config), "--socket", &s(&d.socket)]).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn a_bad_drop_in_added_after_pdctld_started_is_rolled_back_on_the_first_day_then_quarantined() {
+    let (stack, config, d) = stack_with_pdctld();
+    rollback_policy(&config);
+    let p0 = stack.show(P, "InvocationID").unwrap();
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    // No `apply --all` first: pdctld recorded what the prefill runs with when it started.
+    let bad = bad_flag_drop_in(&stack);
+    timer_service(&stack, &d);
+    assert!(stack.sandbox.systemctl(&["start", "pdctl-rollout.service"]).is_err(), "the change did not go through: the oneshot fails");
+    let (_, h) = raw(&d.socket, "GET", "/v1/rollouts", "");
+    let rec = h["rollouts"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(rec["state"], "rolled_back", "{rec:#}");
+    assert!(!bad.exists(), "the drop-in was moved aside");
+    assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
+    assert!(!stack.show(P, "ExecStart").unwrap().contains("--bogus-turbo"), "serving on its old command line");
+    assert_ne!(stack.show(P, "InvocationID").unwrap(), p0);
+    let full = record(&d, rec["id"].as_str().unwrap());
+    let notes = full["notes"].to_string();
+    assert!(notes.contains("moved") && notes.contains("50-turbo.conf") && notes.contains("passed every gate"), "the record says what was restored: {notes}");
+    let (code, shown, _) = human(&d, &config, &["rollout", "show", rec["id"].as_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(shown.iter().any(|l| l.starts_with("state") && l.contains("rolled_back")), "{shown:?}");
+    assert!(shown.iter().any(|l| l.contains("ready") && l.contains("failed")), "each step is listed: {shown:?}");
+    assert!(shown.iter().any(|l| l.starts_with("note") && l.contains("50-turbo.conf")), "{shown:?}");
+    back_in_router(&stack);
+    // The same failing change again (config management puts it back): not rolled out twice.
+    let bad = bad_flag_drop_in(&stack);
+    let (code, out, err) = human(&d, &config, &["rollout", "apply", "--if-changed"]);
+    assert_eq!(code, 0, "{out:?} {err}");
+    assert!(out.last().unwrap().contains("quarantined"), "{out:?}");
+    let (code, out, _) = human(&d, &config, &["rollout", "diff"]);
+    assert_eq!(code, 0);
+    assert!(out.iter().any(|l| l.contains("quarantined")), "{out:?}");
+    assert!(bad.exists(), "left alone: an operator decides");
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d0, "the decode was never touched");
+}
+
+#[test]
+fn a_bad_drop_in_written_before_pdctld_ever_started_is_rolled_back_and_the_summary_says_so() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stack = rt.block_on(stack_up(&StackOptions::default()));
+    let config = stack.write_pdctl_config().unwrap();
+    std::fs::write(config.parent().unwrap().join("config.d/05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").unwrap();
+    rollback_policy(&config);
+    let bad = bad_flag_drop_in(&stack);
+    // The dry run names the drop-in systemd has not loaded (as `rollout diff` does).
+    let dry = pdctl_run(&["restart", "--rolling", "--dry-run", "--json", "--config", &s(&config)], LIMIT, |_| {});
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    let pre = &dry.event(P, "preflight", "passed")["detail"];
+    assert!(pre["drop_ins_not_loaded"].to_string().contains("50-turbo.conf") && pre["daemon_reload"] == true, "{pre}");
+    let d = stack.start_pdctld().expect("pdctld starts");
+    let (code, out, err) = human(&d, &config, &["rollout", "apply", "--if-changed"]);
+    assert_eq!(code, 1, "{out:?} {err}");
+    assert!(!bad.exists(), "moved aside although no revision was ever recorded before it");
+    let last = out.last().unwrap();
+    assert!(last.starts_with("pdctl: ↩ rolled back") && last.contains("next: pdctl rollout diff"), "the last line states the outcome and what to do: {last}");
+    assert!(out.iter().any(|l| l.contains("moved") && l.contains("50-turbo.conf")), "what was restored is shown: {out:?}");
+    assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
+    back_in_router(&stack);
+}
+
+#[test]
+fn records_that_cannot_be_written_are_reported_retried_and_consistent_after_a_restart() {
+    let (stack, config, d) = stack_with_pdctld();
+    let state = s(&d.state.join("rollouts"));
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    c.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("the prefill restarted");
+    let id = running_id(&d);
+    // Read-only for pdctld only: a bind mount inside the sandbox's mount namespace.
+    let mount = |args: &[&str]| {
+        let o = stack.sandbox.command("mount").args(args).output().unwrap();
+        assert!(o.status.success(), "mount {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    mount(&["--bind", &state, &state]);
+    mount(&["-o", "remount,bind,ro", &state]);
+    assert_eq!(c.finish(LIMIT), Some(0), "the rollout itself goes on: {:#?}", c.seen.last());
+    let (_, st) = raw(&d.socket, "GET", "/v1/status", "");
+    assert!(st["record_error"].is_string(), "status says records are not being saved: {st}");
+    let (_, h) = raw(&d.socket, "GET", "/v1/rollouts", "");
+    assert_eq!(h["rollouts"].as_array().unwrap().last().unwrap()["state"], "succeeded", "history tells the truth from memory: {h}");
+    let (status, refused) = raw(&d.socket, "POST", "/v1/rollouts", r#"{"kind":"restart","units":[]}"#);
+    assert_eq!((status, refused["cause_code"].as_str()), (503, Some("records_failing")), "{refused}");
+    let m = http_get(&d.metrics_url).unwrap().1;
+    assert!(m.contains("pdctl_records_failing 1"), "{m}");
+    mount(&["-o", "remount,bind,rw", &state]);
+    let t0 = Instant::now();
+    while raw(&d.socket, "GET", "/v1/status", "").1["record_error"] != Value::Null {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the record is saved once the directory is writable again");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stack.sandbox.systemctl(&["restart", &d.unit]).unwrap();
+    let rec = record(&d, &id);
+    assert_eq!(rec["lifecycle"]["state"], "succeeded", "not `interrupted` after the restart: {rec:#}");
+}
+
+#[test]
+fn a_corrupt_record_is_listed_not_dropped() {
+    let (_stack, config, d) = stack_with_pdctld();
+    std::fs::write(d.state.join("rollouts/r1000000000.json"), "{\"id\":\"r1").unwrap();
+    let h = pdctl_daemon(&d, &config, &["rollout", "history", "--json"], LIMIT);
+    assert_eq!(h.code, 0, "{}", h.stderr);
+    let (_, hist) = raw(&d.socket, "GET", "/v1/rollouts", "");
+    assert!(hist["corrupt"].as_array().unwrap().iter().any(|c| c["file"].as_str().unwrap().ends_with("r1000000000.json")), "{hist}");
+    let (code, out, _) = human(&d, &config, &["rollout", "history"]);
+    assert_eq!(code, 0);
+    assert!(out.iter().any(|l| l.contains("corrupt") && l.contains("r1000000000.json")), "{out:?}");
+}
+
+#[test]
+fn abort_summary_says_what_was_not_started_and_status_ends_quietly_on_a_closed_pipe() {
+    let (stack, config, d) = stack_with_pdctld();
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let child = std::process::Command::new(&bin)
+        .args(["restart", "--rolling", "--config", &s(&config), "--socket", &s(&d.socket)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Abort once the prefill has restarted.
+    let t0 = Instant::now();
+    let id = loop {
+        assert!(t0.elapsed() < LIMIT, "the prefill restarts");
+        let (_, h) = raw(&d.socket, "GET", "/v1/rollouts", "");
+        if let Some(id) = h["running"].as_str() {
+            let rec = record(&d, id);
+            if rec["events"].as_array().unwrap().iter().any(|e| is(e, P, "restart", "passed")) {
+                break id.to_string();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (status, _) = raw(&d.socket, "POST", &format!("/v1/rollouts/{id}/abort"), "");
+    assert_eq!(status, 202);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(5));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap();
+    assert!(last.contains("aborted") && last.contains(&format!("not started: {D}")) && last.contains(&format!("verified {P}")), "{last}");
+    assert!(!text.contains("all 1 unit(s) restarted and verified"), "an abort is not a success: {text}");
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d0);
+    // `pdctl status | head -1`: no panic, no error on the closed pipe.
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{} status --config {} --socket {} | head -1", bin.display(), s(&config), s(&d.socket)))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1);
+}
+
+#[test]
+fn each_bad_config_value_is_exit_2_naming_file_line_and_key() {
+    let dir = std::env::temp_dir().join(format!("pdctl-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("config.d")).unwrap();
+    let main = dir.join("pdctl.toml");
+    let base = "[router]\nurl = \"http://127.0.0.1:30001\"\n[[worker]]\nunit = \"a.service\"\nrole = \"prefill\"\nurl = \"http://127.0.0.1:1\"\ngpus = \"0-3\"\n[[worker]]\nunit = \"b.service\"\nrole = \"decode\"\nurl = \"http://127.0.0.1:2\"\ngpus = \"4-7\"\n";
+    std::fs::write(&main, base).unwrap();
+    let frag = dir.join("config.d/10-x.toml");
+    for (text, line, key) in [
+        ("[rollout]\nmin_healthy = \"0s\"\n", 2, "rollout.min_healthy"),
+        ("[rollout]\nready_pattern = \"\"\n", 2, "rollout.ready_pattern"),
+        ("[rollout]\nready_pattern = \"Uvicorn running\"\n", 2, "rollout.ready_pattern"),
+        ("[router]\nurl = \"http://\"\n", 2, "router.url"),
+        ("[router]\nurl = \"unix:/run/router.sock\"\n", 2, "router.url"),
+    ] {
+        std::fs::write(&frag, text).unwrap();
+        let run = pdctl_run(&["restart", "--rolling", "--json", "--config", main.to_str().unwrap()], LIMIT, |_| {});
+        assert_eq!(run.code, 2, "{text}: {}", run.stderr);
+        assert!(run.stderr.contains(&format!("{}:{line}: {key}", frag.display())), "{text}: {}", run.stderr);
+    }
+    std::fs::remove_file(&frag).unwrap();
+    std::fs::write(&main, base.replace("gpus = \"4-7\"", "gpus = \"3-7\"")).unwrap();
+    let run = pdctl_run(&["restart", "--rolling", "--json", "--config", main.to_str().unwrap()], LIMIT, |_| {});
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains(&format!("{}:12: worker.gpus of b.service", main.display())), "{}", run.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_change_refused_in_preflight_is_taken_back_without_a_restart() {
+    let (stack, config, d) = stack_with_pdctld();
+    rollback_policy(&config);
+    let p0 = stack.show(P, "InvocationID").unwrap();
+    // A drop-in that drops --enable-metrics while the metrics gate is required.
+    let text = std::fs::read_to_string(stack.sandbox.unit_dir().join(P)).unwrap();
+    let exec = text.lines().find(|l| l.starts_with("ExecStart=")).unwrap().replace(" --enable-metrics", "");
+    let dir = stack.sandbox.unit_dir().join(format!("{P}.d"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("60-no-metrics.conf");
+    std::fs::write(&bad, format!("[Service]\nExecStart=\n{exec}\n")).unwrap();
+    let (code, out, err) = human(&d, &config, &["rollout", "apply", "--if-changed"]);
+    assert_eq!(code, 1, "{out:?} {err}");
+    assert!(!bad.exists(), "the refused drop-in was moved aside");
+    assert!(out.iter().any(|l| l.contains("was not restarted")), "{out:?}");
+    assert!(out.last().unwrap().contains("rolled back"), "{out:?}");
+    assert_eq!(stack.show(P, "InvocationID").unwrap(), p0, "nothing was restarted");
+    assert!(stack.show(P, "ExecStart").unwrap().contains("--enable-metrics"), "the manager has the old command line loaded again");
+}
