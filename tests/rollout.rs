@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
+use pdctl_tests::pdctl_sandbox::Gateway;
 use pdctl_tests::{pdctl_run, stack_up, JsonRun};
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -63,7 +64,16 @@ fn assert_failed(run: &JsonRun, unit: &str, step: &str, cause_has: &str) {
 
 #[test]
 fn happy_path_restarts_prefill_then_decode_through_every_gate() {
-    let (stack, config) = up(StackOptions::default());
+    happy_path(Gateway::Smg113);
+}
+
+#[test]
+fn happy_path_on_sglang_router_0_3_2() {
+    happy_path(Gateway::SglangRouter032);
+}
+
+fn happy_path(gateway: Gateway) {
+    let (stack, config) = up(StackOptions { gateway, ..Default::default() });
     let (p0, d0) = (inv(&stack, P), inv(&stack, D));
     let run = rollout(&config);
     assert_eq!(run.code, 0, "stderr: {}\n{:#?}", run.stderr, run.summary);
@@ -178,7 +188,16 @@ fn health_stuck_at_503_halts_at_health() {
 
 #[test]
 fn router_that_never_readmits_halts_at_router() {
-    let (stack, config) = up(StackOptions::default());
+    never_readmits(Gateway::Smg113);
+}
+
+#[test]
+fn router_that_never_readmits_halts_at_router_on_sglang_router_0_3_2() {
+    never_readmits(Gateway::SglangRouter032);
+}
+
+fn never_readmits(gateway: Gateway) {
+    let (stack, config) = up(StackOptions { gateway, ..Default::default() });
     let d0 = inv(&stack, D);
     let router_pid = stack.show("sglang-router.service", "MainPID").unwrap();
     let host_pid = host_pid_of(&stack, &router_pid);

@@ -41,7 +41,9 @@ fn in_router(stack: &Stack, url: &str) -> bool {
     http_get(&format!("{}/workers", r.url))
         .ok()
         .and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
-        .and_then(|v| v["workers"].as_array().map(|l| l.iter().any(|w| w["url"] == url && w["is_healthy"] == true)))
+        .and_then(|v| {
+            v["workers"].as_array().map(|l| l.iter().any(|w| w["url"] == url && w["is_healthy"] == true && (w["status"].is_null() || w["status"] == "ready")))
+        })
         .unwrap_or(false)
 }
 
@@ -332,6 +334,8 @@ fn a_bad_drop_in_added_after_pdctld_started_is_rolled_back_on_the_first_day_then
     assert_eq!(code, 0);
     assert!(out.iter().any(|l| l.contains("quarantined")), "{out:?}");
     assert!(bad.exists(), "left alone: an operator decides");
+    let (_, st, _) = human(&d, &config, &["status"]);
+    assert!(st.iter().any(|l| l.contains("change that failed")), "status shows the quarantine: {st:?}");
     assert_eq!(stack.show(D, "InvocationID").unwrap(), d0, "the decode was never touched");
 }
 

@@ -101,6 +101,9 @@ pub enum Request {
         /// Only these units (empty: every configured worker).
         #[serde(default)]
         units: Vec<String>,
+        /// Accept taking the only worker of a role down (`--allow-outage`).
+        #[serde(default, skip_serializing_if = "is_false")]
+        allow_outage: bool,
     },
     /// A config rollout of stale workers.
     Apply {
@@ -110,12 +113,19 @@ pub enum Request {
         /// Roll every worker, stale or not.
         #[serde(default)]
         all: bool,
+        /// Accept taking the only worker of a role down (`--allow-outage`).
+        #[serde(default, skip_serializing_if = "is_false")]
+        allow_outage: bool,
     },
     /// Continue an interrupted rollout.
     Resume {
         /// The interrupted rollout.
         id: String,
     },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What kind of rollout a record is.
@@ -253,6 +263,12 @@ pub struct Record {
     /// The rollout this one resumes.
     #[serde(default)]
     pub resumes: Option<String>,
+    /// It was allowed to take the only worker of a role down (a resume inherits it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_outage: bool,
+    /// What clients saw during each unit's window (the availability probe).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub availability_by_unit: BTreeMap<String, crate::availability::Availability>,
 }
 
 impl Record {
@@ -271,6 +287,8 @@ impl Record {
             reasons,
             notes: vec![],
             resumes,
+            allow_outage: false,
+            availability_by_unit: BTreeMap::new(),
         }
     }
 
@@ -403,6 +421,9 @@ pub struct DaemonStatus {
     /// Record files that do not read.
     #[serde(default)]
     pub corrupt: Vec<CorruptRecord>,
+    /// Changes that failed and are not rolled out again until their files change.
+    #[serde(default)]
+    pub quarantined: Vec<crate::revisions::Quarantine>,
 }
 
 /// The `result` of an interrupted rollout's last stream line.
@@ -442,7 +463,7 @@ mod tests {
     #[test]
     fn requests_reject_unknown_fields() {
         let ok: Request = serde_json::from_str(r#"{"kind":"restart","units":["a.service"]}"#).unwrap();
-        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()] });
+        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()], allow_outage: false });
         let typo = serde_json::from_str::<Request>(r#"{"kind":"restart","unit":["x"]}"#).unwrap_err();
         assert!(typo.to_string().contains("unknown field `unit`"), "{typo}");
         assert!(serde_json::from_str::<Request>(r#"{"kind":"reboot"}"#).is_err());

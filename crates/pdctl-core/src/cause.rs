@@ -141,6 +141,15 @@ pub enum Cause {
         /// The unit.
         unit: String,
     },
+    /// The plan takes the only worker of a role down, and no one said that is acceptable.
+    OnlyWorkerOfRole {
+        /// The unit.
+        unit: String,
+        /// Its role.
+        role: String,
+        /// How long serving stops, from its last measured start (`None`: never measured).
+        expected: Option<Duration>,
+    },
     /// Two workers' GPU sets overlap.
     GpuOverlap {
         /// The unit.
@@ -254,6 +263,15 @@ pub enum Cause {
         /// The last error.
         error: String,
     },
+    /// The availability probe saw more failed requests than `max_failed_probes`.
+    ClientsFailing {
+        /// The unit the rollout was working on.
+        unit: String,
+        /// Failed probe requests so far.
+        failed: u64,
+        /// The limit.
+        max: u64,
+    },
     // --- metrics ---
     /// No usable KV gauges, with the diagnosis.
     MetricsMissing {
@@ -326,6 +344,14 @@ fn dur(d: &Duration) -> String {
     format!("{d:?}")
 }
 
+/// "about 74s (its last measured start)", or what is known without a measurement.
+pub fn outage(expected: &Option<Duration>) -> String {
+    match expected {
+        Some(d) => format!("about {}s (its last measured start)", d.as_secs().max(1)),
+        None => "as long as its start takes (not measured here yet; a real model takes 60-80 s)".into(),
+    }
+}
+
 impl Cause {
     /// The stable snake_case code (`failed.cause_code`, the metric label).
     pub fn code(&self) -> &'static str {
@@ -339,6 +365,7 @@ impl Cause {
             Cause::EventSourceClosed { .. } => "event_source_closed",
             Cause::MetricsDisabled { .. } => "metrics_disabled",
             Cause::GpuOverlap { .. } => "gpu_overlap",
+            Cause::OnlyWorkerOfRole { .. } => "only_worker_of_role",
             Cause::RouterUnreachable { .. } => "router_unreachable",
             Cause::DrainFailed { .. } => "drain_failed",
             Cause::JobFailed { .. } => "job_failed",
@@ -351,6 +378,7 @@ impl Cause {
             Cause::RouterNeverAdmits { .. } => "router_never_admits",
             Cause::CircuitOpen { .. } => "circuit_open",
             Cause::SmokeFailed { .. } => "smoke_request_failed",
+            Cause::ClientsFailing { .. } => "clients_failing",
             Cause::MetricsMissing { diagnosis, .. } => match diagnosis {
                 MetricsDiagnosis::Disabled => "metrics_disabled",
                 MetricsDiagnosis::Unreachable => "metrics_unreachable",
@@ -374,9 +402,12 @@ impl Cause {
     /// The kind (and so the exit code).
     pub fn kind(&self) -> FailureKind {
         match self {
-            Cause::UnitMissing { .. } | Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::NoSuchRollout { .. } | Cause::WrongState { .. } => {
-                FailureKind::Config
-            }
+            Cause::UnitMissing { .. }
+            | Cause::ConfigInvalid { .. }
+            | Cause::BadRequest { .. }
+            | Cause::NoSuchRollout { .. }
+            | Cause::WrongState { .. }
+            | Cause::OnlyWorkerOfRole { .. } => FailureKind::Config,
             Cause::SystemdUnreachable { .. }
             | Cause::AccessDenied { .. }
             | Cause::SystemdTimeout { .. }
@@ -400,6 +431,7 @@ impl Cause {
             | Cause::RouterNeverAdmits { .. }
             | Cause::CircuitOpen { .. }
             | Cause::SmokeFailed { .. }
+            | Cause::ClientsFailing { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. } => FailureKind::Gate,
         }
@@ -416,7 +448,7 @@ impl Cause {
             Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::WrongState { .. } => 409,
             Cause::RecordsFailing { .. } => 503,
             Cause::NoSuchRollout { .. } => 404,
-            Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } => 400,
+            Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } | Cause::OnlyWorkerOfRole { .. } => 400,
             Cause::RecordUnwritable { .. } => 500,
             Cause::SystemdUnreachable { .. }
             | Cause::AccessDenied { .. }
@@ -438,6 +470,7 @@ impl Cause {
             | Cause::RouterNeverAdmits { .. }
             | Cause::CircuitOpen { .. }
             | Cause::SmokeFailed { .. }
+            | Cause::ClientsFailing { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. } => 422,
         }
@@ -455,6 +488,10 @@ impl Cause {
             Cause::EventSourceClosed { what } => format!("{what} closed while a gate waited on it; check the journal and the D-Bus connection, then resume"),
             Cause::MetricsDisabled { unit } => format!(
                 "the metrics gate is required but --enable-metrics is not in the ExecStart of {unit}: add it to the unit (then daemon-reload), or set [verify] metrics = \"warn\" or \"off\""
+            ),
+            Cause::OnlyWorkerOfRole { unit, role, expected } => format!(
+                "{unit} is the only {role} worker: restarting it stops serving for {}; pass --allow-outage (or set [rollout] allow_outage = true) to accept that, or add a second {role} worker",
+                outage(expected)
             ),
             Cause::GpuOverlap { unit, gpus, other, other_gpus } => {
                 format!("GPUs {gpus} of {unit} overlap with GPUs {other_gpus} of {other}: two servers cannot share GPUs; fix gpus or CUDA_VISIBLE_DEVICES")
@@ -487,6 +524,9 @@ impl Cause {
             Cause::SmokeFailed { url, after, error } => {
                 format!("the router did not admit {url} within {}: {}", dur(after), RouterSeen::SmokeFailed(error.clone()))
             }
+            Cause::ClientsFailing { unit, failed, max } => format!(
+                "clients saw {failed} failed requests through the router during the rollout (more than max_failed_probes = {max}), last while {unit} was rolled; halted before the next unit"
+            ),
             Cause::MetricsMissing { unit, detail, waited, .. } => match waited {
                 Some(w) => format!("{unit}: KV gauges not usable within {}: {detail}", dur(w)),
                 None => format!("{unit}: {detail}"),
@@ -530,6 +570,7 @@ impl Cause {
             Cause::EventSourceClosed { what: "the journal follower".into() },
             Cause::MetricsDisabled { unit: unit() },
             Cause::GpuOverlap { unit: unit(), gpus: "0-3".into(), other: "sglang-decode.service".into(), other_gpus: "3-7".into() },
+            Cause::OnlyWorkerOfRole { unit: unit(), role: "prefill".into(), expected: Some(Duration::from_secs(74)) },
             Cause::RouterUnreachable { error: msg() },
             Cause::DrainFailed { unit: unit(), error: msg() },
             Cause::JobFailed { unit: unit(), job_result: "failed".into(), service_result: "exit-code".into() },
@@ -542,6 +583,7 @@ impl Cause {
             Cause::RouterNeverAdmits { url: url(), after: d, last: msg() },
             Cause::CircuitOpen { url: url(), after: d },
             Cause::SmokeFailed { url: url(), after: d, error: msg() },
+            Cause::ClientsFailing { unit: unit(), failed: 7, max: 5 },
             Cause::ConfigInvalid { message: msg() },
             Cause::BadRequest { message: msg() },
             Cause::Busy { id: "r1764500000".into() },

@@ -77,6 +77,17 @@ pub enum OnFailure {
     Rollback,
 }
 
+/// How a host with one prefill and one decode worker restarts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinglePair {
+    /// One at a time (the default): two interruptions, but a bad change breaks one unit and a
+    /// rollback restores it.
+    Sequential,
+    /// Both at once, each through every gate: one interruption instead of two.
+    Together,
+}
+
 /// How strict the metrics gate is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -148,6 +159,9 @@ struct RawRollout {
     max_unavailable: Option<Spanned<u32>>,
     drain: Option<bool>,
     drain_timeout: Option<Dur>,
+    allow_outage: Option<bool>,
+    single_pair: Option<SinglePair>,
+    max_failed_probes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -157,6 +171,7 @@ struct RawVerify {
     metrics: Option<MetricsMode>,
     smoke_request: Option<bool>,
     warmup_request: Option<bool>,
+    availability_probe: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -226,6 +241,12 @@ pub struct Rollout {
     pub drain: bool,
     /// Bound on waiting for in-flight requests to finish.
     pub drain_timeout: Duration,
+    /// Taking the only worker of a role down (an interruption of serving) is accepted.
+    pub allow_outage: bool,
+    /// How a 1P1D pair is restarted.
+    pub single_pair: SinglePair,
+    /// Halt when the availability probe sees more failed requests than this.
+    pub max_failed_probes: Option<u64>,
 }
 
 impl Rollout {
@@ -251,7 +272,7 @@ impl Rollout {
 }
 
 /// `[verify]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Verify {
     /// Check the router's view.
     pub router: bool,
@@ -261,6 +282,8 @@ pub struct Verify {
     pub smoke_request: bool,
     /// Send one request to make SGLang publish its gauges when they are missing.
     pub warmup_request: bool,
+    /// Requests per second of the availability probe through the router (`None`: off).
+    pub availability_probe: Option<f64>,
 }
 
 /// Where systemd is.
@@ -484,11 +507,14 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
                 on_failure,
                 max_unavailable,
                 drain,
-                drain_timeout
+                drain_timeout,
+                allow_outage,
+                single_pair,
+                max_failed_probes
             );
         }
         if let Some(s) = raw.verify {
-            over!(path, text, vf, s, router, metrics, smoke_request, warmup_request);
+            over!(path, text, vf, s, router, metrics, smoke_request, warmup_request, availability_probe);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
@@ -592,11 +618,16 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         }
         None => None,
     };
+    let availability_probe = match &vf.availability_probe {
+        Some(r) => crate::availability::parse_rate(r).map_err(|why| at("vf.availability_probe", why))?,
+        None => Some(2.0),
+    };
     let verify = Verify {
         router: vf.router.unwrap_or(true) && router.is_some(),
         metrics: vf.metrics.unwrap_or(MetricsMode::Required),
         smoke_request: vf.smoke_request.unwrap_or(true),
         warmup_request: vf.warmup_request.unwrap_or(true),
+        availability_probe: if router.is_some() { availability_probe } else { None },
     };
     if vf.router == Some(true) && router.is_none() {
         return Err(err(&last, None, "verify.router = true needs [router] url".into()));
@@ -659,6 +690,9 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             max_unavailable,
             drain: ro.drain.unwrap_or(true) && verify.router,
             drain_timeout: bounded("drain_timeout", ro.drain_timeout, d(120))?,
+            allow_outage: ro.allow_outage.unwrap_or(false),
+            single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
+            max_failed_probes: ro.max_failed_probes,
         },
         verify,
         sources: texts.iter().map(|t| t.0.clone()).collect(),

@@ -162,6 +162,8 @@ pub struct RolloutRun<'a> {
     pub ledger: Option<&'a Ledger>,
     /// The rollout's id (names files moved aside by a rollback; in the drain ledger).
     pub id: &'a str,
+    /// Taking the only worker of a role down is accepted (`--allow-outage`; or the config's).
+    pub allow_outage: bool,
 }
 
 /// What a run writes to besides events.
@@ -170,12 +172,33 @@ struct Ctx<'a> {
     revisions: Option<&'a Path>,
     ledger: Option<&'a Ledger>,
     id: &'a str,
+    /// `None`: nothing is restarted (check); else whether an outage is accepted.
+    allow_outage: Option<bool>,
+    /// The availability probe's view, when it runs.
+    clients: Option<&'a Clients>,
 }
 
 impl Ctx<'_> {
-    fn none() -> Ctx<'static> {
-        Ctx { revisions: None, ledger: None, id: "" }
+    fn none(allow_outage: Option<bool>) -> Ctx<'static> {
+        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None }
     }
+}
+
+/// Shared between the rollout and its availability probe.
+#[derive(Default)]
+struct Clients {
+    /// The unit being rolled (tags samples).
+    current: std::sync::Mutex<Option<String>>,
+    /// Failed probe requests so far.
+    failed: std::sync::atomic::AtomicU64,
+    /// The rollout is over: the probe stops.
+    done: AtomicBool,
+    /// Samples, in time order.
+    samples: std::sync::Mutex<Vec<crate::availability::Sample>>,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether a worker runs its current files.
@@ -196,18 +219,20 @@ pub struct Finished {
     pub summary: Summary,
     /// What was recorded or restored, one sentence each.
     pub notes: Vec<String>,
+    /// What clients saw during each unit's window (the availability probe).
+    pub availability_by_unit: std::collections::BTreeMap<String, crate::availability::Availability>,
 }
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
-        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(), &mut notes).await
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Some(true)), &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(), &mut Vec::new()).await
+        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None), &mut Vec::new()).await
     }
 
     /// A rollout as pdctld runs it: a rolling restart (or the rest of an interrupted one), stopped
@@ -226,12 +251,29 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        let ctx = Ctx { revisions: r.revisions, ledger: r.ledger, id: r.id };
+        let clients = Clients::default();
+        let probing = self.settings.verify.availability_probe.filter(|_| self.settings.verify.router);
+        let ctx = Ctx {
+            revisions: r.revisions,
+            ledger: r.ledger,
+            id: r.id,
+            allow_outage: Some(r.allow_outage || self.settings.rollout.allow_outage),
+            clients: probing.map(|_| &clients),
+        };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
             let _ = self.staleness(dir).await;
         }
-        let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+        let run = async {
+            let s = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+            clients.done.store(true, Ordering::SeqCst);
+            s
+        };
+        let (mut summary, _) = tokio::join!(run, async {
+            if let Some(rate) = probing {
+                self.watch_clients(rate, &clients).await;
+            }
+        });
         if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
             if f.step != Step::Preflight && f.unit != ROUTER {
                 notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
@@ -248,25 +290,64 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         // The whole rollout's time: a resume's re-verification and a rollback included.
         summary.elapsed_ms = t0.elapsed().as_millis() as u64;
-        Finished { summary, notes }
+        let samples = std::mem::take(&mut *lock(&clients.samples));
+        let end = Instant::now();
+        if probing.is_some() {
+            summary.availability = Some(crate::availability::summarize(&samples, end));
+        }
+        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end) }
     }
 
     async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
         let t0 = Instant::now();
         let mut done = Vec::new();
         let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>| Summary {
+            availability: None,
             id: None,
             result,
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: done,
             failed,
         };
-        if let Err((unit, f)) = self.preflight(plan, sink, false).await {
+        if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
             return summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await), done);
+        }
+        // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
+        // interruption instead of two).
+        if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, self.settings.rollout.single_pair, plan.workers.as_slice()) {
+            if p.role == Role::Prefill && d.role == Role::Decode {
+                if let Some(c) = ctx.clients {
+                    *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
+                }
+                let (rp, rd) = tokio::join!(self.restart_one(p, sink, ctx), self.restart_one(d, sink, ctx));
+                for (w, r) in [(p, rp), (d, rd)] {
+                    match r {
+                        Ok(()) => {
+                            if let Some(dir) = ctx.revisions {
+                                notes.push(self.record_revision(w, dir).await);
+                            }
+                            done.push(w.unit.clone());
+                        }
+                        Err((step, f)) => {
+                            let failure = self.failure(&w.unit, step, f).await;
+                            if let Some(l) = ctx.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.id)) {
+                                if let Some(dr) = l.get(&w.unit) {
+                                    notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
+                                }
+                            }
+                            return summary(Outcome::Failed, Some(failure), done);
+                        }
+                    }
+                }
+                return summary(Outcome::Succeeded, None, done);
+            }
         }
         for w in &plan.workers {
             if abort.load(Ordering::SeqCst) {
                 return summary(Outcome::Aborted, None, done);
+            }
+            if let Some(c) = ctx.clients {
+                *lock(&c.current) = Some(w.unit.clone());
             }
             let r = match mode {
                 Mode::Rollout => self.restart_one(w, sink, ctx).await,
@@ -288,6 +369,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 notes.push(self.record_revision(w, dir).await);
             }
             done.push(w.unit.clone());
+            // What clients saw is a gate too: no next unit after too many failed requests.
+            if let (Some(c), Some(max)) = (ctx.clients, self.settings.rollout.max_failed_probes) {
+                let failed = c.failed.load(Ordering::SeqCst);
+                if failed > max && done.len() < plan.workers.len() {
+                    let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
+                    StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
+                    done.pop();
+                    return summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await), done);
+                }
+            }
         }
         summary(Outcome::Succeeded, None, done)
     }
@@ -298,14 +389,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
-    pub async fn dry_run(&self, plan: &Plan, sink: &Sink) -> Summary {
+    pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool) -> Summary {
         let t0 = Instant::now();
-        let failed = match self.preflight(plan, sink, true).await {
+        let failed = match self.preflight(plan, sink, true, Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage))).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
         Summary {
             id: None,
+            availability: None,
             result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
@@ -314,7 +406,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// Preflight for every worker of the plan, before anything is touched.
-    async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool) -> Result<(), (String, Fail)> {
+    async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool, ctx: Ctx<'_>) -> Result<(), (String, Fail)> {
         let mut reloaded = false;
         let mut sets: Vec<(String, BTreeSet<u32>)> = Vec::new();
         for w in &plan.workers {
@@ -354,7 +446,23 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     }
                     sets.push((w.unit.clone(), g.clone()));
                 }
+                // The only worker of its role: restarting it stops serving (PD needs both roles).
+                let mut outage = None;
+                let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
+                if let (true, Some(allowed)) = (alone, ctx.allow_outage) {
+                    let expected = ctx.revisions.and_then(|d| revisions::last_start(d, &w.unit)).map(|s| Duration::from_millis(s.ms));
+                    if !allowed {
+                        return Err(Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }));
+                    }
+                    outage = Some(format!(
+                        "{} is the only {} worker: serving stops while it restarts, for {} (accepted: allow_outage)",
+                        w.unit,
+                        w.role.as_str(),
+                        crate::cause::outage(&expected)
+                    ));
+                }
                 Ok(json!({
+                    "outage": outage,
                     "active_state": st.active_state, "sub_state": st.sub_state, "invocation_id": st.invocation_id,
                     "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
                     "drop_ins_not_loaded": on_disk,
@@ -413,7 +521,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        let (mut watch, after) = self.restart_and_ready(w, sink).await?;
+        let (mut watch, after, started_in) = self.restart_and_ready(w, sink).await?;
+        // How long this start took: the interruption to expect next time, if it is alone in its role.
+        if let (Some(dir), Some(t)) = (ctx.revisions, started_in) {
+            if let Err(e) = revisions::record_start(dir, unit, t.as_millis() as u64) {
+                tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
+            }
+        }
         self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
             self.step(sink, unit, Step::Router, async {
@@ -438,14 +552,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// wants to time them. Returns the unit's state after the restart.
     pub async fn restart_until_ready(&self, w: &Worker, sink: &Sink) -> Result<UnitState, Failure> {
         match self.restart_and_ready(w, sink).await {
-            Ok((_, after)) => Ok(after),
+            Ok((_, after, _)) => Ok(after),
             Err((step, f)) => Err(self.failure(&w.unit, step, f).await),
         }
     }
 
     /// The restart and ready gates; returns the unit's watch and its state after the restart (the
     /// run the later gates hold it to).
-    async fn restart_and_ready(&self, w: &Worker, sink: &Sink) -> Result<(U::W, UnitState), (Step, Fail)> {
+    async fn restart_and_ready(&self, w: &Worker, sink: &Sink) -> Result<(U::W, UnitState, Option<Duration>), (Step, Fail)> {
         let unit = w.unit.as_str();
         let (mut watch, cursor, after) = self
             .step(sink, unit, Step::Restart, async {
@@ -468,8 +582,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok((detail, (watch, cursor, out.state)))
             })
             .await?;
-        self.step(sink, unit, Step::Ready, async { self.ready(w, cursor, &mut watch, &after).await.map(|d| (d, ())) }).await?;
-        Ok((watch, after))
+        let ready_us = self
+            .step(sink, unit, Step::Ready, async {
+                self.ready(w, cursor, &mut watch, &after).await.map(|d| {
+                    let us = d["journal_realtime_us"].as_u64();
+                    (d, us)
+                })
+            })
+            .await?;
+        let started_in = ready_us.filter(|_| after.exec_main_start_us > 0).map(|r| Duration::from_micros(r.saturating_sub(after.exec_main_start_us)));
+        Ok((watch, after, started_in))
     }
 
     /// Re-verify a unit without restarting it: health, router (re-registering it if the router
@@ -518,7 +640,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
         let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
         let list = self.probes.router_workers().await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
-        let Some(entry) = list.iter().find(|x| crate::config::same_url(&x.url, &w.url)) else {
+        let Some(entry) = list.iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) else {
             return Ok(None);
         };
         // Written down before the router is touched: whatever happens next (a failed gate, a
@@ -539,6 +661,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         self.probes.deregister(&entry.id).await.map_err(|e| drain_failed(format!("the router refused to remove {}: {e}", w.url)))?;
         let t0 = Instant::now();
+        // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
+        // still finishes its requests meanwhile); bounded by drain_timeout.
+        let mut listed_for_ms = None;
+        while t0.elapsed() < self.settings.rollout.drain_timeout {
+            match self.probes.router_workers().await {
+                Ok(l) if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) => tokio::time::sleep(POLL).await,
+                _ => {
+                    listed_for_ms = Some(t0.elapsed().as_millis() as u64);
+                    break;
+                }
+            }
+        }
         let mut left = None;
         while t0.elapsed() < self.settings.rollout.drain_timeout {
             match self.probes.in_flight(&w.url).await {
@@ -553,6 +687,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         Ok(Some(json!({
             "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left,
+            "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
             "waited_ms": t0.elapsed().as_millis() as u64,
             "timed_out": left.is_some_and(|n| n > 0),
         })))
@@ -658,7 +793,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             match within(t0, limit, self.probes.router_workers()).await {
                 None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
                 Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
-                Some(Ok(list)) => match list.iter().find(|x| crate::config::same_url(&x.url, &w.url)) {
+                Some(Ok(list)) => match list.iter().filter(|x| crate::config::same_url(&x.url, &w.url)).min_by_key(|x| x.draining()) {
                     None if may_register && registered.is_none() => {
                         let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
                         match self.probes.register(&w.url, role, bp).await {
@@ -668,10 +803,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         seen = RouterSeen::RegistrationPending;
                     }
                     None => seen = if registered.is_some() { RouterSeen::RegistrationPending } else { RouterSeen::NotListed },
+                    Some(x) if x.draining() => seen = RouterSeen::Unhealthy("listed as draining: the gateway is still removing an old entry".into()),
                     Some(x) if x.worker_type != role => {
                         return Err(Cause::WrongWorkerType { url: w.url.clone(), listed: x.worker_type.clone(), role: role.to_string() }.into())
                     }
-                    Some(x) if !x.is_healthy => seen = RouterSeen::Unhealthy("is_healthy: false".into()),
+                    Some(x) if !x.admitted() => {
+                        seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {}", x.is_healthy, x.status.as_deref().unwrap_or("-")))
+                    }
                     Some(x) => {
                         let cb = self.probes.cb_state(&w.url).await;
                         match cb {
@@ -842,6 +980,41 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok(true)
             }
             _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
+        }
+    }
+
+    /// The availability probe: every `1/rate` s, one 1-token request through the router — unless a
+    /// role has no worker the gateway admits (then nothing is sent, and the tick counts as an error
+    /// from the gateway's view) — until the rollout is over.
+    async fn watch_clients(&self, rate: f64, c: &Clients) {
+        use crate::availability::Sample;
+        let mut roles: Vec<Role> = self.settings.workers.iter().map(|w| w.role).collect();
+        roles.sort();
+        roles.dedup();
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !c.done.load(Ordering::SeqCst) {
+            tick.tick().await;
+            if c.done.load(Ordering::SeqCst) {
+                break;
+            }
+            let at = Instant::now();
+            let unit = lock(&c.current).clone();
+            let admitted = match tokio::time::timeout(Duration::from_secs(5), self.probes.router_workers()).await {
+                Ok(Ok(list)) => roles.iter().all(|r| list.iter().any(|x| x.worker_type == r.as_str() && x.admitted())),
+                _ => false,
+            };
+            let sample = if admitted {
+                let t = Instant::now();
+                let ok = matches!(tokio::time::timeout(Duration::from_secs(5), self.probes.smoke(1)).await, Ok(Ok(())));
+                if !ok {
+                    c.failed.fetch_add(1, Ordering::SeqCst);
+                }
+                Sample { at, sent: true, ok, latency: ok.then(|| t.elapsed()), unit }
+            } else {
+                Sample { at, sent: false, ok: false, latency: None, unit }
+            };
+            lock(&c.samples).push(sample);
         }
     }
 

@@ -137,6 +137,9 @@ pub struct Summary {
     /// The failed gate, unless it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<Failure>,
+    /// What clients saw, from the availability probe through the router (absent when off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub availability: Option<crate::availability::Availability>,
 }
 
 /// Where events go.

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod availability;
 pub mod cause;
 pub mod config;
 pub mod drains;

@@ -215,6 +215,22 @@ pub struct RouterWorker {
     pub is_healthy: bool,
     /// Requests the router has in flight to it.
     pub load: i64,
+    /// The gateway's own word on it, where it gives one (smg 1.x: `pending`, `ready`,
+    /// `not_ready`, `failed`, `draining`); `None` on sglang-router 0.3.2.
+    pub status: Option<String>,
+}
+
+impl RouterWorker {
+    /// Still being removed (smg 1.x keeps a deleted worker listed as `draining` for ~5 s): it
+    /// is not registered, whatever else the entry says.
+    pub fn draining(&self) -> bool {
+        self.status.as_deref() == Some("draining")
+    }
+
+    /// Admitted: healthy, and `ready` where the gateway reports a status (`pending` is not).
+    pub fn admitted(&self) -> bool {
+        self.is_healthy && self.status.as_deref().is_none_or(|s| s == "ready")
+    }
 }
 
 /// An HTTP call failed (the probe's sentence).

@@ -194,7 +194,10 @@ impl Probes for HttpProbes {
     async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpFailure> {
         let r = self.router.as_ref().ok_or_else(no_router)?;
         let list = r.workers(&self.http).await.map_err(failure)?;
-        Ok(list.into_iter().map(|w| RouterWorker { id: w.id, url: w.url, worker_type: w.worker_type, is_healthy: w.is_healthy, load: w.load }).collect())
+        Ok(list
+            .into_iter()
+            .map(|w| RouterWorker { id: w.id, url: w.url, worker_type: w.worker_type, is_healthy: w.is_healthy, load: w.load, status: w.status })
+            .collect())
     }
     async fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
         self.router.as_ref().ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)

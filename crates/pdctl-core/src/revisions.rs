@@ -210,6 +210,32 @@ pub fn quarantined(dir: &Path, current: &Revision) -> Option<Quarantine> {
     (q.fingerprint == fingerprint(current)).then_some(q)
 }
 
+/// How long `unit`'s last verified start took (ExecMainStartTimestamp → its ready line), in ms:
+/// the interruption to expect when it is the only worker of its role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartTime {
+    /// Milliseconds.
+    pub ms: u64,
+    /// When it was measured (seconds since the epoch).
+    pub at: u64,
+}
+
+fn start_path(dir: &Path, unit: &str) -> PathBuf {
+    dir.join(format!("{}.start.json", unit.replace('/', "_")))
+}
+
+/// Record how long `unit`'s verified start took.
+pub fn record_start(dir: &Path, unit: &str, ms: u64) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(&StartTime { ms, at: now() }).map_err(std::io::Error::other)?;
+    atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)
+}
+
+/// How long `unit`'s last verified start took, if one was measured.
+pub fn last_start(dir: &Path, unit: &str) -> Option<StartTime> {
+    serde_json::from_slice(&std::fs::read(start_path(dir, unit)).ok()?).ok()
+}
+
 fn rev_path(dir: &Path, unit: &str) -> PathBuf {
     dir.join(format!("{}.json", unit.replace('/', "_")))
 }

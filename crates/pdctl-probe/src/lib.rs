@@ -239,9 +239,13 @@ pub struct RouterWorker {
     pub is_healthy: bool,
     /// Requests the router has in flight to it.
     pub load: i64,
+    /// smg 1.x: `pending`, `ready`, `not_ready`, `failed` or `draining` (absent on 0.3.2).
+    pub status: Option<String>,
 }
 
-/// The SGLang router (model gateway 0.3.2) API used by the gates.
+/// The SGLang gateway's API used by the gates: `sglang-router` 0.3.2 and `smg` 1.x (the same
+/// endpoints; 1.x adds a worker `status` and keeps a deleted worker listed as `draining` for
+/// `drain_settle_secs`, 5 s by default).
 #[derive(Debug, Clone)]
 pub struct Router {
     /// Base URL, e.g. `http://127.0.0.1:30001`.
@@ -264,6 +268,7 @@ impl Router {
                 worker_type: w.get("worker_type").and_then(Value::as_str).unwrap_or_default().into(),
                 is_healthy: w.get("is_healthy").and_then(Value::as_bool).unwrap_or(false),
                 load: w.get("load").and_then(Value::as_i64).unwrap_or(0),
+                status: w.get("status").and_then(Value::as_str).map(String::from),
             })
             .collect())
     }

@@ -124,31 +124,82 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// The real SGLang router's `smg` entry point: `$PDCTL_ROUTER_BIN`, else `.venv/bin/smg` in the
-/// repository (installed by `scripts/setup`).
-pub fn router_bin() -> Result<PathBuf> {
-    let p = std::env::var_os("PDCTL_ROUTER_BIN").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/smg"));
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(SandboxError::Missing(format!("the SGLang router ({}; run scripts/setup to install sglang-router==0.3.2, or set PDCTL_ROUTER_BIN)", p.display())))
+/// Which generation of the real SGLang gateway a stack runs (both are installed by
+/// `scripts/setup`, each in a venv of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gateway {
+    /// PyPI `smg` 1.13.0: today's gateway (worker `status`, a ~5 s `draining` state).
+    Smg113,
+    /// PyPI `sglang-router` 0.3.2: the generation pdctl was first built against.
+    SglangRouter032,
+}
+
+impl Gateway {
+    /// The default: `$PDCTL_GATEWAY` (`smg-1.13` or `sglang-router-0.3.2`), else smg 1.13.
+    pub fn from_env() -> Gateway {
+        match std::env::var("PDCTL_GATEWAY").as_deref() {
+            Ok("sglang-router-0.3.2") => Gateway::SglangRouter032,
+            _ => Gateway::Smg113,
+        }
+    }
+
+    /// Its name and version.
+    pub fn name(self) -> &'static str {
+        match self {
+            Gateway::Smg113 => "smg 1.13.0",
+            Gateway::SglangRouter032 => "sglang-router 0.3.2",
+        }
+    }
+
+    /// Its `smg` entry point in the repository's venvs.
+    pub fn bin(self) -> Result<PathBuf> {
+        let venv = match self {
+            Gateway::Smg113 => ".venv-smg",
+            Gateway::SglangRouter032 => ".venv",
+        };
+        let p = repo_root().join(venv).join("bin/smg");
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(SandboxError::Missing(format!("the SGLang gateway {} ({}; run scripts/setup to install it)", self.name(), p.display())))
+        }
+    }
+}
+
+/// The real SGLang gateway's `smg` entry point: `$PDCTL_ROUTER_BIN`, else `gateway`'s in the
+/// repository's venvs (installed by `scripts/setup`).
+pub fn router_bin(gateway: Gateway) -> Result<PathBuf> {
+    match std::env::var_os("PDCTL_ROUTER_BIN").map(PathBuf::from) {
+        Some(p) if p.is_file() => Ok(p),
+        Some(p) => Err(SandboxError::Missing(format!("the SGLang gateway at PDCTL_ROUTER_BIN={}", p.display()))),
+        None => gateway.bin(),
     }
 }
 
 /// A loopback TCP port that is free now and not handed out before by this process.
 pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    for _ in 0..64 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("bind a loopback port"))?;
-        let port = l.local_addr().map_err(io("read a bound port"))?.port();
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    // Below Linux's ephemeral range (32768-60999 by default): a port picked from that range can be
+    // taken by any outgoing connection (the tests make many) before the server binds it. Spread by
+    // process id and time so that parallel test processes rarely try the same one; bind to check.
+    let seed =
+        std::process::id() as u64 * 7919 + std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
+    for _ in 0..256 {
+        let n = seed.wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed).wrapping_mul(2654435761));
+        let port = 20000 + (n % 12000) as u16;
         let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        if !given.contains(&port) {
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return Ok(port);
         }
     }
-    Err(SandboxError::Boot("no free loopback port found".into()))
+    Err(SandboxError::Boot("no free loopback port found between 20000 and 32000".into()))
 }
 
 /// Cgroup directories to move the sandbox into, so that two sandboxes never share unit cgroups.

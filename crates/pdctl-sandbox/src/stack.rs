@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::journal::field;
-use crate::{free_port, router_bin, workspace_bin, Result, Sandbox, SandboxError};
+use crate::{free_port, router_bin, workspace_bin, Gateway, Result, Sandbox, SandboxError};
 
 /// SGLang's ready line.
 pub const READY_LINE: &str = "The server is fired up and ready to roll!";
@@ -26,8 +26,13 @@ pub struct StackOptions {
     pub warmup_secs: f64,
     /// Start the real router as a unit too.
     pub router: bool,
+    /// Which generation of the gateway.
+    pub gateway: Gateway,
     /// The router's `--health-check-interval-secs`.
     pub router_health_interval_secs: u32,
+    /// The router's `--worker-startup-timeout-secs`: how long it retries a worker that is down
+    /// when it starts (after that, sglang-router 0.3.2 never contacts it again).
+    pub router_startup_timeout_secs: u32,
     /// `Restart=` of the worker units.
     pub restart: String,
     /// Launch the decode worker with `--enable-metrics`.
@@ -42,7 +47,9 @@ impl Default for StackOptions {
             load_secs: 1.5,
             warmup_secs: 0.5,
             router: true,
+            gateway: Gateway::from_env(),
             router_health_interval_secs: 1,
+            router_startup_timeout_secs: 300,
             restart: "no".into(),
             decode_metrics: true,
         }
@@ -172,7 +179,7 @@ impl Stack {
     /// Boot a sandbox, write the units and start them (without waiting for readiness).
     pub fn boot(opts: &StackOptions) -> Result<Stack> {
         let sim_bin = workspace_bin("sglang-sim", "PDCTL_SIM_BIN")?;
-        let smg = if opts.router { Some(router_bin()?) } else { None };
+        let smg = if opts.router { Some(router_bin(opts.gateway)?) } else { None };
         let sandbox = Sandbox::start()?;
         std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| SandboxError::Io { what: "create the model directory".into(), source: e })?;
         let prefill_port = free_port()?;
@@ -204,20 +211,28 @@ impl Stack {
             let exec = format!(
                 "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation --prefill {} {} --decode {} \
                  --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
-                 --worker-startup-timeout-secs 300",
+                 --worker-startup-timeout-secs {}",
                 q(&smg.display().to_string()),
                 stack.prefill.url,
                 stack.prefill.bootstrap_port.unwrap_or(8998),
                 stack.decode.url,
                 opts.router_health_interval_secs,
+                opts.router_startup_timeout_secs,
             );
+            // smg 1.x checks a worker that is still starting only every 30 s by default
+            // (`--worker-startup-check-interval`); 0.3.2 uses that flag for its load monitor.
+            let exec = match opts.gateway {
+                Gateway::Smg113 => format!("{exec} --worker-startup-check-interval 1"),
+                Gateway::SglangRouter032 => exec,
+            };
             let unit = "sglang-router.service".to_string();
             stack.sandbox.write_unit(
                 &unit,
                 &format!(
-                    "[Unit]\nDescription=SGLang router (sglang-router 0.3.2) in PD mode\nStartLimitIntervalSec=0\n\n\
+                    "[Unit]\nDescription=SGLang gateway ({}) in PD mode\nStartLimitIntervalSec=0\n\n\
                      [Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NO_COLOR=1\n\
-                     ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n"
+                     ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n",
+                    opts.gateway.name()
                 ),
             )?;
             units.push(unit.clone());
@@ -262,7 +277,9 @@ impl Stack {
         }
         t.push_str(
             "[rollout]\norder = [\"prefill\", \"decode\"]\nready_timeout = \"60s\"\nhealth_timeout = \"30s\"\n\
-             router_timeout = \"30s\"\nmetrics_timeout = \"40s\"\nmin_healthy = \"3s\"\ndrain_timeout = \"10s\"\n\n\
+             router_timeout = \"30s\"\nmetrics_timeout = \"40s\"\nmin_healthy = \"3s\"\ndrain_timeout = \"10s\"\n\
+             # 1P1D: each restart interrupts serving (no other worker of its role); accepted here\n\
+             allow_outage = true\n\n\
              [verify]\nmetrics = \"required\"\nsmoke_request = true\n",
         );
         t
@@ -358,7 +375,9 @@ impl Stack {
                 .ok()
                 .filter(|(status, _)| *status == 200)
                 .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
-                .and_then(|v| v["workers"].as_array().map(|l| l.iter().filter(|w| w["is_healthy"] == true).count()))
+                .and_then(|v| {
+                    v["workers"].as_array().map(|l| l.iter().filter(|w| w["is_healthy"] == true && (w["status"].is_null() || w["status"] == "ready")).count())
+                })
                 .unwrap_or(0);
             if healthy >= n {
                 return Ok(healthy);

@@ -49,9 +49,9 @@ async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), E
 }
 
 /// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here.
-pub async fn dry_run(config: &Path, only: &[String], json: bool) -> Exit {
+pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool) -> Exit {
     match prepare(config, only).await {
-        Ok((engine, plan)) => run_read_only(&engine, &plan, json, true).await,
+        Ok((engine, plan)) => run_read_only(&engine, &plan, json, Some(allow_outage)).await,
         Err(c) => c,
     }
 }
@@ -59,7 +59,7 @@ pub async fn dry_run(config: &Path, only: &[String], json: bool) -> Exit {
 /// `pdctl check`.
 pub async fn check(config: &Path, json: bool) -> Exit {
     match prepare(config, &[]).await {
-        Ok((engine, plan)) => run_read_only(&engine, &plan, json, false).await,
+        Ok((engine, plan)) => run_read_only(&engine, &plan, json, None).await,
         Err(c) => c,
     }
 }
@@ -77,11 +77,15 @@ pub enum Kind {
 
 /// Run the read-only parts of the engine here (`dry`: preflight only; else `check`) with live
 /// output; returns the exit code. Rollouts themselves run in pdctld.
-async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: bool) -> Exit {
+/// `dry`: `Some(allow_outage)` for a dry run, `None` for check.
+async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option<bool>) -> Exit {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let renderer = Renderer::new(json, plan, if dry { Kind::DryRun } else { Kind::Check });
+    let renderer = Renderer::new(json, plan, if dry.is_some() { Kind::DryRun } else { Kind::Check });
     let printer = tokio::spawn(renderer.run(rx));
-    let summary = if dry { engine.dry_run(plan, &tx).await } else { engine.check(plan, &tx).await };
+    let summary = match dry {
+        Some(allow_outage) => engine.dry_run(plan, &tx, allow_outage).await,
+        None => engine.check(plan, &tx).await,
+    };
     drop(tx);
     let renderer = printer.await.ok();
     if let Some(r) = renderer {

@@ -52,6 +52,9 @@ struct RestartArgs {
     /// Print the plan and the preflight verdict; touch nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Accept taking the only worker of a role down (serving stops while it restarts).
+    #[arg(long)]
+    allow_outage: bool,
     /// One JSON object per line (events, then a summary).
     #[arg(long)]
     json: bool,
@@ -70,6 +73,9 @@ enum RolloutCmd {
         /// Roll every worker, stale or not.
         #[arg(long)]
         all: bool,
+        /// Accept taking the only worker of a role down (serving stops while it restarts).
+        #[arg(long)]
+        allow_outage: bool,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -143,16 +149,18 @@ fn main() {
                     return Exit::Usage;
                 }
                 if a.dry_run {
-                    return context::dry_run(&config, &a.units, a.json).await;
+                    return context::dry_run(&config, &a.units, a.json, a.allow_outage).await;
                 }
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;
                 }
-                rollout::start(&client, &config, &Request::Restart { units: a.units }, a.json).await
+                rollout::start(&client, &config, &Request::Restart { units: a.units, allow_outage: a.allow_outage }, a.json).await
             }
             Command::Rollout(r) => match r {
                 RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
-                RolloutCmd::Apply { if_changed, all, json } => rollout::start(&client, &config, &Request::Apply { if_changed, all }, json).await,
+                RolloutCmd::Apply { if_changed, all, allow_outage, json } => {
+                    rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage }, json).await
+                }
                 RolloutCmd::Watch { id, json } => rollout::watch(&client, &config, &id, json).await,
                 RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
                 RolloutCmd::Resume { id, json } => rollout::start(&client, &config, &Request::Resume { id }, json).await,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pdctl_core::api::ROUTER;
-use pdctl_core::events::{Event, Outcome, Status, Summary};
+use pdctl_core::events::{Event, Outcome, Status, Step, Summary};
 use pdctl_core::plan::Plan;
 
 use crate::context::Kind;
@@ -89,6 +89,9 @@ impl Renderer {
                 println!("{s}");
             }
             return;
+        }
+        if let (Step::Preflight, Status::Passed, Some(o)) = (e.step, e.status, e.detail.get("outage").and_then(|v| v.as_str())) {
+            self.note(&format!("pdctl: ⚠ {o}"));
         }
         let step = e.step.as_str();
         let mark = match e.status {
@@ -176,6 +179,12 @@ impl Renderer {
                     println!("    {l}");
                 }
             }
+        }
+        if let Some(a) = &s.availability {
+            println!(
+                "pdctl: availability: {} failed of {} probe requests through the router; longest error window {} ms; p50 {} ms, p99 {} ms",
+                a.failed, a.probes, a.longest_error_ms, a.p50_ms, a.p99_ms
+            );
         }
         if !after.notes.is_empty() {
             println!("pdctl: notes{id}:");

@@ -57,6 +57,12 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
                 for c in &v.corrupt {
                     println!("pdctld: ! unreadable record {}: {}", c.file, c.error);
                 }
+                for q in &v.quarantined {
+                    println!(
+                        "pdctld: ! {}'s current files are a change that failed in {} ({}); rollout apply skips it until they change",
+                        q.unit, q.rollout_id, q.cause
+                    );
+                }
             }
             serde_json::to_value(&v).unwrap_or(Value::Null)
         }
@@ -111,7 +117,7 @@ pub async fn run(config: &Path, json: bool) -> Exit {
         let active = state.as_ref().is_ok_and(|st| st.active_state == "active");
         let healthy_in_router = match &listed {
             None => true,
-            Some(Ok(Some(x))) => x.is_healthy,
+            Some(Ok(Some(x))) => x.admitted(),
             Some(Ok(None)) | Some(Err(_)) => false,
         };
         if !active || !healthy_in_router {
@@ -137,7 +143,9 @@ pub async fn run(config: &Path, json: bool) -> Exit {
                     None => Value::Null,
                     Some(Err(e)) => json!({ "error": e }),
                     Some(Ok(None)) => json!({ "listed": false }),
-                    Some(Ok(Some(x))) => json!({ "listed": true, "worker_type": x.worker_type, "is_healthy": x.is_healthy, "load": x.load, "id": x.id }),
+                    Some(Ok(Some(x))) => {
+                        json!({ "listed": true, "worker_type": x.worker_type, "is_healthy": x.is_healthy, "status": x.status, "load": x.load, "id": x.id })
+                    }
                 };
                 o.insert("router".into(), in_router);
                 o.insert(
@@ -170,7 +178,14 @@ pub async fn run(config: &Path, json: bool) -> Exit {
                 ("error".into(), "-".into())
             }
             Some(Ok(None)) => ("NOT LISTED".into(), "-".into()),
-            Some(Ok(Some(x))) => (x.worker_type.clone(), if x.is_healthy { "yes".into() } else { "NO".into() }),
+            Some(Ok(Some(x))) => (
+                x.worker_type.clone(),
+                match (x.admitted(), &x.status) {
+                    (true, _) => "yes".into(),
+                    (false, Some(st)) => format!("NO ({st})"),
+                    (false, None) => "NO".into(),
+                },
+            ),
         };
         let (kv_cell, running, queued) = match &kv {
             Ok(r) => (kv_cell(r), opt(r.running_reqs), opt(r.queue_reqs)),

@@ -373,12 +373,15 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
     let mut guard = Slot { daemon: &daemon, armed: true };
     let e = engine(&daemon).await?;
     let dir = daemon.store.revisions_dir();
+    let allow_outage: bool;
     let (kind, plan, reasons, resumes) = match req {
-        Request::Restart { units } => {
+        Request::Restart { units, allow_outage: allow } => {
+            allow_outage = allow;
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             (RolloutKind::Restart, plan, BTreeMap::new(), None)
         }
-        Request::Apply { if_changed, all } => {
+        Request::Apply { if_changed, all, allow_outage: allow } => {
+            allow_outage = allow;
             let stale = e.staleness(&dir).await?;
             // A change that already failed is not rolled out again until its files change.
             let held: Vec<String> = stale
@@ -421,6 +424,7 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
             }
             let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
             let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            allow_outage = old.allow_outage;
             old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
             daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
             lock(&daemon.unsaved).remove(&old_id);
@@ -430,6 +434,7 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
     {
         let mut r = lock(&record);
         *r = Record::new(&id, kind, plan.workers.iter().map(|w| w.unit.clone()).collect(), reasons, resumes);
+        r.allow_outage = allow_outage;
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
     guard.armed = false;
@@ -507,8 +512,16 @@ async fn run(
         })
     };
     let dir = daemon.store.revisions_dir();
-    let run =
-        RolloutRun { plan: &plan, resume: kind == RolloutKind::Resume, abort: &abort, revisions: Some(&dir), ledger: Some(daemon.store.ledger()), id: &id };
+    let allow_outage = lock(&record).allow_outage;
+    let run = RolloutRun {
+        plan: &plan,
+        resume: kind == RolloutKind::Resume,
+        abort: &abort,
+        revisions: Some(&dir),
+        ledger: Some(daemon.store.ledger()),
+        id: &id,
+        allow_outage,
+    };
     let mut finished = e.execute(run, &sink).await;
     drop(sink);
     let _ = consumer.await;
@@ -519,6 +532,11 @@ async fn run(
     if state == RolloutState::Succeeded {
         daemon.metrics.last_success.set(now() as i64);
     }
+    if let Some(a) = &summary.availability {
+        daemon.metrics.probes.inc_by(a.probes);
+        daemon.metrics.probes_failed.inc_by(a.failed);
+        daemon.metrics.longest_error.set(a.longest_error_ms as f64 / 1000.0);
+    }
     {
         let mut r = lock(&record);
         if let Err(er) = r.lifecycle.finish(summary.result) {
@@ -527,6 +545,7 @@ async fn run(
         r.finished_at = Some(now());
         r.summary = Some(summary.clone());
         r.notes.extend(finished.notes);
+        r.availability_by_unit = finished.availability_by_unit;
         daemon.save(&r);
     }
     daemon.metrics.drained.set(daemon.store.ledger().all().0.len() as i64);
@@ -664,8 +683,23 @@ async fn diff(State(d): State<Arc<Daemon>>) -> Response {
     }
 }
 
+/// Liveness of the API itself (the watchdog's probe): no I/O beyond the answer.
+async fn ping() -> Response {
+    Json(serde_json::json!({ "ok": true })).into_response()
+}
+
 async fn status(State(d): State<Arc<Daemon>>) -> Response {
     let (all, corrupt) = records(&d);
+    // Quarantined changes whose files are still the failed ones (bounded: systemd may be slow).
+    let quarantined = match tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        let e = engine(&d).await.ok()?;
+        e.staleness(&d.store.revisions_dir()).await.ok()
+    })
+    .await
+    {
+        Ok(Some(s)) => s.into_iter().filter_map(|w| w.quarantined).collect(),
+        _ => Vec::new(),
+    };
     let last = all.last().map(|r| LastRollout { id: r.id.clone(), state: r.lifecycle.state(), kind: r.kind });
     Json(DaemonStatus {
         running: d.running_id(),
@@ -676,6 +710,7 @@ async fn status(State(d): State<Arc<Daemon>>) -> Response {
         drained: d.store.ledger().all().0,
         record_error: lock(&d.record_error).clone(),
         corrupt,
+        quarantined,
     })
     .into_response()
 }
@@ -689,6 +724,7 @@ pub fn api(d: Arc<Daemon>) -> Router {
         .route("/v1/rollouts/{id}/abort", post(abort))
         .route("/v1/diff", get(diff))
         .route("/v1/status", get(status))
+        .route("/v1/ping", get(ping))
         .fallback(|| async { api_err(&Cause::BadRequest { message: "no such endpoint; see docs/cli.md for pdctld's control API".into() }) })
         .method_not_allowed_fallback(|| async {
             api_err(&Cause::BadRequest { message: "that method is not allowed on this endpoint; see docs/cli.md for pdctld's control API".into() })

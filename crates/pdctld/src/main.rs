@@ -202,7 +202,7 @@ async fn watchdog(d: Arc<daemon::Daemon>, app: axum::Router, every: Duration) {
     let mut t = tokio::time::interval(every);
     loop {
         t.tick().await;
-        let probe = axum::http::Request::builder().uri("/v1/status").body(axum::body::Body::empty());
+        let probe = axum::http::Request::builder().uri("/v1/ping").body(axum::body::Body::empty());
         let answers = match probe {
             Ok(req) => matches!(tokio::time::timeout(Duration::from_secs(5), app.clone().oneshot(req)).await, Ok(Ok(r)) if r.status().is_success()),
             Err(_) => false,

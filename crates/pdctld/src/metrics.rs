@@ -57,6 +57,12 @@ pub struct Metrics {
     pub record_write_failures: Counter,
     /// `pdctl_corrupt_records`: record files that do not read.
     pub corrupt_records: Gauge,
+    /// `pdctl_availability_probes_total`: requests the availability probe sent through the router.
+    pub probes: Counter,
+    /// `pdctl_availability_probes_failed_total`: of those, the ones that did not answer 200.
+    pub probes_failed: Counter,
+    /// `pdctl_availability_longest_error_seconds`: the last rollout's longest error window.
+    pub longest_error: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -73,6 +79,9 @@ impl Default for Metrics {
         let records_failing = Gauge::default();
         let record_write_failures = Counter::default();
         let corrupt_records = Gauge::default();
+        let probes = Counter::default();
+        let probes_failed = Counter::default();
+        let longest_error = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
         registry.register("gate_failures", "Gates that failed, by step and cause code", gate_failures.clone());
@@ -84,6 +93,9 @@ impl Default for Metrics {
         registry.register("records_failing", "1 while rollout records cannot be saved (no rollout starts meanwhile)", records_failing.clone());
         registry.register("record_write_failures", "Rollout record writes that failed after their retries", record_write_failures.clone());
         registry.register("corrupt_records", "Rollout record files that do not read", corrupt_records.clone());
+        registry.register("availability_probes", "Requests the availability probe sent through the router during rollouts", probes.clone());
+        registry.register("availability_probes_failed", "Availability probe requests that did not answer 200", probes_failed.clone());
+        registry.register("availability_longest_error_seconds", "The last rollout's longest window of errors as clients saw them", longest_error.clone());
         Metrics {
             registry,
             rollouts,
@@ -97,6 +109,9 @@ impl Default for Metrics {
             records_failing,
             record_write_failures,
             corrupt_records,
+            probes,
+            probes_failed,
+            longest_error,
         }
     }
 }

@@ -23,6 +23,9 @@ pub const READY_LINE: &str = "The server is fired up and ready to roll!";
 struct App {
     engine: Engine,
     ready_at: Arc<std::sync::OnceLock<Instant>>,
+    /// Fault injected at run time (`POST /sim/fail_generate?secs=N`): generation requests
+    /// answer 500 until then.
+    fail_until: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 /// Run the simulator until SIGTERM/SIGINT or a simulated crash. Returns the exit code.
@@ -78,7 +81,7 @@ pub async fn run(cfg: SimConfig) -> i32 {
             return 1;
         }
     };
-    let app = App { engine: engine.clone(), ready_at: Arc::new(std::sync::OnceLock::new()) };
+    let app = App { engine: engine.clone(), ready_at: Arc::new(std::sync::OnceLock::new()), fail_until: Arc::new(std::sync::Mutex::new(None)) };
     log::uvicorn(&format!("Started server process [{pid}]"));
     log::uvicorn("Waiting for application startup.");
     log::uvicorn("Application startup complete.");
@@ -208,7 +211,8 @@ fn routes(app: App) -> Router {
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/generate", post(generate))
         .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat));
+        .route("/v1/chat/completions", post(chat))
+        .route("/sim/fail_generate", post(fail_generate));
     if app.engine.config().enable_metrics {
         r = r.route("/metrics", get(metrics));
     }
@@ -390,7 +394,26 @@ fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
     ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
 }
 
+/// `POST /sim/fail_generate?secs=N` (a simulator knob, not SGLang's): generation fails with 500
+/// for the next N seconds, as a server whose scheduler is wedged would answer.
+async fn fail_generate(State(app): State<App>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>) -> Response {
+    let secs: f64 = q.get("secs").and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    *app.fail_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + Duration::from_secs_f64(secs.max(0.0)));
+    log::line(&format!("simulated fault: generation fails for {secs} s"));
+    StatusCode::OK.into_response()
+}
+
+fn failing(app: &App) -> Option<Response> {
+    let until = *app.fail_until.lock().unwrap_or_else(|p| p.into_inner());
+    until
+        .filter(|u| Instant::now() < *u)
+        .map(|_| (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": "simulated failure (sim fail_generate)"}}))).into_response())
+}
+
 async fn generate(State(app): State<App>, body: Bytes) -> Response {
+    if let Some(r) = failing(&app) {
+        return r;
+    }
     let v = match parse_body(&body) {
         Ok(v) => v,
         Err(e) => return bad_request(&e),

@@ -1,0 +1,141 @@
+//! What clients saw during a rollout: small requests sent through the router at a fixed rate
+//! while it runs, and the figures they give — probes, failures, the longest error window, latency.
+//!
+//! The probe never causes what it measures: while a role has no worker the gateway admits (a
+//! drained or restarting only worker), it sends nothing — such a request would only fail and
+//! count against the gateway's circuit breakers — and counts that time as an error window from
+//! the gateway's own view. It resumes once the role is admitted again.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// One tick of the probe.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// When.
+    pub at: Instant,
+    /// A request was sent (false: a role had no admitted worker; nothing was sent).
+    pub sent: bool,
+    /// It answered 200 (false for an unsent tick).
+    pub ok: bool,
+    /// Its latency, when it answered 200.
+    pub latency: Option<Duration>,
+    /// The unit the rollout was working on then.
+    pub unit: Option<String>,
+}
+
+/// The figures of a rollout (or of one unit's window).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Availability {
+    /// Requests sent.
+    pub probes: u64,
+    /// Of those, how many did not answer 200.
+    pub failed: u64,
+    /// The longest time clients would have seen errors: consecutive failed probes, or time
+    /// without an admitted worker of a role, until the next good probe.
+    pub longest_error_ms: u64,
+    /// Median latency of the good probes.
+    pub p50_ms: f64,
+    /// 99th percentile latency of the good probes.
+    pub p99_ms: f64,
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let i = ((p / 100.0) * (s.len() - 1) as f64).round() as usize;
+    (s[i.min(s.len() - 1)] * 10.0).round() / 10.0
+}
+
+/// The figures of `samples` (in time order), a window ending at `end`.
+pub fn summarize(samples: &[Sample], end: Instant) -> Availability {
+    let sent = samples.iter().filter(|s| s.sent).count() as u64;
+    let failed = samples.iter().filter(|s| s.sent && !s.ok).count() as u64;
+    let lat: Vec<f64> = samples.iter().filter_map(|s| s.latency).map(|l| l.as_secs_f64() * 1000.0).collect();
+    let mut longest = Duration::ZERO;
+    let mut bad_since: Option<Instant> = None;
+    for s in samples {
+        match (s.ok, bad_since) {
+            (false, None) => bad_since = Some(s.at),
+            (true, Some(t)) => {
+                longest = longest.max(s.at.duration_since(t));
+                bad_since = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(t) = bad_since {
+        longest = longest.max(end.saturating_duration_since(t));
+    }
+    Availability { probes: sent, failed, longest_error_ms: longest.as_millis() as u64, p50_ms: pct(&lat, 50.0), p99_ms: pct(&lat, 99.0) }
+}
+
+/// The figures of each unit's window (the samples taken while the rollout worked on it).
+pub fn by_unit(samples: &[Sample], end: Instant) -> BTreeMap<String, Availability> {
+    let mut units: Vec<&String> = samples.iter().filter_map(|s| s.unit.as_ref()).collect();
+    units.sort();
+    units.dedup();
+    units
+        .into_iter()
+        .map(|u| {
+            let mine: Vec<Sample> = samples.iter().filter(|s| s.unit.as_ref() == Some(u)).cloned().collect();
+            let last = mine.last().map(|s| s.at).unwrap_or(end);
+            // A window still open at the unit's last sample ends at the next sample after it.
+            let next = samples.iter().find(|s| s.at > last).map(|s| s.at).unwrap_or(end);
+            (u.clone(), summarize(&mine, next))
+        })
+        .collect()
+}
+
+/// Parse a probe rate: `"2/s"`, `"30/m"`, `"off"` (→ `None`).
+pub fn parse_rate(s: &str) -> Result<Option<f64>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    let (n, per) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a rate like \"2/s\", \"30/m\" or \"off\""))?;
+    let n: f64 = n.trim().parse().map_err(|_| format!("{s:?} is not a rate like \"2/s\", \"30/m\" or \"off\""))?;
+    let per_s = match per.trim() {
+        "s" => n,
+        "m" => n / 60.0,
+        _ => return Err(format!("{s:?}: the unit is /s or /m")),
+    };
+    if !(0.1..=50.0).contains(&per_s) {
+        return Err(format!("{s:?} is outside 6/m to 50/s"));
+    }
+    Ok(Some(per_s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_and_figures() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let s = |ms, sent, ok, unit: &str| Sample { at: at(ms), sent, ok, latency: ok.then_some(Duration::from_millis(4)), unit: Some(unit.into()) };
+        let samples = vec![
+            s(0, true, true, "p"),
+            s(500, false, false, "p"),
+            s(1000, false, false, "p"),
+            s(1500, true, true, "d"),
+            s(2000, true, false, "d"),
+            s(2500, true, true, "d"),
+        ];
+        let a = summarize(&samples, at(3000));
+        assert_eq!((a.probes, a.failed, a.longest_error_ms), (4, 1, 1000), "{a:?}");
+        assert_eq!(a.p50_ms, 4.0);
+        let u = by_unit(&samples, at(3000));
+        assert_eq!(u["p"].longest_error_ms, 1000, "the window that opened in p's time closes at d's first good probe");
+        assert_eq!(u["d"].failed, 1);
+        assert_eq!(parse_rate("2/s"), Ok(Some(2.0)));
+        assert_eq!(parse_rate("off"), Ok(None));
+        assert!(parse_rate("0/s").is_err() && parse_rate("2").is_err() && parse_rate("2/h").is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! Today's gateway and the first one, and single-worker roles told the truth: pdctl behind
+//! `smg` 1.13.0 and `sglang-router` 0.3.2 (both real, from PyPI), on the sandbox.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
+use pdctl_tests::pdctl_sandbox::Gateway;
+use pdctl_tests::{pdctl_daemon, pdctl_run, stack_up, JsonRun};
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn up(opts: StackOptions) -> (Stack, PathBuf, Pdctld) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stack = rt.block_on(stack_up(&opts));
+    let config = stack.write_pdctl_config().unwrap();
+    std::fs::write(config.parent().unwrap().join("config.d/05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").unwrap();
+    let d = stack.start_pdctld().expect("pdctld starts");
+    (stack, config, d)
+}
+
+fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
+    pdctl_daemon(d, config, args, LIMIT)
+}
+
+#[test]
+fn the_only_worker_of_a_role_is_refused_without_allow_outage_and_restarted_with_it() {
+    let (stack, config, d) = up(StackOptions::default());
+    // This operator has not said that an interruption is acceptable.
+    std::fs::write(config.parent().unwrap().join("config.d/30-no-outage.toml"), "[rollout]\nallow_outage = false\n").unwrap();
+    let (p0, d0) = (stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap());
+    let dry = pdctl_run(&["restart", "--rolling", "--dry-run", "--json", "--config", config.to_str().unwrap()], LIMIT, |_| {});
+    assert_eq!(dry.code, 2, "the dry run shows the refusal: {:#?}", dry.summary);
+    let refused = run(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(refused.code, 2, "{:#?} {}", refused.summary, refused.stderr);
+    let f = &refused.summary["failed"];
+    assert_eq!((f["step"].as_str(), f["cause_code"].as_str(), f["unit"].as_str()), (Some("preflight"), Some("only_worker_of_role"), Some(P)));
+    let cause = f["cause"].as_str().unwrap();
+    assert!(cause.contains("only prefill worker") && cause.contains("--allow-outage"), "one sentence naming unit, role and what to do: {cause}");
+    assert!(!refused.touched(P) && !refused.touched(D));
+    assert_eq!((stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap()), (p0, d0), "nothing was touched");
+    let ok = run(&d, &config, &["restart", "--rolling", "--allow-outage", "--json"]);
+    assert_eq!(ok.code, 0, "{:#?} {}", ok.summary, ok.stderr);
+    let outage = ok.event(P, "preflight", "passed")["detail"]["outage"].as_str().unwrap_or_default().to_string();
+    assert!(outage.contains("only prefill worker") && outage.contains("serving stops"), "the outage is said, not hidden: {outage}");
+    // pdctld measured each start: the next refusal names the expected interruption.
+    let again = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(again.code, 2);
+    let cause = again.summary["failed"]["cause"].as_str().unwrap();
+    assert!(cause.contains("its last measured start"), "{cause}");
+}
+
+/// The router gives up on a prefill that is down when it starts; pdctl re-registers it after
+/// its gates (the drain finds nothing to drain).
+fn re_registers_a_worker_the_router_dropped(gateway: Gateway) {
+    let (stack, config, d) = up(StackOptions { gateway, router_startup_timeout_secs: 3, ..Default::default() });
+    stack.sandbox.systemctl(&["stop", P]).unwrap();
+    stack.sandbox.systemctl(&["restart", "sglang-router.service"]).unwrap();
+    // Past the router's startup retries (3 s) with the prefill still down.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stack.sandbox.systemctl(&["start", P]).unwrap();
+    stack.wait_ready(Duration::from_secs(60)).unwrap();
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    assert!(r.index(P, "drain", "skipped").is_some(), "the router did not list it: {:#?}", r.events);
+    assert_eq!(r.event(P, "router", "passed")["detail"]["re_registered"], true);
+    assert_eq!(stack.wait_router_healthy(2, Duration::from_secs(30)).unwrap(), 2);
+}
+
+#[test]
+fn re_registers_a_worker_the_router_dropped_on_smg_1_13() {
+    re_registers_a_worker_the_router_dropped(Gateway::Smg113);
+}
+
+#[test]
+fn re_registers_a_worker_the_router_dropped_on_sglang_router_0_3_2() {
+    re_registers_a_worker_the_router_dropped(Gateway::SglangRouter032);
+}
+
+/// A request in flight through the router when the drain starts finishes before the restart.
+fn drain_under_load(gateway: Gateway) {
+    let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
+    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
+    // ~2 s of decoding at the simulator's 200 tokens/s.
+    let load = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+            c.post(&url).json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": 400}})).send().await.map(|r| r.status().as_u16())
+        })
+    });
+    // The request is in flight on the prefill before the rollout starts.
+    let t0 = Instant::now();
+    while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/get_load", stack.decode.url)).map(|(_, b)| b.contains("\"num_reqs\":0")).unwrap_or(true) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the request reached the decode");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = &r.event(D, "drain", "passed")["detail"];
+    assert_eq!(drain["in_flight_left"], 0, "{drain}");
+    assert!(drain["waited_ms"].as_u64().unwrap() > 100, "the drain waited for the request: {drain}");
+    assert_eq!(load.join().unwrap().ok(), Some(200), "the request in flight finished");
+}
+
+#[test]
+fn drain_waits_for_requests_in_flight_on_smg_1_13() {
+    drain_under_load(Gateway::Smg113);
+}
+
+#[test]
+fn drain_waits_for_requests_in_flight_on_sglang_router_0_3_2() {
+    drain_under_load(Gateway::SglangRouter032);
+}
+
+/// `smg_worker_cb_state` of every worker in the router's metrics (0 closed, 1 open).
+fn breakers(stack: &Stack) -> Vec<(String, f64)> {
+    let m = pdctl_tests::pdctl_sandbox::stack::http_get(&stack.router.as_ref().unwrap().metrics_url).map(|(_, b)| b).unwrap_or_default();
+    m.lines()
+        .filter(|l| l.starts_with("smg_worker_cb_state{"))
+        .filter_map(|l| l.rsplit_once(' ').map(|(k, v)| (k.to_string(), v.parse().unwrap_or(-1.0))))
+        .collect()
+}
+
+#[test]
+fn every_rollout_reports_what_clients_saw_and_the_probe_opens_no_breaker() {
+    let (stack, config, d) = up(StackOptions::default());
+    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let a = &r.summary["availability"];
+    let (probes, failed, longest) = (a["probes"].as_u64().unwrap(), a["failed"].as_u64().unwrap(), a["longest_error_ms"].as_u64().unwrap());
+    eprintln!("availability: {a}");
+    assert!(probes >= 5, "2/s over a rollout of several seconds: {a}");
+    assert_eq!(failed, 0, "the probe sends nothing while a role has no admitted worker: {a}");
+    assert!(longest > 0, "1P1D: each restart interrupts serving, and the figure says so: {a}");
+    // The window is the drained-and-restarting time as the gateway saw it, never more than a unit's drain-to-admitted time.
+    let window = |u: &str| -> u64 {
+        let at = |step: &str, status: &str| humantime::parse_rfc3339(r.event(u, step, status)["at"].as_str().unwrap()).unwrap();
+        at("router", "passed").duration_since(at("drain", "started")).unwrap().as_millis() as u64
+    };
+    assert!(longest <= window(P).max(window(D)) + 700, "longest {longest} ms vs the units' windows {} / {} ms", window(P), window(D));
+    assert!(a["p50_ms"].as_f64().unwrap() > 0.0);
+    let id = r.summary["id"].as_str().unwrap();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let o = std::process::Command::new(bin).args(["rollout", "show", id, "--json", "--socket", d.socket.to_str().unwrap()]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["availability_by_unit"][P]["probes"].is_u64() && v["availability_by_unit"][D]["probes"].is_u64(), "{}", v["availability_by_unit"]);
+    for (k, v) in breakers(&stack) {
+        assert_eq!(v, 0.0, "the gateway's circuit breakers stayed closed: {k}");
+    }
+    let m = pdctl_tests::pdctl_sandbox::stack::http_get(&d.metrics_url).unwrap().1;
+    assert!(m.contains(&format!("pdctl_availability_probes_total {probes}")), "{m}");
+}
+
+#[test]
+fn max_failed_probes_halts_when_clients_see_failures() {
+    let (stack, config, d) = up(StackOptions::default());
+    std::fs::write(config.parent().unwrap().join("config.d/40-clients.toml"), "[rollout]\nmax_failed_probes = 2\nmin_healthy = \"4s\"\n").unwrap();
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    let fail_url = format!("{}/sim/fail_generate?secs=30", stack.decode.url);
+    let mut injected = false;
+    let args = ["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()];
+    let r = pdctl_run(&args, LIMIT, |e| {
+        if !injected && e["unit"] == P && e["step"] == "soak" && e["status"] == "started" {
+            // The decode starts failing every request while the prefill soaks.
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async { pdctl_tests::http().post(&fail_url).send().await.unwrap() });
+            injected = true;
+        }
+    });
+    assert!(injected);
+    assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
+    assert_eq!(r.summary["failed"]["cause_code"], "clients_failing", "{:#?}", r.summary);
+    assert_eq!(r.summary["failed"]["unit"], P);
+    assert!(r.summary["availability"]["failed"].as_u64().unwrap() > 2, "{:#?}", r.summary);
+    assert!(!r.touched(D), "no next unit after clients saw failures");
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d0);
+}
+
+#[test]
+fn together_restarts_a_1p1d_pair_at_once_and_verifies_both() {
+    let (stack, config, d) = up(StackOptions::default());
+    std::fs::write(config.parent().unwrap().join("config.d/50-together.toml"), "[rollout]\nsingle_pair = \"together\"\n").unwrap();
+    let (p0, d0) = (stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap());
+    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    for u in [P, D] {
+        for step in ["drain", "restart", "ready", "health", "router", "metrics", "soak"] {
+            r.event(u, step, "passed");
+        }
+    }
+    assert!(r.index(D, "restart", "started").unwrap() < r.index(P, "soak", "passed").unwrap(), "both at once: one interruption, not two");
+    assert_ne!(stack.show(P, "InvocationID").unwrap(), p0);
+    assert_ne!(stack.show(D, "InvocationID").unwrap(), d0);
+    assert_eq!(r.summary["units"].as_array().unwrap().len(), 2);
+}
