@@ -199,3 +199,82 @@ fn together_restarts_a_1p1d_pair_at_once_and_verifies_both() {
     assert_ne!(stack.show(D, "InvocationID").unwrap(), d0);
     assert_eq!(r.summary["units"].as_array().unwrap().len(), 2);
 }
+
+/// 2P2D: no role is ever without a worker, so a rolling restart keeps serving; a 3 s fault
+/// (every decode failing requests) shows as a 3 s error window, within one probe period.
+#[test]
+fn two_p_two_d_keeps_serving_and_a_3s_fault_is_a_3s_window() {
+    // Measured first with the gateway's defaults: the 3 s fault (with smg's own retries) opened
+    // smg 1.13's circuit breakers on both decodes for 60 s — a real 61 s error window, and the
+    // next unit's router gate failed on it (smoke_request_failed, "all circuits open"). That is
+    // the gateway's doing, which pdctl reports; this test measures the probe's precision, so the
+    // breakers are kept out of it.
+    let opts = StackOptions { pairs: 2, router_args: vec!["--cb-failure-threshold".into(), "1000".into()], ..Default::default() };
+    let (stack, config, d) = up(opts);
+    std::fs::write(config.parent().unwrap().join("config.d/40-soak.toml"), "[rollout]\nmin_healthy = \"6s\"\nallow_outage = false\n").unwrap();
+    let decodes: Vec<String> = stack.workers().iter().filter(|w| w.role == "decode").map(|w| w.url.clone()).collect();
+    let mut injected = false;
+    let args = ["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()];
+    let r = pdctl_run(&args, Duration::from_secs(240), |e| {
+        if !injected && e["unit"] == P && e["step"] == "soak" && e["status"] == "started" {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                for u in &decodes {
+                    pdctl_tests::http().post(format!("{u}/sim/fail_generate?secs=3")).send().await.unwrap();
+                }
+            });
+            injected = true;
+        }
+    });
+    assert!(injected);
+    assert_eq!(r.code, 0, "no outage needed with two of each role: {:#?} {}", r.summary, r.stderr);
+    assert_eq!(r.summary["units"].as_array().unwrap().len(), 4);
+    let a = &r.summary["availability"];
+    eprintln!("2P2D availability with a 3 s fault: {a}");
+    let longest = a["longest_error_ms"].as_u64().unwrap() as i64;
+    // ±(1/rate + 200 ms) at the default 2/s.
+    assert!((longest - 3000).abs() <= 700, "the 3 s fault is the longest error window: {a}");
+    assert!(a["failed"].as_u64().unwrap() <= 8, "only the fault's probes failed: {a}");
+    for (k, v) in breakers(&stack) {
+        assert_eq!(v, 0.0, "breakers closed after the rollout: {k}");
+    }
+}
+
+/// The restarted worker is healthy but fails every request: the gateway's circuit breaker opens
+/// and the router gate halts on it, naming the breaker (the trap: `is_healthy: true` while the
+/// breaker refuses everything).
+fn circuit_breaker_open(gateway: Gateway) {
+    let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
+    std::fs::write(config.parent().unwrap().join("config.d/40-router.toml"), "[rollout]\nrouter_timeout = \"8s\"\n").unwrap();
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    let fail_url = format!("{}/sim/fail_generate?secs=120", stack.prefill.url);
+    let mut injected = false;
+    let args = ["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()];
+    let r = pdctl_run(&args, LIMIT, |e| {
+        if !injected && e["unit"] == P && e["step"] == "router" && e["status"] == "started" {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async { pdctl_tests::http().post(&fail_url).send().await.unwrap() });
+            injected = true;
+        }
+    });
+    assert!(injected);
+    assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
+    assert_eq!(r.summary["failed"]["step"], "router");
+    let code = r.summary["failed"]["cause_code"].as_str().unwrap();
+    let cause = r.summary["failed"]["cause"].as_str().unwrap();
+    eprintln!("{}: {code}: {cause}", gateway.name());
+    assert_eq!(code, "circuit_open", "{cause}");
+    assert!(cause.contains("circuit breaker is open"), "{cause}");
+    assert!(!r.touched(D));
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d0);
+}
+
+#[test]
+fn a_worker_whose_requests_fail_halts_at_the_router_gate_on_smg_1_13() {
+    circuit_breaker_open(Gateway::Smg113);
+}
+
+#[test]
+fn a_worker_whose_requests_fail_halts_at_the_router_gate_on_sglang_router_0_3_2() {
+    circuit_breaker_open(Gateway::SglangRouter032);
+}

@@ -243,7 +243,7 @@ pub async fn stack_up(opts: &pdctl_sandbox::stack::StackOptions) -> pdctl_sandbo
     let stack = pdctl_sandbox::stack::Stack::boot(opts).expect("stack boots");
     stack.wait_ready(Duration::from_secs(60)).expect("workers ready");
     if stack.router.is_some() {
-        stack.wait_router_healthy(2, Duration::from_secs(60)).expect("the router admitted both workers");
+        stack.wait_router_healthy(stack.workers().len(), Duration::from_secs(60)).expect("the router admitted every worker");
     }
     stack
 }

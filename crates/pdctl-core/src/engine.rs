@@ -662,9 +662,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         self.probes.deregister(&entry.id).await.map_err(|e| drain_failed(format!("the router refused to remove {}: {e}", w.url)))?;
         let t0 = Instant::now();
         // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
-        // still finishes its requests meanwhile); bounded by drain_timeout.
+        // still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
+        // worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
+        // outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+        // out the draining entry before it re-registers the worker.
+        let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
         let mut listed_for_ms = None;
-        while t0.elapsed() < self.settings.rollout.drain_timeout {
+        while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
             match self.probes.router_workers().await {
                 Ok(l) if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) => tokio::time::sleep(POLL).await,
                 _ => {

@@ -37,6 +37,11 @@ pub struct StackOptions {
     pub restart: String,
     /// Launch the decode worker with `--enable-metrics`.
     pub decode_metrics: bool,
+    /// Extra flags for the gateway's `smg launch`.
+    pub router_args: Vec<String>,
+    /// Prefill/decode pairs: 1 (the 8-GPU 1P1D layout, GPUs 0-3 / 4-7) or 2 (2P2D: 0-1, 2-3 /
+    /// 4-5, 6-7; the second pair's units are `…-prefill-2.service`, `…-decode-2.service`).
+    pub pairs: usize,
 }
 
 impl Default for StackOptions {
@@ -52,6 +57,8 @@ impl Default for StackOptions {
             router_startup_timeout_secs: 300,
             restart: "no".into(),
             decode_metrics: true,
+            pairs: 1,
+            router_args: Vec::new(),
         }
     }
 }
@@ -109,6 +116,8 @@ pub struct Stack {
     pub prefill: Worker,
     /// The decode worker.
     pub decode: Worker,
+    /// The second pair's workers (2P2D), prefill first.
+    pub extra: Vec<Worker>,
     /// The router, if started.
     pub router: Option<RouterUnit>,
     /// The simulator binary the units run.
@@ -182,40 +191,42 @@ impl Stack {
         let smg = if opts.router { Some(router_bin(opts.gateway)?) } else { None };
         let sandbox = Sandbox::start()?;
         std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| SandboxError::Io { what: "create the model directory".into(), source: e })?;
-        let prefill_port = free_port()?;
-        let prefill = Worker {
-            unit: "sglang-dsv4-prefill.service".into(),
-            role: "prefill",
-            port: prefill_port,
-            url: format!("http://127.0.0.1:{prefill_port}"),
-            bootstrap_port: Some(free_port()?),
-            gpus: "0-3",
+        let two = opts.pairs >= 2;
+        let worker = |unit: &str, role: &'static str, gpus: &'static str| -> Result<Worker> {
+            let port = free_port()?;
+            let bootstrap_port = if role == "prefill" { Some(free_port()?) } else { None };
+            Ok(Worker { unit: unit.into(), role, port, url: format!("http://127.0.0.1:{port}"), bootstrap_port, gpus })
         };
-        let decode_port = free_port()?;
-        let decode = Worker {
-            unit: "sglang-dsv4-decode.service".into(),
-            role: "decode",
-            port: decode_port,
-            url: format!("http://127.0.0.1:{decode_port}"),
-            bootstrap_port: None,
-            gpus: "4-7",
+        let prefill = worker("sglang-dsv4-prefill.service", "prefill", if two { "0-1" } else { "0-3" })?;
+        let decode = worker("sglang-dsv4-decode.service", "decode", if two { "4-5" } else { "4-7" })?;
+        let extra = if two {
+            vec![worker("sglang-dsv4-prefill-2.service", "prefill", "2-3")?, worker("sglang-dsv4-decode-2.service", "decode", "6-7")?]
+        } else {
+            vec![]
         };
-        let mut stack = Stack { sandbox, prefill, decode, router: None, sim_bin };
-        let p = stack.worker_unit(&stack.prefill, opts, &opts.prefill_args);
-        let d = stack.worker_unit(&stack.decode, opts, &opts.decode_args);
-        stack.sandbox.write_unit(&stack.prefill.unit, &p)?;
-        stack.sandbox.write_unit(&stack.decode.unit, &d)?;
-        let mut units = vec![stack.prefill.unit.clone(), stack.decode.unit.clone()];
+        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, sim_bin };
+        let mut units = Vec::new();
+        for w in stack.workers() {
+            let args = if w.role == "prefill" { &opts.prefill_args } else { &opts.decode_args };
+            stack.sandbox.write_unit(&w.unit, &stack.worker_unit(w, opts, args))?;
+            units.push(w.unit.clone());
+        }
         if let Some(smg) = smg {
             let (port, mport) = (free_port()?, free_port()?);
+            let workers: String = stack
+                .workers()
+                .iter()
+                .map(|w| match w.bootstrap_port {
+                    Some(b) => format!("--prefill {} {b}", w.url),
+                    None => format!("--decode {}", w.url),
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
             let exec = format!(
-                "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation --prefill {} {} --decode {} \
+                "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation {workers} \
                  --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
                  --worker-startup-timeout-secs {}",
                 q(&smg.display().to_string()),
-                stack.prefill.url,
-                stack.prefill.bootstrap_port.unwrap_or(8998),
-                stack.decode.url,
                 opts.router_health_interval_secs,
                 opts.router_startup_timeout_secs,
             );
@@ -225,6 +236,7 @@ impl Stack {
                 Gateway::Smg113 => format!("{exec} --worker-startup-check-interval 1"),
                 Gateway::SglangRouter032 => exec,
             };
+            let exec = opts.router_args.iter().fold(exec, |e, a| format!("{e} {}", q(a)));
             let unit = "sglang-router.service".to_string();
             stack.sandbox.write_unit(
                 &unit,
@@ -356,9 +368,13 @@ impl Stack {
         Ok(Pdctld { unit: "pdctld.service".into(), socket, state, config, metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics") })
     }
 
-    /// The two workers, prefill first.
-    pub fn workers(&self) -> [&Worker; 2] {
-        [&self.prefill, &self.decode]
+    /// Every worker: the prefills, then the decodes (the order of a rollout).
+    pub fn workers(&self) -> Vec<&Worker> {
+        let mut out = vec![&self.prefill];
+        out.extend(self.extra.iter().filter(|w| w.role == "prefill"));
+        out.push(&self.decode);
+        out.extend(self.extra.iter().filter(|w| w.role == "decode"));
+        out
     }
 
     /// Wait until the router lists `n` workers as healthy (`GET /workers`, `is_healthy`), at most

@@ -1,0 +1,151 @@
+//! Benchmark (prints figures; asserts nothing on time): what clients see during a rollout.
+//! Under a steady load through the real router (its own client, independent of pdctl's probe),
+//! the failed requests and the longest error window for:
+//! - 1P1D: pdctl sequential, pdctl `single_pair = "together"`, the seed's procedure (restart both
+//!   units at once, then poll `journalctl --since "2 min ago"` every 20 s for the ready lines);
+//! - 2P2D: pdctl (sequential) and the seed's procedure;
+//!
+//! each behind both gateway generations (smg 1.13.0, sglang-router 0.3.2).
+//!
+//!     scripts/bench-availability [RATE_PER_S]        (default 10)
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pdctl_sandbox::stack::{Stack, StackOptions, READY_LINE};
+use pdctl_sandbox::Gateway;
+
+#[derive(Default)]
+struct Load {
+    sent: u64,
+    failed: u64,
+    longest: Duration,
+    bad_since: Option<Instant>,
+}
+
+/// Send `rate` requests per second through the router until `stop`; count what clients saw.
+fn load(url: String, rate: f64, stop: Arc<AtomicBool>, out: Arc<Mutex<Load>>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let c = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            while !stop.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let at = Instant::now();
+                let ok = c
+                    .post(&url)
+                    .json(&serde_json::json!({"text": "bench", "sampling_params": {"max_new_tokens": 4}}))
+                    .send()
+                    .await
+                    .map(|r| r.status() == 200)
+                    .unwrap_or(false);
+                let mut l = out.lock().unwrap_or_else(|p| p.into_inner());
+                l.sent += 1;
+                match (ok, l.bad_since) {
+                    (false, None) => {
+                        l.failed += 1;
+                        l.bad_since = Some(at);
+                    }
+                    (false, Some(_)) => l.failed += 1,
+                    (true, Some(t)) => {
+                        l.longest = l.longest.max(at.duration_since(t));
+                        l.bad_since = None;
+                    }
+                    (true, None) => {}
+                }
+            }
+        });
+    })
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Procedure {
+    Sequential,
+    Together,
+    Seed,
+}
+
+fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> String {
+    let opts = StackOptions { gateway, pairs, ..Default::default() };
+    let stack = Stack::boot(&opts).expect("stack");
+    stack.wait_ready(Duration::from_secs(60)).expect("ready");
+    stack.wait_router_healthy(stack.workers().len(), Duration::from_secs(60)).expect("router admits all");
+    let config = stack.write_pdctl_config().expect("config");
+    let dir = config.parent().expect("dir").join("config.d");
+    std::fs::write(
+        dir.join("90-bench.toml"),
+        format!("[rollout]\nmin_healthy = \"2s\"\nsingle_pair = \"{}\"\n", if matches!(how, Procedure::Together) { "together" } else { "sequential" }),
+    )
+    .expect("fragment");
+    let daemon = stack.start_pdctld().expect("pdctld");
+    let url = format!("{}/generate", stack.router.as_ref().expect("router").url);
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Load::default()));
+    let t0 = Instant::now();
+    let h = load(url, rate, stop.clone(), seen.clone());
+    std::thread::sleep(Duration::from_secs(2));
+    let mut probe = String::new();
+    match how {
+        Procedure::Sequential | Procedure::Together => {
+            let pdctl = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
+            let out = std::process::Command::new(pdctl)
+                .args(["restart", "--rolling", "--json", "--config"])
+                .arg(&config)
+                .arg("--socket")
+                .arg(&daemon.socket)
+                .output()
+                .expect("pdctl");
+            let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+            let v: serde_json::Value = serde_json::from_str(&last).unwrap_or_default();
+            probe = format!("result {}; pdctl's probe: {}", v["result"], v["availability"]);
+        }
+        Procedure::Seed => {
+            let units: Vec<String> = stack.workers().iter().map(|w| w.unit.clone()).collect();
+            let mut args = vec!["restart".to_string()];
+            args.extend(units.iter().cloned());
+            stack.sandbox.systemctl(&args.iter().map(String::as_str).collect::<Vec<_>>()).expect("restart all");
+            let restarted = std::time::SystemTime::now();
+            // Every 20 s: journalctl --since "2 min ago" | grep ready, until each unit shows one.
+            loop {
+                std::thread::sleep(Duration::from_secs(20));
+                let out = stack.sandbox.journalctl(&["--since", "2 min ago", "-o", "cat"]).expect("journalctl");
+                let text = String::from_utf8_lossy(&out.stdout);
+                if text.matches(READY_LINE).count() >= 2 * units.len() {
+                    break;
+                }
+                if restarted.elapsed().unwrap_or_default() > Duration::from_secs(180) {
+                    break;
+                }
+            }
+        }
+    }
+    // Let the load see the end state for a few seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::SeqCst);
+    let _ = h.join();
+    let l = seen.lock().unwrap_or_else(|p| p.into_inner());
+    let longest = l.bad_since.map(|t| l.longest.max(t.elapsed())).unwrap_or(l.longest);
+    format!(
+        "{:<20} {}P{}D {:<11} clients: {:>4} failed of {:>4} requests; longest error window {:>6.1} s; total {:>5.1} s  {probe}",
+        gateway.name(),
+        pairs,
+        pairs,
+        format!("{how:?}").to_lowercase(),
+        l.failed,
+        l.sent,
+        longest.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    )
+}
+
+fn main() {
+    let rate: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10.0);
+    println!("pdctl availability benchmark: a steady load of {rate} requests/s through the real router, its own client");
+    for gateway in [Gateway::Smg113, Gateway::SglangRouter032] {
+        for (pairs, how) in [(1, Procedure::Sequential), (1, Procedure::Together), (1, Procedure::Seed), (2, Procedure::Sequential), (2, Procedure::Seed)] {
+            println!("{}", run(gateway, pairs, how, rate));
+        }
+    }
+}
