@@ -1057,7 +1057,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     "inactive" => stopped_since.or(Some(Instant::now())),
                     _ => None,
                 };
-                let gone = st.active_state == "failed" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+                // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
+                // the rollout lock for the whole budget.
+                let gone = st.active_state == "failed" || st.sub_state == "auto-restart" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
                 if gone || t0.elapsed() >= budget {
                     return Err(Fail::from(Cause::DrainNotRestored {
                         unit: d.unit.clone(),
