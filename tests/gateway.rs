@@ -6,19 +6,14 @@ use std::time::{Duration, Instant};
 
 use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
 use pdctl_tests::pdctl_sandbox::Gateway;
-use pdctl_tests::{pdctl_daemon, pdctl_run, stack_up, JsonRun};
+use pdctl_tests::{pdctl_daemon, pdctl_run, JsonRun};
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
 
 fn up(opts: StackOptions) -> (Stack, PathBuf, Pdctld) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let stack = rt.block_on(stack_up(&opts));
-    let config = stack.write_pdctl_config().unwrap();
-    std::fs::write(config.parent().unwrap().join("config.d/05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").unwrap();
-    let d = stack.start_pdctld().expect("pdctld starts");
-    (stack, config, d)
+    pdctl_tests::stack_with_pdctld_opts(&opts)
 }
 
 fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pdctl_tests::pdctl_sandbox::stack::{http_get, Pdctld, Stack, StackOptions};
-use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, stack_up, stack_with_pdctld};
+use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, stack_with_pdctld};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -341,10 +341,7 @@ fn a_bad_drop_in_added_after_pdctld_started_is_rolled_back_on_the_first_day_then
 
 #[test]
 fn a_bad_drop_in_written_before_pdctld_ever_started_is_rolled_back_and_the_summary_says_so() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let stack = rt.block_on(stack_up(&StackOptions::default()));
-    let config = stack.write_pdctl_config().unwrap();
-    std::fs::write(config.parent().unwrap().join("config.d/05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").unwrap();
+    let (stack, config) = pdctl_tests::stack_with_config(&StackOptions::default());
     rollback_policy(&config);
     let bad = bad_flag_drop_in(&stack);
     // The dry run names the drop-in systemd has not loaded (as `rollout diff` does).

@@ -300,16 +300,27 @@ impl Drop for LivePdctl {
     }
 }
 
-/// The 1P1D stack with pdctld as a unit of the sandbox (short soak and ready timeout), and the
-/// (outside) config path.
-pub fn stack_with_pdctld() -> (pdctl_sandbox::stack::Stack, std::path::PathBuf, pdctl_sandbox::stack::Pdctld) {
+/// A stack (`opts`) up and admitted, and its (outside) pdctl config with a short soak and ready
+/// timeout.
+pub fn stack_with_config(opts: &pdctl_sandbox::stack::StackOptions) -> (pdctl_sandbox::stack::Stack, std::path::PathBuf) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let stack = rt.block_on(stack_up(&pdctl_sandbox::stack::StackOptions::default()));
+    let stack = rt.block_on(stack_up(opts));
     let config = stack.write_pdctl_config().expect("config");
     let dir = config.parent().expect("config dir").join("config.d");
     std::fs::write(dir.join("05-fast.toml"), "[rollout]\nmin_healthy = \"2s\"\nready_timeout = \"20s\"\n").expect("fragment");
+    (stack, config)
+}
+
+/// [`stack_with_config`] with pdctld as a unit of the sandbox.
+pub fn stack_with_pdctld_opts(opts: &pdctl_sandbox::stack::StackOptions) -> (pdctl_sandbox::stack::Stack, std::path::PathBuf, pdctl_sandbox::stack::Pdctld) {
+    let (stack, config) = stack_with_config(opts);
     let d = stack.start_pdctld().expect("pdctld starts: systemctl start waits for its READY=1");
     (stack, config, d)
+}
+
+/// The default 1P1D stack with pdctld ([`stack_with_pdctld_opts`]).
+pub fn stack_with_pdctld() -> (pdctl_sandbox::stack::Stack, std::path::PathBuf, pdctl_sandbox::stack::Pdctld) {
+    stack_with_pdctld_opts(&pdctl_sandbox::stack::StackOptions::default())
 }
 
 /// `args` plus `--config CONFIG --socket SOCKET` of this pdctld.
