@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pdctl_tests::pdctl_sandbox::stack::{http_get, Pdctld, Stack, StackOptions};
-use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, stack_with_pdctld};
+use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, raw_api as raw, stack_with_pdctld};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -21,18 +21,6 @@ fn s(p: &Path) -> String {
 
 fn is(e: &Value, unit: &str, step: &str, status: &str) -> bool {
     e["unit"] == unit && e["step"] == step && e["status"] == status
-}
-
-/// One raw HTTP/1.0 request on pdctld's socket: status and JSON body.
-fn raw(socket: &Path, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut c = UnixStream::connect(socket).expect("connect to pdctld");
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(c, "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, serde_json::from_str(body).unwrap_or(Value::String(body.to_string())))
 }
 
 /// Is `url` listed healthy by the router now?

@@ -25,7 +25,8 @@ async fn metrics(sim: &SimProc, accept: Option<&str>) -> reqwest::Response {
 async fn generate(sim: &SimProc, max_new: u64) -> Value {
     let r = http()
         .post(format!("{}/generate", sim.url()))
-        .json(&json!({"text": "Hello there", "sampling_params": {"max_new_tokens": max_new}}))
+        // SGLang's fake bootstrap host: a PD server serves it without a peer (as its own warmup).
+        .json(&json!({"text": "Hello there", "sampling_params": {"max_new_tokens": max_new}, "bootstrap_host": "2.2.2.2", "bootstrap_port": 8998, "bootstrap_room": 1}))
         .send()
         .await
         .unwrap();
@@ -317,4 +318,90 @@ fn sigterm_without_fault_does_not_repeat_the_ready_line() {
     sim.terminate();
     assert_eq!(sim.wait_exit(T).and_then(|s| s.code()), Some(0));
     assert_eq!(sim.seen.iter().filter(|l| l.contains("fired up")).count(), 1);
+}
+
+/// Both halves of a PD request, as the router sends them: the same room to a prefill and a
+/// decode. Returns the decode's status and body.
+async fn pd_pair(prefill: &SimProc, bootstrap: u16, decode: &SimProc, room: u64) -> (u16, String) {
+    let body = |_: ()| json!({"text": "Hello there", "sampling_params": {"max_new_tokens": 4}, "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap, "bootstrap_room": room});
+    let p = http().post(format!("{}/generate", prefill.url())).json(&body(())).send();
+    let d = http().post(format!("{}/generate", decode.url())).json(&body(())).send();
+    let (_, d) = tokio::join!(p, d);
+    let d = d.unwrap();
+    (d.status().as_u16(), d.text().await.unwrap())
+}
+
+fn gauge(text: &str, name: &str) -> f64 {
+    python_parse(text, false).iter().find(|s| s["name"] == name).and_then(|s| s["value"].as_f64()).unwrap_or(-1.0)
+}
+
+fn pd_proc(port: Option<u16>, role: &str, bootstrap: u16, extra: &[&str]) -> SimProc {
+    let b = bootstrap.to_string();
+    let mut args = vec!["--enable-metrics", "--disaggregation-mode", role, "--disaggregation-bootstrap-port", &b];
+    args.extend_from_slice(extra);
+    let env = [("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "1"), ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "2")];
+    let mut p = SimProc::spawn_with(port, &args, &env);
+    p.wait_line("fired up", T).expect("ready");
+    p
+}
+
+#[tokio::test]
+async fn pd_requests_pair_and_a_restarted_prefill_breaks_only_the_old_cache_profile() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
+    let mut prefill = pd_proc(None, "prefill", boot, &[]);
+    let stale = pd_proc(None, "decode", boot, &["--sim-pair-cache", "stale"]);
+    let fixed = pd_proc(None, "decode", boot, &[]);
+    // A decode cannot serve alone.
+    let alone = http().post(format!("{}/generate", stale.url())).json(&json!({"text": "x"})).send().await.unwrap();
+    assert_eq!(alone.status(), 400);
+    assert_eq!(pd_pair(&prefill, boot, &stale, 11).await.0, 200);
+    assert_eq!(pd_pair(&prefill, boot, &fixed, 12).await.0, 200);
+
+    // The prefill restarts on the same address: new rank port, new identity.
+    let port = prefill.port;
+    prefill.terminate();
+    prefill.wait_exit(T).expect("prefill exits");
+    drop(prefill);
+    let prefill = pd_proc(Some(port), "prefill", boot, &[]);
+    // Before PR 36029: every request fails (after the waiting timeout), the entry is kept.
+    for room in [21, 22] {
+        let (status, body) = pd_pair(&prefill, boot, &stale, room).await;
+        assert_eq!(status, 500, "{body}");
+        assert!(body.contains("KVPoll.WaitingForInput"), "{body}");
+    }
+    // After it: one request fails, the next refetches /route.
+    assert_eq!(pd_pair(&prefill, boot, &fixed, 31).await.0, 500);
+    assert_eq!(pd_pair(&prefill, boot, &fixed, 32).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_rejects_a_mismatched_decode() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
+    let prefill = pd_proc(None, "prefill", boot, &[]);
+    // Only the prefill half arrives (its decode died before fetching): the KV stays held.
+    let p = {
+        let url = prefill.url();
+        tokio::spawn(async move {
+            let body = json!({"text": "a prompt of some length to hold", "sampling_params": {"max_new_tokens": 4}, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": 7});
+            http().post(format!("{url}/generate")).json(&body).send().await.unwrap().status().as_u16()
+        })
+    };
+    let held = poll_until(T, Duration::from_millis(50), || async {
+        let t = metrics(&prefill, None).await.text().await.unwrap();
+        (gauge(&t, "sglang:num_prefill_bootstrap_queue_reqs") == 1.0).then(|| gauge(&t, "sglang:kv_used_tokens"))
+    })
+    .await
+    .expect("the room is held in the bootstrap queue");
+    assert!(held > 0.0, "its KV is in use: {held}");
+    assert_eq!(p.await.unwrap(), 500, "the prefill half fails at the bootstrap timeout");
+    let t = metrics(&prefill, None).await.text().await.unwrap();
+    assert_eq!(gauge(&t, "sglang:num_prefill_bootstrap_queue_reqs"), 0.0);
+    assert_eq!(gauge(&t, "sglang:kv_used_tokens"), 0.0);
+
+    // A decode with another page size: the transfer is rejected at once, naming both values.
+    let decode = pd_proc(None, "decode", boot, &["--page-size", "16"]);
+    let (status, body) = pd_pair(&prefill, boot, &decode, 8).await;
+    assert_eq!(status, 500);
+    assert!(body.contains("transfer rejected: page_size mismatch (prefill 1, decode 16)"), "{body}");
+    assert!(!body.contains("timed out"), "rejected when they connect, not at a timeout: {body}");
 }

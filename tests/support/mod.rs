@@ -40,7 +40,13 @@ pub struct SimProc {
 impl SimProc {
     /// Start `sglang-sim --model-path m --port <free> ARGS` (fast load and warmup).
     pub fn spawn(args: &[&str]) -> SimProc {
-        let port = pdctl_sandbox::free_port().expect("free port");
+        SimProc::spawn_with(None, args, &[])
+    }
+
+    /// [`SimProc::spawn`] on a given port (a restart on the same address) with extra
+    /// environment variables.
+    pub fn spawn_with(port: Option<u16>, args: &[&str], env: &[(&str, &str)]) -> SimProc {
+        let port = port.unwrap_or_else(|| pdctl_sandbox::free_port().expect("free port"));
         let bin = pdctl_sandbox::workspace_bin("sglang-sim", "PDCTL_SIM_BIN").expect("sglang-sim built");
         let mut child = Command::new(bin)
             .args(["--model-path", "m", "--host", "127.0.0.1", "--port", &port.to_string()])
@@ -48,6 +54,7 @@ impl SimProc {
             .env("SGLANG_SIM_LOAD_SECS", "0.2")
             .env("SGLANG_SIM_WARMUP_SECS", "0.3")
             .env("SGLANG_SIM_HEALTH_GENERATE_MS", "20")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -340,4 +347,17 @@ pub fn pdctl_daemon(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, 
 pub fn live_daemon(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> LivePdctl {
     let all = daemon_args(d, config, args);
     LivePdctl::spawn(&all.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// One raw HTTP/1.0 request on pdctld's socket: status and JSON body.
+pub fn raw_api(socket: &std::path::Path, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read as _, Write as _};
+    let mut c = std::os::unix::net::UnixStream::connect(socket).expect("connect to pdctld");
+    c.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
+    write!(c, "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).expect("write");
+    let mut out = String::new();
+    c.read_to_string(&mut out).expect("read");
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())))
 }

@@ -424,6 +424,57 @@ pub struct DaemonStatus {
     /// Changes that failed and are not rolled out again until their files change.
     #[serde(default)]
     pub quarantined: Vec<crate::revisions::Quarantine>,
+    /// Per decode and prefill, the last pair probe pdctl sent them (from the rollout records).
+    #[serde(default)]
+    pub pairs: Vec<PairStatus>,
+}
+
+/// The last pair probe of one prefill/decode pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairStatus {
+    /// The decode.
+    pub decode: String,
+    /// The prefill.
+    pub prefill: String,
+    /// They paired (`paired`, or `refreshed`: after one failed request).
+    pub ok: bool,
+    /// The probe's result (`paired`, `refreshed`, `stale`, `incompatible`, `prefill_broken`,
+    /// `decode_broken`, `transfer_failed`).
+    pub result: String,
+    /// When it was probed (RFC 3339).
+    pub checked_at: String,
+    /// The rollout that probed it.
+    pub rollout_id: String,
+}
+
+impl PairStatus {
+    /// The last probe of each pair found in `records` (oldest first); a pair whose decode was
+    /// then restarted (a repair) shows that restart's probe.
+    pub fn from_records(records: &[Record]) -> Vec<PairStatus> {
+        let mut last: std::collections::BTreeMap<(String, String), PairStatus> = std::collections::BTreeMap::new();
+        for r in records {
+            for e in r.events.iter().filter(|e| e.step == crate::events::Step::Pair && e.status != crate::events::Status::Started) {
+                for p in e.detail.get("pairs").and_then(serde_json::Value::as_array).into_iter().flatten() {
+                    let s = |k: &str| p.get(k).and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+                    let result = s("result");
+                    if result == "skipped" || result.is_empty() {
+                        continue;
+                    }
+                    let st = PairStatus {
+                        decode: s("decode"),
+                        prefill: s("prefill"),
+                        ok: matches!(result.as_str(), "paired" | "refreshed"),
+                        result,
+                        checked_at: e.at.clone(),
+                        rollout_id: r.id.clone(),
+                    };
+                    last.insert((st.decode.clone(), st.prefill.clone()), st);
+                }
+            }
+        }
+        last.into_values().collect()
+    }
 }
 
 /// The `result` of an interrupted rollout's last stream line.

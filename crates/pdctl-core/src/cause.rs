@@ -272,6 +272,61 @@ pub enum Cause {
         /// The limit.
         max: u64,
     },
+    // --- PD pairs ---
+    /// A decode still uses the bootstrap info of a restarted prefill's previous process.
+    StalePair {
+        /// The decode.
+        decode: String,
+        /// The restarted prefill.
+        prefill: String,
+    },
+    /// A prefill and a decode disagree on a setting pairing needs.
+    PairIncompatible {
+        /// The prefill.
+        prefill: String,
+        /// The decode.
+        decode: String,
+        /// Both sides' values.
+        detail: String,
+    },
+    /// A pair probe failed on one side (or in the transfer, unexplained by a restart).
+    PairBroken {
+        /// The prefill.
+        prefill: String,
+        /// The decode.
+        decode: String,
+        /// `prefill`, `decode` or `transfer`.
+        side: String,
+        /// What that side answered.
+        error: String,
+    },
+    /// A decode with a stale pairing cannot be restarted as a repair.
+    RepairBlocked {
+        /// The decode.
+        decode: String,
+        /// The restarted prefill.
+        prefill: String,
+        /// Why, and what to do.
+        why: String,
+    },
+    /// A change would make a worker unable to pair with its running peers.
+    IncompatibleChange {
+        /// The unit whose ExecStart changes.
+        unit: String,
+        /// The peer.
+        peer: String,
+        /// Both sides' values.
+        detail: String,
+    },
+    /// Prefills still hold KV for a restarted decode's rooms after the deadline.
+    StrandedKv {
+        /// The restarted decode.
+        decode: String,
+        /// What is still held, per prefill.
+        held: String,
+        /// The deadline.
+        after: Duration,
+    },
     // --- metrics ---
     /// No usable KV gauges, with the diagnosis.
     MetricsMissing {
@@ -379,6 +434,12 @@ impl Cause {
             Cause::CircuitOpen { .. } => "circuit_open",
             Cause::SmokeFailed { .. } => "smoke_request_failed",
             Cause::ClientsFailing { .. } => "clients_failing",
+            Cause::StalePair { .. } => "stale_pair",
+            Cause::PairIncompatible { .. } => "pair_incompatible",
+            Cause::PairBroken { .. } => "pair_broken",
+            Cause::RepairBlocked { .. } => "repair_blocked",
+            Cause::IncompatibleChange { .. } => "incompatible_change",
+            Cause::StrandedKv { .. } => "stranded_kv",
             Cause::MetricsMissing { diagnosis, .. } => match diagnosis {
                 MetricsDiagnosis::Disabled => "metrics_disabled",
                 MetricsDiagnosis::Unreachable => "metrics_unreachable",
@@ -432,6 +493,12 @@ impl Cause {
             | Cause::CircuitOpen { .. }
             | Cause::SmokeFailed { .. }
             | Cause::ClientsFailing { .. }
+            | Cause::StalePair { .. }
+            | Cause::PairIncompatible { .. }
+            | Cause::PairBroken { .. }
+            | Cause::RepairBlocked { .. }
+            | Cause::IncompatibleChange { .. }
+            | Cause::StrandedKv { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. } => FailureKind::Gate,
         }
@@ -471,6 +538,12 @@ impl Cause {
             | Cause::CircuitOpen { .. }
             | Cause::SmokeFailed { .. }
             | Cause::ClientsFailing { .. }
+            | Cause::StalePair { .. }
+            | Cause::PairIncompatible { .. }
+            | Cause::PairBroken { .. }
+            | Cause::RepairBlocked { .. }
+            | Cause::IncompatibleChange { .. }
+            | Cause::StrandedKv { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. } => 422,
         }
@@ -526,6 +599,27 @@ impl Cause {
             }
             Cause::ClientsFailing { unit, failed, max } => format!(
                 "clients saw {failed} failed requests through the router during the rollout (more than max_failed_probes = {max}), last while {unit} was rolled; halted before the next unit"
+            ),
+            Cause::StalePair { decode, prefill } => format!(
+                "{decode} still uses the bootstrap info of {prefill}'s previous process (SGLang before PR 36029 keeps it when a prefill restarts on the same address): every request it gets from {prefill} fails until it restarts; run `pdctl restart --rolling --unit {decode}` (or set [rollout] on_stale_pair = \"restart-decode\" to have pdctl repair it)"
+            ),
+            Cause::PairIncompatible { prefill, decode, detail } => format!(
+                "{prefill} and {decode} cannot pair: {detail}; every KV transfer between them is rejected — give both the same values, then roll both"
+            ),
+            Cause::PairBroken { prefill, decode, side, error } => match side.as_str() {
+                "prefill" => format!("a PD request from {prefill} to {decode} failed on the prefill's side: {error}"),
+                "decode" => format!("a PD request from {prefill} to {decode} failed on the decode's side: {error}"),
+                _ => format!("the KV transfer from {prefill} to {decode} failed, and no restart explains it: {error}; check the transfer backend (network, RDMA devices) of both"),
+            },
+            Cause::RepairBlocked { decode, prefill, why } => {
+                format!("{decode} has a stale pairing with {prefill} and needs a restart, but pdctl will not restart it as a repair: {why}")
+            }
+            Cause::IncompatibleChange { unit, peer, detail } => format!(
+                "the new ExecStart of {unit} cannot pair with the running {peer}: {detail}; nothing was touched — change both sides together (single_pair = \"together\"), or revert the change"
+            ),
+            Cause::StrandedKv { decode, held, after } => format!(
+                "{} after {decode} restarted, prefills still hold KV for requests no decode will fetch: {held}; it is released at the prefill's bootstrap timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)",
+                dur(after)
             ),
             Cause::MetricsMissing { unit, detail, waited, .. } => match waited {
                 Some(w) => format!("{unit}: KV gauges not usable within {}: {detail}", dur(w)),
@@ -584,6 +678,12 @@ impl Cause {
             Cause::CircuitOpen { url: url(), after: d },
             Cause::SmokeFailed { url: url(), after: d, error: msg() },
             Cause::ClientsFailing { unit: unit(), failed: 7, max: 5 },
+            Cause::StalePair { decode: "sglang-decode.service".into(), prefill: unit() },
+            Cause::PairIncompatible { prefill: unit(), decode: "sglang-decode.service".into(), detail: "page_size 16 (prefill) vs 1 (decode)".into() },
+            Cause::PairBroken { prefill: unit(), decode: "sglang-decode.service".into(), side: "decode".into(), error: msg() },
+            Cause::RepairBlocked { decode: "sglang-decode.service".into(), prefill: unit(), why: msg() },
+            Cause::IncompatibleChange { unit: unit(), peer: "sglang-decode.service".into(), detail: "page_size 16 (new) vs 1 (running)".into() },
+            Cause::StrandedKv { decode: "sglang-decode.service".into(), held: msg(), after: d },
             Cause::ConfigInvalid { message: msg() },
             Cause::BadRequest { message: msg() },
             Cause::Busy { id: "r1764500000".into() },

@@ -88,6 +88,26 @@ pub enum SinglePair {
     Together,
 }
 
+/// What the pair gate does about a decode holding a stale pairing with a restarted prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnStalePair {
+    /// Restart the decode through every gate, as part of the same rollout (`repair_of`).
+    RestartDecode,
+    /// Stop with the stale-pair cause, naming the decode.
+    Halt,
+}
+
+/// How strict the stranded-KV check after a decode restart is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StrandedKv {
+    /// KV still held at the deadline is reported; the rollout goes on.
+    Warn,
+    /// KV still held at the deadline fails the gate.
+    Required,
+}
+
 /// How strict the metrics gate is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -162,6 +182,7 @@ struct RawRollout {
     allow_outage: Option<bool>,
     single_pair: Option<SinglePair>,
     max_failed_probes: Option<u64>,
+    on_stale_pair: Option<OnStalePair>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -172,6 +193,10 @@ struct RawVerify {
     smoke_request: Option<bool>,
     warmup_request: Option<bool>,
     availability_probe: Option<String>,
+    pair: Option<bool>,
+    pair_timeout: Option<Dur>,
+    stranded_kv: Option<StrandedKv>,
+    stranded_kv_timeout: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -247,6 +272,8 @@ pub struct Rollout {
     pub single_pair: SinglePair,
     /// Halt when the availability probe sees more failed requests than this.
     pub max_failed_probes: Option<u64>,
+    /// A decode found with a stale pairing after a prefill restart: repair it or halt.
+    pub on_stale_pair: OnStalePair,
 }
 
 impl Rollout {
@@ -267,6 +294,9 @@ impl Rollout {
             Step::Metrics => self.metrics_timeout + call,
             Step::Soak => self.min_healthy,
             Step::Reconcile => self.ready_timeout + self.router_timeout,
+            // Each pair is probed at most twice, each probe bounded by the pair timeout (at most
+            // 1h each); the stranded-KV wait is bounded by its timeout (at most 1h).
+            Step::Pair | Step::StrandedKv => Duration::from_secs(3 * 3600),
         }
     }
 }
@@ -284,6 +314,16 @@ pub struct Verify {
     pub warmup_request: bool,
     /// Requests per second of the availability probe through the router (`None`: off).
     pub availability_probe: Option<f64>,
+    /// The pair gate: PD requests sent straight to each prefill/decode pair of a restarted worker.
+    pub pair: bool,
+    /// How long one pair probe may take (a healthy pair answers a 1-token request in well under
+    /// a second; a stale one only at the decode's waiting timeout, 300 s by default).
+    pub pair_timeout: Duration,
+    /// Whether KV still held by prefills after a decode restart fails the gate.
+    pub stranded_kv: StrandedKv,
+    /// How long prefills may take to release a restarted decode's rooms (`None`: the prefill
+    /// unit's `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`, 300 s when unset, plus 10 s).
+    pub stranded_kv_timeout: Option<Duration>,
 }
 
 /// Where systemd is.
@@ -332,6 +372,8 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ("metrics_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
     ("min_healthy", Duration::from_secs(1), Duration::from_secs(3600)),
     ("drain_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("pair_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("stranded_kv_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
 ];
 
 /// The line where `key = …` is set in `text` (first such line).
@@ -510,11 +552,12 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
                 drain_timeout,
                 allow_outage,
                 single_pair,
-                max_failed_probes
+                max_failed_probes,
+                on_stale_pair
             );
         }
         if let Some(s) = raw.verify {
-            over!(path, text, vf, s, router, metrics, smoke_request, warmup_request, availability_probe);
+            over!(path, text, vf, s, router, metrics, smoke_request, warmup_request, availability_probe, pair, pair_timeout, stranded_kv, stranded_kv_timeout);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
@@ -628,6 +671,10 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         smoke_request: vf.smoke_request.unwrap_or(true),
         warmup_request: vf.warmup_request.unwrap_or(true),
         availability_probe: if router.is_some() { availability_probe } else { None },
+        pair: vf.pair.unwrap_or(true),
+        pair_timeout: d(30),
+        stranded_kv: vf.stranded_kv.unwrap_or(StrandedKv::Warn),
+        stranded_kv_timeout: None,
     };
     if vf.router == Some(true) && router.is_none() {
         return Err(err(&last, None, "verify.router = true needs [router] url".into()));
@@ -646,14 +693,16 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         }
         _ => crate::sglang::READY_LINE.to_string(),
     };
+    // `key` is a [rollout] key, or "vf.KEY" for one of [verify].
     let bounded = |key: &str, v: Option<Dur>, default: Duration| -> Result<Duration, ConfigError> {
+        let (sect, key) = key.split_once('.').unwrap_or(("ro", key));
         let Some(Dur(v)) = v else {
             return Ok(default);
         };
         let (_, min, max) = DURATION_BOUNDS.iter().find(|(k, _, _)| *k == key).copied().unwrap_or((key, Duration::ZERO, Duration::MAX));
         if v < min || v > max {
             return Err(at(
-                &format!("ro.{key}"),
+                &format!("{sect}.{key}"),
                 format!(
                     "{} is outside {} to {} (docs/cli.md lists each duration's bounds)",
                     humantime::format_duration(v),
@@ -665,6 +714,14 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         Ok(v)
     };
     let ready_timeout = bounded("ready_timeout", ro.ready_timeout, d(15 * 60))?;
+    let verify = Verify {
+        pair_timeout: bounded("vf.pair_timeout", vf.pair_timeout, d(30))?,
+        stranded_kv_timeout: match vf.stranded_kv_timeout {
+            Some(v) => Some(bounded("vf.stranded_kv_timeout", Some(v), d(0))?),
+            None => None,
+        },
+        ..verify
+    };
     let bus = match (sd.address, sd.bus) {
         (Some(a), _) => BusSetting::Address(a),
         (None, Some(BusKind::User)) => BusSetting::User,
@@ -693,6 +750,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             allow_outage: ro.allow_outage.unwrap_or(false),
             single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
             max_failed_probes: ro.max_failed_probes,
+            on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
         },
         verify,
         sources: texts.iter().map(|t| t.0.clone()).collect(),

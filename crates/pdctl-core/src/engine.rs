@@ -33,7 +33,7 @@ use crate::drains::{Drain, Ledger};
 use crate::events::{Event, Failure, Outcome, Sink, Status, Step, Summary};
 use crate::judge::{crashed_since, Judge, Run, Verdict};
 use crate::plan::Plan;
-use crate::ports::{Follow, Health, Logs, Probes, UnitState, Units, UnitsError, Watch};
+use crate::ports::{Follow, Health, Logs, PairTarget, Probes, UnitState, Units, UnitsError, Watch};
 use crate::revisions;
 
 /// Lines of the unit's log attached to a failure.
@@ -46,11 +46,14 @@ const POLL: Duration = Duration::from_millis(100);
 struct Fail {
     cause: Cause,
     detail: Value,
+    /// The unit that failed, when it is not the one being rolled (a decode restarted as a
+    /// repair of the prefill's stale pairing).
+    unit: Option<String>,
 }
 
 impl From<Cause> for Fail {
     fn from(cause: Cause) -> Fail {
-        Fail { cause, detail: Value::Null }
+        Fail { cause, detail: Value::Null, unit: None }
     }
 }
 
@@ -81,6 +84,7 @@ impl<'a> StepRun<'a> {
             elapsed_ms: self.t0.elapsed().as_millis() as u64,
             at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             detail,
+            repair_of: None,
         };
         // Never a field named `unit`: journald would store it as UNIT=, which systemd's unit
         // filters match, and pdctl's lines would show up among the unit's own.
@@ -176,13 +180,19 @@ struct Ctx<'a> {
     allow_outage: Option<bool>,
     /// The availability probe's view, when it runs.
     clients: Option<&'a Clients>,
+    /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
+    /// waits for it to serve instead of skipping it.
+    together_with: Option<&'a str>,
 }
 
 impl Ctx<'_> {
     fn none(allow_outage: Option<bool>) -> Ctx<'static> {
-        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None }
+        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None }
     }
 }
+
+/// A unit restarted to repair a stale pairing, and the prefill whose restart needed it.
+type Repaired = Vec<(Worker, String)>;
 
 /// Shared between the rollout and its availability probe.
 #[derive(Default)]
@@ -259,6 +269,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             id: r.id,
             allow_outage: Some(r.allow_outage || self.settings.rollout.allow_outage),
             clients: probing.map(|_| &clients),
+            together_with: None,
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -301,16 +312,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
         let t0 = Instant::now();
         let mut done = Vec::new();
-        let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>| Summary {
+        let mut repairs = std::collections::BTreeMap::new();
+        let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>, repairs: &std::collections::BTreeMap<String, String>| Summary {
             availability: None,
             id: None,
             result,
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: done,
+            repairs: repairs.clone(),
             failed,
         };
         if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
-            return summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await), done);
+            return summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await), done, &repairs);
         }
         // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
         // interruption instead of two).
@@ -319,10 +332,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 if let Some(c) = ctx.clients {
                     *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
                 }
-                let (rp, rd) = tokio::join!(self.restart_one(p, sink, ctx), self.restart_one(d, sink, ctx));
+                let (cp, cd) = (Ctx { together_with: Some(&d.unit), ..ctx }, Ctx { together_with: Some(&p.unit), ..ctx });
+                let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
                 for (w, r) in [(p, rp), (d, rd)] {
                     match r {
-                        Ok(()) => {
+                        Ok(_) => {
                             if let Some(dir) = ctx.revisions {
                                 notes.push(self.record_revision(w, dir).await);
                             }
@@ -335,35 +349,54 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                                     notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
                                 }
                             }
-                            return summary(Outcome::Failed, Some(failure), done);
+                            return summary(Outcome::Failed, Some(failure), done, &repairs);
                         }
                     }
                 }
-                return summary(Outcome::Succeeded, None, done);
+                return summary(Outcome::Succeeded, None, done, &repairs);
             }
         }
         for w in &plan.workers {
             if abort.load(Ordering::SeqCst) {
-                return summary(Outcome::Aborted, None, done);
+                return summary(Outcome::Aborted, None, done, &repairs);
+            }
+            if done.contains(&w.unit) {
+                notes.push(format!("{} was not restarted again: it was restarted and verified earlier in this rollout, as a repair of {}", w.unit, repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")));
+                continue;
             }
             if let Some(c) = ctx.clients {
                 *lock(&c.current) = Some(w.unit.clone());
             }
             let r = match mode {
-                Mode::Rollout => self.restart_one(w, sink, ctx).await,
-                Mode::Check => self.check_one(w, sink).await,
+                Mode::Rollout => self.restart_one(w, sink, ctx, true).await,
+                Mode::Check => self.check_one(w, sink).await.map(|()| Vec::new()),
             };
-            if let Err((step, f)) = r {
-                let failure = self.failure(&w.unit, step, f).await;
-                // A drain this run made is never left behind: re-admit the worker if it serves.
-                if let Some(d) = ctx.ledger.and_then(|l| l.get(&w.unit).filter(|d| d.rollout_id == ctx.id).map(|d| (l, d))) {
-                    let budget = if step == Step::Restart { self.settings.rollout.ready_timeout } else { Duration::ZERO };
-                    notes.push(match self.reconcile(&d.1, d.0, budget, sink).await {
-                        Ok(n) => n,
-                        Err(c) => c.sentence(),
-                    });
+            let repaired = match r {
+                Ok(rep) => rep,
+                Err((step, f)) => {
+                    let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
+                    let failure = self.failure(&unit, step, f).await;
+                    // A drain this run made is never left behind: re-admit each worker (the one
+                    // rolled, a decode being repaired) if it serves.
+                    if let Some(l) = ctx.ledger {
+                        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.id) {
+                            let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
+                            notes.push(match self.reconcile(&d, l, budget, sink).await {
+                                Ok(n) => n,
+                                Err(c) => c.sentence(),
+                            });
+                        }
+                    }
+                    return summary(Outcome::Failed, Some(failure), done, &repairs);
                 }
-                return summary(Outcome::Failed, Some(failure), done);
+            };
+            for (d, of) in repaired {
+                if let Some(dir) = ctx.revisions {
+                    notes.push(self.record_revision(&d, dir).await);
+                }
+                notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
+                done.push(d.unit.clone());
+                repairs.insert(d.unit.clone(), of);
             }
             if let (Mode::Rollout, Some(dir)) = (mode, ctx.revisions) {
                 notes.push(self.record_revision(w, dir).await);
@@ -376,11 +409,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
                     StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
                     done.pop();
-                    return summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await), done);
+                    return summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await), done, &repairs);
                 }
             }
         }
-        summary(Outcome::Succeeded, None, done)
+        summary(Outcome::Succeeded, None, done, &repairs)
     }
 
     async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
@@ -398,6 +431,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Summary {
             id: None,
             availability: None,
+            repairs: Default::default(),
             result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
@@ -446,6 +480,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     }
                     sets.push((w.unit.clone(), g.clone()));
                 }
+                let pairing = self.pairing_preflight(w, plan, &cfg).await?;
                 // The only worker of its role: restarting it stops serving (PD needs both roles).
                 let mut outage = None;
                 let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
@@ -467,7 +502,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
                     "drop_ins_not_loaded": on_disk,
                     "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
-                    "gpus": gpus.as_ref().map(fmt_set),
+                    "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
                 }))
             }
             .await;
@@ -507,8 +542,25 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    /// Restart one worker through every gate.
-    async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
+    /// Restart one worker through every gate. Returns the decodes restarted to repair a stale
+    /// pairing found by its pair gate (only when `may_repair`: a repair repairs nothing itself).
+    async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, may_repair: bool) -> Result<Repaired, (Step, Fail)> {
+        let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
+        let mut repaired = Vec::new();
+        for d in stale {
+            if !may_repair {
+                break;
+            }
+            self.repair(&d, w, sink, ctx).await?;
+            repaired.push((d, w.unit.clone()));
+        }
+        self.restart_after_pair(w, sink, ctx, watch, after).await?;
+        Ok(repaired)
+    }
+
+    /// drain, restart, ready, health, pair: returns the unit's watch and state after the restart
+    /// and the decodes found with a stale pairing (to be repaired).
+    async fn restart_to_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Vec<Worker>), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.rollout.drain {
             let s = StepRun::start(sink, unit, Step::Drain);
@@ -521,7 +573,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        let (mut watch, after, started_in) = self.restart_and_ready(w, sink).await?;
+        let (watch, after, started_in) = self.restart_and_ready(w, sink).await?;
         // How long this start took: the interruption to expect next time, if it is alone in its role.
         if let (Some(dir), Some(t)) = (ctx.revisions, started_in) {
             if let Err(e) = revisions::record_start(dir, unit, t.as_millis() as u64) {
@@ -529,9 +581,23 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
+        // Still out of the router: a stale pair is found (and repaired) before the router's
+        // smoke request and breaker could fail on it, and before clients reach this worker.
+        let stale = self.pair_step(w, sink, ctx).await?;
+        Ok((watch, after, stale))
+    }
+
+    /// router, metrics, stranded KV (a decode), soak.
+    async fn restart_after_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, mut watch: U::W, after: UnitState) -> Result<(), (Step, Fail)> {
+        let unit = w.unit.as_str();
         if self.settings.verify.router {
             self.step(sink, unit, Step::Router, async {
-                let d = self.router(w, true).await?;
+                // Every worker of the other PD role out of the router by this rollout's own drains
+                // (a decode repaired while its prefill waits drained): no request can pass the
+                // router now; the pair gate proved the pair directly.
+                let peers = self.peers(w);
+                let peers_drained = !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
+                let d = self.router(w, true, peers_drained).await?;
                 // Admitted again: the drain is undone.
                 if let Some(l) = ctx.ledger {
                     l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
@@ -543,6 +609,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             StepRun::start(sink, unit, Step::Router).skip("no router configured or [verify] router = false");
         }
         self.metrics_step(w, sink, true).await?;
+        if w.role == Role::Decode {
+            self.stranded_step(w, sink).await?;
+        }
         self.step(sink, unit, Step::Soak, async { self.soak(unit, &mut watch, &after).await.map(|d| (d, ())) }).await?;
         Ok(())
     }
@@ -577,7 +646,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 });
                 if out.job_result != "done" {
                     let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
-                    return Err(Fail { cause, detail });
+                    return Err(Fail { cause, detail, unit: None });
                 }
                 Ok((detail, (watch, cursor, out.state)))
             })
@@ -600,7 +669,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
-        if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true).await.map(|d| (d, ())) }).await.is_err() {
+        if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true, false).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
         self.metrics_step(w, sink, true).await.is_ok()
@@ -610,7 +679,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn check_one(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
         self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
-            self.step(sink, &w.unit, Step::Router, async { self.router(w, false).await.map(|d| (d, ())) }).await?;
+            self.step(sink, &w.unit, Step::Router, async { self.router(w, false, false).await.map(|d| (d, ())) }).await?;
         }
         self.metrics_step(w, sink, false).await
     }
@@ -635,6 +704,334 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Err((Step::Metrics, f))
             }
         }
+    }
+
+    /// Preflight of a PD worker: the settings its ExecStart asks for are compared with what each
+    /// peer of the other role runs (`/server_info`; for a peer restarted together with it, the
+    /// peer's ExecStart), so that a change that would break every transfer is refused before
+    /// anything is touched.
+    async fn pairing_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig) -> Result<Value, Fail> {
+        use crate::pairing::{compare, describe, settings_of_argv, settings_of_info};
+        let Some(argv) = cfg.exec_start.first().filter(|_| self.settings.verify.pair && w.role != Role::Regular) else {
+            return Ok(Value::Null);
+        };
+        let ours = settings_of_argv(argv);
+        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together && plan.workers.len() == 2;
+        let mut checked = Vec::new();
+        for peer in self.peers(w) {
+            let theirs = if together && plan.workers.iter().any(|x| x.unit == peer.unit) {
+                self.units.config(&peer.unit).await.ok().and_then(|c| c.exec_start.first().map(|a| settings_of_argv(a)))
+            } else {
+                self.probes.server_info(&peer.url).await.ok().map(|v| settings_of_info(&v))
+            };
+            let Some(theirs) = theirs else {
+                checked.push(json!({"peer": peer.unit, "compared": false, "why": "its settings could not be read"}));
+                continue;
+            };
+            let m = compare(&ours, &theirs);
+            if !m.is_empty() {
+                return Err(Fail {
+                    cause: Cause::IncompatibleChange { unit: w.unit.clone(), peer: peer.unit.clone(), detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)) },
+                    detail: json!({"mismatches": m}),
+                    unit: None,
+                });
+            }
+            checked.push(json!({"peer": peer.unit, "compared": true, "settings": ours}));
+        }
+        Ok(json!(checked))
+    }
+
+    /// A 48-token PD request sent straight to `w` and the first serving peer (`None`: no peer
+    /// serves).
+    async fn warm_pair(&self, w: &Worker) -> Option<Result<String, crate::ports::HttpFailure>> {
+        for peer in self.peers(w) {
+            if self.probes.health(&peer.url).await != Health::Up {
+                continue;
+            }
+            let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+            let host = crate::pairing::bootstrap_host(&p.url);
+            let t = PairTarget {
+                prefill_url: &p.url,
+                bootstrap_host: &host,
+                bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+                decode_url: &d.url,
+                room: crate::pairing::room(),
+                max_new_tokens: 48,
+            };
+            let probe = self.probes.pair(t, self.settings.verify.pair_timeout).await;
+            return Some(match probe.decode {
+                crate::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
+                other => Err(crate::ports::HttpFailure(format!("the pair {} + {} answered: {}", p.unit, d.unit, other.describe()))),
+            });
+        }
+        None
+    }
+
+    /// The peers a worker pairs with: every configured worker of the other PD role.
+    fn peers(&self, w: &Worker) -> Vec<&Worker> {
+        let other = match w.role {
+            Role::Prefill => Role::Decode,
+            Role::Decode => Role::Prefill,
+            Role::Regular => return Vec::new(),
+        };
+        self.settings.workers.iter().filter(|o| o.role == other).collect()
+    }
+
+    /// The pair gate of a restarted worker: a PD request pair sent straight to it and each peer
+    /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
+    /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
+    /// be repaired (`on_stale_pair = "restart-decode"`).
+    async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<Vec<Worker>, (Step, Fail)> {
+        let peers = self.peers(w);
+        if w.role == Role::Regular {
+            return Ok(Vec::new());
+        }
+        if !self.settings.verify.pair {
+            StepRun::start(sink, &w.unit, Step::Pair).skip("[verify] pair = false");
+            return Ok(Vec::new());
+        }
+        if peers.is_empty() {
+            StepRun::start(sink, &w.unit, Step::Pair).skip("no worker of the other PD role is configured");
+            return Ok(Vec::new());
+        }
+        let s = StepRun::start(sink, &w.unit, Step::Pair);
+        let mut pairs = Vec::new();
+        let mut stale: Vec<Worker> = Vec::new();
+        let mut failed: Option<Fail> = None;
+        for peer in peers {
+            let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+            if let Err(why) = self.peer_serves(peer, ctx.together_with == Some(peer.unit.as_str())).await {
+                pairs.push(json!({"prefill": p.unit, "decode": d.unit, "result": "skipped", "why": format!("{} is not serving ({why}): its pairing is not checked", peer.unit)}));
+                continue;
+            }
+            let (verdict, refreshed, probes) = self.probe_pair(p, d).await;
+            pairs.push(json!({
+                "prefill": p.unit, "decode": d.unit, "result": if refreshed { "refreshed" } else { verdict.as_str() },
+                "probes": probes, "at": crate::lifecycle::now(),
+            }));
+            let cause = match verdict {
+                crate::pairing::Verdict::Paired => continue,
+                crate::pairing::Verdict::Stale => {
+                    if self.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
+                        stale.push(d.clone());
+                        continue;
+                    }
+                    Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
+                }
+                crate::pairing::Verdict::Incompatible(m) => {
+                    Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::pairing::describe(&m, &p.unit, &d.unit) }
+                }
+                crate::pairing::Verdict::PrefillBroken(e) => Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e },
+                crate::pairing::Verdict::DecodeBroken(e) => Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e },
+                crate::pairing::Verdict::TransferFailed(e) => Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e },
+            };
+            failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None });
+        }
+        let detail = json!({
+            "pairs": pairs,
+            "stale": stale.iter().map(|d| d.unit.clone()).collect::<Vec<_>>(),
+            "repair": (!stale.is_empty()).then_some("restart-decode"),
+        });
+        match failed {
+            Some(mut f) => {
+                f.detail = detail;
+                s.fail(&f);
+                Err((Step::Pair, f))
+            }
+            None => {
+                s.pass(detail);
+                Ok(stale)
+            }
+        }
+    }
+
+    /// Whether a peer serves (`/health` 200). One restarting at the same time is waited for, up
+    /// to its ready and health timeouts.
+    async fn peer_serves(&self, peer: &Worker, restarting: bool) -> Result<(), String> {
+        let t0 = Instant::now();
+        let limit = if restarting { self.settings.rollout.ready_timeout + self.settings.rollout.health_timeout } else { Duration::ZERO };
+        loop {
+            let why = match within(t0, limit.max(Duration::from_secs(30)), self.probes.health(&peer.url)).await {
+                Some(Health::Up) => return Ok(()),
+                Some(Health::Unavailable(s)) | Some(Health::Down(s)) => s,
+                None => "no answer".into(),
+            };
+            if t0.elapsed() >= limit {
+                return Err(why);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
+    /// 36029 drops the stale entry on the failed request) is probed once more. Returns the
+    /// verdict, whether the second probe found it refreshed, and the probes.
+    async fn probe_pair(&self, p: &Worker, d: &Worker) -> (crate::pairing::Verdict, bool, Vec<crate::pairing::PairProbe>) {
+        use crate::pairing::Verdict;
+        let host = crate::pairing::bootstrap_host(&p.url);
+        let target = |room| PairTarget {
+            prefill_url: &p.url,
+            bootstrap_host: &host,
+            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+            decode_url: &d.url,
+            room,
+            max_new_tokens: 1,
+        };
+        let limit = self.settings.verify.pair_timeout;
+        let first = self.probes.pair(target(crate::pairing::room()), limit).await;
+        let v = self.judge_pair(p, d, &first).await;
+        if !matches!(v, Verdict::Stale | Verdict::TransferFailed(_)) {
+            return (v, false, vec![first]);
+        }
+        let second = self.probes.pair(target(crate::pairing::room()), limit).await;
+        let v2 = self.judge_pair(p, d, &second).await;
+        let refreshed = v2 == Verdict::Paired;
+        (if refreshed { Verdict::Paired } else { v2 }, refreshed, vec![first, second])
+    }
+
+    async fn judge_pair(&self, p: &Worker, d: &Worker, probe: &crate::pairing::PairProbe) -> crate::pairing::Verdict {
+        use crate::pairing::{compare, diagnose, settings_of_info};
+        if matches!(probe.decode, crate::pairing::Half::Answered { status: 200, .. }) {
+            return diagnose(probe, &[], None);
+        }
+        let mismatches = match (self.probes.server_info(&p.url).await, self.probes.server_info(&d.url).await) {
+            (Ok(a), Ok(b)) => compare(&settings_of_info(&a), &settings_of_info(&b)),
+            _ => Vec::new(),
+        };
+        let older = match (self.units.state(&d.unit).await, self.units.state(&p.unit).await) {
+            (Ok(ds), Ok(ps)) if ds.exec_main_start_us > 0 && ps.exec_main_start_us > 0 => Some(ds.exec_main_start_us < ps.exec_main_start_us),
+            _ => None,
+        };
+        diagnose(probe, &mismatches, older)
+    }
+
+    /// Restart decode `d` through every gate to repair its stale pairing with prefill `p`, under
+    /// the same rules as any restart; its events carry `repair_of`. Refused (the rollout halts)
+    /// when its own files have pending changes or it is the only decode without
+    /// `--allow-outage`.
+    async fn repair(&self, d: &Worker, p: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
+        let blocked = |why: String| -> (Step, Fail) {
+            let f = Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why });
+            StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
+            (Step::Pair, f)
+        };
+        if let Some(dir) = ctx.revisions {
+            if let Ok(all) = self.staleness(dir).await {
+                if let Some(st) = all.iter().find(|s| s.unit == d.unit && !s.reasons.is_empty()) {
+                    return Err(blocked(format!(
+                        "its own config has changes that were never verified ({}): restarting it as a repair would roll them out unchecked; roll it out with `pdctl rollout apply` (or revert them), then the pairing is renewed",
+                        st.reasons.join("; ")
+                    )));
+                }
+            }
+        }
+        let alone = self.settings.workers.iter().filter(|o| o.role == Role::Decode).count() == 1;
+        if alone && ctx.allow_outage != Some(true) {
+            return Err(blocked("it is the only decode worker: restarting it stops serving; pass --allow-outage (or set [rollout] allow_outage = true) to accept that".into()));
+        }
+        tracing::warn!(pdctl_unit = %d.unit, "{}: restarting it to repair its stale pairing with {}", d.unit, p.unit);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let forward = async {
+            while let Some(mut e) = rx.recv().await {
+                e.repair_of = Some(p.unit.clone());
+                let _ = sink.send(e);
+            }
+        };
+        let work = async move {
+            let ctx = Ctx { together_with: None, ..ctx };
+            // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
+            let r = match self.restart_to_pair(d, &tx, ctx).await {
+                Ok((watch, after, _)) => self.restart_after_pair(d, &tx, ctx, watch, after).await,
+                Err(e) => Err(e),
+            };
+            drop(tx);
+            r
+        };
+        let (r, ()) = tokio::join!(work, forward);
+        r.map_err(|(step, mut f)| {
+            f.unit.get_or_insert_with(|| d.unit.clone());
+            (step, f)
+        })
+    }
+
+    /// After a decode restart: the prefills' queues of requests held for a decode drain to zero
+    /// within `stranded_kv_timeout` (rooms of requests the old decode process never fetched are
+    /// held until the prefill's bootstrap timeout). Queue gauges, not the KV level, which moves
+    /// with live load; they are per prefill, not per decode, so under steady traffic to other
+    /// decodes the gate waits for a moment they are all empty. A warning unless
+    /// `stranded_kv = "required"`.
+    async fn stranded_step(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
+        let prefills = self.peers(w);
+        if prefills.is_empty() {
+            return Ok(());
+        }
+        let s = StepRun::start(sink, &w.unit, Step::StrandedKv);
+        let read = |p: &Worker| {
+            let url = p.url.clone();
+            async move { self.probes.pd_queues(&url).await }
+        };
+        let mut start = serde_json::Map::new();
+        let mut watched = Vec::new();
+        let mut unreadable = Vec::new();
+        for p in &prefills {
+            match read(p).await {
+                Ok(q) if q.held_reqs > 0.0 => {
+                    start.insert(p.unit.clone(), json!({"held_reqs": q.held_reqs, "used_tokens": q.used_tokens}));
+                    watched.push(*p);
+                }
+                Ok(_) => {}
+                Err(e) => unreadable.push(format!("{}: {e}", p.unit)),
+            }
+        }
+        if watched.is_empty() {
+            s.pass(json!({"held": {}, "unreadable": unreadable}));
+            return Ok(());
+        }
+        let limit = match self.settings.verify.stranded_kv_timeout {
+            Some(l) => l,
+            None => {
+                let mut longest = Duration::ZERO;
+                for p in &watched {
+                    let env = self.units.config(&p.unit).await.map(|c| c.environment).unwrap_or_default();
+                    longest = longest.max(crate::sglang::bootstrap_timeout(&env));
+                }
+                longest + Duration::from_secs(10)
+            }
+        };
+        let t0 = Instant::now();
+        let mut still: Vec<(String, f64, f64)>;
+        loop {
+            still = Vec::new();
+            for p in &watched {
+                if let Ok(q) = read(p).await {
+                    if q.held_reqs > 0.0 {
+                        still.push((p.unit.clone(), q.held_reqs, q.used_tokens));
+                    }
+                }
+            }
+            if still.is_empty() || t0.elapsed() >= limit {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let mut detail = json!({"held_at_start": start, "limit_ms": limit.as_millis() as u64, "waited_ms": t0.elapsed().as_millis() as u64});
+        if still.is_empty() {
+            detail["released"] = json!(true);
+            s.pass(detail);
+            return Ok(());
+        }
+        let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
+        let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
+        if self.settings.verify.stranded_kv == crate::config::StrandedKv::Required {
+            let f = Fail { cause, detail, unit: None };
+            s.fail(&f);
+            return Err((Step::StrandedKv, f));
+        }
+        detail["released"] = json!(false);
+        detail["warning"] = json!(cause.sentence());
+        detail["cause_code"] = json!(cause.code());
+        s.pass(detail);
+        Ok(())
     }
 
     async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
@@ -787,7 +1184,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    async fn router(&self, w: &Worker, may_register: bool) -> Result<Value, Fail> {
+    async fn router(&self, w: &Worker, may_register: bool, peers_drained: bool) -> Result<Value, Fail> {
         let t0 = Instant::now();
         let limit = self.settings.rollout.router_timeout;
         let role = w.role.as_str();
@@ -819,13 +1216,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         match cb {
                             Ok(Some(1.0)) => seen = RouterSeen::BreakerOpen,
                             _ => {
-                                let smoke = if self.settings.verify.smoke_request { Some(self.probes.smoke(1).await) } else { None };
+                                let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
+                                let smoke = if !self.settings.verify.smoke_request || (peers_drained && !other_admitted) {
+                                    None
+                                } else {
+                                    Some(self.probes.smoke(1).await)
+                                };
                                 match smoke {
                                     Some(Err(e)) => seen = RouterSeen::SmokeFailed(e.to_string()),
                                     _ => {
                                         return Ok(json!({
                                             "router_id": x.id, "worker_type": x.worker_type, "re_registered": registered.is_some(),
-                                            "cb_state": cb.ok().flatten(), "smoke_request": smoke.map(|_| "200"),
+                                            "cb_state": cb.ok().flatten(),
+                                            "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
                                             "waited_ms": t0.elapsed().as_millis() as u64,
                                         }))
                                     }
@@ -873,10 +1276,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             if may_warm && warmed.is_none() && self.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
                 // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
-                let sent = match (self.settings.verify.router, w.role) {
-                    (true, _) => self.probes.smoke(48).await.map(|_| "sent through the router".to_string()),
-                    (false, Role::Regular) => self.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
-                    (false, _) => Ok("not sent: a PD worker needs the router".to_string()),
+                // A PD worker is warmed with a pair sent straight to it and a serving peer (it may
+                // be the only one of its role in the router, or its peers may be out of it).
+                let direct = if w.role == Role::Regular { None } else { self.warm_pair(w).await };
+                let sent = match (direct, self.settings.verify.router, w.role) {
+                    (Some(r), _, _) => r,
+                    (None, true, _) => self.probes.smoke(48).await.map(|_| "sent through the router".to_string()),
+                    (None, false, Role::Regular) => self.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
+                    (None, false, _) => Ok("not sent: no peer of the other PD role serves".to_string()),
                 };
                 warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
                 continue; // the request has finished: the gauges may be there now
@@ -1068,7 +1475,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
                 tokio::time::sleep(POLL).await;
             }
-            let admitted = self.router(&w, true).await?;
+            let admitted = self.router(&w, true, false).await?;
             ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
             Ok(json!({ "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64 }))
         }

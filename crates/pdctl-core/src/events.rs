@@ -21,10 +21,17 @@ pub enum Step {
     Ready,
     /// `/health` answers 200.
     Health,
+    /// PD requests sent straight to each pair the restarted worker serves in: a prefill with
+    /// each decode, a decode with each prefill; a stale pairing is found (and repaired) here,
+    /// before the router's smoke request could fail on it.
+    Pair,
     /// The router admits the worker: healthy, breaker not open, a request gets through.
     Router,
     /// KV-cache gauges exposed and sane.
     Metrics,
+    /// After a decode restart: the prefills release the KV they held for its rooms.
+    #[serde(rename = "stranded_kv")]
+    StrandedKv,
     /// The unit stays up (same run) for `min_healthy`.
     Soak,
     /// A drain pdctl made is undone: the worker is re-admitted to the router once it serves
@@ -41,8 +48,10 @@ impl Step {
             Step::Restart => "restart",
             Step::Ready => "ready",
             Step::Health => "health",
+            Step::Pair => "pair",
             Step::Router => "router",
             Step::Metrics => "metrics",
+            Step::StrandedKv => "stranded_kv",
             Step::Soak => "soak",
             Step::Reconcile => "reconcile",
         }
@@ -79,6 +88,10 @@ pub struct Event {
     pub at: String,
     /// Step-specific facts (what was measured, why it failed).
     pub detail: Value,
+    /// The restarted prefill whose stale pairing this decode's restart repairs (absent for the
+    /// rollout's own units).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_of: Option<String>,
 }
 
 /// How a rollout ended.
@@ -134,6 +147,10 @@ pub struct Summary {
     pub elapsed_ms: u64,
     /// Units restarted and verified, in order.
     pub units: Vec<String>,
+    /// Units restarted to repair a stale pairing (each in `units` too) → the prefill whose
+    /// restart needed it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub repairs: std::collections::BTreeMap<String, String>,
     /// The failed gate, unless it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<Failure>,

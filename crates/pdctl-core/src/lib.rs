@@ -1,7 +1,7 @@
 //! `pdctl-core`: configuration (TOML layers → validated [`config::Settings`]), the [`plan::Plan`],
 //! the rollout state machine ([`engine::Engine`]: the gates of one restart, resume, rollback), the
 //! lifecycle of a rollout ([`lifecycle`]), every failure ([`cause::Cause`]), the contract with
-//! clients ([`api`]), what facts mean ([`judge`]), SGLang's built-in facts ([`sglang`]) and config
+//! clients ([`api`]), what facts mean ([`judge`]), SGLang's built-in facts ([`sglang`]), PD pairs ([`pairing`]) and config
 //! drift ([`revisions`]). It reaches systemd, the journal and HTTP only through the traits in
 //! [`ports`]; [`real`] implements them over the driver crates.
 
@@ -16,6 +16,7 @@ pub mod engine;
 pub mod events;
 pub mod judge;
 pub mod lifecycle;
+pub mod pairing;
 pub mod plan;
 pub mod ports;
 pub mod real;

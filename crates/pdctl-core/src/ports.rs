@@ -305,4 +305,30 @@ pub trait Probes: Send + Sync {
     fn cb_state(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
     /// One small request through the router.
     fn smoke(&self, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// One PD request pair sent straight to a prefill and a decode, as the router sends it (the
+    /// same `bootstrap_room` to both, the prefill's bootstrap address); each half waits at most
+    /// `limit`.
+    fn pair(&self, pair: PairTarget<'_>, limit: Duration) -> impl Future<Output = crate::pairing::PairProbe> + Send;
+    /// A worker's `/server_info`.
+    fn server_info(&self, url: &str) -> impl Future<Output = Result<serde_json::Value, HttpFailure>> + Send;
+    /// A prefill's PD queue gauges.
+    fn pd_queues(&self, url: &str) -> impl Future<Output = Result<crate::pairing::PdQueues, MetricsError>> + Send;
+}
+
+/// The two servers of a pair probe.
+#[derive(Debug, Clone, Copy)]
+pub struct PairTarget<'a> {
+    /// The prefill's HTTP URL.
+    pub prefill_url: &'a str,
+    /// Its bootstrap host (the host of its URL, as the router derives it).
+    pub bootstrap_host: &'a str,
+    /// Its bootstrap port.
+    pub bootstrap_port: u16,
+    /// The decode's HTTP URL.
+    pub decode_url: &'a str,
+    /// The room both halves carry.
+    pub room: u64,
+    /// Tokens the decode generates (1 for a probe; more for a warm-up: a PD decode publishes
+    /// its gauges every 40 decode steps).
+    pub max_new_tokens: u32,
 }

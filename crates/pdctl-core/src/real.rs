@@ -12,9 +12,10 @@ use pdctl_systemd::{Systemd, UnitWatch};
 use crate::cause::MetricsDiagnosis;
 use crate::config::{BusSetting, Settings};
 use crate::engine::Engine;
+use crate::pairing::{Half, PairProbe, PdQueues};
 use crate::ports::{
-    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, Probes, RouterWorker, UnitConfig, UnitState, Units, UnitsError,
-    Watch,
+    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
+    UnitsError, Watch,
 };
 
 fn units_error(e: pdctl_systemd::Error) -> UnitsError {
@@ -213,6 +214,35 @@ impl Probes for HttpProbes {
     }
     async fn smoke(&self, max_new_tokens: u32) -> Result<(), HttpFailure> {
         self.router.as_ref().ok_or_else(no_router)?.smoke(&self.http, max_new_tokens).await.map_err(failure)
+    }
+    async fn pair(&self, t: PairTarget<'_>, limit: std::time::Duration) -> PairProbe {
+        let t0 = std::time::Instant::now();
+        let (p, d) = pdctl_probe::pd_pair(&self.http, t.prefill_url, t.decode_url, (t.bootstrap_host, t.bootstrap_port), t.room, t.max_new_tokens, limit).await;
+        let half = |r: Result<(u16, String), pdctl_probe::HttpError>| match r {
+            Ok((status, body)) => Half::Answered { status, body },
+            Err(pdctl_probe::HttpError::Timeout { .. }) => Half::NoAnswer,
+            Err(e) => Half::Unreachable { error: e.to_string() },
+        };
+        PairProbe { room: t.room, prefill: half(p), decode: half(d), took: t0.elapsed() }
+    }
+    async fn server_info(&self, url: &str) -> Result<serde_json::Value, HttpFailure> {
+        self.http.get_json(&format!("{}/server_info", url.trim_end_matches('/'))).await.map_err(failure)
+    }
+    async fn pd_queues(&self, url: &str) -> Result<PdQueues, MetricsError> {
+        let u = format!("{}/metrics", url.trim_end_matches('/'));
+        let text = pdctl_probe::fetch_metrics(&self.http, &u).await.map_err(metrics_error)?;
+        let e = pdctl_probe::prom::parse(&text).map_err(|err| metrics_error(MetricsProblem::Unparseable { url: u.clone(), err }))?;
+        let held: Vec<f64> = e
+            .samples
+            .iter()
+            .filter(|s| crate::sglang::PREFILL_HELD_GAUGES.iter().any(|n| s.name == *n || s.name == n.replace(':', "_")))
+            .map(|s| s.value)
+            .collect();
+        if held.is_empty() {
+            return Err(MetricsError { diagnosis: MetricsDiagnosis::NotPublished, message: format!("{u} has no prefill queue gauges yet") });
+        }
+        let used = pdctl_probe::kv::check(&e).map(|r| r.used_tokens).unwrap_or(0.0);
+        Ok(PdQueues { held_reqs: held.iter().sum(), used_tokens: used })
     }
 }
 

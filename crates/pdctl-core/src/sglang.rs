@@ -70,3 +70,50 @@ pub fn fatal_patterns(extra: &[String]) -> Vec<String> {
     }
     out
 }
+
+/// How a failed KV transfer of a PD request reads, on either side: the decode aborts with
+/// `Decode transfer failed for request rank=… decode_req.req.rid=… decode_req.req.bootstrap_room=…
+/// with exception KVTransferError(…)` (`disaggregation/decode.py`), the prefill with `Prefill
+/// transfer failed for request …` (`disaggregation/prefill.py`); a decode that waited in vain
+/// says `… timed out after …s in KVPoll.WaitingForInput`, a prefill `… in KVPoll.Bootstrapping`.
+pub const TRANSFER_FAILURE_MARKERS: &[&str] = &["KVTransferError", "transfer failed for request", "KVPoll.WaitingForInput", "KVPoll.Bootstrapping"];
+
+/// Whether an error body is a failed KV transfer (not the server failing on its own).
+pub fn is_transfer_failure(body: &str) -> bool {
+    TRANSFER_FAILURE_MARKERS.iter().any(|m| body.contains(m))
+}
+
+/// SGLang's `FAKE_BOOTSTRAP_HOST`: a request with it skips the KV transfer (the server's own
+/// warm-up).
+pub const FAKE_BOOTSTRAP_HOST: &str = "2.2.2.2";
+
+/// The environment variable that bounds how long a prefill holds a room's KV for its decode
+/// (`SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`, `srt/environ.py`; seconds).
+pub const BOOTSTRAP_TIMEOUT_ENV: &str = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT";
+
+/// Its default when unset (300 s in `srt/environ.py`).
+pub const BOOTSTRAP_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The prefill's queue gauges that hold requests for a decode, across versions: the bootstrap
+/// queue (`num_prefill_prealloc_queue_reqs` before 0.5.12) and the in-flight transfer queue
+/// (`num_prefill_infight_queue_reqs`, misspelt, in 0.4.6).
+pub const PREFILL_HELD_GAUGES: &[&str] = &[
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "sglang:num_prefill_prealloc_queue_reqs",
+    "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_prefill_infight_queue_reqs",
+];
+
+/// `--disaggregation-bootstrap-port`'s default (8998, `srt/server_args.py`).
+pub const BOOTSTRAP_PORT_DEFAULT: u16 = 8998;
+
+/// A prefill unit's bootstrap timeout from its `KEY=value` environment (the default when unset
+/// or unreadable).
+pub fn bootstrap_timeout(env: &[String]) -> std::time::Duration {
+    env.iter()
+        .find_map(|kv| kv.strip_prefix(BOOTSTRAP_TIMEOUT_ENV).and_then(|r| r.strip_prefix('=')))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .unwrap_or(BOOTSTRAP_TIMEOUT_DEFAULT)
+}

@@ -11,9 +11,10 @@ use pdctl_core::config::{load_texts, Settings};
 use pdctl_core::engine::Engine;
 use pdctl_core::events::{Event, Outcome, Status, Step};
 use pdctl_core::plan::Plan;
+use pdctl_core::pairing::{Half, PairProbe, PdQueues};
 use pdctl_core::ports::{
-    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, Probes, RouterWorker, UnitConfig, UnitState, Units, UnitsError,
-    Watch,
+    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
+    UnitsError, Watch,
 };
 
 #[derive(Default)]
@@ -23,6 +24,10 @@ struct World {
     unhealthy: Vec<String>,
     env: HashMap<String, Vec<String>>,
     next_pid: u32,
+    /// Decodes keep a prefill's bootstrap info across its restarts (SGLang before PR 36029).
+    stale_cache: bool,
+    /// Pair probes sent: (prefill URL, decode URL).
+    pairs: Vec<(String, String)>,
 }
 
 type W = Arc<Mutex<World>>;
@@ -40,7 +45,8 @@ fn state(inv: &str, pid: u32) -> UnitState {
         exec_main_code: 0,
         exec_main_status: 0,
         active_enter_us: 1,
-        exec_main_start_us: 1,
+        // Later starts have larger pids here.
+        exec_main_start_us: u64::from(pid),
     }
 }
 
@@ -153,6 +159,24 @@ impl Probes for FakeProbes {
     async fn smoke(&self, _n: u32) -> Result<(), HttpFailure> {
         Ok(())
     }
+    async fn pair(&self, t: PairTarget<'_>, _limit: Duration) -> PairProbe {
+        let mut w = self.0.lock().unwrap();
+        w.pairs.push((t.prefill_url.into(), t.decode_url.into()));
+        let start = |url: &str| w.states.get(&format!("{}.service", url.trim_start_matches("http://"))).map(|s| s.exec_main_start_us).unwrap_or(0);
+        let stale = w.stale_cache && start(t.decode_url) < start(t.prefill_url);
+        let decode = if stale {
+            Half::Answered { status: 500, body: format!("Decode transfer failed for request rank=0 with exception KVTransferError(bootstrap_room={}): Request timed out after 3.0s in KVPoll.WaitingForInput", t.room) }
+        } else {
+            Half::Answered { status: 200, body: "{}".into() }
+        };
+        PairProbe { room: t.room, prefill: if stale { Half::NoAnswer } else { Half::Answered { status: 200, body: "{}".into() } }, decode, took: Duration::from_millis(1) }
+    }
+    async fn server_info(&self, _url: &str) -> Result<serde_json::Value, HttpFailure> {
+        Ok(serde_json::json!({"page_size": 1}))
+    }
+    async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
+        Ok(PdQueues { held_reqs: 0.0, used_tokens: 0.0 })
+    }
 }
 
 fn settings() -> Settings {
@@ -173,7 +197,11 @@ fn world() -> W {
 }
 
 async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
-    let plan = Plan::new(&s, &[]).unwrap();
+    run_only(w, s, &[]).await
+}
+
+async fn run_only(w: &W, s: Settings, only: &[String]) -> (pdctl_core::events::Summary, Vec<Event>) {
+    let plan = Plan::new(&s, only).unwrap();
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let summary = engine.rolling_restart(&plan, &tx).await;
@@ -268,4 +296,55 @@ async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
     assert!(cause.sentence().contains("auto-restart"), "{}", cause.sentence());
     assert!(ledger.get("p.service").is_some(), "the drain stays on record");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+fn with(extra: &str) -> Settings {
+    let text = format!(
+        "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n{extra}"
+    );
+    load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
+}
+
+#[tokio::test]
+async fn a_stale_decode_found_by_the_pair_gate_is_repaired_before_the_prefill_is_re_admitted() {
+    let w = world();
+    w.lock().unwrap().stale_cache = true;
+    let (summary, events) = run_only(&w, settings(), &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    assert_eq!(w.lock().unwrap().restarted, vec!["p.service", "d.service"], "the decode restarted as a repair");
+    assert_eq!(summary.units, vec!["d.service", "p.service"]);
+    assert_eq!(summary.repairs.get("d.service").map(String::as_str), Some("p.service"));
+    let pos = |u: &str, s: Step, st: Status| events.iter().position(|e| e.unit == u && e.step == s && e.status == st).unwrap();
+    let pair = &events[pos("p.service", Step::Pair, Status::Passed)];
+    assert_eq!(pair.detail["stale"][0], "d.service");
+    // Two probes: a fixed decode would have answered the second.
+    assert_eq!(pair.detail["pairs"][0]["probes"].as_array().unwrap().len(), 2);
+    // The decode went through every gate (its own pair gate included) before the prefill's router gate.
+    assert!(pos("d.service", Step::Soak, Status::Passed) < pos("p.service", Step::Router, Status::Started));
+    assert!(pos("d.service", Step::Pair, Status::Passed) < pos("d.service", Step::Soak, Status::Passed));
+    assert!(events.iter().filter(|e| e.unit == "d.service" && e.step != Step::Preflight).all(|e| e.repair_of.as_deref() == Some("p.service")));
+    assert!(events.iter().filter(|e| e.unit == "p.service").all(|e| e.repair_of.is_none()));
+}
+
+#[tokio::test]
+async fn on_stale_pair_halt_stops_naming_the_decode_and_restarts_nothing_else() {
+    let w = world();
+    w.lock().unwrap().stale_cache = true;
+    let (summary, _) = run_only(&w, with("on_stale_pair = \"halt\"\n"), &["p.service".into()]).await;
+    let f = summary.failed.expect("halted");
+    assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "stale_pair"));
+    assert!(f.cause.starts_with("d.service still uses the bootstrap info of p.service"), "{}", f.cause);
+    assert_eq!(w.lock().unwrap().restarted, vec!["p.service"]);
+}
+
+#[tokio::test]
+async fn a_fixed_decode_needs_no_repair_and_the_pair_gate_probes_only_the_restarted_workers_pairs() {
+    let w = world();
+    let (summary, events) = run_only(&w, settings(), &["d.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    assert!(summary.repairs.is_empty());
+    assert_eq!(w.lock().unwrap().pairs, vec![("http://p".to_string(), "http://d".to_string())]);
+    assert!(events.iter().any(|e| e.unit == "d.service" && e.step == Step::StrandedKv && e.status == Status::Passed));
 }

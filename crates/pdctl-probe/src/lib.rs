@@ -83,9 +83,16 @@ impl Http {
     }
 
     async fn send(&self, url: &str, rq: reqwest::RequestBuilder) -> Result<(u16, String), HttpError> {
+        self.send_within(url, rq, self.timeout).await
+    }
+
+    async fn send_within(&self, url: &str, rq: reqwest::RequestBuilder, timeout: Duration) -> Result<(u16, String), HttpError> {
         // Set on every request, not only on the client: a client built by the fallback in
         // `Http::new` must not lose it.
-        let r = rq.timeout(self.timeout).send().await.map_err(|e| self.err(url, e))?;
+        let r = rq.timeout(timeout).send().await.map_err(|e| match self.err(url, e) {
+            HttpError::Timeout { url, .. } => HttpError::Timeout { url, after: timeout },
+            other => other,
+        })?;
         let status = r.status().as_u16();
         let body = r.text().await.map_err(|e| self.err(url, e))?;
         Ok((status, body))
@@ -114,6 +121,11 @@ impl Http {
     /// POST JSON, any status.
     pub async fn post_json(&self, url: &str, body: &Value) -> Result<(u16, String), HttpError> {
         self.send(url, self.client.post(url).json(body)).await
+    }
+
+    /// POST JSON with its own time limit (instead of the client's), any status.
+    pub async fn post_json_within(&self, url: &str, body: &Value, timeout: Duration) -> Result<(u16, String), HttpError> {
+        self.send_within(url, self.client.post(url).json(body), timeout).await
     }
 }
 
@@ -174,6 +186,30 @@ pub async fn warm_worker(http: &Http, url: &str) -> Result<(), HttpError> {
     } else {
         Err(HttpError::Status { url: u, status, body: snippet(&body) })
     }
+}
+
+/// One PD request pair, as the router sends it: the same `/generate` with the prefill's
+/// `bootstrap_host`, `bootstrap_port` and `room` to the prefill and to the decode at once; each
+/// half waits at most `limit`. Returns (prefill's answer, decode's answer).
+pub async fn pd_pair(
+    http: &Http,
+    prefill_url: &str,
+    decode_url: &str,
+    bootstrap: (&str, u16),
+    room: u64,
+    max_new_tokens: u32,
+    limit: Duration,
+) -> (Result<(u16, String), HttpError>, Result<(u16, String), HttpError>) {
+    let body = json!({
+        "text": "pdctl pair probe", "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+        "bootstrap_host": bootstrap.0, "bootstrap_port": bootstrap.1, "bootstrap_room": room,
+        "rid": format!("pdctl-pair-{room}"),
+    });
+    let p = format!("{}/generate", prefill_url.trim_end_matches('/'));
+    let d = format!("{}/generate", decode_url.trim_end_matches('/'));
+    let (a, b) = tokio::join!(http.post_json_within(&p, &body, limit), http.post_json_within(&d, &body, limit));
+    let cut = |r: Result<(u16, String), HttpError>| r.map(|(s, b)| (s, snippet(&b)));
+    (cut(a), cut(b))
 }
 
 /// Why `/metrics` gives no usable KV gauges.

@@ -39,6 +39,12 @@ pub struct StackOptions {
     pub decode_metrics: bool,
     /// Extra flags for the gateway's `smg launch`.
     pub router_args: Vec<String>,
+    /// `SGLANG_DISAGGREGATION_WAITING_TIMEOUT` of the workers (upstream default 300 s): how long
+    /// a decode waits for a room's KV before failing the request.
+    pub waiting_timeout_secs: f64,
+    /// `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT` of the workers (upstream default 300 s): how
+    /// long a prefill holds a room's KV for a decode that does not fetch it.
+    pub bootstrap_timeout_secs: f64,
     /// Prefill/decode pairs: 1 (the 8-GPU 1P1D layout, GPUs 0-3 / 4-7) or 2 (2P2D: 0-1, 2-3 /
     /// 4-5, 6-7; the second pair's units are `…-prefill-2.service`, `…-decode-2.service`).
     pub pairs: usize,
@@ -59,6 +65,8 @@ impl Default for StackOptions {
             decode_metrics: true,
             pairs: 1,
             router_args: Vec::new(),
+            waiting_timeout_secs: 3.0,
+            bootstrap_timeout_secs: 8.0,
         }
     }
 }
@@ -175,12 +183,15 @@ impl Stack {
             "[Unit]\nDescription=SGLang {role} server (sglang-sim) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
              [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
              Environment=SGLANG_SIM_LOAD_SECS={load} SGLANG_SIM_WARMUP_SECS={warm}\n\
+             Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
              ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\n",
             role = w.role,
             gpus = w.gpus,
             cuda = cuda_list(w.gpus),
             load = opts.load_secs,
             warm = opts.warmup_secs,
+            waiting = opts.waiting_timeout_secs,
+            bootstrap = opts.bootstrap_timeout_secs,
             restart = opts.restart,
         )
     }

@@ -63,6 +63,17 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
                         q.unit, q.rollout_id, q.cause
                     );
                 }
+                let mut decodes: Vec<&str> = v.pairs.iter().map(|p| p.decode.as_str()).collect();
+                decodes.dedup();
+                for d in decodes {
+                    let with: Vec<String> = v
+                        .pairs
+                        .iter()
+                        .filter(|p| p.decode == d)
+                        .map(|p| format!("{} {} ({} ago, rollout {})", p.prefill, if p.ok { "ok" } else { p.result.as_str() }, age(&p.checked_at), p.rollout_id))
+                        .collect();
+                    println!("pdctld: {d} pairs with: {}", with.join("; "));
+                }
             }
             serde_json::to_value(&v).unwrap_or(Value::Null)
         }
@@ -83,6 +94,14 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
         println!("{}", json!({ "pdctld": line }));
     }
     run(config, json).await
+}
+
+/// "3m 12s" since an RFC 3339 time ("?" when it does not parse).
+fn age(at: &str) -> String {
+    match humantime::parse_rfc3339(at).ok().and_then(|t| std::time::SystemTime::now().duration_since(t).ok()) {
+        Some(d) => humantime::format_duration(std::time::Duration::from_secs(d.as_secs())).to_string(),
+        None => "?".into(),
+    }
 }
 
 /// Run `pdctl status` for the workers.

@@ -709,6 +709,7 @@ async fn status(State(d): State<Arc<Daemon>>) -> Response {
         reconciling: d.reconciling.load(Ordering::SeqCst),
         drained: d.store.ledger().all().0,
         record_error: lock(&d.record_error).clone(),
+        pairs: pdctl_core::api::PairStatus::from_records(&all),
         corrupt,
         quarantined,
     })

@@ -61,6 +61,20 @@ pub struct SimConfig {
     pub context_length: u64,
     /// `--page-size`.
     pub page_size: u64,
+    /// `--kv-cache-dtype` (default `auto`).
+    pub kv_cache_dtype: String,
+    /// `--disaggregation-transfer-backend` (default `mooncake`).
+    pub transfer_backend: String,
+    /// `--dp-size` / `--dp` (default 1).
+    pub dp_size: u64,
+    /// `--enable-dp-attention`.
+    pub dp_attention: bool,
+    /// `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT` (seconds, default 300, upstream
+    /// `srt/environ.py`): how long a prefill holds a room's KV for its decode.
+    pub bootstrap_timeout: Duration,
+    /// `SGLANG_DISAGGREGATION_WAITING_TIMEOUT` (seconds, default 300): how long a decode waits
+    /// for a room's KV before it fails the request.
+    pub waiting_timeout: Duration,
     /// Every flag as given, for the `server_args=` line and `/server_info`.
     pub given: BTreeMap<String, String>,
     /// Simulator-only settings.
@@ -99,6 +113,20 @@ pub struct SimKnobs {
     /// `--sim-flush-ready-on-stop`: fault: on SIGTERM the ready line is written again, as a
     /// block-buffered stderr flushes it at exit.
     pub flush_ready_on_stop: bool,
+    /// `--sim-pair-cache`: what a decode does with a prefill's cached bootstrap info after a
+    /// transfer to it failed.
+    pub pair_cache: PairCache,
+}
+
+/// A decode's bootstrap-info cache, before and after upstream PR 36029 ("refresh stale prefill
+/// bootstrap metadata", merged 2026-08-23).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairCache {
+    /// After the fix: a failed transfer drops the entry; the next request refetches `/route`.
+    Refresh,
+    /// Before the fix: the entry stays; after its prefill restarts, every request fails until
+    /// the decode restarts.
+    Stale,
 }
 
 impl Default for SimKnobs {
@@ -118,6 +146,7 @@ impl Default for SimKnobs {
             no_metrics_publish: false,
             metrics_hang: false,
             flush_ready_on_stop: false,
+            pair_cache: PairCache::Refresh,
         }
     }
 }
@@ -153,22 +182,23 @@ const USED: &[(&str, Kind)] = &[
     ("--skip-server-warmup", Kind::Flag),
     ("--context-length", Kind::Value),
     ("--page-size", Kind::Value),
+    ("--kv-cache-dtype", Kind::Value),
+    ("--disaggregation-transfer-backend", Kind::Value),
+    ("--dp-size", Kind::Value),
+    ("--dp", Kind::Value),
+    ("--enable-dp-attention", Kind::Flag),
 ];
 
 /// Common SGLang flags that are accepted and have no effect on the simulation.
 const IGNORED: &[(&str, Kind)] = &[
     ("--mem-fraction-static", Kind::Value),
-    ("--kv-cache-dtype", Kind::Value),
     ("--trust-remote-code", Kind::Flag),
     ("--attention-backend", Kind::Value),
     ("--tokenizer-path", Kind::Value),
-    ("--dp-size", Kind::Value),
-    ("--dp", Kind::Value),
     ("--ep-size", Kind::Value),
     ("--chunked-prefill-size", Kind::Value),
     ("--max-running-requests", Kind::Value),
     ("--max-prefill-tokens", Kind::Value),
-    ("--disaggregation-transfer-backend", Kind::Value),
     ("--disaggregation-ib-device", Kind::Value),
     ("--log-level", Kind::Value),
     ("--log-level-http", Kind::Value),
@@ -176,7 +206,6 @@ const IGNORED: &[(&str, Kind)] = &[
     ("--enable-metrics-for-all-schedulers", Kind::Flag),
     ("--disable-cuda-graph", Kind::Flag),
     ("--cuda-graph-max-bs", Kind::Value),
-    ("--enable-dp-attention", Kind::Flag),
     ("--schedule-policy", Kind::Value),
     ("--watchdog-timeout", Kind::Value),
     ("--dtype", Kind::Value),
@@ -202,6 +231,7 @@ const SIM: &[(&str, Kind)] = &[
     ("no-metrics-publish", Kind::Flag),
     ("metrics-hang", Kind::Flag),
     ("flush-ready-on-stop", Kind::Flag),
+    ("pair-cache", Kind::Value),
 ];
 
 fn kind_of(flag: &str) -> Option<Kind> {
@@ -292,9 +322,30 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         skip_warmup: given.contains_key("--skip-server-warmup"),
         context_length: int("--context-length", 163_840)?,
         page_size: int("--page-size", 1)?.max(1),
+        kv_cache_dtype: given.get("--kv-cache-dtype").cloned().unwrap_or_else(|| "auto".into()),
+        transfer_backend: given.get("--disaggregation-transfer-backend").cloned().unwrap_or_else(|| "mooncake".into()),
+        dp_size: int(if given.contains_key("--dp") { "--dp" } else { "--dp-size" }, 1)?.max(1),
+        dp_attention: given.contains_key("--enable-dp-attention"),
+        bootstrap_timeout: env_secs(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")?,
+        waiting_timeout: env_secs(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")?,
         given,
         sim,
     })
+}
+
+/// One of SGLang's disaggregation timeouts from the environment (seconds; 300 when unset, as
+/// upstream `srt/environ.py`).
+fn env_secs(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Duration, ArgError> {
+    match env(name) {
+        None => Ok(Duration::from_secs(300)),
+        Some(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| ArgError(format!("environment {name}: invalid number of seconds: '{v}'"))),
+    }
 }
 
 fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<String>) -> Result<SimKnobs, ArgError> {
@@ -345,6 +396,13 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
     k.no_metrics_publish = flag("no-metrics-publish");
     k.metrics_hang = flag("metrics-hang");
     k.flush_ready_on_stop = flag("flush-ready-on-stop");
+    if let Some(v) = get("pair-cache") {
+        k.pair_cache = match v.as_str() {
+            "refresh" => PairCache::Refresh,
+            "stale" => PairCache::Stale,
+            _ => return Err(ArgError(format!("argument --sim-pair-cache: invalid choice: '{v}' (choose from 'refresh', 'stale')"))),
+        };
+    }
     Ok(k)
 }
 

@@ -31,6 +31,8 @@ struct Published {
     evictable: u64,
     gen_throughput: f64,
     cache_hit_rate: f64,
+    bootstrap_queue: u64,
+    prealloc_queue: u64,
 }
 
 #[derive(Debug)]
@@ -46,6 +48,10 @@ struct State {
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
     last_decode_tps: f64,
+    /// Prefill: rooms whose KV is held for a decode that has not fetched it yet.
+    bootstrap_queue: u64,
+    /// Decode: requests waiting before their transfer (`--sim-transfer-delay-secs`).
+    prealloc_queue: u64,
 }
 
 /// Shared simulator state; cheap to clone.
@@ -79,6 +85,8 @@ impl Engine {
                 prompt_tokens_total: 0,
                 generation_tokens_total: 0,
                 last_decode_tps: 0.0,
+                bootstrap_queue: 0,
+                prealloc_queue: 0,
             })),
         }
     }
@@ -128,6 +136,8 @@ impl Engine {
             evictable: s.evictable,
             gen_throughput: s.last_decode_tps,
             cache_hit_rate: 0.0,
+            bootstrap_queue: s.bootstrap_queue,
+            prealloc_queue: s.prealloc_queue,
         });
         s.last_publish = Instant::now();
     }
@@ -189,6 +199,16 @@ impl Engine {
         s.used = s.used.saturating_sub(t.held);
         s.evictable += t.held;
         s.generation_tokens_total += t.generated;
+    }
+
+    /// A PD queue changed: `bootstrap` is the prefill's bootstrap queue (rooms held for a decode),
+    /// else the decode's prealloc queue. The scheduler's event loop publishes the queue gauges as
+    /// rooms move, so they are published here.
+    pub fn pd_queue(&self, bootstrap: bool, add: bool) {
+        let mut s = self.lock();
+        let q = if bootstrap { &mut s.bootstrap_queue } else { &mut s.prealloc_queue };
+        *q = if add { *q + 1 } else { q.saturating_sub(1) };
+        self.publish(&mut s);
     }
 
     /// A `/health` generate on an idle prefill-capable scheduler is a prefill batch.
@@ -263,9 +283,9 @@ impl Engine {
                 stat("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max);
             }
             // PD queues: both roles publish the full set; the other role's stay 0.
-            stat(v.prefill_bootstrap_queue_name(), "The number of requests in the prefill bootstrap queue.", 0.0);
+            stat(v.prefill_bootstrap_queue_name(), "The number of requests in the prefill bootstrap queue.", p.bootstrap_queue as f64);
             stat(v.prefill_inflight_queue_name(), "The number of requests in the prefill inflight queue.", 0.0);
-            stat("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", 0.0);
+            stat("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", p.prealloc_queue as f64);
             stat("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", 0.0);
             if v.has_pending_prealloc() {
                 stat("sglang:pending_prealloc_token_usage", "The token usage of pending preallocated requests.", 0.0);

@@ -9,5 +9,6 @@
 pub mod args;
 pub mod engine;
 pub mod log;
+pub mod pd;
 pub mod server;
 pub mod version;

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use crate::args::{Mode, SimConfig};
 use crate::engine::{token_interval, Engine, Status};
 use crate::log;
+use crate::pd::{self, Bootstrap, Pd};
 
 /// SGLang's ready line.
 pub const READY_LINE: &str = "The server is fired up and ready to roll!";
@@ -22,6 +23,8 @@ pub const READY_LINE: &str = "The server is fired up and ready to roll!";
 #[derive(Clone)]
 struct App {
     engine: Engine,
+    /// PD pairing (bootstrap server, KV hand-off, the decode's cache).
+    pd: Pd,
     ready_at: Arc<std::sync::OnceLock<Instant>>,
     /// Fault injected at run time (`POST /sim/fail_generate?secs=N`): generation requests
     /// answer 500 until then.
@@ -59,18 +62,11 @@ pub async fn run(cfg: SimConfig) -> i32 {
         cfg.context_length
     ));
 
+    let pd = Pd::new(engine.clone());
     if cfg.mode == Mode::Prefill {
-        match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.bootstrap_port)).await {
-            Ok(l) => {
-                let r = Router::new().route("/health", get(|| async { "OK" })).route("/route", get(|| async { axum::Json(json!({})) }).put(|| async { "OK" }));
-                tokio::spawn(async move {
-                    let _ = axum::serve(l, r).await;
-                });
-            }
-            Err(e) => {
-                log::line(&format!("Scheduler hit an exception: OSError: bootstrap server cannot bind {}:{}: {e}", cfg.host, cfg.bootstrap_port));
-                return 1;
-            }
+        if let Err(e) = pd.serve_prefill().await {
+            log::line(&format!("Scheduler hit an exception: OSError: {e}"));
+            return 1;
         }
     }
 
@@ -81,7 +77,7 @@ pub async fn run(cfg: SimConfig) -> i32 {
             return 1;
         }
     };
-    let app = App { engine: engine.clone(), ready_at: Arc::new(std::sync::OnceLock::new()), fail_until: Arc::new(std::sync::Mutex::new(None)) };
+    let app = App { engine: engine.clone(), pd: pd.clone(), ready_at: Arc::new(std::sync::OnceLock::new()), fail_until: Arc::new(std::sync::Mutex::new(None)) };
     log::uvicorn(&format!("Started server process [{pid}]"));
     log::uvicorn("Waiting for application startup.");
     log::uvicorn("Application startup complete.");
@@ -212,7 +208,8 @@ fn routes(app: App) -> Router {
         .route("/generate", post(generate))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
-        .route("/sim/fail_generate", post(fail_generate));
+        .route("/sim/fail_generate", post(fail_generate))
+        .route("/sim/stall_transfers", post(stall_transfers));
     if app.engine.config().enable_metrics {
         r = r.route("/metrics", get(metrics));
     }
@@ -250,13 +247,16 @@ async fn server_info(State(app): State<App>) -> Response {
         "host": cfg.host,
         "port": cfg.port,
         "tp_size": cfg.tp_size,
-        "dp_size": 1,
         "disaggregation_mode": cfg.mode.as_str(),
         "disaggregation_bootstrap_port": cfg.bootstrap_port,
         "enable_metrics": cfg.enable_metrics,
         "skip_server_warmup": cfg.skip_warmup,
         "context_length": cfg.context_length,
         "page_size": cfg.page_size,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+        "dp_size": cfg.dp_size,
+        "enable_dp_attention": cfg.dp_attention,
+        "disaggregation_transfer_backend": cfg.transfer_backend,
         "load_balance_method": "round_robin",
         "launch_command": std::env::args().collect::<Vec<_>>().join(" "),
         "status": "ready",
@@ -359,8 +359,27 @@ fn log_request(kind: &str, body: &Value) {
 
 const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", " France", ".", " It"];
 
-/// Run a request through the engine; `on_token` sees each generated piece.
-async fn execute(engine: &Engine, job: &Job, mut on_token: impl FnMut(usize, &str) -> bool) -> u64 {
+/// The PD side of a request before it runs: a decode needs the bootstrap fields (400 without)
+/// and gets the room's KV from its prefill first (500 with SGLang's abort message when that
+/// fails); a prefill returns the room to hold once its batch is done. Requests with the fake
+/// bootstrap host (SGLang's own warmup) skip the transfer.
+async fn pd_before(app: &App, v: &Value, rid: &str) -> Result<Option<Bootstrap>, Response> {
+    let mode = app.engine.config().mode;
+    let b = Bootstrap::of(v);
+    match (mode, b) {
+        (Mode::Decode, None) => Err(bad_request(
+            "Disaggregation decode mode requires bootstrap_host, bootstrap_port and bootstrap_room: send requests through the router",
+        )),
+        (Mode::Decode, Some(b)) if !b.fake() => app.pd.receive(rid, &b).await.map(|()| None).map_err(|m| pd::abort(&m)),
+        (Mode::Prefill, Some(b)) if !b.fake() => Ok(Some(b)),
+        _ => Ok(None),
+    }
+}
+
+/// Run a request through the engine; `on_token` sees each generated piece. A PD prefill holds
+/// the room's KV for its decode (`hold`) instead of finishing; `Err` is the abort message.
+async fn execute(app: &App, job: &Job, hold: Option<(&str, &Bootstrap)>, mut on_token: impl FnMut(usize, &str) -> bool) -> Result<u64, String> {
+    let engine = &app.engine;
     let mut ticket = engine.admit(job.prompt_tokens);
     // A PD prefill server only runs the prefill (and the first token).
     let n = if engine.config().mode == Mode::Prefill { 1 } else { job.max_new };
@@ -376,8 +395,11 @@ async fn execute(engine: &Engine, job: &Job, mut on_token: impl FnMut(usize, &st
             break;
         }
     }
-    engine.finish(ticket);
-    produced
+    match hold {
+        Some((rid, b)) => app.pd.hold(rid, b, ticket).await?,
+        None => engine.finish(ticket),
+    }
+    Ok(produced)
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, String> {
@@ -400,6 +422,14 @@ async fn fail_generate(State(app): State<App>, axum::extract::Query(q): axum::ex
     let secs: f64 = q.get("secs").and_then(|s| s.parse().ok()).unwrap_or(0.0);
     *app.fail_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + Duration::from_secs_f64(secs.max(0.0)));
     log::line(&format!("simulated fault: generation fails for {secs} s"));
+    StatusCode::OK.into_response()
+}
+
+/// `POST /sim/stall_transfers?secs=N` (a simulator knob): on a decode, requests arriving in the
+/// next N seconds wait N seconds before they fetch their KV.
+async fn stall_transfers(State(app): State<App>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>) -> Response {
+    let secs: f64 = q.get("secs").and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    app.pd.stall_transfers(secs);
     StatusCode::OK.into_response()
 }
 
@@ -427,38 +457,49 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
     let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
     let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", rand_u128()));
+    let hold = match pd_before(&app, &v, &rid).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
     let started = Instant::now();
+    let meta_rid = rid.clone();
     let meta = move |n: u64, prompt: u64| {
-        json!({"id": rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
+        json!({"id": meta_rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
                "completion_tokens": n, "cached_tokens": 0, "weight_version": "default",
                "e2e_latency": started.elapsed().as_secs_f64()})
     };
     if job.stream {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let engine = app.engine.clone();
+        let app = app.clone();
         tokio::spawn(async move {
             let mut text = String::new();
             let mut ids = Vec::new();
-            execute(&engine, &job, |i, w| {
+            let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), |i, w| {
                 text.push_str(w);
                 ids.push(1000 + i as u64);
                 let chunk = json!({"text": text, "output_ids": ids, "meta_info": meta(ids.len() as u64, job.prompt_tokens)});
                 tx.send(format!("data: {chunk}\n\n")).is_ok()
             })
             .await;
+            if let Err(m) = r {
+                let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
+            }
             let _ = tx.send("data: [DONE]\n\n".into());
         });
         return sse(rx);
     }
     let mut text = String::new();
     let mut ids = Vec::new();
-    let n = execute(&app.engine, &job, |i, w| {
+    let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), |i, w| {
         text.push_str(w);
         ids.push(1000 + i as u64);
         true
     })
     .await;
-    axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)})).into_response()
+    match r {
+        Ok(n) => axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)})).into_response(),
+        Err(m) => pd::abort(&m),
+    }
 }
 
 async fn completions(State(app): State<App>, body: Bytes) -> Response {
@@ -490,13 +531,17 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
     let model = app.engine.config().served_model_name.clone();
     let id = format!("{:032x}", rand_u128());
+    let hold = match pd_before(&app, &v, &id).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
     let created = unix_now();
     let (object, chunk_object) = if chat { ("chat.completion", "chat.completion.chunk") } else { ("text_completion", "text_completion") };
     if job.stream {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let engine = app.engine.clone();
+        let app = app.clone();
         tokio::spawn(async move {
-            execute(&engine, &job, |_, w| {
+            let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), |_, w| {
                 let choice = if chat {
                     json!({"index": 0, "delta": {"role": "assistant", "content": w}, "finish_reason": null})
                 } else {
@@ -506,16 +551,23 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
                 tx.send(format!("data: {c}\n\n")).is_ok()
             })
             .await;
+            if let Err(m) = r {
+                let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
+            }
             let _ = tx.send("data: [DONE]\n\n".into());
         });
         return sse(rx);
     }
     let mut text = String::new();
-    let n = execute(&app.engine, &job, |_, w| {
+    let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), |_, w| {
         text.push_str(w);
         true
     })
     .await;
+    let n = match r {
+        Ok(n) => n,
+        Err(m) => return pd::abort(&m),
+    };
     let choice = if chat {
         json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
     } else {
@@ -526,7 +578,8 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     .into_response()
 }
 
-fn rand_u128() -> u128 {
+/// A random number (per-process identities, request ids).
+pub fn rand_u128() -> u128 {
     use std::hash::{BuildHasher, Hasher};
     let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -1,0 +1,304 @@
+//! PD pairs: what a pair probe saw, what it means, and whether two servers' settings let them
+//! pair at all.
+//!
+//! A PD request is a pair: the router sends the same request to a prefill and a decode with the
+//! prefill's `bootstrap_host`/`bootstrap_port` and a random `bootstrap_room`; the decode asks the
+//! prefill's bootstrap server where that prefill *process* serves its KV (per-rank ports),
+//! caches the answer per bootstrap address, and fetches the room's KV. SGLang before upstream PR
+//! 36029 (merged 2026-08-23) keeps that cache after the prefill restarts on the same address —
+//! always the case on a systemd host — and every request from the decode then fails until the
+//! decode restarts; after the fix one request fails and the next refetches. Prefill and decode
+//! must agree on `page_size` and `kv_cache_dtype` (with DP attention also on `dp_size`) and use
+//! the same transfer backend, or every transfer fails.
+//!
+//! The pair gate ([`crate::engine`]) sends such a pair itself, straight to the two servers, and
+//! [`diagnose`] reads the answers by their signature.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// One half of a pair probe: what one server answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "answer")]
+pub enum Half {
+    /// An HTTP answer (the start of its body).
+    Answered {
+        /// HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// No connection (refused, reset).
+    Unreachable {
+        /// The client's error.
+        error: String,
+    },
+    /// No answer within the probe's time limit.
+    NoAnswer,
+}
+
+impl Half {
+    fn ok(&self) -> bool {
+        matches!(self, Half::Answered { status: 200, .. })
+    }
+
+    /// A short description for sentences.
+    pub fn describe(&self) -> String {
+        match self {
+            Half::Answered { status, body } => format!("{status} {}", body.chars().take(300).collect::<String>()),
+            Half::Unreachable { error } => format!("unreachable: {error}"),
+            Half::NoAnswer => "no answer".into(),
+        }
+    }
+}
+
+/// Both halves of one pair probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PairProbe {
+    /// The room both halves carried.
+    pub room: u64,
+    /// The prefill's answer.
+    pub prefill: Half,
+    /// The decode's answer (the one that carries the result, as the router reads it).
+    pub decode: Half,
+    /// How long the probe took.
+    #[serde(serialize_with = "ms")]
+    pub took: Duration,
+}
+
+fn ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis() as u64)
+}
+
+/// A prefill's PD queues as its gauges show them: requests whose KV it holds for a decode.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PdQueues {
+    /// Requests in the bootstrap queue (waiting for their decode) plus those in transfer.
+    pub held_reqs: f64,
+    /// Tokens in use (includes the held rooms' KV; moves with live load).
+    pub used_tokens: f64,
+}
+
+/// What a pair probe means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The decode answered 200: they pair.
+    Paired,
+    /// The decode's transfer from a prefill process newer than itself failed (or never came):
+    /// it still uses the old process's bootstrap info.
+    Stale,
+    /// Their settings disagree: no transfer can work.
+    Incompatible(Vec<Mismatch>),
+    /// The prefill half failed on its own.
+    PrefillBroken(String),
+    /// The decode failed for a reason other than the transfer.
+    DecodeBroken(String),
+    /// The transfer failed, and no restart explains it.
+    TransferFailed(String),
+}
+
+impl Verdict {
+    /// Stable name for events and status.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verdict::Paired => "paired",
+            Verdict::Stale => "stale",
+            Verdict::Incompatible(_) => "incompatible",
+            Verdict::PrefillBroken(_) => "prefill_broken",
+            Verdict::DecodeBroken(_) => "decode_broken",
+            Verdict::TransferFailed(_) => "transfer_failed",
+        }
+    }
+}
+
+/// Read a pair probe. `mismatches`: the two servers' settings compared ([`compare`]), fetched
+/// only after a failure; `decode_older`: the decode's process started before the prefill's
+/// current one (it paired with an older prefill process), when known.
+pub fn diagnose(p: &PairProbe, mismatches: &[Mismatch], decode_older: Option<bool>) -> Verdict {
+    if p.decode.ok() {
+        return Verdict::Paired;
+    }
+    if !mismatches.is_empty() {
+        return Verdict::Incompatible(mismatches.to_vec());
+    }
+    let prefill_own_failure = match &p.prefill {
+        Half::Unreachable { error } => Some(error.clone()),
+        Half::Answered { status, body } if *status != 200 && !crate::sglang::is_transfer_failure(body) => Some(p.prefill.describe()),
+        _ => None,
+    };
+    if let Some(why) = prefill_own_failure {
+        return Verdict::PrefillBroken(why);
+    }
+    let transfer = match &p.decode {
+        Half::NoAnswer => true,
+        Half::Answered { status, body } => *status >= 500 && crate::sglang::is_transfer_failure(body),
+        Half::Unreachable { .. } => false,
+    };
+    if !transfer {
+        return Verdict::DecodeBroken(p.decode.describe());
+    }
+    match decode_older {
+        Some(false) => Verdict::TransferFailed(p.decode.describe()),
+        _ => Verdict::Stale,
+    }
+}
+
+/// A setting two servers must agree on, and their values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mismatch {
+    /// SGLang's name (`page_size`, `kv_cache_dtype`, `dp_size`, `disaggregation_transfer_backend`).
+    pub key: String,
+    /// The value on one side.
+    pub ours: String,
+    /// The value on the other.
+    pub theirs: String,
+}
+
+/// The settings a prefill and a decode must agree on, as strings (SGLang's defaults when unset).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PairSettings {
+    /// `--page-size` (default 1).
+    pub page_size: String,
+    /// `--kv-cache-dtype` (default `auto`).
+    pub kv_cache_dtype: String,
+    /// `--disaggregation-transfer-backend` (default `mooncake`).
+    pub transfer_backend: String,
+    /// `--dp-size` when `--enable-dp-attention` is on (`bootstrap_room % dp_size` picks the
+    /// rank); `None` without DP attention.
+    pub dp_size: Option<String>,
+}
+
+/// The settings an ExecStart's argv asks for (`--flag value` and `--flag=value`).
+pub fn settings_of_argv(argv: &[String]) -> PairSettings {
+    let get = |names: &[&str]| -> Option<String> {
+        let mut it = argv.iter();
+        while let Some(a) = it.next() {
+            for n in names {
+                if a == n {
+                    return it.next().cloned();
+                }
+                if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
+                    return Some(v.to_string());
+                }
+            }
+        }
+        None
+    };
+    let dp_attention = argv.iter().any(|a| a == "--enable-dp-attention");
+    PairSettings {
+        page_size: get(&["--page-size"]).unwrap_or_else(|| "1".into()),
+        kv_cache_dtype: get(&["--kv-cache-dtype"]).unwrap_or_else(|| "auto".into()),
+        transfer_backend: get(&["--disaggregation-transfer-backend"]).unwrap_or_else(|| "mooncake".into()),
+        dp_size: dp_attention.then(|| get(&["--dp-size", "--dp"]).unwrap_or_else(|| "1".into())),
+    }
+}
+
+/// The settings a running server reports in `/server_info` (SGLang lists every server arg there).
+pub fn settings_of_info(info: &Value) -> PairSettings {
+    let s = |k: &str, default: &str| match info.get(k) {
+        Some(Value::String(v)) => v.clone(),
+        Some(Value::Null) | None => default.to_string(),
+        Some(v) => v.to_string(),
+    };
+    let dp_attention = info.get("enable_dp_attention").and_then(Value::as_bool).unwrap_or(false);
+    PairSettings {
+        page_size: s("page_size", "1"),
+        kv_cache_dtype: s("kv_cache_dtype", "auto"),
+        transfer_backend: s("disaggregation_transfer_backend", "mooncake"),
+        dp_size: dp_attention.then(|| s("dp_size", "1")),
+    }
+}
+
+/// Where `ours` and `theirs` disagree on something pairing needs.
+pub fn compare(ours: &PairSettings, theirs: &PairSettings) -> Vec<Mismatch> {
+    let mut out = Vec::new();
+    let mut check = |key: &str, a: &str, b: &str| {
+        if a != b {
+            out.push(Mismatch { key: key.into(), ours: a.into(), theirs: b.into() });
+        }
+    };
+    check("page_size", &ours.page_size, &theirs.page_size);
+    check("kv_cache_dtype", &ours.kv_cache_dtype, &theirs.kv_cache_dtype);
+    check("disaggregation_transfer_backend", &ours.transfer_backend, &theirs.transfer_backend);
+    if ours.dp_size.is_some() || theirs.dp_size.is_some() {
+        let show = |d: &Option<String>| d.clone().unwrap_or_else(|| "1 (no DP attention)".into());
+        check("dp_size", &show(&ours.dp_size), &show(&theirs.dp_size));
+    }
+    out
+}
+
+/// `page_size 16 (prefill) vs 1 (decode)`, for sentences.
+pub fn describe(mismatches: &[Mismatch], ours: &str, theirs: &str) -> String {
+    mismatches.iter().map(|m| format!("{} {} ({ours}) vs {} ({theirs})", m.key, m.ours, m.theirs)).collect::<Vec<_>>().join(", ")
+}
+
+/// The bootstrap host of a prefill: the host of its URL, as the router derives it.
+pub fn bootstrap_host(url: &str) -> String {
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    if let Some(v6) = authority.strip_prefix('[') {
+        return v6.split(']').next().unwrap_or(v6).to_string();
+    }
+    authority.rsplit_once(':').map(|(h, _)| h).unwrap_or(authority).to_string()
+}
+
+/// A random `bootstrap_room` (a u63, as the router draws it).
+pub fn room() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish() >> 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(prefill: Half, decode: Half) -> PairProbe {
+        PairProbe { room: 1, prefill, decode, took: Duration::from_millis(5) }
+    }
+    fn answered(status: u16, body: &str) -> Half {
+        Half::Answered { status, body: body.into() }
+    }
+    const STALE: &str = "Decode transfer failed for request rank=0 decode_req.req.rid='x' decode_req.req.bootstrap_room=1 with exception KVTransferError(bootstrap_room=1): Request 1 timed out after 3.0s in KVPoll.WaitingForInput";
+
+    #[test]
+    fn signatures() {
+        assert_eq!(diagnose(&probe(answered(200, "{}"), answered(200, "{}")), &[], None), Verdict::Paired);
+        // The decode waited for KV from a prefill process newer than itself.
+        assert_eq!(diagnose(&probe(Half::NoAnswer, answered(500, STALE)), &[], Some(true)), Verdict::Stale);
+        assert_eq!(diagnose(&probe(Half::NoAnswer, Half::NoAnswer), &[], Some(true)), Verdict::Stale);
+        // The same failure with a prefill older than the decode is not a stale cache.
+        assert!(matches!(diagnose(&probe(Half::NoAnswer, answered(500, STALE)), &[], Some(false)), Verdict::TransferFailed(_)));
+        // The prefill failing on its own.
+        assert!(matches!(diagnose(&probe(answered(500, "scheduler died"), answered(500, STALE)), &[], Some(true)), Verdict::PrefillBroken(_)));
+        assert!(matches!(diagnose(&probe(Half::Unreachable { error: "refused".into() }, Half::NoAnswer), &[], Some(true)), Verdict::PrefillBroken(_)));
+        // The decode failing on its own.
+        assert!(matches!(diagnose(&probe(Half::NoAnswer, Half::Unreachable { error: "refused".into() }), &[], Some(true)), Verdict::DecodeBroken(_)));
+        assert!(matches!(diagnose(&probe(Half::NoAnswer, answered(400, "bad request")), &[], Some(true)), Verdict::DecodeBroken(_)));
+        // Settings that cannot pair win over every signature.
+        let m = vec![Mismatch { key: "page_size".into(), ours: "16".into(), theirs: "1".into() }];
+        assert!(matches!(diagnose(&probe(Half::NoAnswer, answered(500, STALE)), &m, Some(true)), Verdict::Incompatible(_)));
+    }
+
+    #[test]
+    fn settings_from_flags_and_server_info() {
+        let argv: Vec<String> = "sglang --page-size=16 --kv-cache-dtype fp8_e5m2 --disaggregation-mode prefill".split(' ').map(String::from).collect();
+        let ours = settings_of_argv(&argv);
+        assert_eq!(ours.page_size, "16");
+        assert_eq!(ours.kv_cache_dtype, "fp8_e5m2");
+        assert_eq!(ours.dp_size, None);
+        let theirs = settings_of_info(&serde_json::json!({"page_size": 1, "kv_cache_dtype": "auto", "dp_size": 4, "enable_dp_attention": false}));
+        let m = compare(&ours, &theirs);
+        assert_eq!(m.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(), ["page_size", "kv_cache_dtype"]);
+        assert_eq!(describe(&m[..1], "prefill", "decode"), "page_size 16 (prefill) vs 1 (decode)");
+        // dp_size only matters with DP attention on either side.
+        let dp: Vec<String> = "x --enable-dp-attention --dp 8".split(' ').map(String::from).collect();
+        let m = compare(&settings_of_argv(&dp), &theirs);
+        assert_eq!(m[0].key, "dp_size");
+        // Unset flags are SGLang's defaults: equal to a server that reports them.
+        assert!(compare(&settings_of_argv(&[]), &settings_of_info(&serde_json::json!({"page_size": 1}))).is_empty());
+    }
+}

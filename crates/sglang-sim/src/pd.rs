@@ -1,0 +1,354 @@
+//! PD pairing as SGLang does it (upstream `srt/disaggregation/`): the router sends the same
+//! request to a prefill and a decode with `bootstrap_host`, `bootstrap_port` and a random
+//! `bootstrap_room`. The decode asks the prefill's bootstrap server (`GET /route`) where to fetch
+//! the room's KV — ephemeral per-rank ports of that prefill *process* — caches the answer per
+//! bootstrap address, and fetches; the prefill holds the room's KV (in its KV gauges and its
+//! bootstrap queue) until the decode fetches it or `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`
+//! passes.
+//!
+//! After the prefill restarts on the same address its rank ports change but the cache key does
+//! not. A decode from before upstream PR 36029 keeps the stale entry and fails every request from
+//! that prefill (each after `SGLANG_DISAGGREGATION_WAITING_TIMEOUT`) until it is restarted; after
+//! the fix the failed request drops the entry and the next one refetches `/route`
+//! (`--sim-pair-cache`). Prefill and decode must agree on `page_size` and `kv_cache_dtype`:
+//! otherwise the prefill rejects the transfer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::args::{PairCache, SimConfig};
+use crate::engine::{Engine, Ticket};
+use crate::log;
+
+/// SGLang's `FAKE_BOOTSTRAP_HOST`: requests with it (the server's own warmup) skip the transfer.
+pub const FAKE_BOOTSTRAP_HOST: &str = "2.2.2.2";
+
+/// The bootstrap fields of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bootstrap {
+    /// `bootstrap_host`.
+    pub host: String,
+    /// `bootstrap_port`.
+    pub port: u16,
+    /// `bootstrap_room`.
+    pub room: u64,
+}
+
+impl Bootstrap {
+    /// The fields of a request body, if all three are there.
+    pub fn of(body: &Value) -> Option<Bootstrap> {
+        let host = body.get("bootstrap_host")?.as_str()?.to_string();
+        let port = u16::try_from(body.get("bootstrap_port")?.as_u64()?).ok()?;
+        let room = body.get("bootstrap_room")?.as_u64()?;
+        Some(Bootstrap { host, port, room })
+    }
+
+    /// The server's own warmup: no transfer.
+    pub fn fake(&self) -> bool {
+        self.host == FAKE_BOOTSTRAP_HOST
+    }
+}
+
+/// Where a prefill process serves its rooms' KV, as its bootstrap server's `/route` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Route {
+    identity: String,
+    rank_ip: String,
+    rank_port: u16,
+}
+
+/// How a held room ended.
+#[derive(Debug, Clone)]
+enum Handoff {
+    Fetched,
+    Rejected(String),
+}
+
+struct Held {
+    ticket: Option<Ticket>,
+    done: Option<tokio::sync::oneshot::Sender<Handoff>>,
+}
+
+struct Inner {
+    /// This process's identity (a prefill's generation, as its per-rank ports are).
+    identity: String,
+    /// Prefill: the port of its KV transfer listener.
+    rank_port: Mutex<Option<u16>>,
+    /// Prefill: rooms whose KV is held for a decode.
+    rooms: Mutex<HashMap<u64, Held>>,
+    /// Prefill: a room was added.
+    added: tokio::sync::Notify,
+    /// Decode: bootstrap info per `host:port`.
+    cache: Mutex<HashMap<String, Route>>,
+    /// Decode: requests arriving before this wait in the prealloc queue until then
+    /// (`POST /sim/stall_transfers`).
+    stall_until: Mutex<Option<Instant>>,
+    http: reqwest::Client,
+}
+
+/// The PD side of one simulated server; cheap to clone.
+#[derive(Clone)]
+pub struct Pd {
+    engine: Engine,
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A failed PD request: HTTP 500 with SGLang's abort message.
+pub fn abort(message: &str) -> Response {
+    (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": message, "code": 500}}))).into_response()
+}
+
+impl Pd {
+    /// The PD state of a server whose scheduler is `engine`.
+    pub fn new(engine: Engine) -> Pd {
+        let identity = format!("{:016x}", crate::server::rand_u128() as u64);
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).build().unwrap_or_else(|_| reqwest::Client::new());
+        Pd {
+            engine,
+            inner: Arc::new(Inner {
+                identity,
+                rank_port: Mutex::new(None),
+                rooms: Mutex::new(HashMap::new()),
+                added: tokio::sync::Notify::new(),
+                cache: Mutex::new(HashMap::new()),
+                stall_until: Mutex::new(None),
+                http,
+            }),
+        }
+    }
+
+    fn cfg(&self) -> &SimConfig {
+        self.engine.config()
+    }
+
+    /// Prefill: start the bootstrap server (`/health`, `/route`) and the KV transfer listener on
+    /// an ephemeral port (new at every start, as the per-rank ports are).
+    pub async fn serve_prefill(&self) -> Result<(), String> {
+        let cfg = self.cfg();
+        let transfer = tokio::net::TcpListener::bind((cfg.host.as_str(), 0)).await.map_err(|e| format!("cannot bind the KV transfer port: {e}"))?;
+        let port = transfer.local_addr().map_err(|e| e.to_string())?.port();
+        *lock(&self.inner.rank_port) = Some(port);
+        let boot = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.bootstrap_port))
+            .await
+            .map_err(|e| format!("bootstrap server cannot bind {}:{}: {e}", cfg.host, cfg.bootstrap_port))?;
+        let r = Router::new().route("/health", get(|| async { "OK" })).route("/route", get(route).put(|| async { "OK" })).with_state(self.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(boot, r).await;
+        });
+        let t = Router::new().route("/kv/{room}", post(fetch)).with_state(self.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(transfer, t).await;
+        });
+        log::line(&format!("Disaggregation bootstrap server started at {}:{} (KV transfer rank port {port})", cfg.host, cfg.bootstrap_port));
+        Ok(())
+    }
+
+    /// Prefill: the prefill batch of a PD request is done; hold its KV for the decode until it
+    /// fetches the room or the bootstrap timeout passes. Returns the abort message on failure.
+    pub async fn hold(&self, rid: &str, b: &Bootstrap, ticket: Ticket) -> Result<(), String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        lock(&self.inner.rooms).insert(b.room, Held { ticket: Some(ticket), done: Some(tx) });
+        self.engine.pd_queue(true, true);
+        self.inner.added.notify_waiters();
+        // The scheduler owns the room, not the HTTP request: a client that goes away does not
+        // release it; the hand-off or the bootstrap timeout does.
+        let (res_tx, res_rx) = tokio::sync::oneshot::channel();
+        let (me, rid, b) = (self.clone(), rid.to_string(), b.clone());
+        tokio::spawn(async move {
+            let _ = res_tx.send(me.await_handoff(rx, &rid, &b).await);
+        });
+        res_rx.await.unwrap_or_else(|_| Err("the scheduler dropped the request".into()))
+    }
+
+    async fn await_handoff(&self, rx: tokio::sync::oneshot::Receiver<Handoff>, rid: &str, b: &Bootstrap) -> Result<(), String> {
+        let timeout = self.cfg().bootstrap_timeout;
+        let r = tokio::time::timeout(timeout, rx).await;
+        let outcome = match r {
+            Ok(Ok(Handoff::Fetched)) => Ok(()),
+            Ok(Ok(Handoff::Rejected(why))) => Err(format!(
+                "Prefill transfer failed for request rank=0 req.rid='{rid}' req.bootstrap_room={} with exception KVTransferError(bootstrap_room={}): {why}",
+                b.room, b.room
+            )),
+            _ => Err(format!(
+                "Prefill transfer failed for request rank=0 req.rid='{rid}' req.bootstrap_room={} with exception KVTransferError(bootstrap_room={}): Request {} timed out after {:.1}s in KVPoll.Bootstrapping",
+                b.room,
+                b.room,
+                b.room,
+                timeout.as_secs_f64()
+            )),
+        };
+        // On a timeout the room is still there: release it now.
+        if let Some(mut h) = lock(&self.inner.rooms).remove(&b.room) {
+            if let Some(t) = h.ticket.take() {
+                self.engine.finish(t);
+            }
+            self.engine.pd_queue(true, false);
+        }
+        if let Err(e) = &outcome {
+            log::line(e);
+        }
+        outcome
+    }
+
+    /// Decode: get the room's KV from the prefill named by `b` (through the cached bootstrap
+    /// info, fetched from `/route` when missing). Returns the abort message on failure.
+    pub async fn receive(&self, rid: &str, b: &Bootstrap) -> Result<(), String> {
+        let started = Instant::now();
+        let cfg = self.cfg();
+        let stall = *lock(&self.inner.stall_until);
+        if let Some(until) = stall.filter(|u| *u > started) {
+            // A full prealloc queue: the request waits before its transfer — the window in
+            // which a decode killed mid-request strands the prefill's KV.
+            self.engine.pd_queue(false, true);
+            tokio::time::sleep_until(until.into()).await;
+            self.engine.pd_queue(false, false);
+        }
+        let key = format!("{}:{}", b.host, b.port);
+        let cached = lock(&self.inner.cache).get(&key).cloned();
+        let route = match cached {
+            Some(r) => r,
+            None => {
+                let r = self.fetch_route(&b.host, b.port).await.map_err(|e| {
+                    let m = format!(
+                        "Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={} with exception KVTransferError(bootstrap_room={}): Could not fetch prefill parallel info from bootstrap_addr: {key}: {e}",
+                        b.room, b.room
+                    );
+                    log::line(&m);
+                    m
+                })?;
+                lock(&self.inner.cache).insert(key.clone(), r.clone());
+                r
+            }
+        };
+        let waiting = cfg.waiting_timeout;
+        let url = format!("http://{}:{}/kv/{}", route.rank_ip, route.rank_port, b.room);
+        let body = json!({"identity": route.identity, "page_size": cfg.page_size, "kv_cache_dtype": cfg.kv_cache_dtype});
+        let left = waiting.saturating_sub(started.elapsed());
+        let answer = tokio::time::timeout(left, self.inner.http.post(&url).json(&body).send()).await;
+        let stale = match answer {
+            Ok(Ok(r)) if r.status().is_success() => return Ok(()),
+            Ok(Ok(r)) if r.status() == reqwest::StatusCode::CONFLICT => {
+                // Rejected by the prefill (incompatible settings): at once, the entry stays.
+                let text = r.text().await.unwrap_or_default();
+                let m = format!(
+                    "Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={} with exception KVTransferError(bootstrap_room={}): {text}",
+                    b.room, b.room
+                );
+                log::line(&m);
+                return Err(m);
+            }
+            // The room never came (the prefill half was not sent): the prefill waited for it.
+            Ok(Ok(r)) if r.status() == reqwest::StatusCode::NOT_FOUND => false,
+            // The rank port is gone (the old process) or belongs to another generation: no KV
+            // ever arrives; the request fails at the waiting timeout.
+            Ok(Ok(_)) | Ok(Err(_)) => {
+                tokio::time::sleep(waiting.saturating_sub(started.elapsed())).await;
+                true
+            }
+            Err(_) => false,
+        };
+        if stale && cfg.sim.pair_cache == PairCache::Refresh {
+            // PR 36029: drop the entry only if it is still the generation this request used.
+            let mut c = lock(&self.inner.cache);
+            if c.get(&key).is_some_and(|r| r.identity == route.identity) {
+                c.remove(&key);
+            }
+        }
+        let m = format!(
+            "Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={} with exception KVTransferError(bootstrap_room={}): Request {} timed out after {:.1}s in KVPoll.WaitingForInput",
+            b.room,
+            b.room,
+            b.room,
+            started.elapsed().as_secs_f64()
+        );
+        log::line(&m);
+        Err(m)
+    }
+
+    /// Decode: requests arriving in the next `secs` wait that long before their transfer
+    /// (`POST /sim/stall_transfers?secs=N`, a simulator fault).
+    pub fn stall_transfers(&self, secs: f64) {
+        *lock(&self.inner.stall_until) = Some(Instant::now() + Duration::from_secs_f64(secs.max(0.0)));
+        log::line(&format!("simulated fault: KV transfers wait {secs} s in the prealloc queue"));
+    }
+
+    async fn fetch_route(&self, host: &str, port: u16) -> Result<Route, String> {
+        let url = format!("http://{host}:{port}/route?engine_rank=0&target_dp_group=0");
+        let r = self.inner.http.get(&url).timeout(Duration::from_secs(5)).send().await.map_err(|e| e.to_string())?;
+        let v: Value = r.json().await.map_err(|e| e.to_string())?;
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(String::from);
+        Some(Route {
+            identity: s("identity").unwrap_or_default(),
+            rank_ip: s("rank_ip").unwrap_or_else(|| host.to_string()),
+            rank_port: v.get("rank_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).unwrap_or(0),
+        })
+        .filter(|r| r.rank_port != 0)
+        .ok_or_else(|| format!("{url} gave no rank port"))
+    }
+}
+
+/// `GET /route` on the prefill's bootstrap server: this process's rank info.
+async fn route(State(pd): State<Pd>) -> Response {
+    let cfg = pd.cfg();
+    axum::Json(json!({
+        "rank_ip": cfg.host,
+        "rank_port": *lock(&pd.inner.rank_port),
+        "identity": pd.inner.identity,
+        "tp_size": cfg.tp_size,
+        "dp_size": cfg.dp_size,
+        "page_size": cfg.page_size,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+    }))
+    .into_response()
+}
+
+/// `POST /kv/{room}` on the prefill's transfer port: the decode fetches a room (waiting for it to
+/// be prefilled, up to the bootstrap timeout).
+async fn fetch(State(pd): State<Pd>, Path(room): Path<u64>, axum::Json(body): axum::Json<Value>) -> Response {
+    if body.get("identity").and_then(Value::as_str) != Some(pd.inner.identity.as_str()) {
+        // Metadata of another process of this prefill: nothing here knows that registration.
+        return (StatusCode::GONE, "unknown prefill generation").into_response();
+    }
+    let cfg = pd.cfg();
+    let deadline = Instant::now() + cfg.bootstrap_timeout;
+    loop {
+        let added = pd.inner.added.notified();
+        let present = lock(&pd.inner.rooms).contains_key(&room);
+        if present {
+            break;
+        }
+        if tokio::time::timeout_at(deadline.into(), added).await.is_err() {
+            return (StatusCode::NOT_FOUND, "room not prefilled in time").into_response();
+        }
+    }
+    let page = body.get("page_size").and_then(Value::as_u64).unwrap_or(1);
+    let dtype = body.get("kv_cache_dtype").and_then(Value::as_str).unwrap_or("auto").to_string();
+    let mut why = Vec::new();
+    if page != cfg.page_size {
+        why.push(format!("page_size mismatch (prefill {}, decode {page})", cfg.page_size));
+    }
+    if dtype != cfg.kv_cache_dtype {
+        why.push(format!("kv_cache_dtype mismatch (prefill {}, decode {dtype})", cfg.kv_cache_dtype));
+    }
+    let handoff = if why.is_empty() { Handoff::Fetched } else { Handoff::Rejected(format!("transfer rejected: {}", why.join(", "))) };
+    let held = lock(&pd.inner.rooms).get_mut(&room).and_then(|h| h.done.take());
+    if let Some(tx) = held {
+        let _ = tx.send(handoff.clone());
+    }
+    match handoff {
+        Handoff::Fetched => axum::Json(json!({"room": room})).into_response(),
+        Handoff::Rejected(why) => (StatusCode::CONFLICT, why).into_response(),
+    }
+}

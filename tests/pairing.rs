@@ -1,0 +1,177 @@
+//! PD pairs across restarts, on the sandbox (real systemd, journald, D-Bus, the real router) with
+//! simulated SGLang servers that really pair (a decode fetches each room's KV from its prefill
+//! through the prefill's bootstrap server; docs/sglang-sim.md): the pair gate, stale-pair repair,
+//! stranded KV and pairing compatibility.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
+use pdctl_tests::{http, pdctl_daemon, poll_until, raw_api, JsonRun};
+use serde_json::{json, Value};
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const P2: &str = "sglang-dsv4-prefill-2.service";
+const D2: &str = "sglang-dsv4-decode-2.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn up(opts: StackOptions) -> (Stack, PathBuf, Pdctld) {
+    pdctl_tests::stack_with_pdctld_opts(&opts)
+}
+
+fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
+    pdctl_daemon(d, config, args, LIMIT)
+}
+
+/// A decode of an SGLang release before PR 36029 (it keeps a prefill's bootstrap info).
+fn old_decode() -> StackOptions {
+    StackOptions { decode_args: vec!["--sim-pair-cache".into(), "stale".into()], ..Default::default() }
+}
+
+/// `n` requests through the router, one after the other: how many answered 200.
+fn through_router(stack: &Stack, n: usize) -> usize {
+    let url = format!("{}/generate", stack.router.as_ref().expect("router").url);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut ok = 0;
+        for _ in 0..n {
+            let r = http().post(&url).json(&json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}})).timeout(Duration::from_secs(20)).send().await;
+            ok += usize::from(r.is_ok_and(|r| r.status() == 200));
+        }
+        ok
+    })
+}
+
+fn pairs_of(e: &Value) -> Vec<(String, String, String)> {
+    e["detail"]["pairs"]
+        .as_array()
+        .expect("pairs")
+        .iter()
+        .map(|p| (p["prefill"].as_str().unwrap_or("").into(), p["decode"].as_str().unwrap_or("").into(), p["result"].as_str().unwrap_or("").into()))
+        .collect()
+}
+
+#[test]
+fn a_stale_decode_is_found_by_the_pair_gate_repaired_and_serving_proven() {
+    let (stack, config, d) = up(old_decode());
+    assert_eq!(through_router(&stack, 2), 2, "serving before");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let pair = r.event(P, "pair", "passed");
+    assert_eq!(pairs_of(pair), vec![(P.into(), D.into(), "stale".into())]);
+    assert_eq!(pair["detail"]["stale"], json!([D]));
+    assert_eq!(pair["detail"]["pairs"][0]["probes"].as_array().map(Vec::len), Some(2), "probed again: a fixed decode would have refreshed");
+    // The decode went through every gate as a repair, its own pair gate included, while the
+    // prefill waited out of the router.
+    for step in ["drain", "restart", "ready", "health", "pair", "router", "metrics", "stranded_kv", "soak"] {
+        assert_eq!(r.event(D, step, "passed")["repair_of"], P, "{step}");
+    }
+    assert!(r.index(D, "soak", "passed") < r.index(P, "router", "passed"));
+    assert_eq!(pairs_of(r.event(D, "pair", "passed")), vec![(P.into(), D.into(), "paired".into())]);
+    assert_eq!(r.summary["repairs"], json!({D: P}));
+    assert_eq!(r.summary["units"], json!([D, P]));
+    assert_eq!(through_router(&stack, 3), 3, "serving proven at the end");
+    // The record says the same.
+    let id = r.summary["id"].as_str().expect("id");
+    let (status, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!(status, 200);
+    assert!(rec["events"].as_array().expect("events").iter().any(|e| e["unit"] == D && e["step"] == "soak" && e["repair_of"] == P));
+    assert_eq!(rec["summary"]["repairs"], json!({D: P}));
+    // pdctl status: the decode pairs with the prefill, by the last probe.
+    let (_, st) = raw_api(&d.socket, "GET", "/v1/status", "");
+    let pairs = st["pairs"].as_array().expect("status lists pairs");
+    assert!(pairs.iter().any(|p| p["decode"] == D && p["prefill"] == P && p["ok"] == true), "{st:#}");
+}
+
+#[test]
+fn on_stale_pair_halt_stops_naming_the_decode_and_leaves_it_alone() {
+    let (stack, config, d) = up(old_decode());
+    let frag = config.parent().expect("dir").join("config.d/20-halt.toml");
+    std::fs::write(&frag, "[rollout]\non_stale_pair = \"halt\"\n").expect("fragment");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 1, "{:#}", r.summary);
+    let f = &r.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("pair"), Some("stale_pair")));
+    assert!(f["cause"].as_str().unwrap_or("").starts_with(&format!("{D} still uses the bootstrap info of {P}")), "{f:#}");
+    assert!(!r.touched(D), "the decode is not restarted");
+    // What the operator is told is true: requests through the router fail until the decode restarts.
+    assert_eq!(through_router(&stack, 1), 0);
+}
+
+#[test]
+fn a_fixed_decode_refreshes_by_itself_and_needs_no_repair() {
+    let (stack, config, d) = up(StackOptions::default());
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(pairs_of(r.event(P, "pair", "passed")), vec![(P.into(), D.into(), "refreshed".into())]);
+    assert!(!r.touched(D));
+    assert!(r.summary.get("repairs").is_none(), "{:#}", r.summary);
+    assert_eq!(through_router(&stack, 3), 3);
+}
+
+#[test]
+fn a_decode_killed_mid_request_strands_prefill_kv_until_the_bootstrap_timeout() {
+    // The prefill holds a room 30 s: longer than the decode's restart up to the stranded-KV gate.
+    let (stack, config, d) = up(StackOptions { bootstrap_timeout_secs: 30.0, ..Default::default() });
+    // The decode's next request waits before its transfer (a full prealloc queue), so it is in
+    // flight when pdctl restarts the decode; the prefill already holds that room's KV.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let boot = stack.prefill.bootstrap_port.expect("bootstrap port");
+    let (purl, durl) = (stack.prefill.url.clone(), stack.decode.url.clone());
+    let held = rt.block_on(async {
+        http().post(format!("{durl}/sim/stall_transfers?secs=60")).send().await.expect("stall");
+        let body = json!({"text": "a request in flight", "sampling_params": {"max_new_tokens": 8}, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": 4242});
+        for url in [&purl, &durl] {
+            let (u, b) = (format!("{url}/generate"), body.clone());
+            tokio::spawn(async move { http().post(u).json(&b).send().await.map(|r| r.status().as_u16()) });
+        }
+        poll_until(Duration::from_secs(20), Duration::from_millis(100), || async {
+            let t = http().get(format!("{purl}/metrics")).send().await.ok()?.text().await.ok()?;
+            t.lines().any(|l| l.starts_with("sglang:num_prefill_bootstrap_queue_reqs{") && l.ends_with(" 1.0")).then_some(())
+        })
+        .await
+    });
+    assert!(held.is_some(), "the prefill holds the room for the decode");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let s = &r.event(D, "stranded_kv", "passed")["detail"];
+    // At least the stranded request (a probe request in flight through the router when the old
+    // decode stopped is stranded the same way).
+    assert!(s["held_at_start"][P]["held_reqs"].as_f64().unwrap_or(0.0) >= 1.0, "reported: {s:#}");
+    assert_eq!(s["released"], true, "then released at the prefill's bootstrap timeout: {s:#}");
+    assert!(s["waited_ms"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(s["limit_ms"], 40_000, "the prefill unit's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (30 s) + 10 s");
+}
+
+#[test]
+fn a_page_size_change_on_the_prefill_only_is_refused_in_preflight() {
+    let opts = StackOptions::default();
+    let (stack, config, d) = up(opts.clone());
+    let unit = stack.worker_unit(&stack.prefill, &opts, &["--page-size".into(), "16".into()]);
+    let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart");
+    stack.drop_in(P, "50-page-size", &format!("[Service]\nExecStart=\n{exec}\n")).expect("drop-in");
+    let r = run(&d, &config, &["rollout", "apply", "--json"]);
+    assert_eq!(r.code, 1, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("preflight"), Some("incompatible_change")));
+    let cause = f["cause"].as_str().unwrap_or("");
+    assert!(cause.contains(&format!("page_size 16 ({P} new) vs 1 ({D} running)")), "{cause}");
+    assert!(!r.touched(P) && !r.touched(D), "nothing restarted");
+    assert_eq!(through_router(&stack, 1), 1);
+}
+
+#[test]
+fn in_2p2d_the_pair_gate_probes_every_pair_of_a_restarted_worker_and_no_other() {
+    let (_stack, config, d) = up(StackOptions { pairs: 2, ..Default::default() });
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P2, "--unit", D2, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let probed = |unit: &str| -> BTreeSet<(String, String)> { pairs_of(r.event(unit, "pair", "passed")).into_iter().map(|(p, d, _)| (p, d)).collect() };
+    let set = |v: &[(&str, &str)]| -> BTreeSet<(String, String)> { v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect() };
+    assert_eq!(probed(P2), set(&[(P2, D), (P2, D2)]));
+    assert_eq!(probed(D2), set(&[(P, D2), (P2, D2)]));
+    let all_pair_events = r.events.iter().filter(|e| e["step"] == "pair" && e["status"] == "passed").count();
+    assert_eq!(all_pair_events, 2, "only the restarted workers ran a pair gate");
+    assert!(!r.touched(P) && !r.touched(D));
+}
