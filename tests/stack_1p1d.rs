@@ -34,7 +34,10 @@ async fn one_prefill_one_decode_behind_the_real_router() {
         let main_pid = show(&stack, &w.unit, "MainPID");
         assert_eq!(field(entry, "_PID"), Some(main_pid.as_str()), "ready line from the unit's main process");
     }
-    assert_eq!(show(&stack, &stack.prefill.unit, "Environment"), "CUDA_VISIBLE_DEVICES=0,1,2,3 SGLANG_SIM_LOAD_SECS=1.5 SGLANG_SIM_WARMUP_SECS=0.5");
+    assert_eq!(
+        show(&stack, &stack.prefill.unit, "Environment"),
+        "CUDA_VISIBLE_DEVICES=0,1,2,3 SGLANG_SIM_LOAD_SECS=1.5 SGLANG_SIM_WARMUP_SECS=0.5 SGLANG_DISAGGREGATION_WAITING_TIMEOUT=3 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=8"
+    );
     assert!(show(&stack, &stack.decode.unit, "Environment").contains("CUDA_VISIBLE_DEVICES=4,5,6,7"));
     assert_eq!(show(&stack, &router.unit, "ActiveState"), "active");
 

@@ -44,6 +44,8 @@ pub enum Phase {
     Starting,
     /// While waiting for `/health`.
     Health,
+    /// While its PD pairs were probed.
+    Pair,
     /// During the soak.
     Soak,
 }
@@ -580,6 +582,7 @@ impl Cause {
             Cause::Crashed { unit, phase, why } => match phase {
                 Phase::Starting => format!("{unit} did not become ready: {why}"),
                 Phase::Health => format!("{unit} went down while waiting for /health: {why}"),
+                Phase::Pair => format!("{unit} went down while its PD pairs were probed: {why}"),
                 Phase::Soak => format!("{unit} did not stay up: {why}"),
             },
             Cause::ReadyTimeout { unit, pattern, after, foreign } => format!(

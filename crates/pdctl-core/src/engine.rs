@@ -2,17 +2,22 @@
 //!
 //! 1. **preflight** (all workers, before the first restart): the unit exists; reload the manager if
 //!    `NeedDaemonReload`; `--enable-metrics` is in ExecStart when the metrics gate is required; GPU
-//!    sets do not overlap; the router answers.
+//!    sets do not overlap; a PD worker's ExecStart can pair with its running peers
+//!    ([`crate::pairing::compare`]); the router answers.
 //! 2. **drain**: take the worker out of the router, wait (bounded) for its in-flight requests.
 //! 3. **restart**: journal cursor, watch the unit, `RestartUnit(name, "replace")`, our job's result.
 //! 4. **ready**: the ready line of *this* run ([`crate::judge::Judge`]); fail fast on a fatal line,
 //!    the manager's exit/failure messages, or a crash/auto-restart ([`crate::judge::crashed_since`]).
 //! 5. **health**: `/health` answers 200.
-//! 6. **router**: registered (re-registered if the router dropped it) with the right type, healthy,
+//! 6. **pair** (a PD worker, still out of the router): a PD request sent straight to each pair it
+//!    is in; a decode found with a stale pairing after a prefill restart is restarted through every
+//!    gate as a repair (`repair_of`), or the rollout halts (`on_stale_pair`).
+//! 7. **router**: registered (re-registered if the router dropped it) with the right type, healthy,
 //!    circuit breaker not open, one small request through the router answers 200.
-//! 7. **metrics**: KV gauges exposed and sane (one warm-up request if they are not published yet).
-//! 8. **soak**: the same run (InvocationID, NRestarts) stays up for `min_healthy`; then the files it
-//!    runs with are recorded as its good revision.
+//! 8. **metrics**: KV gauges exposed and sane (one warm-up request if they are not published yet).
+//! 9. **stranded_kv** (a decode): the prefills release the KV they held for its old process's rooms.
+//! 10. **soak**: the same run (InvocationID, NRestarts) stays up for `min_healthy`; then the files it
+//!     runs with are recorded as its good revision.
 //!
 //! The first failure halts the rollout with its [`Cause`] and the unit's last log lines; nothing
 //! after it is touched. One unit is down at a time. With `on_failure = "rollback"` the failed unit's
@@ -361,7 +366,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 return summary(Outcome::Aborted, None, done, &repairs);
             }
             if done.contains(&w.unit) {
-                notes.push(format!("{} was not restarted again: it was restarted and verified earlier in this rollout, as a repair of {}", w.unit, repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")));
+                notes.push(format!(
+                    "{} was not restarted again: it was restarted and verified earlier in this rollout, as a repair of {}",
+                    w.unit,
+                    repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")
+                ));
                 continue;
             }
             if let Some(c) = ctx.clients {
@@ -583,7 +592,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
         // Still out of the router: a stale pair is found (and repaired) before the router's
         // smoke request and breaker could fail on it, and before clients reach this worker.
-        let stale = self.pair_step(w, sink, ctx).await?;
+        let stale = self.pair_step(w, sink, ctx, &after).await?;
         Ok((watch, after, stale))
     }
 
@@ -596,7 +605,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // (a decode repaired while its prefill waits drained): no request can pass the
                 // router now; the pair gate proved the pair directly.
                 let peers = self.peers(w);
-                let peers_drained = !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
+                let peers_drained =
+                    !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
                 let d = self.router(w, true, peers_drained).await?;
                 // Admitted again: the drain is undone.
                 if let Some(l) = ctx.ledger {
@@ -731,7 +741,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let m = compare(&ours, &theirs);
             if !m.is_empty() {
                 return Err(Fail {
-                    cause: Cause::IncompatibleChange { unit: w.unit.clone(), peer: peer.unit.clone(), detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)) },
+                    cause: Cause::IncompatibleChange {
+                        unit: w.unit.clone(),
+                        peer: peer.unit.clone(),
+                        detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)),
+                    },
                     detail: json!({"mismatches": m}),
                     unit: None,
                 });
@@ -781,7 +795,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
     /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
     /// be repaired (`on_stale_pair = "restart-decode"`).
-    async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<Vec<Worker>, (Step, Fail)> {
+    async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, after: &UnitState) -> Result<Vec<Worker>, (Step, Fail)> {
         let peers = self.peers(w);
         if w.role == Role::Regular {
             return Ok(Vec::new());
@@ -821,11 +835,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 crate::pairing::Verdict::Incompatible(m) => {
                     Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::pairing::describe(&m, &p.unit, &d.unit) }
                 }
-                crate::pairing::Verdict::PrefillBroken(e) => Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e },
-                crate::pairing::Verdict::DecodeBroken(e) => Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e },
-                crate::pairing::Verdict::TransferFailed(e) => Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e },
+                crate::pairing::Verdict::PrefillBroken(e) => {
+                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e }
+                }
+                crate::pairing::Verdict::DecodeBroken(e) => {
+                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e }
+                }
+                crate::pairing::Verdict::TransferFailed(e) => {
+                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
+                }
             };
             failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None });
+        }
+        // A pair that failed because the restarted worker itself went down is that crash.
+        if failed.is_some() {
+            let st = self.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?;
+            if let Some(why) = crashed_since(&st, after) {
+                failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
+            }
         }
         let detail = json!({
             "pairs": pairs,
@@ -927,7 +954,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         let alone = self.settings.workers.iter().filter(|o| o.role == Role::Decode).count() == 1;
         if alone && ctx.allow_outage != Some(true) {
-            return Err(blocked("it is the only decode worker: restarting it stops serving; pass --allow-outage (or set [rollout] allow_outage = true) to accept that".into()));
+            return Err(blocked(
+                "it is the only decode worker: restarting it stops serving; pass --allow-outage (or set [rollout] allow_outage = true) to accept that".into(),
+            ));
         }
         tracing::warn!(pdctl_unit = %d.unit, "{}: restarting it to repair its stale pairing with {}", d.unit, p.unit);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 use pdctl_core::config::{load_texts, Settings};
 use pdctl_core::engine::Engine;
 use pdctl_core::events::{Event, Outcome, Status, Step};
-use pdctl_core::plan::Plan;
 use pdctl_core::pairing::{Half, PairProbe, PdQueues};
+use pdctl_core::plan::Plan;
 use pdctl_core::ports::{
     Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
     UnitsError, Watch,
@@ -169,7 +169,12 @@ impl Probes for FakeProbes {
         } else {
             Half::Answered { status: 200, body: "{}".into() }
         };
-        PairProbe { room: t.room, prefill: if stale { Half::NoAnswer } else { Half::Answered { status: 200, body: "{}".into() } }, decode, took: Duration::from_millis(1) }
+        PairProbe {
+            room: t.room,
+            prefill: if stale { Half::NoAnswer } else { Half::Answered { status: 200, body: "{}".into() } },
+            decode,
+            took: Duration::from_millis(1),
+        }
     }
     async fn server_info(&self, _url: &str) -> Result<serde_json::Value, HttpFailure> {
         Ok(serde_json::json!({"page_size": 1}))
@@ -347,4 +352,27 @@ async fn a_fixed_decode_needs_no_repair_and_the_pair_gate_probes_only_the_restar
     assert!(summary.repairs.is_empty());
     assert_eq!(w.lock().unwrap().pairs, vec![("http://p".to_string(), "http://d".to_string())]);
     assert!(events.iter().any(|e| e.unit == "d.service" && e.step == Step::StrandedKv && e.status == Status::Passed));
+}
+
+#[tokio::test]
+async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outage() {
+    use pdctl_core::engine::RolloutRun;
+    let w = world();
+    w.lock().unwrap().stale_cache = true;
+    w.lock().unwrap().states.insert("p2.service".into(), state("old2", 30));
+    w.lock().unwrap().env.insert("p2.service".into(), vec!["CUDA_VISIBLE_DEVICES=8".into()]);
+    let text = "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"p2.service\"\nrole = \"prefill\"\nurl = \"http://p2\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n";
+    let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
+    let plan = Plan::new(&s, &["p.service".into()]).unwrap();
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s };
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let abort = std::sync::atomic::AtomicBool::new(false);
+    let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: false };
+    let f = engine.execute(run, &tx).await.summary.failed.expect("halted");
+    assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "repair_blocked"));
+    assert!(f.cause.contains("only decode worker") && f.cause.contains("--allow-outage"), "{}", f.cause);
+    assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "the decode is not restarted");
 }

@@ -188,6 +188,9 @@ pub async fn warm_worker(http: &Http, url: &str) -> Result<(), HttpError> {
     }
 }
 
+/// How long a pair probe waits for the prefill's answer once the decode's is in.
+pub const PREFILL_GRACE: Duration = Duration::from_secs(2);
+
 /// One PD request pair, as the router sends it: the same `/generate` with the prefill's
 /// `bootstrap_host`, `bootstrap_port` and `room` to the prefill and to the decode at once; each
 /// half waits at most `limit`. Returns (prefill's answer, decode's answer).
@@ -207,7 +210,28 @@ pub async fn pd_pair(
     });
     let p = format!("{}/generate", prefill_url.trim_end_matches('/'));
     let d = format!("{}/generate", decode_url.trim_end_matches('/'));
-    let (a, b) = tokio::join!(http.post_json_within(&p, &body, limit), http.post_json_within(&d, &body, limit));
+    // The decode's answer is the result (as the router reads it); once it is in, the prefill's
+    // half gets a short grace: a prefill still holding the room for a decode that will never
+    // fetch it would otherwise keep the probe until its bootstrap timeout.
+    let t0 = std::time::Instant::now();
+    let prefill = http.post_json_within(&p, &body, limit);
+    let decode = http.post_json_within(&d, &body, limit);
+    tokio::pin!(prefill, decode);
+    let mut a = None;
+    let b = tokio::select! {
+        b = &mut decode => b,
+        r = &mut prefill => {
+            a = Some(r);
+            decode.await
+        }
+    };
+    let a = match a {
+        Some(a) => a,
+        None => match tokio::time::timeout(PREFILL_GRACE.min(limit.saturating_sub(t0.elapsed())), prefill).await {
+            Ok(a) => a,
+            Err(_) => Err(HttpError::Timeout { url: p.clone(), after: t0.elapsed() }),
+        },
+    };
     let cut = |r: Result<(u16, String), HttpError>| r.map(|(s, b)| (s, snippet(&b)));
     (cut(a), cut(b))
 }

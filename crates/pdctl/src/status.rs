@@ -70,7 +70,9 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
                         .pairs
                         .iter()
                         .filter(|p| p.decode == d)
-                        .map(|p| format!("{} {} ({} ago, rollout {})", p.prefill, if p.ok { "ok" } else { p.result.as_str() }, age(&p.checked_at), p.rollout_id))
+                        .map(|p| {
+                            format!("{} {} ({} ago, rollout {})", p.prefill, if p.ok { "ok" } else { p.result.as_str() }, age(&p.checked_at), p.rollout_id)
+                        })
                         .collect();
                     println!("pdctld: {d} pairs with: {}", with.join("; "));
                 }

@@ -88,6 +88,9 @@ struct Inner {
     added: tokio::sync::Notify,
     /// Decode: bootstrap info per `host:port`.
     cache: Mutex<HashMap<String, Route>>,
+    /// Prefill: rooms whose request failed here before its KV existed (the decode is told at
+    /// once, as SGLang's sender reports a failed request to its receiver).
+    aborted: Mutex<std::collections::HashSet<u64>>,
     /// Decode: requests arriving before this wait in the prealloc queue until then
     /// (`POST /sim/stall_transfers`).
     stall_until: Mutex<Option<Instant>>,
@@ -124,6 +127,7 @@ impl Pd {
                 added: tokio::sync::Notify::new(),
                 cache: Mutex::new(HashMap::new()),
                 stall_until: Mutex::new(None),
+                aborted: Mutex::new(std::collections::HashSet::new()),
                 http,
             }),
         }
@@ -277,6 +281,12 @@ impl Pd {
         Err(m)
     }
 
+    /// Prefill: the request of `room` failed here; its decode's fetch fails at once.
+    pub fn abort_room(&self, room: u64) {
+        lock(&self.inner.aborted).insert(room);
+        self.inner.added.notify_waiters();
+    }
+
     /// Decode: requests arriving in the next `secs` wait that long before their transfer
     /// (`POST /sim/stall_transfers?secs=N`, a simulator fault).
     pub fn stall_transfers(&self, secs: f64) {
@@ -328,6 +338,9 @@ async fn fetch(State(pd): State<Pd>, Path(room): Path<u64>, axum::Json(body): ax
         let present = lock(&pd.inner.rooms).contains_key(&room);
         if present {
             break;
+        }
+        if lock(&pd.inner.aborted).remove(&room) {
+            return (StatusCode::CONFLICT, "the prefill aborted the request").into_response();
         }
         if tokio::time::timeout_at(deadline.into(), added).await.is_err() {
             return (StatusCode::NOT_FOUND, "room not prefilled in time").into_response();

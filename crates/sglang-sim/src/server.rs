@@ -367,9 +367,9 @@ async fn pd_before(app: &App, v: &Value, rid: &str) -> Result<Option<Bootstrap>,
     let mode = app.engine.config().mode;
     let b = Bootstrap::of(v);
     match (mode, b) {
-        (Mode::Decode, None) => Err(bad_request(
-            "Disaggregation decode mode requires bootstrap_host, bootstrap_port and bootstrap_room: send requests through the router",
-        )),
+        (Mode::Decode, None) => {
+            Err(bad_request("Disaggregation decode mode requires bootstrap_host, bootstrap_port and bootstrap_room: send requests through the router"))
+        }
         (Mode::Decode, Some(b)) if !b.fake() => app.pd.receive(rid, &b).await.map(|()| None).map_err(|m| pd::abort(&m)),
         (Mode::Prefill, Some(b)) if !b.fake() => Ok(Some(b)),
         _ => Ok(None),
@@ -441,13 +441,16 @@ fn failing(app: &App) -> Option<Response> {
 }
 
 async fn generate(State(app): State<App>, body: Bytes) -> Response {
-    if let Some(r) = failing(&app) {
-        return r;
-    }
     let v = match parse_body(&body) {
         Ok(v) => v,
         Err(e) => return bad_request(&e),
     };
+    if let Some(r) = failing(&app) {
+        if let (Mode::Prefill, Some(b)) = (app.engine.config().mode, Bootstrap::of(&v)) {
+            app.pd.abort_room(b.room);
+        }
+        return r;
+    }
     log_request("GenerateReqInput", &v);
     let prompt_tokens = match (v.get("text").and_then(Value::as_str), v.get("input_ids").and_then(Value::as_array)) {
         (Some(t), _) => approx_tokens(t),
