@@ -14,6 +14,9 @@ use crate::lifecycle::{Lifecycle, RolloutState};
 /// The pseudo-unit of events about the router as a whole (its preflight check).
 pub const ROUTER: &str = "router";
 
+/// The pseudo-unit of fleet-wide events (preflight's check of the fleet's etcd and limits).
+pub const FLEET: &str = "fleet";
+
 /// The exit codes of `pdctl` (and the `exit_code` of a control-API error). The only place a
 /// number is given to an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

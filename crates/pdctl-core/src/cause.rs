@@ -329,6 +329,34 @@ pub enum Cause {
         /// The deadline.
         after: Duration,
     },
+    // --- fleet ---
+    /// The fleet's etcd cannot be reached before anything was touched.
+    FleetUnreachable {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// The fleet's etcd was lost during the rollout: the unit in progress was finished, no new
+    /// slot is taken.
+    FleetLost {
+        /// The driver's sentence.
+        message: String,
+    },
+    /// This host's `[fleet.max_unavailable]` disagrees with the fleet's (in etcd).
+    FleetLimits {
+        /// The role.
+        role: String,
+        /// etcd's value.
+        etcd: String,
+        /// This host's.
+        local: String,
+    },
+    /// No slot within `slot_timeout`.
+    SlotTimeout {
+        /// Who held what, last.
+        last: String,
+        /// The limit.
+        after: Duration,
+    },
     // --- metrics ---
     /// No usable KV gauges, with the diagnosis.
     MetricsMissing {
@@ -436,6 +464,10 @@ impl Cause {
             Cause::CircuitOpen { .. } => "circuit_open",
             Cause::SmokeFailed { .. } => "smoke_request_failed",
             Cause::ClientsFailing { .. } => "clients_failing",
+            Cause::FleetUnreachable { .. } => "fleet_unreachable",
+            Cause::FleetLost { .. } => "fleet_lost",
+            Cause::FleetLimits { .. } => "fleet_limits",
+            Cause::SlotTimeout { .. } => "slot_timeout",
             Cause::StalePair { .. } => "stale_pair",
             Cause::PairIncompatible { .. } => "pair_incompatible",
             Cause::PairBroken { .. } => "pair_broken",
@@ -470,7 +502,9 @@ impl Cause {
             | Cause::BadRequest { .. }
             | Cause::NoSuchRollout { .. }
             | Cause::WrongState { .. }
-            | Cause::OnlyWorkerOfRole { .. } => FailureKind::Config,
+            | Cause::OnlyWorkerOfRole { .. }
+            | Cause::FleetLimits { .. } => FailureKind::Config,
+            Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
             Cause::SystemdUnreachable { .. }
             | Cause::AccessDenied { .. }
             | Cause::SystemdTimeout { .. }
@@ -501,6 +535,7 @@ impl Cause {
             | Cause::RepairBlocked { .. }
             | Cause::IncompatibleChange { .. }
             | Cause::StrandedKv { .. }
+            | Cause::SlotTimeout { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. } => FailureKind::Gate,
         }
@@ -517,7 +552,10 @@ impl Cause {
             Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::WrongState { .. } => 409,
             Cause::RecordsFailing { .. } => 503,
             Cause::NoSuchRollout { .. } => 404,
-            Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } | Cause::OnlyWorkerOfRole { .. } => 400,
+            Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } | Cause::OnlyWorkerOfRole { .. } | Cause::FleetLimits { .. } => {
+                400
+            }
+            Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => 503,
             Cause::RecordUnwritable { .. } => 500,
             Cause::SystemdUnreachable { .. }
             | Cause::AccessDenied { .. }
@@ -546,6 +584,7 @@ impl Cause {
             | Cause::RepairBlocked { .. }
             | Cause::IncompatibleChange { .. }
             | Cause::StrandedKv { .. }
+            | Cause::SlotTimeout { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. } => 422,
         }
@@ -603,6 +642,14 @@ impl Cause {
             Cause::ClientsFailing { unit, failed, max } => format!(
                 "clients saw {failed} failed requests through the router during the rollout (more than max_failed_probes = {max}), last while {unit} was rolled; halted before the next unit"
             ),
+            Cause::FleetUnreachable { message } => format!("the fleet's etcd cannot be reached ({message}); nothing was touched"),
+            Cause::FleetLost { message } => format!(
+                "fleet coordination lost: {message}; the unit in progress was finished and verified, no new slot is taken; run `pdctl rollout resume ID` once etcd answers again"
+            ),
+            Cause::FleetLimits { role, etcd, local } => format!(
+                "the fleet's max_unavailable.{role} in etcd is {etcd}, this host's [fleet.max_unavailable] says {local}: make the configs agree (the fleet's value is the first host's)"
+            ),
+            Cause::SlotTimeout { last, after } => format!("no fleet slot within slot_timeout ({}): {last}", dur(after)),
             Cause::StalePair { decode, prefill } => format!(
                 "{decode} still uses the bootstrap info of {prefill}'s previous process (SGLang before PR 36029 keeps it when a prefill restarts on the same address): every request it gets from {prefill} fails until it restarts; run `pdctl restart --rolling --unit {decode}` (or set [rollout] on_stale_pair = \"restart-decode\" to have pdctl repair it)"
             ),
@@ -681,6 +728,10 @@ impl Cause {
             Cause::CircuitOpen { url: url(), after: d },
             Cause::SmokeFailed { url: url(), after: d, error: msg() },
             Cause::ClientsFailing { unit: unit(), failed: 7, max: 5 },
+            Cause::FleetUnreachable { message: msg() },
+            Cause::FleetLost { message: msg() },
+            Cause::FleetLimits { role: "prefill".into(), etcd: "1".into(), local: "2".into() },
+            Cause::SlotTimeout { last: "waiting for a prefill slot: held by gpu-node-b/sglang-prefill.service since 14:02:11".into(), after: d },
             Cause::StalePair { decode: "sglang-decode.service".into(), prefill: unit() },
             Cause::PairIncompatible { prefill: unit(), decode: "sglang-decode.service".into(), detail: "page_size 16 (prefill) vs 1 (decode)".into() },
             Cause::PairBroken { prefill: unit(), decode: "sglang-decode.service".into(), side: "decode".into(), error: msg() },

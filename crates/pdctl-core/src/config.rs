@@ -201,7 +201,20 @@ struct RawVerify {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawFleet {
+    etcd: Option<Vec<String>>,
+    name: Option<String>,
+    host: Option<String>,
+    slot_timeout: Option<Dur>,
+    max_unavailable: Option<std::collections::BTreeMap<Role, u32>>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawFile {
+    fleet: Option<RawFleet>,
     systemd: Option<RawSystemd>,
     journal: Option<RawJournal>,
     router: Option<RawRouter>,
@@ -286,6 +299,8 @@ impl Rollout {
         let call = Duration::from_secs(30);
         call + match step {
             Step::Preflight => Duration::from_secs(120),
+            // Waiting for a slot is bounded by the fleet's slot_timeout (at most a week).
+            Step::Slot => Duration::from_secs(7 * 24 * 3600),
             Step::Drain => self.drain_timeout,
             Step::Restart => self.job_timeout,
             Step::Ready => self.ready_timeout,
@@ -326,6 +341,24 @@ pub struct Verify {
     pub stranded_kv_timeout: Option<Duration>,
 }
 
+/// `[fleet]`: this host is one of many behind one gateway, coordinated through etcd v3.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetSettings {
+    /// etcd client endpoints (`http://10.0.0.5:2379`).
+    pub etcd: Vec<String>,
+    /// The fleet's name (the key prefix `/pdctl/<name>/`).
+    pub name: String,
+    /// This host's name in the fleet (default: the machine's hostname).
+    pub host: String,
+    /// How long to wait for a slot before halting.
+    pub slot_timeout: Duration,
+    /// Workers of each role that may be down at once, fleet-wide (stored in etcd; every host
+    /// must agree).
+    pub max_unavailable: std::collections::BTreeMap<String, u32>,
+    /// etcd authentication: user and the file holding the password.
+    pub user: Option<(String, PathBuf)>,
+}
+
 /// Where systemd is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BusSetting {
@@ -354,6 +387,8 @@ pub struct Settings {
     pub rollout: Rollout,
     /// `[verify]`.
     pub verify: Verify,
+    /// `[fleet]` (`None`: a single host).
+    pub fleet: Option<FleetSettings>,
     /// Files read, in order.
     pub sources: Vec<PathBuf>,
 }
@@ -374,6 +409,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ("drain_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
     ("pair_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
     ("stranded_kv_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
+    ("slot_timeout", Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)),
 ];
 
 /// The line where `key = …` is set in `text` (first such line).
@@ -507,6 +543,8 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     let mut rt = RawRouter::default();
     let mut ro = RawRollout::default();
     let mut vf = RawVerify::default();
+    let mut fl = RawFleet::default();
+    let mut fleet_seen = false;
     let mut workers: Vec<(PathBuf, usize, RawWorker)> = Vec::new();
     let mut ready_origin: Option<(PathBuf, usize)> = None;
     // Which file (and line) last set each `table.key`, for errors found after merging.
@@ -559,6 +597,10 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         if let Some(s) = raw.verify {
             over!(path, text, vf, s, router, metrics, smoke_request, warmup_request, availability_probe, pair, pair_timeout, stranded_kv, stranded_kv_timeout);
         }
+        if let Some(s) = raw.fleet {
+            fleet_seen = true;
+            over!(path, text, fl, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file);
+        }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
             workers.push((path.clone(), line, w));
@@ -568,7 +610,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
     let last = texts.last().map(|t| t.0.clone()).unwrap_or_default();
     // The error of a merged key: the file and line that set it (else the last file).
     let at = |key: &str, msg: String| {
-        let short = key.replace("ro.", "rollout.").replace("rt.", "router.").replace("vf.", "verify.");
+        let short = key.replace("ro.", "rollout.").replace("rt.", "router.").replace("vf.", "verify.").replace("fl.", "fleet.");
         match origins.get(key) {
             Some((p, l)) => err(p, *l, format!("{short}: {msg}")),
             None => err(&last, None, format!("{short}: {msg}")),
@@ -722,6 +764,39 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         },
         ..verify
     };
+    let fleet = if fleet_seen {
+        let etcd = fl.etcd.unwrap_or_default();
+        if etcd.is_empty() {
+            return Err(at("fl.etcd", "[fleet] needs etcd = [\"http://HOST:2379\", …] (the endpoints of the fleet's etcd cluster)".into()));
+        }
+        for e in &etcd {
+            server_url(e).map_err(|why| at("fl.etcd", format!("{e:?} {why}")))?;
+        }
+        let name = fl.name.unwrap_or_default();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(at("fl.name", format!("{name:?} must be a non-empty name of letters, digits, '-', '_' or '.' (it is the key prefix /pdctl/NAME/)")));
+        }
+        let host = match fl.host {
+            Some(h) => h,
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default(),
+        };
+        if host.is_empty() || host.contains('/') {
+            return Err(at("fl.host", format!("{host:?} must be a non-empty host name without '/'")));
+        }
+        let max_unavailable: std::collections::BTreeMap<String, u32> =
+            fl.max_unavailable.unwrap_or_default().into_iter().map(|(r, n)| (r.as_str().to_string(), n)).collect();
+        if let Some((r, _)) = max_unavailable.iter().find(|(_, n)| **n == 0) {
+            return Err(at("fl.max_unavailable", format!("{r} = 0 would never let a {r} worker restart; use at least 1")));
+        }
+        let user = match (fl.user, fl.password_file) {
+            (Some(u), Some(p)) => Some((u, p)),
+            (None, None) => None,
+            _ => return Err(at("fl.user", "user and password_file go together (etcd authentication)".into())),
+        };
+        Some(FleetSettings { etcd, name, host, slot_timeout: bounded("fl.slot_timeout", fl.slot_timeout, d(30 * 60))?, max_unavailable, user })
+    } else {
+        None
+    };
     let bus = match (sd.address, sd.bus) {
         (Some(a), _) => BusSetting::Address(a),
         (None, Some(BusKind::User)) => BusSetting::User,
@@ -753,6 +828,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
         },
         verify,
+        fleet,
         sources: texts.iter().map(|t| t.0.clone()).collect(),
     })
 }

@@ -98,6 +98,44 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    fn slot_path(&self, unit: &str) -> PathBuf {
+        self.dir.join("slots").join(format!("{}.json", unit.replace('/', "_")))
+    }
+
+    /// Write down a fleet slot this host is about to take or holds (before the transaction).
+    pub fn record_slot(&self, unit: &str, r: &[crate::fleet::SlotRecord]) -> std::io::Result<()> {
+        crate::revisions::create_private_dir(&self.dir.join("slots"))?;
+        let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
+        atomic_write(&self.slot_path(unit), &bytes, STATE_FILE_MODE)
+    }
+
+    /// Cross a slot off (given back).
+    pub fn clear_slot(&self, unit: &str) -> std::io::Result<()> {
+        match std::fs::remove_file(self.slot_path(unit)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every slot on record: (unit, its records).
+    pub fn slots(&self) -> Vec<(String, Vec<crate::fleet::SlotRecord>)> {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("slots")) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, Vec<crate::fleet::SlotRecord>)> = rd
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().strip_suffix(".json")?.to_string();
+                let recs = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+                Some((name, recs))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::api::ROUTER;
+use crate::api::{FLEET, ROUTER};
 use crate::cause::{Cause, MetricsDiagnosis, Phase, RouterSeen};
 use crate::config::{MetricsMode, OnFailure, Role, Settings, Worker};
 use crate::drains::{Drain, Ledger};
@@ -147,6 +147,8 @@ pub struct Engine<U, L, P> {
     pub probes: P,
     /// Validated settings.
     pub settings: Settings,
+    /// The fleet's store (etcd), with `[fleet]`.
+    pub coordinator: Option<std::sync::Arc<dyn crate::ports::Coordinator>>,
 }
 
 /// What `check` does not do: restart, soak, and anything that changes the router.
@@ -291,10 +293,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         });
         if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
-            if f.step != Step::Preflight && f.unit != ROUTER {
+            if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
                 notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
             }
-            if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER {
+            // A slot never granted changed nothing to roll back.
+            if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && f.step != Step::Slot {
                 let unit = f.unit.clone();
                 let restart = f.step != Step::Preflight;
                 match self.rollback(&unit, ctx, dir, restart, sink, &mut notes).await {
@@ -337,8 +340,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 if let Some(c) = ctx.clients {
                     *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
                 }
+                // Fleet: both slots in one transaction, or none.
+                let slots = match self.slot_step(&[p, d], sink, ctx).await {
+                    Ok(s) => s,
+                    Err((step, f)) => return summary(Outcome::Failed, Some(self.failure(&p.unit, step, f).await), done, &repairs),
+                };
                 let (cp, cd) = (Ctx { together_with: Some(&d.unit), ..ctx }, Ctx { together_with: Some(&p.unit), ..ctx });
                 let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
+                if rp.is_ok() && rd.is_ok() {
+                    self.release_slots(&p.unit, &slots, ctx).await;
+                }
                 for (w, r) in [(p, rp), (d, rd)] {
                     match r {
                         Ok(_) => {
@@ -426,7 +437,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
-        let last_lines = if unit == ROUTER { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
+        let last_lines = if unit == ROUTER || unit == FLEET { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
         Failure::new(unit, step, &f.cause, last_lines)
     }
 
@@ -451,6 +462,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Preflight for every worker of the plan, before anything is touched.
     async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool, ctx: Ctx<'_>) -> Result<(), (String, Fail)> {
         let mut reloaded = false;
+        let fleet_view = match (&self.settings.fleet, self.settings.verify.router) {
+            (Some(_), true) => self.probes.router_workers().await.ok(),
+            _ => None,
+        };
         let mut sets: Vec<(String, BTreeSet<u32>)> = Vec::new();
         for w in &plan.workers {
             let s = StepRun::start(sink, &w.unit, Step::Preflight);
@@ -492,7 +507,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let pairing = self.pairing_preflight(w, plan, &cfg).await?;
                 // The only worker of its role: restarting it stops serving (PD needs both roles).
                 let mut outage = None;
-                let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
+                // With [fleet], over the whole fleet as the router sees it; else this host's.
+                let alone = match &fleet_view {
+                    Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
+                    None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
+                };
                 if let (true, Some(allowed)) = (alone, ctx.allow_outage) {
                     let expected = ctx.revisions.and_then(|d| revisions::last_start(d, &w.unit)).map(|s| Duration::from_millis(s.ms));
                     if !allowed {
@@ -520,6 +539,35 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Err(f) => {
                     s.fail(&f);
                     return Err((w.unit.clone(), f));
+                }
+            }
+        }
+        if let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) {
+            let s = StepRun::start(sink, FLEET, Step::Preflight);
+            let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
+            let r = async {
+                let limits = if dry {
+                    match c.get(&crate::fleet::limits_key(&f.name)).await {
+                        Ok(Some(e)) => serde_json::from_slice::<crate::fleet::Limits>(&e.value)
+                            .map(|l| l.disagreement(&local).map_or(Ok(l), Err))
+                            .unwrap_or(Ok(local.clone())),
+                        Ok(None) => Ok(local.clone()),
+                        Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.0 }))?,
+                    }
+                } else {
+                    crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?
+                };
+                let limits = limits.map_err(|(role, etcd, local)| Fail::from(Cause::FleetLimits { role, etcd, local }))?;
+                let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+                let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+                Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
+            }
+            .await;
+            match r {
+                Ok(d) => s.pass(d),
+                Err(f) => {
+                    s.fail(&f);
+                    return Err((FLEET.into(), f));
                 }
             }
         }
@@ -554,6 +602,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart one worker through every gate. Returns the decodes restarted to repair a stale
     /// pairing found by its pair gate (only when `may_repair`: a repair repairs nothing itself).
     async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, may_repair: bool) -> Result<Repaired, (Step, Fail)> {
+        // Fleet: a slot of the role's semaphore before the drain (a pair restarted together
+        // took both slots at once before).
+        let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
         let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
         let mut repaired = Vec::new();
         for d in stale {
@@ -564,6 +615,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             repaired.push((d, w.unit.clone()));
         }
         self.restart_after_pair(w, sink, ctx, watch, after).await?;
+        // Verified: the slot goes back.
+        self.release_slots(&w.unit, &slots, ctx).await;
         Ok(repaired)
     }
 
@@ -753,6 +806,107 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             checked.push(json!({"peer": peer.unit, "compared": true, "settings": ours}));
         }
         Ok(json!(checked))
+    }
+
+    /// Fleet: take a slot of each worker's role in one transaction (waiting, bounded by
+    /// `slot_timeout`, while the fleet's slots are held or it is paused). Written down in the
+    /// ledger before the transaction. Without `[fleet]`: nothing.
+    async fn slot_step(&self, ws: &[&Worker], sink: &Sink, ctx: Ctx<'_>) -> Result<Vec<crate::fleet::SlotRecord>, (Step, Fail)> {
+        use crate::fleet::{self as fl, Acquired, Hold, SlotRecord};
+        let (Some(c), Some(f), Some(first)) = (&self.coordinator, &self.settings.fleet, ws.first()) else {
+            return Ok(Vec::new());
+        };
+        let s = StepRun::start(sink, &first.unit, Step::Slot);
+        let limits = fl::Limits { max_unavailable: f.max_unavailable.clone() };
+        let mut recs: Vec<SlotRecord> = ws
+            .iter()
+            .map(|w| SlotRecord {
+                role: w.role.as_str().to_string(),
+                hold: Hold { holder: fl::holder(&f.host, &w.unit), url: w.url.clone(), token: fl::token(), since: fl::now_secs(), rollout: ctx.id.to_string() },
+            })
+            .collect();
+        let write = |recs: &[SlotRecord]| -> Result<(), Box<Fail>> {
+            if let Some(l) = ctx.ledger {
+                l.record_slot(&first.unit, recs)
+                    .map_err(|e| Box::new(Fail::from(Cause::RecordUnwritable { dir: "the slot ledger".into(), error: e.to_string() })))?;
+            }
+            Ok(())
+        };
+        if let Err(e) = write(&recs) {
+            s.fail(&e);
+            return Err((Step::Slot, *e));
+        }
+        let wants: Vec<(String, Hold)> = recs.iter().map(|r| (r.role.clone(), r.hold.clone())).collect();
+        let t0 = Instant::now();
+        let mut last = String::new();
+        loop {
+            let unhealthy = self.unhealthy_by_role().await;
+            let fail = match fl::try_acquire(c.as_ref(), &f.name, &limits, &wants, &unhealthy).await {
+                Ok(Acquired::Granted(held)) => {
+                    // A retry may have found an older hold of ours: that is the one to give back.
+                    for (r, (_, h)) in recs.iter_mut().zip(&held) {
+                        r.hold = h.clone();
+                    }
+                    if let Err(e) = write(&recs) {
+                        s.fail(&e);
+                        return Err((Step::Slot, *e));
+                    }
+                    s.pass(json!({ "held": recs, "waited_ms": t0.elapsed().as_millis() as u64 }));
+                    return Ok(recs);
+                }
+                Ok(Acquired::Wait(why)) if t0.elapsed() < f.slot_timeout => {
+                    if why != last {
+                        tracing::info!(pdctl_unit = %first.unit, "{why}");
+                        s.emit(Status::Started, json!({ "waiting": why }));
+                        last = why;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Ok(Acquired::Wait(why)) => Fail::from(Cause::SlotTimeout { last: why, after: f.slot_timeout }),
+                Err(e) => Fail::from(Cause::FleetLost { message: e.0 }),
+            };
+            if let Some(l) = ctx.ledger {
+                let _ = l.clear_slot(&first.unit);
+            }
+            s.fail(&fail);
+            return Err((Step::Slot, fail));
+        }
+    }
+
+    /// Per role, the URLs the gateway lists but does not admit (down anyway: they count against
+    /// the fleet's budget).
+    async fn unhealthy_by_role(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        if let Ok(list) = self.probes.router_workers().await {
+            for x in list.iter().filter(|x| !x.admitted() && !x.draining()) {
+                out.entry(x.worker_type.clone()).or_default().push(x.url.clone());
+            }
+        }
+        out
+    }
+
+    /// Give back the slots of `unit` (verified now); crossed off the ledger once etcd took them.
+    /// A release that fails stays on record: pdctld gives it back when etcd answers again.
+    async fn release_slots(&self, unit: &str, recs: &[crate::fleet::SlotRecord], ctx: Ctx<'_>) {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return;
+        };
+        if recs.is_empty() {
+            return;
+        }
+        let mut all = true;
+        for r in recs {
+            if let Err(e) = crate::fleet::release(c.as_ref(), &f.name, &r.role, &r.hold.holder, &r.hold.token).await {
+                tracing::warn!(pdctl_unit = %unit, "{unit}'s {} slot could not be given back yet ({e}); it stays on record and is given back when etcd answers", r.role);
+                all = false;
+            }
+        }
+        if all {
+            if let Some(l) = ctx.ledger {
+                let _ = l.clear_slot(unit);
+            }
+        }
     }
 
     /// A 48-token PD request sent straight to `w` and the first serving peer (`None`: no peer
@@ -969,10 +1123,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let work = async move {
             let ctx = Ctx { together_with: None, ..ctx };
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
-            let r = match self.restart_to_pair(d, &tx, ctx).await {
-                Ok((watch, after, _)) => self.restart_after_pair(d, &tx, ctx, watch, after).await,
-                Err(e) => Err(e),
-            };
+            let r = async {
+                let slots = self.slot_step(&[d], &tx, ctx).await?;
+                let (watch, after, _) = self.restart_to_pair(d, &tx, ctx).await?;
+                self.restart_after_pair(d, &tx, ctx, watch, after).await?;
+                self.release_slots(&d.unit, &slots, ctx).await;
+                Ok(())
+            }
+            .await;
             drop(tx);
             r
         };
@@ -1512,13 +1670,54 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         match r {
             Ok(detail) => {
                 s.pass(detail);
-                Ok(format!("{} was drained by {} and is back in the router", d.unit, d.rollout_id))
+                let slot = self.reconcile_slots(ledger, Some(&d.unit)).await.join("; ");
+                Ok(format!(
+                    "{} was drained by {} and is back in the router{}",
+                    d.unit,
+                    d.rollout_id,
+                    if slot.is_empty() { String::new() } else { format!("; {slot}") }
+                ))
             }
             Err(f) => {
                 s.fail(&f);
                 Err(f.cause)
             }
         }
+    }
+
+    /// Fleet slots this host still has on record (only `unit`'s when given): each whose worker
+    /// has no open drain and serves (`/health` 200) is given back; one etcd no longer lists is
+    /// crossed off. A worker still down keeps its slot (it really is down). Returns one sentence
+    /// per slot given back.
+    pub async fn reconcile_slots(&self, ledger: &Ledger, unit: Option<&str>) -> Vec<String> {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (name, recs) in ledger.slots() {
+            if unit.is_some_and(|u| u.replace('/', "_") != name) || ledger.get(&name).is_some() {
+                continue;
+            }
+            let mut serving = true;
+            for r in &recs {
+                serving &= self.probes.health(&r.hold.url).await == Health::Up;
+            }
+            if !serving {
+                continue;
+            }
+            let mut done = true;
+            for r in &recs {
+                match crate::fleet::release(c.as_ref(), &f.name, &r.role, &r.hold.holder, &r.hold.token).await {
+                    Ok(true) => out.push(format!("gave back {}'s {} slot (held since {})", r.hold.holder, r.role, crate::fleet::clock(r.hold.since))),
+                    Ok(false) => {}
+                    Err(_) => done = false,
+                }
+            }
+            if done {
+                let _ = ledger.clear_slot(&name);
+            }
+        }
+        out
     }
 
     /// Each configured worker, in config order: why it is stale (no reasons: it runs its current

@@ -13,6 +13,9 @@ pub use crate::cause::FailureKind;
 pub enum Step {
     /// The unit exists, config is current, metrics enabled, GPUs disjoint, router reachable.
     Preflight,
+    /// Fleet only: a slot of the role's fleet-wide semaphore in etcd (held from drain until the
+    /// worker is verified).
+    Slot,
     /// Taken out of the router; in-flight requests finished (bounded).
     Drain,
     /// RestartUnit and our job's result.
@@ -44,6 +47,7 @@ impl Step {
     pub fn as_str(self) -> &'static str {
         match self {
             Step::Preflight => "preflight",
+            Step::Slot => "slot",
             Step::Drain => "drain",
             Step::Restart => "restart",
             Step::Ready => "ready",

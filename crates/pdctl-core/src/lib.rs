@@ -14,6 +14,7 @@ pub mod config;
 pub mod drains;
 pub mod engine;
 pub mod events;
+pub mod fleet;
 pub mod judge;
 pub mod lifecycle;
 pub mod pairing;

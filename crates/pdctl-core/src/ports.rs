@@ -332,3 +332,59 @@ pub struct PairTarget<'a> {
     /// its gauges every 40 decode steps).
     pub max_new_tokens: u32,
 }
+
+/// A boxed future (for the object-safe [`Coordinator`]).
+pub type BoxFut<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A key of the fleet's store as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEntry {
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: Vec<u8>,
+    /// The revision of its last change.
+    pub mod_revision: i64,
+}
+
+/// One change of an all-or-nothing compare-and-swap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CasChange {
+    /// The key.
+    pub key: String,
+    /// Its mod revision when read (0: absent); the whole transaction fails if it moved.
+    pub expect: i64,
+    /// What to write.
+    pub write: Write,
+}
+
+/// What a [`CasChange`] writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Nothing: the key is only compared.
+    Keep,
+    /// This value.
+    Put(Vec<u8>),
+    /// Delete the key.
+    Delete,
+}
+
+/// The fleet's store cannot be reached (the driver's sentence).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetFailure(pub String);
+
+impl std::fmt::Display for FleetFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The fleet's replicated store (etcd v3): reads and all-or-nothing compare-and-swap.
+pub trait Coordinator: Send + Sync {
+    /// One key (`None`: absent).
+    fn get<'a>(&'a self, key: &'a str) -> BoxFut<'a, Result<Option<KvEntry>, FleetFailure>>;
+    /// Every key under a prefix.
+    fn get_prefix<'a>(&'a self, prefix: &'a str) -> BoxFut<'a, Result<Vec<KvEntry>, FleetFailure>>;
+    /// Apply all changes iff no key moved since it was read; whether they applied.
+    fn cas(&self, changes: Vec<CasChange>) -> BoxFut<'_, Result<bool, FleetFailure>>;
+}

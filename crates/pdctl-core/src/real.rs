@@ -277,5 +277,81 @@ pub fn probes(settings: &Settings) -> HttpProbes {
 /// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes).
 pub async fn connect(settings: Settings) -> Result<RealEngine, UnitsError> {
     let units = SystemdUnits::connect(&settings).await?;
-    Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings })
+    let coordinator = settings.fleet.as_ref().map(|f| std::sync::Arc::new(EtcdCoordinator::new(f)) as std::sync::Arc<dyn crate::ports::Coordinator>);
+    Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings, coordinator })
+}
+
+/// The fleet's etcd, connected on first use (a host whose etcd is down still answers `status`).
+pub struct EtcdCoordinator {
+    endpoints: Vec<String>,
+    user: Option<(String, std::path::PathBuf)>,
+    conn: tokio::sync::Mutex<Option<pdctl_fleet::Etcd>>,
+}
+
+/// Time limit of one etcd call.
+pub const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl EtcdCoordinator {
+    /// For `[fleet]`.
+    pub fn new(f: &crate::config::FleetSettings) -> EtcdCoordinator {
+        EtcdCoordinator { endpoints: f.etcd.clone(), user: f.user.clone(), conn: tokio::sync::Mutex::new(None) }
+    }
+
+    async fn etcd(&self) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
+        let mut g = self.conn.lock().await;
+        if let Some(e) = g.as_ref() {
+            return Ok(e.clone());
+        }
+        let e = etcd_connect(&self.endpoints, self.user.as_ref()).await?;
+        *g = Some(e.clone());
+        Ok(e)
+    }
+}
+
+/// Connect to the fleet's etcd (reading the password file when `[fleet] user` is set).
+pub async fn etcd_connect(endpoints: &[String], user: Option<&(String, std::path::PathBuf)>) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
+    let user = match user {
+        Some((u, file)) => Some((
+            u.clone(),
+            std::fs::read_to_string(file)
+                .map(|p| p.trim_end().to_string())
+                .map_err(|e| crate::ports::FleetFailure(format!("cannot read the etcd password file {}: {e}", file.display())))?,
+        )),
+        None => None,
+    };
+    pdctl_fleet::Etcd::connect(endpoints, user, ETCD_TIMEOUT).await.map_err(fleet_failure)
+}
+
+fn fleet_failure(e: pdctl_fleet::Error) -> crate::ports::FleetFailure {
+    crate::ports::FleetFailure(format!("{e}; start it or fix [fleet] etcd"))
+}
+
+fn kv(e: pdctl_fleet::Entry) -> crate::ports::KvEntry {
+    crate::ports::KvEntry { key: e.key, value: e.value, mod_revision: e.mod_revision }
+}
+
+impl crate::ports::Coordinator for EtcdCoordinator {
+    fn get<'a>(&'a self, key: &'a str) -> crate::ports::BoxFut<'a, Result<Option<crate::ports::KvEntry>, crate::ports::FleetFailure>> {
+        Box::pin(async move { self.etcd().await?.get(key).await.map(|o| o.map(kv)).map_err(fleet_failure) })
+    }
+    fn get_prefix<'a>(&'a self, prefix: &'a str) -> crate::ports::BoxFut<'a, Result<Vec<crate::ports::KvEntry>, crate::ports::FleetFailure>> {
+        Box::pin(async move { self.etcd().await?.get_prefix(prefix).await.map(|v| v.into_iter().map(kv).collect()).map_err(fleet_failure) })
+    }
+    fn cas(&self, changes: Vec<crate::ports::CasChange>) -> crate::ports::BoxFut<'_, Result<bool, crate::ports::FleetFailure>> {
+        Box::pin(async move {
+            let changes: Vec<pdctl_fleet::Change> = changes
+                .into_iter()
+                .map(|c| pdctl_fleet::Change {
+                    key: c.key,
+                    expect: c.expect,
+                    value: match c.write {
+                        crate::ports::Write::Keep => None,
+                        crate::ports::Write::Put(v) => Some(Some(v)),
+                        crate::ports::Write::Delete => Some(None),
+                    },
+                })
+                .collect();
+            self.etcd().await?.cas(&changes).await.map_err(fleet_failure)
+        })
+    }
 }

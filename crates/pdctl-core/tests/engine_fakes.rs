@@ -207,7 +207,7 @@ async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
 
 async fn run_only(w: &W, s: Settings, only: &[String]) -> (pdctl_core::events::Summary, Vec<Event>) {
     let plan = Plan::new(&s, only).unwrap();
-    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s };
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let summary = engine.rolling_restart(&plan, &tx).await;
     drop(tx);
@@ -291,7 +291,7 @@ async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
         drained_at: 0,
     };
     ledger.record(&d).unwrap();
-    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: settings() };
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: settings(), coordinator: None };
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     // A budget of 5 minutes: a crash loop is not coming up, so it must not be waited out (the
     // rollout lock is held meanwhile). The bound only keeps a regression from hanging the suite.
@@ -367,7 +367,7 @@ async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outag
          [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n";
     let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
     let plan = Plan::new(&s, &["p.service".into()]).unwrap();
-    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s };
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let abort = std::sync::atomic::AtomicBool::new(false);
     let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: false };

@@ -20,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod etcd;
 pub mod init;
 pub mod journal;
 pub mod stack;

@@ -4,6 +4,7 @@
 
 mod client;
 mod context;
+mod fleet;
 mod render;
 mod rollout;
 mod status;
@@ -39,6 +40,34 @@ enum Command {
     Check(OutputArgs),
     /// Show each worker: unit state, invocation, router view, KV usage, requests.
     Status(OutputArgs),
+    /// Many hosts behind one gateway, coordinated through etcd ([fleet] in the config).
+    #[command(subcommand)]
+    Fleet(FleetCmd),
+}
+
+#[derive(Subcommand)]
+enum FleetCmd {
+    /// Every live host (its rollout, workers' state and KV usage), the slots and their holders,
+    /// and whether the fleet is paused.
+    Status(OutputArgs),
+    /// Give back a dead host's slots (HOLDER is `host/unit` or `host`); refused while that host
+    /// is alive unless --force.
+    Release {
+        /// `host/unit` (one holder) or `host` prefix as `pdctl fleet status` shows it.
+        holder: String,
+        /// Release even though the holder's host is alive.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Grant no new slot anywhere in the fleet (a freeze during an incident); units in progress
+    /// finish.
+    Pause {
+        /// Why (shown to every waiting rollout).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Grant slots again.
+    Unpause,
 }
 
 #[derive(Args)]
@@ -169,6 +198,12 @@ fn main() {
             },
             Command::Check(a) => context::check(&config, a.json).await,
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
+            Command::Fleet(f) => match f {
+                FleetCmd::Status(a) => fleet::status(&config, a.json).await,
+                FleetCmd::Release { holder, force } => fleet::release(&config, &holder, force).await,
+                FleetCmd::Pause { reason } => fleet::pause(&config, Some(&reason)).await,
+                FleetCmd::Unpause => fleet::pause(&config, None).await,
+            },
         }
     });
     code.exit_process();

@@ -93,6 +93,18 @@ impl Renderer {
         if let (Step::Preflight, Status::Passed, Some(o)) = (e.step, e.status, e.detail.get("outage").and_then(|v| v.as_str())) {
             self.note(&format!("pdctl: ⚠ {o}"));
         }
+        // A fleet slot step waiting: who holds the slots (or the pause).
+        if let (Step::Slot, Status::Started, Some(w)) = (e.step, e.status, e.detail.get("waiting").and_then(|v| v.as_str())) {
+            self.note(&format!("pdctl: {}: {w}", e.unit));
+        }
+        if let Some(of) = &e.repair_of {
+            if e.status == Status::Started && e.step == Step::Drain {
+                self.note(&format!("pdctl: {} is restarted to repair its stale pairing with {of}", e.unit));
+            }
+        }
+        if let Some(w) = e.detail.get("warning").and_then(|v| v.as_str()) {
+            self.note(&format!("pdctl: ⚠ {}: {w}", e.unit));
+        }
         let step = e.step.as_str();
         let mark = match e.status {
             Status::Started => None,

@@ -289,6 +289,12 @@ impl Daemon {
                 ),
             }
         }
+        // Fleet slots left by a previous process: given back once their workers serve.
+        if let Ok(e) = engine(&self).await {
+            for n in e.reconcile_slots(self.store.ledger(), None).await {
+                tracing::warn!("{n}");
+            }
+        }
         self.reconciling.store(false, Ordering::SeqCst);
         notify_status("idle");
     }
@@ -374,6 +380,7 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
     let e = engine(&daemon).await?;
     let dir = daemon.store.revisions_dir();
     let allow_outage: bool;
+    let mut reverify = true;
     let (kind, plan, reasons, resumes) = match req {
         Request::Restart { units, allow_outage: allow } => {
             allow_outage = allow;
@@ -423,6 +430,9 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
                 return Err(wrong(old.lifecycle.state()));
             }
             let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
+            // Stopped while waiting for a fleet slot: that unit was never touched, so it is
+            // restarted, not re-verified.
+            reverify = !old.lifecycle.position().is_some_and(|p| p.step == Step::Slot);
             let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             allow_outage = old.allow_outage;
             old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
@@ -443,7 +453,7 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
     let d2 = daemon.clone();
     let id2 = id.clone();
     let limits = e.settings.rollout.clone();
-    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort).await });
+    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, reverify).await });
     if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
         *lock(&r.task) = Some(task.abort_handle());
         r.limits = Some(limits);
@@ -501,6 +511,7 @@ async fn run(
     record: Arc<Mutex<Record>>,
     tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
+    reverify: bool,
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let consumer = {
@@ -515,7 +526,7 @@ async fn run(
     let allow_outage = lock(&record).allow_outage;
     let run = RolloutRun {
         plan: &plan,
-        resume: kind == RolloutKind::Resume,
+        resume: kind == RolloutKind::Resume && reverify,
         abort: &abort,
         revisions: Some(&dir),
         ledger: Some(daemon.store.ledger()),
@@ -539,7 +550,12 @@ async fn run(
     }
     {
         let mut r = lock(&record);
-        if let Err(er) = r.lifecycle.finish(summary.result) {
+        // Fleet coordination lost: the unit in progress was finished and verified, the next
+        // one never took its slot; the rollout is interrupted there, to be resumed once etcd
+        // answers (`pdctl rollout resume ID`).
+        let lost = summary.failed.as_ref().is_some_and(|f| f.cause_code == pdctl_core::cause::Cause::FleetLost { message: String::new() }.code());
+        let moved = if lost { r.lifecycle.interrupt() } else { r.lifecycle.finish(summary.result) };
+        if let Err(er) = moved {
             tracing::error!(pdctl_rollout_id = %id, "{er}");
         }
         r.finished_at = Some(now());
@@ -741,4 +757,67 @@ pub fn metrics_api(d: Arc<Daemon>) -> Router {
             get(|State(d): State<Arc<Daemon>>| async move { ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], d.metrics.render()) }),
         )
         .with_state(d)
+}
+
+impl Daemon {
+    /// With `[fleet]`: keep this host's liveness key in etcd (bound to a lease: it disappears
+    /// within 10 s of pdctld's death), refreshed every 5 s with the running rollout and each
+    /// worker's state and KV usage; and give back slots left on record once their workers serve.
+    pub async fn fleet_liveness(self: Arc<Self>) {
+        let value: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new(Vec::new()));
+        let mut alive: Option<(String, tokio::task::JoinHandle<()>)> = None;
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            let fleet = config(&self).ok().and_then(|s| s.fleet);
+            let Some(f) = fleet else {
+                if let Some((_, h)) = alive.take() {
+                    h.abort();
+                }
+                continue;
+            };
+            let key = pdctl_core::fleet::host_key(&f.name, &f.host);
+            if alive.as_ref().is_some_and(|(k, _)| *k != key) {
+                if let Some((_, h)) = alive.take() {
+                    h.abort();
+                }
+            }
+            let Ok(e) = engine(&self).await else { continue };
+            let mut workers = Vec::new();
+            for w in &e.settings.workers {
+                let state = pdctl_core::ports::Units::state(&e.units, &w.unit)
+                    .await
+                    .map(|s| format!("{}/{}", s.active_state, s.sub_state))
+                    .unwrap_or_else(|err| format!("unknown ({err})"));
+                let kv_usage = tokio::time::timeout(std::time::Duration::from_secs(3), pdctl_core::ports::Probes::kv(&e.probes, &w.url))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .map(|k| k.token_usage);
+                workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), role: w.role.as_str().into(), state, kv_usage });
+            }
+            let st = pdctl_core::fleet::HostState {
+                host: f.host.clone(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                rollout: self.running_id(),
+                workers,
+                updated_at: pdctl_core::fleet::now_secs(),
+            };
+            *lock(&value) = serde_json::to_vec(&st).unwrap_or_default();
+            if alive.is_none() {
+                match pdctl_core::real::etcd_connect(&f.etcd, f.user.as_ref()).await {
+                    Ok(etcd) => {
+                        let v = value.clone();
+                        alive = Some((key.clone(), etcd.keep_alive(key.clone(), 10, move || lock(&v).clone())));
+                    }
+                    Err(err) => tracing::warn!("this host's fleet liveness key cannot be written: {err}"),
+                }
+            }
+            if self.running_id().is_none() && !self.reconciling.load(Ordering::SeqCst) {
+                for n in e.reconcile_slots(self.store.ledger(), None).await {
+                    tracing::warn!("{n}");
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,205 @@
+//! The fleet: hosts coordinated through a real etcd (Debian's etcd-server), each host a sandbox
+//! (real systemd, journald, D-Bus, the real router) with its own pdctld. Slots are never
+//! over-admitted (checked over etcd's revision history), a waiting host says who holds the slot,
+//! etcd down touches nothing, a dead host's slot stays held until its pdctld returns or an
+//! operator releases it, a pause freezes grants, and a rollout that lost etcd is resumed.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pdctl_tests::pdctl_sandbox::etcd::Etcd;
+use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
+use pdctl_tests::{live_daemon, pdctl_daemon, raw_api};
+use serde_json::Value;
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn is(e: &Value, unit: &str, step: &str, status: &str) -> bool {
+    e["unit"] == unit && e["step"] == step && e["status"] == status
+}
+
+/// A host of fleet `t` named `host`, using `etcd`.
+fn host(etcd: &str, host: &str) -> (Stack, PathBuf, Pdctld) {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&StackOptions::default());
+    let frag = config.parent().expect("dir").join("config.d/30-fleet.toml");
+    std::fs::write(
+        &frag,
+        format!("[fleet]\netcd = [\"{etcd}\"]\nname = \"t\"\nhost = \"{host}\"\nslot_timeout = \"2m\"\n[fleet.max_unavailable]\nprefill = 1\ndecode = 1\n"),
+    )
+    .expect("fleet fragment");
+    (stack, config, d)
+}
+
+/// `pdctl ARGS --config CONFIG`: exit code and stdout (one JSON document with --json).
+fn pdctl(config: &Path, args: &[&str]) -> (i32, String, String) {
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let out = std::process::Command::new(bin).args(args).arg("--config").arg(config).output().expect("run pdctl");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn fleet_status(config: &Path) -> Value {
+    let (code, out, err) = pdctl(config, &["fleet", "status", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    serde_json::from_str(out.trim()).expect("fleet status JSON")
+}
+
+fn holders(status: &Value, role: &str) -> Vec<String> {
+    status["slots"][role]["holders"].as_array().map(|a| a.iter().filter_map(|h| h["holder"].as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
+fn alive(status: &Value, host: &str) -> bool {
+    status["hosts"].as_array().is_some_and(|a| a.iter().any(|h| h["host"] == host))
+}
+
+/// Poll `f` (an HTTP or etcd state with no events) until it holds, at most `deadline`.
+fn until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    false
+}
+
+/// The most holders the role's slot ever had, over every revision etcd kept.
+fn max_holders_ever(etcd: &str, role: &str) -> (usize, Vec<Vec<String>>) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut e = pdctl_fleet::Etcd::connect(&[etcd.to_string()], None, Duration::from_secs(5)).await.expect("etcd");
+        let now = e.revision().await.expect("revision");
+        let key = format!("/pdctl/t/slots/{role}");
+        let mut max = 0;
+        let mut seen: Vec<Vec<String>> = Vec::new();
+        for rev in 1..=now {
+            if let Some(v) = e.get_at(&key, Some(rev)).await.expect("history") {
+                let s: Value = serde_json::from_slice(&v.value).expect("semaphore");
+                let h: Vec<String> =
+                    s["holders"].as_array().map(|a| a.iter().filter_map(|h| h["holder"].as_str().map(String::from)).collect()).unwrap_or_default();
+                max = max.max(h.len());
+                if seen.last() != Some(&h) {
+                    seen.push(h);
+                }
+            }
+        }
+        (max, seen)
+    })
+}
+
+#[test]
+fn two_hosts_never_hold_the_prefill_slot_at_once_and_the_waiter_says_who_holds_it() {
+    let etcd = Etcd::start().expect("etcd");
+    let (_a, ca, da) = host(&etcd.url(), "gpu-node-a");
+    let (_b, cb, db) = host(&etcd.url(), "gpu-node-b");
+    let mut ra = live_daemon(&da, &ca, &["restart", "--rolling", "--unit", P, "--json"]);
+    ra.wait_line(LIMIT, |e| is(e, P, "slot", "passed")).expect("host a took the prefill slot");
+    let mut rb = live_daemon(&db, &cb, &["restart", "--rolling", "--unit", P, "--json"]);
+    let waiting = rb.wait_line(LIMIT, |e| is(e, P, "slot", "started") && e["detail"]["waiting"].is_string()).expect("host b waits");
+    let w = waiting["detail"]["waiting"].as_str().unwrap_or("");
+    assert!(w.starts_with(&format!("waiting for a prefill slot: held by gpu-node-a/{P} since ")), "{w}");
+    assert_eq!(ra.finish(LIMIT), Some(0), "{:#?}", ra.seen);
+    assert_eq!(rb.finish(LIMIT), Some(0), "{:#?}", rb.seen);
+    let (max, seen) = max_holders_ever(&etcd.url(), "prefill");
+    assert_eq!(max, 1, "never two prefill slots at once: {seen:?}");
+    assert!(seen.contains(&vec![format!("gpu-node-a/{P}")]) && seen.contains(&vec![format!("gpu-node-b/{P}")]), "{seen:?}");
+    let st = fleet_status(&ca);
+    assert!(holders(&st, "prefill").is_empty(), "both given back: {st:#}");
+    assert!(alive(&st, "gpu-node-a") && alive(&st, "gpu-node-b"), "{st:#}");
+    let a = st["hosts"].as_array().unwrap().iter().find(|h| h["host"] == "gpu-node-a").unwrap();
+    assert!(a["workers"].as_array().unwrap().iter().any(|w| w["unit"] == P && w["state"] == "active/running"), "{a:#}");
+}
+
+#[test]
+fn etcd_down_touches_nothing_and_says_so_with_exit_3() {
+    let dead = format!("http://127.0.0.1:{}", pdctl_tests::pdctl_sandbox::free_port().expect("port"));
+    let (stack, config, d) = host(&dead, "gpu-node-a");
+    let before = stack.show(P, "InvocationID").expect("prefill");
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], LIMIT);
+    assert_eq!(r.code, 3, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(r.summary["failed"]["cause_code"], "fleet_unreachable");
+    assert_eq!(r.summary["failed"]["unit"], "fleet");
+    assert!(!r.touched(P) && !r.touched(D));
+    assert_eq!(stack.show(P, "InvocationID").expect("prefill"), before);
+    let (code, _, err) = pdctl(&config, &["fleet", "status"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("the fleet's etcd cannot be reached"), "{err}");
+}
+
+#[test]
+fn a_pause_freezes_grants_fleet_wide_until_unpaused() {
+    let etcd = Etcd::start().expect("etcd");
+    let (_s, config, d) = host(&etcd.url(), "gpu-node-a");
+    let (code, out, err) = pdctl(&config, &["fleet", "pause", "--reason", "incident 4711"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut r = live_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    let w = r.wait_line(LIMIT, |e| is(e, P, "slot", "started") && e["detail"]["waiting"].is_string()).expect("waits while paused");
+    let w = w["detail"]["waiting"].as_str().unwrap_or("");
+    assert!(w.contains("the fleet is paused by uid ") && w.contains("incident 4711"), "{w}");
+    assert!(!r.seen.iter().any(|e| is(e, P, "drain", "started")), "nothing drained while paused");
+    let (code, out, err) = pdctl(&config, &["fleet", "unpause"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(r.finish(LIMIT), Some(0), "{:#?}", r.seen);
+}
+
+#[test]
+fn a_dead_hosts_slot_stays_held_until_its_pdctld_returns_or_an_operator_releases_it() {
+    let etcd = Etcd::start().expect("etcd");
+    let (stack, config, d) = host(&etcd.url(), "gpu-node-a");
+    let holder = format!("gpu-node-a/{P}");
+    // 1. pdctld dies holding the slot; the slot stays held; pdctld returns and gives it back.
+    let mut r = live_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    r.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("restarted");
+    let (code, _, err) = pdctl(&config, &["fleet", "release", "gpu-node-a"]);
+    assert_eq!(code, 2, "refused while the host is alive: {err}");
+    assert!(err.contains("gpu-node-a is alive"), "{err}");
+    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).expect("kill pdctld");
+    let _ = r.finish(Duration::from_secs(20));
+    assert!(until(Duration::from_secs(40), || !alive(&fleet_status(&config), "gpu-node-a")), "its liveness key expired");
+    assert_eq!(holders(&fleet_status(&config), "prefill"), vec![holder.clone()], "a dead host's slot stays held");
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    assert!(until(Duration::from_secs(90), || holders(&fleet_status(&config), "prefill").is_empty()), "given back once the prefill serves again");
+    // 2. The same, but an operator releases the dead host's slot.
+    let (_, st) = raw_api(&d.socket, "GET", "/v1/status", "");
+    assert_eq!(st["reconciling"], false, "{st}");
+    let mut r = live_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    r.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("restarted");
+    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).expect("kill pdctld");
+    let _ = r.finish(Duration::from_secs(20));
+    assert!(until(Duration::from_secs(40), || !alive(&fleet_status(&config), "gpu-node-a")));
+    let (code, out, err) = pdctl(&config, &["fleet", "release", "gpu-node-a"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("released {holder}'s prefill slot")), "{out}");
+    assert!(holders(&fleet_status(&config), "prefill").is_empty());
+}
+
+#[test]
+fn etcd_lost_mid_rollout_finishes_the_unit_takes_no_new_slot_and_resumes_once_back() {
+    let mut etcd = Etcd::start().expect("etcd");
+    let (stack, config, d) = host(&etcd.url(), "gpu-node-a");
+    let d0 = stack.show(D, "InvocationID").expect("decode");
+    let mut r = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    r.wait_line(LIMIT, |e| is(e, P, "slot", "passed")).expect("prefill slot");
+    etcd.stop();
+    assert_eq!(r.finish(LIMIT), Some(3), "{:#?}", r.seen);
+    assert!(r.seen.iter().any(|e| is(e, P, "soak", "passed")), "the unit in progress was finished and verified");
+    let summary = r.seen.last().cloned().unwrap_or(Value::Null);
+    assert_eq!(summary["failed"]["cause_code"], "fleet_lost", "{summary:#}");
+    assert_eq!(summary["failed"]["unit"], D);
+    assert_eq!(summary["failed"]["step"], "slot");
+    assert_eq!(stack.show(D, "InvocationID").expect("decode"), d0, "no new slot, nothing touched");
+    let id = summary["id"].as_str().expect("id").to_string();
+    let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!(rec["lifecycle"]["state"], "interrupted", "{rec:#}");
+    etcd.resume().expect("etcd back");
+    let res = pdctl_daemon(&d, &config, &["rollout", "resume", &id, "--json"], LIMIT);
+    assert_eq!(res.code, 0, "{:#}\n{}", res.summary, res.stderr);
+    assert!(res.touched(D), "the decode, never touched, is restarted (not only re-verified)");
+    assert_ne!(stack.show(D, "InvocationID").expect("decode"), d0);
+    assert!(
+        until(Duration::from_secs(60), || holders(&fleet_status(&config), "prefill").is_empty()),
+        "the prefill's slot, kept on record while etcd was away, is given back"
+    );
+}
