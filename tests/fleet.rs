@@ -203,3 +203,105 @@ fn etcd_lost_mid_rollout_finishes_the_unit_takes_no_new_slot_and_resumes_once_ba
         "the prefill's slot, kept on record while etcd was away, is given back"
     );
 }
+
+/// `pdctl fleet restart` from host a's CLI and pdctld; the JSON lines it printed and its exit code.
+fn fleet_restart(config: &Path, d: &Pdctld, extra: &[&str]) -> (i32, Vec<Value>, String) {
+    let mut args = vec!["fleet", "restart", "--rolling", "--json", "--socket"];
+    let socket = d.socket.display().to_string();
+    args.push(&socket);
+    args.extend_from_slice(extra);
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let mut child = std::process::Command::new(bin)
+        .args(&args)
+        .arg("--config")
+        .arg(config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pdctl");
+    let out = child.stdout.take().expect("stdout");
+    let lines = pdctl_tests::line_reader(out, |l| serde_json::from_str::<Value>(&l).ok());
+    let mut seen = Vec::new();
+    let end = Instant::now() + Duration::from_secs(300);
+    while let Ok(v) = lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        seen.push(v);
+    }
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status.code().unwrap_or(-1), seen, err)
+}
+
+#[test]
+fn a_fleet_rollout_runs_every_hosts_part_serialized_by_slots_with_an_audit_trail() {
+    let etcd = Etcd::start().expect("etcd");
+    let (_a, ca, da) = host(&etcd.url(), "gpu-node-a");
+    let (_b, _cb, db) = host(&etcd.url(), "gpu-node-b");
+    // Both hosts alive in etcd before the request names them.
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(&ca);
+        alive(&s, "gpu-node-a") && alive(&s, "gpu-node-b")
+    }));
+    let (code, lines, err) = fleet_restart(&ca, &da, &["--reason", "new flags for dsv4"]);
+    assert_eq!(code, 0, "{lines:#?}\n{err}");
+    let last = lines.last().cloned().unwrap_or(Value::Null);
+    assert_eq!(last["result"], "succeeded", "{last:#}");
+    assert_eq!(last["hosts"]["gpu-node-a"], "succeeded");
+    assert_eq!(last["hosts"]["gpu-node-b"], "succeeded");
+    for h in ["gpu-node-a", "gpu-node-b"] {
+        for u in [P, D] {
+            assert!(lines.iter().any(|e| e["host"] == h && is(e, u, "soak", "passed")), "{h} {u} verified");
+        }
+    }
+    for role in ["prefill", "decode"] {
+        let (max, seen) = max_holders_ever(&etcd.url(), role);
+        assert_eq!(max, 1, "{role}: never two at once across hosts: {seen:?}");
+    }
+    // Each host's record says who started it and why.
+    for d in [&da, &db] {
+        let (_, h) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
+        let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();
+        let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+        let by = &rec["started_by"];
+        assert_eq!(by["fleet_rollout"], last["id"], "{rec:#}");
+        assert!(by["fleet_by"].as_str().unwrap_or("").starts_with("uid 0 on gpu-node-a"), "{by}");
+        assert_eq!(by["reason"], "new flags for dsv4");
+    }
+}
+
+#[test]
+fn a_failed_canary_halts_the_fleet_rollout_before_any_other_host_starts() {
+    let etcd = Etcd::start().expect("etcd");
+    let (a, ca, da) = host(&etcd.url(), "gpu-node-a");
+    let (b, _cb, _db) = host(&etcd.url(), "gpu-node-b");
+    std::fs::write(ca.parent().expect("dir").join("config.d/31-canary.toml"), "[fleet]\ncanary = \"gpu-node-a\"\n").expect("canary");
+    // The canary's prefill gets a flag its SGLang does not know: it fails at start.
+    a.drop_in(
+        P,
+        "50-bad-flag",
+        &format!(
+            "[Service]\nExecStart=\n{}\n",
+            a.worker_unit(&a.prefill, &StackOptions::default(), &["--bogus-flag".into()]).lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart")
+        ),
+    )
+    .expect("drop-in");
+    let b_prefill = b.show(P, "InvocationID").expect("b prefill");
+    let b_decode = b.show(D, "InvocationID").expect("b decode");
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(&ca);
+        alive(&s, "gpu-node-a") && alive(&s, "gpu-node-b")
+    }));
+    let (code, lines, err) = fleet_restart(&ca, &da, &[]);
+    assert_eq!(code, 1, "{lines:#?}\n{err}");
+    let last = lines.last().cloned().unwrap_or(Value::Null);
+    assert_eq!(last["result"], "failed", "{last:#}");
+    assert_eq!(last["hosts"]["gpu-node-a"], "failed");
+    assert_eq!(last["hosts"]["gpu-node-b"], "not_started");
+    assert!(!lines.iter().any(|e| e["host"] == "gpu-node-b"), "host b printed no event: it never started");
+    let failed = lines.iter().find(|e| e["host"] == "gpu-node-a" && e["status"] == "failed").expect("a's failed step");
+    assert_eq!((failed["unit"].as_str(), failed["step"].as_str()), (Some(P), Some("ready")), "the bad flag is rejected at start: {failed:#}");
+    assert_eq!(b.show(P, "InvocationID").expect("b prefill"), b_prefill);
+    assert_eq!(b.show(D, "InvocationID").expect("b decode"), b_decode);
+}

@@ -107,6 +107,9 @@ pub enum Request {
         /// Accept taking the only worker of a role down (`--allow-outage`).
         #[serde(default, skip_serializing_if = "is_false")]
         allow_outage: bool,
+        /// Why (`--reason`; kept in the record with who started it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// A config rollout of stale workers.
     Apply {
@@ -119,6 +122,9 @@ pub enum Request {
         /// Accept taking the only worker of a role down (`--allow-outage`).
         #[serde(default, skip_serializing_if = "is_false")]
         allow_outage: bool,
+        /// Why (`--reason`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// Continue an interrupted rollout.
     Resume {
@@ -129,6 +135,69 @@ pub enum Request {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// Who started a rollout: the control socket's peer (its uid, from the kernel: `SO_PEERCRED`), or
+/// a fleet rollout (its id, and who started that), and the `--reason` given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StartedBy {
+    /// The uid of the process on the other end of the control socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The fleet rollout this host's part belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_rollout: Option<String>,
+    /// Who started that fleet rollout (`uid N on HOST`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_by: Option<String>,
+}
+
+/// A fleet rollout asked of the local pdctld (`POST /v1/fleet/rollouts`), which writes it to etcd
+/// for every host's pdctld.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FleetRequest {
+    /// Only these hosts (empty: every host alive now).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Accept taking the only worker of a role (fleet-wide) down.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_outage: bool,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// How one host's part of a fleet rollout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostResult {
+    /// Its local rollout succeeded.
+    Succeeded,
+    /// Its local rollout failed (halted, rolled back).
+    Failed,
+    /// Its local rollout was aborted (another host failed).
+    Aborted,
+    /// Its local rollout was interrupted (pdctld stopped, or etcd was lost).
+    Interrupted,
+    /// It did not start: the canary or another host failed first, or it could not start.
+    NotStarted,
+}
+
+/// The last line of `pdctl fleet watch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSummary {
+    /// The fleet rollout.
+    pub id: String,
+    /// `succeeded` when every host succeeded, else `failed`.
+    pub result: Outcome,
+    /// Each host's result.
+    pub hosts: BTreeMap<String, HostResult>,
 }
 
 /// What kind of rollout a record is.
@@ -272,6 +341,9 @@ pub struct Record {
     /// What clients saw during each unit's window (the availability probe).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub availability_by_unit: BTreeMap<String, crate::availability::Availability>,
+    /// Who started it, and why (the audit trail).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<StartedBy>,
 }
 
 impl Record {
@@ -292,6 +364,7 @@ impl Record {
             resumes,
             allow_outage: false,
             availability_by_unit: BTreeMap::new(),
+            started_by: None,
         }
     }
 
@@ -517,7 +590,7 @@ mod tests {
     #[test]
     fn requests_reject_unknown_fields() {
         let ok: Request = serde_json::from_str(r#"{"kind":"restart","units":["a.service"]}"#).unwrap();
-        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()], allow_outage: false });
+        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()], allow_outage: false, reason: None });
         let typo = serde_json::from_str::<Request>(r#"{"kind":"restart","unit":["x"]}"#).unwrap_err();
         assert!(typo.to_string().contains("unknown field `unit`"), "{typo}");
         assert!(serde_json::from_str::<Request>(r#"{"kind":"reboot"}"#).is_err());

@@ -209,6 +209,7 @@ struct RawFleet {
     max_unavailable: Option<std::collections::BTreeMap<Role, u32>>,
     user: Option<String>,
     password_file: Option<PathBuf>,
+    canary: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -357,6 +358,8 @@ pub struct FleetSettings {
     pub max_unavailable: std::collections::BTreeMap<String, u32>,
     /// etcd authentication: user and the file holding the password.
     pub user: Option<(String, PathBuf)>,
+    /// A fleet rollout starts here first; the other hosts only once it succeeded.
+    pub canary: Option<String>,
 }
 
 /// Where systemd is.
@@ -599,7 +602,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         }
         if let Some(s) = raw.fleet {
             fleet_seen = true;
-            over!(path, text, fl, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file);
+            over!(path, text, fl, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
@@ -793,7 +796,15 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             (None, None) => None,
             _ => return Err(at("fl.user", "user and password_file go together (etcd authentication)".into())),
         };
-        Some(FleetSettings { etcd, name, host, slot_timeout: bounded("fl.slot_timeout", fl.slot_timeout, d(30 * 60))?, max_unavailable, user })
+        Some(FleetSettings {
+            etcd,
+            name,
+            host,
+            slot_timeout: bounded("fl.slot_timeout", fl.slot_timeout, d(30 * 60))?,
+            max_unavailable,
+            user,
+            canary: fl.canary,
+        })
     } else {
         None
     };

@@ -400,6 +400,80 @@ pub fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// A fleet rollout as stored in etcd (`rollouts/<id>`), watched by every pdctld.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetRollout {
+    /// Its id (`f<seconds>`).
+    pub id: String,
+    /// The hosts taking part.
+    pub hosts: Vec<String>,
+    /// Taking the only worker of a role (fleet-wide) down is accepted.
+    pub allow_outage: bool,
+    /// Who started it (`uid N on HOST`).
+    pub by: String,
+    /// Why.
+    pub reason: Option<String>,
+    /// This host goes first; the others start only once it succeeded.
+    pub canary: Option<String>,
+    /// When (seconds since the epoch).
+    pub created_at: u64,
+}
+
+/// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEvent {
+    /// The host.
+    pub host: String,
+    /// The event of its local rollout.
+    pub event: crate::events::Event,
+}
+
+/// How one host's part ended (`rollouts/<id>/hosts/<host>/summary`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSummary {
+    /// The host.
+    pub host: String,
+    /// Its result.
+    pub result: crate::api::HostResult,
+    /// Its local rollout's id, if one started.
+    pub local_id: Option<String>,
+    /// Its local rollout's summary, if it ended with one.
+    pub summary: Option<crate::events::Summary>,
+    /// Why it did not start, or ended without a summary.
+    pub why: Option<String>,
+}
+
+/// The key of fleet rollout `id`.
+pub fn rollout_key(name: &str, id: &str) -> String {
+    format!("{}rollouts/{id}", prefix(name))
+}
+
+/// Where the hosts' lines of fleet rollout `id` are.
+pub fn rollout_hosts_prefix(name: &str, id: &str) -> String {
+    format!("{}rollouts/{id}/hosts/", prefix(name))
+}
+
+/// The key of `host`'s event number `seq` of fleet rollout `id`.
+pub fn host_event_key(name: &str, id: &str, host: &str, seq: usize) -> String {
+    format!("{}{host}/events/{seq:08}", rollout_hosts_prefix(name, id))
+}
+
+/// The key of `host`'s summary of fleet rollout `id`.
+pub fn host_summary_key(name: &str, id: &str, host: &str) -> String {
+    format!("{}{host}/summary", rollout_hosts_prefix(name, id))
+}
+
+/// The fleet summary from the hosts' summaries (a host without one: not started).
+pub fn fleet_summary(r: &FleetRollout, summaries: &BTreeMap<String, HostSummary>) -> crate::api::FleetSummary {
+    let hosts: BTreeMap<String, crate::api::HostResult> =
+        r.hosts.iter().map(|h| (h.clone(), summaries.get(h).map(|s| s.result).unwrap_or(crate::api::HostResult::NotStarted))).collect();
+    let ok = hosts.values().all(|v| *v == crate::api::HostResult::Succeeded);
+    crate::api::FleetSummary { id: r.id.clone(), result: if ok { crate::events::Outcome::Succeeded } else { crate::events::Outcome::Failed }, hosts }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,3 +128,141 @@ pub async fn pause(config: &Path, reason: Option<&str>) -> Exit {
         Err(e) => unreachable(&e),
     }
 }
+
+/// `pdctl fleet restart --rolling`: ask this host's pdctld to start a fleet rollout (it writes the
+/// request for every host's pdctld), then follow it.
+pub async fn restart(client: &crate::client::Client, config: &Path, req: pdctl_core::api::FleetRequest, json: bool) -> Exit {
+    let started: pdctl_core::api::Started = match crate::rollout::ask(client, "POST", "/v1/fleet/rollouts", Some(&req)).await {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    let Some(id) = started.id else {
+        eprintln!("pdctl: pdctld started no fleet rollout: {}", started.message.unwrap_or_default());
+        return Exit::Unreachable;
+    };
+    if !json {
+        println!("pdctl: fleet rollout {id} started; following it (Ctrl-C detaches: pdctl fleet watch {id})");
+    }
+    watch(config, &id, json).await
+}
+
+/// `pdctl fleet watch ID`: every host's events as they are written to etcd (each with its
+/// `host`), then the fleet summary; the exit code of the worst host.
+pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
+    use pdctl_core::api::{FleetSummary, HostResult};
+    use pdctl_core::fleet::{FleetRollout, HostEvent, HostSummary};
+    use pdctl_core::ports::Coordinator as _;
+    let f = match fleet_of(config) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let c = EtcdCoordinator::new(&f);
+    let r: FleetRollout = match c.get(&fleet::rollout_key(&f.name, id)).await {
+        Ok(Some(e)) => match serde_json::from_slice(&e.value) {
+            Ok(r) => r,
+            Err(err) => {
+                eprintln!("pdctl: fleet rollout {id} does not read: {err}");
+                return Exit::Unreachable;
+            }
+        },
+        Ok(None) => {
+            eprintln!("pdctl: no fleet rollout {id} in fleet {}; see pdctl fleet status", f.name);
+            return Exit::Usage;
+        }
+        Err(e) => return unreachable(&e),
+    };
+    if !json {
+        println!(
+            "pdctl: fleet rollout {} on {} host(s): {}{} (by {}{})",
+            r.id,
+            r.hosts.len(),
+            r.hosts.join(", "),
+            r.canary.as_ref().map(|c| format!("; canary {c} first")).unwrap_or_default(),
+            r.by,
+            r.reason.as_ref().map(|x| format!(": {x}")).unwrap_or_default()
+        );
+    }
+    let prefix = fleet::rollout_hosts_prefix(&f.name, id);
+    let mut shown = std::collections::BTreeSet::new();
+    let mut summaries: std::collections::BTreeMap<String, HostSummary> = Default::default();
+    let mut failures = 0u32;
+    loop {
+        let entries = match c.get_prefix(&prefix).await {
+            Ok(e) => {
+                failures = 0;
+                e
+            }
+            Err(e) => {
+                failures += 1;
+                if failures > 10 {
+                    return unreachable(&e);
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        for e in entries {
+            if shown.contains(&e.key) {
+                continue;
+            }
+            shown.insert(e.key.clone());
+            if e.key.ends_with("/summary") {
+                if let Ok(s) = serde_json::from_slice::<HostSummary>(&e.value) {
+                    if !json {
+                        let why = s
+                            .why
+                            .as_deref()
+                            .map(|w| format!(": {w}"))
+                            .or_else(|| {
+                                s.summary.as_ref().and_then(|x| x.failed.as_ref()).map(|x| format!(": {} failed at {}: {}", x.unit, x.step.as_str(), x.cause))
+                            })
+                            .unwrap_or_default();
+                        println!(
+                            "  {:<20} {}{why}",
+                            s.host,
+                            serde_json::to_value(s.result).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+                        );
+                    }
+                    summaries.insert(s.host.clone(), s);
+                }
+            } else if let Ok(h) = serde_json::from_slice::<HostEvent>(&e.value) {
+                if json {
+                    let mut v = serde_json::to_value(&h.event).unwrap_or_default();
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("host".into(), json!(h.host));
+                    }
+                    println!("{v}");
+                } else if h.event.status != pdctl_core::events::Status::Started {
+                    println!("  {:<20} {}", h.host, pdctl_core::engine::sentence(&h.event));
+                }
+            }
+        }
+        if r.hosts.iter().all(|h| summaries.contains_key(h)) {
+            break;
+        }
+        // etcd keeps the lines; a short poll reads each once, in order, without a gap.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let s: FleetSummary = fleet::fleet_summary(&r, &summaries);
+    let exit = summaries
+        .values()
+        .filter_map(|h| h.summary.as_ref())
+        .filter_map(|x| x.failed.as_ref())
+        .map(|x| x.kind.exit())
+        .next()
+        .unwrap_or(if s.hosts.values().all(|v| *v == HostResult::Succeeded) { Exit::Ok } else { Exit::Aborted });
+    if json {
+        println!("{}", serde_json::to_string(&s).unwrap_or_default());
+    } else if exit == Exit::Ok {
+        println!("pdctl: ✓ fleet rollout {id} succeeded on every host ({}); next: pdctl fleet status", s.hosts.len());
+    } else {
+        let bad: Vec<String> = s
+            .hosts
+            .iter()
+            .filter(|(_, v)| **v != HostResult::Succeeded)
+            .map(|(h, v)| format!("{h} {}", serde_json::to_value(v).ok().and_then(|x| x.as_str().map(String::from)).unwrap_or_default()))
+            .collect();
+        println!("pdctl: ✗ fleet rollout {id} halted: {}; next: pdctl fleet status, then pdctl rollout show on the failed host", bad.join(", "));
+    }
+    exit
+}

@@ -47,6 +47,33 @@ enum Command {
 
 #[derive(Subcommand)]
 enum FleetCmd {
+    /// Restart every host's workers, each host through its own gates, coordinated by the
+    /// fleet's slots (asked of this host's pdctld, which writes the request for every pdctld).
+    Restart {
+        /// Restart units one at a time (required to say so).
+        #[arg(long)]
+        rolling: bool,
+        /// Only these hosts (repeatable; default: every host alive now).
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+        /// Accept taking the only worker of a role (fleet-wide, as the router sees it) down.
+        #[arg(long)]
+        allow_outage: bool,
+        /// Why (kept with who started it).
+        #[arg(long)]
+        reason: Option<String>,
+        /// One JSON object per line (events with a `host` field, then the fleet summary).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a fleet rollout: every host's events, then the fleet summary.
+    Watch {
+        /// The fleet rollout id.
+        id: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every live host (its rollout, workers' state and KV usage), the slots and their holders,
     /// and whether the fleet is paused.
     Status(OutputArgs),
@@ -84,6 +111,9 @@ struct RestartArgs {
     /// Accept taking the only worker of a role down (serving stops while it restarts).
     #[arg(long)]
     allow_outage: bool,
+    /// Why (kept in the rollout's record with who started it).
+    #[arg(long)]
+    reason: Option<String>,
     /// One JSON object per line (events, then a summary).
     #[arg(long)]
     json: bool,
@@ -105,6 +135,9 @@ enum RolloutCmd {
         /// Accept taking the only worker of a role down (serving stops while it restarts).
         #[arg(long)]
         allow_outage: bool,
+        /// Why (kept in the rollout's record with who started it).
+        #[arg(long)]
+        reason: Option<String>,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -183,12 +216,12 @@ fn main() {
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;
                 }
-                rollout::start(&client, &config, &Request::Restart { units: a.units, allow_outage: a.allow_outage }, a.json).await
+                rollout::start(&client, &config, &Request::Restart { units: a.units, allow_outage: a.allow_outage, reason: a.reason }, a.json).await
             }
             Command::Rollout(r) => match r {
                 RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
-                RolloutCmd::Apply { if_changed, all, allow_outage, json } => {
-                    rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage }, json).await
+                RolloutCmd::Apply { if_changed, all, allow_outage, reason, json } => {
+                    rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage, reason }, json).await
                 }
                 RolloutCmd::Watch { id, json } => rollout::watch(&client, &config, &id, json).await,
                 RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
@@ -200,6 +233,15 @@ fn main() {
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
             Command::Fleet(f) => match f {
                 FleetCmd::Status(a) => fleet::status(&config, a.json).await,
+                FleetCmd::Restart { rolling, hosts, allow_outage, reason, json } => {
+                    if !rolling {
+                        eprintln!("pdctl: fleet restart needs --rolling (pdctl only restarts one unit at a time per host, slots fleet-wide)");
+                        Exit::Usage
+                    } else {
+                        fleet::restart(&client, &config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason }, json).await
+                    }
+                }
+                FleetCmd::Watch { id, json } => fleet::watch(&config, &id, json).await,
                 FleetCmd::Release { holder, force } => fleet::release(&config, &holder, force).await,
                 FleetCmd::Pause { reason } => fleet::pause(&config, Some(&reason)).await,
                 FleetCmd::Unpause => fleet::pause(&config, None).await,

@@ -23,7 +23,8 @@ fn api_error(e: ApiError) -> Exit {
 }
 
 /// Ask pdctld, or the exit code of what went wrong (printed).
-async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, path: &str, body: Option<&Request>) -> Result<T, Exit> {
+/// One call to pdctld; its error (or no answer) printed and turned into the exit code.
+pub async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, path: &str, body: Option<&impl serde::Serialize>) -> Result<T, Exit> {
     match client.call::<T>(method, path, body).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(api_error(e)),
@@ -61,7 +62,7 @@ async fn unit_state_now(config: &Path, unit: &str) -> Option<(String, String)> {
 
 /// Follow a rollout's events from the beginning; returns its exit code.
 pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit {
-    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await {
+    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None::<&()>).await {
         Ok(r) => r,
         Err(c) => return c,
     };
@@ -108,7 +109,7 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
     match last {
         Some(StreamLine::Summary(s)) => {
             let code = Exit::of(&s);
-            let rec: Option<Record> = ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await.ok();
+            let rec: Option<Record> = ask(client, "GET", &format!("/v1/rollouts/{id}"), None::<&()>).await.ok();
             let failed_unit = s.failed.as_ref().map(|f| f.unit.clone());
             let unit_state = match failed_unit {
                 Some(u) if !json => unit_state_now(config, &u).await,
@@ -160,7 +161,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// `pdctl rollout show ID`.
 pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
-    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None).await {
+    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None::<&()>).await {
         Ok(r) => r,
         Err(c) => return c,
     };
@@ -179,6 +180,14 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
         println!("finished  {}", when(f));
     }
     println!("plan      {}", rec.plan.join(" → "));
+    if let Some(b) = &rec.started_by {
+        let who = match (&b.fleet_rollout, &b.fleet_by, b.uid) {
+            (Some(f), Some(by), _) => format!("fleet rollout {f} (started by {by})"),
+            (_, _, Some(uid)) => format!("uid {uid}"),
+            _ => "unknown".into(),
+        };
+        println!("by        {who}{}", b.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default());
+    }
     if let Some(r) = &rec.resumes {
         println!("resumes   {r}");
     }
@@ -216,7 +225,7 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
 
 /// `pdctl rollout abort ID`.
 pub async fn abort(client: &Client, id: &str) -> Exit {
-    match ask::<AbortAccepted>(client, "POST", &format!("/v1/rollouts/{id}/abort"), None).await {
+    match ask::<AbortAccepted>(client, "POST", &format!("/v1/rollouts/{id}/abort"), None::<&()>).await {
         Ok(a) => {
             println!("pdctl: {}", a.message);
             Exit::Ok
@@ -227,7 +236,7 @@ pub async fn abort(client: &Client, id: &str) -> Exit {
 
 /// `pdctl rollout history`.
 pub async fn history(client: &Client, json: bool) -> Exit {
-    let h: History = match ask(client, "GET", "/v1/rollouts", None).await {
+    let h: History = match ask(client, "GET", "/v1/rollouts", None::<&()>).await {
         Ok(v) => v,
         Err(c) => return c,
     };
@@ -260,7 +269,7 @@ pub async fn history(client: &Client, json: bool) -> Exit {
 
 /// `pdctl rollout diff`.
 pub async fn diff(client: &Client, json: bool) -> Exit {
-    let d: Diff = match ask(client, "GET", "/v1/diff", None).await {
+    let d: Diff = match ask(client, "GET", "/v1/diff", None::<&()>).await {
         Ok(v) => v,
         Err(c) => return c,
     };

@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pdctl_core::api::{
-    AbortAccepted, ApiError, DaemonStatus, Diff, DiffWorker, History, Interruption, LastRollout, Record, Request, RolloutKind, Started, StreamLine,
-    UnitSnapshot,
+    AbortAccepted, ApiError, DaemonStatus, Diff, DiffWorker, FleetRequest, History, HostResult, Interruption, LastRollout, Record, Request, RolloutKind,
+    Started, StartedBy, StreamLine, UnitSnapshot,
 };
 use pdctl_core::cause::Cause;
 use pdctl_core::drains::Drain;
@@ -348,7 +348,7 @@ impl Drop for Slot<'_> {
 
 /// Start a rollout: take the one running slot (busy check and lock are one step), then load the
 /// config, plan, and hand over to a task. `Ok` with the id, or the cause.
-async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
+async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Started, Cause> {
     let (id, abort, tx, record) = {
         let mut slot = lock(&daemon.running);
         if let Some(other) = slot.as_ref() {
@@ -382,12 +382,12 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
     let allow_outage: bool;
     let mut reverify = true;
     let (kind, plan, reasons, resumes) = match req {
-        Request::Restart { units, allow_outage: allow } => {
+        Request::Restart { units, allow_outage: allow, .. } => {
             allow_outage = allow;
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             (RolloutKind::Restart, plan, BTreeMap::new(), None)
         }
-        Request::Apply { if_changed, all, allow_outage: allow } => {
+        Request::Apply { if_changed, all, allow_outage: allow, .. } => {
             allow_outage = allow;
             let stale = e.staleness(&dir).await?;
             // A change that already failed is not rolled out again until its files change.
@@ -445,6 +445,7 @@ async fn start(daemon: Arc<Daemon>, req: Request) -> Result<Started, Cause> {
         let mut r = lock(&record);
         *r = Record::new(&id, kind, plan.workers.iter().map(|w| w.unit.clone()).collect(), reasons, resumes);
         r.allow_outage = allow_outage;
+        r.started_by = Some(by);
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
     guard.armed = false;
@@ -583,14 +584,76 @@ fn decode<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Cause> {
         .map_err(|e| Cause::BadRequest { message: format!("the request body is not valid: {e}; see docs/cli.md for the requests pdctld accepts") })
 }
 
-async fn post_rollout(State(d): State<Arc<Daemon>>, body: Bytes) -> Response {
+/// The control socket's peer, as the kernel reports it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Peer {
+    /// Its uid.
+    pub uid: Option<u32>,
+}
+
+async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<Peer>>, body: Bytes) -> Response {
     let req: Request = match decode(&body) {
         Ok(r) => r,
         Err(c) => return api_err(&c),
     };
-    match start(d, req).await {
+    let reason = match &req {
+        Request::Restart { reason, .. } | Request::Apply { reason, .. } => reason.clone(),
+        Request::Resume { .. } => None,
+    };
+    let by = StartedBy { uid: peer.and_then(|p| p.0.uid), reason, ..Default::default() };
+    match start(d, req, by).await {
         Ok(v) => (StatusCode::ACCEPTED, Json(v)).into_response(),
         Err(c) => api_err(&c),
+    }
+}
+
+/// `POST /v1/fleet/rollouts`: write a fleet rollout to etcd for every host's pdctld (this one
+/// included) to run its part.
+async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<Peer>>, body: Bytes) -> Response {
+    use pdctl_core::ports::{CasChange, Coordinator as _, Write};
+    let req: FleetRequest = match decode(&body) {
+        Ok(r) => r,
+        Err(c) => return api_err(&c),
+    };
+    let s = match config(&d) {
+        Ok(s) => s,
+        Err(c) => return api_err(&c),
+    };
+    let Some(f) = s.fleet else {
+        return api_err(&Cause::BadRequest { message: format!("{} has no [fleet]: this host is not part of a fleet (docs/fleet.md)", d.config.display()) });
+    };
+    let c = pdctl_core::real::EtcdCoordinator::new(&f);
+    let hosts = if req.hosts.is_empty() {
+        match pdctl_core::fleet::hosts(&c, &f.name).await {
+            Ok(h) => h.into_iter().map(|h| h.host).collect(),
+            Err(e) => return api_err(&Cause::FleetUnreachable { message: e.0 }),
+        }
+    } else {
+        req.hosts.clone()
+    };
+    if hosts.is_empty() {
+        return api_err(&Cause::BadRequest { message: "no host of the fleet is alive (pdctl fleet status)".into() });
+    }
+    let uid = peer.and_then(|p| p.0.uid).map(|u| u.to_string()).unwrap_or_else(|| "?".into());
+    let canary = f.canary.clone().filter(|c| hosts.contains(c));
+    let r = pdctl_core::fleet::FleetRollout {
+        id: format!("f{}", pdctl_core::fleet::now_secs()),
+        hosts,
+        allow_outage: req.allow_outage,
+        by: format!("uid {uid} on {}", f.host),
+        reason: req.reason,
+        canary,
+        created_at: pdctl_core::fleet::now_secs(),
+    };
+    let key = pdctl_core::fleet::rollout_key(&f.name, &r.id);
+    let value = serde_json::to_vec(&r).unwrap_or_default();
+    match c.cas(vec![CasChange { key, expect: 0, write: Write::Put(value) }]).await {
+        Ok(true) => {
+            tracing::info!("fleet rollout {} requested by {} on {}", r.id, r.by, r.hosts.join(", "));
+            (StatusCode::ACCEPTED, Json(Started { id: Some(r.id), message: None })).into_response()
+        }
+        Ok(false) => api_err(&Cause::Busy { id: r.id }),
+        Err(e) => api_err(&Cause::FleetUnreachable { message: e.0 }),
     }
 }
 
@@ -736,6 +799,7 @@ async fn status(State(d): State<Arc<Daemon>>) -> Response {
 pub fn api(d: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/rollouts", post(post_rollout).get(list))
+        .route("/v1/fleet/rollouts", post(post_fleet_rollout))
         .route("/v1/rollouts/{id}", get(get_one))
         .route("/v1/rollouts/{id}/events", get(events))
         .route("/v1/rollouts/{id}/abort", post(abort))
@@ -820,4 +884,151 @@ impl Daemon {
             }
         }
     }
+}
+
+impl Daemon {
+    /// With `[fleet]`: take part in fleet rollouts. Every new request under `rollouts/` that names
+    /// this host is run here as a local rolling restart (after the canary host succeeded, when
+    /// one is set; not at all once another host failed), its events and summary written back to
+    /// etcd for `pdctl fleet watch`. Another host failing stops the local part between units.
+    /// A request this host finds unanswered when it starts is marked interrupted, never resumed
+    /// by itself.
+    pub async fn fleet_rollouts(self: Arc<Self>) {
+        use pdctl_core::ports::Coordinator as _;
+        let mut seen: std::collections::BTreeSet<String> = Default::default();
+        // Requests older than this process were cut short by its predecessor's stop.
+        let born = pdctl_core::fleet::now_secs();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Some(f) = config(&self).ok().and_then(|s| s.fleet) else { continue };
+            if self.reconciling.load(Ordering::SeqCst) {
+                continue;
+            }
+            let c = pdctl_core::real::EtcdCoordinator::new(&f);
+            let p = format!("{}rollouts/", pdctl_core::fleet::prefix(&f.name));
+            let Ok(entries) = c.get_prefix(&p).await else { continue };
+            for e in entries {
+                let rest = e.key.trim_start_matches(&p);
+                if rest.contains('/') || seen.contains(rest) {
+                    continue;
+                }
+                seen.insert(rest.to_string());
+                let Ok(r) = serde_json::from_slice::<pdctl_core::fleet::FleetRollout>(&e.value) else { continue };
+                if !r.hosts.contains(&f.host) {
+                    continue;
+                }
+                let mine = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
+                if c.get(&mine).await.ok().flatten().is_some() {
+                    continue;
+                }
+                if r.created_at < born {
+                    // Unanswered, from before this pdctld started: its local part was cut short
+                    // by the previous pdctld's stop.
+                    let s = pdctl_core::fleet::HostSummary {
+                        host: f.host.clone(),
+                        result: HostResult::Interrupted,
+                        local_id: None,
+                        summary: None,
+                        why: Some("pdctld stopped during its part; resume the local rollout (pdctl rollout history) once checked".into()),
+                    };
+                    let _ = fleet_put(&c, &mine, &s).await;
+                    continue;
+                }
+                tokio::spawn(self.clone().fleet_part(f.clone(), r));
+            }
+        }
+    }
+
+    async fn fleet_part(self: Arc<Self>, f: pdctl_core::config::FleetSettings, r: pdctl_core::fleet::FleetRollout) {
+        let c = pdctl_core::real::EtcdCoordinator::new(&f);
+        let summary_key = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
+        let not_started = |why: String| pdctl_core::fleet::HostSummary {
+            host: f.host.clone(),
+            result: HostResult::NotStarted,
+            local_id: None,
+            summary: None,
+            why: Some(why),
+        };
+        // The canary goes first; the others start only once it succeeded.
+        if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host) {
+            loop {
+                match fleet_summaries(&c, &f.name, &r.id).await.get(canary) {
+                    Some(s) if s.result == HostResult::Succeeded => break,
+                    Some(s) => {
+                        let _ = fleet_put(&c, &summary_key, &not_started(format!("the canary {canary} did not succeed ({:?})", s.result))).await;
+                        return;
+                    }
+                    None => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+                }
+            }
+        }
+        if let Some((h, _)) = fleet_summaries(&c, &f.name, &r.id).await.into_iter().find(|(_, s)| s.result == HostResult::Failed) {
+            let _ = fleet_put(&c, &summary_key, &not_started(format!("{h} failed first: the fleet rollout halts everywhere"))).await;
+            return;
+        }
+        let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
+        let started = start(self.clone(), Request::Restart { units: vec![], allow_outage: r.allow_outage, reason: r.reason.clone() }, by).await;
+        let id = match started {
+            Ok(Started { id: Some(id), .. }) => id,
+            Ok(_) => return,
+            Err(cause) => {
+                let _ = fleet_put(&c, &summary_key, &not_started(cause.sentence())).await;
+                return;
+            }
+        };
+        // Forward the local record's events as they come; stop the local part when another host
+        // fails.
+        let mut sent = 0usize;
+        loop {
+            let rec = lock(&self.running).as_ref().filter(|x| x.id == id).map(|x| lock(&x.record).clone()).or_else(|| self.load(&id));
+            let Some(rec) = rec else { break };
+            for ev in rec.events.iter().skip(sent) {
+                let line = pdctl_core::fleet::HostEvent { host: f.host.clone(), event: ev.clone() };
+                if fleet_put(&c, &pdctl_core::fleet::host_event_key(&f.name, &r.id, &f.host, sent), &line).await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            if rec.lifecycle.state() != pdctl_core::lifecycle::RolloutState::Running && sent >= rec.events.len() {
+                let result = match (rec.lifecycle.state(), rec.summary.as_ref().map(|s| s.result)) {
+                    (_, Some(pdctl_core::events::Outcome::Succeeded)) => HostResult::Succeeded,
+                    (_, Some(pdctl_core::events::Outcome::Aborted)) => HostResult::Aborted,
+                    (pdctl_core::lifecycle::RolloutState::Interrupted, _) => HostResult::Interrupted,
+                    _ => HostResult::Failed,
+                };
+                let s = pdctl_core::fleet::HostSummary { host: f.host.clone(), result, local_id: Some(id.clone()), summary: rec.summary.clone(), why: None };
+                // Written until etcd takes it: fleet watchers wait for it.
+                while fleet_put(&c, &summary_key, &s).await.is_err() {
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                }
+                return;
+            }
+            if fleet_summaries(&c, &f.name, &r.id).await.values().any(|s| s.result == HostResult::Failed) {
+                if let Some(x) = lock(&self.running).as_ref().filter(|x| x.id == id) {
+                    x.abort.store(true, Ordering::SeqCst);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+}
+
+async fn fleet_put<T: serde::Serialize>(c: &pdctl_core::real::EtcdCoordinator, key: &str, v: &T) -> Result<(), pdctl_core::ports::FleetFailure> {
+    use pdctl_core::ports::{CasChange, Coordinator as _, Write};
+    let expect = c.get(key).await?.map(|e| e.mod_revision).unwrap_or(0);
+    c.cas(vec![CasChange { key: key.to_string(), expect, write: Write::Put(serde_json::to_vec(v).unwrap_or_default()) }]).await.map(|_| ())
+}
+
+async fn fleet_summaries(c: &pdctl_core::real::EtcdCoordinator, name: &str, id: &str) -> BTreeMap<String, pdctl_core::fleet::HostSummary> {
+    use pdctl_core::ports::Coordinator as _;
+    let p = pdctl_core::fleet::rollout_hosts_prefix(name, id);
+    c.get_prefix(&p)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.key.ends_with("/summary"))
+        .filter_map(|e| serde_json::from_slice::<pdctl_core::fleet::HostSummary>(&e.value).ok())
+        .map(|s| (s.host.clone(), s))
+        .collect()
 }

@@ -140,6 +140,7 @@ async fn main() {
     // meanwhile: status says "reconciling", a new rollout is refused with exit 4).
     tokio::spawn(d.clone().reconcile_at_start());
     tokio::spawn(d.clone().fleet_liveness());
+    tokio::spawn(d.clone().fleet_rollouts());
     tokio::select! {
         _ = serve(listener, app) => {}
         _ = async {
@@ -181,7 +182,9 @@ async fn serve(listener: tokio::net::UnixListener, app: axum::Router) {
             drop(stream);
             continue;
         };
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.
+        let peer = daemon::Peer { uid: stream.peer_cred().ok().map(|c| c.uid()) };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
