@@ -305,3 +305,24 @@ fn a_failed_canary_halts_the_fleet_rollout_before_any_other_host_starts() {
     assert_eq!(b.show(P, "InvocationID").expect("b prefill"), b_prefill);
     assert_eq!(b.show(D, "InvocationID").expect("b decode"), b_decode);
 }
+
+#[test]
+fn thirty_simulated_hosts_with_lost_answers_and_an_etcd_restart_never_exceed_the_limit() {
+    use pdctl_tests::fleet_sim::{run, SimSpec};
+    let etcd = std::sync::Arc::new(std::sync::Mutex::new(Etcd::start().expect("etcd")));
+    let url = etcd.lock().map(|e| e.url()).unwrap_or_default();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let spec = SimSpec { hosts: 30, max_unavailable: 1, restart: Duration::from_millis(20), lose_every: 7, etcd_restart_after: Some(Duration::from_millis(200)) };
+    let e = etcd.clone();
+    let r = rt.block_on(run(&spec, &url, move || {
+        if let Ok(mut e) = e.lock() {
+            e.stop();
+            let _ = e.resume();
+        }
+    }));
+    eprintln!("30 hosts: {:?} total, {} answers lost, {} calls failed, most down {:?}", r.total, r.lost, r.failed_calls, r.max_down);
+    assert_eq!(r.waits.len(), 60, "every host restarted both its workers");
+    assert!(r.lost > 0, "answers were lost on purpose");
+    assert_eq!(r.max_down.get("prefill"), Some(&1), "{:?}", r.max_down);
+    assert_eq!(r.max_down.get("decode"), Some(&1), "{:?}", r.max_down);
+}
