@@ -312,7 +312,8 @@ fn thirty_simulated_hosts_with_lost_answers_and_an_etcd_restart_never_exceed_the
     let etcd = std::sync::Arc::new(std::sync::Mutex::new(Etcd::start().expect("etcd")));
     let url = etcd.lock().map(|e| e.url()).unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let spec = SimSpec { hosts: 30, max_unavailable: 1, restart: Duration::from_millis(20), lose_every: 7, etcd_restart_after: Some(Duration::from_millis(200)) };
+    let spec =
+        SimSpec { hosts: 30, max_unavailable: 1, restart: Duration::from_millis(20), lose_every: 7, etcd_restart_after: Some(Duration::from_millis(200)) };
     let e = etcd.clone();
     let r = rt.block_on(run(&spec, &url, move || {
         if let Ok(mut e) = e.lock() {
@@ -325,4 +326,28 @@ fn thirty_simulated_hosts_with_lost_answers_and_an_etcd_restart_never_exceed_the
     assert!(r.lost > 0, "answers were lost on purpose");
     assert_eq!(r.max_down.get("prefill"), Some(&1), "{:?}", r.max_down);
     assert_eq!(r.max_down.get("decode"), Some(&1), "{:?}", r.max_down);
+}
+
+/// The hardened pdctld.service allows loopback only; `pdctl unit-dropin` prints the drop-in that
+/// allows exactly the other addresses the config names. (Whether pdctld's preflight sees the
+/// unit's EPERM cannot be shown on the sandbox: its user manager did not enforce `IPAddressDeny=`
+/// — measured: the connection went out and timed out instead.)
+#[test]
+fn unit_dropin_allows_exactly_the_configured_addresses_on_other_hosts() {
+    let dir = std::env::temp_dir().join(format!("pdctl-dropin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = dir.join("pdctl.toml");
+    std::fs::write(
+        &config,
+        "[router]\nurl = \"http://10.0.0.9:30001\"\nmetrics_url = \"http://10.0.0.9:29001/metrics\"\n\
+         [[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://127.0.0.1:30003\"\n\
+         [fleet]\netcd = [\"http://10.0.0.5:2379\", \"http://10.0.0.6:2379\"]\nname = \"t\"\nhost = \"a\"\n",
+    )
+    .expect("config");
+    let (code, out, err) = pdctl(&config, &["unit-dropin"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("[Service]\nIPAddressAllow=10.0.0.5 10.0.0.6 10.0.0.9\n"), "{out}");
+    assert!(out.contains("#   etcd: http://10.0.0.5:2379 → 10.0.0.5"), "{out}");
+    assert!(!out.contains("127.0.0.1"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -23,7 +23,7 @@ fn main() {
     for &n in &hosts {
         for max in [1u32, 2] {
             let restart = Duration::from_millis(20);
-            let ideal = restart * (n as u32).div_ceil(max) ;
+            let ideal = restart * (n as u32).div_ceil(max);
             let spec = SimSpec { hosts: n, max_unavailable: max, restart, lose_every: 7, etcd_restart_after: Some(ideal / 3) };
             let e = etcd.clone();
             let r = rt.block_on(run(&spec, &url, move || {

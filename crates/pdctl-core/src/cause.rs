@@ -350,6 +350,13 @@ pub enum Cause {
         /// This host's.
         local: String,
     },
+    /// pdctld's own unit does not let it connect to a configured address.
+    AddressBlocked {
+        /// What is there (`etcd`, `the router`, a unit).
+        what: String,
+        /// The URL.
+        url: String,
+    },
     /// No slot within `slot_timeout`.
     SlotTimeout {
         /// Who held what, last.
@@ -468,6 +475,7 @@ impl Cause {
             Cause::FleetLost { .. } => "fleet_lost",
             Cause::FleetLimits { .. } => "fleet_limits",
             Cause::SlotTimeout { .. } => "slot_timeout",
+            Cause::AddressBlocked { .. } => "address_blocked",
             Cause::StalePair { .. } => "stale_pair",
             Cause::PairIncompatible { .. } => "pair_incompatible",
             Cause::PairBroken { .. } => "pair_broken",
@@ -503,7 +511,8 @@ impl Cause {
             | Cause::NoSuchRollout { .. }
             | Cause::WrongState { .. }
             | Cause::OnlyWorkerOfRole { .. }
-            | Cause::FleetLimits { .. } => FailureKind::Config,
+            | Cause::FleetLimits { .. }
+            | Cause::AddressBlocked { .. } => FailureKind::Config,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
             Cause::SystemdUnreachable { .. }
             | Cause::AccessDenied { .. }
@@ -552,9 +561,12 @@ impl Cause {
             Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::WrongState { .. } => 409,
             Cause::RecordsFailing { .. } => 503,
             Cause::NoSuchRollout { .. } => 404,
-            Cause::ConfigInvalid { .. } | Cause::BadRequest { .. } | Cause::UnitMissing { .. } | Cause::OnlyWorkerOfRole { .. } | Cause::FleetLimits { .. } => {
-                400
-            }
+            Cause::ConfigInvalid { .. }
+            | Cause::BadRequest { .. }
+            | Cause::UnitMissing { .. }
+            | Cause::OnlyWorkerOfRole { .. }
+            | Cause::FleetLimits { .. }
+            | Cause::AddressBlocked { .. } => 400,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => 503,
             Cause::RecordUnwritable { .. } => 500,
             Cause::SystemdUnreachable { .. }
@@ -649,6 +661,9 @@ impl Cause {
             Cause::FleetLimits { role, etcd, local } => format!(
                 "the fleet's max_unavailable.{role} in etcd is {etcd}, this host's [fleet.max_unavailable] says {local}: make the configs agree (the fleet's value is the first host's)"
             ),
+            Cause::AddressBlocked { what, url } => format!(
+                "pdctld's unit does not let it connect to {url} ({what}): its IP sandbox allows loopback only (IPAddressAllow=localhost); run `pdctl unit-dropin --write`, then `systemctl daemon-reload` and restart pdctld while no rollout runs; nothing was touched"
+            ),
             Cause::SlotTimeout { last, after } => format!("no fleet slot within slot_timeout ({}): {last}", dur(after)),
             Cause::StalePair { decode, prefill } => format!(
                 "{decode} still uses the bootstrap info of {prefill}'s previous process (SGLang before PR 36029 keeps it when a prefill restarts on the same address): every request it gets from {prefill} fails until it restarts; run `pdctl restart --rolling --unit {decode}` (or set [rollout] on_stale_pair = \"restart-decode\" to have pdctl repair it)"
@@ -731,6 +746,7 @@ impl Cause {
             Cause::FleetUnreachable { message: msg() },
             Cause::FleetLost { message: msg() },
             Cause::FleetLimits { role: "prefill".into(), etcd: "1".into(), local: "2".into() },
+            Cause::AddressBlocked { what: "etcd".into(), url: "http://10.0.0.5:2379".into() },
             Cause::SlotTimeout { last: "waiting for a prefill slot: held by gpu-node-b/sglang-prefill.service since 14:02:11".into(), after: d },
             Cause::StalePair { decode: "sglang-decode.service".into(), prefill: unit() },
             Cause::PairIncompatible { prefill: unit(), decode: "sglang-decode.service".into(), detail: "page_size 16 (prefill) vs 1 (decode)".into() },

@@ -362,6 +362,25 @@ pub struct FleetSettings {
     pub canary: Option<String>,
 }
 
+impl Settings {
+    /// Every URL pdctld connects to (etcd, the router and its metrics, the workers, a prefill's
+    /// bootstrap server), with what it is: pdctld's unit must allow their addresses.
+    pub fn urls(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if let Some(f) = &self.fleet {
+            out.extend(f.etcd.iter().map(|e| ("etcd".to_string(), e.clone())));
+        }
+        if let Some(r) = &self.router {
+            out.push(("the router".into(), r.url.clone()));
+            out.extend(r.metrics_url.iter().map(|m| ("the router's metrics".to_string(), m.clone())));
+        }
+        for w in &self.workers {
+            out.push((w.unit.clone(), w.url.clone()));
+        }
+        out
+    }
+}
+
 /// Where systemd is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BusSetting {

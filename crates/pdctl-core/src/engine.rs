@@ -504,6 +504,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     }
                     sets.push((w.unit.clone(), g.clone()));
                 }
+                self.not_blocked(&w.unit, &w.url).await?;
                 let pairing = self.pairing_preflight(w, plan, &cfg).await?;
                 // The only worker of its role: restarting it stops serving (PD needs both roles).
                 let mut outage = None;
@@ -546,6 +547,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let s = StepRun::start(sink, FLEET, Step::Preflight);
             let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
             let r = async {
+                for e in &f.etcd {
+                    self.not_blocked("etcd", e).await?;
+                }
                 let limits = if dry {
                     match c.get(&crate::fleet::limits_key(&f.name)).await {
                         Ok(Some(e)) => serde_json::from_slice::<crate::fleet::Limits>(&e.value)
@@ -573,6 +577,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         if self.settings.verify.router {
             let s = StepRun::start(sink, ROUTER, Step::Preflight);
+            if let Some(r) = &self.settings.router {
+                for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
+                    if let Err(f) = self.not_blocked("the router", u).await {
+                        s.fail(&f);
+                        return Err((ROUTER.into(), f));
+                    }
+                }
+            }
             match self.probes.router_workers().await {
                 Ok(list) => s.pass(json!({ "workers": list })),
                 Err(e) => {
@@ -766,6 +778,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 s.fail(&f);
                 Err((Step::Metrics, f))
             }
+        }
+    }
+
+    /// A configured address this process may not connect to at all (pdctld's unit allows
+    /// loopback only unless a drop-in allows more): refused in preflight, naming the fix.
+    async fn not_blocked(&self, what: &str, url: &str) -> Result<(), Fail> {
+        let host = crate::pairing::bootstrap_host(url);
+        if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") || host.starts_with("127.") {
+            return Ok(());
+        }
+        match self.probes.reach(url).await {
+            crate::ports::Reach::Blocked(_) => Err(Fail::from(Cause::AddressBlocked { what: what.to_string(), url: url.to_string() })),
+            _ => Ok(()),
         }
     }
 

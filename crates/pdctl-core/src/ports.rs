@@ -313,6 +313,20 @@ pub trait Probes: Send + Sync {
     fn server_info(&self, url: &str) -> impl Future<Output = Result<serde_json::Value, HttpFailure>> + Send;
     /// A prefill's PD queue gauges.
     fn pd_queues(&self, url: &str) -> impl Future<Output = Result<crate::pairing::PdQueues, MetricsError>> + Send;
+    /// Whether this process may open a TCP connection to `url`'s host and port at all (a unit's
+    /// IP sandbox, `IPAddressAllow=`, refuses with EPERM before anything is sent).
+    fn reach(&self, url: &str) -> impl Future<Output = Reach> + Send;
+}
+
+/// What a bare TCP connect to an address said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reach {
+    /// Connected (or refused by the peer: the path is open).
+    Open,
+    /// This process is not allowed to connect there (EPERM: an IP sandbox).
+    Blocked(String),
+    /// Anything else (timeout, unresolvable): not this check's business.
+    Unknown(String),
 }
 
 /// The two servers of a pair probe.

@@ -228,6 +228,20 @@ impl Probes for HttpProbes {
     async fn server_info(&self, url: &str) -> Result<serde_json::Value, HttpFailure> {
         self.http.get_json(&format!("{}/server_info", url.trim_end_matches('/'))).await.map_err(failure)
     }
+    async fn reach(&self, url: &str) -> crate::ports::Reach {
+        use crate::ports::Reach;
+        let Ok(c) = crate::config::canonical_url(url) else {
+            return Reach::Unknown(format!("{url} is not a URL"));
+        };
+        let authority = c.split_once("://").map(|(_, r)| r).unwrap_or(&c).split('/').next().unwrap_or_default().to_string();
+        match tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(authority.as_str())).await {
+            Ok(Ok(_)) => Reach::Open,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => Reach::Blocked(format!("connect to {authority}: {e}")),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Reach::Open,
+            Ok(Err(e)) => Reach::Unknown(e.to_string()),
+            Err(_) => Reach::Unknown(format!("no answer from {authority} within 2s")),
+        }
+    }
     async fn pd_queues(&self, url: &str) -> Result<PdQueues, MetricsError> {
         let u = format!("{}/metrics", url.trim_end_matches('/'));
         let text = pdctl_probe::fetch_metrics(&self.http, &u).await.map_err(metrics_error)?;

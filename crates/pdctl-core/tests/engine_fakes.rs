@@ -179,6 +179,9 @@ impl Probes for FakeProbes {
     async fn server_info(&self, _url: &str) -> Result<serde_json::Value, HttpFailure> {
         Ok(serde_json::json!({"page_size": 1}))
     }
+    async fn reach(&self, _url: &str) -> pdctl_core::ports::Reach {
+        pdctl_core::ports::Reach::Open
+    }
     async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
         Ok(PdQueues { held_reqs: 0.0, used_tokens: 0.0 })
     }

@@ -8,6 +8,7 @@ mod fleet;
 mod render;
 mod rollout;
 mod status;
+mod unit;
 
 use std::path::PathBuf;
 
@@ -40,6 +41,13 @@ enum Command {
     Check(OutputArgs),
     /// Show each worker: unit state, invocation, router view, KV usage, requests.
     Status(OutputArgs),
+    /// Print (or --write) the drop-in that lets the hardened pdctld.service reach the addresses
+    /// its config names on other hosts (etcd, the gateway, workers).
+    UnitDropin {
+        /// Write it to /etc/systemd/system/pdctld.service.d/50-pdctl-addresses.conf.
+        #[arg(long)]
+        write: bool,
+    },
     /// Many hosts behind one gateway, coordinated through etcd ([fleet] in the config).
     #[command(subcommand)]
     Fleet(FleetCmd),
@@ -231,6 +239,7 @@ fn main() {
             },
             Command::Check(a) => context::check(&config, a.json).await,
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
+            Command::UnitDropin { write } => unit::run(&config, write),
             Command::Fleet(f) => match f {
                 FleetCmd::Status(a) => fleet::status(&config, a.json).await,
                 FleetCmd::Restart { rolling, hosts, allow_outage, reason, json } => {
