@@ -16,6 +16,9 @@
 //! | `slots/<role>` | [`Semaphore`]: the holders of that role's slots |
 //! | `hosts/<host>` | [`HostState`], bound to the host's lease (gone when its pdctld is) |
 //! | `paused` | [`Pause`] while no new slot is granted fleet-wide |
+//! | `requests/<id>` | [`FleetRollout`]: a fleet rollout every named host's pdctld runs its part of |
+//! | `rollouts/<id>/hosts/<host>/events/<seq>` | [`HostEvent`]: that host's events, in order |
+//! | `rollouts/<id>/hosts/<host>/summary` | [`HostSummary`]: how that host's part ended |
 
 use std::collections::BTreeMap;
 
@@ -446,9 +449,14 @@ pub struct HostSummary {
     pub why: Option<String>,
 }
 
-/// The key of fleet rollout `id`.
+/// Where fleet rollout requests are (every pdctld reads this prefix, so it holds only requests).
+pub fn requests_prefix(name: &str) -> String {
+    format!("{}requests/", prefix(name))
+}
+
+/// The key of fleet rollout `id`'s request.
 pub fn rollout_key(name: &str, id: &str) -> String {
-    format!("{}rollouts/{id}", prefix(name))
+    format!("{}{id}", requests_prefix(name))
 }
 
 /// Where the hosts' lines of fleet rollout `id` are.

@@ -906,11 +906,11 @@ impl Daemon {
                 continue;
             }
             let c = pdctl_core::real::EtcdCoordinator::new(&f);
-            let p = format!("{}rollouts/", pdctl_core::fleet::prefix(&f.name));
+            let p = pdctl_core::fleet::requests_prefix(&f.name);
             let Ok(entries) = c.get_prefix(&p).await else { continue };
             for e in entries {
                 let rest = e.key.trim_start_matches(&p);
-                if rest.contains('/') || seen.contains(rest) {
+                if seen.contains(rest) {
                     continue;
                 }
                 seen.insert(rest.to_string());
