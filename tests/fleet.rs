@@ -351,3 +351,35 @@ fn unit_dropin_allows_exactly_the_configured_addresses_on_other_hosts() {
     assert!(!out.contains("127.0.0.1"), "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Healthy workers listed by the gateway at `url`.
+fn healthy_on(url: &str) -> Vec<String> {
+    let Ok((200, body)) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{url}/workers")) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["workers"]
+        .as_array()
+        .map(|a| a.iter().filter(|w| w["is_healthy"] == true).filter_map(|w| w["url"].as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn with_two_gateway_replicas_each_is_drained_re_registered_and_checked_for_admission() {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&StackOptions { routers: 2, ..Default::default() });
+    let replicas: Vec<String> =
+        std::iter::once(stack.router.as_ref().expect("router").url.clone()).chain(stack.extra_routers.iter().map(|r| r.url.clone())).collect();
+    assert_eq!(replicas.len(), 2);
+    assert!(until(Duration::from_secs(60), || replicas.iter().all(|r| healthy_on(r).len() == 2)), "both replicas admit both workers");
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(r.event(P, "drain", "passed")["detail"]["replicas_drained"], 2);
+    let admitted = &r.event(P, "router", "passed")["detail"]["replicas"];
+    assert_eq!(admitted.as_array().map(Vec::len), Some(2), "{admitted:#}");
+    for a in admitted.as_array().unwrap_or(&Vec::new()) {
+        assert_eq!(a["re_registered"], true, "drained from each replica, so re-registered on each: {a:#}");
+    }
+    for url in &replicas {
+        assert!(healthy_on(url).contains(&stack.prefill.url), "{url} admits the prefill again");
+    }
+}

@@ -144,11 +144,28 @@ struct RawJournal {
     procfs: Option<PathBuf>,
 }
 
+/// One string or a list of them (`[router] url` of several gateway replicas).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn list(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRouter {
-    url: Option<String>,
-    metrics_url: Option<String>,
+    url: Option<OneOrMany>,
+    metrics_url: Option<OneOrMany>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -241,12 +258,24 @@ pub struct Worker {
     pub watch_files: Vec<PathBuf>,
 }
 
-/// The router.
+/// The router: one gateway, or several replicas of it (`url` a list), each drained, re-registered
+/// and checked for admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouterSettings {
+    /// Base URL of the first replica (the one status and the availability probe use).
+    pub url: String,
+    /// Its Prometheus endpoint (for the circuit-breaker check).
+    pub metrics_url: Option<String>,
+    /// Every replica, the first included, in config order.
+    pub replicas: Vec<Replica>,
+}
+
+/// One gateway replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replica {
     /// Base URL.
     pub url: String,
-    /// Prometheus endpoint (for the circuit-breaker check).
+    /// Its Prometheus endpoint.
     pub metrics_url: Option<String>,
 }
 
@@ -715,13 +744,29 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         Some(m) => m.into_inner(),
         None => 1,
     };
-    let router = match rt.url {
-        Some(url) => {
-            server_url(&url).map_err(|why| at("rt.url", format!("{url:?} {why}")))?;
-            if let Some(m) = &rt.metrics_url {
-                canonical_url(m).map_err(|why| at("rt.metrics_url", format!("{m:?} {why}")))?;
+    let router = match rt.url.map(OneOrMany::list) {
+        Some(urls) if urls.is_empty() => return Err(at("rt.url", "is an empty list; give the gateway's URL (or each replica's)".into())),
+        Some(urls) => {
+            let metrics: Vec<String> = rt.metrics_url.map(OneOrMany::list).unwrap_or_default();
+            if !metrics.is_empty() && metrics.len() != urls.len() {
+                return Err(at(
+                    "rt.metrics_url",
+                    format!("lists {} endpoint(s) for {} router url(s): give one per replica, in the same order", metrics.len(), urls.len()),
+                ));
             }
-            Some(RouterSettings { url: url.trim_end_matches('/').to_string(), metrics_url: rt.metrics_url })
+            let mut replicas = Vec::new();
+            for (i, url) in urls.iter().enumerate() {
+                server_url(url).map_err(|why| at("rt.url", format!("{url:?} {why}")))?;
+                if replicas.iter().any(|r: &Replica| same_url(&r.url, url)) {
+                    return Err(at("rt.url", format!("{url:?} is listed twice")));
+                }
+                let m = metrics.get(i).cloned();
+                if let Some(m) = &m {
+                    canonical_url(m).map_err(|why| at("rt.metrics_url", format!("{m:?} {why}")))?;
+                }
+                replicas.push(Replica { url: url.trim_end_matches('/').to_string(), metrics_url: m });
+            }
+            Some(RouterSettings { url: replicas[0].url.clone(), metrics_url: replicas[0].metrics_url.clone(), replicas })
         }
         None => None,
     };

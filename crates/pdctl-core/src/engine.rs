@@ -463,7 +463,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool, ctx: Ctx<'_>) -> Result<(), (String, Fail)> {
         let mut reloaded = false;
         let fleet_view = match (&self.settings.fleet, self.settings.verify.router) {
-            (Some(_), true) => self.probes.router_workers().await.ok(),
+            (Some(_), true) => self.probes.router_workers(0).await.ok(),
             _ => None,
         };
         let mut sets: Vec<(String, BTreeSet<u32>)> = Vec::new();
@@ -585,13 +585,21 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     }
                 }
             }
-            match self.probes.router_workers().await {
-                Ok(list) => s.pass(json!({ "workers": list })),
-                Err(e) => {
-                    let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
-                    s.fail(&f);
-                    return Err((ROUTER.into(), f));
+            // Every replica answers, or nothing is touched.
+            let mut lists = Vec::new();
+            for r in 0..self.probes.replicas() {
+                match self.probes.router_workers(r).await {
+                    Ok(list) => lists.push(list),
+                    Err(e) => {
+                        let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
+                        s.fail(&f);
+                        return Err((ROUTER.into(), f));
+                    }
                 }
+            }
+            match lists.len() {
+                1 => s.pass(json!({ "workers": lists.pop() })),
+                _ => s.pass(json!({ "replicas": lists })),
             }
         }
         Ok(())
@@ -903,7 +911,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// the fleet's budget).
     async fn unhealthy_by_role(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        if let Ok(list) = self.probes.router_workers().await {
+        if let Ok(list) = self.probes.router_workers(0).await {
             for x in list.iter().filter(|x| !x.admitted() && !x.draining()) {
                 out.entry(x.worker_type.clone()).or_default().push(x.url.clone());
             }
@@ -1248,8 +1256,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
         let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
-        let list = self.probes.router_workers().await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
-        let Some(entry) = list.iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) else {
+        // Listed on which replicas (a gateway of several replicas: each is drained).
+        let mut entries = Vec::new();
+        for r in 0..self.probes.replicas() {
+            let list = self.probes.router_workers(r).await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
+            if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
+                entries.push((r, entry));
+            }
+        }
+        let Some((_, entry)) = entries.first().cloned() else {
             return Ok(None);
         };
         // Written down before the router is touched: whatever happens next (a failed gate, a
@@ -1268,7 +1283,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             };
             l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
         }
-        self.probes.deregister(&entry.id).await.map_err(|e| drain_failed(format!("the router refused to remove {}: {e}", w.url)))?;
+        for (r, e) in &entries {
+            self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
+        }
         let t0 = Instant::now();
         // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
         // still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
@@ -1277,14 +1294,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // out the draining entry before it re-registers the worker.
         let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
         let mut listed_for_ms = None;
-        while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
-            match self.probes.router_workers().await {
-                Ok(l) if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) => tokio::time::sleep(POLL).await,
-                _ => {
-                    listed_for_ms = Some(t0.elapsed().as_millis() as u64);
-                    break;
+        'wait: while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
+            for (r, _) in &entries {
+                if let Ok(l) = self.probes.router_workers(*r).await {
+                    if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) {
+                        tokio::time::sleep(POLL).await;
+                        continue 'wait;
+                    }
                 }
             }
+            listed_for_ms = Some(t0.elapsed().as_millis() as u64);
+            break;
         }
         let mut left = None;
         while t0.elapsed() < self.settings.rollout.drain_timeout {
@@ -1299,7 +1319,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             tokio::time::sleep(POLL).await;
         }
         Ok(Some(json!({
-            "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left,
+            "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
             "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
             "waited_ms": t0.elapsed().as_millis() as u64,
             "timed_out": left.is_some_and(|n| n > 0),
@@ -1396,20 +1416,34 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
+    /// The router gate on every replica (each must admit the worker); one replica's detail as
+    /// is, several under `replicas`.
     async fn router(&self, w: &Worker, may_register: bool, peers_drained: bool) -> Result<Value, Fail> {
         let t0 = Instant::now();
+        let n = self.probes.replicas();
+        let mut details = Vec::new();
+        for r in 0..n {
+            details.push(self.router_on(r, w, may_register, peers_drained, t0).await?);
+        }
+        Ok(match details.len() {
+            1 => details.pop().unwrap_or_default(),
+            _ => json!({ "replicas": details, "waited_ms": t0.elapsed().as_millis() as u64 }),
+        })
+    }
+
+    async fn router_on(&self, replica: usize, w: &Worker, may_register: bool, peers_drained: bool, t0: Instant) -> Result<Value, Fail> {
         let limit = self.settings.rollout.router_timeout;
         let role = w.role.as_str();
         let mut registered: Option<String> = None;
         let mut seen;
         loop {
-            match within(t0, limit, self.probes.router_workers()).await {
+            match within(t0, limit, self.probes.router_workers(replica)).await {
                 None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
                 Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
                 Some(Ok(list)) => match list.iter().filter(|x| crate::config::same_url(&x.url, &w.url)).min_by_key(|x| x.draining()) {
                     None if may_register && registered.is_none() => {
                         let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
-                        match self.probes.register(&w.url, role, bp).await {
+                        match self.probes.register(replica, &w.url, role, bp).await {
                             Ok(id) => registered = Some(id),
                             Err(e) => return Err(Cause::RegisterRefused { url: w.url.clone(), error: e.to_string() }.into()),
                         }
@@ -1424,7 +1458,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {}", x.is_healthy, x.status.as_deref().unwrap_or("-")))
                     }
                     Some(x) => {
-                        let cb = self.probes.cb_state(&w.url).await;
+                        let cb = self.probes.cb_state(replica, &w.url).await;
                         match cb {
                             Ok(Some(1.0)) => seen = RouterSeen::BreakerOpen,
                             _ => {
@@ -1432,7 +1466,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                                 let smoke = if !self.settings.verify.smoke_request || (peers_drained && !other_admitted) {
                                     None
                                 } else {
-                                    Some(self.probes.smoke(1).await)
+                                    Some(self.probes.smoke(replica, 1).await)
                                 };
                                 match smoke {
                                     Some(Err(e)) => seen = RouterSeen::SmokeFailed(e.to_string()),
@@ -1493,7 +1527,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let direct = if w.role == Role::Regular { None } else { self.warm_pair(w).await };
                 let sent = match (direct, self.settings.verify.router, w.role) {
                     (Some(r), _, _) => r,
-                    (None, true, _) => self.probes.smoke(48).await.map(|_| "sent through the router".to_string()),
+                    (None, true, _) => self.probes.smoke(0, 48).await.map(|_| "sent through the router".to_string()),
                     (None, false, Role::Regular) => self.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
                     (None, false, _) => Ok("not sent: no peer of the other PD role serves".to_string()),
                 };
@@ -1623,13 +1657,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             let at = Instant::now();
             let unit = lock(&c.current).clone();
-            let admitted = match tokio::time::timeout(Duration::from_secs(5), self.probes.router_workers()).await {
+            let admitted = match tokio::time::timeout(Duration::from_secs(5), self.probes.router_workers(0)).await {
                 Ok(Ok(list)) => roles.iter().all(|r| list.iter().any(|x| x.worker_type == r.as_str() && x.admitted())),
                 _ => false,
             };
             let sample = if admitted {
                 let t = Instant::now();
-                let ok = matches!(tokio::time::timeout(Duration::from_secs(5), self.probes.smoke(1)).await, Ok(Ok(())));
+                let ok = matches!(tokio::time::timeout(Duration::from_secs(5), self.probes.smoke(0, 1)).await, Ok(Ok(())));
                 if !ok {
                     c.failed.fetch_add(1, Ordering::SeqCst);
                 }

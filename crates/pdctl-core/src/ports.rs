@@ -295,16 +295,18 @@ pub trait Probes: Send + Sync {
     fn in_flight(&self, url: &str) -> impl Future<Output = Result<u64, HttpFailure>> + Send;
     /// One request straight to a (regular) worker so that it publishes its gauges.
     fn warm_worker(&self, url: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
-    /// The router's worker list.
-    fn router_workers(&self) -> impl Future<Output = Result<Vec<RouterWorker>, HttpFailure>> + Send;
-    /// Add a worker to the router; returns the router's id.
-    fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpFailure>> + Send;
-    /// Remove a worker from the router by its id.
-    fn deregister(&self, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
-    /// The router's circuit-breaker state of a worker (`None`: not exported).
-    fn cb_state(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
-    /// One small request through the router.
-    fn smoke(&self, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// How many gateway replicas there are (`[router] url` may list several; 0: no router).
+    fn replicas(&self) -> usize;
+    /// Replica `r`'s worker list.
+    fn router_workers(&self, r: usize) -> impl Future<Output = Result<Vec<RouterWorker>, HttpFailure>> + Send;
+    /// Add a worker to replica `r`; returns its id there.
+    fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpFailure>> + Send;
+    /// Remove a worker from replica `r` by its id there.
+    fn deregister(&self, r: usize, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// Replica `r`'s circuit-breaker state of a worker (`None`: not exported).
+    fn cb_state(&self, r: usize, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
+    /// One small request through replica `r`.
+    fn smoke(&self, r: usize, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// One PD request pair sent straight to a prefill and a decode, as the router sends it (the
     /// same `bootstrap_room` to both, the prefill's bootstrap address); each half waits at most
     /// `limit`.

@@ -137,8 +137,8 @@ impl Logs for Journald {
 pub struct HttpProbes {
     /// Client.
     pub http: Http,
-    /// The router, if configured.
-    pub router: Option<Router>,
+    /// The gateway's replicas, in config order (empty: no router).
+    pub routers: Vec<Router>,
 }
 
 fn failure(e: HttpError) -> HttpFailure {
@@ -192,28 +192,31 @@ impl Probes for HttpProbes {
     async fn warm_worker(&self, url: &str) -> Result<(), HttpFailure> {
         pdctl_probe::warm_worker(&self.http, url).await.map_err(failure)
     }
-    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpFailure> {
-        let r = self.router.as_ref().ok_or_else(no_router)?;
-        let list = r.workers(&self.http).await.map_err(failure)?;
+    fn replicas(&self) -> usize {
+        self.routers.len()
+    }
+    async fn router_workers(&self, r: usize) -> Result<Vec<RouterWorker>, HttpFailure> {
+        let router = self.routers.get(r).ok_or_else(no_router)?;
+        let list = router.workers(&self.http).await.map_err(failure)?;
         Ok(list
             .into_iter()
             .map(|w| RouterWorker { id: w.id, url: w.url, worker_type: w.worker_type, is_healthy: w.is_healthy, load: w.load, status: w.status })
             .collect())
     }
-    async fn register(&self, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
-        self.router.as_ref().ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)
+    async fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
+        self.routers.get(r).ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)
     }
-    async fn deregister(&self, id: &str) -> Result<(), HttpFailure> {
-        self.router.as_ref().ok_or_else(no_router)?.deregister(&self.http, id).await.map_err(failure)
+    async fn deregister(&self, r: usize, id: &str) -> Result<(), HttpFailure> {
+        self.routers.get(r).ok_or_else(no_router)?.deregister(&self.http, id).await.map_err(failure)
     }
-    async fn cb_state(&self, url: &str) -> Result<Option<f64>, MetricsError> {
-        match &self.router {
-            Some(r) => r.cb_state(&self.http, url).await.map_err(metrics_error),
+    async fn cb_state(&self, r: usize, url: &str) -> Result<Option<f64>, MetricsError> {
+        match self.routers.get(r) {
+            Some(router) => router.cb_state(&self.http, url).await.map_err(metrics_error),
             None => Ok(None),
         }
     }
-    async fn smoke(&self, max_new_tokens: u32) -> Result<(), HttpFailure> {
-        self.router.as_ref().ok_or_else(no_router)?.smoke(&self.http, max_new_tokens).await.map_err(failure)
+    async fn smoke(&self, r: usize, max_new_tokens: u32) -> Result<(), HttpFailure> {
+        self.routers.get(r).ok_or_else(no_router)?.smoke(&self.http, max_new_tokens).await.map_err(failure)
     }
     async fn pair(&self, t: PairTarget<'_>, limit: std::time::Duration) -> PairProbe {
         let t0 = std::time::Instant::now();
@@ -284,7 +287,11 @@ pub fn journal(settings: &Settings) -> Source {
 pub fn probes(settings: &Settings) -> HttpProbes {
     HttpProbes {
         http: Http::new(pdctl_probe::REQUEST_TIMEOUT),
-        router: settings.router.as_ref().map(|r| Router { url: r.url.clone(), metrics_url: r.metrics_url.clone() }),
+        routers: settings
+            .router
+            .as_ref()
+            .map(|r| r.replicas.iter().map(|x| Router { url: x.url.clone(), metrics_url: x.metrics_url.clone() }).collect())
+            .unwrap_or_default(),
     }
 }
 

@@ -144,19 +144,22 @@ impl Probes for FakeProbes {
     async fn warm_worker(&self, _url: &str) -> Result<(), HttpFailure> {
         Ok(())
     }
-    async fn router_workers(&self) -> Result<Vec<RouterWorker>, HttpFailure> {
+    fn replicas(&self) -> usize {
+        0
+    }
+    async fn router_workers(&self, _r: usize) -> Result<Vec<RouterWorker>, HttpFailure> {
         Ok(vec![])
     }
-    async fn register(&self, _u: &str, _t: &str, _b: Option<u16>) -> Result<String, HttpFailure> {
+    async fn register(&self, _r: usize, _u: &str, _t: &str, _b: Option<u16>) -> Result<String, HttpFailure> {
         Ok("id".into())
     }
-    async fn deregister(&self, _id: &str) -> Result<(), HttpFailure> {
+    async fn deregister(&self, _r: usize, _id: &str) -> Result<(), HttpFailure> {
         Ok(())
     }
-    async fn cb_state(&self, _url: &str) -> Result<Option<f64>, MetricsError> {
+    async fn cb_state(&self, _r: usize, _url: &str) -> Result<Option<f64>, MetricsError> {
         Ok(None)
     }
-    async fn smoke(&self, _n: u32) -> Result<(), HttpFailure> {
+    async fn smoke(&self, _r: usize, _n: u32) -> Result<(), HttpFailure> {
         Ok(())
     }
     async fn pair(&self, t: PairTarget<'_>, _limit: Duration) -> PairProbe {

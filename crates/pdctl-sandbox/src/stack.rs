@@ -45,6 +45,8 @@ pub struct StackOptions {
     /// `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT` of the workers (upstream default 300 s): how
     /// long a prefill holds a room's KV for a decode that does not fetch it.
     pub bootstrap_timeout_secs: f64,
+    /// Gateway replicas in front of the same workers (1, or 2: `sglang-router-2.service`).
+    pub routers: usize,
     /// Prefill/decode pairs: 1 (the 8-GPU 1P1D layout, GPUs 0-3 / 4-7) or 2 (2P2D: 0-1, 2-3 /
     /// 4-5, 6-7; the second pair's units are `…-prefill-2.service`, `…-decode-2.service`).
     pub pairs: usize,
@@ -65,6 +67,7 @@ impl Default for StackOptions {
             decode_metrics: true,
             pairs: 1,
             router_args: Vec::new(),
+            routers: 1,
             waiting_timeout_secs: 3.0,
             bootstrap_timeout_secs: 8.0,
         }
@@ -128,6 +131,8 @@ pub struct Stack {
     pub extra: Vec<Worker>,
     /// The router, if started.
     pub router: Option<RouterUnit>,
+    /// More gateway replicas (`StackOptions::routers` > 1).
+    pub extra_routers: Vec<RouterUnit>,
     /// The simulator binary the units run.
     pub sim_bin: PathBuf,
 }
@@ -215,7 +220,7 @@ impl Stack {
         } else {
             vec![]
         };
-        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, sim_bin };
+        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, extra_routers: Vec::new(), sim_bin };
         let mut units = Vec::new();
         for w in stack.workers() {
             let args = if w.role == "prefill" { &opts.prefill_args } else { &opts.decode_args };
@@ -223,43 +228,50 @@ impl Stack {
             units.push(w.unit.clone());
         }
         if let Some(smg) = smg {
-            let (port, mport) = (free_port()?, free_port()?);
-            let workers: String = stack
-                .workers()
-                .iter()
-                .map(|w| match w.bootstrap_port {
-                    Some(b) => format!("--prefill {} {b}", w.url),
-                    None => format!("--decode {}", w.url),
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
-            let exec = format!(
-                "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation {workers} \
-                 --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
-                 --worker-startup-timeout-secs {}",
-                q(&smg.display().to_string()),
-                opts.router_health_interval_secs,
-                opts.router_startup_timeout_secs,
-            );
-            // smg 1.x checks a worker that is still starting only every 30 s by default
-            // (`--worker-startup-check-interval`); 0.3.2 uses that flag for its load monitor.
-            let exec = match opts.gateway {
-                Gateway::Smg113 => format!("{exec} --worker-startup-check-interval 1"),
-                Gateway::SglangRouter032 => exec,
-            };
-            let exec = opts.router_args.iter().fold(exec, |e, a| format!("{e} {}", q(a)));
-            let unit = "sglang-router.service".to_string();
-            stack.sandbox.write_unit(
-                &unit,
-                &format!(
-                    "[Unit]\nDescription=SGLang gateway ({}) in PD mode\nStartLimitIntervalSec=0\n\n\
-                     [Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NO_COLOR=1\n\
-                     ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n",
-                    opts.gateway.name()
-                ),
-            )?;
-            units.push(unit.clone());
-            stack.router = Some(RouterUnit { unit, url: format!("http://127.0.0.1:{port}"), metrics_url: format!("http://127.0.0.1:{mport}/metrics") });
+            for i in 0..opts.routers.max(1) {
+                let (port, mport) = (free_port()?, free_port()?);
+                let workers: String = stack
+                    .workers()
+                    .iter()
+                    .map(|w| match w.bootstrap_port {
+                        Some(b) => format!("--prefill {} {b}", w.url),
+                        None => format!("--decode {}", w.url),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let exec = format!(
+                    "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation {workers} \
+                     --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
+                     --worker-startup-timeout-secs {}",
+                    q(&smg.display().to_string()),
+                    opts.router_health_interval_secs,
+                    opts.router_startup_timeout_secs,
+                );
+                // smg 1.x checks a worker that is still starting only every 30 s by default
+                // (`--worker-startup-check-interval`); 0.3.2 uses that flag for its load monitor.
+                let exec = match opts.gateway {
+                    Gateway::Smg113 => format!("{exec} --worker-startup-check-interval 1"),
+                    Gateway::SglangRouter032 => exec,
+                };
+                let exec = opts.router_args.iter().fold(exec, |e, a| format!("{e} {}", q(a)));
+                let unit = if i == 0 { "sglang-router.service".to_string() } else { format!("sglang-router-{}.service", i + 1) };
+                stack.sandbox.write_unit(
+                    &unit,
+                    &format!(
+                        "[Unit]\nDescription=SGLang gateway ({}) in PD mode\nStartLimitIntervalSec=0\n\n\
+                         [Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NO_COLOR=1\n\
+                         ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n",
+                        opts.gateway.name()
+                    ),
+                )?;
+                units.push(unit.clone());
+                let r = RouterUnit { unit, url: format!("http://127.0.0.1:{port}"), metrics_url: format!("http://127.0.0.1:{mport}/metrics") };
+                if i == 0 {
+                    stack.router = Some(r);
+                } else {
+                    stack.extra_routers.push(r);
+                }
+            }
         }
         stack.sandbox.daemon_reload()?;
         let mut args = vec!["start", "--no-block"];
@@ -289,7 +301,13 @@ impl Stack {
             )
         };
         if let Some(r) = &self.router {
-            t.push_str(&format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n\n", r.url, r.metrics_url));
+            if self.extra_routers.is_empty() {
+                t.push_str(&format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n\n", r.url, r.metrics_url));
+            } else {
+                let all: Vec<&RouterUnit> = std::iter::once(r).chain(&self.extra_routers).collect();
+                let list = |f: &dyn Fn(&RouterUnit) -> String| all.iter().map(|x| format!("\"{}\"", f(x))).collect::<Vec<_>>().join(", ");
+                t.push_str(&format!("[router]\nurl = [{}]\nmetrics_url = [{}]\n\n", list(&|x| x.url.clone()), list(&|x| x.metrics_url.clone())));
+            }
         }
         for w in self.workers() {
             t.push_str(&format!("[[worker]]\nunit = \"{}\"\nrole = \"{}\"\nurl = \"{}\"\n", w.unit, w.role, w.url));

@@ -114,7 +114,7 @@ pub async fn run(config: &Path, json: bool) -> Exit {
     };
     let sd = SystemdUnits::connect(&s).await;
     let probes = pdctl_core::real::probes(&s);
-    let router = if s.router.is_some() { Some(probes.router_workers().await.map_err(|e| e.to_string())) } else { None };
+    let router = if s.router.is_some() { Some(probes.router_workers(0).await.map_err(|e| e.to_string())) } else { None };
     let mut errors: Vec<String> = Vec::new();
     let mut not_serving = false;
     let header = format!(
