@@ -383,3 +383,78 @@ fn with_two_gateway_replicas_each_is_drained_re_registered_and_checked_for_admis
         assert!(healthy_on(url).contains(&stack.prefill.url), "{url} admits the prefill again");
     }
 }
+
+#[test]
+fn a_stale_decode_on_another_host_is_repaired_by_that_hosts_pdctld_through_the_fleet() {
+    let etcd = Etcd::start().expect("etcd");
+    let (a, ca, da) = host(&etcd.url(), "gpu-node-a");
+    // Host b's decode is of an SGLang release before PR 36029.
+    let (b, cb, db) = {
+        let (stack, config, d) =
+            pdctl_tests::stack_with_pdctld_opts(&StackOptions { decode_args: vec!["--sim-pair-cache".into(), "stale".into()], ..Default::default() });
+        let frag = config.parent().expect("dir").join("config.d/30-fleet.toml");
+        std::fs::write(
+            &frag,
+            format!("[fleet]\netcd = [\"{}\"]\nname = \"t\"\nhost = \"gpu-node-b\"\n[fleet.max_unavailable]\nprefill = 1\ndecode = 1\n", etcd.url()),
+        )
+        .expect("fleet");
+        (stack, config, d)
+    };
+    // One gateway in front of both hosts: a's; b's workers join it, b's pdctld uses it.
+    let ra = a.router.clone().expect("router");
+    std::fs::write(
+        cb.parent().expect("dir").join("config.d/40-router.toml"),
+        format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n", ra.url, ra.metrics_url),
+    )
+    .expect("router");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (boot_a, boot_b) = (a.prefill.bootstrap_port.expect("a bootstrap"), b.prefill.bootstrap_port.expect("b bootstrap"));
+    rt.block_on(async {
+        for (url, kind, bp) in [(&b.prefill.url, "prefill", Some(boot_b)), (&b.decode.url, "decode", None)] {
+            let mut body = serde_json::json!({"url": url, "worker_type": kind});
+            if let Some(p) = bp {
+                body["bootstrap_port"] = serde_json::json!(p);
+            }
+            let r = pdctl_tests::http().post(format!("{}/workers", ra.url)).json(&body).send().await.expect("register");
+            assert!(r.status().is_success(), "{}", r.status());
+        }
+        // b's decode has paired with a's prefill (the gateway would do this any time).
+        let pair = serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}, "bootstrap_host": "127.0.0.1", "bootstrap_port": boot_a, "bootstrap_room": 77});
+        let (p, d) = tokio::join!(
+            pdctl_tests::http().post(format!("{}/generate", a.prefill.url)).json(&pair).send(),
+            pdctl_tests::http().post(format!("{}/generate", b.decode.url)).json(&pair).send()
+        );
+        assert_eq!(d.expect("decode").status(), 200);
+        assert_eq!(p.expect("prefill").status(), 200);
+    });
+    assert!(until(Duration::from_secs(60), || healthy_on(&ra.url).len() == 4), "the gateway admits all four workers");
+    assert!(
+        until(Duration::from_secs(30), || {
+            let s = fleet_status(&ca);
+            s["hosts"].as_array().is_some_and(|h| {
+                h.iter().any(|h| h["host"] == "gpu-node-b" && h["workers"].as_array().is_some_and(|w| w.iter().any(|w| w["url"] == b.decode.url.as_str())))
+            })
+        }),
+        "host b's liveness names its decode's URL"
+    );
+    let d_b = b.show(D, "InvocationID").expect("b decode");
+    let d_a = a.show(D, "InvocationID").expect("a decode");
+    let r = pdctl_daemon(&da, &ca, &["restart", "--rolling", "--unit", P, "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let remote = format!("gpu-node-b/{D}");
+    assert_eq!(r.summary["repairs"][&remote], P, "{:#}", r.summary);
+    let pair = r.event(P, "pair", "passed");
+    assert!(pairs_stale(pair).contains(&remote), "{pair:#}");
+    assert_ne!(b.show(D, "InvocationID").expect("b decode"), d_b, "host b's pdctld restarted its decode");
+    assert_eq!(a.show(D, "InvocationID").expect("a decode"), d_a, "a's own decode refreshed by itself: not restarted");
+    // Host b's record of that repair says who asked and why.
+    let (_, h) = raw_api(&db.socket, "GET", "/v1/rollouts", "");
+    let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|x| x["id"].as_str()).expect("b's rollout").to_string();
+    let (_, rec) = raw_api(&db.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert!(rec["started_by"]["reason"].as_str().unwrap_or("").contains(&format!("stale pairing with gpu-node-a/{P}")), "{rec:#}");
+    assert_eq!(rec["plan"], serde_json::json!([D]));
+}
+
+fn pairs_stale(e: &Value) -> Vec<String> {
+    e["detail"]["stale"].as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default()
+}

@@ -201,6 +201,12 @@ impl Ctx<'_> {
 /// A unit restarted to repair a stale pairing, and the prefill whose restart needed it.
 type Repaired = Vec<(Worker, String)>;
 
+/// A decode found with a stale pairing: this host's, or another host's (`owner`: host and unit).
+struct Stale {
+    decode: Worker,
+    owner: Option<(String, String)>,
+}
+
 /// Shared between the rollout and its availability probe.
 #[derive(Default)]
 struct Clients {
@@ -411,7 +417,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             };
             for (d, of) in repaired {
-                if let Some(dir) = ctx.revisions {
+                // Another host's decode records its revision there.
+                if let (Some(dir), true) = (ctx.revisions, self.settings.workers.iter().any(|x| x.unit == d.unit)) {
                     notes.push(self.record_revision(&d, dir).await);
                 }
                 notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
@@ -627,12 +634,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
         let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
         let mut repaired = Vec::new();
-        for d in stale {
+        for st in stale {
             if !may_repair {
                 break;
             }
-            self.repair(&d, w, sink, ctx).await?;
-            repaired.push((d, w.unit.clone()));
+            match &st.owner {
+                None => self.repair(&st.decode, w, sink, ctx).await?,
+                // A decode of another host: its own pdctld restarts it, through the fleet.
+                Some((host, unit)) => self.fleet_repair(&st.decode, host, unit, w, sink, ctx).await?,
+            }
+            repaired.push((st.decode, w.unit.clone()));
         }
         self.restart_after_pair(w, sink, ctx, watch, after).await?;
         // Verified: the slot goes back.
@@ -642,7 +653,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// drain, restart, ready, health, pair: returns the unit's watch and state after the restart
     /// and the decodes found with a stale pairing (to be repaired).
-    async fn restart_to_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Vec<Worker>), (Step, Fail)> {
+    async fn restart_to_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Vec<Stale>), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.rollout.drain {
             let s = StepRun::start(sink, unit, Step::Drain);
@@ -968,6 +979,99 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         None
     }
 
+    /// With `[fleet]`: the workers of the other PD role on other hosts, as the gateway lists them
+    /// (a prefill pairs with every decode behind the same gateway), each with its host and unit
+    /// when that host's liveness key names it.
+    async fn remote_peers(&self, w: &Worker) -> Vec<(Worker, Option<(String, String)>)> {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return Vec::new();
+        };
+        let other = match w.role {
+            Role::Prefill => Role::Decode,
+            Role::Decode => Role::Prefill,
+            Role::Regular => return Vec::new(),
+        };
+        let Ok(list) = self.probes.router_workers(0).await else {
+            return Vec::new();
+        };
+        let hosts = crate::fleet::hosts(c.as_ref(), &f.name).await.unwrap_or_default();
+        list.into_iter()
+            .filter(|x| x.worker_type == other.as_str() && !x.draining())
+            .filter(|x| !self.settings.workers.iter().any(|o| crate::config::same_url(&o.url, &x.url)))
+            .map(|x| {
+                let owner =
+                    hosts.iter().find_map(|h| h.workers.iter().find(|hw| crate::config::same_url(&hw.url, &x.url)).map(|hw| (h.host.clone(), hw.unit.clone())));
+                let unit = owner.as_ref().map(|(h, u)| format!("{h}/{u}")).unwrap_or_else(|| x.url.clone());
+                (Worker { unit, role: other, url: x.url, bootstrap_port: x.bootstrap_port, gpus: None, watch_files: Vec::new() }, owner)
+            })
+            .collect()
+    }
+
+    /// Repair another host's decode through the fleet: a fleet request for that unit on that host
+    /// (its pdctld restarts it through every gate, taking its slot), waited for, then the pair
+    /// probed again.
+    async fn fleet_repair(&self, d: &Worker, host: &str, unit: &str, p: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
+        use crate::ports::{CasChange, Write};
+        let blocked = |why: String| -> (Step, Fail) {
+            let f = Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why });
+            StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
+            (Step::Pair, f)
+        };
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return Err(blocked("it is on another host and this host has no [fleet] to ask it".into()));
+        };
+        let id = format!("f{}-repair-{}", crate::fleet::now_secs(), &crate::fleet::token()[..6]);
+        let r = crate::fleet::FleetRollout {
+            id: id.clone(),
+            hosts: vec![host.to_string()],
+            allow_outage: ctx.allow_outage == Some(true),
+            by: format!("pdctld on {} (rollout {})", f.host, ctx.id),
+            reason: Some(format!("repair of {unit}'s stale pairing with {}/{}", f.host, p.unit)),
+            canary: None,
+            created_at: crate::fleet::now_secs(),
+            units: vec![unit.to_string()],
+            repair_of: Some(format!("{}/{}", f.host, p.unit)),
+        };
+        let value = serde_json::to_vec(&r).unwrap_or_default();
+        let s = StepRun::start(sink, &p.unit, Step::Pair);
+        s.emit(Status::Started, json!({ "repair_through_fleet": id, "host": host, "unit": unit }));
+        match c.cas(vec![CasChange { key: crate::fleet::rollout_key(&f.name, &id), expect: 0, write: Write::Put(value) }]).await {
+            Ok(true) => {}
+            Ok(false) => return Err(blocked(format!("the fleet request {id} exists already"))),
+            Err(e) => return Err((Step::Pair, Fail::from(Cause::FleetLost { message: e.0 }))),
+        }
+        let ro = &self.settings.rollout;
+        let limit = f.slot_timeout + ro.ready_timeout + ro.health_timeout + ro.router_timeout + ro.metrics_timeout + ro.min_healthy;
+        let key = crate::fleet::host_summary_key(&f.name, &id, host);
+        let t0 = Instant::now();
+        let summary = loop {
+            if let Ok(Some(e)) = c.get(&key).await {
+                if let Ok(hs) = serde_json::from_slice::<crate::fleet::HostSummary>(&e.value) {
+                    break hs;
+                }
+            }
+            if t0.elapsed() >= limit {
+                return Err(blocked(format!("{host} did not report its repair {id} within {}", humantime::format_duration(limit))));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        if summary.result != crate::api::HostResult::Succeeded {
+            let why = summary
+                .why
+                .or_else(|| summary.summary.and_then(|x| x.failed).map(|x| format!("{} failed at {}: {}", x.unit, x.step.as_str(), x.cause)))
+                .unwrap_or_default();
+            return Err(blocked(format!("{host}'s pdctld did not repair it ({:?}): {why}", summary.result)));
+        }
+        let (verdict, _, probes) = self.probe_pair(p, d).await;
+        if verdict != crate::pairing::Verdict::Paired {
+            let f = Fail { cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }, detail: json!({ "probes": probes }), unit: None };
+            s.fail(&f);
+            return Err((Step::Pair, f));
+        }
+        s.pass(json!({ "repaired_through_fleet": id, "host": host, "unit": unit, "local_id": summary.local_id, "probes": probes }));
+        Ok(())
+    }
+
     /// The peers a worker pairs with: every configured worker of the other PD role.
     fn peers(&self, w: &Worker) -> Vec<&Worker> {
         let other = match w.role {
@@ -982,8 +1086,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
     /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
     /// be repaired (`on_stale_pair = "restart-decode"`).
-    async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, after: &UnitState) -> Result<Vec<Worker>, (Step, Fail)> {
-        let peers = self.peers(w);
+    async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, after: &UnitState) -> Result<Vec<Stale>, (Step, Fail)> {
+        // This host's peers, and with [fleet] those of other hosts the gateway lists.
+        let mut peers: Vec<(Worker, Option<(String, String)>)> = self.peers(w).into_iter().map(|p| (p.clone(), None)).collect();
+        peers.extend(self.remote_peers(w).await);
         if w.role == Role::Regular {
             return Ok(Vec::new());
         }
@@ -997,9 +1103,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         let s = StepRun::start(sink, &w.unit, Step::Pair);
         let mut pairs = Vec::new();
-        let mut stale: Vec<Worker> = Vec::new();
+        let mut stale: Vec<Stale> = Vec::new();
         let mut failed: Option<Fail> = None;
-        for peer in peers {
+        for (peer, owner) in &peers {
             let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
             if let Err(why) = self.peer_serves(peer, ctx.together_with == Some(peer.unit.as_str())).await {
                 pairs.push(json!({"prefill": p.unit, "decode": d.unit, "result": "skipped", "why": format!("{} is not serving ({why}): its pairing is not checked", peer.unit)}));
@@ -1014,7 +1120,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 crate::pairing::Verdict::Paired => continue,
                 crate::pairing::Verdict::Stale => {
                     if self.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
-                        stale.push(d.clone());
+                        stale.push(Stale { decode: d.clone(), owner: owner.clone() });
                         continue;
                     }
                     Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
@@ -1043,7 +1149,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         let detail = json!({
             "pairs": pairs,
-            "stale": stale.iter().map(|d| d.unit.clone()).collect::<Vec<_>>(),
+            "stale": stale.iter().map(|d| d.decode.unit.clone()).collect::<Vec<_>>(),
             "repair": (!stale.is_empty()).then_some("restart-decode"),
         });
         match failed {

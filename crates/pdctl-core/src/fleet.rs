@@ -193,6 +193,9 @@ pub struct HostState {
 pub struct HostWorker {
     /// The unit.
     pub unit: String,
+    /// Its URL (as the gateway lists it).
+    #[serde(default)]
+    pub url: String,
     /// Its role.
     pub role: String,
     /// `active/running`, …
@@ -421,6 +424,12 @@ pub struct FleetRollout {
     pub canary: Option<String>,
     /// When (seconds since the epoch).
     pub created_at: u64,
+    /// Only these units (empty: every worker of each host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<String>,
+    /// A repair: the restarted prefill (`host/unit`) whose stale pairing this fixes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_of: Option<String>,
 }
 
 /// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).

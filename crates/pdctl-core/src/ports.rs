@@ -218,6 +218,8 @@ pub struct RouterWorker {
     /// The gateway's own word on it, where it gives one (smg 1.x: `pending`, `ready`,
     /// `not_ready`, `failed`, `draining`); `None` on sglang-router 0.3.2.
     pub status: Option<String>,
+    /// A prefill's bootstrap port, as registered.
+    pub bootstrap_port: Option<u16>,
 }
 
 impl RouterWorker {

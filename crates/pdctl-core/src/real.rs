@@ -200,7 +200,15 @@ impl Probes for HttpProbes {
         let list = router.workers(&self.http).await.map_err(failure)?;
         Ok(list
             .into_iter()
-            .map(|w| RouterWorker { id: w.id, url: w.url, worker_type: w.worker_type, is_healthy: w.is_healthy, load: w.load, status: w.status })
+            .map(|w| RouterWorker {
+                id: w.id,
+                url: w.url,
+                worker_type: w.worker_type,
+                is_healthy: w.is_healthy,
+                load: w.load,
+                status: w.status,
+                bootstrap_port: w.bootstrap_port,
+            })
             .collect())
     }
     async fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {

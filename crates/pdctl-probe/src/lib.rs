@@ -301,6 +301,8 @@ pub struct RouterWorker {
     pub load: i64,
     /// smg 1.x: `pending`, `ready`, `not_ready`, `failed` or `draining` (absent on 0.3.2).
     pub status: Option<String>,
+    /// A prefill's bootstrap port, as registered.
+    pub bootstrap_port: Option<u16>,
 }
 
 /// The SGLang gateway's API used by the gates: `sglang-router` 0.3.2 and `smg` 1.x (the same
@@ -329,6 +331,7 @@ impl Router {
                 is_healthy: w.get("is_healthy").and_then(Value::as_bool).unwrap_or(false),
                 load: w.get("load").and_then(Value::as_i64).unwrap_or(0),
                 status: w.get("status").and_then(Value::as_str).map(String::from),
+                bootstrap_port: w.get("bootstrap_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()),
             })
             .collect())
     }

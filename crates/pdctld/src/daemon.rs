@@ -644,6 +644,8 @@ async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Ext
         reason: req.reason,
         canary,
         created_at: pdctl_core::fleet::now_secs(),
+        units: Vec::new(),
+        repair_of: None,
     };
     let key = pdctl_core::fleet::rollout_key(&f.name, &r.id);
     let value = serde_json::to_vec(&r).unwrap_or_default();
@@ -858,7 +860,7 @@ impl Daemon {
                     .ok()
                     .and_then(|r| r.ok())
                     .map(|k| k.token_usage);
-                workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), role: w.role.as_str().into(), state, kv_usage });
+                workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), url: w.url.clone(), role: w.role.as_str().into(), state, kv_usage });
             }
             let st = pdctl_core::fleet::HostState {
                 host: f.host.clone(),
@@ -968,7 +970,7 @@ impl Daemon {
             return;
         }
         let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
-        let started = start(self.clone(), Request::Restart { units: vec![], allow_outage: r.allow_outage, reason: r.reason.clone() }, by).await;
+        let started = start(self.clone(), Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone() }, by).await;
         let id = match started {
             Ok(Started { id: Some(id), .. }) => id,
             Ok(_) => return,
