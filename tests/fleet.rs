@@ -69,7 +69,7 @@ fn until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
 fn max_holders_ever(etcd: &str, role: &str) -> (usize, Vec<Vec<String>>) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
-        let mut e = pdctl_fleet::Etcd::connect(&[etcd.to_string()], None, Duration::from_secs(5)).await.expect("etcd");
+        let mut e = pdctl_fleet::Etcd::connect(&[etcd.to_string()], None, None, Duration::from_secs(5)).await.expect("etcd");
         let now = e.revision().await.expect("revision");
         let key = format!("/pdctl/t/slots/{role}");
         let mut max = 0;
@@ -457,4 +457,37 @@ fn a_stale_decode_on_another_host_is_repaired_by_that_hosts_pdctld_through_the_f
 
 fn pairs_stale(e: &Value) -> Vec<String> {
     e["detail"]["stale"].as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
+#[test]
+fn etcd_over_tls_with_client_certificates_and_refused_without_one() {
+    use pdctl_tests::pdctl_sandbox::etcd::TlsFiles;
+    let dir = std::env::temp_dir().join(format!("pdctl-tls-{}", std::process::id()));
+    let tls = TlsFiles::generate(&dir.join("certs")).expect("certificates (openssl)");
+    let etcd = Etcd::start_tls(tls.clone()).expect("etcd with TLS");
+    assert!(etcd.url().starts_with("https://"));
+    let write = |name: &str, extra: &str| -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(
+            &p,
+            format!(
+                "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://127.0.0.1:30003\"\n\
+                 [fleet]\netcd = [\"{}\"]\nname = \"t\"\nhost = \"a\"\nca_file = \"{}\"\n{extra}",
+                etcd.url(),
+                tls.ca.display()
+            ),
+        )
+        .expect("config");
+        p
+    };
+    let with_cert = write("with.toml", &format!("cert_file = \"{}\"\nkey_file = \"{}\"\n", tls.client.0.display(), tls.client.1.display()));
+    let (code, out, err) = pdctl(&with_cert, &["fleet", "pause", "--reason", "tls works"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(fleet_status(&with_cert)["paused"]["reason"], "tls works");
+    // The cluster requires a client certificate: without one, nothing is changed (exit 3).
+    let without = write("without.toml", "");
+    let (code, _, err) = pdctl(&without, &["fleet", "unpause"]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(fleet_status(&with_cert)["paused"]["reason"], "tls works", "still paused");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -83,6 +83,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
         max_unavailable: [("prefill".to_string(), spec.max_unavailable), ("decode".to_string(), spec.max_unavailable)].into(),
         user: None,
         canary: None,
+        tls: None,
     };
     let c = Arc::new(Lossy { inner: pdctl_core::real::EtcdCoordinator::new(&settings), every: spec.lose_every, n: AtomicU64::new(0), lost: AtomicU64::new(0) });
     let limits = Limits { max_unavailable: settings.max_unavailable.clone() };
@@ -146,7 +147,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
     let total = t0.elapsed();
     waits.sort();
     let mut max_down = BTreeMap::new();
-    let etcd = pdctl_fleet::Etcd::connect(&[etcd_url.to_string()], None, Duration::from_secs(5)).await;
+    let etcd = pdctl_fleet::Etcd::connect(&[etcd_url.to_string()], None, None, Duration::from_secs(5)).await;
     if let Ok(mut e) = etcd {
         let now = e.revision().await.unwrap_or(0);
         for role in ["prefill", "decode"] {

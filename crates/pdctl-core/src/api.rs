@@ -156,6 +156,27 @@ pub struct StartedBy {
     pub fleet_by: Option<String>,
 }
 
+/// What pdctld's own process may not reach (`GET /v1/reach`): its unit's IP sandbox refuses a
+/// configured address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ReachReport {
+    /// The configured addresses checked (not loopback).
+    pub checked: Vec<String>,
+    /// Those refused, with what is there.
+    pub blocked: Vec<BlockedAddress>,
+}
+
+/// One configured address pdctld may not connect to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockedAddress {
+    /// What is there (`etcd`, `the router`, a unit).
+    pub what: String,
+    /// The URL.
+    pub url: String,
+}
+
 /// A fleet rollout asked of the local pdctld (`POST /v1/fleet/rollouts`), which writes it to etcd
 /// for every host's pdctld.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -227,6 +227,9 @@ struct RawFleet {
     user: Option<String>,
     password_file: Option<PathBuf>,
     canary: Option<String>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -389,6 +392,18 @@ pub struct FleetSettings {
     pub user: Option<(String, PathBuf)>,
     /// A fleet rollout starts here first; the other hosts only once it succeeded.
     pub canary: Option<String>,
+    /// TLS to etcd (`https://` endpoints): the CA file, and this client's certificate and key
+    /// files when the cluster requires client certificates.
+    pub tls: Option<FleetTls>,
+}
+
+/// `[fleet] ca_file`, `cert_file`, `key_file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetTls {
+    /// The CA that signed etcd's certificates (else the system's roots are not used: give it).
+    pub ca_file: Option<PathBuf>,
+    /// This client's certificate and key (PEM).
+    pub identity: Option<(PathBuf, PathBuf)>,
 }
 
 impl Settings {
@@ -650,7 +665,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
         }
         if let Some(s) = raw.fleet {
             fleet_seen = true;
-            over!(path, text, fl, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary);
+            over!(path, text, fl, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary, ca_file, cert_file, key_file);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
@@ -860,6 +875,16 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             (None, None) => None,
             _ => return Err(at("fl.user", "user and password_file go together (etcd authentication)".into())),
         };
+        let identity = match (fl.cert_file, fl.key_file) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => return Err(at("fl.cert_file", "cert_file and key_file go together (etcd client certificate)".into())),
+        };
+        let https = etcd.iter().any(|e| e.starts_with("https://"));
+        let tls = (https || fl.ca_file.is_some() || identity.is_some()).then_some(FleetTls { ca_file: fl.ca_file, identity });
+        if tls.as_ref().is_some_and(|t| t.ca_file.is_none()) {
+            return Err(at("fl.etcd", "https:// endpoints (or a client certificate) need ca_file: the CA that signed etcd's certificates".into()));
+        }
         Some(FleetSettings {
             etcd,
             name,
@@ -868,6 +893,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             max_unavailable,
             user,
             canary: fl.canary,
+            tls,
         })
     } else {
         None

@@ -314,6 +314,7 @@ pub async fn connect(settings: Settings) -> Result<RealEngine, UnitsError> {
 pub struct EtcdCoordinator {
     endpoints: Vec<String>,
     user: Option<(String, std::path::PathBuf)>,
+    tls: Option<crate::config::FleetTls>,
     conn: tokio::sync::Mutex<Option<pdctl_fleet::Etcd>>,
 }
 
@@ -323,7 +324,7 @@ pub const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 impl EtcdCoordinator {
     /// For `[fleet]`.
     pub fn new(f: &crate::config::FleetSettings) -> EtcdCoordinator {
-        EtcdCoordinator { endpoints: f.etcd.clone(), user: f.user.clone(), conn: tokio::sync::Mutex::new(None) }
+        EtcdCoordinator { endpoints: f.etcd.clone(), user: f.user.clone(), tls: f.tls.clone(), conn: tokio::sync::Mutex::new(None) }
     }
 
     async fn etcd(&self) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
@@ -331,14 +332,30 @@ impl EtcdCoordinator {
         if let Some(e) = g.as_ref() {
             return Ok(e.clone());
         }
-        let e = etcd_connect(&self.endpoints, self.user.as_ref()).await?;
+        let e = etcd_connect(&self.endpoints, self.user.as_ref(), self.tls.as_ref()).await?;
         *g = Some(e.clone());
         Ok(e)
     }
 }
 
-/// Connect to the fleet's etcd (reading the password file when `[fleet] user` is set).
-pub async fn etcd_connect(endpoints: &[String], user: Option<&(String, std::path::PathBuf)>) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
+/// Connect to the fleet's etcd (reading the password file when `[fleet] user` is set, and the
+/// TLS files when given).
+pub async fn etcd_connect(
+    endpoints: &[String],
+    user: Option<&(String, std::path::PathBuf)>,
+    tls: Option<&crate::config::FleetTls>,
+) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| crate::ports::FleetFailure(format!("cannot read {}: {e}", p.display())));
+    let tls = match tls {
+        Some(t) => Some(pdctl_fleet::Tls {
+            ca: t.ca_file.as_deref().map(read).transpose()?,
+            identity: match &t.identity {
+                Some((c, k)) => Some((read(c)?, read(k)?)),
+                None => None,
+            },
+        }),
+        None => None,
+    };
     let user = match user {
         Some((u, file)) => Some((
             u.clone(),
@@ -348,7 +365,7 @@ pub async fn etcd_connect(endpoints: &[String], user: Option<&(String, std::path
         )),
         None => None,
     };
-    pdctl_fleet::Etcd::connect(endpoints, user, ETCD_TIMEOUT).await.map_err(fleet_failure)
+    pdctl_fleet::Etcd::connect(endpoints, user, tls, ETCD_TIMEOUT).await.map_err(fleet_failure)
 }
 
 fn fleet_failure(e: pdctl_fleet::Error) -> crate::ports::FleetFailure {

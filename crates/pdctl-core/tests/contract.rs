@@ -52,6 +52,7 @@ fn check(ty: &str, text: &str) -> Result<(), String> {
         "HistoryItem" => round_trip::<HistoryItem>(text),
         "Record" => round_trip::<Record>(text),
         "Event" => round_trip::<Event>(text).and_then(|_| stream_line(text, |l| matches!(l, StreamLine::Event(_)))),
+        "ReachReport" => round_trip::<pdctl_core::api::ReachReport>(text),
         "FleetRequest" => round_trip::<pdctl_core::api::FleetRequest>(text),
         "FleetSummary" => round_trip::<pdctl_core::api::FleetSummary>(text),
         "FleetRollout" => round_trip::<pdctl_core::fleet::FleetRollout>(text),

@@ -56,6 +56,16 @@ pub struct Entry {
     pub lease: i64,
 }
 
+/// TLS to etcd: the CA that signed the members' certificates, and this client's certificate and
+/// key when the cluster asks for one (`--client-cert-auth`); PEM contents.
+#[derive(Debug, Clone, Default)]
+pub struct Tls {
+    /// The CA certificate(s).
+    pub ca: Option<Vec<u8>>,
+    /// This client's certificate and key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
 /// A connection to an etcd cluster (cheap to clone).
 #[derive(Clone)]
 pub struct Etcd {
@@ -67,11 +77,21 @@ pub struct Etcd {
 impl Etcd {
     /// Connect to `endpoints` (with `user`/password when the cluster has authentication on);
     /// every call is bounded by `timeout`.
-    pub async fn connect(endpoints: &[String], user: Option<(String, String)>, timeout: Duration) -> Result<Etcd, Error> {
+    pub async fn connect(endpoints: &[String], user: Option<(String, String)>, tls: Option<Tls>, timeout: Duration) -> Result<Etcd, Error> {
         let shown = endpoints.join(", ");
         let mut opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout).with_keep_alive(Duration::from_secs(5), timeout);
         if let Some((u, p)) = user {
             opts = opts.with_user(u, p);
+        }
+        if let Some(t) = tls {
+            let mut o = etcd_client::TlsOptions::new();
+            if let Some(ca) = t.ca {
+                o = o.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = t.identity {
+                o = o.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(o);
         }
         let client = match tokio::time::timeout(timeout, Client::connect(endpoints, Some(opts))).await {
             Ok(Ok(c)) => c,

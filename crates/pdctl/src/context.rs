@@ -57,7 +57,17 @@ pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: b
 }
 
 /// `pdctl check`.
-pub async fn check(config: &Path, json: bool) -> Exit {
+pub async fn check(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
+    // This process is not pdctld: ask pdctld, inside its unit's IP sandbox, what it cannot reach.
+    if let Ok(Ok(r)) = client.call::<pdctl_core::api::ReachReport>("GET", "/v1/reach", None::<&()>).await {
+        if !r.blocked.is_empty() {
+            for b in &r.blocked {
+                eprintln!("pdctl: ✗ pdctld's unit does not let it connect to {} ({}): its IP sandbox allows loopback only", b.url, b.what);
+            }
+            println!("pdctl: ✗ check failed: pdctld cannot reach {} configured address(es); next: pdctl unit-dropin --write, systemctl daemon-reload, restart pdctld while idle", r.blocked.len());
+            return Exit::Usage;
+        }
+    }
     match prepare(config, &[]).await {
         Ok((engine, plan)) => run_read_only(&engine, &plan, json, None).await,
         Err(c) => c,

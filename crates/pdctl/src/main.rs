@@ -237,7 +237,7 @@ fn main() {
                 RolloutCmd::History(a) => rollout::history(&client, a.json).await,
                 RolloutCmd::Show { id, json } => rollout::show(&client, &id, json).await,
             },
-            Command::Check(a) => context::check(&config, a.json).await,
+            Command::Check(a) => context::check(&config, a.json, &client).await,
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
             Command::UnitDropin { write } => unit::run(&config, write),
             Command::Fleet(f) => match f {

@@ -659,6 +659,29 @@ async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Ext
     }
 }
 
+/// `GET /v1/reach`: which configured addresses on other hosts this process may not connect to
+/// (for `pdctl check`, which runs outside pdctld's unit and its IP sandbox).
+async fn reach(State(d): State<Arc<Daemon>>) -> Response {
+    use pdctl_core::ports::{Probes as _, Reach};
+    let s = match config(&d) {
+        Ok(s) => s,
+        Err(c) => return api_err(&c),
+    };
+    let probes = pdctl_core::real::probes(&s);
+    let mut out = pdctl_core::api::ReachReport::default();
+    for (what, url) in s.urls() {
+        let host = pdctl_core::pairing::bootstrap_host(&url);
+        if host == "localhost" || host == "::1" || host.starts_with("127.") {
+            continue;
+        }
+        out.checked.push(url.clone());
+        if let Reach::Blocked(_) = probes.reach(&url).await {
+            out.blocked.push(pdctl_core::api::BlockedAddress { what, url });
+        }
+    }
+    Json(out).into_response()
+}
+
 /// Every record, the unsaved ones in their newest state, and the corrupt files.
 fn records(d: &Daemon) -> (Vec<Record>, Vec<pdctl_core::api::CorruptRecord>) {
     let (mut all, corrupt) = d.store.all();
@@ -802,6 +825,7 @@ pub fn api(d: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/rollouts", post(post_rollout).get(list))
         .route("/v1/fleet/rollouts", post(post_fleet_rollout))
+        .route("/v1/reach", get(reach))
         .route("/v1/rollouts/{id}", get(get_one))
         .route("/v1/rollouts/{id}/events", get(events))
         .route("/v1/rollouts/{id}/abort", post(abort))
@@ -871,7 +895,7 @@ impl Daemon {
             };
             *lock(&value) = serde_json::to_vec(&st).unwrap_or_default();
             if alive.is_none() {
-                match pdctl_core::real::etcd_connect(&f.etcd, f.user.as_ref()).await {
+                match pdctl_core::real::etcd_connect(&f.etcd, f.user.as_ref(), f.tls.as_ref()).await {
                     Ok(etcd) => {
                         let v = value.clone();
                         alive = Some((key.clone(), etcd.keep_alive(key.clone(), 10, move || lock(&v).clone())));
