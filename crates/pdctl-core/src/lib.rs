@@ -15,6 +15,7 @@ pub mod drains;
 pub mod engine;
 pub mod events;
 pub mod fleet;
+pub mod fuzzing;
 pub mod judge;
 pub mod lifecycle;
 pub mod pairing;

@@ -142,3 +142,13 @@ fn the_cause_table_is_the_code() {
     let extra: Vec<_> = doc.difference(&code).collect();
     assert!(missing.is_empty() && extra.is_empty(), "not in docs/cli.md: {missing:?}\nin docs/cli.md, not in Cause: {extra:?}");
 }
+
+/// The on-call runbook says what every cause means and what to do: each `cause_code` appears in
+/// docs/runbook.md.
+#[test]
+fn the_runbook_covers_every_cause() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let runbook = std::fs::read_to_string(root.join("docs/runbook.md")).expect("docs/runbook.md");
+    let missing: BTreeSet<&str> = Cause::examples().iter().map(Cause::code).filter(|c| !runbook.contains(&format!("`{c}`"))).collect();
+    assert!(missing.is_empty(), "docs/runbook.md does not mention: {missing:?}");
+}

@@ -48,6 +48,17 @@ enum Command {
         #[arg(long)]
         write: bool,
     },
+    /// Print a shell completion script (bash, zsh or fish) generated from this CLI's definition.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (pdctl.1 and one per subcommand) into DIR (packaging).
+    #[command(hide = true)]
+    Man {
+        /// Where to write them.
+        dir: PathBuf,
+    },
     /// Many hosts behind one gateway, coordinated through etcd ([fleet] in the config).
     #[command(subcommand)]
     Fleet(FleetCmd),
@@ -198,6 +209,16 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    // Generated from the CLI's definition; no config, no daemon.
+    match &cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(*shell, &mut Cli::command(), "pdctl", &mut std::io::stdout());
+            Exit::Ok.exit_process();
+        }
+        Command::Man { dir } => man_pages(dir).exit_process(),
+        _ => {}
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
@@ -240,6 +261,7 @@ fn main() {
             Command::Check(a) => context::check(&config, a.json, &client).await,
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
             Command::UnitDropin { write } => unit::run(&config, write),
+            Command::Completions { .. } | Command::Man { .. } => Exit::Ok,
             Command::Fleet(f) => match f {
                 FleetCmd::Status(a) => fleet::status(&config, a.json).await,
                 FleetCmd::Restart { rolling, hosts, allow_outage, reason, json } => {
@@ -258,4 +280,23 @@ fn main() {
         }
     });
     code.exit_process();
+}
+
+/// `pdctl man DIR`: pdctl.1 and one page per subcommand (pdctl-restart.1, …), from clap.
+fn man_pages(dir: &std::path::Path) -> Exit {
+    use clap::CommandFactory as _;
+    let top = Cli::command();
+    let mut pages = vec![(String::from("pdctl"), top.clone())];
+    for sub in top.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("pdctl-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().display_name(name.clone()).bin_name(name)));
+    }
+    for (name, cmd) in pages {
+        let mut out = Vec::new();
+        if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out).and_then(|()| std::fs::write(dir.join(format!("{name}.1")), &out)) {
+            eprintln!("pdctl: cannot write {}/{name}.1: {e}", dir.display());
+            return Exit::Unreachable;
+        }
+    }
+    Exit::Ok
 }

@@ -38,6 +38,9 @@ struct Args {
     /// below the unit's TimeoutStopSec). What is not undone by then is undone at the next start.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     stop_timeout: std::time::Duration,
+    /// Write the man page pdctld.8 into DIR and exit (packaging).
+    #[arg(long, value_name = "DIR", hide = true)]
+    write_man: Option<PathBuf>,
 }
 
 fn init_logs() {
@@ -73,6 +76,19 @@ fn chgrp(path: &std::path::Path, group: &str) -> Result<(), String> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
+    if let Some(dir) = &args.write_man {
+        use clap::CommandFactory as _;
+        let page = clap_mangen::Man::new(Args::command()).section("8");
+        let mut out = Vec::new();
+        let written = page.render(&mut out).and_then(|()| std::fs::write(dir.join("pdctld.8"), &out));
+        match written {
+            Ok(()) => Exit::Ok.exit_process(),
+            Err(e) => {
+                eprintln!("pdctld: cannot write {}/pdctld.8: {e}", dir.display());
+                Exit::Unreachable.exit_process();
+            }
+        }
+    }
     init_logs();
     let config = pdctl_core::config::main_path(args.config.as_deref());
     // STATE_DIRECTORY from systemd may list several paths separated by ':'.
