@@ -249,7 +249,18 @@ pub fn pdctl_run(args: &[&str], deadline: Duration, mut on_line: impl FnMut(&ser
 /// Boot the 1P1D stack, wait until both workers are ready (journald) and the router admits both.
 pub async fn stack_up(opts: &pdctl_sandbox::stack::StackOptions) -> pdctl_sandbox::stack::Stack {
     let stack = pdctl_sandbox::stack::Stack::boot(opts).expect("stack boots");
-    stack.wait_ready(Duration::from_secs(60)).expect("workers ready");
+    if let Err(e) = stack.wait_ready(Duration::from_secs(60)) {
+        // What the workers and their manager said, for the failure report.
+        let logs: String = stack
+            .workers()
+            .iter()
+            .map(|w| {
+                let out = stack.sandbox.journalctl(&["-u", &w.unit, "-n", "40", "--no-pager"]).map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+                format!("--- {}:\n{}\n", w.unit, out.unwrap_or_else(|e| e.to_string()))
+            })
+            .collect();
+        panic!("workers ready: {e:?}\n{logs}");
+    }
     if stack.router.is_some() {
         stack.wait_router_healthy(stack.workers().len(), Duration::from_secs(60)).expect("the router admitted every worker");
     }
