@@ -149,6 +149,8 @@ fn a_dead_hosts_slot_stays_held_until_its_pdctld_returns_or_an_operator_releases
     let etcd = Etcd::start().expect("etcd");
     let (stack, config, d) = host(&etcd.url(), "gpu-node-a");
     let holder = format!("gpu-node-a/{P}");
+    // The host's liveness key is there (written by its pdctld within seconds of its start).
+    assert!(until(Duration::from_secs(30), || alive(&fleet_status(&config), "gpu-node-a")), "host a is alive in etcd");
     // 1. pdctld dies holding the slot; the slot stays held; pdctld returns and gives it back.
     let mut r = live_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
     r.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("restarted");

@@ -202,13 +202,17 @@ struct OutputArgs {
 }
 
 fn main() {
-    // A closed pipe (`pdctl status | head -1`) ends the process quietly, as for any Unix tool,
-    // instead of a panic in println!.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    // A closed pipe (`pdctl status | head -1`) ends the process quietly, as for any Unix tool,
+    // instead of a panic in println!. Not for the commands that talk to etcd: a TLS peer that
+    // closes its socket mid-handshake (a refused client certificate) would kill the process with
+    // SIGPIPE instead of letting it say what went wrong (measured: exit by signal, no message).
+    if !matches!(cli.command, Command::Fleet(_) | Command::Check(_)) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // Generated from the CLI's definition; no config, no daemon.
     match &cli.command {
         Command::Completions { shell } => {
