@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack};
-use pdctl_tests::{pdctl_run, JsonRun, LivePdctl};
+use pdctl_tests::{pdctl_run, JsonRun, LivePdctl, RouterWatch};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -113,6 +113,7 @@ fn ctrl_c_detaches_and_watch_replays_from_the_beginning() {
 fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     let (stack, config, d) = up();
     let d0 = inv(&stack, D);
+    let watch = RouterWatch::start(&stack);
     let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
     cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
     stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
@@ -125,6 +126,8 @@ fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     assert_eq!(rec["interrupted"]["units"].as_array().unwrap().len(), 2, "each unit's state is reported");
     assert_eq!(inv(&stack, D), d0, "nothing resumed by itself");
     let id = rec["id"].as_str().unwrap();
+    // Interrupted and not yet resumed: only the prefill was ever out of the router.
+    watch.finish().assert_down(1, 0);
     // pdctld first re-admits the prefill it had drained (no rollout starts meanwhile: exit 4).
     let t0 = std::time::Instant::now();
     let r = loop {
@@ -198,8 +201,11 @@ fn bad_flag_applied_by_the_timer_service_is_rolled_back() {
     let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
     stack.sandbox.write_unit("pdctl-rollout.service", &format!("[Unit]\nRequires=pdctld.service\nAfter=pdctld.service\n[Service]\nType=oneshot\nExecStart={} rollout apply --if-changed --config {} --socket {}\n", pdctl.display(), s(&d.config), s(&d.socket))).unwrap();
     stack.sandbox.daemon_reload().unwrap();
+    let watch = RouterWatch::start(&stack);
     let r = stack.sandbox.systemctl(&["start", "pdctl-rollout.service"]);
+    let seen = watch.finish();
     assert!(r.is_err(), "the oneshot fails (exit 1): the change did not go through");
+    seen.assert_down(1, 0);
     let rec = history(&d, &config).into_iter().last().unwrap();
     assert_eq!(rec["kind"], "apply");
     assert_eq!(rec["state"], "rolled_back", "{rec:#}");

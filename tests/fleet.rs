@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pdctl_tests::pdctl_sandbox::etcd::Etcd;
 use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
-use pdctl_tests::{live_daemon, pdctl_daemon, raw_api};
+use pdctl_tests::{assert_recorded, live_daemon, pdctl_daemon, raw_api, RouterWatch};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -117,9 +117,12 @@ fn etcd_down_touches_nothing_and_says_so_with_exit_3() {
     let dead = format!("http://127.0.0.1:{}", pdctl_tests::pdctl_sandbox::free_port().expect("port"));
     let (stack, config, d) = host(&dead, "gpu-node-a");
     let before = stack.show(P, "InvocationID").expect("prefill");
+    let watch = RouterWatch::start(&stack);
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], LIMIT);
+    watch.finish().assert_down(0, 0);
     assert_eq!(r.code, 3, "{:#}\n{}", r.summary, r.stderr);
     assert_eq!(r.summary["failed"]["cause_code"], "fleet_unreachable");
+    assert_recorded(&d.socket, &r);
     assert_eq!(r.summary["failed"]["unit"], "fleet");
     assert!(!r.touched(P) && !r.touched(D));
     assert_eq!(stack.show(P, "InvocationID").expect("prefill"), before);
@@ -152,6 +155,7 @@ fn a_dead_hosts_slot_stays_held_until_its_pdctld_returns_or_an_operator_releases
     // The host's liveness key is there (written by its pdctld within seconds of its start).
     assert!(until(Duration::from_secs(30), || alive(&fleet_status(&config), "gpu-node-a")), "host a is alive in etcd");
     // 1. pdctld dies holding the slot; the slot stays held; pdctld returns and gives it back.
+    let watch = RouterWatch::start(&stack);
     let mut r = live_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
     r.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("restarted");
     let (code, _, err) = pdctl(&config, &["fleet", "release", "gpu-node-a"]);
@@ -163,6 +167,7 @@ fn a_dead_hosts_slot_stays_held_until_its_pdctld_returns_or_an_operator_releases
     assert_eq!(holders(&fleet_status(&config), "prefill"), vec![holder.clone()], "a dead host's slot stays held");
     stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
     assert!(until(Duration::from_secs(90), || holders(&fleet_status(&config), "prefill").is_empty()), "given back once the prefill serves again");
+    watch.finish().assert_down(1, 0);
     // 2. The same, but an operator releases the dead host's slot.
     let (_, st) = raw_api(&d.socket, "GET", "/v1/status", "");
     assert_eq!(st["reconciling"], false, "{st}");

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
 use pdctl_tests::pdctl_sandbox::Gateway;
-use pdctl_tests::{pdctl_daemon, pdctl_run, JsonRun};
+use pdctl_tests::{assert_recorded, pdctl_daemon, pdctl_run, JsonRun, RouterWatch};
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
@@ -241,9 +241,13 @@ fn circuit_breaker_open(gateway: Gateway) {
     std::fs::write(config.parent().unwrap().join("config.d/40-router.toml"), "[rollout]\nrouter_timeout = \"8s\"\n").unwrap();
     let d0 = stack.show(D, "InvocationID").unwrap();
     let fail_url = format!("{}/sim/fail_generate?secs=120", stack.prefill.url);
+    let watch = RouterWatch::start(&stack);
     let r = rollout_with_fault(&d, &config, (P, "router", "started"), vec![fail_url], LIMIT);
+    let seen = watch.finish();
     assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
     assert_eq!(r.summary["failed"]["step"], "router");
+    assert_recorded(&d.socket, &r);
+    seen.assert_down(1, 0);
     let code = r.summary["failed"]["cause_code"].as_str().unwrap();
     let cause = r.summary["failed"]["cause"].as_str().unwrap();
     eprintln!("{}: {code}: {cause}", gateway.name());

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
-use pdctl_tests::{http, pdctl_daemon, poll_until, raw_api, JsonRun};
+use pdctl_tests::{assert_recorded, http, pdctl_daemon, poll_until, raw_api, JsonRun, RouterWatch};
 use serde_json::{json, Value};
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -57,7 +57,12 @@ fn pairs_of(e: &Value) -> Vec<(String, String, String)> {
 fn a_stale_decode_is_found_by_the_pair_gate_repaired_and_serving_proven() {
     let (stack, config, d) = up(old_decode());
     assert_eq!(through_router(&stack, 2), 2, "serving before");
+    let watch = RouterWatch::start(&stack);
     let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    let seen = watch.finish();
+    assert_recorded(&d.socket, &r);
+    // The repair takes the decode down while the prefill waits drained: both roles at once (1P1D).
+    seen.assert_down(1, 1);
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
     let pair = r.event(P, "pair", "passed");
     assert_eq!(pairs_of(pair), vec![(P.into(), D.into(), "stale".into())]);
@@ -90,7 +95,11 @@ fn on_stale_pair_halt_stops_naming_the_decode_and_leaves_it_alone() {
     let (stack, config, d) = up(old_decode());
     let frag = config.parent().expect("dir").join("config.d/20-halt.toml");
     std::fs::write(&frag, "[rollout]\non_stale_pair = \"halt\"\n").expect("fragment");
+    let watch = RouterWatch::start(&stack);
     let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    let seen = watch.finish();
+    assert_recorded(&d.socket, &r);
+    seen.assert_down(1, 0);
     assert_eq!(r.code, 1, "{:#}", r.summary);
     let f = &r.summary["failed"];
     assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("pair"), Some("stale_pair")));
@@ -134,7 +143,11 @@ fn a_decode_killed_mid_request_strands_prefill_kv_until_the_bootstrap_timeout() 
         .await
     });
     assert!(held.is_some(), "the prefill holds the room for the decode");
+    let watch = RouterWatch::start(&stack);
     let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    let seen = watch.finish();
+    assert_recorded(&d.socket, &r);
+    seen.assert_down(0, 1);
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
     let s = &r.event(D, "stranded_kv", "passed")["detail"];
     // At least the stranded request (a probe request in flight through the router when the old
@@ -152,7 +165,11 @@ fn a_page_size_change_on_the_prefill_only_is_refused_in_preflight() {
     let unit = stack.worker_unit(&stack.prefill, &opts, &["--page-size".into(), "16".into()]);
     let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart");
     stack.drop_in(P, "50-page-size", &format!("[Service]\nExecStart=\n{exec}\n")).expect("drop-in");
+    let watch = RouterWatch::start(&stack);
     let r = run(&d, &config, &["rollout", "apply", "--json"]);
+    let seen = watch.finish();
+    assert_recorded(&d.socket, &r);
+    seen.assert_down(0, 0);
     assert_eq!(r.code, 1, "{:#}\n{}", r.summary, r.stderr);
     let f = &r.summary["failed"];
     assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("preflight"), Some("incompatible_change")));

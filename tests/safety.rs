@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pdctl_tests::pdctl_sandbox::stack::{http_get, Pdctld, Stack, StackOptions};
-use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, raw_api as raw, stack_with_pdctld};
+use pdctl_tests::{live_daemon, pdctl_daemon, pdctl_run, raw_api as raw, stack_with_pdctld, RouterWatch};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -94,6 +94,7 @@ fn reconcile_event(rec: &Value, unit: &str) -> Value {
 #[test]
 fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
     let (stack, config, d) = stack_with_pdctld();
+    let watch = RouterWatch::start(&stack);
     let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
     c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill was drained");
     stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
@@ -102,6 +103,7 @@ fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
     let id = ledger_rollout(&d);
     stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
     let took = back_in_router(&stack);
+    watch.finish().assert_down(1, 0);
     let rec = record(&d, &id);
     assert_eq!(rec["lifecycle"]["state"], "interrupted");
     let ev = reconcile_event(&rec, P);
@@ -166,7 +168,8 @@ fn a_gate_failing_after_the_drain_re_admits_the_worker() {
 
 #[test]
 fn concurrent_starts_get_one_202_and_the_rest_409_naming_it_and_a_resume_runs_once() {
-    let (_stack, config, d) = stack_with_pdctld();
+    let (stack, config, d) = stack_with_pdctld();
+    let watch = RouterWatch::start(&stack);
     let sock = d.socket.clone();
     let handles: Vec<_> = (0..3)
         .map(|_| {
@@ -188,6 +191,10 @@ fn concurrent_starts_get_one_202_and_the_rest_409_naming_it_and_a_resume_runs_on
     assert_eq!(h["rollouts"].as_array().unwrap().len(), 1, "no phantom records: {h}");
     let w = pdctl_daemon(&d, &config, &["rollout", "watch", &id, "--json"], LIMIT);
     assert_eq!(w.code, 0, "{}", w.stderr);
+    // One rollout ran: one worker out of the router at a time, never both.
+    let seen = watch.finish();
+    seen.assert_down(1, 1);
+    assert_eq!(seen.both_down, 0, "{seen:?}");
     assert!(w.summary["elapsed_ms"].as_u64().unwrap() >= 4000, "the whole rollout's time (two 2 s soaks at least): {}", w.summary);
     assert!(w.events.iter().all(|e| e["at"].as_str().is_some_and(|t| t.ends_with('Z'))), "every event carries its wall-clock time");
     let again = pdctl_daemon(&d, &config, &["rollout", "resume", &id, "--json"], LIMIT);
@@ -296,7 +303,9 @@ fn a_bad_drop_in_added_after_pdctld_started_is_rolled_back_on_the_first_day_then
     // No `apply --all` first: pdctld recorded what the prefill runs with when it started.
     let bad = bad_flag_drop_in(&stack);
     timer_service(&stack, &d);
+    let watch = RouterWatch::start(&stack);
     assert!(stack.sandbox.systemctl(&["start", "pdctl-rollout.service"]).is_err(), "the change did not go through: the oneshot fails");
+    watch.finish().assert_down(1, 0);
     let (_, h) = raw(&d.socket, "GET", "/v1/rollouts", "");
     let rec = h["rollouts"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(rec["state"], "rolled_back", "{rec:#}");

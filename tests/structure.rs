@@ -1,7 +1,7 @@
 //! The house rules that keep each fact in one place, checked on the source tree: the production
 //! `pdctl` does not link the test sandbox; exit codes are numbered only in the exit-code table;
 //! the router pseudo-unit is spelled only in its constant; nothing points at files outside the
-//! repository.
+//! repository; every test the fault matrix names exists.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -122,4 +122,35 @@ fn nothing_points_outside_the_repository() {
         }
     }
     assert!(bad.is_empty(), "state the fact in place or cite the upstream source:\n{}", bad.join("\n"));
+}
+
+/// Every test the fault matrix (docs/reliability.md) points at exists, in the file it names
+/// (`tests/rollout.rs` when none); `{a,b}` names both.
+#[test]
+fn every_test_in_the_fault_matrix_exists() {
+    let doc = std::fs::read_to_string(root().join("docs/reliability.md")).unwrap();
+    let mut checked = 0;
+    for row in doc.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| fault") && !l.starts_with("|---")) {
+        let test_cell = row.trim_end_matches('|').rsplit('|').next().unwrap_or("");
+        for name in test_cell.split('`').skip(1).step_by(2) {
+            let (file, test) = match name.rsplit_once("::") {
+                Some((f, t)) if f.ends_with(".rs") => (f.to_string(), t.to_string()),
+                Some(_) => continue,
+                None if name.contains('_') && !name.contains(' ') => ("rollout.rs".into(), name.to_string()),
+                None => continue,
+            };
+            let path = if file.starts_with("crates/") { root().join(&file) } else { root().join("tests").join(&file) };
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // `…{a,b}` expands to both; a trailing `…` (an elided name) is not a test name.
+            let names: Vec<String> = match test.split_once('{') {
+                Some((stem, alts)) => alts.trim_end_matches('}').split(',').map(|a| format!("{stem}{a}")).collect(),
+                None => vec![test.clone()],
+            };
+            for n in names.iter().filter(|n| !n.contains('…')) {
+                assert!(text.contains(&format!("fn {n}()")), "docs/reliability.md names {n} in {file}, which has no such test");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 25, "the matrix names {checked} tests");
 }

@@ -373,3 +373,120 @@ pub fn raw_api(socket: &std::path::Path, method: &str, path: &str, body: &str) -
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     (status, serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string())))
 }
+
+/// The largest number of workers of each role that the router did not serve at once, as the test
+/// itself saw it (independently of pdctl): `GET /workers` on the first gateway every 50 ms; a
+/// worker of the stack counts as down when the router does not list it, or lists it unhealthy or
+/// in an smg 1.x state other than `ready` (`pending`, `draining`, …).
+pub struct RouterWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Observed>>,
+}
+
+/// What a [`RouterWatch`] saw.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// Role → the most workers of that role down in one sample.
+    pub max_down: std::collections::BTreeMap<String, usize>,
+    /// Samples with both roles down at once (a full outage of the pair).
+    pub both_down: usize,
+    /// Samples taken (the router answered).
+    pub samples: usize,
+    /// Polls the router did not answer.
+    pub unreachable: usize,
+}
+
+impl Observed {
+    /// The most workers of `role` down at once.
+    pub fn down(&self, role: &str) -> usize {
+        self.max_down.get(role).copied().unwrap_or(0)
+    }
+
+    /// Assert the most prefills and decodes down at once, as the router showed them.
+    #[track_caller]
+    pub fn assert_down(&self, prefill: usize, decode: usize) {
+        assert!(self.samples > 0, "the router was never observed ({} polls unanswered)", self.unreachable);
+        assert_eq!((self.down("prefill"), self.down("decode")), (prefill, decode), "most (prefill, decode) workers down at once, from the router: {self:?}");
+    }
+}
+
+impl RouterWatch {
+    /// Start watching the stack's first gateway.
+    pub fn start(stack: &pdctl_sandbox::stack::Stack) -> RouterWatch {
+        let url = stack.router.as_ref().map(|r| format!("{}/workers", r.url)).expect("the stack has a router");
+        let workers: Vec<(String, &'static str)> = stack.workers().iter().map(|w| (w.url.clone(), w.role)).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut seen = Observed::default();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let listed = pdctl_sandbox::stack::http_get(&url)
+                    .ok()
+                    .filter(|(status, _)| *status == 200)
+                    .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                    .and_then(|v| v["workers"].as_array().cloned());
+                match listed {
+                    None => seen.unreachable += 1,
+                    Some(list) => {
+                        seen.samples += 1;
+                        let serving = |url: &str| {
+                            list.iter().any(|w| {
+                                w["url"].as_str().is_some_and(|u| u.trim_end_matches('/') == url)
+                                    && w["is_healthy"] == true
+                                    && (w["status"].is_null() || w["status"] == "ready")
+                            })
+                        };
+                        let mut now: std::collections::BTreeMap<String, usize> = Default::default();
+                        for (u, role) in &workers {
+                            *now.entry(role.to_string()).or_default() += usize::from(!serving(u));
+                        }
+                        if now.values().filter(|n| **n > 0).count() > 1 {
+                            seen.both_down += 1;
+                        }
+                        for (role, n) in now {
+                            let m = seen.max_down.entry(role).or_default();
+                            *m = (*m).max(n);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            seen
+        });
+        RouterWatch { stop, handle: Some(handle) }
+    }
+
+    /// Stop and return what was seen.
+    pub fn finish(mut self) -> Observed {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.take().and_then(|h| h.join().ok()).unwrap_or_default()
+    }
+}
+
+impl Drop for RouterWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// pdctld's record of a rollout (`pdctl rollout show ID --json`).
+pub fn record(socket: &std::path::Path, id: &str) -> serde_json::Value {
+    let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let out = Command::new(bin).args(["rollout", "show", id, "--json", "--socket"]).arg(socket).stdin(Stdio::null()).output().expect("run pdctl rollout show");
+    assert!(out.status.success(), "pdctl rollout show {id}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rollout show printed no JSON: {e}"))
+}
+
+/// The run's rollout has a record, and it says what the run said: the result and, for a
+/// failure, the same unit, step and cause code.
+#[track_caller]
+pub fn assert_recorded(socket: &std::path::Path, run: &JsonRun) {
+    let id = run.summary["id"].as_str().unwrap_or_else(|| panic!("the summary names no rollout id: {:#?}", run.summary));
+    let rec = record(socket, id);
+    let s = &rec["summary"];
+    assert_eq!(s["result"], run.summary["result"], "the record's result: {rec:#}");
+    for k in ["unit", "step", "cause_code"] {
+        assert_eq!(s["failed"][k], run.summary["failed"][k], "the record's failed.{k}: {rec:#}");
+    }
+    assert!(!rec["events"].as_array().map(Vec::is_empty).unwrap_or(true), "the record keeps the events");
+}

@@ -555,50 +555,21 @@ impl Cause {
         self.kind().exit()
     }
 
-    /// The HTTP status of a control-API error with this cause.
+    /// The HTTP status of a control-API error with this cause: by its kind (config 400, access
+    /// 503, busy 409, gate 422), with the exceptions named here.
     pub fn http_status(&self) -> u16 {
         match self {
-            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::WrongState { .. } => 409,
-            Cause::RecordsFailing { .. } => 503,
             Cause::NoSuchRollout { .. } => 404,
-            Cause::ConfigInvalid { .. }
-            | Cause::BadRequest { .. }
-            | Cause::UnitMissing { .. }
-            | Cause::OnlyWorkerOfRole { .. }
-            | Cause::FleetLimits { .. }
-            | Cause::AddressBlocked { .. } => 400,
-            Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => 503,
+            Cause::WrongState { .. } => 409,
             Cause::RecordUnwritable { .. } => 500,
-            Cause::SystemdUnreachable { .. }
-            | Cause::AccessDenied { .. }
-            | Cause::SystemdTimeout { .. }
-            | Cause::SystemdRefused { .. }
-            | Cause::JournalUnreadable { .. }
-            | Cause::EventSourceClosed { .. }
-            | Cause::RouterUnreachable { .. } => 503,
-            Cause::MetricsDisabled { .. }
-            | Cause::GpuOverlap { .. }
-            | Cause::DrainFailed { .. }
-            | Cause::JobFailed { .. }
-            | Cause::FatalLine { .. }
-            | Cause::Crashed { .. }
-            | Cause::ReadyTimeout { .. }
-            | Cause::HealthTimeout { .. }
-            | Cause::WrongWorkerType { .. }
-            | Cause::RegisterRefused { .. }
-            | Cause::RouterNeverAdmits { .. }
-            | Cause::CircuitOpen { .. }
-            | Cause::SmokeFailed { .. }
-            | Cause::ClientsFailing { .. }
-            | Cause::StalePair { .. }
-            | Cause::PairIncompatible { .. }
-            | Cause::PairBroken { .. }
-            | Cause::RepairBlocked { .. }
-            | Cause::IncompatibleChange { .. }
-            | Cause::StrandedKv { .. }
-            | Cause::SlotTimeout { .. }
-            | Cause::MetricsMissing { .. }
-            | Cause::DrainNotRestored { .. } => 422,
+            // Gate failures of a rollout, but as an API answer the service behind pdctld failed.
+            Cause::SystemdRefused { .. } | Cause::EventSourceClosed { .. } => 503,
+            _ => match self.kind() {
+                FailureKind::Config => 400,
+                FailureKind::Access => 503,
+                FailureKind::Busy => 409,
+                FailureKind::Gate => 422,
+            },
         }
     }
 
@@ -797,6 +768,17 @@ mod tests {
         // metrics_disabled is one cause found in two places (preflight's ExecStart, the gate's 404).
         let codes: std::collections::BTreeSet<&str> = Cause::examples().iter().map(Cause::code).collect();
         assert_eq!(codes.len(), Cause::examples().len() - 1);
+    }
+
+    #[test]
+    fn http_statuses_follow_the_kind_with_named_exceptions() {
+        let s = String::new;
+        assert_eq!(Cause::BadRequest { message: s() }.http_status(), 400);
+        assert_eq!(Cause::NoSuchRollout { id: s() }.http_status(), 404);
+        assert_eq!(Cause::Busy { id: s() }.http_status(), 409);
+        assert_eq!(Cause::AccessDenied { message: s() }.http_status(), 503);
+        assert_eq!(Cause::SystemdRefused { message: s() }.http_status(), 503);
+        assert_eq!(Cause::FatalLine { unit: s(), line: s() }.http_status(), 422);
     }
 
     #[test]

@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 /// Where the manager's runtime directory lives inside the sandbox.
 pub const RUNTIME_DIR: &str = "/run/user/0";
+
+/// Set to a size (`4G`) to let the sandbox's journald keep that much (its `RuntimeMaxUse=`) and
+/// keep every line (no rate limit): for benchmarks with a large journal.
+pub const JOURNAL_MAX_ENV: &str = "PDCTL_SANDBOX_JOURNAL_MAX";
 const JOURNALD: &str = "/lib/systemd/systemd-journald";
 const SYSTEMD: &str = "/lib/systemd/systemd";
 
@@ -62,6 +66,15 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
     for d in ["/run/systemd/journal", "/run/systemd/system", RUNTIME_DIR, "/run/log/journal"] {
         if let Err(e) = std::fs::create_dir_all(d) {
             fail(&format!("create {d}: {e}"));
+        }
+    }
+    // Benchmarks that need a large journal raise journald's cap (10% of this tmpfs by default)
+    // and lift its per-service rate limit (10 000 lines per 30 s), so every line is kept.
+    if let Ok(max) = std::env::var(JOURNAL_MAX_ENV) {
+        let dir = Path::new("/run/systemd/journald.conf.d");
+        let text = format!("[Journal]\nRuntimeMaxUse={max}\nRateLimitBurst=0\n");
+        if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join("pdctl-sandbox.conf"), text)) {
+            fail(&format!("write journald's drop-in: {e}"));
         }
     }
     let log = |name: &str| -> Stdio {

@@ -127,6 +127,13 @@ struct RestartArgs {
     /// Print the plan and the preflight verdict; touch nothing.
     #[arg(long)]
     dry_run: bool,
+    #[command(flatten)]
+    start: StartArgs,
+}
+
+/// What every command that starts a rollout on this host takes.
+#[derive(Args)]
+struct StartArgs {
     /// Accept taking the only worker of a role down (serving stops while it restarts).
     #[arg(long)]
     allow_outage: bool,
@@ -151,15 +158,8 @@ enum RolloutCmd {
         /// Roll every worker, stale or not.
         #[arg(long)]
         all: bool,
-        /// Accept taking the only worker of a role down (serving stops while it restarts).
-        #[arg(long)]
-        allow_outage: bool,
-        /// Why (kept in the rollout's record with who started it).
-        #[arg(long)]
-        reason: Option<String>,
-        /// One JSON object per line.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        start: StartArgs,
     },
     /// Follow a rollout from its first event (re-attach after Ctrl-C).
     Watch {
@@ -243,17 +243,18 @@ fn main() {
                     eprintln!("pdctl restart: say --rolling (pdctl only restarts units one at a time, each gated)");
                     return Exit::Usage;
                 }
+                let StartArgs { allow_outage, reason, json } = a.start;
                 if a.dry_run {
-                    return context::dry_run(&config, &a.units, a.json, a.allow_outage).await;
+                    return context::dry_run(&config, &a.units, json, allow_outage).await;
                 }
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;
                 }
-                rollout::start(&client, &config, &Request::Restart { units: a.units, allow_outage: a.allow_outage, reason: a.reason }, a.json).await
+                rollout::start(&client, &config, &Request::Restart { units: a.units, allow_outage, reason }, json).await
             }
             Command::Rollout(r) => match r {
                 RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
-                RolloutCmd::Apply { if_changed, all, allow_outage, reason, json } => {
+                RolloutCmd::Apply { if_changed, all, start: StartArgs { allow_outage, reason, json } } => {
                     rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage, reason }, json).await
                 }
                 RolloutCmd::Watch { id, json } => rollout::watch(&client, &config, &id, json).await,
