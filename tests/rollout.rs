@@ -339,12 +339,16 @@ fn tempfile_dir() -> PathBuf {
 // --- The fault matrix's remaining rows (docs/reliability.md) ---
 
 #[test]
-fn crash_loop_reaching_the_start_limit_halts_at_ready_and_the_fixed_unit_rolls_out_again() {
+fn crash_loop_reaching_the_start_limit_halts_at_ready_and_the_next_rollout_resets_it() {
     let (stack, config) = up(StackOptions::default());
     let d0 = inv(&stack, D);
     // Restart= brings it back at once and again until systemd's start limit stops it for good.
     stack.drop_in(P, "40-limit", "[Unit]\nStartLimitIntervalSec=60\nStartLimitBurst=3\n[Service]\nRestart=on-failure\nRestartSec=100ms\n").unwrap();
-    let exit = stack.drop_in(P, "50-exit", "[Service]\nEnvironment=SGLANG_SIM_EXIT_CODE=3\n").unwrap();
+    // The bad setting comes from an EnvironmentFile: fixing it needs no daemon-reload (which
+    // would also reset systemd's start counter).
+    let env = stack.sandbox.dir().join("prefill.env");
+    std::fs::write(&env, "SGLANG_SIM_EXIT_CODE=3\n").unwrap();
+    stack.drop_in(P, "50-env", &format!("[Service]\nEnvironmentFile={}\n", env.display())).unwrap();
     let (run, seen) = watched(&stack, &config);
     assert_failed(&run, P, "ready", "");
     let code = run.summary["failed"]["cause_code"].as_str().unwrap();
@@ -369,9 +373,9 @@ fn crash_loop_reaching_the_start_limit_halts_at_ready_and_the_fixed_unit_rolls_o
     );
     seen.assert_down(1, 0);
     assert_untouched(&stack, &run, D, &d0);
-    // Fixed (the drop-in removed, the manager reloaded), the next rollout restarts it and passes.
-    std::fs::remove_file(exit).unwrap();
-    stack.sandbox.daemon_reload().unwrap();
+    // Fixed, the next rollout resets the failed unit (systemd refuses to start it otherwise:
+    // "start of the service was attempted too often"), restarts it and passes.
+    std::fs::write(&env, "").unwrap();
     let again = pdctl_run(&["restart", "--rolling", "--unit", P, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
     assert_eq!(again.code, 0, "{:#?}\n{}", again.summary, again.stderr);
     assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
