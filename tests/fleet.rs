@@ -54,15 +54,8 @@ fn alive(status: &Value, host: &str) -> bool {
 }
 
 /// Poll `f` (an HTTP or etcd state with no events) until it holds, at most `deadline`.
-fn until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    false
+fn until(deadline: Duration, f: impl FnMut() -> bool) -> bool {
+    pdctl_tests::until(deadline, Duration::from_millis(250), f)
 }
 
 /// The most holders the role's slot ever had, over every revision etcd kept.

@@ -80,8 +80,7 @@ fn a_stale_decode_is_found_by_the_pair_gate_repaired_and_serving_proven() {
     assert_eq!(through_router(&stack, 3), 3, "serving proven at the end");
     // The record says the same.
     let id = r.summary["id"].as_str().expect("id");
-    let (status, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
-    assert_eq!(status, 200);
+    let rec = pdctl_tests::record(&d.socket, id);
     assert!(rec["events"].as_array().expect("events").iter().any(|e| e["unit"] == D && e["step"] == "soak" && e["repair_of"] == P));
     assert_eq!(rec["summary"]["repairs"], json!({D: P}));
     // pdctl status: the decode pairs with the prefill, by the last probe.

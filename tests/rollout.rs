@@ -216,7 +216,7 @@ fn never_readmits(gateway: Gateway) {
     let (stack, config) = up(StackOptions { gateway, ..Default::default() });
     let d0 = inv(&stack, D);
     let router_pid = stack.show("sglang-router.service", "MainPID").unwrap();
-    let host_pid = host_pid_of(&stack, &router_pid);
+    let host_pid = stack.sandbox.host_pid(router_pid.parse().unwrap()).expect("the router's host pid").to_string();
     fragment(&config, "10-short.toml", "[rollout]\nrouter_timeout = \"5s\"\n");
     // The router hangs (SIGSTOP) right after the prefill restart: it never re-admits the worker.
     let mut stopped = false;
@@ -237,26 +237,6 @@ fn never_readmits(gateway: Gateway) {
     assert_failed(&run, P, "router", "did not admit");
     assert_eq!(run.summary["failed"]["cause_code"], "router_never_admits");
     assert_untouched(&stack, &run, D, &d0);
-}
-
-/// The host PID of a process known by its PID inside the sandbox (NSpid in /proc/<pid>/status).
-fn host_pid_of(stack: &Stack, ns_pid: &str) -> String {
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(st) = std::fs::read_to_string(e.path().join("status")) else {
-            continue;
-        };
-        let Some(ns) = st.lines().find(|l| l.starts_with("NSpid:")) else {
-            continue;
-        };
-        let ids: Vec<&str> = ns.split_whitespace().skip(1).collect();
-        if ids.len() == 2
-            && ids[1] == ns_pid
-            && std::fs::read_link(e.path().join("ns/pid")).ok() == std::fs::read_link(format!("/proc/{}/ns/pid", stack.sandbox.init_pid())).ok()
-        {
-            return ids[0].to_string();
-        }
-    }
-    panic!("no host pid for sandbox pid {ns_pid}");
 }
 
 #[test]
@@ -355,22 +335,16 @@ fn crash_loop_reaching_the_start_limit_halts_at_ready_and_the_next_rollout_reset
     assert!(["fatal_line", "crashed"].contains(&code), "{:#?}", run.summary);
     // The loop went on after the halt until systemd gave up on the unit ("Start request repeated
     // too quickly"; its Result stays the crash's own, exit-code).
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let limited = rt.block_on(pdctl_tests::poll_until(Duration::from_secs(30), Duration::from_millis(200), || async {
+    let limited = pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || {
         // The user manager's own lines about a unit carry USER_UNIT=, not UNIT=.
         let log = stack
             .sandbox
             .journalctl(&[&format!("USER_UNIT={P}"), "--no-pager", "-o", "cat"])
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        (stack.show(P, "ActiveState").unwrap() == "failed" && log.contains("Start request repeated too quickly")).then_some(())
-    }));
-    assert!(
-        limited.is_some(),
-        "the crash loop reached the start limit: {} NRestarts={}",
-        stack.show(P, "ActiveState").unwrap(),
-        stack.show(P, "NRestarts").unwrap()
-    );
+        stack.show(P, "ActiveState").unwrap() == "failed" && log.contains("Start request repeated too quickly")
+    });
+    assert!(limited, "the crash loop reached the start limit: {} NRestarts={}", stack.show(P, "ActiveState").unwrap(), stack.show(P, "NRestarts").unwrap());
     seen.assert_down(1, 0);
     assert_untouched(&stack, &run, D, &d0);
     // Fixed, the next rollout resets the failed unit (systemd refuses to start it otherwise:
@@ -429,18 +403,6 @@ fn gate_start(stack: &Stack, unit: &str, flag: &std::path::Path) {
     stack.drop_in(unit, "60-gate", &format!("[Service]\nExecStart=\nExecStart=/bin/sh -c '{script}' gate {exec}\n")).unwrap();
 }
 
-/// The sandbox's processes named `comm`, by host PID.
-fn sandbox_pids(stack: &Stack, comm: &str) -> Vec<u32> {
-    let ns = std::fs::read_link(format!("/proc/{}/ns/pid", stack.sandbox.init_pid())).ok();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm))
-        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok() == ns)
-        .collect()
-}
-
 #[test]
 fn journald_restarted_during_the_ready_follow_is_followed_through() {
     let (stack, config) = up(StackOptions::default());
@@ -452,30 +414,22 @@ fn journald_restarted_during_the_ready_follow_is_followed_through() {
         if restarted.is_none() && e["unit"] == D && e["step"] == "ready" && e["status"] == "started" {
             // pdctl follows the journal now. Stop journald, start a new one, wait until it takes
             // a stream, then let the decode's server run and print its ready line.
-            let old = sandbox_pids(&stack, "systemd-journal");
+            let old = stack.sandbox.host_pids_named("systemd-journal");
             assert_eq!(old.len(), 1, "one journald in the sandbox: {old:?}");
             std::process::Command::new("kill").args(["-TERM", &old[0].to_string()]).status().unwrap();
-            let gone = (0..200).any(|_| {
-                let g = !std::path::Path::new(&format!("/proc/{}", old[0])).exists() || sandbox_pids(&stack, "systemd-journal").is_empty();
-                if !g {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                g
+            let gone = pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(50), || {
+                !std::path::Path::new(&format!("/proc/{}", old[0])).exists() || stack.sandbox.host_pids_named("systemd-journal").is_empty()
             });
             assert!(gone, "journald stopped within 10 s");
             let new =
                 stack.sandbox.command("/lib/systemd/systemd-journald").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
-            let accepts = (0..200).any(|_| {
-                let ok = stack
+            let accepts = pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(50), || {
+                stack
                     .sandbox
                     .command("/bin/sh")
                     .args(["-c", "echo pdctl-test: journald is back | systemd-cat -t pdctl-test"])
                     .status()
-                    .is_ok_and(|s| s.success());
-                if !ok {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                ok
+                    .is_ok_and(|s| s.success())
             });
             assert!(accepts, "the new journald took a stream within 10 s");
             std::fs::write(&flag, "").unwrap();

@@ -61,9 +61,7 @@ fn record(d: &Pdctld, id: &str) -> Value {
         assert!(t0.elapsed() < Duration::from_secs(60), "pdctld finished reconciling within 60 s");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (status, v) = raw(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
-    assert_eq!(status, 200, "{v}");
-    v
+    pdctl_tests::record(&d.socket, id)
 }
 
 fn running_id(d: &Pdctld) -> String {

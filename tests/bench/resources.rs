@@ -41,22 +41,6 @@ fn proc_sample(pid: u32) -> (f64, u64, usize) {
     (cpu / tck, rss, fds)
 }
 
-/// The host PID of the sandbox's process with PID `ns_pid` inside it.
-fn host_pid(init_pid: u32, ns_pid: &str) -> u32 {
-    let ns = std::fs::read_link(format!("/proc/{init_pid}/ns/pid")).ok();
-    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(st) = std::fs::read_to_string(e.path().join("status")) else { continue };
-        let Some(ids) = st.lines().find_map(|l| l.strip_prefix("NSpid:")) else { continue };
-        let ids: Vec<&str> = ids.split_whitespace().collect();
-        if ids.len() == 2 && ids[1] == ns_pid && std::fs::read_link(e.path().join("ns/pid")).ok() == ns {
-            if let Ok(p) = ids[0].parse() {
-                return p;
-            }
-        }
-    }
-    panic!("no host pid for sandbox pid {ns_pid}");
-}
-
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir).map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
 }
@@ -81,7 +65,8 @@ fn main() {
     let opts = StackOptions { load_secs: 0.3, warmup_secs: 0.1, ..Default::default() };
     let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
     std::fs::write(config.parent().expect("dir").join("config.d/90-bench.toml"), "[rollout]\nmin_healthy = \"1s\"\n").expect("fragment");
-    let pid = host_pid(stack.sandbox.init_pid(), &stack.show(&d.unit, "MainPID").expect("pdctld's MainPID"));
+    let main_pid = stack.show(&d.unit, "MainPID").expect("pdctld's MainPID").parse().expect("a pid");
+    let pid = stack.sandbox.host_pid(main_pid).expect("pdctld's host pid");
     let journal = stack.sandbox.journal_dir();
 
     // 1. Idle.

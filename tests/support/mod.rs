@@ -141,6 +141,21 @@ where
     }
 }
 
+/// [`poll_until`] for plain blocking checks: poll `f` every `every` until it holds, at most
+/// `deadline`; whether it held.
+pub fn until(deadline: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// An HTTP client with a timeout on every request.
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client")
@@ -469,12 +484,11 @@ impl Drop for RouterWatch {
     }
 }
 
-/// pdctld's record of a rollout (`pdctl rollout show ID --json`).
+/// pdctld's record of a rollout (`GET /v1/rollouts/ID`, what `pdctl rollout show` prints).
 pub fn record(socket: &std::path::Path, id: &str) -> serde_json::Value {
-    let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
-    let out = Command::new(bin).args(["rollout", "show", id, "--json", "--socket"]).arg(socket).stdin(Stdio::null()).output().expect("run pdctl rollout show");
-    assert!(out.status.success(), "pdctl rollout show {id}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rollout show printed no JSON: {e}"))
+    let (status, rec) = raw_api(socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!(status, 200, "the record of {id}: {rec}");
+    rec
 }
 
 /// The run's rollout has a record, and it says what the run said: the result and, for a

@@ -332,6 +332,38 @@ impl Sandbox {
         self.init_pid
     }
 
+    /// Host PIDs of the sandbox's processes (those in its PID namespace) whose `comm` is `comm`
+    /// (at most 15 characters, as the kernel keeps it).
+    pub fn host_pids_named(&self, comm: &str) -> Vec<u32> {
+        self.processes().into_iter().filter(|(_, _, c)| c == comm).map(|(host, _, _)| host).collect()
+    }
+
+    /// The host PID of the sandbox's process known inside it as `ns_pid` (a unit's `MainPID`).
+    pub fn host_pid(&self, ns_pid: u32) -> Option<u32> {
+        self.processes().into_iter().find(|(_, inside, _)| *inside == ns_pid).map(|(host, _, _)| host)
+    }
+
+    /// (host PID, PID inside, comm) of every process in the sandbox's PID namespace, from
+    /// `/proc/<pid>/ns/pid` and the last `NSpid:` field of `/proc/<pid>/status`.
+    fn processes(&self) -> Vec<(u32, u32, String)> {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/pid", self.init_pid)) else {
+            return Vec::new();
+        };
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+            .filter(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok().as_ref() == Some(&ns))
+            .filter_map(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let inside = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()?;
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim().to_string();
+                Some((pid, inside, comm))
+            })
+            .collect()
+    }
+
     /// The sandbox's root as seen from outside (`/proc/<pid>/root`).
     pub fn root(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/root", self.init_pid))
