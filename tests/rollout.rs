@@ -223,16 +223,20 @@ fn never_readmits(gateway: Gateway) {
     let watch = RouterWatch::start(&stack);
     let run = pdctl_run(&["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |e| {
         if !stopped && e["unit"] == P && e["step"] == "restart" && e["status"] == "passed" {
+            // The drained prefill is seen out of the router before the router is made to hang.
+            watch.wait_until("sample with the drained prefill out", Duration::from_secs(60), |o| o.down("prefill") >= 1);
+            watch.silence(true);
             std::process::Command::new("kill").args(["-STOP", &host_pid]).status().unwrap();
             stopped = true;
         }
     });
     std::process::Command::new("kill").args(["-CONT", &host_pid]).status().unwrap();
+    watch.silence(false);
     let seen = watch.finish();
     assert!(stopped);
     assert_recorded(std::path::Path::new(&socket(&config)), &run);
     // While it hung it answered nothing; before and after, only the prefill was out.
-    assert!(seen.unreachable > 0, "{seen:?}");
+    assert!(seen.unreachable_while_silent > 0, "{seen:?}");
     seen.assert_down(1, 0);
     assert_failed(&run, P, "router", "did not admit");
     assert_eq!(run.summary["failed"]["cause_code"], "router_never_admits");

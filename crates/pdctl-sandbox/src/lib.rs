@@ -177,26 +177,39 @@ pub fn router_bin(gateway: Gateway) -> Result<PathBuf> {
     }
 }
 
-/// A loopback TCP port that is free now and not handed out before by this process.
+/// A loopback TCP port that is free now, not handed out before by this process, and not claimed
+/// by another process that uses this function (parallel tests): see the lock files below.
 pub fn free_port() -> Result<u16> {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    // The ports this process holds, each with its lock file kept open (the lock is the claim).
+    static GIVEN: Mutex<Vec<(u16, std::fs::File)>> = Mutex::new(Vec::new());
     static SEQ: AtomicU64 = AtomicU64::new(0);
     // Below Linux's ephemeral range (32768-60999 by default): a port picked from that range can be
-    // taken by any outgoing connection (the tests make many) before the server binds it. Spread by
-    // process id and time so that parallel test processes rarely try the same one; bind to check.
+    // taken by any outgoing connection (the tests make many) before the server binds it. Test
+    // processes run in parallel and a port is bound by its server only later, inside a sandbox: a
+    // bind check alone lets two processes pick the same port. So each port is claimed across
+    // processes by an exclusive lock on a file named after it, held until this process exits (the
+    // kernel drops the lock then, whatever the exit); a port another process claimed is skipped.
+    let dir = std::env::temp_dir().join("pdctl-test-ports");
+    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
     let seed =
         std::process::id() as u64 * 7919 + std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
-    for _ in 0..256 {
+    for _ in 0..1024 {
         let n = seed.wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed).wrapping_mul(2654435761));
         let port = 20000 + (n % 12000) as u16;
         let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-        if given.contains(&port) {
+        if given.iter().any(|(p, _)| *p == port) {
             continue;
         }
+        let path = dir.join(port.to_string());
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io(format!("open {}", path.display())))?;
+        // SAFETY: flock on a file descriptor this function owns; it blocks nothing (LOCK_NB).
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue; // another test process holds it
+        }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            given.push(port);
+            given.push((port, file));
             return Ok(port);
         }
     }
