@@ -110,6 +110,14 @@ pub enum Request {
         /// Why (`--reason`; kept in the record with who started it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// Restart with unit changes the running processes do not run yet (`--load-changes`);
+        /// without it a worker with pending or quarantined changes is refused (`changes_pending`).
+        #[serde(default, skip_serializing_if = "is_false")]
+        load_changes: bool,
+        /// The config the client planned with; pdctld refuses (`config_mismatch`) when its own
+        /// differs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
     },
     /// A config rollout of stale workers.
     Apply {
@@ -125,12 +133,38 @@ pub enum Request {
         /// Why (`--reason`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
     },
     /// Continue an interrupted rollout.
     Resume {
         /// The interrupted rollout.
         id: String,
     },
+}
+
+/// Which config a client or pdctld runs with: the main file's path and a digest of the contents of
+/// every file merged ([`crate::config::digest`]). Two paths with the same contents are the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigIdentity {
+    /// The main file.
+    pub path: String,
+    /// SHA-256 of the merged files' contents, in merge order.
+    pub sha256: String,
+}
+
+impl ConfigIdentity {
+    /// The identity of the config rooted at `main`, if every file of it can be read.
+    pub fn of(main: &std::path::Path) -> Option<ConfigIdentity> {
+        crate::config::digest(main).map(|sha256| ConfigIdentity { path: main.display().to_string(), sha256 })
+    }
+
+    /// `/etc/pdctl/pdctl.toml (sha256 1a2b3c4d5e6f)`, for a sentence.
+    pub fn describe(&self) -> String {
+        format!("{} (sha256 {})", self.path, self.sha256.get(..12).unwrap_or(&self.sha256))
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -265,12 +299,15 @@ pub struct ApiError {
     pub exit_code: Exit,
     /// The cause's stable code.
     pub cause_code: String,
+    /// What to do next ([`Cause::next_step`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub next: String,
 }
 
 impl ApiError {
     /// The error body of `cause`.
     pub fn of(cause: &Cause) -> ApiError {
-        ApiError { error: cause.sentence(), exit_code: cause.exit(), cause_code: cause.code().to_string() }
+        ApiError { error: cause.sentence(), exit_code: cause.exit(), cause_code: cause.code().to_string(), next: cause.next_step("") }
     }
 }
 
@@ -359,6 +396,10 @@ pub struct Record {
     /// It was allowed to take the only worker of a role down (a resume inherits it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub allow_outage: bool,
+    /// It may load unit changes the workers did not run yet (a config rollout, or a restart
+    /// with `--load-changes`; a resume inherits it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub load_changes: bool,
     /// What clients saw during each unit's window (the availability probe).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub availability_by_unit: BTreeMap<String, crate::availability::Availability>,
@@ -384,6 +425,7 @@ impl Record {
             notes: vec![],
             resumes,
             allow_outage: false,
+            load_changes: false,
             availability_by_unit: BTreeMap::new(),
             started_by: None,
         }
@@ -611,7 +653,7 @@ mod tests {
     #[test]
     fn requests_reject_unknown_fields() {
         let ok: Request = serde_json::from_str(r#"{"kind":"restart","units":["a.service"]}"#).unwrap();
-        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()], allow_outage: false, reason: None });
+        assert_eq!(ok, Request::Restart { units: vec!["a.service".into()], allow_outage: false, reason: None, load_changes: false, config: None });
         let typo = serde_json::from_str::<Request>(r#"{"kind":"restart","unit":["x"]}"#).unwrap_err();
         assert!(typo.to_string().contains("unknown field `unit`"), "{typo}");
         assert!(serde_json::from_str::<Request>(r#"{"kind":"reboot"}"#).is_err());

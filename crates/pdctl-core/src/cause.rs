@@ -430,6 +430,23 @@ pub enum Cause {
         /// The I/O error.
         error: String,
     },
+    /// A plain restart would load changes the unit does not run yet (files changed on disk,
+    /// drop-ins systemd has not loaded, a change pdctl quarantined): refused unless asked to.
+    ChangesPending {
+        /// The unit.
+        unit: String,
+        /// What changed, one clause each.
+        changes: String,
+        /// The change already failed in a rollout (its id and cause), if it did.
+        quarantined: Option<String>,
+    },
+    /// The config the CLI was given is not the one pdctld runs with.
+    ConfigMismatch {
+        /// The CLI's config path and digest.
+        given: String,
+        /// pdctld's config path and digest.
+        daemon: String,
+    },
 }
 
 fn dur(d: &Duration) -> String {
@@ -499,6 +516,8 @@ impl Cause {
             Cause::NoSuchRollout { .. } => "no_such_rollout",
             Cause::WrongState { .. } => "wrong_state",
             Cause::RecordUnwritable { .. } => "record_unwritable",
+            Cause::ChangesPending { .. } => "changes_pending",
+            Cause::ConfigMismatch { .. } => "config_mismatch",
         }
     }
 
@@ -512,6 +531,8 @@ impl Cause {
             | Cause::WrongState { .. }
             | Cause::OnlyWorkerOfRole { .. }
             | Cause::FleetLimits { .. }
+            | Cause::ChangesPending { .. }
+            | Cause::ConfigMismatch { .. }
             | Cause::AddressBlocked { .. } => FailureKind::Config,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
             Cause::SystemdUnreachable { .. }
@@ -679,6 +700,13 @@ impl Cause {
             Cause::RecordUnwritable { dir, error } => {
                 format!("cannot write the rollout record in {dir}: {error}; check the state directory's space and permissions")
             }
+            Cause::ChangesPending { unit, changes, quarantined } => format!(
+                "{unit} has changes on disk that its running process does not run ({changes}){}: a plain restart would load them; roll them out with `pdctl rollout apply` (gated, recorded, rolled back on failure), or pass --load-changes to restart with them",
+                quarantined.as_ref().map(|q| format!("; this change already failed ({q}) and is quarantined")).unwrap_or_default()
+            ),
+            Cause::ConfigMismatch { given, daemon } => format!(
+                "the config given ({given}) is not the one pdctld runs with ({daemon}): pdctld would roll out its own; drop --config, or point pdctld at this config and restart it while idle"
+            ),
         }
     }
 
@@ -734,6 +762,8 @@ impl Cause {
             Cause::NoSuchRollout { id: "r1764500000".into() },
             Cause::WrongState { id: "r1764500000".into(), state: "succeeded".into(), needs: msg() },
             Cause::RecordUnwritable { dir: "/var/lib/pdctl".into(), error: msg() },
+            Cause::ChangesPending { unit: unit(), changes: msg(), quarantined: Some(msg()) },
+            Cause::ConfigMismatch { given: msg(), daemon: msg() },
         ];
         for diagnosis in [
             MetricsDiagnosis::Disabled,

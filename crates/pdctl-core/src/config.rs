@@ -588,6 +588,19 @@ pub fn main_path(flag: Option<&Path>) -> PathBuf {
     flag.map(Path::to_path_buf).or_else(|| std::env::var_os("PDCTL_CONFIG").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
 }
 
+/// SHA-256 (hex) of the contents of every file of the config rooted at `main`, in merge order;
+/// `None` when one cannot be read. Which config a CLI and pdctld run with is compared by this.
+pub fn digest(main: &Path) -> Option<String> {
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    for f in files(main) {
+        let bytes = std::fs::read(&f).ok()?;
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Load and validate the configuration rooted at `main`.
 pub fn load(main: &Path) -> Result<Settings, ConfigError> {
     let mut texts = Vec::new();

@@ -133,6 +133,24 @@ fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
     w.gpus.clone().or_else(|| env.iter().find_map(|kv| kv.strip_prefix("CUDA_VISIBLE_DEVICES=")).and_then(crate::config::parse_gpus))
 }
 
+/// What `w` would load by a plain restart that its running process does not run: files changed
+/// since its last good revision (or, without one, since the process started), drop-ins systemd has
+/// not loaded, `NeedDaemonReload`; and whether those files are a change that already failed.
+fn pending_changes(w: &Worker, cfg: &crate::ports::UnitConfig, st: &UnitState, not_loaded: &[String], dir: Option<&Path>) -> Option<Cause> {
+    let files = revisions::paths(&w.unit, cfg, &w.watch_files);
+    let current = revisions::snapshot(&w.unit, &files, "current");
+    let last = dir.and_then(|d| revisions::load(d, &w.unit));
+    let mut changes = revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload);
+    changes.extend(not_loaded.iter().map(|p| format!("{p} is not loaded by systemd")));
+    changes.sort();
+    changes.dedup();
+    let quarantined = dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| format!("in rollout {}: {}", q.rollout_id, q.cause));
+    if changes.is_empty() && quarantined.is_none() {
+        return None;
+    }
+    Some(Cause::ChangesPending { unit: w.unit.clone(), changes: changes.join("; "), quarantined })
+}
+
 fn fmt_set(s: &BTreeSet<u32>) -> String {
     s.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
@@ -175,6 +193,9 @@ pub struct RolloutRun<'a> {
     pub id: &'a str,
     /// Taking the only worker of a role down is accepted (`--allow-outage`; or the config's).
     pub allow_outage: bool,
+    /// Changes on disk that a worker does not run yet may be loaded by its restart (a config
+    /// rollout, or `--load-changes`); else such a worker is refused in preflight.
+    pub load_changes: bool,
 }
 
 /// What a run writes to besides events.
@@ -190,11 +211,13 @@ struct Ctx<'a> {
     /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
     /// waits for it to serve instead of skipping it.
     together_with: Option<&'a str>,
+    /// Changes a worker does not run yet may be loaded ([`RolloutRun::load_changes`]).
+    load_changes: bool,
 }
 
 impl Ctx<'_> {
-    fn none(allow_outage: Option<bool>) -> Ctx<'static> {
-        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None }
+    fn none(allow_outage: Option<bool>, load_changes: bool) -> Ctx<'static> {
+        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes }
     }
 }
 
@@ -250,12 +273,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
-        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Some(true)), &mut notes).await
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Some(true), true), &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None), &mut Vec::new()).await
+        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None, false), &mut Vec::new()).await
     }
 
     /// A rollout as pdctld runs it: a rolling restart (or the rest of an interrupted one), stopped
@@ -283,6 +306,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             allow_outage: Some(r.allow_outage || self.settings.rollout.allow_outage),
             clients: probing.map(|_| &clients),
             together_with: None,
+            load_changes: r.load_changes,
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -449,9 +473,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
-    pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool) -> Summary {
+    /// `load_changes`: as the real run's ([`RolloutRun::load_changes`]).
+    pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool) -> Summary {
         let t0 = Instant::now();
-        let failed = match self.preflight(plan, sink, true, Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage))).await {
+        let failed = match self.preflight(plan, sink, true, Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes)).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
@@ -489,6 +514,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         .collect()
                 };
                 let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
+                // A restart that is not a config rollout loads nothing the worker does not run
+                // yet (checked before any reload): a pending change is rolled out by `rollout
+                // apply`, through every gate, or accepted with --load-changes.
+                if ctx.allow_outage.is_some() && !ctx.load_changes {
+                    if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions) {
+                        return Err(Fail::from(c));
+                    }
+                }
                 let mut did_reload = false;
                 if needs_reload && dry {
                     did_reload = true; // reported as "would reload"
@@ -1740,7 +1773,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Ok(true);
         }
         let plan = Plan { workers: vec![w.clone()] };
-        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), ctx, notes).await;
+        // The restored files are what it ran last: loading them is the point.
+        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
         match s.result {
             Outcome::Succeeded => {
                 notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));

@@ -129,12 +129,23 @@ pub struct Failure {
     /// The unit's last log lines.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_lines: Vec<String>,
+    /// What to do next ([`Cause::next_step`]): commands between backticks.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub next: String,
 }
 
 impl Failure {
     /// The failure of `unit` at `step` with `cause`.
     pub fn new(unit: &str, step: Step, cause: &Cause, last_lines: Vec<String>) -> Failure {
-        Failure { unit: unit.to_string(), step, cause: cause.sentence(), cause_code: cause.code().to_string(), kind: cause.kind(), last_lines }
+        Failure {
+            unit: unit.to_string(),
+            step,
+            cause: cause.sentence(),
+            cause_code: cause.code().to_string(),
+            kind: cause.kind(),
+            last_lines,
+            next: cause.next_step(unit),
+        }
     }
 }
 

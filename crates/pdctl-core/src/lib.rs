@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod fuzzing;
 pub mod judge;
 pub mod lifecycle;
+pub mod next;
 pub mod pairing;
 pub mod plan;
 pub mod ports;

@@ -100,6 +100,7 @@ impl Client {
                 error: format!("pdctld answered {status}: {}", String::from_utf8_lossy(&bytes).trim()),
                 exit_code: Exit::Unreachable,
                 cause_code: "unknown".into(),
+                next: String::new(),
             })))
         };
         tokio::time::timeout(TIMEOUT, fut).await.unwrap_or_else(|_| Err(ClientError::Other(format!("no answer within {TIMEOUT:?}"))))

@@ -49,9 +49,9 @@ async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), E
 }
 
 /// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here.
-pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool) -> Exit {
+pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool, load_changes: bool) -> Exit {
     match prepare(config, only).await {
-        Ok((engine, plan)) => run_read_only(&engine, &plan, json, Some(allow_outage)).await,
+        Ok((engine, plan)) => run_read_only(&engine, &plan, json, Some((allow_outage, load_changes))).await,
         Err(c) => c,
     }
 }
@@ -87,13 +87,13 @@ pub enum Kind {
 
 /// Run the read-only parts of the engine here (`dry`: preflight only; else `check`) with live
 /// output; returns the exit code. Rollouts themselves run in pdctld.
-/// `dry`: `Some(allow_outage)` for a dry run, `None` for check.
-async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option<bool>) -> Exit {
+/// `dry`: `Some((allow_outage, load_changes))` for a dry run, `None` for check.
+async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option<(bool, bool)>) -> Exit {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let renderer = Renderer::new(json, plan, if dry.is_some() { Kind::DryRun } else { Kind::Check });
     let printer = tokio::spawn(renderer.run(rx));
     let summary = match dry {
-        Some(allow_outage) => engine.dry_run(plan, &tx, allow_outage).await,
+        Some((allow_outage, load_changes)) => engine.dry_run(plan, &tx, allow_outage, load_changes).await,
         None => engine.check(plan, &tx).await,
     };
     drop(tx);

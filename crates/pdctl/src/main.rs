@@ -127,6 +127,12 @@ struct RestartArgs {
     /// Print the plan and the preflight verdict; touch nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Restart even where the unit's files changed since its process started (drop-ins systemd
+    /// has not loaded, edited EnvironmentFiles, a change quarantined after it failed): the
+    /// restart loads them. Without it such a worker is refused (`changes_pending`); `pdctl
+    /// rollout apply` rolls changes out with rollback.
+    #[arg(long)]
+    load_changes: bool,
     #[command(flatten)]
     start: StartArgs,
 }
@@ -245,17 +251,35 @@ fn main() {
                 }
                 let StartArgs { allow_outage, reason, json } = a.start;
                 if a.dry_run {
-                    return context::dry_run(&config, &a.units, json, allow_outage).await;
+                    return context::dry_run(&config, &a.units, json, allow_outage, a.load_changes).await;
                 }
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;
                 }
-                rollout::start(&client, &config, &Request::Restart { units: a.units, allow_outage, reason }, json).await
+                let identity = match rollout::same_config(&client, &config).await {
+                    Ok(i) => i,
+                    Err(c) => return c,
+                };
+                let req = Request::Restart { units: a.units, allow_outage, reason, load_changes: a.load_changes, config: identity };
+                rollout::start(&client, &config, &req, json).await
             }
             Command::Rollout(r) => match r {
-                RolloutCmd::Diff(a) => rollout::diff(&client, a.json).await,
+                RolloutCmd::Diff(a) => match context::validate_locally(&config, &[]) {
+                    Err(c) => c,
+                    Ok(()) => match rollout::same_config(&client, &config).await {
+                        Err(c) => c,
+                        Ok(_) => rollout::diff(&client, a.json).await,
+                    },
+                },
                 RolloutCmd::Apply { if_changed, all, start: StartArgs { allow_outage, reason, json } } => {
-                    rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage, reason }, json).await
+                    if let Err(c) = context::validate_locally(&config, &[]) {
+                        return c;
+                    }
+                    let identity = match rollout::same_config(&client, &config).await {
+                        Ok(i) => i,
+                        Err(c) => return c,
+                    };
+                    rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage, reason, config: identity }, json).await
                 }
                 RolloutCmd::Watch { id, json } => rollout::watch(&client, &config, &id, json).await,
                 RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
@@ -304,4 +328,30 @@ fn man_pages(dir: &std::path::Path) -> Exit {
         }
     }
     Exit::Ok
+}
+
+#[cfg(test)]
+mod next_steps {
+    use clap::Parser as _;
+
+    /// Every `pdctl …` command that a cause's next step suggests is one this CLI parses.
+    #[test]
+    fn every_suggested_command_parses() {
+        let mut seen = 0;
+        for cause in pdctl_core::cause::Cause::examples() {
+            for unit in ["sglang-prefill.service", "router", "fleet", ""] {
+                let next = cause.next_step(unit);
+                for cmd in pdctl_core::next::pdctl_commands(&next) {
+                    let args: Vec<&str> = cmd.split_whitespace().collect();
+                    match super::Cli::try_parse_from(&args) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {}
+                        Err(e) => panic!("{} suggests `{cmd}`, which pdctl refuses: {e}", cause.code()),
+                    }
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen > 40, "only {seen} commands were checked");
+    }
 }

@@ -223,18 +223,27 @@ impl Renderer {
                 f.cause_code
             ),
             (_, Some(f), Kind::Rollout) => format!(
-                "✗ halted{id} at {} ({}, {}){}; verified before it: {verified}; not started: {not_started}; next: journalctl -u {} -n 200, fix it, then pdctl restart --rolling --unit {}",
+                "✗ halted{id} at {} ({}, {}){}; verified before it: {verified}; not started: {not_started}; next: {}",
                 f.unit,
                 f.step.as_str(),
                 f.cause_code,
                 state(&f.unit),
-                f.unit,
-                f.unit
+                next_of(f)
             ),
-            (_, Some(f), _) => format!("✗ {} failed at {} ({}); nothing was touched; next: fix it, then run this again", f.unit, f.step.as_str(), f.cause_code),
+            (_, Some(f), _) => format!("✗ {} failed at {} ({}); nothing was touched; next: {}", f.unit, f.step.as_str(), f.cause_code, next_of(f)),
             (_, None, _) => format!("✗ {:?} without a failed gate{id}", s.result),
         };
         println!("pdctl: {line}");
+    }
+}
+
+/// The failure's next step (from its cause), or for a record written before pdctl said one, the
+/// general advice.
+fn next_of(f: &pdctl_core::events::Failure) -> String {
+    if f.next.is_empty() {
+        format!("`journalctl -u {} -n 200`, fix the cause, then run this again", f.unit)
+    } else {
+        f.next.clone()
     }
 }
 

@@ -19,7 +19,30 @@ fn fail(e: ClientError) -> Exit {
 
 fn api_error(e: ApiError) -> Exit {
     eprintln!("pdctl: {}", e.error);
+    if !e.next.is_empty() {
+        eprintln!("pdctl: next: {}", e.next);
+    }
     e.exit_code
+}
+
+/// The config this command was given is the one pdctld runs with, or the exit code of the
+/// refusal (2, printed). Returns this config's identity for the request (pdctld checks again), or
+/// `None` where it cannot be read here (pdctld's own config decides). A pdctld too old to say
+/// which config it runs with (404) is not compared.
+pub async fn same_config(client: &Client, config: &Path) -> Result<Option<pdctl_core::api::ConfigIdentity>, Exit> {
+    let Some(ours) = pdctl_core::api::ConfigIdentity::of(config) else {
+        return Ok(None);
+    };
+    match client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await {
+        Ok(Ok(theirs)) if theirs.sha256 != ours.sha256 => {
+            let c = pdctl_core::cause::Cause::ConfigMismatch { given: ours.describe(), daemon: theirs.describe() };
+            eprintln!("pdctl: {}", c.sentence());
+            eprintln!("pdctl: next: {}", c.next_step(""));
+            Err(c.exit())
+        }
+        Ok(_) => Ok(Some(ours)),
+        Err(e) => Err(fail(e)),
+    }
 }
 
 /// Ask pdctld, or the exit code of what went wrong (printed).
@@ -97,7 +120,13 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
     // The ticker holds the renderer until its task has really ended.
     let _ = ticker.await;
     if let Err(e) = res {
-        return fail(e);
+        // pdctld went away mid-rollout (stopped, crashed, restarted): the rollout is interrupted
+        // there and waits for an operator; say which and how to go on.
+        eprintln!("pdctl: lost pdctld while following rollout {id}: {e}");
+        println!(
+            "pdctl: ✗ interrupted (rollout {id}): pdctld stopped answering mid-rollout; when pdctld is back, it re-admits any worker it had drained and marks the rollout interrupted; next: `pdctl status`, then `pdctl rollout resume {id}`"
+        );
+        return e.exit();
     }
     let renderer = match Arc::try_unwrap(r) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),

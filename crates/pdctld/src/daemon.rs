@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pdctl_core::api::{
+use pdctl_core::api::{ConfigIdentity, 
     AbortAccepted, ApiError, DaemonStatus, Diff, DiffWorker, FleetRequest, History, HostResult, Interruption, LastRollout, Record, Request, RolloutKind,
     Started, StartedBy, StreamLine, UnitSnapshot,
 };
@@ -349,6 +349,16 @@ impl Drop for Slot<'_> {
 /// Start a rollout: take the one running slot (busy check and lock are one step), then load the
 /// config, plan, and hand over to a task. `Ok` with the id, or the cause.
 async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Started, Cause> {
+    // The client planned with its config: a rollout of another one is refused, never run silently.
+    if let Request::Restart { config: Some(given), .. } | Request::Apply { config: Some(given), .. } = &req {
+        let ours = ConfigIdentity::of(&daemon.config);
+        if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
+            return Err(Cause::ConfigMismatch {
+                given: given.describe(),
+                daemon: ours.map(|o| o.describe()).unwrap_or_else(|| format!("{} (unreadable)", daemon.config.display())),
+            });
+        }
+    }
     let (id, abort, tx, record) = {
         let mut slot = lock(&daemon.running);
         if let Some(other) = slot.as_ref() {
@@ -380,15 +390,18 @@ async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Start
     let e = engine(&daemon).await?;
     let dir = daemon.store.revisions_dir();
     let allow_outage: bool;
+    let load_changes: bool;
     let mut reverify = true;
     let (kind, plan, reasons, resumes) = match req {
-        Request::Restart { units, allow_outage: allow, .. } => {
+        Request::Restart { units, allow_outage: allow, load_changes: load, .. } => {
             allow_outage = allow;
+            load_changes = load;
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             (RolloutKind::Restart, plan, BTreeMap::new(), None)
         }
         Request::Apply { if_changed, all, allow_outage: allow, .. } => {
             allow_outage = allow;
+            load_changes = true;
             let stale = e.staleness(&dir).await?;
             // A change that already failed is not rolled out again until its files change.
             let held: Vec<String> = stale
@@ -435,6 +448,7 @@ async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Start
             reverify = !old.lifecycle.position().is_some_and(|p| p.step == Step::Slot);
             let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             allow_outage = old.allow_outage;
+            load_changes = old.load_changes;
             old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
             daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
             lock(&daemon.unsaved).remove(&old_id);
@@ -445,6 +459,7 @@ async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Start
         let mut r = lock(&record);
         *r = Record::new(&id, kind, plan.workers.iter().map(|w| w.unit.clone()).collect(), reasons, resumes);
         r.allow_outage = allow_outage;
+        r.load_changes = load_changes;
         r.started_by = Some(by);
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
@@ -524,7 +539,10 @@ async fn run(
         })
     };
     let dir = daemon.store.revisions_dir();
-    let allow_outage = lock(&record).allow_outage;
+    let (allow_outage, load_changes) = {
+        let r = lock(&record);
+        (r.allow_outage, r.load_changes)
+    };
     let run = RolloutRun {
         plan: &plan,
         resume: kind == RolloutKind::Resume && reverify,
@@ -533,6 +551,7 @@ async fn run(
         ledger: Some(daemon.store.ledger()),
         id: &id,
         allow_outage,
+        load_changes,
     };
     let mut finished = e.execute(run, &sink).await;
     drop(sink);
@@ -788,6 +807,15 @@ async fn diff(State(d): State<Arc<Daemon>>) -> Response {
 }
 
 /// Liveness of the API itself (the watchdog's probe): no I/O beyond the answer.
+/// `GET /v1/config`: which config pdctld runs with (path and digest), for a CLI to compare with
+/// its own before it asks for anything.
+async fn config_identity(State(d): State<Arc<Daemon>>) -> Response {
+    match ConfigIdentity::of(&d.config) {
+        Some(c) => Json(c).into_response(),
+        None => api_err(&Cause::ConfigInvalid { message: format!("pdctld cannot read its config {}", d.config.display()) }),
+    }
+}
+
 async fn ping() -> Response {
     Json(serde_json::json!({ "ok": true })).into_response()
 }
@@ -830,6 +858,7 @@ pub fn api(d: Arc<Daemon>) -> Router {
         .route("/v1/rollouts/{id}/events", get(events))
         .route("/v1/rollouts/{id}/abort", post(abort))
         .route("/v1/diff", get(diff))
+        .route("/v1/config", get(config_identity))
         .route("/v1/status", get(status))
         .route("/v1/ping", get(ping))
         .fallback(|| async { api_err(&Cause::BadRequest { message: "no such endpoint; see docs/cli.md for pdctld's control API".into() }) })
@@ -994,7 +1023,7 @@ impl Daemon {
             return;
         }
         let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
-        let started = start(self.clone(), Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone() }, by).await;
+        let started = start(self.clone(), Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: false, config: None }, by).await;
         let id = match started {
             Ok(Started { id: Some(id), .. }) => id,
             Ok(_) => return,

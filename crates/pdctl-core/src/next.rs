@@ -1,0 +1,115 @@
+//! What the operator does next about each cause: the one table behind the `next:` of every failed
+//! run's last line (and the summary's `failed.next`). Each entry names commands between backticks;
+//! a test parses every `pdctl …` command of every cause against the CLI, so none is advice that
+//! does not run. Placeholders an operator fills in are upper case (`ID`, `HOLDER`).
+
+use crate::cause::{Cause, MetricsDiagnosis};
+
+/// `pdctl restart --rolling --unit UNIT` for a worker; the whole plan for a pseudo-unit.
+fn retry(unit: &str) -> String {
+    if unit.ends_with(".service") {
+        format!("`pdctl restart --rolling --unit {unit}`")
+    } else {
+        "`pdctl restart --rolling`".to_string()
+    }
+}
+
+/// Read the unit's log, fix the cause, restart it.
+fn logs(unit: &str) -> String {
+    format!("`journalctl -u {unit} -n 200`, fix the cause, then {}", retry(unit))
+}
+
+impl Cause {
+    /// What to do next, for a failure of `unit` (the failed event's unit, which may be the pseudo
+    /// units `router` or `fleet`): commands between backticks, in the order to run them.
+    pub fn next_step(&self, unit: &str) -> String {
+        match self {
+            Cause::UnitMissing { .. } => "install the unit or fix its name in the config, then `pdctl check`".into(),
+            Cause::SystemdUnreachable { .. } | Cause::SystemdTimeout { .. } => {
+                "`systemctl is-system-running` (the manager must answer over D-Bus), then `pdctl check`".into()
+            }
+            Cause::AccessDenied { .. } | Cause::SystemdRefused { .. } => {
+                "run pdctl as root (or allow pdctld's user to manage the units: docs/install.md), then `pdctl check`".into()
+            }
+            Cause::JournalUnreadable { .. } => "`journalctl -n 1` as pdctld's user (the journal must be readable), then `pdctl check`".into(),
+            Cause::EventSourceClosed { .. } => format!("`pdctl status`, then {}", retry(unit)),
+            Cause::MetricsDisabled { unit } => format!("add --enable-metrics to {unit}'s ExecStart (a drop-in), then `pdctl rollout apply`"),
+            Cause::OnlyWorkerOfRole { unit, role, .. } => {
+                format!("`pdctl restart --rolling --unit {unit} --allow-outage` to accept the outage, or add a second {role} worker")
+            }
+            Cause::GpuOverlap { .. } => "fix gpus (or CUDA_VISIBLE_DEVICES) in the config, then `pdctl restart --rolling --dry-run`".into(),
+            Cause::RouterUnreachable { .. } => "bring the gateway back (it must answer GET /workers), then `pdctl check`".into(),
+            Cause::DrainFailed { .. } => format!("`pdctl status` (the gateway's view of each worker), then {}", retry(unit)),
+            Cause::JobFailed { .. } | Cause::FatalLine { .. } | Cause::Crashed { .. } | Cause::ReadyTimeout { .. } | Cause::HealthTimeout { .. } => {
+                logs(unit)
+            }
+            Cause::WrongWorkerType { .. } => "make the worker's role in the config match its --disaggregation-mode, then `pdctl check`".into(),
+            Cause::RegisterRefused { .. } | Cause::RouterNeverAdmits { .. } | Cause::CircuitOpen { .. } => {
+                format!("`pdctl status` (is the gateway the fault? the worker's own health is in the event above), fix the gateway, then {}", retry(unit))
+            }
+            Cause::SmokeFailed { .. } => {
+                format!("`pdctl status` (a request through the gateway failed: does every role have a serving worker?), then {}", retry(unit))
+            }
+            Cause::ClientsFailing { .. } => "`pdctl rollout history`, then `pdctl rollout show ID` (which unit's window failed requests)".into(),
+            Cause::StalePair { decode, .. } => format!("`pdctl restart --rolling --unit {decode}` (its cached pairing is stale)"),
+            Cause::PairIncompatible { .. } | Cause::IncompatibleChange { .. } => {
+                "make page_size and kv_cache_dtype the same on prefill and decode, then `pdctl rollout apply`".into()
+            }
+            Cause::PairBroken { prefill, decode, side, .. } => logs(if side == "decode" { decode } else { prefill }),
+            Cause::RepairBlocked { decode, .. } => format!("`pdctl status`, then `pdctl restart --rolling --unit {decode} --allow-outage`"),
+            Cause::StrandedKv { decode, .. } => {
+                format!("`pdctl status` (KV the prefills still hold for {decode}'s old process; they release it at their bootstrap timeout), then `pdctl check`")
+            }
+            Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => "`etcdctl endpoint health` (the fleet's etcd must answer), then `pdctl fleet status`".into(),
+            Cause::FleetLimits { .. } => "make [fleet.max_unavailable] the same on every host, then `pdctl fleet status`".into(),
+            Cause::AddressBlocked { .. } => "`pdctl unit-dropin --write`, `systemctl daemon-reload`, then restart pdctld while no rollout runs".into(),
+            Cause::SlotTimeout { .. } => "`pdctl fleet status` (who holds the slot); if its host is dead, `pdctl fleet release HOLDER`".into(),
+            Cause::MetricsMissing { unit, diagnosis, .. } => match diagnosis {
+                MetricsDiagnosis::Disabled => format!("add --enable-metrics to {unit}'s ExecStart (a drop-in), then `pdctl rollout apply`"),
+                MetricsDiagnosis::Unreachable | MetricsDiagnosis::NotPublished => logs(unit),
+                MetricsDiagnosis::Unparseable | MetricsDiagnosis::UnknownNames | MetricsDiagnosis::Insane => {
+                    "compare the server's /metrics with docs/metrics.md (or set [verify] metrics = \"warn\"), then `pdctl check`".into()
+                }
+            },
+            Cause::ConfigInvalid { .. } => "fix the config at the file, line and key named, then `pdctl check`".into(),
+            Cause::BadRequest { .. } => "`pdctl --help`".into(),
+            Cause::Busy { id } => format!("`pdctl rollout watch {id}`"),
+            Cause::Reconciling { .. } => "`pdctl status` (pdctld is re-admitting the workers it had drained), then run this again".into(),
+            Cause::DrainNotRestored { unit, .. } => format!("`pdctl status`, then {}", retry(unit)),
+            Cause::RecordsFailing { .. } | Cause::RecordUnwritable { .. } => {
+                "free space or fix the permissions of pdctld's state directory (/var/lib/pdctl), then `pdctl status`".into()
+            }
+            Cause::NoSuchRollout { .. } | Cause::WrongState { .. } => "`pdctl rollout history`".into(),
+            Cause::ChangesPending { unit, .. } => {
+                format!("`pdctl rollout diff`, then `pdctl rollout apply` to roll the change out, or `pdctl restart --rolling --unit {unit} --load-changes`")
+            }
+            Cause::ConfigMismatch { .. } => "`pdctl status` (the config pdctld runs with), then run this again without --config".into(),
+        }
+    }
+}
+
+/// The commands between backticks in a next step that start with `pdctl`.
+pub fn pdctl_commands(next: &str) -> Vec<String> {
+    next.split('`').skip(1).step_by(2).filter(|c| c.starts_with("pdctl ")).map(str::to_string).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cause_says_what_to_do_next_with_a_command() {
+        for c in Cause::examples() {
+            let n = c.next_step("sglang-prefill.service");
+            assert!(n.contains('`'), "{}: {n}", c.code());
+        }
+    }
+
+    #[test]
+    fn a_pseudo_unit_is_never_restarted_by_name() {
+        let c = Cause::DrainNotRestored { unit: "router".into(), why: String::new() };
+        assert!(!c.next_step("router").contains("--unit router"));
+        let c = Cause::RouterNeverAdmits { url: String::new(), after: std::time::Duration::ZERO, last: String::new() };
+        assert!(!c.next_step("router").contains("--unit router"), "{}", c.next_step("router"));
+    }
+}
