@@ -117,9 +117,14 @@ fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
     cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
     stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
-    let _ = cli1.finish(Duration::from_secs(20));
+    // The CLI that followed it says the rollout is interrupted, its id and how to go on (exit 3).
+    assert_eq!(cli1.finish(Duration::from_secs(20)), Some(3));
+    let last = cli1.seen.last().cloned().unwrap_or_default();
+    assert_eq!(last["result"], "interrupted", "{last}");
     stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
     let rec = history(&d, &config).into_iter().last().unwrap();
+    assert_eq!(last["id"], rec["id"], "{last}");
+    assert!(last["next"].as_str().is_some_and(|n| n.contains(&format!("pdctl rollout resume {}", rec["id"].as_str().unwrap()))), "{last}");
     assert_eq!(rec["state"], "interrupted", "{rec:#}");
     assert_eq!(rec["interrupted"]["unit"], P, "{rec:#}");
     assert!(rec["interrupted"]["step"].is_string());
@@ -264,4 +269,39 @@ fn shipped_units_are_valid_and_pdctld_is_hardened() {
         let bad: Vec<&str> = err.lines().filter(|l| l.contains("Unknown") || l.contains("Invalid") || l.contains("Failed to parse")).collect();
         assert!(bad.is_empty(), "{u}: {bad:?}");
     }
+}
+
+/// The CLI plans with the config it is given; pdctld rolls out its own. When they differ the real
+/// run is refused (exit 2, both paths named), never run on pdctld's silently; an invalid
+/// `--config` is a config error for `rollout diff` too.
+#[test]
+fn a_config_other_than_pdctlds_is_refused_not_run_silently() {
+    let (stack, config, d) = up();
+    let (p0, d0) = (inv(&stack, P), inv(&stack, D));
+    let run = |cfg: &Path, args: &[&str]| {
+        let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+        let o = std::process::Command::new(bin).args(args).args(["--config", &s(cfg), "--socket", &s(&d.socket)]).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let other_dir = config.parent().unwrap().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let other = other_dir.join("pdctl.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    // The same but for one setting (a comment or the bus address would not count).
+    std::fs::write(&other, text.replace("min_healthy = \"3s\"", "min_healthy = \"4s\"")).unwrap();
+    assert_ne!(std::fs::read_to_string(&other).unwrap(), text);
+    for args in [&["restart", "--rolling"][..], &["rollout", "apply"], &["rollout", "diff"]] {
+        let (code, out, err) = run(&other, args);
+        assert_eq!(code, Some(2), "{args:?}: {out} {err}");
+        let theirs = config.parent().unwrap().join("inside.toml");
+        assert!(err.contains(&s(&other)) && err.contains(&s(&theirs)) && err.contains("not the one pdctld runs with"), "{args:?}: {err}");
+    }
+    assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0), "nothing restarted");
+    let bad = other_dir.join("bad.toml");
+    std::fs::write(&bad, "[rollout]\nbogus = 1\n").unwrap();
+    let (code, _, err) = run(&bad, &["rollout", "diff"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("bogus") && err.contains("bad.toml"), "{err}");
+    let (code, _, err) = run(&config, &["rollout", "diff"]);
+    assert_eq!(code, Some(0), "pdctld's own config: {err}");
 }

@@ -144,9 +144,13 @@ fn unit_that_exits_at_start_halts_at_ready() {
     let (stack, config) = up(StackOptions::default());
     let d0 = inv(&stack, D);
     // A bad flag rolled out in a drop-in: SGLang's argparse rejects it at start (exit 2).
-    // The unit file is edited (not reloaded): preflight sees NeedDaemonReload and reloads.
+    // The unit file is edited (not reloaded): preflight sees NeedDaemonReload and, since the
+    // restart is asked to load changes, reloads.
     stack.append_to_unit(P, "Environment=SGLANG_SIM_EXIT_CODE=3\n").unwrap();
-    let (run, seen) = watched(&stack, &config);
+    let watch = RouterWatch::start(&stack);
+    let run = pdctl_run(&["restart", "--rolling", "--load-changes", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    let seen = watch.finish();
+    assert_recorded(std::path::Path::new(&socket(&config)), &run);
     assert_eq!(run.event(P, "preflight", "passed")["detail"]["daemon_reload"], true, "NeedDaemonReload → Reload");
     // Whichever arrives first halts it: the fatal line in the journal, or the unit's failure.
     assert_failed(&run, P, "ready", "");

@@ -331,6 +331,19 @@ fn a_bad_drop_in_added_after_pdctld_started_is_rolled_back_on_the_first_day_then
     assert!(bad.exists(), "left alone: an operator decides");
     let (_, st, _) = human(&d, &config, &["status"]);
     assert!(st.iter().any(|l| l.contains("change that failed")), "status shows the quarantine: {st:?}");
+    // A plain restart does not load it either: the dry run and the real run refuse, naming the
+    // drop-in, the quarantine and the flag that accepts it; nothing restarts.
+    let p0 = stack.show(P, "InvocationID").unwrap();
+    let (code, out, err) = human(&d, &config, &["restart", "--rolling", "--dry-run"]);
+    assert_eq!(code, 2, "{out:?} {err}");
+    let said = format!("{out:?} {err}");
+    assert!(said.contains("changes_pending") && said.contains("50-turbo.conf") && said.contains("quarantined") && said.contains("--load-changes"), "{said}");
+    let (code, out, err) = human(&d, &config, &["restart", "--rolling"]);
+    assert_eq!(code, 2, "{out:?} {err}");
+    let said = format!("{out:?} {err}");
+    assert!(said.contains("changes_pending") && said.contains("quarantined") && said.contains("--load-changes"), "{said}");
+    assert_eq!(stack.show(P, "InvocationID").unwrap(), p0, "the prefill was not restarted");
+    assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
     assert_eq!(stack.show(D, "InvocationID").unwrap(), d0, "the decode was never touched");
 }
 
@@ -339,8 +352,13 @@ fn a_bad_drop_in_written_before_pdctld_ever_started_is_rolled_back_and_the_summa
     let (stack, config) = pdctl_tests::stack_with_config(&StackOptions::default());
     rollback_policy(&config);
     let bad = bad_flag_drop_in(&stack);
-    // The dry run names the drop-in systemd has not loaded (as `rollout diff` does).
+    // The dry run of a plain restart refuses it, naming the drop-in systemd has not loaded (as
+    // `rollout diff` does); with --load-changes it says the real run would reload and load it.
     let dry = pdctl_run(&["restart", "--rolling", "--dry-run", "--json", "--config", &s(&config)], LIMIT, |_| {});
+    assert_eq!(dry.code, 2, "{}", dry.stderr);
+    assert_eq!(dry.summary["failed"]["cause_code"], "changes_pending", "{:#?}", dry.summary);
+    assert!(dry.summary["failed"]["cause"].as_str().unwrap().contains("50-turbo.conf is not loaded by systemd"), "{:#?}", dry.summary);
+    let dry = pdctl_run(&["restart", "--rolling", "--dry-run", "--load-changes", "--json", "--config", &s(&config)], LIMIT, |_| {});
     assert_eq!(dry.code, 0, "{}", dry.stderr);
     let pre = &dry.event(P, "preflight", "passed")["detail"];
     assert!(pre["drop_ins_not_loaded"].to_string().contains("50-turbo.conf") && pre["daemon_reload"] == true, "{pre}");

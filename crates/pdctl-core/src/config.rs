@@ -588,15 +588,31 @@ pub fn main_path(flag: Option<&Path>) -> PathBuf {
     flag.map(Path::to_path_buf).or_else(|| std::env::var_os("PDCTL_CONFIG").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
 }
 
-/// SHA-256 (hex) of the contents of every file of the config rooted at `main`, in merge order;
-/// `None` when one cannot be read. Which config a CLI and pdctld run with is compared by this.
+/// The sections that say how this process reaches the host (the bus, the journal), not what a
+/// rollout does: a CLI and pdctld may reach the same manager by different addresses.
+const ACCESS_SECTIONS: [&str; 2] = ["systemd", "journal"];
+
+/// SHA-256 (hex) of what the config rooted at `main` says, every file in merge order, without
+/// [`ACCESS_SECTIONS`] (comments and layout do not count: each file's parsed table is hashed;
+/// a file that does not parse is hashed as bytes); `None` when a file cannot be read. Which
+/// config a CLI and pdctld run with is compared by this.
 pub fn digest(main: &Path) -> Option<String> {
     use sha2::{Digest as _, Sha256};
     let mut h = Sha256::new();
     for f in files(main) {
         let bytes = std::fs::read(&f).ok()?;
-        h.update((bytes.len() as u64).to_le_bytes());
-        h.update(&bytes);
+        let canonical = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| toml::from_str::<toml::Table>(t).ok())
+            .and_then(|mut t| {
+                for k in ACCESS_SECTIONS {
+                    t.remove(k);
+                }
+                serde_json::to_vec(&t).ok()
+            })
+            .unwrap_or(bytes);
+        h.update((canonical.len() as u64).to_le_bytes());
+        h.update(&canonical);
     }
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

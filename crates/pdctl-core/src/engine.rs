@@ -136,19 +136,38 @@ fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
 /// What `w` would load by a plain restart that its running process does not run: files changed
 /// since its last good revision (or, without one, since the process started), drop-ins systemd has
 /// not loaded, `NeedDaemonReload`; and whether those files are a change that already failed.
-fn pending_changes(w: &Worker, cfg: &crate::ports::UnitConfig, st: &UnitState, not_loaded: &[String], dir: Option<&Path>) -> Option<Cause> {
+fn pending_changes(
+    w: &Worker,
+    cfg: &crate::ports::UnitConfig,
+    st: &UnitState,
+    not_loaded: &[String],
+    dir: Option<&Path>,
+    known: Option<&KnownChanges>,
+) -> Option<Cause> {
     let files = revisions::paths(&w.unit, cfg, &w.watch_files);
     let current = revisions::snapshot(&w.unit, &files, "current");
     let last = dir.and_then(|d| revisions::load(d, &w.unit));
-    let mut changes = revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload);
+    let known = known.and_then(|k| k.get(&w.unit)).filter(|_| dir.is_none());
+    let mut changes = match known {
+        Some((reasons, _)) => reasons.clone(),
+        None => revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload),
+    };
     changes.extend(not_loaded.iter().map(|p| format!("{p} is not loaded by systemd")));
     changes.sort();
     changes.dedup();
-    let quarantined = dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| format!("in rollout {}: {}", q.rollout_id, q.cause));
+    let quarantined = match known {
+        Some((_, q)) => q.clone(),
+        None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| quarantine_clause(&q)),
+    };
     if changes.is_empty() && quarantined.is_none() {
         return None;
     }
     Some(Cause::ChangesPending { unit: w.unit.clone(), changes: changes.join("; "), quarantined })
+}
+
+/// "in rollout r17…: <its cause>", for [`Cause::ChangesPending`].
+pub fn quarantine_clause(q: &revisions::Quarantine) -> String {
+    format!("in rollout {}: {}", q.rollout_id, q.cause)
 }
 
 fn fmt_set(s: &BTreeSet<u32>) -> String {
@@ -213,13 +232,20 @@ struct Ctx<'a> {
     together_with: Option<&'a str>,
     /// Changes a worker does not run yet may be loaded ([`RolloutRun::load_changes`]).
     load_changes: bool,
+    /// Without the revisions directory (a dry run outside pdctld): what pdctld said is pending.
+    known: Option<&'a KnownChanges>,
 }
 
 impl Ctx<'_> {
     fn none(allow_outage: Option<bool>, load_changes: bool) -> Ctx<'static> {
-        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes }
+        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes, known: None }
     }
 }
+
+/// Unit → what changed since its last good revision, and the quarantine of its current files
+/// (as a clause), as pdctld's `GET /v1/diff` says: what a dry run run outside pdctld knows of
+/// the revisions it cannot read.
+pub type KnownChanges = std::collections::BTreeMap<String, (Vec<String>, Option<String>)>;
 
 /// A unit restarted to repair a stale pairing, and the prefill whose restart needed it.
 type Repaired = Vec<(Worker, String)>;
@@ -307,6 +333,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             clients: probing.map(|_| &clients),
             together_with: None,
             load_changes: r.load_changes,
+            known: None,
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -473,10 +500,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
-    /// `load_changes`: as the real run's ([`RolloutRun::load_changes`]).
-    pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool) -> Summary {
+    /// `load_changes`: as the real run's ([`RolloutRun::load_changes`]); `known`: pdctld's view of
+    /// pending changes and quarantines, where it could be asked.
+    pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool, known: Option<&KnownChanges>) -> Summary {
         let t0 = Instant::now();
-        let failed = match self.preflight(plan, sink, true, Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes)).await {
+        let ctx = Ctx { known, ..Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes) };
+        let failed = match self.preflight(plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
@@ -518,7 +547,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // yet (checked before any reload): a pending change is rolled out by `rollout
                 // apply`, through every gate, or accepted with --load-changes.
                 if ctx.allow_outage.is_some() && !ctx.load_changes {
-                    if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions) {
+                    if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
                         return Err(Fail::from(c));
                     }
                 }

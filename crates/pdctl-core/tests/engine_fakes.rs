@@ -28,6 +28,10 @@ struct World {
     stale_cache: bool,
     /// Pair probes sent: (prefill URL, decode URL).
     pairs: Vec<(String, String)>,
+    /// Units whose unit file changed on disk (NeedDaemonReload until a reload).
+    need_reload: Vec<String>,
+    /// Reloads asked of the manager.
+    reloads: u32,
 }
 
 type W = Arc<Mutex<World>>;
@@ -64,10 +68,15 @@ impl Units for FakeUnits {
         self.0.lock().unwrap().states.get(unit).cloned().ok_or(UnitsError::NoSuchUnit(format!("unit {unit} does not exist")))
     }
     async fn config(&self, unit: &str) -> Result<UnitConfig, UnitsError> {
-        let environment = self.0.lock().unwrap().env.get(unit).cloned().unwrap_or_default();
-        Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], environment, ..Default::default() })
+        let w = self.0.lock().unwrap();
+        let environment = w.env.get(unit).cloned().unwrap_or_default();
+        let need_daemon_reload = w.need_reload.iter().any(|u| u == unit);
+        Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], environment, need_daemon_reload, ..Default::default() })
     }
     async fn reload(&self) -> Result<(), UnitsError> {
+        let mut w = self.0.lock().unwrap();
+        w.reloads += 1;
+        w.need_reload.clear();
         Ok(())
     }
     async fn reset_failed(&self, _unit: &str) -> Result<(), UnitsError> {
@@ -376,9 +385,42 @@ async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outag
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let abort = std::sync::atomic::AtomicBool::new(false);
-    let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: false };
+    let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: false, load_changes: false };
     let f = engine.execute(run, &tx).await.summary.failed.expect("halted");
     assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "repair_blocked"));
     assert!(f.cause.contains("only decode worker") && f.cause.contains("--allow-outage"), "{}", f.cause);
     assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "the decode is not restarted");
+}
+
+/// A plain restart does not load a unit change systemd has not loaded yet: refused in preflight
+/// (`changes_pending`, naming `--load-changes`), nothing reloaded or restarted; with
+/// `load_changes` (a config rollout, or the flag) it reloads and restarts.
+#[tokio::test]
+async fn a_plain_restart_refuses_changes_it_would_load() {
+    use pdctl_core::engine::RolloutRun;
+    for load_changes in [false, true] {
+        let w = world();
+        w.lock().unwrap().need_reload.push("p.service".into());
+        let text = "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+             [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+             [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\nallow_outage = true\n\
+             [verify]\nrouter = false\n";
+        let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
+        let plan = Plan::new(&s, &["p.service".into()]).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: true, load_changes };
+        let summary = engine.execute(run, &tx).await.summary;
+        let world = w.lock().unwrap();
+        if load_changes {
+            assert!(summary.failed.is_none(), "{summary:?}");
+            assert_eq!((world.reloads, world.restarted.clone()), (1, vec!["p.service".to_string()]));
+        } else {
+            let f = summary.failed.expect("refused");
+            assert_eq!((f.step, f.cause_code.as_str()), (Step::Preflight, "changes_pending"));
+            assert!(f.cause.contains("NeedDaemonReload") && f.next.contains("--load-changes"), "{f:?}");
+            assert_eq!((world.reloads, world.restarted.len()), (0, 0), "nothing reloaded or restarted");
+        }
+    }
 }

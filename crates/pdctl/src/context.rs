@@ -4,6 +4,7 @@ use std::path::Path;
 
 use pdctl_core::api::Exit;
 use pdctl_core::config::Settings;
+use pdctl_core::engine::KnownChanges;
 use pdctl_core::plan::Plan;
 use pdctl_core::real::RealEngine;
 
@@ -48,12 +49,33 @@ async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), E
     Ok((engine(s).await?, plan))
 }
 
-/// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here.
-pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool, load_changes: bool) -> Exit {
+/// What pdctld knows of pending changes and quarantines (it keeps the revisions), when it answers
+/// and runs with this config; `None` otherwise (the dry run then judges by modification times).
+pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Option<KnownChanges> {
+    let ours = pdctl_core::api::ConfigIdentity::of(config)?;
+    let theirs = client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await.ok()?.ok()?;
+    if theirs.sha256 != ours.sha256 {
+        return None;
+    }
+    let diff = client.call::<pdctl_core::api::Diff>("GET", "/v1/diff", None::<&()>).await.ok()?.ok()?;
+    Some(diff.workers.into_iter().map(|w| (w.unit, (w.reasons, w.quarantined.as_ref().map(pdctl_core::engine::quarantine_clause)))).collect())
+}
+
+/// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here (with
+/// pdctld's view of pending changes where it can be asked).
+pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool, load_changes: bool, client: &crate::client::Client) -> Exit {
+    let known = known_changes(client, config).await;
     match prepare(config, only).await {
-        Ok((engine, plan)) => run_read_only(&engine, &plan, json, Some((allow_outage, load_changes))).await,
+        Ok((engine, plan)) => run_read_only(&engine, &plan, json, Some(DryRun { allow_outage, load_changes, known })).await,
         Err(c) => c,
     }
+}
+
+/// What a dry run is given.
+struct DryRun {
+    allow_outage: bool,
+    load_changes: bool,
+    known: Option<KnownChanges>,
 }
 
 /// `pdctl check`.
@@ -87,13 +109,13 @@ pub enum Kind {
 
 /// Run the read-only parts of the engine here (`dry`: preflight only; else `check`) with live
 /// output; returns the exit code. Rollouts themselves run in pdctld.
-/// `dry`: `Some((allow_outage, load_changes))` for a dry run, `None` for check.
-async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option<(bool, bool)>) -> Exit {
+/// `dry`: `Some` for a dry run, `None` for check.
+async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option<DryRun>) -> Exit {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let renderer = Renderer::new(json, plan, if dry.is_some() { Kind::DryRun } else { Kind::Check });
     let printer = tokio::spawn(renderer.run(rx));
     let summary = match dry {
-        Some((allow_outage, load_changes)) => engine.dry_run(plan, &tx, allow_outage, load_changes).await,
+        Some(d) => engine.dry_run(plan, &tx, d.allow_outage, d.load_changes, d.known.as_ref()).await,
         None => engine.check(plan, &tx).await,
     };
     drop(tx);

@@ -251,7 +251,7 @@ fn main() {
                 }
                 let StartArgs { allow_outage, reason, json } = a.start;
                 if a.dry_run {
-                    return context::dry_run(&config, &a.units, json, allow_outage, a.load_changes).await;
+                    return context::dry_run(&config, &a.units, json, allow_outage, a.load_changes, &client).await;
                 }
                 if let Err(c) = context::validate_locally(&config, &a.units) {
                     return c;

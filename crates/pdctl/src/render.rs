@@ -93,6 +93,13 @@ impl Renderer {
         if let (Step::Preflight, Status::Passed, Some(o)) = (e.step, e.status, e.detail.get("outage").and_then(|v| v.as_str())) {
             self.note(&format!("pdctl: ⚠ {o}"));
         }
+        // What the restart loads besides the running files (a dry run says what it would).
+        if let (Step::Preflight, Status::Passed, true) = (e.step, e.status, e.detail["daemon_reload"] == true) {
+            let files: Vec<&str> = e.detail["drop_ins_not_loaded"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+            let what = if files.is_empty() { "its changed unit file".to_string() } else { files.join(", ") };
+            let verb = if e.detail["dry_run"] == true { "would reload systemd and load" } else { "reloaded systemd, loading" };
+            self.note(&format!("pdctl: {}: {verb} {what}", e.unit));
+        }
         // A fleet slot step waiting: who holds the slots (or the pause).
         if let (Step::Slot, Status::Started, Some(w)) = (e.step, e.status, e.detail.get("waiting").and_then(|v| v.as_str())) {
             self.note(&format!("pdctl: {}: {w}", e.unit));

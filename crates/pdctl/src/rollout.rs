@@ -123,9 +123,14 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
         // pdctld went away mid-rollout (stopped, crashed, restarted): the rollout is interrupted
         // there and waits for an operator; say which and how to go on.
         eprintln!("pdctl: lost pdctld while following rollout {id}: {e}");
-        println!(
-            "pdctl: ✗ interrupted (rollout {id}): pdctld stopped answering mid-rollout; when pdctld is back, it re-admits any worker it had drained and marks the rollout interrupted; next: `pdctl status`, then `pdctl rollout resume {id}`"
-        );
+        let next = format!("`pdctl status`, then `pdctl rollout resume {id}`");
+        if json {
+            println!("{}", serde_json::json!({ "id": id, "result": "interrupted", "error": e.to_string(), "next": next }));
+        } else {
+            println!(
+                "pdctl: ✗ interrupted (rollout {id}): pdctld stopped answering mid-rollout; when pdctld is back, it re-admits any worker it had drained and marks the rollout interrupted; next: {next}"
+            );
+        }
         return e.exit();
     }
     let renderer = match Arc::try_unwrap(r) {
