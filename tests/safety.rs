@@ -512,3 +512,32 @@ fn a_change_refused_in_preflight_is_taken_back_without_a_restart() {
     assert_eq!(stack.show(P, "InvocationID").unwrap(), p0, "nothing was restarted");
     assert!(stack.show(P, "ExecStart").unwrap().contains("--enable-metrics"), "the manager has the old command line loaded again");
 }
+
+/// A drain left behind when the gateway went away mid-rollout is cleared, and written in the
+/// rollout's record, once the gateway lists the worker admitted again (here: it came back with its
+/// configured workers): `status` and `pdctl_drained_workers` stop saying the worker is out, and
+/// nothing is restarted for it.
+#[test]
+fn a_drain_the_gateway_undid_is_reconciled_without_a_restart() {
+    let (stack, config, d) = stack_with_pdctld();
+    std::fs::write(config.parent().unwrap().join("config.d/10-short.toml"), "[rollout]\nrouter_timeout = \"5s\"\n").unwrap();
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    // The gateway goes away right after the prefill's drain: pdctl cannot re-admit it.
+    c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill is drained");
+    stack.sandbox.systemctl(&["stop", "sglang-router.service"]).unwrap();
+    let code = c.finish(LIMIT);
+    assert_ne!(code, Some(0), "the rollout cannot succeed without its gateway: {:#?}", c.seen.last());
+    let id = c.seen.last().and_then(|l| l["id"].as_str()).expect("the summary names the rollout").to_string();
+    let drained = || http_get(&d.metrics_url).map(|(_, m)| m.lines().any(|l| l == "pdctl_drained_workers 1")).unwrap_or(false);
+    assert!(drained(), "the drain is still pdctl's to undo while the gateway is down");
+    let p1 = stack.show(P, "InvocationID").unwrap();
+    // The gateway comes back with its configured workers, the prefill among them.
+    stack.sandbox.systemctl(&["start", "sglang-router.service"]).unwrap();
+    assert!(pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(200), || in_router(&stack, &stack.prefill.url)), "the gateway lists the prefill");
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || !drained()), "pdctld clears the drain within its idle check");
+    let (_, st, _) = human(&d, &config, &["status"]);
+    assert!(!st.iter().any(|l| l.contains("by pdctl's hand")), "{st:?}");
+    let rec = pdctl_tests::record(&d.socket, &id);
+    assert!(rec["notes"].to_string().contains("reconciled: the gateway lists"), "{rec:#}");
+    assert_eq!(stack.show(P, "InvocationID").unwrap(), p1, "nothing was restarted for it");
+}

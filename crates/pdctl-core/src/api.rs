@@ -514,6 +514,10 @@ pub struct DiffWorker {
     /// change again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<crate::revisions::Quarantine>,
+    /// Its last measured start and window out of the router (the outage to expect when it is
+    /// the only worker of its role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<crate::revisions::StartTime>,
 }
 
 /// `GET /v1/diff`.

@@ -37,20 +37,47 @@ pub struct Availability {
     /// The longest time clients would have seen errors: consecutive failed probes, or time
     /// without an admitted worker of a role, until the next good probe.
     pub longest_error_ms: u64,
-    /// Median latency of the good probes.
-    pub p50_ms: f64,
-    /// 99th percentile latency of the good probes.
-    pub p99_ms: f64,
+    /// Median latency of the good probes (`None`: no probe answered, not measured).
+    pub p50_ms: Option<f64>,
+    /// 99th percentile latency of the good probes (`None`: not measured).
+    pub p99_ms: Option<f64>,
+    /// A window without an admitted worker of a role (or with failing probes) was still open when
+    /// the rollout ended: the outage outlasted it (a halted rollout's worker still out).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open_at_end: bool,
 }
 
-fn pct(v: &[f64], p: f64) -> f64 {
+impl Availability {
+    /// One line for people: what clients saw, "not measured" where nothing was.
+    pub fn sentence(&self) -> String {
+        let lat = |v: Option<f64>| v.map(|x| format!("{x} ms")).unwrap_or_else(|| "not measured".into());
+        let window = if self.open_at_end {
+            format!("{} ms and still open at the end", self.longest_error_ms)
+        } else {
+            format!("{} ms", self.longest_error_ms)
+        };
+        if self.probes == 0 {
+            format!("no probe request could be sent (a role had no admitted worker the whole time); longest error window {window}; latency not measured")
+        } else {
+            format!(
+                "{} failed of {} probe requests through the router; longest error window {window}; p50 {}, p99 {}",
+                self.failed,
+                self.probes,
+                lat(self.p50_ms),
+                lat(self.p99_ms)
+            )
+        }
+    }
+}
+
+fn pct(v: &[f64], p: f64) -> Option<f64> {
     if v.is_empty() {
-        return 0.0;
+        return None;
     }
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     let i = ((p / 100.0) * (s.len() - 1) as f64).round() as usize;
-    (s[i.min(s.len() - 1)] * 10.0).round() / 10.0
+    Some((s[i.min(s.len() - 1)] * 10.0).round() / 10.0)
 }
 
 /// The figures of `samples` (in time order), a window ending at `end`.
@@ -73,7 +100,14 @@ pub fn summarize(samples: &[Sample], end: Instant) -> Availability {
     if let Some(t) = bad_since {
         longest = longest.max(end.saturating_duration_since(t));
     }
-    Availability { probes: sent, failed, longest_error_ms: longest.as_millis() as u64, p50_ms: pct(&lat, 50.0), p99_ms: pct(&lat, 99.0) }
+    Availability {
+        probes: sent,
+        failed,
+        longest_error_ms: longest.as_millis() as u64,
+        p50_ms: pct(&lat, 50.0),
+        p99_ms: pct(&lat, 99.0),
+        open_at_end: bad_since.is_some(),
+    }
 }
 
 /// The figures of each unit's window (the samples taken while the rollout worked on it).
@@ -130,7 +164,13 @@ mod tests {
         ];
         let a = summarize(&samples, at(3000));
         assert_eq!((a.probes, a.failed, a.longest_error_ms), (4, 1, 1000), "{a:?}");
-        assert_eq!(a.p50_ms, 4.0);
+        assert_eq!(a.p50_ms, Some(4.0));
+        assert!(!a.open_at_end);
+        // Nothing answered: latency not measured, never zero; a window still open says so.
+        let none = summarize(&samples[1..3], at(1200));
+        assert_eq!((none.probes, none.p50_ms, none.p99_ms, none.open_at_end), (0, None, None, true), "{none:?}");
+        assert_eq!(none.longest_error_ms, 700);
+        assert!(none.sentence().contains("not measured") && none.sentence().contains("still open"), "{}", none.sentence());
         let u = by_unit(&samples, at(3000));
         assert_eq!(u["p"].longest_error_ms, 1000, "the window that opened in p's time closes at d's first good probe");
         assert_eq!(u["d"].failed, 1);

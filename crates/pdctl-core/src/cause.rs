@@ -149,8 +149,9 @@ pub enum Cause {
         unit: String,
         /// Its role.
         role: String,
-        /// How long serving stops, from its last measured start (`None`: never measured).
-        expected: Option<Duration>,
+        /// How long serving stops: its last measured window out of the router, or its last
+        /// start (`None`: never measured).
+        expected: Option<crate::revisions::StartTime>,
     },
     /// Two workers' GPU sets overlap.
     GpuOverlap {
@@ -453,11 +454,21 @@ fn dur(d: &Duration) -> String {
     format!("{d:?}")
 }
 
-/// "about 74s (its last measured start)", or what is known without a measurement.
-pub fn outage(expected: &Option<Duration>) -> String {
+/// "about 11s (its last measured window out of the router: drain, stop, start, gates,
+/// re-admission)"; where only a start was measured, that start as a lower bound; or what is known
+/// without a measurement.
+pub fn outage(expected: &Option<crate::revisions::StartTime>) -> String {
+    let secs = |ms: u64| ms.div_ceil(1000).max(1);
     match expected {
-        Some(d) => format!("about {}s (its last measured start)", d.as_secs().max(1)),
-        None => "as long as its start takes (not measured here yet; a real model takes 60-80 s)".into(),
+        Some(crate::revisions::StartTime { window_ms: Some(w), .. }) => {
+            format!("about {}s (its last measured window out of the router: drain, stop, start, gates, re-admission)", secs(*w))
+        }
+        Some(s) if s.ms > 0 => format!(
+            "more than {}s (its last measured start, {}s, plus its drain, stop and re-admission, not measured here yet)",
+            secs(s.ms),
+            secs(s.ms)
+        ),
+        _ => "as long as its drain, stop, start and re-admission take (not measured here yet; a real model's start alone takes 60-80 s)".into(),
     }
 }
 
@@ -728,7 +739,7 @@ impl Cause {
             Cause::EventSourceClosed { what: "the journal follower".into() },
             Cause::MetricsDisabled { unit: unit() },
             Cause::GpuOverlap { unit: unit(), gpus: "0-3".into(), other: "sglang-decode.service".into(), other_gpus: "3-7".into() },
-            Cause::OnlyWorkerOfRole { unit: unit(), role: "prefill".into(), expected: Some(Duration::from_secs(74)) },
+            Cause::OnlyWorkerOfRole { unit: unit(), role: "prefill".into(), expected: Some(crate::revisions::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000) }) },
             Cause::RouterUnreachable { error: msg() },
             Cause::DrainFailed { unit: unit(), error: msg() },
             Cause::JobFailed { unit: unit(), job_result: "failed".into(), service_result: "exit-code".into() },

@@ -149,14 +149,14 @@ fn pending_changes(
     let last = dir.and_then(|d| revisions::load(d, &w.unit));
     let known = known.and_then(|k| k.get(&w.unit)).filter(|_| dir.is_none());
     let mut changes = match known {
-        Some((reasons, _)) => reasons.clone(),
+        Some(k) => k.reasons.clone(),
         None => revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload),
     };
     changes.extend(not_loaded.iter().map(|p| format!("{p} is not loaded by systemd")));
     changes.sort();
     changes.dedup();
     let quarantined = match known {
-        Some((_, q)) => q.clone(),
+        Some(k) => k.quarantined.clone(),
         None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| quarantine_clause(&q)),
     };
     if changes.is_empty() && quarantined.is_none() {
@@ -242,10 +242,20 @@ impl Ctx<'_> {
     }
 }
 
-/// Unit → what changed since its last good revision, and the quarantine of its current files
-/// (as a clause), as pdctld's `GET /v1/diff` says: what a dry run run outside pdctld knows of
-/// the revisions it cannot read.
-pub type KnownChanges = std::collections::BTreeMap<String, (Vec<String>, Option<String>)>;
+/// What pdctld's `GET /v1/diff` says of one worker: what a dry run run outside pdctld knows of
+/// the state it cannot read.
+#[derive(Debug, Clone, Default)]
+pub struct Known {
+    /// What changed since its last good revision.
+    pub reasons: Vec<String>,
+    /// Its current files are a change that failed (as a clause: [`quarantine_clause`]).
+    pub quarantined: Option<String>,
+    /// Its last measured start and window out of the router.
+    pub timing: Option<revisions::StartTime>,
+}
+
+/// Unit → what pdctld knows of it ([`Known`]).
+pub type KnownChanges = std::collections::BTreeMap<String, Known>;
 
 /// A unit restarted to repair a stale pairing, and the prefill whose restart needed it.
 type Repaired = Vec<(Worker, String)>;
@@ -339,31 +349,33 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
             let _ = self.staleness(dir).await;
         }
+        // The probe watches the whole rollout, a rollback included: what clients saw while a
+        // failed worker was out and put back is part of the figures.
         let run = async {
-            let s = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+            let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+            if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
+                if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
+                    notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
+                }
+                // A slot never granted changed nothing to roll back.
+                if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && f.step != Step::Slot {
+                    let unit = f.unit.clone();
+                    let restart = f.step != Step::Preflight;
+                    match self.rollback(&unit, ctx, dir, restart, sink, &mut notes).await {
+                        Ok(true) => summary.result = Outcome::RolledBack,
+                        Ok(false) => {}
+                        Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
+                    }
+                }
+            }
             clients.done.store(true, Ordering::SeqCst);
-            s
+            summary
         };
         let (mut summary, _) = tokio::join!(run, async {
             if let Some(rate) = probing {
                 self.watch_clients(rate, &clients).await;
             }
         });
-        if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
-            if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
-                notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
-            }
-            // A slot never granted changed nothing to roll back.
-            if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && f.step != Step::Slot {
-                let unit = f.unit.clone();
-                let restart = f.step != Step::Preflight;
-                match self.rollback(&unit, ctx, dir, restart, sink, &mut notes).await {
-                    Ok(true) => summary.result = Outcome::RolledBack,
-                    Ok(false) => {}
-                    Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
-                }
-            }
-        }
         // The whole rollout's time: a resume's re-verification and a rollback included.
         summary.elapsed_ms = t0.elapsed().as_millis() as u64;
         let samples = std::mem::take(&mut *lock(&clients.samples));
@@ -583,7 +595,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
                 };
                 if let (true, Some(allowed)) = (alone, ctx.allow_outage) {
-                    let expected = ctx.revisions.and_then(|d| revisions::last_start(d, &w.unit)).map(|s| Duration::from_millis(s.ms));
+                    let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
+                        (Some(d), _) => revisions::last_start(d, &w.unit),
+                        (None, Some(k)) => k.timing.clone(),
+                        (None, None) => None,
+                    };
                     if !allowed {
                         return Err(Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }));
                     }
@@ -694,6 +710,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Fleet: a slot of the role's semaphore before the drain (a pair restarted together
         // took both slots at once before).
         let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
+        let out_since = Instant::now();
         let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
         let mut repaired = Vec::new();
         for st in stale {
@@ -707,7 +724,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             repaired.push((st.decode, w.unit.clone()));
         }
-        self.restart_after_pair(w, sink, ctx, watch, after).await?;
+        self.restart_after_pair(w, sink, ctx, watch, after, out_since).await?;
         // Verified: the slot goes back.
         self.release_slots(&w.unit, &slots, ctx).await;
         Ok(repaired)
@@ -742,8 +759,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Ok((watch, after, stale))
     }
 
-    /// router, metrics, stranded KV (a decode), soak.
-    async fn restart_after_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, mut watch: U::W, after: UnitState) -> Result<(), (Step, Fail)> {
+    /// router, metrics, stranded KV (a decode), soak. `out_since`: when the worker left the
+    /// router (its drain began): the window out of the router is recorded at its re-admission.
+    async fn restart_after_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, mut watch: U::W, after: UnitState, out_since: Instant) -> Result<(), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.verify.router {
             self.step(sink, unit, Step::Router, async {
@@ -757,6 +775,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // Admitted again: the drain is undone.
                 if let Some(l) = ctx.ledger {
                     l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+                }
+                // Drain, stop, start, gates, re-admission: the outage to expect next time if it
+                // is alone in its role.
+                if let Some(dir) = ctx.revisions {
+                    if let Err(e) = revisions::record_window(dir, unit, out_since.elapsed().as_millis() as u64) {
+                        tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
+                    }
                 }
                 Ok((d, ()))
             })
@@ -1330,8 +1355,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             let r = async {
                 let slots = self.slot_step(&[d], &tx, ctx).await?;
+                let out_since = Instant::now();
                 let (watch, after, _) = self.restart_to_pair(d, &tx, ctx).await?;
-                self.restart_after_pair(d, &tx, ctx, watch, after).await?;
+                self.restart_after_pair(d, &tx, ctx, watch, after, out_since).await?;
                 self.release_slots(&d.unit, &slots, ctx).await;
                 Ok(())
             }
@@ -1823,11 +1849,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         roles.dedup();
         let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !c.done.load(Ordering::SeqCst) {
+        loop {
             tick.tick().await;
-            if c.done.load(Ordering::SeqCst) {
-                break;
-            }
+            // One last sample after the rollout ended: a worker still out at the end (a halt)
+            // keeps the error window open until then.
+            let last = c.done.load(Ordering::SeqCst);
             let at = Instant::now();
             let unit = lock(&c.current).clone();
             let admitted = match tokio::time::timeout(Duration::from_secs(5), self.probes.router_workers(0)).await {
@@ -1845,6 +1871,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Sample { at, sent: false, ok: false, latency: None, unit }
             };
             lock(&c.samples).push(sample);
+            if last {
+                break;
+            }
         }
     }
 

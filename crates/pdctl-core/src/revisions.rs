@@ -210,24 +210,37 @@ pub fn quarantined(dir: &Path, current: &Revision) -> Option<Quarantine> {
     (q.fingerprint == fingerprint(current)).then_some(q)
 }
 
-/// How long `unit`'s last verified start took (ExecMainStartTimestamp → its ready line), in ms:
-/// the interruption to expect when it is the only worker of its role.
+/// How long `unit`'s last verified start took (ExecMainStartTimestamp → its ready line), in ms,
+/// and its last window out of the router (drain, stop, start, gates, re-admission): the
+/// interruption to expect when it is the only worker of its role is the window; the start is a
+/// lower bound where no window was measured yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartTime {
-    /// Milliseconds.
+    /// Milliseconds of the start.
     pub ms: u64,
     /// When it was measured (seconds since the epoch).
     pub at: u64,
+    /// Milliseconds out of the router, drain to re-admission, at its last verified restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
 }
 
 fn start_path(dir: &Path, unit: &str) -> PathBuf {
     dir.join(format!("{}.start.json", unit.replace('/', "_")))
 }
 
-/// Record how long `unit`'s verified start took.
+/// Record how long `unit`'s verified start took (its last window is kept).
 pub fn record_start(dir: &Path, unit: &str, ms: u64) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(&StartTime { ms, at: now() }).map_err(std::io::Error::other)?;
+    let window_ms = last_start(dir, unit).and_then(|s| s.window_ms);
+    let bytes = serde_json::to_vec(&StartTime { ms, at: now(), window_ms }).map_err(std::io::Error::other)?;
+    atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)
+}
+
+/// Record how long `unit` was out of the router, drain to re-admission (its start is kept).
+pub fn record_window(dir: &Path, unit: &str, window_ms: u64) -> std::io::Result<()> {
+    let ms = last_start(dir, unit).map(|s| s.ms).unwrap_or(0);
+    let bytes = serde_json::to_vec(&StartTime { ms, at: now(), window_ms: Some(window_ms) }).map_err(std::io::Error::other)?;
     atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)
 }
 

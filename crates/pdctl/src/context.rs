@@ -58,7 +58,15 @@ pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Opt
         return None;
     }
     let diff = client.call::<pdctl_core::api::Diff>("GET", "/v1/diff", None::<&()>).await.ok()?.ok()?;
-    Some(diff.workers.into_iter().map(|w| (w.unit, (w.reasons, w.quarantined.as_ref().map(pdctl_core::engine::quarantine_clause)))).collect())
+    Some(
+        diff.workers
+            .into_iter()
+            .map(|w| {
+                let quarantined = w.quarantined.as_ref().map(pdctl_core::engine::quarantine_clause);
+                (w.unit, pdctl_core::engine::Known { reasons: w.reasons, quarantined, timing: w.timing })
+            })
+            .collect(),
+    )
 }
 
 /// `pdctl restart --rolling --dry-run`: the plan and the preflight verdict, run here (with

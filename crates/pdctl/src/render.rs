@@ -200,10 +200,7 @@ impl Renderer {
             }
         }
         if let Some(a) = &s.availability {
-            println!(
-                "pdctl: availability: {} failed of {} probe requests through the router; longest error window {} ms; p50 {} ms, p99 {} ms",
-                a.failed, a.probes, a.longest_error_ms, a.p50_ms, a.p99_ms
-            );
+            println!("pdctl: availability: {}", a.sentence());
         }
         if !after.notes.is_empty() {
             println!("pdctl: notes{id}:");

@@ -299,6 +299,55 @@ impl Daemon {
         notify_status("idle");
     }
 
+    /// While idle: a drain in the ledger whose worker the gateway lists admitted again (the
+    /// gateway came back with it, or an operator re-added it) is no longer pdctl's to undo: it is
+    /// cleared and the note written in the rollout's record, so that `status` and
+    /// `pdctl_drained_workers` stop saying the worker is out. Checked every 5 s, only while the
+    /// ledger holds drains; a rollout cannot start meanwhile (`reconciling`).
+    pub async fn reconcile_idle(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.reconciling.load(Ordering::SeqCst) || self.running_id().is_some() || self.store.ledger().all().0.is_empty() {
+                continue;
+            }
+            let Ok(e) = engine(&self).await else { continue };
+            if e.settings.router.is_none() {
+                continue;
+            }
+            let Ok(Ok(listed)) = tokio::time::timeout(std::time::Duration::from_secs(5), pdctl_core::ports::Probes::router_workers(&e.probes, 0)).await else { continue };
+            // No rollout may start while a drain is cleared: claim, then check again.
+            if self.reconciling.swap(true, Ordering::SeqCst) {
+                continue;
+            }
+            if self.running_id().is_none() {
+                for d in self.store.ledger().all().0 {
+                    if !listed.iter().any(|x| pdctl_core::config::same_url(&x.url, &d.url) && x.admitted()) {
+                        continue;
+                    }
+                    let note = format!(
+                        "reconciled: the gateway lists {} ({}) admitted again, outside pdctl; the drain rollout {} had left is cleared",
+                        d.unit, d.url, d.rollout_id
+                    );
+                    match self.store.ledger().clear(&d.unit) {
+                        Ok(()) => {
+                            tracing::warn!(pdctl_rollout_id = %d.rollout_id, pdctl_unit = %d.unit, "{note}");
+                            self.metrics.reconciles.get_or_create(&ResultLabel { result: "restored".into() }).inc();
+                            if let Some(mut r) = self.load(&d.rollout_id) {
+                                r.notes.push(note);
+                                self.save(&r);
+                            }
+                        }
+                        Err(er) => tracing::error!(pdctl_unit = %d.unit, "cannot clear the drain of {} from the ledger: {er}", d.unit),
+                    }
+                }
+                self.metrics.drained.set(self.store.ledger().all().0.len() as i64);
+            }
+            self.reconciling.store(false, Ordering::SeqCst);
+        }
+    }
+
     /// SIGTERM: stop the running rollout's engine, undo its drain (within `budget`), and mark it
     /// interrupted, so that stopping pdctld — an upgrade, `systemctl restart pdctld` — never leaves
     /// a worker out of the router. What is not undone in time stays in the ledger for the next start.
@@ -797,9 +846,19 @@ async fn diff(State(d): State<Arc<Daemon>>) -> Response {
         Ok(e) => e,
         Err(c) => return api_err(&c),
     };
-    match e.staleness(&d.store.revisions_dir()).await {
+    let dir = d.store.revisions_dir();
+    match e.staleness(&dir).await {
         Ok(s) => Json(Diff {
-            workers: s.into_iter().map(|w| DiffWorker { unit: w.unit, stale: !w.reasons.is_empty(), reasons: w.reasons, quarantined: w.quarantined }).collect(),
+            workers: s
+                .into_iter()
+                .map(|w| DiffWorker {
+                    timing: pdctl_core::revisions::last_start(&dir, &w.unit),
+                    unit: w.unit,
+                    stale: !w.reasons.is_empty(),
+                    reasons: w.reasons,
+                    quarantined: w.quarantined,
+                })
+                .collect(),
         })
         .into_response(),
         Err(c) => api_err(&c),

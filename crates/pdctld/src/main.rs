@@ -155,6 +155,7 @@ async fn main() {
     // Drains left by a previous process are undone before any rollout starts (the API answers
     // meanwhile: status says "reconciling", a new rollout is refused with exit 4).
     tokio::spawn(d.clone().reconcile_at_start());
+    tokio::spawn(d.clone().reconcile_idle());
     tokio::spawn(d.clone().fleet_liveness());
     tokio::spawn(d.clone().fleet_rollouts());
     tokio::select! {
