@@ -100,7 +100,7 @@ fn ctrl_c_detaches_and_watch_replays_from_the_beginning() {
     let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
     cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
     cli1.signal("INT");
-    assert_eq!(cli1.finish(Duration::from_secs(10)), Some(0), "Ctrl-C detaches");
+    assert_eq!(cli1.finish(Duration::from_secs(10)), Some(130), "Ctrl-C detaches (130, as a shell reports SIGINT)");
     let id = history(&d, &config).into_iter().last().unwrap()["id"].as_str().unwrap().to_string();
     let w = cli(&d, &config, &["rollout", "watch", &id, "--json"]);
     assert_eq!(w.code, 0, "{}", w.stderr);
@@ -145,6 +145,8 @@ fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     };
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     assert!(r.index(P, "health", "passed").is_some(), "the interrupted unit is re-verified first");
+    // Every gate it had not passed, its pairs included (it stopped right after its restart).
+    assert!(r.index(P, "pair", "passed").is_some_and(|i| r.index(P, "health", "passed").is_some_and(|h| h < i)), "the pair gate is re-verified: {:#?}", r.events);
     assert!(r.index(D, "soak", "passed").is_some());
     assert_ne!(inv(&stack, D), d0, "the rest of the plan ran");
     let last = history(&d, &config).into_iter().last().unwrap();

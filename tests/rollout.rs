@@ -544,3 +544,22 @@ fn an_unprivileged_cli_is_refused_by_the_socket_and_by_a_bus_policy_with_exit_3(
     assert_eq!((inv(&stack, P), inv(&stack, D)), (p0, d0), "nothing restarted");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// With the decode stopped, `pdctl check` blames the decode (it is not running), not the prefill
+/// whose smoke request cannot pass; and a prefill re-admitted while no decode serves is failed
+/// naming the decode role (`peer_role_down`), not as a prefill fault.
+#[test]
+fn a_stopped_decode_is_blamed_for_itself() {
+    let (stack, config) = up(StackOptions::default());
+    fragment(&config, "10-short.toml", "[rollout]\nrouter_timeout = \"5s\"\n");
+    stack.sandbox.systemctl(&["stop", D]).unwrap();
+    let check = pdctl_run(&["check", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    assert_failed(&check, D, "preflight", "is not running (inactive/dead)");
+    assert_eq!(check.summary["failed"]["cause_code"], "unit_not_running");
+    assert!(!check.events.iter().any(|e| e["unit"] == P && e["status"] == "failed"), "the prefill is not blamed: {:#?}", check.events);
+    let p0 = inv(&stack, P);
+    let run = pdctl_run(&["restart", "--rolling", "--unit", P, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    assert_failed(&run, P, "router", "no decode worker is");
+    assert_eq!(run.summary["failed"]["cause_code"], "peer_role_down");
+    assert_ne!(inv(&stack, P), p0, "the prefill was restarted (and serves: its own gates passed)");
+}

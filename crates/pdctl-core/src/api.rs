@@ -36,11 +36,14 @@ pub enum Exit {
     Busy,
     /// 5: aborted by an operator.
     Aborted,
+    /// 130: the CLI was detached by Ctrl-C (SIGINT, as a shell reports it); the rollout goes on
+    /// in pdctld (`pdctl rollout watch ID` re-attaches).
+    Detached,
 }
 
 impl Exit {
     /// Every code, in order (for documentation tests).
-    pub const ALL: [Exit; 6] = [Exit::Ok, Exit::GateFailed, Exit::Usage, Exit::Unreachable, Exit::Busy, Exit::Aborted];
+    pub const ALL: [Exit; 7] = [Exit::Ok, Exit::GateFailed, Exit::Usage, Exit::Unreachable, Exit::Busy, Exit::Aborted, Exit::Detached];
 
     /// The process exit code.
     pub fn code(self) -> i32 {
@@ -51,6 +54,7 @@ impl Exit {
             Exit::Unreachable => 3,
             Exit::Busy => 4,
             Exit::Aborted => 5,
+            Exit::Detached => 130,
         }
     }
 
@@ -63,6 +67,7 @@ impl Exit {
             Exit::Unreachable => "cannot reach systemd / the journal / pdctld / the router in preflight, or permission denied",
             Exit::Busy => "another rollout is running",
             Exit::Aborted => "aborted by an operator",
+            Exit::Detached => "detached by Ctrl-C; the rollout goes on in pdctld (`pdctl rollout watch ID` re-attaches)",
         }
     }
 

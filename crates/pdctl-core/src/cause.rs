@@ -441,6 +441,23 @@ pub enum Cause {
         /// The change already failed in a rollout (its id and cause), if it did.
         quarantined: Option<String>,
     },
+    /// `pdctl check`: the unit is not running, so it cannot pass any gate.
+    UnitNotRunning {
+        /// The unit.
+        unit: String,
+        /// Its systemd state (`inactive/dead`, `failed/failed`, …).
+        state: String,
+    },
+    /// The worker is admitted, but a request through the gateway fails because no worker of
+    /// the other PD role is admitted: that role is the fault, not this worker.
+    PeerRoleDown {
+        /// The worker's URL.
+        url: String,
+        /// The role with no admitted worker.
+        role: String,
+        /// The request's error.
+        error: String,
+    },
     /// The config the CLI was given is not the one pdctld runs with.
     ConfigMismatch {
         /// The CLI's config path and digest.
@@ -450,8 +467,14 @@ pub enum Cause {
     },
 }
 
-fn dur(d: &Duration) -> String {
-    format!("{d:?}")
+/// A duration for people: "30.1s", "250ms", "2m05s" (never "30.081551416s").
+pub fn dur(d: &Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1_000..=59_999 => format!("{:.1}s", d.as_secs_f64()),
+        _ => format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000),
+    }
 }
 
 /// "about 11s (its last measured window out of the router: drain, stop, start, gates,
@@ -529,6 +552,8 @@ impl Cause {
             Cause::RecordUnwritable { .. } => "record_unwritable",
             Cause::ChangesPending { .. } => "changes_pending",
             Cause::ConfigMismatch { .. } => "config_mismatch",
+            Cause::UnitNotRunning { .. } => "unit_not_running",
+            Cause::PeerRoleDown { .. } => "peer_role_down",
         }
     }
 
@@ -578,7 +603,9 @@ impl Cause {
             | Cause::StrandedKv { .. }
             | Cause::SlotTimeout { .. }
             | Cause::MetricsMissing { .. }
-            | Cause::DrainNotRestored { .. } => FailureKind::Gate,
+            | Cause::DrainNotRestored { .. }
+            | Cause::UnitNotRunning { .. }
+            | Cause::PeerRoleDown { .. } => FailureKind::Gate,
         }
     }
 
@@ -715,6 +742,10 @@ impl Cause {
                 "{unit} has changes on disk that its running process does not run ({changes}){}: a plain restart would load them; roll them out with `pdctl rollout apply` (gated, recorded, rolled back on failure), or pass --load-changes to restart with them",
                 quarantined.as_ref().map(|q| format!("; this change already failed ({q}) and is quarantined")).unwrap_or_default()
             ),
+            Cause::UnitNotRunning { unit, state } => format!("{unit} is not running ({state}): it serves nothing and no gate can pass"),
+            Cause::PeerRoleDown { url, role, error } => format!(
+                "{url} is admitted by the gateway, but no {role} worker is, so a request through the gateway fails ({error}): the {role} role is down, not this worker"
+            ),
             Cause::ConfigMismatch { given, daemon } => format!(
                 "the config given ({given}) is not the one pdctld runs with ({daemon}): pdctld would roll out its own; drop --config, or point pdctld at this config and restart it while idle"
             ),
@@ -775,6 +806,8 @@ impl Cause {
             Cause::RecordUnwritable { dir: "/var/lib/pdctl".into(), error: msg() },
             Cause::ChangesPending { unit: unit(), changes: msg(), quarantined: Some(msg()) },
             Cause::ConfigMismatch { given: msg(), daemon: msg() },
+            Cause::UnitNotRunning { unit: unit(), state: "inactive/dead".into() },
+            Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
         ];
         for diagnosis in [
             MetricsDiagnosis::Disabled,
@@ -820,6 +853,15 @@ mod tests {
         assert_eq!(Cause::AccessDenied { message: s() }.http_status(), 503);
         assert_eq!(Cause::SystemdRefused { message: s() }.http_status(), 503);
         assert_eq!(Cause::FatalLine { unit: s(), line: s() }.http_status(), 422);
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(dur(&Duration::from_nanos(30_081_551_416)), "30.1s");
+        assert_eq!(dur(&Duration::from_millis(250)), "250ms");
+        assert_eq!(dur(&Duration::from_secs(125)), "2m05s");
+        let c = Cause::HealthTimeout { url: "u".into(), after: Duration::from_nanos(30_081_551_416), last: "x".into() };
+        assert!(!c.sentence().contains("30.08"), "{}", c.sentence());
     }
 
     #[test]

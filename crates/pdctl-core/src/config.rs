@@ -342,6 +342,8 @@ impl Rollout {
             Step::Metrics => self.metrics_timeout + call,
             Step::Soak => self.min_healthy,
             Step::Reconcile => self.ready_timeout + self.router_timeout,
+            // Restoring files and a reload; its gates are the unit's own steps.
+            Step::Rollback => self.job_timeout,
             // Each pair is probed at most twice, each probe bounded by the pair timeout (at most
             // 1h each); the stranded-KV wait is bounded by its timeout (at most 1h).
             Step::Pair | Step::StrandedKv => Duration::from_secs(3 * 3600),

@@ -544,6 +544,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let s = StepRun::start(sink, &w.unit, Step::Preflight);
             let r = async {
                 let st = self.units.state(&w.unit).await?;
+                // `check` (nothing restarts): a worker that is not running fails its own check.
+                if ctx.allow_outage.is_none() && st.active_state != "active" {
+                    return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
+                }
                 let mut cfg = self.units.config(&w.unit).await?;
                 // Drop-ins on disk that systemd has not loaded yet (a new one does not set
                 // NeedDaemonReload): a restart without a reload would not apply them.
@@ -854,10 +858,20 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
+        // Its pairs too: it may have stopped right after its restart, before the pair gate. A
+        // stale pair found now is repaired the usual way: the unit goes through its restart.
+        let Ok(now) = self.units.state(&w.unit).await else { return false };
+        match self.pair_step(w, sink, Ctx::none(Some(true), true), &now).await {
+            Ok(stale) if stale.is_empty() => {}
+            _ => return false,
+        }
         if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true, false).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
-        self.metrics_step(w, sink, true).await.is_ok()
+        if self.metrics_step(w, sink, true).await.is_err() {
+            return false;
+        }
+        w.role != Role::Decode || self.stranded_step(w, sink).await.is_ok()
     }
 
     /// `check`: health, router, metrics — without changing anything.
@@ -1575,18 +1589,25 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        // The unit died: look briefly for the fatal line that explains it.
-        let mut why = crashed.unwrap_or_default();
-        let _ = tokio::time::timeout(Duration::from_millis(300), async {
+        // The unit died: look briefly for the fatal line that explains it. Found, the cause is
+        // that line (`fatal_line`), whichever of the two arrived first: an argparse rejection
+        // is always `fatal_line`, never `crashed` by a race between journald and systemd.
+        let why = crashed.unwrap_or_default();
+        let fatal = tokio::time::timeout(Duration::from_secs(1), async {
             while let Some(Ok(e)) = follow.next().await {
                 if let Verdict::Fatal(l) = judge.judge(&e) {
-                    why = format!("{why}; fatal line: {l}");
-                    break;
+                    return Some(l);
                 }
             }
+            None
         })
-        .await;
-        Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why }.into())
+        .await
+        .ok()
+        .flatten();
+        match fatal {
+            Some(line) => Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
+            None => Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why }.into()),
+        }
     }
 
     async fn health(&self, w: &Worker, after: Option<&UnitState>) -> Result<Value, Fail> {
@@ -1634,6 +1655,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let role = w.role.as_str();
         let mut registered: Option<String> = None;
         let mut seen;
+        // The smoke request failed while no worker of the other PD role was admitted.
+        let mut peer_down = false;
         loop {
             match within(t0, limit, self.probes.router_workers(replica)).await {
                 None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
@@ -1667,7 +1690,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                                     Some(self.probes.smoke(replica, 1).await)
                                 };
                                 match smoke {
-                                    Some(Err(e)) => seen = RouterSeen::SmokeFailed(e.to_string()),
+                                    Some(Err(e)) => {
+                                        peer_down = w.role != Role::Regular && !other_admitted;
+                                        seen = RouterSeen::SmokeFailed(e.to_string())
+                                    }
                                     _ => {
                                         return Ok(json!({
                                             "router_id": x.id, "worker_type": x.worker_type, "re_registered": registered.is_some(),
@@ -1686,6 +1712,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let (url, after) = (w.url.clone(), t0.elapsed());
                 return Err(match seen {
                     RouterSeen::BreakerOpen => Cause::CircuitOpen { url, after },
+                    RouterSeen::SmokeFailed(error) if peer_down => {
+                        Cause::PeerRoleDown { url, role: if w.role == Role::Prefill { "decode" } else { "prefill" }.into(), error }
+                    }
                     RouterSeen::SmokeFailed(error) => Cause::SmokeFailed { url, after, error },
                     other => Cause::RouterNeverAdmits { url, after, last: other.to_string() },
                 }
@@ -1816,13 +1845,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
         let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
         let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
-        let done = revisions::restore(&last, &current, ctx.id).map_err(|er| format!("cannot restore the files: {er}"))?;
+        let step = StepRun::start(sink, unit, Step::Rollback);
+        let done = match revisions::restore(&last, &current, ctx.id) {
+            Ok(d) => d,
+            Err(er) => {
+                let why = format!("cannot restore the files: {er}");
+                step.emit(Status::Failed, json!({ "cause": why }));
+                return Err(why);
+            }
+        };
         if !restart && done.is_empty() {
+            step.skip("nothing to restore: the unit's files are its last good revision");
             return Ok(false);
         }
         tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
+        if let Err(er) = self.units.reload().await {
+            step.emit(Status::Failed, json!({ "cause": er.to_string(), "restored": done }));
+            return Err(er.to_string());
+        }
+        step.pass(json!({ "revision_recorded_at": last.recorded_at, "restored": done, "restart": restart }));
         notes.extend(done);
-        self.units.reload().await.map_err(|er| er.to_string())?;
         if !restart {
             notes.push(format!("{unit} was not restarted (preflight refused the change): its files are back to what it runs, and the manager reloaded them"));
             return Ok(true);
@@ -1981,6 +2023,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         out
     }
 
+    /// `st` if the unit's run is settled: active and running, up for `min_healthy` (waiting
+    /// out the rest, at most `min_healthy`) on the same run without an auto-restart; else `None`.
+    async fn settled(&self, unit: &str, st: UnitState) -> Option<UnitState> {
+        if st.active_state != "active" || st.sub_state != "running" {
+            return None;
+        }
+        let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let up = Duration::from_micros(now_us.saturating_sub(st.exec_main_start_us));
+        let need = self.settings.rollout.min_healthy;
+        if up < need {
+            tokio::time::sleep(need - up).await;
+            let again = self.units.state(unit).await.ok()?;
+            if again.invocation_id != st.invocation_id || again.n_restarts != st.n_restarts || again.main_pid != st.main_pid || again.active_state != "active" {
+                return None;
+            }
+            return Some(again);
+        }
+        Some(st)
+    }
+
     /// Each configured worker, in config order: why it is stale (no reasons: it runs its current
     /// files) and whether its current files are a change that already failed. A worker without a
     /// recorded revision gets one first: what its running process started with
@@ -1994,12 +2056,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let current = revisions::snapshot(&w.unit, &files, "current");
             let last = match revisions::load(dir, &w.unit) {
                 Some(r) => Some(r),
-                None if st.active_state == "active" => {
-                    let base = revisions::baseline(&w.unit, &files, st.exec_main_start_us);
-                    let _ = revisions::save(dir, &base);
-                    Some(base)
-                }
-                None => None,
+                None => match self.settled(&w.unit, st.clone()).await {
+                    // Only a run that stayed up for `min_healthy` is taken for a good one: a
+                    // crash-looping run of a bad change (active for a moment between crashes)
+                    // would otherwise become the "good" revision a rollback restores.
+                    Some(st) => {
+                        let base = revisions::baseline(&w.unit, &files, st.exec_main_start_us);
+                        let _ = revisions::save(dir, &base);
+                        Some(base)
+                    }
+                    None => None,
+                },
             };
             let reasons = revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload);
             let quarantined = if reasons.is_empty() { None } else { revisions::quarantined(dir, &current) };

@@ -40,6 +40,9 @@ pub enum Step {
     /// A drain pdctl made is undone: the worker is re-admitted to the router once it serves
     /// (after a failed gate, or when pdctld starts or stops with drains in its ledger).
     Reconcile,
+    /// `on_failure = "rollback"`: the failed unit's last good revision is restored (files, a
+    /// reload); its own gates follow as the unit's usual steps.
+    Rollback,
 }
 
 impl Step {
@@ -58,6 +61,7 @@ impl Step {
             Step::StrandedKv => "stranded_kv",
             Step::Soak => "soak",
             Step::Reconcile => "reconcile",
+            Step::Rollback => "rollback",
         }
     }
 }

@@ -424,3 +424,35 @@ async fn a_plain_restart_refuses_changes_it_would_load() {
         }
     }
 }
+
+/// The first-day baseline (what a running process started with, the revision a rollback
+/// restores) is taken only from a settled run: one that a crash loop replaces within
+/// `min_healthy` is not recorded as good; a run that stays up is, after waiting out the rest.
+#[tokio::test]
+async fn a_crash_looping_run_is_never_recorded_as_the_good_revision() {
+    for crash in [true, false] {
+        let w = world();
+        let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+        w.lock().unwrap().states.get_mut("p.service").unwrap().exec_main_start_us = now_us;
+        let text = "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n[rollout]\nmin_healthy = \"1s\"\n";
+        let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let dir = std::env::temp_dir().join(format!("pdctl-baseline-{}-{crash}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        if crash {
+            // systemd restarts it 300 ms later (Restart=on-failure): a new run.
+            let w2 = w.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let mut w = w2.lock().unwrap();
+                let st = w.states.get_mut("p.service").unwrap();
+                st.invocation_id = "crashed-and-restarted".into();
+                st.n_restarts = 1;
+            });
+        }
+        engine.staleness(&dir).await.unwrap();
+        assert_eq!(pdctl_core::revisions::load(&dir, "p.service").is_some(), !crash, "crash loop: {crash}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -93,6 +93,9 @@ impl Renderer {
         if let (Step::Preflight, Status::Passed, Some(o)) = (e.step, e.status, e.detail.get("outage").and_then(|v| v.as_str())) {
             self.note(&format!("pdctl: ⚠ {o}"));
         }
+        if (e.step, e.status) == (Step::Rollback, Status::Started) {
+            self.note(&format!("pdctl: ↩ {}: rolling back to its last good revision, then through its gates again", e.unit));
+        }
         // What the restart loads besides the running files (a dry run says what it would).
         if let (Step::Preflight, Status::Passed, true) = (e.step, e.status, e.detail["daemon_reload"] == true) {
             let files: Vec<&str> = e.detail["drop_ins_not_loaded"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pdctl_core::api::{AbortAccepted, ApiError, Diff, Exit, History, Record, Request, Started, StreamLine};
+use pdctl_core::lifecycle::RolloutState;
 use pdctl_core::ports::Units as _;
 
 use crate::client::{Client, ClientError};
@@ -113,7 +114,7 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
         _ = tokio::signal::ctrl_c() => {
             ticker.abort();
             eprintln!("\npdctl: detached; rollout {id} goes on in pdctld. Re-attach: pdctl rollout watch {id}");
-            return Exit::Ok;
+            return Exit::Detached;
         }
     };
     ticker.abort();
@@ -206,7 +207,8 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
     let when = |t: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(t)).to_string();
     println!("rollout   {} ({})", rec.id, rec.kind.as_str());
     println!("state     {} (since {})", rec.lifecycle.state().as_str(), when(rec.lifecycle.changed_at()));
-    if let Some(p) = rec.lifecycle.position() {
+    // Where it is, only while that is news: a finished rollout's result line says where it ended.
+    if let (Some(p), RolloutState::Running | RolloutState::Interrupted) = (rec.lifecycle.position(), rec.lifecycle.state()) {
         println!("at        {} ({})", p.unit, p.step.as_str());
     }
     println!("created   {}", when(rec.created_at));
@@ -234,8 +236,15 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
     println!("\n{:<24} {:<30} {:<10} {:<8} {:>8}  DETAIL", "AT", "UNIT", "STEP", "STATUS", "TOOK");
     for e in rec.events.iter().filter(|e| e.status != pdctl_core::events::Status::Started) {
         let status = format!("{:?}", e.status).to_lowercase();
-        let detail = e.detail.get("cause").or_else(|| e.detail.get("reason")).and_then(|v| v.as_str()).unwrap_or("");
+        let detail = event_detail(&e.detail);
         println!("{:<24} {:<30} {:<10} {:<8} {:>7.1}s  {detail}", e.at, e.unit, e.step.as_str(), status, e.elapsed_ms as f64 / 1000.0);
+    }
+    if let Some(a) = rec.summary.as_ref().and_then(|s| s.availability.as_ref()) {
+        println!("
+availability  {}", a.sentence());
+        for (u, a) in &rec.availability_by_unit {
+            println!("  {u}: {}", a.sentence());
+        }
     }
     if let Some(s) = &rec.summary {
         match &s.failed {
@@ -299,6 +308,27 @@ pub async fn history(client: &Client, json: bool) -> Exit {
         println!("{:<16} {:<8} {:<12} {:<20} {}: {}", "?", "?", "corrupt", "?", c.file, c.error);
     }
     Exit::Ok
+}
+
+/// An event's detail in a table cell: the cause, reason or warning when there is one, else its
+/// first few plain facts (`key=value`), never an empty cell for an event that has any.
+fn event_detail(d: &serde_json::Value) -> String {
+    for k in ["cause", "reason", "warning"] {
+        if let Some(t) = d.get(k).and_then(|v| v.as_str()) {
+            return t.to_string();
+        }
+    }
+    let Some(o) = d.as_object() else { return String::new() };
+    o.iter()
+        .filter_map(|(k, v)| match v {
+            serde_json::Value::String(t) if t.len() <= 40 => Some(format!("{k}={t}")),
+            serde_json::Value::Number(n) => Some(format!("{k}={n}")),
+            serde_json::Value::Bool(true) => Some(k.clone()),
+            _ => None,
+        })
+        .take(4)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `pdctl rollout diff`.
