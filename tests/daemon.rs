@@ -146,7 +146,11 @@ fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     assert!(r.index(P, "health", "passed").is_some(), "the interrupted unit is re-verified first");
     // Every gate it had not passed, its pairs included (it stopped right after its restart).
-    assert!(r.index(P, "pair", "passed").is_some_and(|i| r.index(P, "health", "passed").is_some_and(|h| h < i)), "the pair gate is re-verified: {:#?}", r.events);
+    assert!(
+        r.index(P, "pair", "passed").is_some_and(|i| r.index(P, "health", "passed").is_some_and(|h| h < i)),
+        "the pair gate is re-verified: {:#?}",
+        r.events
+    );
     assert!(r.index(D, "soak", "passed").is_some());
     assert_ne!(inv(&stack, D), d0, "the rest of the plan ran");
     let last = history(&d, &config).into_iter().last().unwrap();
@@ -204,6 +208,8 @@ fn bad_flag_applied_by_the_timer_service_is_rolled_back() {
         .unwrap();
     let out = String::from_utf8_lossy(&diff.stdout);
     assert!(diff.status.success() && out.contains("50-bad-flag.conf is new"), "{out}");
+    let v: Value = serde_json::from_str(out.trim()).expect("one Diff object");
+    assert!(v["workers"].as_array().is_some_and(|w| w.len() == 2), "{v:#}");
     // pdctl-rollout.service, as the timer would start it.
     let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
     stack.sandbox.write_unit("pdctl-rollout.service", &format!("[Unit]\nRequires=pdctld.service\nAfter=pdctld.service\n[Service]\nType=oneshot\nExecStart={} rollout apply --if-changed --config {} --socket {}\n", pdctl.display(), s(&d.config), s(&d.socket))).unwrap();

@@ -55,7 +55,12 @@ fn every_metric_name_in_the_dashboard_is_exposed_by_the_simulator_the_gateway_or
     assert_eq!(r.code, 0, "{:#}", r.summary);
     // And a failed gate (the decode exits at start), for the failure counters.
     stack.drop_in("sglang-dsv4-decode.service", "50-exit", "[Service]\nEnvironment=SGLANG_SIM_EXIT_CODE=3\n").expect("drop-in");
-    let f = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", "sglang-dsv4-decode.service", "--json"], Duration::from_secs(150));
+    let f = pdctl_tests::pdctl_daemon(
+        &d,
+        &config,
+        &["restart", "--rolling", "--load-changes", "--unit", "sglang-dsv4-decode.service", "--json"],
+        Duration::from_secs(150),
+    );
     assert_eq!(f.code, 1, "{:#}", f.summary);
     let router = stack.router.as_ref().expect("router");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -293,7 +293,7 @@ fn a_failed_canary_halts_the_fleet_rollout_before_any_other_host_starts() {
         let s = fleet_status(&ca);
         alive(&s, "gpu-node-a") && alive(&s, "gpu-node-b")
     }));
-    let (code, lines, err) = fleet_restart(&ca, &da, &[]);
+    let (code, lines, err) = fleet_restart(&ca, &da, &["--load-changes"]);
     assert_eq!(code, 1, "{lines:#?}\n{err}");
     let last = lines.last().cloned().unwrap_or(Value::Null);
     assert_eq!(last["result"], "failed", "{last:#}");

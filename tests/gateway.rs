@@ -40,11 +40,26 @@ fn the_only_worker_of_a_role_is_refused_without_allow_outage_and_restarted_with_
     assert_eq!(ok.code, 0, "{:#?} {}", ok.summary, ok.stderr);
     let outage = ok.event(P, "preflight", "passed")["detail"]["outage"].as_str().unwrap_or_default().to_string();
     assert!(outage.contains("only prefill worker") && outage.contains("serving stops"), "the outage is said, not hidden: {outage}");
-    // pdctld measured each start: the next refusal names the expected interruption.
+    // pdctld measured each window out of the router (drain → re-admitted): the next refusal
+    // names it as the interruption to expect — the window, not the start alone — and so does the
+    // dry run, which asks pdctld.
+    let at = |step: &str, status: &str| humantime::parse_rfc3339(ok.event(P, step, status)["at"].as_str().unwrap()).unwrap();
+    let window = at("router", "passed").duration_since(at("drain", "started")).unwrap();
     let again = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
     assert_eq!(again.code, 2);
-    let cause = again.summary["failed"]["cause"].as_str().unwrap();
-    assert!(cause.contains("its last measured start"), "{cause}");
+    let said_secs = |cause: &str| -> u64 {
+        assert!(cause.contains("its last measured window out of the router"), "{cause}");
+        cause.split("about ").nth(1).and_then(|r| r.split('s').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{cause}"))
+    };
+    let secs = said_secs(again.summary["failed"]["cause"].as_str().unwrap());
+    assert!(secs * 1000 + 1000 >= window.as_millis() as u64 && secs * 1000 <= window.as_millis() as u64 + 1000, "{secs} s said vs a {window:?} window");
+    let dry = pdctl_run(
+        &["restart", "--rolling", "--unit", P, "--dry-run", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()],
+        LIMIT,
+        |_| {},
+    );
+    assert_eq!(dry.code, 2, "{:#?}", dry.summary);
+    assert_eq!(said_secs(dry.summary["failed"]["cause"].as_str().unwrap()), secs, "the dry run says what the real run says");
 }
 
 /// The router gives up on a prefill that is down when it starts; pdctl re-registers it after
@@ -265,4 +280,21 @@ fn a_worker_whose_requests_fail_halts_at_the_router_gate_on_smg_1_13() {
 #[test]
 fn a_worker_whose_requests_fail_halts_at_the_router_gate_on_sglang_router_0_3_2() {
     circuit_breaker_open(Gateway::SglangRouter032);
+}
+
+/// A rollout that halts with the only prefill out: the availability figures keep its window open
+/// to the end (`open_at_end`), never "0 ms", and latency not measured is `null`, never 0.
+#[test]
+fn a_halt_keeps_the_error_window_open_to_the_end() {
+    let (stack, config, d) = up(StackOptions::default());
+    stack.drop_in(P, "50-exit", "[Service]\nEnvironment=SGLANG_SIM_EXIT_CODE=3\n").unwrap();
+    let r = run(&d, &config, &["restart", "--rolling", "--load-changes", "--json"]);
+    assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
+    let a = &r.summary["availability"];
+    assert_eq!(a["open_at_end"], true, "{a}");
+    let at = |step: &str, status: &str| humantime::parse_rfc3339(r.event(P, step, status)["at"].as_str().unwrap()).unwrap();
+    let out = at("ready", "failed").duration_since(at("drain", "started")).unwrap();
+    // The first sample without an admitted prefill comes within one probe period (2/s) of the drain.
+    assert!(a["longest_error_ms"].as_u64().unwrap() + 500 >= out.as_millis() as u64, "the window covers drain → halt ({out:?}): {a}");
+    assert!(a["p50_ms"].is_null() || a["p50_ms"].as_f64().unwrap() > 0.0, "{a}");
 }

@@ -30,8 +30,10 @@ fn fragment(config: &std::path::Path, name: &str, text: &str) {
     std::fs::write(config.parent().unwrap().join("config.d").join(name), text).unwrap();
 }
 
+/// A rolling restart that loads what the test changed in the units (a fault injected by a
+/// drop-in is a change: a plain restart would refuse it as `changes_pending`).
 fn rollout(config: &std::path::Path) -> JsonRun {
-    pdctl_run(&["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(config)], LIMIT, |_| {})
+    pdctl_run(&["restart", "--rolling", "--load-changes", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(config)], LIMIT, |_| {})
 }
 
 /// [`rollout`] while the test watches the router; asserts that pdctld recorded it as it said.
@@ -124,8 +126,20 @@ fn happy_path(gateway: Gateway) {
     assert_eq!(check.code, 0, "{:#?} {}", check.summary, check.stderr);
     assert!(!check.touched(P) && !check.touched(D));
     assert_eq!(inv(&stack, P), p1, "check restarts nothing");
-    let status = pdctl_run(&["status", "--json", "--config", config.to_str().unwrap()], LIMIT, |_| {});
-    assert_eq!(status.code, 0);
+    let status = pdctl_run(&["status", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    // One JSON object: pdctld's state and every worker.
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let o = std::process::Command::new(&bin).args(["status", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["workers"].as_array().map(Vec::len), v["serving"].as_bool()), (Some(2), Some(true)), "{v:#}");
+    // Without pdctld the workers are still shown, and the exit says pdctld is not reachable (3).
+    let o = std::process::Command::new(&bin).args(["status", "--config", config.to_str().unwrap(), "--socket", "/nonexistent/pdctl.sock"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{out}");
+    assert!(out.contains("not reachable") && out.contains(P), "{out}");
 }
 
 #[test]
@@ -148,7 +162,8 @@ fn unit_that_exits_at_start_halts_at_ready() {
     // restart is asked to load changes, reloads.
     stack.append_to_unit(P, "Environment=SGLANG_SIM_EXIT_CODE=3\n").unwrap();
     let watch = RouterWatch::start(&stack);
-    let run = pdctl_run(&["restart", "--rolling", "--load-changes", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    let run =
+        pdctl_run(&["restart", "--rolling", "--load-changes", "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
     let seen = watch.finish();
     assert_recorded(std::path::Path::new(&socket(&config)), &run);
     assert_eq!(run.event(P, "preflight", "passed")["detail"]["daemon_reload"], true, "NeedDaemonReload → Reload");
@@ -418,32 +433,41 @@ fn journald_restarted_during_the_ready_follow_is_followed_through() {
     gate_start(&stack, D, &flag);
     let mut restarted = None;
     let watch = RouterWatch::start(&stack);
-    let run = pdctl_run(&["restart", "--rolling", "--unit", D, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |e| {
-        if restarted.is_none() && e["unit"] == D && e["step"] == "ready" && e["status"] == "started" {
-            // pdctl follows the journal now. Stop journald, start a new one, wait until it takes
-            // a stream, then let the decode's server run and print its ready line.
-            let old = stack.sandbox.host_pids_named("systemd-journal");
-            assert_eq!(old.len(), 1, "one journald in the sandbox: {old:?}");
-            std::process::Command::new("kill").args(["-TERM", &old[0].to_string()]).status().unwrap();
-            let gone = pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(50), || {
-                !std::path::Path::new(&format!("/proc/{}", old[0])).exists() || stack.sandbox.host_pids_named("systemd-journal").is_empty()
-            });
-            assert!(gone, "journald stopped within 10 s");
-            let new =
-                stack.sandbox.command("/lib/systemd/systemd-journald").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
-            let accepts = pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(50), || {
-                stack
+    let run = pdctl_run(
+        &["restart", "--rolling", "--load-changes", "--unit", D, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)],
+        LIMIT,
+        |e| {
+            if restarted.is_none() && e["unit"] == D && e["step"] == "ready" && e["status"] == "started" {
+                // pdctl follows the journal now. Stop journald, start a new one, wait until it takes
+                // a stream, then let the decode's server run and print its ready line.
+                let old = stack.sandbox.host_pids_named("systemd-journal");
+                assert_eq!(old.len(), 1, "one journald in the sandbox: {old:?}");
+                std::process::Command::new("kill").args(["-TERM", &old[0].to_string()]).status().unwrap();
+                let gone = pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(50), || {
+                    !std::path::Path::new(&format!("/proc/{}", old[0])).exists() || stack.sandbox.host_pids_named("systemd-journal").is_empty()
+                });
+                assert!(gone, "journald stopped within 10 s");
+                let new = stack
                     .sandbox
-                    .command("/bin/sh")
-                    .args(["-c", "echo pdctl-test: journald is back | systemd-cat -t pdctl-test"])
-                    .status()
-                    .is_ok_and(|s| s.success())
-            });
-            assert!(accepts, "the new journald took a stream within 10 s");
-            std::fs::write(&flag, "").unwrap();
-            restarted = Some(new);
-        }
-    });
+                    .command("/lib/systemd/systemd-journald")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                let accepts = pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(50), || {
+                    stack
+                        .sandbox
+                        .command("/bin/sh")
+                        .args(["-c", "echo pdctl-test: journald is back | systemd-cat -t pdctl-test"])
+                        .status()
+                        .is_ok_and(|s| s.success())
+                });
+                assert!(accepts, "the new journald took a stream within 10 s");
+                std::fs::write(&flag, "").unwrap();
+                restarted = Some(new);
+            }
+        },
+    );
     watch.finish().assert_down(0, 1);
     assert!(restarted.is_some(), "journald was restarted during the ready gate: {:#?} {}", run.summary, run.stderr);
     assert_eq!(run.code, 0, "{:#?}\n{}", run.summary, run.stderr);
@@ -462,17 +486,21 @@ fn journal_rotated_and_vacuumed_during_the_ready_follow_is_followed_through() {
     };
     let mut seen_files = None;
     let watch = RouterWatch::start(&stack);
-    let run = pdctl_run(&["restart", "--rolling", "--unit", D, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |e| {
-        if seen_files.is_none() && e["unit"] == D && e["step"] == "ready" && e["status"] == "started" {
-            let before = files(&stack);
-            // Rotate (the active file becomes an archive) and delete every archive.
-            let out = stack.sandbox.command("journalctl").args(["--rotate", "--vacuum-size=1"]).output().unwrap();
-            assert!(out.status.success(), "journalctl --rotate --vacuum-size=1: {}", String::from_utf8_lossy(&out.stderr));
-            let after = files(&stack);
-            std::fs::write(&flag, "").unwrap();
-            seen_files = Some((before, after));
-        }
-    });
+    let run = pdctl_run(
+        &["restart", "--rolling", "--load-changes", "--unit", D, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)],
+        LIMIT,
+        |e| {
+            if seen_files.is_none() && e["unit"] == D && e["step"] == "ready" && e["status"] == "started" {
+                let before = files(&stack);
+                // Rotate (the active file becomes an archive) and delete every archive.
+                let out = stack.sandbox.command("journalctl").args(["--rotate", "--vacuum-size=1"]).output().unwrap();
+                assert!(out.status.success(), "journalctl --rotate --vacuum-size=1: {}", String::from_utf8_lossy(&out.stderr));
+                let after = files(&stack);
+                std::fs::write(&flag, "").unwrap();
+                seen_files = Some((before, after));
+            }
+        },
+    );
     watch.finish().assert_down(0, 1);
     let (before, after) = seen_files.unwrap_or_else(|| panic!("the journal was rotated during the ready gate: {:#?}", run.summary));
     assert!(before.iter().any(|f| f == "system.journal"), "{before:?}");

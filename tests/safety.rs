@@ -155,7 +155,7 @@ fn a_gate_failing_after_the_drain_re_admits_the_worker() {
     // after the drain, while systemd goes on starting the unit.
     stack.drop_in(P, "50-slow-stop", "[Service]\nExecStopPost=/bin/sleep 3\n").unwrap();
     std::fs::write(config.parent().unwrap().join("config.d/20-job.toml"), "[rollout]\njob_timeout = \"1s\"\n").unwrap();
-    let run = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], LIMIT);
+    let run = pdctl_daemon(&d, &config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
     assert_eq!(run.code, 3, "{:#?} {}", run.summary, run.stderr);
     assert_eq!(run.summary["failed"]["step"], "restart");
     assert_eq!(run.summary["failed"]["cause_code"], "systemd_timeout");

@@ -230,6 +230,9 @@ pub struct FleetRequest {
     /// Why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Each host's restart may load unit changes its workers do not run yet (`--load-changes`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub load_changes: bool,
 }
 
 /// How one host's part of a fleet rollout ended.

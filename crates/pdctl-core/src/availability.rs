@@ -51,11 +51,7 @@ impl Availability {
     /// One line for people: what clients saw, "not measured" where nothing was.
     pub fn sentence(&self) -> String {
         let lat = |v: Option<f64>| v.map(|x| format!("{x} ms")).unwrap_or_else(|| "not measured".into());
-        let window = if self.open_at_end {
-            format!("{} ms and still open at the end", self.longest_error_ms)
-        } else {
-            format!("{} ms", self.longest_error_ms)
-        };
+        let window = if self.open_at_end { format!("{} ms and still open at the end", self.longest_error_ms) } else { format!("{} ms", self.longest_error_ms) };
         if self.probes == 0 {
             format!("no probe request could be sent (a role had no admitted worker the whole time); longest error window {window}; latency not measured")
         } else {

@@ -486,11 +486,9 @@ pub fn outage(expected: &Option<crate::revisions::StartTime>) -> String {
         Some(crate::revisions::StartTime { window_ms: Some(w), .. }) => {
             format!("about {}s (its last measured window out of the router: drain, stop, start, gates, re-admission)", secs(*w))
         }
-        Some(s) if s.ms > 0 => format!(
-            "more than {}s (its last measured start, {}s, plus its drain, stop and re-admission, not measured here yet)",
-            secs(s.ms),
-            secs(s.ms)
-        ),
+        Some(s) if s.ms > 0 => {
+            format!("more than {}s (its last measured start, {}s, plus its drain, stop and re-admission, not measured here yet)", secs(s.ms), secs(s.ms))
+        }
         _ => "as long as its drain, stop, start and re-admission take (not measured here yet; a real model's start alone takes 60-80 s)".into(),
     }
 }
@@ -770,7 +768,11 @@ impl Cause {
             Cause::EventSourceClosed { what: "the journal follower".into() },
             Cause::MetricsDisabled { unit: unit() },
             Cause::GpuOverlap { unit: unit(), gpus: "0-3".into(), other: "sglang-decode.service".into(), other_gpus: "3-7".into() },
-            Cause::OnlyWorkerOfRole { unit: unit(), role: "prefill".into(), expected: Some(crate::revisions::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000) }) },
+            Cause::OnlyWorkerOfRole {
+                unit: unit(),
+                role: "prefill".into(),
+                expected: Some(crate::revisions::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000) }),
+            },
             Cause::RouterUnreachable { error: msg() },
             Cause::DrainFailed { unit: unit(), error: msg() },
             Cause::JobFailed { unit: unit(), job_result: "failed".into(), service_result: "exit-code".into() },

@@ -314,7 +314,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None, false), &mut Vec::new()).await
+        let mut s = self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None, false), &mut Vec::new()).await;
+        // Nothing was restarted: the units passed their checks.
+        s.checked = std::mem::take(&mut s.units);
+        s
     }
 
     /// A rollout as pdctld runs it: a rolling restart (or the rest of an interrupted one), stopped
@@ -396,6 +399,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             result,
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: done,
+            checked: Vec::new(),
             repairs: repairs.clone(),
             failed,
         };
@@ -528,6 +532,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
+            checked: Vec::new(),
             failed,
         }
     }
@@ -765,7 +770,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// router, metrics, stranded KV (a decode), soak. `out_since`: when the worker left the
     /// router (its drain began): the window out of the router is recorded at its re-admission.
-    async fn restart_after_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, mut watch: U::W, after: UnitState, out_since: Instant) -> Result<(), (Step, Fail)> {
+    async fn restart_after_pair(
+        &self,
+        w: &Worker,
+        sink: &Sink,
+        ctx: Ctx<'_>,
+        mut watch: U::W,
+        after: UnitState,
+        out_since: Instant,
+    ) -> Result<(), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.verify.router {
             self.step(sink, unit, Step::Router, async {
@@ -1136,6 +1149,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             created_at: crate::fleet::now_secs(),
             units: vec![unit.to_string()],
             repair_of: Some(format!("{}/{}", f.host, p.unit)),
+            load_changes: false,
         };
         let value = serde_json::to_vec(&r).unwrap_or_default();
         let s = StepRun::start(sink, &p.unit, Step::Pair);
@@ -2062,8 +2076,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     // would otherwise become the "good" revision a rollback restores.
                     Some(st) => {
                         let base = revisions::baseline(&w.unit, &files, st.exec_main_start_us);
-                        let _ = revisions::save(dir, &base);
-                        Some(base)
+                        match revisions::save_if_absent(dir, &base) {
+                            Ok(false) => revisions::load(dir, &w.unit),
+                            _ => Some(base),
+                        }
                     }
                     None => None,
                 },

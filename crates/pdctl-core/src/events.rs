@@ -164,8 +164,11 @@ pub struct Summary {
     pub result: Outcome,
     /// Total time.
     pub elapsed_ms: u64,
-    /// Units restarted and verified, in order.
+    /// Units restarted and verified, in order (empty for `check`, which restarts nothing).
     pub units: Vec<String>,
+    /// `check`: the units that passed every gate checked, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checked: Vec<String>,
     /// Units restarted to repair a stale pairing (each in `units` too) → the prefill whose
     /// restart needed it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

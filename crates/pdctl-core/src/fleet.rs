@@ -430,6 +430,9 @@ pub struct FleetRollout {
     /// A repair: the restarted prefill (`host/unit`) whose stale pairing this fixes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_of: Option<String>,
+    /// Each host's restart may load unit changes its workers do not run yet (`--load-changes`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub load_changes: bool,
 }
 
 /// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).

@@ -40,9 +40,7 @@ impl Cause {
             Cause::GpuOverlap { .. } => "fix gpus (or CUDA_VISIBLE_DEVICES) in the config, then `pdctl restart --rolling --dry-run`".into(),
             Cause::RouterUnreachable { .. } => "bring the gateway back (it must answer GET /workers), then `pdctl check`".into(),
             Cause::DrainFailed { .. } => format!("`pdctl status` (the gateway's view of each worker), then {}", retry(unit)),
-            Cause::JobFailed { .. } | Cause::FatalLine { .. } | Cause::Crashed { .. } | Cause::ReadyTimeout { .. } | Cause::HealthTimeout { .. } => {
-                logs(unit)
-            }
+            Cause::JobFailed { .. } | Cause::FatalLine { .. } | Cause::Crashed { .. } | Cause::ReadyTimeout { .. } | Cause::HealthTimeout { .. } => logs(unit),
             Cause::WrongWorkerType { .. } => "make the worker's role in the config match its --disaggregation-mode, then `pdctl check`".into(),
             Cause::RegisterRefused { .. } | Cause::RouterNeverAdmits { .. } | Cause::CircuitOpen { .. } => {
                 format!("`pdctl status` (is the gateway the fault? the worker's own health is in the event above), fix the gateway, then {}", retry(unit))
@@ -58,9 +56,13 @@ impl Cause {
             Cause::PairBroken { prefill, decode, side, .. } => logs(if side == "decode" { decode } else { prefill }),
             Cause::RepairBlocked { decode, .. } => format!("`pdctl status`, then `pdctl restart --rolling --unit {decode} --allow-outage`"),
             Cause::StrandedKv { decode, .. } => {
-                format!("`pdctl status` (KV the prefills still hold for {decode}'s old process; they release it at their bootstrap timeout), then `pdctl check`")
+                format!(
+                    "`pdctl status` (KV the prefills still hold for {decode}'s old process; they release it at their bootstrap timeout), then `pdctl check`"
+                )
             }
-            Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => "`etcdctl endpoint health` (the fleet's etcd must answer), then `pdctl fleet status`".into(),
+            Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => {
+                "`etcdctl endpoint health` (the fleet's etcd must answer), then `pdctl fleet status`".into()
+            }
             Cause::FleetLimits { .. } => "make [fleet.max_unavailable] the same on every host, then `pdctl fleet status`".into(),
             Cause::AddressBlocked { .. } => "`pdctl unit-dropin --write`, `systemctl daemon-reload`, then restart pdctld while no rollout runs".into(),
             Cause::SlotTimeout { .. } => "`pdctl fleet status` (who holds the slot); if its host is dead, `pdctl fleet release HOLDER`".into(),

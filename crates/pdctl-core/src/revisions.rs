@@ -264,6 +264,24 @@ pub fn save(dir: &Path, rev: &Revision) -> std::io::Result<()> {
     atomic_write(&rev_path(dir, &rev.unit), &bytes, STATE_FILE_MODE)
 }
 
+/// Save a first-day baseline only where no revision exists yet, atomically: a baseline computed
+/// concurrently (pdctld's start and a rollout's preflight both take one) never replaces a
+/// revision written meanwhile — in particular not with the run of a change that was restarted
+/// in between. Returns whether it was saved.
+pub fn save_if_absent(dir: &Path, rev: &Revision) -> std::io::Result<bool> {
+    let path = rev_path(dir, &rev.unit);
+    let tmp = dir.join(format!(".{}.baseline.{}.tmp", rev.unit.replace('/', "_"), std::process::id()));
+    atomic_write(&tmp, &serde_json::to_vec_pretty(rev).map_err(std::io::Error::other)?, STATE_FILE_MODE)?;
+    // link(2) fails when the name exists: the first writer wins.
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Why `unit` is stale (empty: it runs with its current files).
 pub fn stale_reasons(current: &Revision, last: Option<&Revision>, exec_main_start_us: u64, need_daemon_reload: bool) -> Vec<String> {
     let mut why = Vec::new();
@@ -341,6 +359,18 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_baseline_never_replaces_a_revision_written_meanwhile() {
+        let dir = std::env::temp_dir().join(format!("pdctld-base-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rev = |tag: &str| Revision { unit: "x.service".into(), recorded_at: 1, why: tag.into(), files: Default::default() };
+        assert!(save_if_absent(&dir, &rev("first")).unwrap());
+        assert!(!save_if_absent(&dir, &rev("second")).unwrap(), "the first one stays");
+        assert_eq!(load(&dir, "x.service").unwrap().why, "first");
+        assert!(std::fs::read_dir(&dir).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")), "no temporary file left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn drift_restore_round_trip() {

@@ -19,16 +19,32 @@ pub fn settings(path: &Path) -> Result<Settings, Exit> {
 }
 
 /// Before asking pdctld: when the config file is readable here, report its errors (and unknown
-/// `--unit`s) at once, exit 2. pdctld reads the same file and checks again.
-pub fn validate_locally(path: &Path, only: &[String]) -> Result<(), Exit> {
+/// `--unit`s) at once, exit 2 (with `json`, also as one `ApiError` line on stdout). pdctld reads
+/// the same file and checks again.
+pub fn validate_locally(path: &Path, only: &[String], json: bool) -> Result<(), Exit> {
     if std::fs::metadata(path).is_err() {
         return Ok(());
     }
-    let s = settings(path)?;
-    Plan::new(&s, only).map(|_| ()).map_err(|e| {
-        eprintln!("pdctl: {e}");
-        Exit::Usage
-    })
+    let cause = match pdctl_core::config::load(path) {
+        Err(e) => pdctl_core::cause::Cause::ConfigInvalid { message: e.to_string() },
+        Ok(s) => match Plan::new(&s, only) {
+            Ok(_) => return Ok(()),
+            Err(e) => pdctl_core::cause::Cause::BadRequest { message: e.to_string() },
+        },
+    };
+    refuse(&cause, json)
+}
+
+/// Print a refusal before anything started (stderr; with `json` also the `ApiError` line on
+/// stdout) and return its exit code.
+pub fn refuse(cause: &pdctl_core::cause::Cause, json: bool) -> Result<(), Exit> {
+    let e = pdctl_core::api::ApiError::of(cause);
+    eprintln!("pdctl: {}", e.error);
+    eprintln!("pdctl: next: {}", e.next);
+    if json {
+        println!("{}", serde_json::to_string(&e).unwrap_or_default());
+    }
+    Err(e.exit_code)
 }
 
 /// Connect the drivers (exit 3 when systemd cannot be reached).

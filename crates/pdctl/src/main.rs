@@ -62,6 +62,13 @@ enum Command {
     /// Many hosts behind one gateway, coordinated through etcd ([fleet] in the config).
     #[command(subcommand)]
     Fleet(FleetCmd),
+    /// Print completion candidates, one a line (used by the bash completion script): the
+    /// configured units, or pdctld's rollout ids, newest first.
+    #[command(hide = true, name = "__complete")]
+    Candidates {
+        /// `units` or `rollouts`.
+        what: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -78,6 +85,10 @@ enum FleetCmd {
         /// Accept taking the only worker of a role (fleet-wide, as the router sees it) down.
         #[arg(long)]
         allow_outage: bool,
+        /// Restart even where a worker's files changed since its process started (see
+        /// `pdctl restart --load-changes`).
+        #[arg(long)]
+        load_changes: bool,
         /// Why (kept with who started it).
         #[arg(long)]
         reason: Option<String>,
@@ -88,6 +99,7 @@ enum FleetCmd {
     /// Follow a fleet rollout: every host's events, then the fleet summary.
     Watch {
         /// The fleet rollout id.
+        #[arg(value_hint = clap::ValueHint::Other)]
         id: String,
         /// One JSON object per line.
         #[arg(long)]
@@ -122,7 +134,7 @@ struct RestartArgs {
     #[arg(long)]
     rolling: bool,
     /// Only these units (repeatable), in rollout order.
-    #[arg(long = "unit", value_name = "UNIT")]
+    #[arg(long = "unit", value_name = "UNIT", value_hint = clap::ValueHint::Other)]
     units: Vec<String>,
     /// Print the plan and the preflight verdict; touch nothing.
     #[arg(long)]
@@ -170,6 +182,7 @@ enum RolloutCmd {
     /// Follow a rollout from its first event (re-attach after Ctrl-C).
     Watch {
         /// The rollout id.
+        #[arg(value_hint = clap::ValueHint::Other)]
         id: String,
         /// One JSON object per line.
         #[arg(long)]
@@ -178,11 +191,13 @@ enum RolloutCmd {
     /// Stop a rollout after the unit in progress is verified.
     Abort {
         /// The rollout id.
+        #[arg(value_hint = clap::ValueHint::Other)]
         id: String,
     },
     /// Continue an interrupted rollout from the unit it stopped at (re-verified first).
     Resume {
         /// The interrupted rollout's id.
+        #[arg(value_hint = clap::ValueHint::Other)]
         id: String,
         /// One JSON object per line.
         #[arg(long)]
@@ -193,6 +208,7 @@ enum RolloutCmd {
     /// One rollout's record: plan, state, every step with its time, the failure, notes.
     Show {
         /// The rollout id.
+        #[arg(value_hint = clap::ValueHint::Other)]
         id: String,
         /// The record as JSON.
         #[arg(long)]
@@ -224,6 +240,9 @@ fn main() {
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(*shell, &mut Cli::command(), "pdctl", &mut std::io::stdout());
+            if *shell == clap_complete::Shell::Bash {
+                print!("{BASH_DYNAMIC}");
+            }
             Exit::Ok.exit_process();
         }
         Command::Man { dir } => man_pages(dir).exit_process(),
@@ -253,10 +272,10 @@ fn main() {
                 if a.dry_run {
                     return context::dry_run(&config, &a.units, json, allow_outage, a.load_changes, &client).await;
                 }
-                if let Err(c) = context::validate_locally(&config, &a.units) {
+                if let Err(c) = context::validate_locally(&config, &a.units, json) {
                     return c;
                 }
-                let identity = match rollout::same_config(&client, &config).await {
+                let identity = match rollout::same_config(&client, &config, json).await {
                     Ok(i) => i,
                     Err(c) => return c,
                 };
@@ -264,18 +283,18 @@ fn main() {
                 rollout::start(&client, &config, &req, json).await
             }
             Command::Rollout(r) => match r {
-                RolloutCmd::Diff(a) => match context::validate_locally(&config, &[]) {
+                RolloutCmd::Diff(a) => match context::validate_locally(&config, &[], a.json) {
                     Err(c) => c,
-                    Ok(()) => match rollout::same_config(&client, &config).await {
+                    Ok(()) => match rollout::same_config(&client, &config, a.json).await {
                         Err(c) => c,
                         Ok(_) => rollout::diff(&client, a.json).await,
                     },
                 },
                 RolloutCmd::Apply { if_changed, all, start: StartArgs { allow_outage, reason, json } } => {
-                    if let Err(c) = context::validate_locally(&config, &[]) {
+                    if let Err(c) = context::validate_locally(&config, &[], json) {
                         return c;
                     }
-                    let identity = match rollout::same_config(&client, &config).await {
+                    let identity = match rollout::same_config(&client, &config, json).await {
                         Ok(i) => i,
                         Err(c) => return c,
                     };
@@ -291,14 +310,15 @@ fn main() {
             Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
             Command::UnitDropin { write } => unit::run(&config, write),
             Command::Completions { .. } | Command::Man { .. } => Exit::Ok,
+            Command::Candidates { what } => candidates(&config, &client, &what).await,
             Command::Fleet(f) => match f {
                 FleetCmd::Status(a) => fleet::status(&config, a.json).await,
-                FleetCmd::Restart { rolling, hosts, allow_outage, reason, json } => {
+                FleetCmd::Restart { rolling, hosts, allow_outage, load_changes, reason, json } => {
                     if !rolling {
                         eprintln!("pdctl: fleet restart needs --rolling (pdctl only restarts one unit at a time per host, slots fleet-wide)");
                         Exit::Usage
                     } else {
-                        fleet::restart(&client, &config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason }, json).await
+                        fleet::restart(&client, &config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason, load_changes }, json).await
                     }
                 }
                 FleetCmd::Watch { id, json } => fleet::watch(&config, &id, json).await,
@@ -311,23 +331,83 @@ fn main() {
     code.exit_process();
 }
 
-/// `pdctl man DIR`: pdctl.1 and one page per subcommand (pdctl-restart.1, …), from clap.
+/// Appended to the generated bash completion: `--unit` completes the configured units and a
+/// rollout command's ID pdctld's rollout ids (asked of `pdctl __complete`), else clap's own.
+const BASH_DYNAMIC: &str = r#"
+_pdctl_dynamic() {
+    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
+    if [[ "$prev" == "--unit" ]]; then
+        COMPREPLY=($(compgen -W "$(pdctl __complete units 2>/dev/null)" -- "$cur"))
+        return 0
+    fi
+    if [[ "${COMP_WORDS[1]}" == "rollout" && "$prev" =~ ^(watch|abort|resume|show)$ ]]; then
+        COMPREPLY=($(compgen -W "$(pdctl __complete rollouts 2>/dev/null)" -- "$cur"))
+        return 0
+    fi
+    _pdctl "$@"
+}
+complete -F _pdctl_dynamic -o bashdefault -o default pdctl
+"#;
+
+/// `pdctl __complete units|rollouts`: completion candidates, one a line (nothing on error).
+async fn candidates(config: &std::path::Path, client: &client::Client, what: &str) -> Exit {
+    match what {
+        "units" => {
+            if let Ok(s) = pdctl_core::config::load(config) {
+                for w in &s.workers {
+                    println!("{}", w.unit);
+                }
+            }
+        }
+        "rollouts" => {
+            if let Ok(Ok(h)) = client.call::<pdctl_core::api::History>("GET", "/v1/rollouts", None::<&()>).await {
+                for r in h.rollouts.iter().rev() {
+                    println!("{}", r.id);
+                }
+            }
+        }
+        _ => return Exit::Usage,
+    }
+    Exit::Ok
+}
+
+/// `pdctl man DIR`: pdctl.1 and one page per subcommand at every depth (pdctl-rollout.1,
+/// pdctl-rollout-apply.1, …: each page's SEE ALSO names exist), from clap, each with an EXIT
+/// STATUS section from the exit-code table.
 fn man_pages(dir: &std::path::Path) -> Exit {
     use clap::CommandFactory as _;
-    let top = Cli::command();
-    let mut pages = vec![(String::from("pdctl"), top.clone())];
-    for sub in top.get_subcommands().filter(|c| !c.is_hide_set()) {
-        let name = format!("pdctl-{}", sub.get_name());
-        pages.push((name.clone(), sub.clone().display_name(name.clone()).bin_name(name)));
-    }
+    let mut pages = Vec::new();
+    collect_pages("pdctl", Cli::command(), &mut pages);
     for (name, cmd) in pages {
         let mut out = Vec::new();
-        if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out).and_then(|()| std::fs::write(dir.join(format!("{name}.1")), &out)) {
+        let written = clap_mangen::Man::new(cmd).render(&mut out).and_then(|()| {
+            out.extend_from_slice(exit_status_roff().as_bytes());
+            std::fs::write(dir.join(format!("{name}.1")), &out)
+        });
+        if let Err(e) = written {
             eprintln!("pdctl: cannot write {}/{name}.1: {e}", dir.display());
             return Exit::Unreachable;
         }
     }
     Exit::Ok
+}
+
+/// `name` and every visible subcommand below it, named as clap_mangen refers to them.
+fn collect_pages(name: &str, cmd: clap::Command, out: &mut Vec<(String, clap::Command)>) {
+    for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set() && c.get_name() != "help") {
+        let n = format!("{name}-{}", sub.get_name());
+        collect_pages(&n, sub.clone().display_name(n.clone()).bin_name(n.replace('-', " ")), out);
+    }
+    out.push((name.to_string(), cmd));
+}
+
+/// The EXIT STATUS section of a man page: the exit-code table (`pdctl_core::api::Exit`).
+fn exit_status_roff() -> String {
+    let mut s = String::from(".SH \"EXIT STATUS\"\n");
+    for e in Exit::ALL {
+        s.push_str(&format!(".TP\n\\fB{}\\fR\n{}\n", e.code(), e.meaning().replace('\\', "\\\\").replace('-', "\\-")));
+    }
+    s
 }
 
 #[cfg(test)]
@@ -353,5 +433,27 @@ mod next_steps {
             }
         }
         assert!(seen > 40, "only {seen} commands were checked");
+    }
+
+    /// Every page a man page refers to (`pdctl-x-y(1)`) is written, and every page has EXIT STATUS.
+    #[test]
+    fn man_pages_refer_only_to_pages_that_exist() {
+        let dir = std::env::temp_dir().join(format!("pdctl-man-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(super::man_pages(&dir), super::Exit::Ok);
+        let names: Vec<String> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert!(names.contains(&"pdctl-rollout-apply.1".to_string()), "{names:?}");
+        for n in &names {
+            let text = std::fs::read_to_string(dir.join(n)).unwrap();
+            assert!(text.contains(".SH \"EXIT STATUS\"") && text.contains("130"), "{n}");
+            for (i, _) in text.match_indices("(1)") {
+                let start = text[..i].rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '\\')).map(|p| p + 1).unwrap_or(0);
+                let page = text[start..i].replace("\\-", "-");
+                if page.starts_with("pdctl") {
+                    assert!(names.contains(&format!("{page}.1")), "{n} refers to {page}(1), which is not written: {names:?}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

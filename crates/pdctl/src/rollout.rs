@@ -30,16 +30,14 @@ fn api_error(e: ApiError) -> Exit {
 /// refusal (2, printed). Returns this config's identity for the request (pdctld checks again), or
 /// `None` where it cannot be read here (pdctld's own config decides). A pdctld too old to say
 /// which config it runs with (404) is not compared.
-pub async fn same_config(client: &Client, config: &Path) -> Result<Option<pdctl_core::api::ConfigIdentity>, Exit> {
+pub async fn same_config(client: &Client, config: &Path, json: bool) -> Result<Option<pdctl_core::api::ConfigIdentity>, Exit> {
     let Some(ours) = pdctl_core::api::ConfigIdentity::of(config) else {
         return Ok(None);
     };
     match client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await {
         Ok(Ok(theirs)) if theirs.sha256 != ours.sha256 => {
             let c = pdctl_core::cause::Cause::ConfigMismatch { given: ours.describe(), daemon: theirs.describe() };
-            eprintln!("pdctl: {}", c.sentence());
-            eprintln!("pdctl: next: {}", c.next_step(""));
-            Err(c.exit())
+            crate::context::refuse(&c, json).map(|()| None)
         }
         Ok(_) => Ok(Some(ours)),
         Err(e) => Err(fail(e)),
@@ -56,11 +54,23 @@ pub async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, 
     }
 }
 
-/// Ask pdctld to start a rollout, then watch it.
+/// Ask pdctld to start a rollout, then watch it. A refusal before the rollout exists prints, with
+/// `--json`, the `ApiError` object as its one line (and the sentence on stderr).
 pub async fn start(client: &Client, config: &Path, req: &Request, json: bool) -> Exit {
-    let started: Started = match ask(client, "POST", "/v1/rollouts", Some(req)).await {
-        Ok(s) => s,
-        Err(c) => return c,
+    let started: Started = match client.call::<Started>("POST", "/v1/rollouts", Some(req)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            if json {
+                println!("{}", serde_json::to_string(&e).unwrap_or_default());
+            }
+            return api_error(e);
+        }
+        Err(e) => {
+            if json {
+                println!("{}", serde_json::json!({ "error": e.to_string(), "exit_code": e.exit(), "cause_code": "pdctld_unreachable" }));
+            }
+            return fail(e);
+        }
     };
     let Some(id) = started.id else {
         // A config rollout with nothing stale.
@@ -240,8 +250,11 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
         println!("{:<24} {:<30} {:<10} {:<8} {:>7.1}s  {detail}", e.at, e.unit, e.step.as_str(), status, e.elapsed_ms as f64 / 1000.0);
     }
     if let Some(a) = rec.summary.as_ref().and_then(|s| s.availability.as_ref()) {
-        println!("
-availability  {}", a.sentence());
+        println!(
+            "
+availability  {}",
+            a.sentence()
+        );
         for (u, a) in &rec.availability_by_unit {
             println!("  {u}: {}", a.sentence());
         }
@@ -337,10 +350,12 @@ pub async fn diff(client: &Client, json: bool) -> Exit {
         Ok(v) => v,
         Err(c) => return c,
     };
+    if json {
+        println!("{}", serde_json::to_string(&d).unwrap_or_default());
+        return Exit::Ok;
+    }
     for w in &d.workers {
-        if json {
-            println!("{}", serde_json::to_string(w).unwrap_or_default());
-        } else if w.stale {
+        if w.stale {
             println!("{} is stale:", w.unit);
             for r in &w.reasons {
                 println!("  - {r}");

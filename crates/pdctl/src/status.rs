@@ -35,8 +35,11 @@ fn opt(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into())
 }
 
-/// Run `pdctl status` (the daemon's state too, when `client` reaches it).
+/// Run `pdctl status` (the daemon's state too, when `client` reaches it). Exit 1 when a worker is
+/// not serving, else 3 when pdctld cannot be reached (or answers with an error), else 0; with
+/// `--json` one object: `{"pdctld": …, "workers": [...], "serving": bool}`.
 pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
+    let mut daemon_ok = true;
     let line = match client.call::<DaemonStatus>("GET", "/v1/status", None::<&()>).await {
         Ok(Ok(v)) => {
             if !json {
@@ -80,22 +83,28 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
             serde_json::to_value(&v).unwrap_or(Value::Null)
         }
         Ok(Err(e)) => {
+            daemon_ok = false;
             if !json {
                 println!("pdctld: error: {}", e.error);
             }
-            json!({ "pdctld": "error", "error": e.error })
+            json!({ "state": "error", "error": e.error })
         }
         Err(e) => {
+            daemon_ok = false;
             if !json {
-                println!("pdctld: not reachable ({e})");
+                println!("pdctld: not reachable ({e}): no rollout can be started or followed; next: `systemctl status pdctld`");
             }
-            json!({ "pdctld": "not reachable", "error": e.to_string() })
+            json!({ "state": "not reachable", "error": e.to_string() })
         }
     };
+    let (code, workers) = run(config, json).await;
     if json {
-        println!("{}", json!({ "pdctld": line }));
+        println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed }));
     }
-    run(config, json).await
+    match code {
+        Exit::Ok if !daemon_ok => Exit::Unreachable,
+        c => c,
+    }
 }
 
 /// "3m 12s" since an RFC 3339 time ("?" when it does not parse).
@@ -106,24 +115,21 @@ fn age(at: &str) -> String {
     }
 }
 
-/// Run `pdctl status` for the workers.
-pub async fn run(config: &Path, json: bool) -> Exit {
+/// Run `pdctl status` for the workers: the table (not with `json`), and each worker's row as
+/// JSON, with the exit code.
+pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
     let s = match context::settings(config) {
         Ok(s) => s,
-        Err(c) => return c,
+        Err(c) => return (c, Vec::new()),
     };
     let sd = SystemdUnits::connect(&s).await;
     let probes = pdctl_core::real::probes(&s);
     let router = if s.router.is_some() { Some(probes.router_workers(0).await.map_err(|e| e.to_string())) } else { None };
     let mut errors: Vec<String> = Vec::new();
     let mut not_serving = false;
-    let header = format!(
-        "{:<30} {:<8} {:<14} {:>7} {:<10} {:<20} {:<9} {:<9} {:<26} {:>7} {:>6}",
-        "UNIT", "ROLE", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "HEALTHY", "KV USED", "RUNNING", "QUEUED"
-    );
-    if !json {
-        println!("{header}");
-    }
+    let mut rows: Vec<Vec<String>> =
+        vec![["UNIT", "ROLE", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "HEALTHY", "KV USED", "RUNNING", "QUEUED"].map(String::from).to_vec()];
+    let mut json_rows = Vec::new();
     for w in &s.workers {
         let state = match &sd {
             Ok(sd) => sd.state(&w.unit).await.map_err(|e| e.to_string()),
@@ -177,13 +183,13 @@ pub async fn run(config: &Path, json: bool) -> Exit {
                     },
                 );
             }
-            println!("{row}");
+            json_rows.push(row);
             continue;
         }
         let (state_cell, pid, run, active_since) = match &state {
             Ok(st) => (
                 format!("{}/{}", st.active_state, st.sub_state),
-                st.main_pid.to_string(),
+                if st.main_pid == 0 { "-".to_string() } else { st.main_pid.to_string() },
                 st.invocation_id.get(..8).unwrap_or("-").to_string(),
                 since(st.active_enter_us).1,
             ),
@@ -198,13 +204,13 @@ pub async fn run(config: &Path, json: bool) -> Exit {
                 errors.push(format!("{}: router: {e}", w.unit));
                 ("error".into(), "-".into())
             }
-            Some(Ok(None)) => ("NOT LISTED".into(), "-".into()),
+            Some(Ok(None)) => ("not listed".into(), "no".into()),
             Some(Ok(Some(x))) => (
                 x.worker_type.clone(),
                 match (x.admitted(), &x.status) {
                     (true, _) => "yes".into(),
-                    (false, Some(st)) => format!("NO ({st})"),
-                    (false, None) => "NO".into(),
+                    (false, Some(st)) => format!("no ({st})"),
+                    (false, None) => "no".into(),
                 },
             ),
         };
@@ -216,20 +222,10 @@ pub async fn run(config: &Path, json: bool) -> Exit {
             }
         };
         let ago = if active_since.is_empty() || active_since == "-" { "-".to_string() } else { format!("{active_since} ago") };
-        println!(
-            "{:<30} {:<8} {:<14} {:>7} {:<10} {:<20} {:<9} {:<9} {:<26} {:>7} {:>6}",
-            w.unit,
-            w.role.as_str(),
-            state_cell,
-            pid,
-            run,
-            ago,
-            router_cell,
-            healthy_cell,
-            kv_cell,
-            running,
-            queued
-        );
+        rows.push(vec![w.unit.clone(), w.role.as_str().into(), state_cell, pid, run, ago, router_cell, healthy_cell, kv_cell, running, queued]);
+    }
+    if !json {
+        print_table(&rows, &[3, 9, 10]);
     }
     if !json && !errors.is_empty() {
         println!();
@@ -237,17 +233,32 @@ pub async fn run(config: &Path, json: bool) -> Exit {
             println!("  {e}");
         }
     }
-    match sd {
+    let code = match sd {
         Err(e) => {
             eprintln!("pdctl: {e}");
             Exit::Unreachable
         }
         Ok(_) if not_serving => {
             if !json {
-                println!("pdctl: ✗ a worker is not serving (see STATE / ROUTER / HEALTHY); next: pdctl check, journalctl -u UNIT");
+                println!(
+                    "pdctl: ✗ a worker is not serving (see STATE / ROUTER / HEALTHY); next: `pdctl check` (which gate fails), `journalctl -u UNIT -n 200`"
+                );
             }
             Exit::GateFailed
         }
         Ok(_) => Exit::Ok,
+    };
+    (code, json_rows)
+}
+
+/// Print `rows` (the first is the header) in columns as wide as their widest cell; the columns
+/// in `right` are right-aligned (numbers).
+fn print_table(rows: &[Vec<String>], right: &[usize]) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> = (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|x| x.chars().count()).max().unwrap_or(0)).collect();
+    for r in rows {
+        let cells: Vec<String> =
+            r.iter().enumerate().map(|(c, x)| if right.contains(&c) { format!("{x:>w$}", w = width[c]) } else { format!("{x:<w$}", w = width[c]) }).collect();
+        println!("{}", cells.join("  ").trim_end());
     }
 }

@@ -15,9 +15,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pdctl_core::api::{ConfigIdentity, 
-    AbortAccepted, ApiError, DaemonStatus, Diff, DiffWorker, FleetRequest, History, HostResult, Interruption, LastRollout, Record, Request, RolloutKind,
-    Started, StartedBy, StreamLine, UnitSnapshot,
+use pdctl_core::api::{
+    AbortAccepted, ApiError, ConfigIdentity, DaemonStatus, Diff, DiffWorker, FleetRequest, History, HostResult, Interruption, LastRollout, Record, Request,
+    RolloutKind, Started, StartedBy, StreamLine, UnitSnapshot,
 };
 use pdctl_core::cause::Cause;
 use pdctl_core::drains::Drain;
@@ -316,7 +316,9 @@ impl Daemon {
             if e.settings.router.is_none() {
                 continue;
             }
-            let Ok(Ok(listed)) = tokio::time::timeout(std::time::Duration::from_secs(5), pdctl_core::ports::Probes::router_workers(&e.probes, 0)).await else { continue };
+            let Ok(Ok(listed)) = tokio::time::timeout(std::time::Duration::from_secs(5), pdctl_core::ports::Probes::router_workers(&e.probes, 0)).await else {
+                continue;
+            };
             // No rollout may start while a drain is cleared: claim, then check again.
             if self.reconciling.swap(true, Ordering::SeqCst) {
                 continue;
@@ -448,7 +450,9 @@ async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Start
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             (RolloutKind::Restart, plan, BTreeMap::new(), None)
         }
-        Request::Apply { if_changed, all, allow_outage: allow, .. } => {
+        // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
+        // the timer's sake).
+        Request::Apply { all, allow_outage: allow, .. } => {
             allow_outage = allow;
             load_changes = true;
             let stale = e.staleness(&dir).await?;
@@ -461,7 +465,8 @@ async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Start
                 tracing::warn!("not rolling out {h}; change its files to try again");
             }
             let chosen: Vec<String> = stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect();
-            if chosen.is_empty() && if_changed {
+            // Nothing to roll: no record (an empty "succeeded" one would say a rollout happened).
+            if chosen.is_empty() {
                 let message = if held.is_empty() {
                     "no worker is stale; nothing to do".to_string()
                 } else {
@@ -469,11 +474,7 @@ async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Start
                 };
                 return Ok(Started { id: None, message: Some(message) });
             }
-            let plan = if chosen.is_empty() {
-                Plan { workers: vec![] }
-            } else {
-                Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?
-            };
+            let plan = Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
             // idempotent and cheap, so do it whenever a worker is rolled for a change.
             if stale.iter().any(|w| !w.reasons.is_empty() && chosen.contains(&w.unit)) {
@@ -608,7 +609,9 @@ async fn run(
     finished.summary.id = Some(id.clone());
     let summary = finished.summary;
     let state = RolloutState::of(summary.result);
-    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: state.as_str().into() }).inc();
+    // Refused before anything was touched (preflight): not a failed rollout in the metrics.
+    let refused = state == RolloutState::Failed && summary.units.is_empty() && summary.failed.as_ref().is_some_and(|f| f.step == Step::Preflight);
+    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: if refused { "refused".into() } else { state.as_str().into() } }).inc();
     if state == RolloutState::Succeeded {
         daemon.metrics.last_success.set(now() as i64);
     }
@@ -714,6 +717,7 @@ async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Ext
         created_at: pdctl_core::fleet::now_secs(),
         units: Vec::new(),
         repair_of: None,
+        load_changes: req.load_changes,
     };
     let key = pdctl_core::fleet::rollout_key(&f.name, &r.id);
     let value = serde_json::to_vec(&r).unwrap_or_default();
@@ -1082,7 +1086,12 @@ impl Daemon {
             return;
         }
         let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
-        let started = start(self.clone(), Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: false, config: None }, by).await;
+        let started = start(
+            self.clone(),
+            Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: r.load_changes, config: None },
+            by,
+        )
+        .await;
         let id = match started {
             Ok(Started { id: Some(id), .. }) => id,
             Ok(_) => return,
