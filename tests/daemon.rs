@@ -249,6 +249,21 @@ fn a_good_change_is_rolled_out_to_the_stale_worker_only_and_recorded() {
     let again = cli(&d, &config, &["rollout", "apply", "--if-changed", "--json"]);
     assert_eq!(again.code, 0);
     assert_eq!(again.summary["units"], serde_json::json!([]), "recorded: nothing stale any more");
+    // Nothing stale, with or without --if-changed: no record of a rollout that did not happen.
+    let before = history(&d, &config).len();
+    let plain = cli(&d, &config, &["rollout", "apply", "--json"]);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    assert_eq!(history(&d, &config).len(), before, "no empty record");
+    // `rollout show` of the rollout that did happen: where it ended is the result line (no
+    // stale "at"), every passed step has a detail, and what clients saw is there.
+    let id = r.summary["id"].as_str().unwrap();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let o = std::process::Command::new(bin).args(["rollout", "show", id, "--socket", &s(&d.socket)]).output().unwrap();
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(!shown.lines().any(|l| l.starts_with("at ")), "{shown}");
+    assert!(shown.lines().any(|l| l.starts_with("availability")), "{shown}");
+    let ready = shown.lines().find(|l| l.contains(" ready ") && l.contains("passed")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(ready.contains("pid="), "the DETAIL column says what the step saw: {ready}");
 }
 
 #[test]

@@ -373,7 +373,11 @@ fn crash_loop_reaching_the_start_limit_halts_at_ready_and_the_next_rollout_reset
     // Fixed, the next rollout resets the failed unit (systemd refuses to start it otherwise:
     // "start of the service was attempted too often"), restarts it and passes.
     std::fs::write(&env, "").unwrap();
-    let again = pdctl_run(&["restart", "--rolling", "--unit", P, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    let again = pdctl_run(
+        &["restart", "--rolling", "--load-changes", "--unit", P, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)],
+        LIMIT,
+        |_| {},
+    );
     assert_eq!(again.code, 0, "{:#?}\n{}", again.summary, again.stderr);
     assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
     assert_recorded(std::path::Path::new(&socket(&config)), &again);

@@ -377,7 +377,11 @@ async fn candidates(config: &std::path::Path, client: &client::Client, what: &st
 fn man_pages(dir: &std::path::Path) -> Exit {
     use clap::CommandFactory as _;
     let mut pages = Vec::new();
-    collect_pages("pdctl", Cli::command(), &mut pages);
+    // `help` subcommands would be referenced as pages of their own: `--help` is on every page.
+    fn no_help(c: clap::Command) -> clap::Command {
+        c.disable_help_subcommand(true).mut_subcommands(no_help)
+    }
+    collect_pages("pdctl", no_help(Cli::command()), &mut pages);
     for (name, cmd) in pages {
         let mut out = Vec::new();
         let written = clap_mangen::Man::new(cmd).render(&mut out).and_then(|()| {
