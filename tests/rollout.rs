@@ -595,3 +595,17 @@ fn a_stopped_decode_is_blamed_for_itself() {
     assert_eq!(run.summary["failed"]["cause_code"], "peer_role_down");
     assert_ne!(inv(&stack, P), p0, "the prefill was restarted (and serves: its own gates passed)");
 }
+
+/// SGLang 0.5.23 logs some warnings with a traceback before its ready line: a start that goes on
+/// to be ready passes (the ready step says so as a warning); a traceback is fatal only when the
+/// run then exits (covered by the judge's unit tests and `fatal_line` after an exit).
+#[test]
+fn a_traceback_before_a_good_ready_line_is_not_a_failed_start() {
+    let warn = vec!["--sim-warn-traceback".to_string()];
+    let (stack, config) = up(StackOptions { prefill_args: warn, ..Default::default() });
+    let run = pdctl_run(&["restart", "--rolling", "--unit", P, "--json", "--config", config.to_str().unwrap(), "--socket", &socket(&config)], LIMIT, |_| {});
+    assert_eq!(run.code, 0, "{:#?} {}", run.summary, run.stderr);
+    let ready = &run.event(P, "ready", "passed")["detail"];
+    assert!(ready["warning"].as_str().is_some_and(|w| w.contains("traceback") && w.contains("Traceback (most recent call last)")), "{ready:#}");
+    assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
+}

@@ -1071,7 +1071,7 @@ smoke_request = true
         assert!(e.msg.contains("server_args") || e.msg.contains("Started server process"), "{e}");
         let s = one(&BASE.replace("drain_timeout = \"2m\"", "drain_timeout = \"2m\"\nfatal_patterns = [\"CUDA out of memory\"]")).unwrap();
         assert!(s.rollout.fatal_patterns.iter().any(|p| p == "CUDA out of memory"));
-        assert!(s.rollout.fatal_patterns.iter().any(|p| p == "Traceback (most recent call last)"), "SGLang's patterns stay");
+        assert!(s.rollout.fatal_patterns.iter().any(|p| p == "Initialization failed"), "SGLang's patterns stay");
         let s = one(&BASE.replace("drain_timeout = \"2m\"", "drain_timeout = \"2m\"\nfatal_patterns = []")).unwrap();
         assert_eq!(s.rollout.fatal_patterns.len(), crate::sglang::FATAL_PATTERNS.len(), "an empty list cannot remove them");
     }

@@ -1568,6 +1568,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let deadline = tokio::time::sleep(ro.ready_timeout);
         tokio::pin!(deadline);
         let mut foreign = 0u32;
+        // A traceback of this run so far: the explanation if the run exits, nothing if it gets ready.
+        let mut suspect: Option<String> = None;
         let mut crashed: Option<String> = crashed_since(after, after);
         while crashed.is_none() {
             tokio::select! {
@@ -1582,12 +1584,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                                 "detect_ms": entry.latency().as_secs_f64() * 1000.0,
                                 "journal_realtime_us": entry.realtime_us,
                                 "ignored_ready_lines_of_other_runs": foreign,
+                                "warning": suspect.as_ref().map(|l| format!("this run logged a traceback before its ready line and went on to be ready (not a failed start): {l}")),
                                 "since_restart_ms": t0.elapsed().as_millis() as u64,
                             }))
                         }
                         Verdict::Fatal(line) => return Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
                         Verdict::ManagerFailure(m) => crashed = Some(format!("systemd reports: {m}")),
                         Verdict::ForeignReady => foreign += 1,
+                        Verdict::Suspect(l) => suspect = suspect.or(Some(l)),
                         Verdict::Ignore => {}
                     },
                 },
@@ -1609,15 +1613,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let why = crashed.unwrap_or_default();
         let fatal = tokio::time::timeout(Duration::from_secs(1), async {
             while let Some(Ok(e)) = follow.next().await {
-                if let Verdict::Fatal(l) = judge.judge(&e) {
-                    return Some(l);
+                match judge.judge(&e) {
+                    Verdict::Fatal(l) => return Some(l),
+                    Verdict::Suspect(l) if suspect.is_none() => suspect = Some(l),
+                    _ => {}
                 }
             }
             None
         })
         .await
         .ok()
-        .flatten();
+        .flatten()
+        // The run exited: a traceback it logged is what explains it.
+        .or(suspect);
         match fatal {
             Some(line) => Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
             None => Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why }.into()),

@@ -29,6 +29,9 @@ pub enum Verdict {
     Ready,
     /// A fatal line of this run (the matching pattern and the line).
     Fatal(String),
+    /// A line of this run that explains a failure if the run then exits, and is nothing if it
+    /// goes on to be ready (a traceback: [`crate::sglang::SUSPECT_PATTERNS`]).
+    Suspect(String),
     /// The manager reports our run's main process exited or failed.
     ManagerFailure(String),
     /// A ready line, but from another run (e.g. the old process flushing while it stopped).
@@ -107,15 +110,18 @@ impl Judge {
         let msg = e.message();
         let ready = !self.ready_pattern.is_empty() && msg.contains(&self.ready_pattern);
         let fatal = self.fatal_patterns.iter().find(|p| !p.is_empty() && msg.contains(p.as_str()));
-        if !ready && fatal.is_none() {
+        let suspect = crate::sglang::SUSPECT_PATTERNS.iter().find(|p| msg.contains(*p));
+        if !ready && fatal.is_none() && suspect.is_none() {
             return Verdict::Ignore;
         }
         if !self.of_this_run(e) {
             return if ready { Verdict::ForeignReady } else { Verdict::Ignore };
         }
-        match fatal {
-            Some(p) => Verdict::Fatal(format!("{p}: {msg}")),
-            None => Verdict::Ready,
+        match (fatal, ready, suspect) {
+            (Some(p), _, _) => Verdict::Fatal(format!("{p}: {msg}")),
+            (None, true, _) => Verdict::Ready,
+            (None, false, Some(p)) => Verdict::Suspect(format!("{p}: {msg}")),
+            (None, false, None) => Verdict::Ignore,
         }
     }
 }
@@ -195,6 +201,13 @@ mod tests {
         let j = judge("new", 100);
         assert!(matches!(j.judge(&entry(&[("MESSAGE", "launch_server.py: error: unrecognized arguments: --x"), ("_PID", "100")])), Verdict::Fatal(_)));
         assert_eq!(j.judge(&entry(&[("MESSAGE", "Traceback (most recent call last):"), ("_PID", "7")])), Verdict::Ignore);
+        // A traceback of this run alone is not a failed start (SGLang 0.5.23 logs warnings with
+        // one); with a fatal pattern on the same line it is fatal.
+        assert!(matches!(j.judge(&entry(&[("MESSAGE", "Traceback (most recent call last):"), ("_PID", "100")])), Verdict::Suspect(_)));
+        assert!(matches!(
+            j.judge(&entry(&[("MESSAGE", "Scheduler hit an exception: Traceback (most recent call last):"), ("_PID", "100")])),
+            Verdict::Fatal(_)
+        ));
         let exit = |inv: &str| {
             entry(&[
                 ("MESSAGE", "x.service: Main process exited, code=exited, status=1/FAILURE"),

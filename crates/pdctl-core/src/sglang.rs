@@ -8,8 +8,6 @@ pub const READY_LINE: &str = "The server is fired up and ready to roll!";
 
 /// Lines that mean this run failed, each with where SGLang prints it.
 pub const FATAL_PATTERNS: &[&str] = &[
-    // Any uncaught exception (Python).
-    "Traceback (most recent call last)",
     // `Initialization failed. warmup error: …` (entrypoints/http_server.py) and
     // `Initialization failed. Please see the error messages above.` (entrypoints/engine.py).
     "Initialization failed",
@@ -23,6 +21,12 @@ pub const FATAL_PATTERNS: &[&str] = &[
     // `Scheduler hit an exception: …` (managers/scheduler.py); it then SIGQUITs its parent.
     "Scheduler hit an exception",
 ];
+
+/// Lines that mean this run failed only if it then exits (or a fatal line follows): a Python
+/// traceback. SGLang 0.5.23 also logs non-fatal warnings with one before its ready line
+/// (`logger.warning(..., exc_info=True)`, e.g. "post-warmup freeze_gc failed",
+/// `entrypoints/http_server.py`), and that start goes on to print the ready line.
+pub const SUSPECT_PATTERNS: &[&str] = &["Traceback (most recent call last)"];
 
 /// Lines SGLang prints before its ready line on every start, in order (0.5.23; the same strings
 /// since 0.4.6 where noted in docs/runbook.md): `server_args=` (`entrypoints/engine.py`), weight

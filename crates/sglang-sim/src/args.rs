@@ -104,6 +104,10 @@ pub struct SimKnobs {
     pub crash_after_ready: Option<Duration>,
     /// `--sim-never-ready`: fault: the port opens but warmup never finishes.
     pub never_ready: bool,
+    /// `--sim-warn-traceback`: log a non-fatal warning with a traceback before the ready line, as
+    /// SGLang 0.5.23 does when its post-warmup `freeze_gc` fails (`entrypoints/http_server.py`,
+    /// `logger.warning(..., exc_info=True)`); the start goes on to be ready.
+    pub warn_traceback: bool,
     /// `--sim-health-fail-after-ready SECS`: fault: `/health` answers 503 from SECS after ready on.
     pub health_fail_after_ready: Option<Duration>,
     /// `--sim-no-metrics-publish`: fault: usage/KV gauges are never published.
@@ -142,6 +146,7 @@ impl Default for SimKnobs {
             exit_code: None,
             crash_after_ready: None,
             never_ready: false,
+            warn_traceback: false,
             health_fail_after_ready: None,
             no_metrics_publish: false,
             metrics_hang: false,
@@ -227,6 +232,7 @@ const SIM: &[(&str, Kind)] = &[
     ("exit-code", Kind::Value),
     ("crash-after-ready", Kind::Value),
     ("never-ready", Kind::Flag),
+    ("warn-traceback", Kind::Flag),
     ("health-fail-after-ready", Kind::Value),
     ("no-metrics-publish", Kind::Flag),
     ("metrics-hang", Kind::Flag),
@@ -392,6 +398,7 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
     }
     k.crash_after_ready = secs("crash-after-ready")?;
     k.never_ready = flag("never-ready");
+    k.warn_traceback = flag("warn-traceback");
     k.health_fail_after_ready = secs("health-fail-after-ready")?;
     k.no_metrics_publish = flag("no-metrics-publish");
     k.metrics_hang = flag("metrics-hang");

@@ -129,6 +129,12 @@ pub async fn run(cfg: SimConfig) -> i32 {
             } else if cfg.sim.never_ready {
                 std::future::pending::<()>().await;
             }
+            if cfg.sim.warn_traceback {
+                log::line("post-warmup freeze_gc failed");
+                log::raw("Traceback (most recent call last):");
+                log::raw("  File \"/usr/lib/python3/dist-packages/sglang/srt/entrypoints/http_server.py\", line 2566, in _wait_and_warmup");
+                log::raw("RuntimeError: freeze_gc is not supported here");
+            }
             engine.set_up();
             let line = log::format_line(READY_LINE);
             log::raw(&line);
