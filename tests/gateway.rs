@@ -106,7 +106,11 @@ fn drain_under_load(gateway: Gateway) {
     });
     // The request is in flight on the prefill before the rollout starts.
     let t0 = Instant::now();
-    while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/get_load", stack.decode.url)).map(|(_, b)| b.contains("\"num_reqs\":0")).unwrap_or(true) {
+    // SGLang 0.5.23 serves its load at /v1/loads only (no /get_load).
+    while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/v1/loads", stack.decode.url))
+        .map(|(status, b)| status != 200 || b.contains("\"num_running_reqs\":0"))
+        .unwrap_or(true)
+    {
         assert!(t0.elapsed() < Duration::from_secs(10), "the request reached the decode");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -114,7 +118,8 @@ fn drain_under_load(gateway: Gateway) {
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let drain = &r.event(D, "drain", "passed")["detail"];
     assert_eq!(drain["in_flight_left"], 0, "{drain}");
-    assert!(drain["waited_ms"].as_u64().unwrap() > 100, "the drain waited for the request: {drain}");
+    assert!(drain["in_flight_at_start"].as_u64().is_some_and(|n| n >= 1), "the drain saw the request in flight (from /v1/loads): {drain}");
+    assert!(drain["waited_for_requests_ms"].as_u64().unwrap() > 100, "the drain waited for the request: {drain}");
     assert_eq!(load.join().unwrap().ok(), Some(200), "the request in flight finished");
 }
 
@@ -297,4 +302,17 @@ fn a_halt_keeps_the_error_window_open_to_the_end() {
     // The first sample without an admitted prefill comes within one probe period (2/s) of the drain.
     assert!(a["longest_error_ms"].as_u64().unwrap() + 500 >= out.as_millis() as u64, "the window covers drain → halt ({out:?}): {a}");
     assert!(a["p50_ms"].is_null() || a["p50_ms"].as_f64().unwrap() > 0.0, "{a}");
+}
+
+/// A worker whose in-flight requests cannot be read (no load endpoint pdctl knows) is not
+/// restarted blind: the drain fails `load_unknown`, the worker keeps its run and is re-admitted.
+#[test]
+fn a_drain_that_cannot_read_the_load_is_a_cause_not_a_silent_skip() {
+    let (stack, config, d) = up(StackOptions { decode_args: vec!["--sim-no-load-endpoint".into()], ..Default::default() });
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
+    assert_eq!((r.summary["failed"]["step"].as_str(), r.summary["failed"]["cause_code"].as_str()), (Some("drain"), Some("load_unknown")), "{:#?}", r.summary);
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d0, "not restarted");
+    assert!(r.index(D, "reconcile", "passed").is_some(), "re-admitted: {:#?}", r.events);
 }

@@ -441,6 +441,14 @@ pub enum Cause {
         /// The change already failed in a rollout (its id and cause), if it did.
         quarantined: Option<String>,
     },
+    /// The drain could not read the worker's in-flight requests: no load endpoint pdctl knows
+    /// answered (`/v1/loads`, `/get_load`), so "nothing in flight" is unknown.
+    LoadUnknown {
+        /// The worker's URL.
+        url: String,
+        /// What the endpoints answered.
+        error: String,
+    },
     /// `pdctl check`: the unit is not running, so it cannot pass any gate.
     UnitNotRunning {
         /// The unit.
@@ -551,6 +559,7 @@ impl Cause {
             Cause::ChangesPending { .. } => "changes_pending",
             Cause::ConfigMismatch { .. } => "config_mismatch",
             Cause::UnitNotRunning { .. } => "unit_not_running",
+            Cause::LoadUnknown { .. } => "load_unknown",
             Cause::PeerRoleDown { .. } => "peer_role_down",
         }
     }
@@ -603,6 +612,7 @@ impl Cause {
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. }
             | Cause::UnitNotRunning { .. }
+            | Cause::LoadUnknown { .. }
             | Cause::PeerRoleDown { .. } => FailureKind::Gate,
         }
     }
@@ -740,6 +750,9 @@ impl Cause {
                 "{unit} has changes on disk that its running process does not run ({changes}){}: a plain restart would load them; roll them out with `pdctl rollout apply` (gated, recorded, rolled back on failure), or pass --load-changes to restart with them",
                 quarantined.as_ref().map(|q| format!("; this change already failed ({q}) and is quarantined")).unwrap_or_default()
             ),
+            Cause::LoadUnknown { url, error } => format!(
+                "cannot tell how many requests {url} still runs ({error}): the drain would restart it blind; check that the server is SGLang and serves GET /v1/loads (or /get_load before 0.5.13)"
+            ),
             Cause::UnitNotRunning { unit, state } => format!("{unit} is not running ({state}): it serves nothing and no gate can pass"),
             Cause::PeerRoleDown { url, role, error } => format!(
                 "{url} is admitted by the gateway, but no {role} worker is, so a request through the gateway fails ({error}): the {role} role is down, not this worker"
@@ -809,6 +822,7 @@ impl Cause {
             Cause::ChangesPending { unit: unit(), changes: msg(), quarantined: Some(msg()) },
             Cause::ConfigMismatch { given: msg(), daemon: msg() },
             Cause::UnitNotRunning { unit: unit(), state: "inactive/dead".into() },
+            Cause::LoadUnknown { url: url(), error: msg() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
         ];
         for diagnosis in [

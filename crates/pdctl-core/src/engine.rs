@@ -1532,20 +1532,27 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             listed_for_ms = Some(t0.elapsed().as_millis() as u64);
             break;
         }
+        // Wait (bounded) for the requests it runs: read from the server's load endpoint. One that
+        // cannot be read is a cause, never taken for "nothing in flight".
         let mut left = None;
+        let mut at_start = None;
+        let wait_t0 = Instant::now();
         while t0.elapsed() < self.settings.rollout.drain_timeout {
             match self.probes.in_flight(&w.url).await {
-                Ok(0) => {
-                    left = Some(0);
-                    break;
+                Ok(n) => {
+                    at_start.get_or_insert(n);
+                    left = Some(n);
+                    if n == 0 {
+                        break;
+                    }
                 }
-                Ok(n) => left = Some(n),
-                Err(_) => break, // no load endpoint: nothing to wait on
+                Err(e) => return Err(Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() }.into()),
             }
             tokio::time::sleep(POLL).await;
         }
         Ok(Some(json!({
             "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
+            "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
             "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
             "waited_ms": t0.elapsed().as_millis() as u64,
             "timed_out": left.is_some_and(|n| n > 0),

@@ -85,6 +85,7 @@ impl Cause {
             Cause::ChangesPending { unit, .. } => {
                 format!("`pdctl rollout diff`, then `pdctl rollout apply` to roll the change out, or `pdctl restart --rolling --unit {unit} --load-changes`")
             }
+            Cause::LoadUnknown { url, .. } => format!("`curl -s {url}/v1/loads` (what the server answers), then {}", retry(unit)),
             Cause::UnitNotRunning { unit, .. } => format!("`journalctl -u {unit} -n 200`, start it (`systemctl start {unit}`), then `pdctl check`"),
             Cause::PeerRoleDown { role, .. } => format!("`pdctl status` (why no {role} worker serves), bring one back, then `pdctl check`"),
             Cause::ConfigMismatch { .. } => "`pdctl status` (the config pdctld runs with), then run this again without --config".into(),

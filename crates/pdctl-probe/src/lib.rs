@@ -166,13 +166,34 @@ pub async fn health(http: &Http, url: &str) -> Health {
     }
 }
 
-/// Requests a worker is running or has queued: the sum of `num_reqs` and `num_waiting_reqs` over
-/// the DP ranks listed by SGLang's `GET /get_load` (`entrypoints/http_server.py`).
+/// Requests a worker is running or has queued, summed over its DP ranks: from `GET
+/// /v1/loads?include=core` (`loads[].num_running_reqs + num_waiting_reqs`; SGLang 0.5.23,
+/// `entrypoints/v1_loads.py`), else from `GET /get_load` (`[].num_reqs + num_waiting_reqs`;
+/// 0.5.2–0.5.12). An answer in neither shape is an error naming what came back — never "0".
 pub async fn in_flight(http: &Http, url: &str) -> Result<u64, HttpError> {
-    let u = format!("{}/get_load", url.trim_end_matches('/'));
-    let v = http.get_json(&u).await?;
-    let ranks = v.as_array().ok_or_else(|| HttpError::Body { url: u.clone(), detail: "expected a JSON array of DP ranks".into() })?;
-    Ok(ranks.iter().map(|r| r.get("num_reqs").and_then(Value::as_u64).unwrap_or(0) + r.get("num_waiting_reqs").and_then(Value::as_u64).unwrap_or(0)).sum())
+    let base = url.trim_end_matches('/');
+    let sum = |ranks: &[Value], running: &str| -> Option<u64> {
+        ranks.iter().map(|r| Some(r.get(running)?.as_u64()? + r.get("num_waiting_reqs").and_then(Value::as_u64).unwrap_or(0))).sum()
+    };
+    let u = format!("{base}/v1/loads?include=core");
+    let first = match http.get_json(&u).await {
+        Ok(v) => {
+            return v
+                .get("loads")
+                .and_then(Value::as_array)
+                .and_then(|l| sum(l, "num_running_reqs"))
+                .ok_or_else(|| HttpError::Body { url: u.clone(), detail: format!("no loads[].num_running_reqs in {}", snippet(&v.to_string())) })
+        }
+        Err(e) => e,
+    };
+    let u = format!("{base}/get_load");
+    match http.get_json(&u).await {
+        Ok(v) => v
+            .as_array()
+            .and_then(|l| sum(l, "num_reqs"))
+            .ok_or_else(|| HttpError::Body { url: u.clone(), detail: format!("expected a JSON array of DP ranks with num_reqs: {}", snippet(&v.to_string())) }),
+        Err(second) => Err(HttpError::Body { url: base.to_string(), detail: format!("no load endpoint answered: /v1/loads: {first}; /get_load: {second}") }),
+    }
 }
 
 /// One 1-token `/generate` straight to a regular (non-PD) worker: SGLang publishes its usage

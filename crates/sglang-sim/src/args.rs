@@ -108,6 +108,9 @@ pub struct SimKnobs {
     /// SGLang 0.5.23 does when its post-warmup `freeze_gc` fails (`entrypoints/http_server.py`,
     /// `logger.warning(..., exc_info=True)`); the start goes on to be ready.
     pub warn_traceback: bool,
+    /// `--sim-no-load-endpoint`: fault: neither `/v1/loads` nor `/get_load` is served (a server
+    /// pdctl cannot read its in-flight requests from).
+    pub no_load_endpoint: bool,
     /// `--sim-health-fail-after-ready SECS`: fault: `/health` answers 503 from SECS after ready on.
     pub health_fail_after_ready: Option<Duration>,
     /// `--sim-no-metrics-publish`: fault: usage/KV gauges are never published.
@@ -147,6 +150,7 @@ impl Default for SimKnobs {
             crash_after_ready: None,
             never_ready: false,
             warn_traceback: false,
+            no_load_endpoint: false,
             health_fail_after_ready: None,
             no_metrics_publish: false,
             metrics_hang: false,
@@ -233,6 +237,7 @@ const SIM: &[(&str, Kind)] = &[
     ("crash-after-ready", Kind::Value),
     ("never-ready", Kind::Flag),
     ("warn-traceback", Kind::Flag),
+    ("no-load-endpoint", Kind::Flag),
     ("health-fail-after-ready", Kind::Value),
     ("no-metrics-publish", Kind::Flag),
     ("metrics-hang", Kind::Flag),
@@ -399,6 +404,7 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
     k.crash_after_ready = secs("crash-after-ready")?;
     k.never_ready = flag("never-ready");
     k.warn_traceback = flag("warn-traceback");
+    k.no_load_endpoint = flag("no-load-endpoint");
     k.health_fail_after_ready = secs("health-fail-after-ready")?;
     k.no_metrics_publish = flag("no-metrics-publish");
     k.metrics_hang = flag("metrics-hang");

@@ -208,8 +208,6 @@ fn routes(app: App) -> Router {
         .route("/model_info", get(model_info))
         .route("/get_model_info", get(model_info))
         .route("/v1/models", get(models))
-        .route("/get_load", get(get_load))
-        .route("/v1/loads", get(get_load))
         .route("/flush_cache", get(flush_cache).post(flush_cache))
         .route("/generate", post(generate))
         .route("/v1/completions", post(completions))
@@ -218,6 +216,14 @@ fn routes(app: App) -> Router {
         .route("/sim/stall_transfers", post(stall_transfers));
     if app.engine.config().enable_metrics {
         r = r.route("/metrics", get(metrics));
+    }
+    let v = app.engine.config().sim.version;
+    let loads = !app.engine.config().sim.no_load_endpoint;
+    if v.has_get_load() && loads {
+        r = r.route("/get_load", get(get_load));
+    }
+    if v.has_v1_loads() && loads {
+        r = r.route("/v1/loads", get(v1_loads));
     }
     r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) }).with_state(app)
 }
@@ -310,6 +316,19 @@ async fn models(State(app): State<App>) -> Response {
 async fn get_load(State(app): State<App>) -> Response {
     let (running, used) = app.engine.load();
     axum::Json(json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}])).into_response()
+}
+
+/// `GET /v1/loads[?include=core,disagg,queues,memory]` as 0.5.23 answers it
+/// (`entrypoints/v1_loads.py`, `managers/load_snapshot.py`): one entry per DP rank in `loads`.
+async fn v1_loads(State(app): State<App>) -> Response {
+    let (running, used) = app.engine.load();
+    let cfg = app.engine.config();
+    axum::Json(json!({
+        "timestamp": unix_now(), "version": cfg.sim.version.to_string(), "accelerator": "cuda", "num_accelerators": 4,
+        "loads": [{"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": used,
+                   "max_total_num_tokens": cfg.sim.max_total_tokens}],
+    }))
+    .into_response()
 }
 
 async fn flush_cache(State(app): State<App>) -> Response {

@@ -79,6 +79,15 @@ impl Version {
             "sglang:num_prefill_infight_queue_reqs"
         }
     }
+    /// `GET /get_load` (a JSON array of DP ranks) is served: up to 0.5.12; 0.5.23 has none.
+    pub fn has_get_load(self) -> bool {
+        !self.at_least(Version(0, 5, 13))
+    }
+    /// `GET /v1/loads` (`{timestamp, version, …, loads: [...]}`, `entrypoints/v1_loads.py` in
+    /// 0.5.23) is served. Checked in 0.5.23; the first release with it is assumed to be 0.5.10.
+    pub fn has_v1_loads(self) -> bool {
+        self.at_least(Version(0, 5, 10))
+    }
     /// The model-info path the warmup polls (`/get_model_info` before 0.5.10).
     pub fn has_new_info_paths(self) -> bool {
         self.at_least(Version(0, 5, 6))
