@@ -91,6 +91,8 @@ fn happy_path(gateway: Gateway) {
     assert_eq!(run.summary["result"], "succeeded");
     // 1P1D: each worker was out of the router once, never both at the same time.
     seen.assert_down(1, 1);
+    // SGLang 0.5.23 serves /ready: the health gate checked it besides /health.
+    assert_eq!(run.event(P, "health", "passed")["detail"]["checked"], serde_json::json!(["/health", "/ready"]));
     assert_eq!(seen.both_down, 0, "prefill and decode were never out of the router together: {seen:?}");
     assert_eq!(run.summary["units"], serde_json::json!([P, D]));
     assert!(run.summary["id"].as_str().is_some_and(|id| id.starts_with('r')), "the summary names pdctld's rollout id");
@@ -284,6 +286,8 @@ fn older_sglang_metric_names_pass() {
     for u in [P, D] {
         let names = run.event(u, "metrics", "passed")["detail"]["names"].to_string();
         assert!(names.contains("sglang:num_used_tokens") && !names.contains("kv_used_tokens"), "{names}");
+        // 0.5.6 serves no /ready: the health gate says it used /health alone.
+        assert_eq!(run.event(u, "health", "passed")["detail"]["checked"], serde_json::json!(["/health"]));
     }
 }
 

@@ -1646,7 +1646,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         loop {
             attempts += 1;
             let last = match within(t0, limit, self.probes.health(&w.url)).await {
-                Some(Health::Up) => return Ok(json!({ "attempts": attempts })),
+                // Where the server serves `/ready` (0.5.23), it must say ready too: `/health` can
+                // answer 200 again after a failed PD warm-up, and a paused server is not serving.
+                Some(Health::Up) => match within(t0, limit, self.probes.ready(&w.url)).await {
+                    Some(None) => return Ok(json!({ "attempts": attempts, "checked": ["/health"] })),
+                    Some(Some(Health::Up)) => return Ok(json!({ "attempts": attempts, "checked": ["/health", "/ready"] })),
+                    Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/health 200, but {s}"),
+                    None => "/health 200, /ready did not answer".into(),
+                },
                 Some(Health::Unavailable(s)) => format!("{s} (warming up or unhealthy)"),
                 Some(Health::Down(s)) => s,
                 None => "no answer".into(),

@@ -291,6 +291,8 @@ pub trait Logs: Send + Sync {
 pub trait Probes: Send + Sync {
     /// Worker `/health`.
     fn health(&self, url: &str) -> impl Future<Output = Health> + Send;
+    /// Worker `/ready` (`None`: the server does not serve it).
+    fn ready(&self, url: &str) -> impl Future<Output = Option<Health>> + Send;
     /// Worker `/metrics` KV gauges.
     fn kv(&self, url: &str) -> impl Future<Output = Result<KvReport, MetricsError>> + Send;
     /// Requests the worker is running or has queued.

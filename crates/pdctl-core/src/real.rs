@@ -183,6 +183,13 @@ impl Probes for HttpProbes {
             pdctl_probe::Health::Down(s) => Health::Down(s),
         }
     }
+    async fn ready(&self, url: &str) -> Option<Health> {
+        pdctl_probe::ready(&self.http, url).await.map(|h| match h {
+            pdctl_probe::Health::Up => Health::Up,
+            pdctl_probe::Health::Unavailable(s) => Health::Unavailable(s),
+            pdctl_probe::Health::Down(s) => Health::Down(s),
+        })
+    }
     async fn kv(&self, url: &str) -> Result<KvReport, MetricsError> {
         pdctl_probe::kv_metrics(&self.http, url).await.map(kv_report).map_err(metrics_error)
     }

@@ -135,6 +135,9 @@ impl Probes for FakeProbes {
             Health::Up
         }
     }
+    async fn ready(&self, _url: &str) -> Option<Health> {
+        None
+    }
     async fn kv(&self, _url: &str) -> Result<KvReport, MetricsError> {
         Ok(KvReport {
             max_total_tokens: Some(10.0),

@@ -166,6 +166,20 @@ pub async fn health(http: &Http, url: &str) -> Health {
     }
 }
 
+/// GET `{url}/ready` (SGLang 0.5.23: 200 only when up and not paused; 503 while starting,
+/// paused, shutting down or unhealthy; no generate, no API key): `None` where the server does not
+/// serve it (404: before 0.5.23).
+pub async fn ready(http: &Http, url: &str) -> Option<Health> {
+    let u = format!("{}/ready", url.trim_end_matches('/'));
+    match http.get(&u, None).await {
+        Ok((404, _)) => None,
+        Ok((200, _)) => Some(Health::Up),
+        Ok((503, body)) => Some(Health::Unavailable(format!("/ready 503 {}", snippet(&body)))),
+        Ok((s, body)) => Some(Health::Down(format!("/ready {s} {}", snippet(&body)))),
+        Err(e) => Some(Health::Down(e.to_string())),
+    }
+}
+
 /// Requests a worker is running or has queued, summed over its DP ranks: from `GET
 /// /v1/loads?include=core` (`loads[].num_running_reqs + num_waiting_reqs`; SGLang 0.5.23,
 /// `entrypoints/v1_loads.py`), else from `GET /get_load` (`[].num_reqs + num_waiting_reqs`;

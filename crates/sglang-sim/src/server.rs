@@ -222,10 +222,23 @@ fn routes(app: App) -> Router {
     if v.has_get_load() && loads {
         r = r.route("/get_load", get(get_load));
     }
+    if v.has_ready() {
+        r = r.route("/ready", get(ready));
+    }
     if v.has_v1_loads() && loads {
         r = r.route("/v1/loads", get(v1_loads));
     }
     r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) }).with_state(app)
+}
+
+/// `GET /ready` (0.5.23, `entrypoints/http_server.py`): 200 once up, 503 while starting (this
+/// simulator has no pause or shutdown state yet); no generate.
+async fn ready(State(app): State<App>) -> Response {
+    if app.engine.status() == Status::Starting {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    } else {
+        StatusCode::OK.into_response()
+    }
 }
 
 async fn health(State(app): State<App>) -> Response {

@@ -88,6 +88,10 @@ impl Version {
     pub fn has_v1_loads(self) -> bool {
         self.at_least(Version(0, 5, 10))
     }
+    /// `GET /ready` is served (of the versions checked, only 0.5.23 has it).
+    pub fn has_ready(self) -> bool {
+        self.at_least(Version(0, 5, 23))
+    }
     /// The model-info path the warmup polls (`/get_model_info` before 0.5.10).
     pub fn has_new_info_paths(self) -> bool {
         self.at_least(Version(0, 5, 6))
