@@ -66,14 +66,16 @@ async fn lifecycle_port_closed_then_503_during_warmup_then_ready() {
     let up = sim.wait_line("Uvicorn running on", T).expect("uvicorn line");
     assert!(up.contains(&format!("INFO:     Uvicorn running on http://127.0.0.1:{} (Press CTRL+C to quit)", sim.port)), "{up}");
     assert_eq!(status(&format!("{}/health", sim.url())).await, Some(503), "warming up");
+    assert_eq!(status(&format!("{}/ready", sim.url())).await, Some(503), "not ready while warming up (0.5.23)");
     let ready = sim.wait_line("The server is fired up and ready to roll!", T).expect("ready line");
     assert!(ready.starts_with('[') && ready.as_bytes()[20] == b']', "SGLang's [YYYY-MM-DD HH:MM:SS] prefix: {ready}");
     assert_eq!(status(&format!("{}/health", sim.url())).await, Some(200));
     assert_eq!(status(&format!("{}/health_generate", sim.url())).await, Some(200));
     assert_eq!(status(&format!("{}/metrics", sim.url())).await, Some(404), "no --enable-metrics, no /metrics");
-    for p in ["/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models", "/get_load", "/flush_cache"] {
+    for p in ["/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models", "/v1/loads", "/ready", "/flush_cache"] {
         assert_eq!(status(&format!("{}{p}", sim.url())).await, Some(200), "{p}");
     }
+    assert_eq!(status(&format!("{}/get_load", sim.url())).await, Some(404), "0.5.23 has no /get_load");
 }
 
 #[tokio::test]
@@ -174,7 +176,7 @@ async fn gauges_are_lazy_and_kv_accounting_holds_with_requests_in_flight() {
     assert!(got.contains("sglang:max_total_num_tokens"));
     assert!(!got.contains("sglang:token_usage"), "usage gauges appear only after the first batch: {got:?}");
 
-    // A long request is in flight: /get_load sees it and the prefill publish shows it running.
+    // A long request is in flight: /v1/loads sees it and the prefill publish shows it running.
     let url = sim.url();
     let long = tokio::spawn(async move {
         http()
@@ -187,12 +189,12 @@ async fn gauges_are_lazy_and_kv_accounting_holds_with_requests_in_flight() {
             .as_u16()
     });
     let load = poll_until(T, Duration::from_millis(20), || async {
-        let v: Value = http().get(format!("{}/get_load", sim.url())).send().await.ok()?.json().await.ok()?;
-        (v[0]["num_reqs"] == 1).then_some(v)
+        let v: Value = http().get(format!("{}/v1/loads", sim.url())).send().await.ok()?.json().await.ok()?;
+        (v["loads"][0]["num_running_reqs"] == 1).then_some(v)
     })
     .await
     .expect("request in flight");
-    assert!(load[0]["num_tokens"].as_u64().unwrap() >= 100, "{load}");
+    assert!(load["loads"][0]["num_used_tokens"].as_u64().unwrap() >= 100, "{load}");
     let samples = python_parse(&metrics(&sim, None).await.text().await.unwrap(), false);
     let val = |n: &str| samples.iter().find(|s| s["name"] == n).and_then(|s| s["value"].as_f64()).unwrap();
     assert_eq!(val("sglang:num_running_reqs"), 1.0);
