@@ -377,7 +377,7 @@ async fn pd_requests_pair_and_a_restarted_prefill_breaks_only_the_old_cache_prof
 }
 
 #[tokio::test]
-async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_rejects_a_mismatched_decode() {
+async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_a_mismatched_decode_dies() {
     let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
     let prefill = pd_proc(None, "prefill", boot, &[]);
     // Only the prefill half arrives (its decode died before fetching): the KV stays held.
@@ -400,10 +400,112 @@ async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_r
     assert_eq!(gauge(&t, "sglang:num_prefill_bootstrap_queue_reqs"), 0.0);
     assert_eq!(gauge(&t, "sglang:kv_used_tokens"), 0.0);
 
-    // A decode with another page size: the transfer is rejected at once, naming both values.
-    let decode = pd_proc(None, "decode", boot, &["--page-size", "16"]);
-    let (status, body) = pd_pair(&prefill, boot, &decode, 8).await;
-    assert_eq!(status, 500);
-    assert!(body.contains("transfer rejected: page_size mismatch (prefill 1, decode 16)"), "{body}");
-    assert!(!body.contains("timed out"), "rejected when they connect, not at a timeout: {body}");
+    // A decode with another page size: on first contact (the prefill's `/route`) its scheduler
+    // raises and the server dies, as 0.5.23's `try_ensure_parallel_info` does.
+    let mut decode = pd_proc(None, "decode", boot, &["--page-size", "16"]);
+    let (p, _d) = tokio::join!(
+        http()
+            .post(format!("{}/generate", prefill.url()))
+            .json(&json!({"text": "x", "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": 8}))
+            .send(),
+        http()
+            .post(format!("{}/generate", decode.url()))
+            .json(&json!({"text": "x", "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": 8}))
+            .send(),
+    );
+    drop(p);
+    let line = decode.wait_line("Page size mismatch", T).expect("the decode names the mismatch");
+    assert!(line.contains("prefill server has page_size=1, but decode server has page_size=16"), "{line}");
+    let status = decode.wait_exit(T).expect("the decode dies");
+    assert!(!status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_kv_dtype_written_differently_but_resolving_the_same_pairs() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
+    let prefill = pd_proc(None, "prefill", boot, &["--kv-cache-dtype", "auto"]);
+    let decode = pd_proc(None, "decode", boot, &["--kv-cache-dtype", "bf16"]);
+    assert_eq!(pd_pair(&prefill, boot, &decode, 5).await.0, 200, "auto (the model's bfloat16) and bf16 are the same");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_at_the_watchdogs_pace_and_health_answers_503() {
+    let mut p = SimProc::spawn(&["--sim-tokens-per-sec", "1"]);
+    p.wait_line("fired up", T).expect("ready");
+    // One request in flight for ~6 s.
+    let url = p.url();
+    let req = tokio::spawn(async move {
+        http().post(format!("{url}/generate")).json(&json!({"text": "x", "sampling_params": {"max_new_tokens": 6}})).send().await.map(|r| r.status().as_u16())
+    });
+    poll_until(T, Duration::from_millis(20), || async { (load_of(&p).await > 0).then_some(()) }).await.expect("the request is running");
+    let sent = std::time::Instant::now();
+    p.terminate();
+    p.wait_line("Draining requests and shutting down", T).expect("the SIGTERM line");
+    let h = http().get(format!("{}/health", p.url())).send().await.unwrap();
+    assert_eq!(h.status(), 503, "health answers 503 once shutting down");
+    assert_eq!(http().get(format!("{}/ready", p.url())).send().await.unwrap().status(), 503);
+    let waiting = p.wait_line("Gracefully exiting... Remaining number of requests 1.", T).expect("the watchdog reports the request left");
+    assert!(waiting.contains("remaining_rids=['"), "{waiting}");
+    assert_eq!(req.await.unwrap().ok(), Some(200), "the request in flight finished");
+    p.wait_line("Gracefully exiting... Remaining number of requests 0.", T).expect("then none");
+    let status = p.wait_exit(T).expect("exits");
+    assert!(status.success(), "{status:?}");
+    assert!(sent.elapsed() >= Duration::from_secs(5), "the stop lasted as long as the request: {:?}", sent.elapsed());
+}
+
+#[tokio::test]
+async fn abort_request_ends_every_request_in_flight() {
+    let mut p = SimProc::spawn(&["--sim-tokens-per-sec", "1", "--enable-metrics"]);
+    p.wait_line("fired up", T).expect("ready");
+    let url = p.url();
+    let req = tokio::spawn(async move {
+        http().post(format!("{url}/generate")).json(&json!({"text": "x", "sampling_params": {"max_new_tokens": 100}})).send().await.map(|r| r.status().as_u16())
+    });
+    poll_until(T, Duration::from_millis(20), || async { (load_of(&p).await > 0).then_some(()) }).await.expect("running");
+    let r = http().post(format!("{}/abort_request", p.url())).json(&json!({"abort_all": true})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(req.await.unwrap().ok(), Some(500), "the request ended with an abort");
+    assert_eq!(load_of(&p).await, 0);
+    let m = http().get(format!("{}/metrics", p.url())).send().await.unwrap().text().await.unwrap();
+    assert!(m.lines().any(|l| l.starts_with("sglang:num_aborted_requests_total{") && l.ends_with(" 1.0")), "{m}");
+}
+
+#[tokio::test]
+async fn the_api_key_guards_all_but_health_ready_and_metrics() {
+    let mut p = SimProc::spawn(&["--api-key", "s3cret", "--enable-metrics"]);
+    p.wait_line("fired up", T).expect("ready");
+    let get = |path: &str, key: Option<&str>| {
+        let mut r = http().get(format!("{}{path}", p.url()));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    for open in ["/health", "/ready", "/metrics"] {
+        assert_eq!(get(open, None).await.unwrap().status(), 200, "{open} needs no key");
+    }
+    for guarded in ["/server_info", "/v1/loads", "/model_info"] {
+        let r = get(guarded, None).await.unwrap();
+        assert_eq!(r.status(), 401, "{guarded}");
+        assert_eq!(r.text().await.unwrap(), r#"{"error":"Unauthorized"}"#);
+        assert_eq!(get(guarded, Some("wrong")).await.unwrap().status(), 401);
+        assert_eq!(get(guarded, Some("s3cret")).await.unwrap().status(), 200, "{guarded} with the key");
+    }
+}
+
+#[tokio::test]
+async fn a_pd_prefill_refuses_a_request_without_a_bootstrap_room() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
+    let prefill = pd_proc(None, "prefill", boot, &[]);
+    let r = http().post(format!("{}/generate", prefill.url())).json(&json!({"text": "x"})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("Disaggregated request received without bootstrap room id"));
+}
+
+async fn load_of(p: &SimProc) -> u64 {
+    let v: Value = match http().get(format!("{}/v1/loads", p.url())).send().await {
+        Ok(r) => r.json().await.unwrap_or(Value::Null),
+        Err(_) => return 0,
+    };
+    v.pointer("/loads/0/num_running_reqs").and_then(Value::as_u64).unwrap_or(0)
 }

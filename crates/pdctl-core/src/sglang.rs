@@ -108,6 +108,68 @@ pub const PREFILL_HELD_GAUGES: &[&str] = &[
     "sglang:num_prefill_infight_queue_reqs",
 ];
 
+/// How long a decode waits for a room's KV before it fails the request and drops the prefill's
+/// cached bootstrap info (`SGLANG_DISAGGREGATION_WAITING_TIMEOUT`, `srt/environ.py`; seconds).
+pub const WAITING_TIMEOUT_ENV: &str = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT";
+/// Its default when unset (300 s).
+pub const WAITING_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(300);
+/// How often a decode checks each cached prefill's bootstrap `/health`
+/// (`SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`; at least 2 s, `disaggregation/common/conn.py`).
+pub const HEARTBEAT_INTERVAL_ENV: &str = "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL";
+/// Its default when unset (5 s).
+pub const HEARTBEAT_INTERVAL_DEFAULT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Failed heartbeats in a row after which the decode drops that prefill's cached info
+/// (`SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`; at least 1).
+pub const HEARTBEAT_FAILURES_ENV: &str = "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE";
+/// Its default when unset (2).
+pub const HEARTBEAT_FAILURES_DEFAULT: u32 = 2;
+
+/// Paths a server started with `--api-key` serves without the key (prefixes; `decide_request_auth`
+/// in `srt/utils/auth.py`): pdctl sends the key on every other call.
+pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
+
+/// Whether a call to `path` needs the worker's API key.
+pub fn needs_api_key(path: &str) -> bool {
+    !API_KEY_EXEMPT.iter().any(|p| path.starts_with(p))
+}
+
+/// A decode's timing for a cached prefill, from its unit's `KEY=value` environment: how long a
+/// request waits for KV before failing (and dropping the cached info), and how long a prefill
+/// must be unreachable before the heartbeat drops it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeTiming {
+    /// `SGLANG_DISAGGREGATION_WAITING_TIMEOUT`.
+    pub waiting_timeout: std::time::Duration,
+    /// `SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`, at least 2 s.
+    pub heartbeat_interval: std::time::Duration,
+    /// `SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`, at least 1.
+    pub heartbeat_failures: u32,
+}
+
+impl DecodeTiming {
+    /// The timing of a decode unit with this environment (defaults where unset or unreadable).
+    pub fn of(env: &[String]) -> DecodeTiming {
+        let secs = |name: &str| env_number(env, name).filter(|s| s.is_finite() && *s >= 0.0);
+        DecodeTiming {
+            waiting_timeout: secs(WAITING_TIMEOUT_ENV).map(std::time::Duration::from_secs_f64).unwrap_or(WAITING_TIMEOUT_DEFAULT),
+            heartbeat_interval: secs(HEARTBEAT_INTERVAL_ENV)
+                .map(std::time::Duration::from_secs_f64)
+                .unwrap_or(HEARTBEAT_INTERVAL_DEFAULT)
+                .max(std::time::Duration::from_secs(2)),
+            heartbeat_failures: secs(HEARTBEAT_FAILURES_ENV).map(|n| n as u32).unwrap_or(HEARTBEAT_FAILURES_DEFAULT).max(1),
+        }
+    }
+
+    /// How long a prefill must be unreachable before this decode's heartbeat is sure to drop it.
+    pub fn heartbeat_window(&self) -> std::time::Duration {
+        self.heartbeat_interval * (self.heartbeat_failures + 1)
+    }
+}
+
+fn env_number(env: &[String], name: &str) -> Option<f64> {
+    env.iter().find_map(|kv| kv.strip_prefix(name).and_then(|r| r.strip_prefix('='))).and_then(|v| v.trim().parse::<f64>().ok())
+}
+
 /// `--disaggregation-bootstrap-port`'s default (8998, `srt/server_args.py`).
 pub const BOOTSTRAP_PORT_DEFAULT: u16 = 8998;
 

@@ -75,10 +75,50 @@ pub struct SimConfig {
     /// `SGLANG_DISAGGREGATION_WAITING_TIMEOUT` (seconds, default 300): how long a decode waits
     /// for a room's KV before it fails the request.
     pub waiting_timeout: Duration,
+    /// `SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL` (seconds, default 5, at least 2): how often a
+    /// decode checks each cached prefill's bootstrap `/health`.
+    pub heartbeat_interval: Duration,
+    /// `SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE` (default 2, at least 1): failed heartbeats
+    /// after which the decode drops that prefill's cached bootstrap info.
+    pub heartbeat_failures: u32,
+    /// `SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT` (seconds, default 1): how long a decode's send to
+    /// a prefill's rank port may block before it counts as a failed send.
+    pub send_timeout: Duration,
+    /// `--dtype` (default `auto`: the model's, bfloat16 for the simulated model).
+    pub dtype: String,
+    /// `--page-size` as given (`None`: SGLang's default, resolved to 1 for the simulated backend).
+    pub page_size_flag: Option<u64>,
+    /// `--api-key`: every endpoint but `/health*`, `/ready*` and `/metrics*` needs
+    /// `Authorization: Bearer KEY` (`srt/utils/auth.py`).
+    pub api_key: Option<String>,
     /// Every flag as given, for the `server_args=` line and `/server_info`.
     pub given: BTreeMap<String, String>,
     /// Simulator-only settings.
     pub sim: SimKnobs,
+}
+
+impl SimConfig {
+    /// The model's compute dtype: `--dtype`, or for `auto` the simulated model's own (bfloat16).
+    pub fn model_dtype(&self) -> &'static str {
+        match self.dtype.as_str() {
+            "half" | "float16" => "float16",
+            "float" | "float32" => "float32",
+            _ => "bfloat16",
+        }
+    }
+
+    /// The KV cache dtype as the scheduler resolves it (`kv_cache_dtype_str`, what a decode compares
+    /// with its prefill's on first contact; `srt/mem_cache/kv_cache_dtype.py`): `auto` is the
+    /// model's dtype, `bf16` and `bfloat16` are the same.
+    pub fn resolved_kv_cache_dtype(&self) -> String {
+        match self.kv_cache_dtype.as_str() {
+            "auto" => self.model_dtype().to_string(),
+            "bf16" | "bfloat16" => "bfloat16".into(),
+            "fp8_e4m3" | "mxfp8" => "float8_e4m3fn".into(),
+            "fp8_e5m2" => "float8_e5m2".into(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Simulator-only settings and fault knobs (`--sim-*` flags or `SGLANG_SIM_*` variables).
@@ -339,16 +379,41 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         dp_attention: given.contains_key("--enable-dp-attention"),
         bootstrap_timeout: env_secs(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")?,
         waiting_timeout: env_secs(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")?,
+        // `max(interval, 2)` and `max(failures, 1)`, as `disaggregation/common/conn.py` clamps them.
+        heartbeat_interval: env_secs(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL")?.max(Duration::from_secs(2)),
+        heartbeat_failures: (env_secs(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE")?.as_secs_f64() as u32).max(1),
+        send_timeout: env_secs(env, "SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT")?,
+        dtype: given.get("--dtype").cloned().unwrap_or_else(|| "auto".into()),
+        page_size_flag: match given.get("--page-size") {
+            None => None,
+            Some(_) => Some(int("--page-size", 1)?),
+        },
+        api_key: given.get("--api-key").cloned(),
         given,
         sim,
     })
 }
 
-/// One of SGLang's disaggregation timeouts from the environment (seconds; 300 when unset, as
-/// upstream `srt/environ.py`).
+/// SGLang's disaggregation settings the simulator follows, with their defaults (upstream
+/// `srt/environ.py`, 0.5.23; checked against the wheel by the conformance test).
+pub const DISAGG_ENV: &[(&str, f64)] = &[
+    ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
+    ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),
+    ("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0),
+    ("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2.0),
+    ("SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT", 1.0),
+];
+
+/// The default of one of [`DISAGG_ENV`].
+pub fn disagg_default(name: &str) -> f64 {
+    DISAGG_ENV.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).unwrap_or(0.0)
+}
+
+/// One of SGLang's disaggregation settings from the environment (seconds or a count; its
+/// [`DISAGG_ENV`] default when unset).
 fn env_secs(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Duration, ArgError> {
     match env(name) {
-        None => Ok(Duration::from_secs(300)),
+        None => Ok(Duration::from_secs_f64(disagg_default(name))),
         Some(v) => v
             .trim()
             .parse::<f64>()

@@ -47,6 +47,7 @@ struct State {
     requests_total: u64,
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
+    aborted_total: u64,
     last_decode_tps: f64,
     /// Prefill: rooms whose KV is held for a decode that has not fetched it yet.
     bootstrap_queue: u64,
@@ -84,6 +85,7 @@ impl Engine {
                 requests_total: 0,
                 prompt_tokens_total: 0,
                 generation_tokens_total: 0,
+                aborted_total: 0,
                 last_decode_tps: 0.0,
                 bootstrap_queue: 0,
                 prealloc_queue: 0,
@@ -105,6 +107,11 @@ impl Engine {
     /// Current server status.
     pub fn status(&self) -> Status {
         self.lock().status
+    }
+
+    /// A request ended by an abort (`sglang:num_aborted_requests_total`).
+    pub fn count_abort(&self) {
+        self.lock().aborted_total += 1;
     }
 
     /// Mark warmup finished.
@@ -290,6 +297,15 @@ impl Engine {
             if v.has_pending_prealloc() {
                 stat("sglang:pending_prealloc_token_usage", "The token usage of pending preallocated requests.", 0.0);
             }
+            if v.has_deferred_kv_release() {
+                // On by default for 30 s (`SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE`): a
+                // decode whose transfer failed holds the allocation until the prefill acknowledges.
+                stat(
+                    "sglang:num_decode_deferred_kv_release_reqs",
+                    "The number of failed decode requests whose KV allocations are held pending transfer drain acknowledgement or timeout.",
+                    0.0,
+                );
+            }
             if v.has_retracted() {
                 // No multiprocess_mode: prometheus `all` mode adds a pid label.
                 let pid = std::process::id().to_string();
@@ -306,6 +322,7 @@ impl Engine {
                 ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
                 ("sglang:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
                 ("sglang:num_requests", "The number of requests.", s.requests_total),
+                ("sglang:num_aborted_requests", "Number of requests aborted.", s.aborted_total),
             ] {
                 fams.push(Family { name: name.to_string(), help: help.to_string(), kind: "counter", samples: vec![(labels.clone(), val as f64)] });
             }

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod args;
+pub mod catalogue;
 pub mod engine;
 pub mod log;
 pub mod pd;

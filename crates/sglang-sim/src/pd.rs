@@ -63,6 +63,8 @@ struct Route {
     identity: String,
     rank_ip: String,
     rank_port: u16,
+    page_size: Option<u64>,
+    kv_cache_dtype: Option<String>,
 }
 
 /// How a held room ended.
@@ -137,13 +139,11 @@ impl Pd {
         self.engine.config()
     }
 
-    /// Prefill: start the bootstrap server (`/health`, `/route`) and the KV transfer listener on
-    /// an ephemeral port (new at every start, as the per-rank ports are).
-    pub async fn serve_prefill(&self) -> Result<(), String> {
+    /// Prefill: start the bootstrap server (`/health` "OK", `/route`), as SGLang does in the
+    /// tokenizer manager's init — before the weights load: until the scheduler registers
+    /// ([`Pd::serve_transfer`]) `/route` answers 503 (`disaggregation/common/conn.py`).
+    pub async fn start_bootstrap(&self) -> Result<(), String> {
         let cfg = self.cfg();
-        let transfer = tokio::net::TcpListener::bind((cfg.host.as_str(), 0)).await.map_err(|e| format!("cannot bind the KV transfer port: {e}"))?;
-        let port = transfer.local_addr().map_err(|e| e.to_string())?.port();
-        *lock(&self.inner.rank_port) = Some(port);
         let boot = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.bootstrap_port))
             .await
             .map_err(|e| format!("bootstrap server cannot bind {}:{}: {e}", cfg.host, cfg.bootstrap_port))?;
@@ -151,12 +151,69 @@ impl Pd {
         tokio::spawn(async move {
             let _ = axum::serve(boot, r).await;
         });
+        log::line(&format!("Disaggregation bootstrap server started at {}:{}", cfg.host, cfg.bootstrap_port));
+        Ok(())
+    }
+
+    /// Prefill: the scheduler registers with the bootstrap server: the KV transfer listener on an
+    /// ephemeral port (new at every start, as the per-rank ports are).
+    pub async fn serve_transfer(&self) -> Result<(), String> {
+        let cfg = self.cfg();
+        let transfer = tokio::net::TcpListener::bind((cfg.host.as_str(), 0)).await.map_err(|e| format!("cannot bind the KV transfer port: {e}"))?;
+        let port = transfer.local_addr().map_err(|e| e.to_string())?.port();
         let t = Router::new().route("/kv/{room}", post(fetch)).with_state(self.clone());
         tokio::spawn(async move {
             let _ = axum::serve(transfer, t).await;
         });
-        log::line(&format!("Disaggregation bootstrap server started at {}:{} (KV transfer rank port {port})", cfg.host, cfg.bootstrap_port));
+        *lock(&self.inner.rank_port) = Some(port);
+        log::line(&format!("Prefill scheduler registered with the bootstrap server (KV transfer rank port {port})"));
         Ok(())
+    }
+
+    /// Decode: the heartbeat (`_start_heartbeat_checker_thread`, `disaggregation/common/conn.py`):
+    /// every `heartbeat_interval` GET each cached prefill's bootstrap `/health` (timeouts 2 s
+    /// connect, 3 s read); after `heartbeat_failures` failures in a row drop its cached info.
+    pub fn start_heartbeat(&self) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let cfg = me.cfg();
+            let http = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_else(|_| reqwest::Client::new());
+            let mut failures: HashMap<String, u32> = HashMap::new();
+            loop {
+                tokio::time::sleep(cfg.heartbeat_interval).await;
+                let addrs: Vec<String> = lock(&me.inner.cache).keys().cloned().collect();
+                failures.retain(|a, _| addrs.contains(a));
+                for addr in addrs {
+                    let ok = http.get(format!("http://{addr}/health")).send().await.is_ok_and(|r| r.status().is_success());
+                    let n = failures.entry(addr.clone()).or_insert(0);
+                    *n = if ok { 0 } else { *n + 1 };
+                    if *n >= cfg.heartbeat_failures {
+                        lock(&me.inner.cache).remove(&addr);
+                        failures.remove(&addr);
+                        log::line(&format!("Prefill node {addr} failed its heartbeat {} times; dropping its bootstrap info", cfg.heartbeat_failures));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Prefill: release every held room (`/abort_request {"abort_all": true}`): each one's
+    /// request ends with `why`.
+    pub fn release_all(&self, why: &str) {
+        let held: Vec<Held> = lock(&self.inner.rooms).drain().map(|(_, h)| h).collect();
+        for mut h in held {
+            if let Some(t) = h.ticket.take() {
+                self.engine.finish(t);
+                self.engine.pd_queue(true, false);
+            }
+            if let Some(tx) = h.done.take() {
+                let _ = tx.send(Handoff::Rejected(why.to_string()));
+            }
+        }
     }
 
     /// Prefill: the prefill batch of a PD request is done; hold its KV for the decode until it
@@ -232,6 +289,17 @@ impl Pd {
                     log::line(&m);
                     m
                 })?;
+                if let Some(why) = incompatible(cfg, &r) {
+                    // `try_ensure_parallel_info` raises in the decode's scheduler: the server dies.
+                    log::line("Scheduler hit an exception: Traceback (most recent call last):");
+                    log::raw("  File \"/usr/lib/python3/dist-packages/sglang/srt/disaggregation/common/conn.py\", line 1323, in try_ensure_parallel_info");
+                    log::raw(&format!("RuntimeError: {why}"));
+                    log::line("Received sigquit from a child process. It usually means the child failed.");
+                    // SAFETY: kill(2) on our own pid; SGLang's SIGQUIT handler kills its process tree.
+                    unsafe {
+                        libc::kill(libc::getpid(), libc::SIGKILL);
+                    }
+                }
                 lock(&self.inner.cache).insert(key.clone(), r.clone());
                 r
             }
@@ -255,8 +323,15 @@ impl Pd {
             }
             // The room never came (the prefill half was not sent): the prefill waited for it.
             Ok(Ok(r)) if r.status() == reqwest::StatusCode::NOT_FOUND => false,
-            // The rank port is gone (the old process) or belongs to another generation: no KV
-            // ever arrives; the request fails at the waiting timeout.
+            // The rank port is gone (the old process): after the fix the send fails after the
+            // send timeout (`SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT`) and the cached info is
+            // dropped (`invalidate_cached_bootstrap_infos`); the next request refetches.
+            Ok(Err(_)) if cfg.sim.pair_cache == PairCache::Refresh => {
+                tokio::time::sleep(cfg.send_timeout.min(waiting.saturating_sub(started.elapsed()))).await;
+                true
+            }
+            // Before the fix, or a port that belongs to another generation: no KV ever arrives;
+            // the request fails at the waiting timeout.
             Ok(Ok(_)) | Ok(Err(_)) => {
                 tokio::time::sleep(waiting.saturating_sub(started.elapsed())).await;
                 true
@@ -297,29 +372,56 @@ impl Pd {
     async fn fetch_route(&self, host: &str, port: u16) -> Result<Route, String> {
         let url = format!("http://{host}:{port}/route?engine_rank=0&target_dp_group=0");
         let r = self.inner.http.get(&url).timeout(Duration::from_secs(5)).send().await.map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            let status = r.status().as_u16();
+            return Err(format!("Failed to get prefill server info: {status}, {}", r.text().await.unwrap_or_default()));
+        }
         let v: Value = r.json().await.map_err(|e| e.to_string())?;
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(String::from);
         Some(Route {
             identity: s("identity").unwrap_or_default(),
             rank_ip: s("rank_ip").unwrap_or_else(|| host.to_string()),
             rank_port: v.get("rank_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).unwrap_or(0),
+            page_size: v.get("page_size").and_then(Value::as_u64),
+            kv_cache_dtype: s("kv_cache_dtype"),
         })
         .filter(|r| r.rank_port != 0)
         .ok_or_else(|| format!("{url} gave no rank port"))
     }
 }
 
+/// Why a decode cannot pair with the prefill whose `/route` said `r`: the checks of
+/// `try_ensure_parallel_info` (`disaggregation/common/conn.py`, 0.5.23), on resolved values.
+fn incompatible(cfg: &SimConfig, r: &Route) -> Option<String> {
+    if let Some(page) = r.page_size.filter(|p| *p != cfg.page_size) {
+        return Some(format!(
+            "Page size mismatch: prefill server has page_size={page}, but decode server has page_size={}. Both servers must use the same --page-size value.",
+            cfg.page_size
+        ));
+    }
+    let mine = cfg.resolved_kv_cache_dtype();
+    if let Some(dtype) = r.kv_cache_dtype.as_ref().filter(|d| **d != mine) {
+        return Some(format!(
+            "KV cache dtype mismatch: prefill server has kv_cache_dtype={dtype}, but decode server has kv_cache_dtype={mine}. Both servers must use the same --kv-cache-dtype value."
+        ));
+    }
+    None
+}
+
 /// `GET /route` on the prefill's bootstrap server: this process's rank info.
 async fn route(State(pd): State<Pd>) -> Response {
     let cfg = pd.cfg();
+    let Some(port) = *lock(&pd.inner.rank_port) else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "Prefill server not registered yet").into_response();
+    };
     axum::Json(json!({
         "rank_ip": cfg.host,
-        "rank_port": *lock(&pd.inner.rank_port),
+        "rank_port": port,
         "identity": pd.inner.identity,
         "tp_size": cfg.tp_size,
         "dp_size": cfg.dp_size,
         "page_size": cfg.page_size,
-        "kv_cache_dtype": cfg.kv_cache_dtype,
+        "kv_cache_dtype": cfg.resolved_kv_cache_dtype(),
     }))
     .into_response()
 }
@@ -346,22 +448,10 @@ async fn fetch(State(pd): State<Pd>, Path(room): Path<u64>, axum::Json(body): ax
             return (StatusCode::NOT_FOUND, "room not prefilled in time").into_response();
         }
     }
-    let page = body.get("page_size").and_then(Value::as_u64).unwrap_or(1);
-    let dtype = body.get("kv_cache_dtype").and_then(Value::as_str).unwrap_or("auto").to_string();
-    let mut why = Vec::new();
-    if page != cfg.page_size {
-        why.push(format!("page_size mismatch (prefill {}, decode {page})", cfg.page_size));
-    }
-    if dtype != cfg.kv_cache_dtype {
-        why.push(format!("kv_cache_dtype mismatch (prefill {}, decode {dtype})", cfg.kv_cache_dtype));
-    }
-    let handoff = if why.is_empty() { Handoff::Fetched } else { Handoff::Rejected(format!("transfer rejected: {}", why.join(", "))) };
+    // The prefill does not compare settings: the decode does, on first contact (`receive`).
     let held = lock(&pd.inner.rooms).get_mut(&room).and_then(|h| h.done.take());
     if let Some(tx) = held {
-        let _ = tx.send(handoff.clone());
+        let _ = tx.send(Handoff::Fetched);
     }
-    match handoff {
-        Handoff::Fetched => axum::Json(json!({"room": room})).into_response(),
-        Handoff::Rejected(why) => (StatusCode::CONFLICT, why).into_response(),
-    }
+    axum::Json(json!({"room": room})).into_response()
 }

@@ -8,7 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{on, post, MethodFilter, MethodRouter};
 use axum::Router;
 use serde_json::{json, Value};
 
@@ -29,6 +29,99 @@ struct App {
     /// Fault injected at run time (`POST /sim/fail_generate?secs=N`): generation requests
     /// answer 500 until then.
     fail_until: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// The requests in flight (the tokenizer manager's `rid_to_state`).
+    requests: Requests,
+    /// SIGTERM received (`gracefully_exit`): `/health` and `/ready` answer 503.
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The requests in flight, as SGLang's tokenizer manager keeps them (`rid_to_state`): what a
+/// SIGTERM waits for, what `/abort_request` aborts.
+#[derive(Clone, Default)]
+struct Requests {
+    inner: Arc<std::sync::Mutex<Table>>,
+}
+
+/// The last key given, and each request's rid and abort signal by key.
+type Table = (u64, std::collections::BTreeMap<u64, (String, tokio::sync::watch::Sender<bool>)>);
+
+/// One request in flight; it leaves the table when dropped.
+struct Tracked {
+    requests: Requests,
+    key: u64,
+    aborted: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Requests {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn track(&self, rid: &str) -> Tracked {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut g = self.lock();
+        g.0 += 1;
+        let key = g.0;
+        g.1.insert(key, (rid.to_string(), tx));
+        Tracked { requests: self.clone(), key, aborted: rx }
+    }
+
+    /// The rids in flight.
+    fn rids(&self) -> Vec<String> {
+        self.lock().1.values().map(|(rid, _)| rid.clone()).collect()
+    }
+
+    /// Abort every request (`rid: None`) or those with this rid; returns how many.
+    fn abort(&self, rid: Option<&str>) -> usize {
+        let g = self.lock();
+        let mut n = 0;
+        for (r, tx) in g.1.values() {
+            if rid.is_none_or(|want| want == r) {
+                let _ = tx.send(true);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Tracked {
+    /// Resolves when this request is aborted (never otherwise).
+    async fn aborted(&mut self) {
+        if self.aborted.wait_for(|a| *a).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.requests.lock().1.remove(&self.key);
+    }
+}
+
+/// The message of a request aborted by `/abort_request`.
+const ABORTED: &str = "Abort request by the client (POST /abort_request).";
+
+/// SGLang's shutdown lines (`managers/tokenizer_manager.py`, 0.5.23), `{}` where it prints a
+/// value; checked against the wheel by the conformance test.
+pub const SIGTERM_LINE: &str = "SIGTERM received. signum={} frame={}. Draining requests and shutting down...";
+/// Logged by the SIGTERM watchdog every 5 s until no request is left.
+pub const DRAINING_LINE: &str = "Gracefully exiting... Remaining number of requests {}. Remaining requests remaining_rids={}.";
+/// How often the tokenizer manager's `sigterm_watchdog` looks (`asyncio.sleep(5)`).
+pub const WATCHDOG_PERIOD: Duration = Duration::from_secs(5);
+
+fn fill(template: &str, values: &[String]) -> String {
+    let mut out = String::new();
+    let mut parts = template.split("{}");
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    for (i, part) in parts.enumerate() {
+        out.push_str(values.get(i).map(String::as_str).unwrap_or(""));
+        out.push_str(part);
+    }
+    out
 }
 
 /// Run the simulator until SIGTERM/SIGINT or a simulated crash. Returns the exit code.
@@ -36,6 +129,15 @@ pub async fn run(cfg: SimConfig) -> i32 {
     let cfg = Arc::new(cfg);
     let pid = std::process::id();
     log::line(&format!("server_args=ServerArgs({})", server_args_repr(&cfg)));
+    // The scheduler's state exists from here on; the weights "load" below.
+    let engine = Engine::new(cfg.clone());
+    let pd = Pd::new(engine.clone());
+    if cfg.mode == Mode::Prefill {
+        if let Err(e) = pd.start_bootstrap().await {
+            log::line(&format!("Scheduler hit an exception: OSError: {e}"));
+            return 1;
+        }
+    }
     log::line(&format!("Load weight begin. avail mem={:.2} GB", 78.5));
     let load = cfg.sim.load;
     tokio::time::sleep(load.mul_f64(0.6)).await;
@@ -53,7 +155,6 @@ pub async fn run(cfg: SimConfig) -> i32 {
     } else {
         log::line(&format!("KV Cache is allocated. #tokens: {max}, K size: 12.50 GB, V size: 12.50 GB"));
     }
-    let engine = Engine::new(cfg.clone());
     log::line("Memory pool end. avail mem=15.70 GB");
     log::line("Capture cuda graph begin. This can take up to several minutes. avail mem=15.70 GB");
     tokio::time::sleep(load.mul_f64(0.4)).await;
@@ -62,12 +163,15 @@ pub async fn run(cfg: SimConfig) -> i32 {
         cfg.context_length
     ));
 
-    let pd = Pd::new(engine.clone());
-    if cfg.mode == Mode::Prefill {
-        if let Err(e) = pd.serve_prefill().await {
-            log::line(&format!("Scheduler hit an exception: OSError: {e}"));
-            return 1;
+    match cfg.mode {
+        Mode::Prefill => {
+            if let Err(e) = pd.serve_transfer().await {
+                log::line(&format!("Scheduler hit an exception: OSError: {e}"));
+                return 1;
+            }
         }
+        Mode::Decode => pd.start_heartbeat(),
+        Mode::Null => {}
     }
 
     let listener = match tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port)).await {
@@ -77,7 +181,16 @@ pub async fn run(cfg: SimConfig) -> i32 {
             return 1;
         }
     };
-    let app = App { engine: engine.clone(), pd: pd.clone(), ready_at: Arc::new(std::sync::OnceLock::new()), fail_until: Arc::new(std::sync::Mutex::new(None)) };
+    let app = App {
+        engine: engine.clone(),
+        pd: pd.clone(),
+        ready_at: Arc::new(std::sync::OnceLock::new()),
+        fail_until: Arc::new(std::sync::Mutex::new(None)),
+        requests: Requests::default(),
+        shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    // The tokenizer manager's `sigterm_watchdog` wakes every 5 s from its start on.
+    let watchdog_start = tokio::time::Instant::now();
     log::uvicorn(&format!("Started server process [{pid}]"));
     log::uvicorn("Waiting for application startup.");
     log::uvicorn("Application startup complete.");
@@ -163,7 +276,10 @@ pub async fn run(cfg: SimConfig) -> i32 {
     };
     let code = tokio::select! {
         c = warm => c.unwrap_or(0),
-        _ = term.recv() => 0,
+        _ = term.recv() => {
+            graceful_exit(&app, watchdog_start).await;
+            0
+        }
         _ = tokio::signal::ctrl_c() => 0,
     };
     if code == 0 {
@@ -180,6 +296,43 @@ pub async fn run(cfg: SimConfig) -> i32 {
     }
     server.abort();
     code
+}
+
+/// SIGTERM as SGLang 0.5.23 handles it (`SignalHandler.sigterm_handler` and
+/// `TokenizerManager.sigterm_watchdog`): log, answer `/health` and `/ready` 503 from now on, and at
+/// each 5 s watchdog tick log how many requests remain, exiting once none does — with no timeout
+/// of its own (systemd's `TimeoutStopSec` and SIGKILL bound it). A server whose health check
+/// failed exits at once.
+async fn graceful_exit(app: &App, watchdog_start: tokio::time::Instant) {
+    log::line(&fill(
+        SIGTERM_LINE,
+        &[
+            "15".into(),
+            "<frame at 0x7f3a2c1d5e40, file '/usr/lib/python3/dist-packages/sglang/srt/managers/tokenizer_manager.py', line 3510, code sigterm_watchdog>"
+                .into(),
+        ],
+    ));
+    app.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let cfg = app.engine.config();
+    if let (Some(after), Some(at)) = (cfg.sim.health_fail_after_ready, app.ready_at.get()) {
+        if at.elapsed() >= after {
+            log::line("Signal SIGTERM received while health check failed. Force exiting.");
+            return;
+        }
+    }
+    // The watchdog's next tick after the signal.
+    let since = watchdog_start.elapsed().as_nanos() / WATCHDOG_PERIOD.as_nanos();
+    let next = watchdog_start + WATCHDOG_PERIOD * (since as u32 + 1);
+    tokio::time::sleep_until(next).await;
+    loop {
+        let rids = app.requests.rids();
+        let list = format!("[{}]", rids.iter().map(|r| format!("'{r}'")).collect::<Vec<_>>().join(", "));
+        log::line(&fill(DRAINING_LINE, &[rids.len().to_string(), list]));
+        if rids.is_empty() {
+            return;
+        }
+        tokio::time::sleep(WATCHDOG_PERIOD).await;
+    }
 }
 
 fn server_args_repr(cfg: &SimConfig) -> String {
@@ -199,50 +352,140 @@ fn server_args_repr(cfg: &SimConfig) -> String {
     )
 }
 
-fn routes(app: App) -> Router {
-    let mut r = Router::new()
-        .route("/health", get(health))
-        .route("/health_generate", get(health))
-        .route("/server_info", get(server_info))
-        .route("/get_server_info", get(server_info))
-        .route("/model_info", get(model_info))
-        .route("/get_model_info", get(model_info))
-        .route("/v1/models", get(models))
-        .route("/flush_cache", get(flush_cache).post(flush_cache))
-        .route("/generate", post(generate))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat))
-        .route("/sim/fail_generate", post(fail_generate))
-        .route("/sim/stall_transfers", post(stall_transfers));
-    if app.engine.config().enable_metrics {
-        r = r.route("/metrics", get(metrics));
+/// The routes a server with this configuration serves (the `/sim/…` knobs apart) with their
+/// methods, as SGLang's `entrypoints/http_server.py` and `entrypoints/v1_loads.py` declare them.
+/// The one table both the router and the conformance catalogue ([`crate::catalogue`]) are built from.
+pub fn served_routes(cfg: &SimConfig) -> Vec<(&'static str, &'static [&'static str])> {
+    let v = cfg.sim.version;
+    let loads = !cfg.sim.no_load_endpoint;
+    let mut r: Vec<(&'static str, &'static [&'static str])> = vec![
+        ("/health", &["GET"]),
+        ("/health_generate", &["GET"]),
+        ("/server_info", &["GET"]),
+        ("/get_server_info", &["GET"]),
+        ("/model_info", &["GET"]),
+        ("/get_model_info", &["GET"]),
+        ("/v1/models", &["GET"]),
+        ("/flush_cache", &["GET", "POST"]),
+        ("/generate", &["POST", "PUT"]),
+        ("/v1/completions", &["POST"]),
+        ("/v1/chat/completions", &["POST"]),
+        ("/abort_request", &["POST"]),
+    ];
+    if cfg.enable_metrics {
+        r.push(("/metrics", &["GET"]));
     }
-    let v = app.engine.config().sim.version;
-    let loads = !app.engine.config().sim.no_load_endpoint;
     if v.has_get_load() && loads {
-        r = r.route("/get_load", get(get_load));
+        r.push(("/get_load", &["GET"]));
     }
     if v.has_ready() {
-        r = r.route("/ready", get(ready));
+        r.push(("/ready", &["GET"]));
     }
     if v.has_v1_loads() && loads {
-        r = r.route("/v1/loads", get(v1_loads));
+        r.push(("/v1/loads", &["GET"]));
     }
-    r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) }).with_state(app)
+    r
+}
+
+/// The handler of one path of [`served_routes`], for the given methods.
+fn handler(path: &str, methods: &[&str]) -> Option<MethodRouter<App>> {
+    let mut filter: Option<MethodFilter> = None;
+    for m in methods {
+        let f = MethodFilter::try_from(axum::http::Method::from_bytes(m.as_bytes()).ok()?).ok()?;
+        filter = Some(filter.map_or(f, |g| g.or(f)));
+    }
+    let f = filter?;
+    Some(match path {
+        "/health" | "/health_generate" => on(f, health),
+        "/server_info" | "/get_server_info" => on(f, server_info),
+        "/model_info" | "/get_model_info" => on(f, model_info),
+        "/v1/models" => on(f, models),
+        "/flush_cache" => on(f, flush_cache),
+        "/generate" => on(f, generate),
+        "/v1/completions" => on(f, completions),
+        "/v1/chat/completions" => on(f, chat),
+        "/abort_request" => on(f, abort_request),
+        "/metrics" => on(f, metrics),
+        "/get_load" => on(f, get_load),
+        "/ready" => on(f, ready),
+        "/v1/loads" => on(f, v1_loads),
+        _ => return None,
+    })
+}
+
+fn routes(app: App) -> Router {
+    let mut r = Router::new().route("/sim/fail_generate", post(fail_generate)).route("/sim/stall_transfers", post(stall_transfers));
+    for (path, methods) in served_routes(app.engine.config()) {
+        match handler(path, methods) {
+            Some(h) => r = r.route(path, h),
+            None => log::line(&format!("simulator bug: no handler for {path}")),
+        }
+    }
+    r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))) })
+        .layer(axum::middleware::from_fn_with_state(app.clone(), api_key))
+        .with_state(app)
+}
+
+/// Paths any client may call without the API key (`decide_request_auth`, `srt/utils/auth.py`:
+/// Kubernetes probes and Prometheus scrapes carry no secret); matched as prefixes.
+pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
+
+/// `--api-key`: every other path needs `Authorization: Bearer KEY`, else 401
+/// `{"error": "Unauthorized"}` (`srt/utils/auth.py`). The `/sim/…` knobs are the test's own.
+async fn api_key(State(app): State<App>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let Some(key) = app.engine.config().api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if req.method() == axum::http::Method::OPTIONS || path.starts_with("/sim/") || API_KEY_EXEMPT.iter().any(|p| path.starts_with(p)) {
+        return next.run(req).await;
+    }
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' '));
+    match given {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && token == key => next.run(req).await,
+        _ => (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "Unauthorized"}))).into_response(),
+    }
 }
 
 /// `GET /ready` (0.5.23, `entrypoints/http_server.py`): 200 once up, 503 while starting (this
 /// simulator has no pause or shutdown state yet); no generate.
 async fn ready(State(app): State<App>) -> Response {
-    if app.engine.status() == Status::Starting {
+    let cfg = app.engine.config();
+    let unhealthy = matches!((cfg.sim.health_fail_after_ready, app.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after);
+    if app.engine.status() == Status::Starting || app.shutting_down.load(std::sync::atomic::Ordering::SeqCst) || unhealthy {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
     } else {
         StatusCode::OK.into_response()
     }
 }
 
+/// `POST /abort_request {"rid": ...}` or `{"abort_all": true}` (`entrypoints/http_server.py`,
+/// `AbortReq` in `managers/io_struct.py`): the requests end with an abort; a prefill also
+/// releases the rooms it holds for its decode.
+async fn abort_request(State(app): State<App>, body: Bytes) -> Response {
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(&e),
+    };
+    let all = v.get("abort_all").and_then(Value::as_bool).unwrap_or(false);
+    let rid = v.get("rid").and_then(Value::as_str);
+    if !all && rid.is_none() {
+        return StatusCode::OK.into_response();
+    }
+    let n = app.requests.abort(if all { None } else { rid });
+    if all {
+        app.pd.release_all(ABORTED);
+    }
+    log::line(&format!("Abort request: abort_all={} rid={} aborted={n}", if all { "True" } else { "False" }, rid.unwrap_or("None")));
+    StatusCode::OK.into_response()
+}
+
 async fn health(State(app): State<App>) -> Response {
     let cfg = app.engine.config();
+    if app.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+        log::line("Health check request received during shutdown. Returning 503.");
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
     if cfg.sim.version.health_always_ok() {
         return StatusCode::OK.into_response();
     }
@@ -401,14 +644,23 @@ const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", " France", 
 /// and gets the room's KV from its prefill first (500 with SGLang's abort message when that
 /// fails); a prefill returns the room to hold once its batch is done. Requests with the fake
 /// bootstrap host (SGLang's own warmup) skip the transfer.
-async fn pd_before(app: &App, v: &Value, rid: &str) -> Result<Option<Bootstrap>, Response> {
+async fn pd_before(app: &App, v: &Value, rid: &str, tracked: &mut Tracked) -> Result<Option<Bootstrap>, Response> {
     let mode = app.engine.config().mode;
     let b = Bootstrap::of(v);
     match (mode, b) {
-        (Mode::Decode, None) => {
-            Err(bad_request("Disaggregation decode mode requires bootstrap_host, bootstrap_port and bootstrap_room: send requests through the router"))
+        // `managers/scheduler.py` (0.5.23): both roles refuse a request without a room.
+        (Mode::Decode | Mode::Prefill, None) => {
+            let m = format!("Invalid request: Disaggregated request received without bootstrap room id. req.rid='{rid}'");
+            log::line(&m);
+            Err(bad_request(&m))
         }
-        (Mode::Decode, Some(b)) if !b.fake() => app.pd.receive(rid, &b).await.map(|()| None).map_err(|m| pd::abort(&m)),
+        (Mode::Decode, Some(b)) if !b.fake() => tokio::select! {
+            r = app.pd.receive(rid, &b) => r.map(|()| None).map_err(|m| pd::abort(&m)),
+            () = tracked.aborted() => {
+                app.engine.count_abort();
+                Err(pd::abort(ABORTED))
+            }
+        },
         (Mode::Prefill, Some(b)) if !b.fake() => Ok(Some(b)),
         _ => Ok(None),
     }
@@ -416,7 +668,13 @@ async fn pd_before(app: &App, v: &Value, rid: &str) -> Result<Option<Bootstrap>,
 
 /// Run a request through the engine; `on_token` sees each generated piece. A PD prefill holds
 /// the room's KV for its decode (`hold`) instead of finishing; `Err` is the abort message.
-async fn execute(app: &App, job: &Job, hold: Option<(&str, &Bootstrap)>, mut on_token: impl FnMut(usize, &str) -> bool) -> Result<u64, String> {
+async fn execute(
+    app: &App,
+    job: &Job,
+    hold: Option<(&str, &Bootstrap)>,
+    tracked: &mut Tracked,
+    mut on_token: impl FnMut(usize, &str) -> bool,
+) -> Result<u64, String> {
     let engine = &app.engine;
     let mut ticket = engine.admit(job.prompt_tokens);
     // A PD prefill server only runs the prefill (and the first token).
@@ -426,7 +684,14 @@ async fn execute(app: &App, job: &Job, hold: Option<(&str, &Bootstrap)>, mut on_
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     for i in 0..n as usize {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = tracked.aborted() => {
+                engine.finish(ticket);
+                engine.count_abort();
+                return Err(ABORTED.into());
+            }
+        }
         engine.decode_step(&mut ticket);
         produced += 1;
         if !on_token(i, WORDS[i % WORDS.len()]) {
@@ -498,7 +763,8 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
     let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
     let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", rand_u128()));
-    let hold = match pd_before(&app, &v, &rid).await {
+    let mut tracked = app.requests.track(&rid);
+    let hold = match pd_before(&app, &v, &rid, &mut tracked).await {
         Ok(h) => h,
         Err(r) => return r,
     };
@@ -515,7 +781,7 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
         tokio::spawn(async move {
             let mut text = String::new();
             let mut ids = Vec::new();
-            let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), |i, w| {
+            let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), &mut tracked, |i, w| {
                 text.push_str(w);
                 ids.push(1000 + i as u64);
                 let chunk = json!({"text": text, "output_ids": ids, "meta_info": meta(ids.len() as u64, job.prompt_tokens)});
@@ -531,7 +797,7 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
     }
     let mut text = String::new();
     let mut ids = Vec::new();
-    let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), |i, w| {
+    let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), &mut tracked, |i, w| {
         text.push_str(w);
         ids.push(1000 + i as u64);
         true
@@ -572,7 +838,8 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
     let model = app.engine.config().served_model_name.clone();
     let id = format!("{:032x}", rand_u128());
-    let hold = match pd_before(&app, &v, &id).await {
+    let mut tracked = app.requests.track(&id);
+    let hold = match pd_before(&app, &v, &id, &mut tracked).await {
         Ok(h) => h,
         Err(r) => return r,
     };
@@ -582,7 +849,7 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let app = app.clone();
         tokio::spawn(async move {
-            let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), |_, w| {
+            let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), &mut tracked, |_, w| {
                 let choice = if chat {
                     json!({"index": 0, "delta": {"role": "assistant", "content": w}, "finish_reason": null})
                 } else {
@@ -600,7 +867,7 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
         return sse(rx);
     }
     let mut text = String::new();
-    let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), |_, w| {
+    let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), &mut tracked, |_, w| {
         text.push_str(w);
         true
     })

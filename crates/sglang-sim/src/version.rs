@@ -92,6 +92,11 @@ impl Version {
     pub fn has_ready(self) -> bool {
         self.at_least(Version(0, 5, 23))
     }
+    /// `sglang:num_decode_deferred_kv_release_reqs` (deferred decode KV release after a failed
+    /// transfer, `observability/metrics_collector.py`) exists: checked in 0.5.23 only.
+    pub fn has_deferred_kv_release(self) -> bool {
+        self.at_least(Version(0, 5, 23))
+    }
     /// The model-info path the warmup polls (`/get_model_info` before 0.5.10).
     pub fn has_new_info_paths(self) -> bool {
         self.at_least(Version(0, 5, 6))

@@ -1,0 +1,98 @@
+//! The simulator's catalogue of SGLang facts for one version profile: the routes it serves (with
+//! their methods), the Prometheus families it exposes (with their types), its ready and shutdown
+//! lines, the paths exempt from `--api-key`, the disaggregation environment defaults and the
+//! server-argument defaults it follows.
+//!
+//! Every entry is read from what the simulator does — the route table the router is built from
+//! ([`crate::server::served_routes`]), a rendered `/metrics` after traffic, the constants its log
+//! lines and argument parser use — so that a change to the simulator changes its catalogue. The
+//! conformance test (`tests/conformance.rs`) compares the catalogue of the pinned release with the
+//! facts read from that release's wheel (`tests/conformance/sglang_facts.py`) and names every
+//! difference.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::args::{parse, DISAGG_ENV};
+use crate::engine::Engine;
+use crate::server::{served_routes, API_KEY_EXEMPT, DRAINING_LINE, READY_LINE, SIGTERM_LINE};
+use crate::version::Version;
+
+/// The catalogue of `version` as JSON, in the shape `sglang_facts.py` prints:
+/// `{version, routes: {path: [methods]}, metrics: {family: type}, lines: {ready, sigterm,
+/// draining}, api_key_exempt: [prefix], env: {name: default}, server_args: {name: default}}`.
+pub fn of(version: Version) -> Value {
+    let flags = |extra: &[&str]| -> Vec<String> {
+        ["--model-path", "m", "--enable-metrics", "--sim-version", &version.to_string()].iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let none = |_: &str| None;
+    // Parsing these fixed flags cannot fail; an empty catalogue would fail the comparison loudly.
+    let Ok(cfg) = parse(&flags(&[]), &none) else {
+        return json!({"version": version.to_string(), "error": "the simulator rejected its own flags"});
+    };
+    let routes: BTreeMap<&str, Vec<&str>> = served_routes(&cfg).into_iter().map(|(p, m)| (p, m.to_vec())).collect();
+
+    // Every family a server of this profile exposes once it has served a request (a regular
+    // server publishes at its prefill batch; the PD queue gauges are published by both roles).
+    let mut metrics: BTreeMap<String, String> = BTreeMap::new();
+    let engine = Engine::new(Arc::new(cfg.clone()));
+    let t = engine.admit(8);
+    engine.finish(t);
+    for line in engine.render_metrics(false).lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some((name, kind)) = rest.split_once(' ') {
+                // prometheus_client's text format names a counter's family with its `_total`.
+                let name = if kind == "counter" { name.strip_suffix("_total").unwrap_or(name) } else { name };
+                metrics.insert(name.to_string(), kind.to_string());
+            }
+        }
+    }
+
+    let env: BTreeMap<&str, Value> = DISAGG_ENV.iter().map(|(n, v)| (*n, number(*v))).collect();
+    let server_args = Some(&cfg).map(|d| {
+        json!({
+            "disaggregation_bootstrap_port": d.bootstrap_port,
+            "page_size": d.page_size_flag,
+            "kv_cache_dtype": d.kv_cache_dtype,
+            "dtype": d.dtype,
+            "api_key": d.api_key,
+        })
+    });
+    json!({
+        "version": version.to_string(),
+        "routes": routes,
+        "metrics": metrics,
+        "lines": {"ready": READY_LINE, "sigterm": SIGTERM_LINE, "draining": DRAINING_LINE},
+        "api_key_exempt": API_KEY_EXEMPT,
+        "env": env,
+        "server_args": server_args,
+    })
+}
+
+/// An integer where the value is one (`300`, not `300.0`), as Python's `EnvInt` default prints.
+fn number(v: f64) -> Value {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        json!(v as i64)
+    } else {
+        json!(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalogue_follows_the_profile() {
+        let new = of(Version::LATEST);
+        assert!(new["routes"].get("/v1/loads").is_some() && new["routes"].get("/get_load").is_none(), "{new:#}");
+        assert_eq!(new["routes"]["/generate"], json!(["POST", "PUT"]));
+        assert_eq!(new["metrics"]["sglang:num_requests"], "counter");
+        assert_eq!(new["env"]["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"], 300);
+        let old = of(Version(0, 4, 6));
+        assert!(old["routes"].get("/get_load").is_some() && old["routes"].get("/ready").is_none(), "{old:#}");
+        assert!(old["metrics"].get("sglang:num_prefill_infight_queue_reqs").is_some());
+    }
+}

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Read the facts pdctl and sglang-sim rely on from a released SGLang wheel, as JSON on stdout.
+
+The wheel is neither installed nor imported (it needs GPUs and torch): its Python sources are read
+from the zip and parsed with `ast`. Usage: sglang_facts.py WHEEL. Each fact names where it is read
+(paths inside the wheel, under sglang/srt/):
+
+- routes: `@app.get/post/put/delete/head(PATH)` and `@app.api_route(PATH, methods=[...])` in
+  entrypoints/http_server.py, `@router.get(PATH)` in entrypoints/v1_loads.py (included by the
+  app), and the `Mount("/metrics", ...)` of utils/common.py;
+- metrics: every `Gauge/Counter/Histogram/Summary(name="sglang:...")` in
+  observability/metrics_collector.py (a counter's `_total` is dropped, as prometheus_client does);
+- lines: the ready line (entrypoints/http_server.py) and the shutdown lines
+  (managers/tokenizer_manager.py) as templates, `{}` where the f-string has a value;
+- api_key_exempt: the `path.startswith(...)` prefixes of `decide_request_auth` (utils/auth.py);
+- env: the `SGLANG_DISAGGREGATION_*` defaults of environ.py;
+- server_args: the dataclass defaults in arg_groups/fields/*.py.
+"""
+import ast
+import json
+import sys
+import zipfile
+
+SRT = "sglang/srt/"
+LINES = {
+    "ready": ("entrypoints/http_server.py", "fired up and ready to roll"),
+    "sigterm": ("managers/tokenizer_manager.py", "Draining requests and shutting down"),
+    "draining": ("managers/tokenizer_manager.py", "Gracefully exiting... Remaining number of requests"),
+}
+SERVER_ARGS = ["disaggregation_bootstrap_port", "page_size", "kv_cache_dtype", "dtype", "api_key"]
+HTTP_VERBS = {"get", "post", "put", "delete", "head", "patch"}
+
+
+def parse(z, path):
+    return ast.parse(z.read(SRT + path).decode(), filename=path)
+
+
+def constant(node):
+    """A literal, or `os.environ.get(NAME, DEFAULT)`'s default; None for anything else."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Call) and len(node.args) == 2 and isinstance(node.args[1], ast.Constant):
+        return node.args[1].value
+    return None
+
+
+def template(node):
+    """A string literal or f-string as text, `{}` for each value (`{x=}` keeps its `x=`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def routes(z):
+    found = {}
+
+    def add(path, methods):
+        found.setdefault(path, set()).update(m.upper() for m in methods)
+
+    for file, owners in [("entrypoints/http_server.py", {"app"}), ("entrypoints/v1_loads.py", {"router"})]:
+        for fn in ast.walk(parse(z, file)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for d in fn.decorator_list:
+                if not (isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)):
+                    continue
+                owner = d.func.value
+                if not (isinstance(owner, ast.Name) and owner.id in owners) or not d.args:
+                    continue
+                path = constant(d.args[0])
+                if not isinstance(path, str):
+                    continue
+                verb = d.func.attr
+                if verb in HTTP_VERBS:
+                    add(path, [verb])
+                elif verb == "api_route":
+                    for kw in d.keywords:
+                        if kw.arg == "methods" and isinstance(kw.value, (ast.List, ast.Tuple)):
+                            add(path, [e.value for e in kw.value.elts if isinstance(e, ast.Constant)])
+    for node in ast.walk(parse(z, "utils/common.py")):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Mount" and node.args:
+            path = constant(node.args[0])
+            if isinstance(path, str):
+                add(path, ["GET"])
+    return {p: sorted(m) for p, m in sorted(found.items())}
+
+
+def metrics(z):
+    found = {}
+    for node in ast.walk(parse(z, "observability/metrics_collector.py")):
+        if not isinstance(node, ast.Call):
+            continue
+        kind = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+        if kind not in ("Gauge", "Counter", "Histogram", "Summary"):
+            continue
+        for kw in node.keywords:
+            if kw.arg == "name" and isinstance(kw.value, ast.Constant) and str(kw.value.value).startswith("sglang:"):
+                name = kw.value.value
+                if kind == "Counter" and name.endswith("_total"):
+                    name = name[: -len("_total")]
+                found[name] = kind.lower()
+    return dict(sorted(found.items()))
+
+
+def lines(z):
+    out = {}
+    for key, (file, marker) in LINES.items():
+        for node in ast.walk(parse(z, file)):
+            t = template(node)
+            if t and marker in t:
+                out[key] = t
+                break
+    return out
+
+
+def api_key_exempt(z):
+    for fn in ast.walk(parse(z, "utils/auth.py")):
+        if isinstance(fn, ast.FunctionDef) and fn.name == "decide_request_auth":
+            return [
+                n.args[0].value
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Call)
+                and getattr(n.func, "attr", None) == "startswith"
+                and n.args
+                and isinstance(n.args[0], ast.Constant)
+            ]
+    return []
+
+
+def env(z):
+    out = {}
+    for node in ast.walk(parse(z, "environ.py")):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.startswith("SGLANG_DISAGGREGATION_")
+            and isinstance(node.value, ast.Call)
+            and node.value.args
+            and isinstance(node.value.args[0], ast.Constant)
+        ):
+            out[node.targets[0].id] = node.value.args[0].value
+    return dict(sorted(out.items()))
+
+
+def server_args(z):
+    out = {}
+    for name in z.namelist():
+        if not (name.startswith(SRT + "arg_groups/fields/") and name.endswith(".py")):
+            continue
+        for node in ast.walk(parse(z, name[len(SRT):])):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id in SERVER_ARGS
+                and isinstance(node.value, ast.Constant)
+            ):
+                out[node.target.id] = node.value.value
+    return dict(sorted(out.items()))
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: sglang_facts.py WHEEL")
+    with zipfile.ZipFile(sys.argv[1]) as z:
+        version = next(
+            (n.split("/")[0][: -len(".dist-info")].split("-", 1)[1] for n in z.namelist() if n.endswith(".dist-info/METADATA")),
+            None,
+        )
+        facts = {
+            "version": version,
+            "routes": routes(z),
+            "metrics": metrics(z),
+            "lines": lines(z),
+            "api_key_exempt": api_key_exempt(z),
+            "env": env(z),
+            "server_args": server_args(z),
+        }
+    json.dump(facts, sys.stdout, indent=1, sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()
