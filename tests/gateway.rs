@@ -123,6 +123,87 @@ fn drain_under_load(gateway: Gateway) {
     assert_eq!(load.join().unwrap().ok(), Some(200), "the request in flight finished");
 }
 
+/// A request through the gateway that outlives the drain's wait (`drain_timeout` is 10 s in the
+/// test config; this one decodes for ~16 s at the simulator's 200 tokens/s), started on the
+/// decode before the rollout. Returns the thread that ends with its status.
+fn long_request(stack: &Stack) -> std::thread::JoinHandle<Option<u16>> {
+    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
+    let load = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let c = reqwest::Client::builder().timeout(Duration::from_secs(90)).build().unwrap();
+            c.post(&url).json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": 3200}})).send().await.ok().map(|r| r.status().as_u16())
+        })
+    });
+    let t0 = Instant::now();
+    while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/v1/loads", stack.decode.url))
+        .map(|(status, b)| status != 200 || b.contains("\"num_running_reqs\":0"))
+        .unwrap_or(true)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the request reached the decode");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    load
+}
+
+/// SGLang 0.5.23's stop waits for the requests the drain left (its SIGTERM watchdog checks every
+/// 5 s): the restart job lasts that long, the request finishes, and the restart step says why.
+#[test]
+fn the_stop_waits_for_what_the_drain_left_and_the_restart_step_says_why() {
+    let (stack, config, d) = up(StackOptions::default());
+    let load = long_request(&stack);
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = &r.event(D, "drain", "passed")["detail"];
+    assert_eq!(drain["timed_out"], true, "the drain's wait ended with the request still running: {drain}");
+    assert_eq!(drain["aborted"], serde_json::Value::Null, "nothing aborted by default: {drain}");
+    let restart = &r.event(D, "restart", "passed")["detail"];
+    let stop = &restart["stop"];
+    assert!(stop["requests_at_first_check"].as_u64().is_some_and(|n| n >= 1), "the server reported the request at its watchdog check: {restart:#}");
+    assert!(stop["stop_ms"].as_u64().is_some_and(|ms| ms >= 1000), "the stop lasted while the request finished: {stop}");
+    assert_eq!(stop["killed"], false);
+    assert!(stop["why"].as_str().unwrap_or("").contains("SGLang waited for"), "{stop}");
+    let timeout_stop = stop["timeout_stop_ms"].as_u64().expect("the unit's TimeoutStopSec was read");
+    assert!(restart["job_limit_ms"].as_u64().unwrap() > timeout_stop, "the job's wait covers TimeoutStopSec plus the start: {restart}");
+    assert_eq!(load.join().unwrap(), Some(200), "the request in flight finished: the stop waited for it");
+}
+
+/// With `abort_after_drain_timeout = true` what the drain left is aborted through SGLang's
+/// `/abort_request` and recorded; the stop then has nothing to wait for.
+#[test]
+fn abort_after_drain_timeout_aborts_what_the_drain_left() {
+    let (stack, config) = pdctl_tests::stack_with_config(&StackOptions::default());
+    std::fs::write(config.parent().unwrap().join("config.d/40-abort.toml"), "[rollout]\nabort_after_drain_timeout = true\n").unwrap();
+    let d = stack.start_pdctld().expect("pdctld starts");
+    let load = long_request(&stack);
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = &r.event(D, "drain", "passed")["detail"];
+    assert_eq!(drain["aborted"], 1, "{drain}");
+    assert_eq!(drain["aborted_why"], "abort_after_drain_timeout = true");
+    let stop = &r.event(D, "restart", "passed")["detail"]["stop"];
+    assert_eq!(stop["requests_at_first_check"], 0, "nothing was left for the stop: {stop}");
+    assert_ne!(load.join().unwrap(), Some(200), "the request was aborted");
+}
+
+/// A stop that outlives `TimeoutStopSec=` is SIGKILLed by systemd: the restart step passes (the
+/// new run is up) with the `stop_slow` warning, and preflight said it could happen.
+#[test]
+fn a_stop_killed_at_timeout_stop_sec_is_reported_as_stop_slow() {
+    let (stack, config, d) = up(StackOptions::default());
+    stack.drop_in(D, "60-timeout-stop", "[Service]\nTimeoutStopSec=3s\n").expect("drop-in");
+    let load = long_request(&stack);
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--load-changes", "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let pre = &r.event(D, "preflight", "passed")["detail"];
+    assert!(pre["warnings"].to_string().contains("TimeoutStopSec=3s is shorter than SGLang's 5 s SIGTERM watchdog"), "{pre}");
+    let restart = &r.event(D, "restart", "passed")["detail"];
+    assert_eq!(restart["cause_code"], "stop_slow", "{restart:#}");
+    assert_eq!(restart["stop"]["killed"], true, "{restart:#}");
+    assert!(restart["warning"].as_str().unwrap_or("").contains("SIGKILL at TimeoutStopSec=3s"), "{restart:#}");
+    assert_ne!(load.join().unwrap(), Some(200), "the request was lost");
+}
+
 #[test]
 fn drain_waits_for_requests_in_flight_on_smg_1_13() {
     drain_under_load(Gateway::Smg113);

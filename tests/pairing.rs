@@ -53,6 +53,27 @@ fn pairs_of(e: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// SGLang 0.5.23 with its default timing (a 300 s waiting timeout, 5 s heartbeats, a failed
+/// send dropping the cached prefill): a prefill restart needs no repair and yields no stale
+/// verdict; preflight says that the default `pair_timeout` (30 s) cannot cover the decode's
+/// waiting timeout and what to set.
+#[test]
+fn with_sglang_defaults_a_prefill_restart_needs_no_repair_and_preflight_names_the_timing() {
+    let (stack, config, d) = up(StackOptions { waiting_timeout_secs: 300.0, ..Default::default() });
+    assert_eq!(through_router(&stack, 2), 2, "serving before");
+    let decode_run = stack.show(D, "InvocationID").unwrap();
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), decode_run, "the decode was not restarted");
+    assert!(r.summary["repairs"].as_array().is_none_or(|a| a.is_empty()), "no repair: {:#}", r.summary);
+    assert!(pairs_of(r.event(P, "pair", "passed")).iter().all(|(_, _, result)| result != "stale"), "{:#}", r.event(P, "pair", "passed"));
+    // The decode's own preflight is not run (only the prefill restarts): check it with a dry run.
+    let dry = run(&d, &config, &["restart", "--rolling", "--unit", D, "--dry-run", "--json"]);
+    let pre = &dry.event(D, "preflight", "passed")["detail"];
+    assert!(pre["warnings"].to_string().contains("SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300s") && pre["warnings"].to_string().contains("310s"), "{pre:#}");
+    assert_eq!(through_router(&stack, 2), 2, "serving after");
+}
+
 #[test]
 fn a_stale_decode_is_found_by_the_pair_gate_repaired_and_serving_proven() {
     let (stack, config, d) = up(old_decode());

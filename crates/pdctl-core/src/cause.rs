@@ -449,6 +449,14 @@ pub enum Cause {
         /// What the endpoints answered.
         error: String,
     },
+    /// A stop that lasted until systemd's SIGKILL at `TimeoutStopSec=` (SGLang's stop waits for
+    /// its requests in flight): requests were lost. Reported as a warning of the restart step.
+    StopSlow {
+        /// The unit.
+        unit: String,
+        /// What the stop took and why ([`crate::stop::StopReport::why`]).
+        why: String,
+    },
     /// `pdctl check`: the unit is not running, so it cannot pass any gate.
     UnitNotRunning {
         /// The unit.
@@ -560,6 +568,7 @@ impl Cause {
             Cause::ConfigMismatch { .. } => "config_mismatch",
             Cause::UnitNotRunning { .. } => "unit_not_running",
             Cause::LoadUnknown { .. } => "load_unknown",
+            Cause::StopSlow { .. } => "stop_slow",
             Cause::PeerRoleDown { .. } => "peer_role_down",
         }
     }
@@ -613,6 +622,7 @@ impl Cause {
             | Cause::DrainNotRestored { .. }
             | Cause::UnitNotRunning { .. }
             | Cause::LoadUnknown { .. }
+            | Cause::StopSlow { .. }
             | Cause::PeerRoleDown { .. } => FailureKind::Gate,
         }
     }
@@ -753,6 +763,9 @@ impl Cause {
             Cause::LoadUnknown { url, error } => format!(
                 "cannot tell how many requests {url} still runs ({error}): the drain would restart it blind; check that the server is SGLang and serves GET /v1/loads (or /get_load before 0.5.13)"
             ),
+            Cause::StopSlow { unit, why } => format!(
+                "{unit}: {why}; the requests it still ran were lost: raise its TimeoutStopSec, or lower drain_timeout and the requests' lengths"
+            ),
             Cause::UnitNotRunning { unit, state } => format!("{unit} is not running ({state}): it serves nothing and no gate can pass"),
             Cause::PeerRoleDown { url, role, error } => format!(
                 "{url} is admitted by the gateway, but no {role} worker is, so a request through the gateway fails ({error}): the {role} role is down, not this worker"
@@ -823,6 +836,7 @@ impl Cause {
             Cause::ConfigMismatch { given: msg(), daemon: msg() },
             Cause::UnitNotRunning { unit: unit(), state: "inactive/dead".into() },
             Cause::LoadUnknown { url: url(), error: msg() },
+            Cause::StopSlow { unit: unit(), why: msg() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
         ];
         for diagnosis in [

@@ -200,6 +200,7 @@ struct RawRollout {
     single_pair: Option<SinglePair>,
     max_failed_probes: Option<u64>,
     on_stale_pair: Option<OnStalePair>,
+    abort_after_drain_timeout: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -320,6 +321,11 @@ pub struct Rollout {
     pub max_failed_probes: Option<u64>,
     /// A decode found with a stale pairing after a prefill restart: repair it or halt.
     pub on_stale_pair: OnStalePair,
+    /// Requests still in flight when the drain's wait ends are aborted (SGLang's
+    /// `POST /abort_request {"abort_all": true}`) instead of holding the stop, which waits for
+    /// them until `TimeoutStopSec=` and SIGKILL. A stale decode's requests are always aborted
+    /// before its repair (they can never finish).
+    pub abort_after_drain_timeout: bool,
 }
 
 impl Rollout {
@@ -335,7 +341,9 @@ impl Rollout {
             // Waiting for a slot is bounded by the fleet's slot_timeout (at most a week).
             Step::Slot => Duration::from_secs(7 * 24 * 3600),
             Step::Drain => self.drain_timeout,
-            Step::Restart => self.job_timeout,
+            // The stop drains (SGLang waits for its requests), bounded by each unit's
+            // TimeoutStopSec, which the config does not know: the longest pdctl waits for it.
+            Step::Restart => crate::stop::job_limit(self.job_timeout, None),
             Step::Ready => self.ready_timeout,
             Step::Health => self.health_timeout,
             Step::Router => self.router_timeout,
@@ -688,7 +696,8 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
                 allow_outage,
                 single_pair,
                 max_failed_probes,
-                on_stale_pair
+                on_stale_pair,
+                abort_after_drain_timeout
             );
         }
         if let Some(s) = raw.verify {
@@ -958,6 +967,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
             max_failed_probes: ro.max_failed_probes,
             on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
+            abort_after_drain_timeout: ro.abort_after_drain_timeout.unwrap_or(false),
         },
         verify,
         fleet,

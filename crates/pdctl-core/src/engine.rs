@@ -234,11 +234,14 @@ struct Ctx<'a> {
     load_changes: bool,
     /// Without the revisions directory (a dry run outside pdctld): what pdctld said is pending.
     known: Option<&'a KnownChanges>,
+    /// Abort what the worker still runs after the drain (a stale decode's requests can never
+    /// finish and would hold its stop until SIGKILL).
+    abort_in_flight: bool,
 }
 
 impl Ctx<'_> {
     fn none(allow_outage: Option<bool>, load_changes: bool) -> Ctx<'static> {
-        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes, known: None }
+        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes, known: None, abort_in_flight: false }
     }
 }
 
@@ -347,6 +350,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             together_with: None,
             load_changes: r.load_changes,
             known: None,
+            abort_in_flight: false,
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -596,6 +600,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
                 self.not_blocked(&w.unit, &w.url).await?;
                 let pairing = self.pairing_preflight(w, plan, &cfg).await?;
+                // What a stop of this worker may run into (SGLang's stop waits for its requests).
+                let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
+                let mut warnings = crate::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
+                if w.role == Role::Decode && self.settings.verify.pair {
+                    warnings.extend(crate::pairing::timing_risk(
+                        &w.unit,
+                        &crate::sglang::DecodeTiming::of(&cfg.environment),
+                        self.settings.verify.pair_timeout,
+                    ));
+                }
+                for warning in &warnings {
+                    tracing::warn!(pdctl_unit = %w.unit, "{warning}");
+                }
                 // The only worker of its role: restarting it stops serving (PD needs both roles).
                 let mut outage = None;
                 // With [fleet], over the whole fleet as the router sees it; else this host's.
@@ -626,6 +643,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     "drop_ins_not_loaded": on_disk,
                     "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
                     "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
+                    "timeout_stop_ms": cfg.timeout_stop.map(|d| d.as_millis() as u64), "warnings": warnings,
                 }))
             }
             .await;
@@ -840,12 +858,36 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
                 let cursor = self.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;
                 let watch = self.units.watch(unit).await?;
-                let out = self.units.restart(unit, self.settings.rollout.job_timeout).await?;
-                let detail = json!({
-                    "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64,
+                // SGLang's stop drains (it waits for its requests in flight, no timeout of its
+                // own): the job lasts the stop, bounded by TimeoutStopSec, plus the start.
+                let timeout_stop = self.units.config(unit).await?.timeout_stop;
+                let limit = crate::stop::job_limit(self.settings.rollout.job_timeout, timeout_stop);
+                let out = self.units.restart(unit, limit).await?;
+                let took = crate::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
+                // The old process's last lines reach the journal through its own stream; a
+                // SIGTERM line without a watchdog check yet is read again (bounded) so the last
+                // check, written just before the exit, is not missed.
+                let mut stop = crate::stop::report(&[], took, timeout_stop);
+                for _ in 0..5 {
+                    let lines = self.logs.last_lines(unit, 300).await.unwrap_or_default();
+                    stop = crate::stop::report(&lines, took, timeout_stop);
+                    if stop.checks > 0 || stop.killed || !lines.iter().any(|l| l.contains(crate::stop::SIGTERM_MARK)) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                let mut detail = json!({
+                    "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64, "job_limit_ms": limit.as_millis() as u64,
                     "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
                     "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
+                    "stop": stop,
                 });
+                if stop.killed {
+                    let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
+                    tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
+                    detail["warning"] = json!(c.sentence());
+                    detail["cause_code"] = json!(c.code());
+                }
                 if out.job_result != "done" {
                     let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
                     return Err(Fail { cause, detail, unit: None });
@@ -1322,6 +1364,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if !matches!(v, Verdict::Stale | Verdict::TransferFailed(_)) {
             return (v, false, vec![first]);
         }
+        // A decode that got no answer within pair_timeout may still be waiting on a stale cached
+        // prefill that it drops by itself at its waiting timeout (SGLang 0.5.23): the second
+        // probe is given that long before the pair is called stale.
+        let timing = match self.units.config(&d.unit).await {
+            Ok(c) => crate::sglang::DecodeTiming::of(&c.environment),
+            Err(_) => crate::sglang::DecodeTiming::of(&[]),
+        };
+        let limit = crate::pairing::second_probe_limit(&first, limit, &timing);
         let second = self.probes.pair(target(crate::pairing::room()), limit).await;
         let v2 = self.judge_pair(p, d, &second).await;
         let refreshed = v2 == Verdict::Paired;
@@ -1379,7 +1429,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         };
         let work = async move {
-            let ctx = Ctx { together_with: None, ..ctx };
+            let ctx = Ctx { together_with: None, abort_in_flight: true, ..ctx };
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             let r = async {
                 let slots = self.slot_step(&[d], &tx, ctx).await?;
@@ -1550,7 +1600,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             tokio::time::sleep(POLL).await;
         }
+        // What is left would hold the stop (SGLang waits for it, up to TimeoutStopSec and
+        // SIGKILL): aborted when it can never finish (a stale decode's) or by the setting.
+        let mut aborted = None;
+        if left.is_some_and(|n| n > 0) && (ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout) {
+            self.probes.abort_all(&w.url).await.map_err(|e| drain_failed(format!("POST /abort_request failed: {e}")))?;
+            aborted = left;
+            tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
+        }
         Ok(Some(json!({
+            "aborted": aborted,
+            "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
             "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
             "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
             "router_status": entry.status, "unlisted_after_ms": listed_for_ms,

@@ -1,7 +1,7 @@
 //! `pdctl-core`: configuration (TOML layers → validated [`config::Settings`]), the [`plan::Plan`],
 //! the rollout state machine ([`engine::Engine`]: the gates of one restart, resume, rollback), the
 //! lifecycle of a rollout ([`lifecycle`]), every failure ([`cause::Cause`]), the contract with
-//! clients ([`api`]), what facts mean ([`judge`]), SGLang's built-in facts ([`sglang`]), PD pairs ([`pairing`]) and config
+//! clients ([`api`]), what facts mean ([`judge`]), SGLang's built-in facts ([`sglang`]), PD pairs ([`pairing`]), a worker's stop ([`stop`]) and config
 //! drift ([`revisions`]). It reaches systemd, the journal and HTTP only through the traits in
 //! [`ports`]; [`real`] implements them over the driver crates.
 
@@ -25,3 +25,4 @@ pub mod ports;
 pub mod real;
 pub mod revisions;
 pub mod sglang;
+pub mod stop;

@@ -86,6 +86,9 @@ impl Cause {
                 format!("`pdctl rollout diff`, then `pdctl rollout apply` to roll the change out, or `pdctl restart --rolling --unit {unit} --load-changes`")
             }
             Cause::LoadUnknown { url, .. } => format!("`curl -s {url}/v1/loads` (what the server answers), then {}", retry(unit)),
+            Cause::StopSlow { unit, .. } => {
+                format!("`systemctl show {unit} -p TimeoutStopUSec` and `journalctl -u {unit} -n 200` (the stop's lines), then `pdctl check`")
+            }
             Cause::UnitNotRunning { unit, .. } => format!("`journalctl -u {unit} -n 200`, start it (`systemctl start {unit}`), then `pdctl check`"),
             Cause::PeerRoleDown { role, .. } => format!("`pdctl status` (why no {role} worker serves), bring one back, then `pdctl check`"),
             Cause::ConfigMismatch { .. } => "`pdctl status` (the config pdctld runs with), then run this again without --config".into(),

@@ -252,6 +252,33 @@ pub fn room() -> u64 {
     h.finish() >> 1
 }
 
+/// Preflight of a decode: when `pair_timeout` cannot cover the decode's own timing. A decode
+/// drops a stale cached prefill by itself only at its waiting timeout (or a failed send, or its
+/// heartbeat); a probe given up earlier cannot tell that from a decode that never heals.
+pub fn timing_risk(unit: &str, timing: &crate::sglang::DecodeTiming, pair_timeout: Duration) -> Option<String> {
+    (pair_timeout < timing.waiting_timeout).then(|| {
+        format!(
+            "{unit}: [verify] pair_timeout ({}s) is shorter than its {}={}s: a pair probe stuck on a stale cached prefill is given up before this decode drops the entry by itself, so pdctl probes once more for up to the waiting timeout before calling the pair stale; set pair_timeout = \"{}s\" (or {}=20 on the decode) to judge within one probe",
+            pair_timeout.as_secs(),
+            crate::sglang::WAITING_TIMEOUT_ENV,
+            timing.waiting_timeout.as_secs(),
+            timing.waiting_timeout.as_secs() + 10,
+            crate::sglang::WAITING_TIMEOUT_ENV,
+        )
+    })
+}
+
+/// How long the second pair probe may take: when the first one's decode half got no answer
+/// within `pair_timeout` and the decode's waiting timeout is longer, the decode may still heal by
+/// itself at that timeout — the second probe waits it out (plus 10 s); otherwise `pair_timeout`.
+pub fn second_probe_limit(first: &PairProbe, pair_timeout: Duration, timing: &crate::sglang::DecodeTiming) -> Duration {
+    if first.decode == Half::NoAnswer && timing.waiting_timeout >= pair_timeout {
+        timing.waiting_timeout + Duration::from_secs(10)
+    } else {
+        pair_timeout
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +327,26 @@ mod tests {
         assert_eq!(m[0].key, "dp_size");
         // Unset flags are SGLang's defaults: equal to a server that reports them.
         assert!(compare(&settings_of_argv(&[]), &settings_of_info(&serde_json::json!({"page_size": 1}))).is_empty());
+    }
+
+    #[test]
+    fn the_pair_verdict_follows_the_decodes_timing() {
+        use crate::sglang::DecodeTiming;
+        let defaults = DecodeTiming::of(&[]);
+        assert_eq!((defaults.waiting_timeout, defaults.heartbeat_interval, defaults.heartbeat_failures), (Duration::from_secs(300), Duration::from_secs(5), 2));
+        let quick = DecodeTiming::of(&["SGLANG_DISAGGREGATION_WAITING_TIMEOUT=3".into(), "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=0.5".into()]);
+        assert_eq!(
+            (quick.waiting_timeout, quick.heartbeat_interval),
+            (Duration::from_secs(3), Duration::from_secs(2)),
+            "the interval is at least 2 s, as SGLang clamps it"
+        );
+        let risk = timing_risk("d.service", &defaults, Duration::from_secs(30)).expect("30 s cannot cover 300 s");
+        assert!(risk.contains("SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300s") && risk.contains("pair_timeout = \"310s\""), "{risk}");
+        assert_eq!(timing_risk("d.service", &quick, Duration::from_secs(30)), None);
+        let silent = PairProbe { room: 1, prefill: Half::NoAnswer, decode: Half::NoAnswer, took: Duration::from_secs(30) };
+        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &defaults), Duration::from_secs(310), "waited out");
+        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &quick), Duration::from_secs(30));
+        let failed = PairProbe { decode: Half::Answered { status: 500, body: "x".into() }, ..silent };
+        assert_eq!(second_probe_limit(&failed, Duration::from_secs(30), &defaults), Duration::from_secs(30), "a failure that answered is not waited out");
     }
 }

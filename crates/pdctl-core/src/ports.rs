@@ -38,6 +38,10 @@ pub struct UnitState {
     pub active_enter_us: u64,
     /// When the current main process started (µs since the epoch).
     pub exec_main_start_us: u64,
+    /// When the unit last left `active` — a stop began (µs since the epoch, 0 = never).
+    pub active_exit_us: u64,
+    /// When the unit last entered `inactive` — a stop ended (µs since the epoch, 0 = never).
+    pub inactive_enter_us: u64,
 }
 
 /// A unit's configuration as systemd parsed it.
@@ -55,6 +59,9 @@ pub struct UnitConfig {
     pub drop_in_paths: Vec<String>,
     /// The unit file changed on disk since the last daemon-reload.
     pub need_daemon_reload: bool,
+    /// `TimeoutStopSec=`: how long systemd lets a stop take before SIGKILL (`None`: infinity).
+    /// SGLang's stop waits for its requests in flight, so this bounds a stop.
+    pub timeout_stop: Option<Duration>,
 }
 
 /// How our restart job ended.
@@ -297,6 +304,8 @@ pub trait Probes: Send + Sync {
     fn kv(&self, url: &str) -> impl Future<Output = Result<KvReport, MetricsError>> + Send;
     /// Requests the worker is running or has queued.
     fn in_flight(&self, url: &str) -> impl Future<Output = Result<u64, HttpFailure>> + Send;
+    /// Abort every request the worker runs (SGLang's `POST /abort_request {"abort_all": true}`).
+    fn abort_all(&self, url: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// One request straight to a (regular) worker so that it publishes its gauges.
     fn warm_worker(&self, url: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// How many gateway replicas there are (`[router] url` may list several; 0: no router).

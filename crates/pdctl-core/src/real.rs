@@ -45,6 +45,8 @@ pub fn unit_state(s: pdctl_systemd::UnitState) -> UnitState {
         exec_main_status: s.exec_main_status,
         active_enter_us: s.active_enter_us,
         exec_main_start_us: s.exec_main_start_us,
+        active_exit_us: s.active_exit_us,
+        inactive_enter_us: s.inactive_enter_us,
     }
 }
 
@@ -56,6 +58,7 @@ fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
         fragment_path: c.fragment_path,
         drop_in_paths: c.drop_in_paths,
         need_daemon_reload: c.need_daemon_reload,
+        timeout_stop: (c.timeout_stop_us != u64::MAX).then(|| std::time::Duration::from_micros(c.timeout_stop_us)),
     }
 }
 
@@ -195,6 +198,9 @@ impl Probes for HttpProbes {
     }
     async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
         pdctl_probe::in_flight(&self.http, url).await.map_err(failure)
+    }
+    async fn abort_all(&self, url: &str) -> Result<(), HttpFailure> {
+        pdctl_probe::abort_all(&self.http, url).await.map_err(failure)
     }
     async fn warm_worker(&self, url: &str) -> Result<(), HttpFailure> {
         pdctl_probe::warm_worker(&self.http, url).await.map_err(failure)

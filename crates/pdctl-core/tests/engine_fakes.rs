@@ -51,6 +51,8 @@ fn state(inv: &str, pid: u32) -> UnitState {
         active_enter_us: 1,
         // Later starts have larger pids here.
         exec_main_start_us: u64::from(pid),
+        active_exit_us: 0,
+        inactive_enter_us: 0,
     }
 }
 
@@ -152,6 +154,9 @@ impl Probes for FakeProbes {
     }
     async fn in_flight(&self, _url: &str) -> Result<u64, HttpFailure> {
         Ok(0)
+    }
+    async fn abort_all(&self, _url: &str) -> Result<(), HttpFailure> {
+        Ok(())
     }
     async fn warm_worker(&self, _url: &str) -> Result<(), HttpFailure> {
         Ok(())

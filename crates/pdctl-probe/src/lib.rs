@@ -223,6 +223,18 @@ pub async fn warm_worker(http: &Http, url: &str) -> Result<(), HttpError> {
     }
 }
 
+/// Abort every request a worker runs: SGLang's `POST /abort_request {"abort_all": true}`
+/// (`entrypoints/http_server.py`, `AbortReq` in `managers/io_struct.py`); 200 when done.
+pub async fn abort_all(http: &Http, url: &str) -> Result<(), HttpError> {
+    let u = format!("{}/abort_request", url.trim_end_matches('/'));
+    let (status, body) = http.post_json(&u, &json!({"abort_all": true})).await?;
+    if status == 200 {
+        Ok(())
+    } else {
+        Err(HttpError::Status { url: u, status, body: snippet(&body) })
+    }
+}
+
 /// How long a pair probe waits for the prefill's answer once the decode's is in.
 pub const PREFILL_GRACE: Duration = Duration::from_secs(2);
 

@@ -43,6 +43,10 @@ trait Unit {
     fn invocation_id(&self) -> zbus::Result<Vec<u8>>;
     #[zbus(property)]
     fn active_enter_timestamp(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn active_exit_timestamp(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn inactive_enter_timestamp(&self) -> zbus::Result<u64>;
     #[zbus(property(emits_changed_signal = "false"))]
     fn need_daemon_reload(&self) -> zbus::Result<bool>;
     #[zbus(property(emits_changed_signal = "const"))]
@@ -73,6 +77,8 @@ trait Service {
     fn exec_start(&self) -> zbus::Result<Vec<ExecCommand>>;
     #[zbus(property(emits_changed_signal = "const"))]
     fn environment(&self) -> zbus::Result<Vec<String>>;
+    #[zbus(property(emits_changed_signal = "const"), name = "TimeoutStopUSec")]
+    fn timeout_stop_usec(&self) -> zbus::Result<u64>;
     #[zbus(property(emits_changed_signal = "const"))]
     fn environment_files(&self) -> zbus::Result<Vec<(String, bool)>>;
 }
@@ -211,6 +217,10 @@ pub struct UnitState {
     pub active_enter_us: u64,
     /// When the current main process started (µs since the epoch).
     pub exec_main_start_us: u64,
+    /// When the unit last left `active` (a stop began; µs since the epoch, 0 = never).
+    pub active_exit_us: u64,
+    /// When the unit last entered `inactive` (a stop ended; µs since the epoch, 0 = never).
+    pub inactive_enter_us: u64,
 }
 
 /// A unit's configuration as systemd parsed it.
@@ -228,6 +238,8 @@ pub struct UnitConfig {
     pub drop_in_paths: Vec<String>,
     /// The unit file changed on disk since the last daemon-reload.
     pub need_daemon_reload: bool,
+    /// `TimeoutStopSec=` in µs (`u64::MAX`: infinity): how long a stop may take before SIGKILL.
+    pub timeout_stop_us: u64,
 }
 
 /// How our restart job ended.
@@ -326,6 +338,8 @@ impl Systemd {
                 exec_main_status: s.exec_main_status().await.map_err(r("ExecMainStatus"))?,
                 active_enter_us: u.active_enter_timestamp().await.map_err(r("ActiveEnterTimestamp"))?,
                 exec_main_start_us: s.exec_main_start_timestamp().await.map_err(r("ExecMainStartTimestamp"))?,
+                active_exit_us: u.active_exit_timestamp().await.map_err(r("ActiveExitTimestamp"))?,
+                inactive_enter_us: u.inactive_enter_timestamp().await.map_err(r("InactiveEnterTimestamp"))?,
             };
             Ok::<_, Error>(st)
         };
@@ -347,6 +361,7 @@ impl Systemd {
             Ok::<_, Error>(UnitConfig {
                 exec_start: s.exec_start().await.map_err(r("ExecStart"))?.into_iter().map(|c| c.1).collect(),
                 environment: s.environment().await.map_err(r("Environment"))?,
+                timeout_stop_us: s.timeout_stop_usec().await.map_err(r("TimeoutStopUSec"))?,
                 environment_files: s.environment_files().await.map_err(r("EnvironmentFiles"))?,
                 fragment_path: u.fragment_path().await.map_err(r("FragmentPath"))?,
                 drop_in_paths: u.drop_in_paths().await.map_err(r("DropInPaths"))?,

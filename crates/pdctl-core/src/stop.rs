@@ -1,0 +1,191 @@
+//! A worker's stop, as SGLang 0.5.23 does it: on SIGTERM it logs `SIGTERM received. … Draining
+//! requests and shutting down...`, answers `/health` and `/ready` 503, and every 5 s (its
+//! `sigterm_watchdog`) logs `Gracefully exiting... Remaining number of requests N. …` until no
+//! request is left — with no timeout of its own (`managers/tokenizer_manager.py`). systemd's
+//! `TimeoutStopSec=` (90 s by default) then bounds it with SIGKILL. So a restart job lasts the
+//! stop (0-5 s with nothing in flight, as long as the longest request otherwise) plus the start.
+//!
+//! This file decides how long pdctl waits for a restart job, reads why a stop took as long as it
+//! did from the unit's journal, and says in preflight when a stop could be SIGKILLed with work in
+//! flight.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The stop's SIGTERM line (a substring; `managers/tokenizer_manager.py`).
+pub const SIGTERM_MARK: &str = "Draining requests and shutting down";
+/// The watchdog's line, followed by the number of requests left.
+pub const REMAINING_MARK: &str = "Gracefully exiting... Remaining number of requests ";
+/// How often SGLang's watchdog checks (`asyncio.sleep(5)`): a stop with nothing in flight still
+/// takes up to this long.
+pub const WATCHDOG_PERIOD: Duration = Duration::from_secs(5);
+/// systemd's own lines when a stop reached `TimeoutStopSec=` (`State 'stop-sigterm' timed out.
+/// Killing.`) and when it killed the process.
+const KILLED_MARKS: &[&str] = &["timed out. Killing", "with signal SIGKILL", "status=9/KILL"];
+/// The longest pdctl waits for a stop whose `TimeoutStopSec=` is infinity.
+pub const UNBOUNDED_STOP_WAIT: Duration = Duration::from_secs(3600);
+
+/// How long pdctl waits for a restart job: the stop (bounded by the unit's `TimeoutStopSec=`,
+/// [`UNBOUNDED_STOP_WAIT`] when infinity) plus `job_timeout` for the start.
+pub fn job_limit(job_timeout: Duration, timeout_stop: Option<Duration>) -> Duration {
+    job_timeout + timeout_stop.unwrap_or(UNBOUNDED_STOP_WAIT).min(UNBOUNDED_STOP_WAIT)
+}
+
+/// What one stop took and why, from the unit's timestamps and its journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StopReport {
+    /// From leaving `active` to `inactive` (`None`: systemd gave no timestamps).
+    pub stop_ms: Option<u64>,
+    /// The unit's `TimeoutStopSec=` (`None`: infinity).
+    pub timeout_stop_ms: Option<u64>,
+    /// Requests the server reported at its first watchdog check after SIGTERM (`None`: it logged
+    /// none, e.g. an older SGLang that exits at once).
+    pub requests_at_first_check: Option<u64>,
+    /// The server's watchdog checks seen (one every 5 s).
+    pub checks: u32,
+    /// systemd killed it at `TimeoutStopSec=`.
+    pub killed: bool,
+    /// Why the stop took that long, in one sentence.
+    pub why: String,
+}
+
+/// Read a stop from the unit's last journal lines (its own and its manager's) and its duration.
+/// Only the lines after the last SIGTERM line count: they belong to this stop.
+pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Duration>) -> StopReport {
+    let start = lines.iter().rposition(|l| l.contains(SIGTERM_MARK));
+    let ours: &[String] = match start {
+        Some(i) => &lines[i..],
+        None => &[],
+    };
+    let counts: Vec<u64> = ours
+        .iter()
+        .filter_map(|l| l.split(REMAINING_MARK).nth(1))
+        .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse().ok()))
+        .collect();
+    let killed = ours.iter().any(|l| KILLED_MARKS.iter().any(|m| l.contains(m))) || matches!((stop, timeout_stop), (Some(s), Some(t)) if s >= t);
+    let ms = |d: Duration| d.as_millis() as u64;
+    let took = stop.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or_else(|| "an unknown time".into());
+    let first = counts.first().copied();
+    let last = counts.last().copied();
+    let why = if killed {
+        format!(
+            "the stop took {took} and ended in SIGKILL at TimeoutStopSec={}{}",
+            timeout_stop.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into()),
+            match last {
+                Some(n) if n > 0 => format!(" with {n} request(s) still in flight"),
+                _ => String::new(),
+            }
+        )
+    } else if start.is_none() {
+        format!("the stop took {took}; the server logged no SIGTERM drain (it exited without waiting for requests)")
+    } else {
+        match first {
+            Some(n) if n > 0 => {
+                format!("the stop took {took}: SGLang waited for {n} request(s) in flight to finish, checking every {} s", WATCHDOG_PERIOD.as_secs())
+            }
+            _ => format!("the stop took {took}: nothing was in flight; SGLang exits at its next {} s watchdog check", WATCHDOG_PERIOD.as_secs()),
+        }
+    };
+    StopReport { stop_ms: stop.map(ms), timeout_stop_ms: timeout_stop.map(ms), requests_at_first_check: first, checks: counts.len() as u32, killed, why }
+}
+
+/// The stop between two timestamps (µs since the epoch) of systemd: leaving `active` and then
+/// entering `inactive`.
+pub fn duration(active_exit_us: u64, inactive_enter_us: u64) -> Option<Duration> {
+    (active_exit_us > 0 && inactive_enter_us >= active_exit_us).then(|| Duration::from_micros(inactive_enter_us - active_exit_us))
+}
+
+/// Preflight: when this worker's stop could be SIGKILLed with work in flight. `drain_timeout`:
+/// how long the drain waits for requests before the stop (what is left then holds the stop);
+/// `bootstrap_timeout`: a prefill's hold on rooms for a decode that never fetches them (a stop
+/// waits for those requests too).
+pub fn risks(unit: &str, timeout_stop: Option<Duration>, drain_timeout: Duration, bootstrap_timeout: Option<Duration>) -> Vec<String> {
+    let Some(t) = timeout_stop else { return Vec::new() };
+    let secs = |d: Duration| format!("{}s", d.as_secs());
+    let mut out = Vec::new();
+    if let Some(b) = bootstrap_timeout.filter(|b| *b + WATCHDOG_PERIOD > t) {
+        out.push(format!(
+            "{unit}: a stop waits for rooms held for a decode up to SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={}, longer than TimeoutStopSec={}: if a decode dies with rooms held, systemd SIGKILLs this prefill with work in flight; set TimeoutStopSec={} or a shorter bootstrap timeout",
+            secs(b),
+            secs(t),
+            secs(b + WATCHDOG_PERIOD + Duration::from_secs(5))
+        ));
+    }
+    if t < WATCHDOG_PERIOD + Duration::from_secs(1) {
+        out.push(format!(
+            "{unit}: TimeoutStopSec={} is shorter than SGLang's {} s SIGTERM watchdog: even an idle stop can be SIGKILLed; set TimeoutStopSec=30s or more",
+            secs(t),
+            WATCHDOG_PERIOD.as_secs()
+        ));
+    } else if drain_timeout > t {
+        out.push(format!(
+            "{unit}: drain_timeout ({}) is longer than TimeoutStopSec={}: requests a drain could not wait out are then SIGKILLed within {}",
+            secs(drain_timeout),
+            secs(t),
+            secs(t)
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_drained_stop_says_how_many_requests_it_waited_for() {
+        let l = lines(&[
+            "[t] Gracefully exiting... Remaining number of requests 9. (an older stop)",
+            "[t] SIGTERM received. signum=15 frame=<f>. Draining requests and shutting down...",
+            "[t] Gracefully exiting... Remaining number of requests 2. Remaining requests remaining_rids=['a', 'b'].",
+            "[t] Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[].",
+        ]);
+        let r = report(&l, Some(Duration::from_millis(7300)), Some(Duration::from_secs(90)));
+        assert_eq!((r.requests_at_first_check, r.checks, r.killed, r.stop_ms), (Some(2), 2, false, Some(7300)));
+        assert!(r.why.contains("waited for 2 request(s)"), "{}", r.why);
+    }
+
+    #[test]
+    fn a_stop_killed_at_the_timeout_says_so() {
+        let l = lines(&[
+            "SIGTERM received. signum=15 frame=<f>. Draining requests and shutting down...",
+            "Gracefully exiting... Remaining number of requests 3. Remaining requests remaining_rids=[...].",
+            "p.service: State 'stop-sigterm' timed out. Killing.",
+        ]);
+        let r = report(&l, Some(Duration::from_secs(90)), Some(Duration::from_secs(90)));
+        assert!(r.killed);
+        assert_eq!(r.why, "the stop took 90.0 s and ended in SIGKILL at TimeoutStopSec=90s with 3 request(s) still in flight");
+        let idle = report(
+            &lines(&["SIGTERM received. x. Draining requests and shutting down...", "Gracefully exiting... Remaining number of requests 0. x"]),
+            Some(Duration::from_secs(3)),
+            None,
+        );
+        assert!(!idle.killed && idle.why.contains("nothing was in flight"), "{}", idle.why);
+        let old = report(&[], Some(Duration::from_millis(200)), Some(Duration::from_secs(90)));
+        assert!(old.why.contains("logged no SIGTERM drain"), "{}", old.why);
+    }
+
+    #[test]
+    fn the_job_wait_covers_the_stop_and_risks_are_named() {
+        assert_eq!(job_limit(Duration::from_secs(60), Some(Duration::from_secs(90))), Duration::from_secs(150));
+        assert_eq!(job_limit(Duration::from_secs(60), None), Duration::from_secs(60) + UNBOUNDED_STOP_WAIT);
+        let r = risks("p.service", Some(Duration::from_secs(90)), Duration::from_secs(60), Some(Duration::from_secs(300)));
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(
+            r[0].contains("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300s, longer than TimeoutStopSec=90s") && r[0].contains("TimeoutStopSec=310s"),
+            "{}",
+            r[0]
+        );
+        assert!(risks("d.service", Some(Duration::from_secs(90)), Duration::from_secs(60), None).is_empty());
+        assert!(risks("d.service", Some(Duration::from_secs(3)), Duration::from_secs(60), None)[0].contains("watchdog"));
+        assert!(risks("d.service", Some(Duration::from_secs(30)), Duration::from_secs(60), None)[0].contains("drain_timeout (60s)"));
+        assert!(risks("d.service", None, Duration::from_secs(60), Some(Duration::from_secs(300))).is_empty());
+        assert_eq!(duration(1_000_000, 3_500_000), Some(Duration::from_millis(2500)));
+        assert_eq!(duration(0, 3_500_000), None);
+    }
+}
