@@ -151,9 +151,10 @@ fn stopping_pdctld_mid_rollout_undoes_the_drain_before_it_exits() {
 #[test]
 fn a_gate_failing_after_the_drain_re_admits_the_worker() {
     let (stack, config, d) = stack_with_pdctld();
-    // The restart job outlives job_timeout (its stop takes 3 s): the restart step fails (exit 3)
-    // after the drain, while systemd goes on starting the unit.
-    stack.drop_in(P, "50-slow-stop", "[Service]\nExecStopPost=/bin/sleep 3\n").unwrap();
+    // The restart job outlives pdctl's wait for it (the unit's TimeoutStopSec, 1 s here, plus
+    // job_timeout): its start takes 5 s. The restart step fails (exit 3) after the drain, while
+    // systemd goes on starting the unit.
+    stack.drop_in(P, "50-slow-start", "[Service]\nTimeoutStopSec=1s\nExecStartPre=/bin/sleep 5\n").unwrap();
     std::fs::write(config.parent().unwrap().join("config.d/20-job.toml"), "[rollout]\njob_timeout = \"1s\"\n").unwrap();
     let run = pdctl_daemon(&d, &config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
     assert_eq!(run.code, 3, "{:#?} {}", run.summary, run.stderr);

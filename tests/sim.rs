@@ -502,6 +502,23 @@ async fn a_pd_prefill_refuses_a_request_without_a_bootstrap_room() {
     assert!(r.text().await.unwrap().contains("Disaggregated request received without bootstrap room id"));
 }
 
+#[tokio::test]
+async fn a_prefills_bootstrap_server_answers_before_its_scheduler_registers() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
+    let b = boot.to_string();
+    let mut p = SimProc::spawn_with(None, &["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", &b, "--sim-load-secs", "3"], &[]);
+    let base = format!("http://127.0.0.1:{boot}");
+    poll_until(T, Duration::from_millis(20), || async { http().get(format!("{base}/health")).send().await.ok().filter(|r| r.status() == 200).map(|_| ()) })
+        .await
+        .expect("the bootstrap server answers /health while the weights load");
+    let early = http().get(format!("{base}/route")).send().await.unwrap();
+    assert_eq!(early.status(), 503, "/route waits for the scheduler's registration");
+    assert!(http().get(format!("{}/health", p.url())).send().await.is_err(), "the HTTP port is not open yet");
+    p.wait_line("fired up", T).expect("ready");
+    let v: Value = http().get(format!("{base}/route")).send().await.unwrap().json().await.unwrap();
+    assert!(v["rank_port"].as_u64().is_some_and(|n| n > 0), "{v}");
+}
+
 async fn load_of(p: &SimProc) -> u64 {
     let v: Value = match http().get(format!("{}/v1/loads", p.url())).send().await {
         Ok(r) => r.json().await.unwrap_or(Value::Null),

@@ -449,6 +449,16 @@ pub enum Cause {
         /// What the endpoints answered.
         error: String,
     },
+    /// A worker refused pdctl's call for its API key (401/403): the worker runs with `--api-key`
+    /// and pdctl's key is missing or wrong.
+    ApiKeyRejected {
+        /// The URL called.
+        endpoint: String,
+        /// The status.
+        status: u16,
+        /// Which key pdctl sent, in words (never the key).
+        key: String,
+    },
     /// A stop that lasted until systemd's SIGKILL at `TimeoutStopSec=` (SGLang's stop waits for
     /// its requests in flight): requests were lost. Reported as a warning of the restart step.
     StopSlow {
@@ -569,6 +579,7 @@ impl Cause {
             Cause::UnitNotRunning { .. } => "unit_not_running",
             Cause::LoadUnknown { .. } => "load_unknown",
             Cause::StopSlow { .. } => "stop_slow",
+            Cause::ApiKeyRejected { .. } => "api_key_rejected",
             Cause::PeerRoleDown { .. } => "peer_role_down",
         }
     }
@@ -585,6 +596,7 @@ impl Cause {
             | Cause::FleetLimits { .. }
             | Cause::ChangesPending { .. }
             | Cause::ConfigMismatch { .. }
+            | Cause::ApiKeyRejected { .. }
             | Cause::AddressBlocked { .. } => FailureKind::Config,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
             Cause::SystemdUnreachable { .. }
@@ -763,6 +775,9 @@ impl Cause {
             Cause::LoadUnknown { url, error } => format!(
                 "cannot tell how many requests {url} still runs ({error}): the drain would restart it blind; check that the server is SGLang and serves GET /v1/loads (or /get_load before 0.5.13)"
             ),
+            Cause::ApiKeyRejected { endpoint, status, key } => format!(
+                "{endpoint} answered {status} to pdctl ({key}): the worker runs with --api-key and pdctl's key is missing or wrong; put the unit's key in the file its api_key_file names (readable by pdctld only) and restart pdctld"
+            ),
             Cause::StopSlow { unit, why } => format!(
                 "{unit}: {why}; the requests it still ran were lost: raise its TimeoutStopSec, or lower drain_timeout and the requests' lengths"
             ),
@@ -837,6 +852,7 @@ impl Cause {
             Cause::UnitNotRunning { unit: unit(), state: "inactive/dead".into() },
             Cause::LoadUnknown { url: url(), error: msg() },
             Cause::StopSlow { unit: unit(), why: msg() },
+            Cause::ApiKeyRejected { endpoint: format!("{}/server_info", url()), status: 401, key: "no key: api_key_file is not set for this worker".into() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
         ];
         for diagnosis in [

@@ -166,6 +166,7 @@ impl OneOrMany {
 struct RawRouter {
     url: Option<OneOrMany>,
     metrics_url: Option<OneOrMany>,
+    api_key_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +179,7 @@ struct RawWorker {
     gpus: Option<Spanned<String>>,
     #[serde(default)]
     watch_files: Vec<PathBuf>,
+    api_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -260,6 +262,63 @@ pub struct Worker {
     pub gpus: Option<BTreeSet<u32>>,
     /// More files whose change makes the worker stale (model configs, …).
     pub watch_files: Vec<PathBuf>,
+    /// Where its `--api-key` is (`api_key_file`): pdctl sends it on every call SGLang guards and
+    /// gives it to the gateway when it registers the worker. Never the key itself.
+    pub api_key: Option<KeySource>,
+}
+
+/// Where an API key is read from: a file readable by pdctld only, or a systemd credential
+/// (`LoadCredential=`, read from `$CREDENTIALS_DIRECTORY/<name>`). The key never appears in the
+/// TOML, a log, an event or a record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// An absolute path.
+    File(PathBuf),
+    /// A credential of pdctld's unit, by name.
+    Credential(String),
+}
+
+impl KeySource {
+    /// `api_key_file = "…"`: an absolute path, or a bare name (a systemd credential).
+    pub fn parse(v: &str) -> Result<KeySource, String> {
+        if v.starts_with('/') {
+            Ok(KeySource::File(PathBuf::from(v)))
+        } else if !v.is_empty() && !v.contains('/') && v != "." && v != ".." {
+            Ok(KeySource::Credential(v.to_string()))
+        } else {
+            Err(format!("{v:?} is neither an absolute path nor a systemd credential's name (LoadCredential=NAME:…, read from $CREDENTIALS_DIRECTORY/NAME)"))
+        }
+    }
+
+    /// Where the key is, for sentences (never the key).
+    pub fn describe(&self) -> String {
+        match self {
+            KeySource::File(p) => p.display().to_string(),
+            KeySource::Credential(n) => format!("the credential {n} ($CREDENTIALS_DIRECTORY/{n})"),
+        }
+    }
+
+    /// Read the key: the file's content without surrounding whitespace.
+    pub fn read(&self) -> Result<String, String> {
+        let path = match self {
+            KeySource::File(p) => p.clone(),
+            KeySource::Credential(n) => match std::env::var_os("CREDENTIALS_DIRECTORY") {
+                Some(d) => PathBuf::from(d).join(n),
+                None => {
+                    return Err(format!(
+                        "the credential {n} is not available: $CREDENTIALS_DIRECTORY is not set (add LoadCredential={n}:PATH to pdctld's unit)"
+                    ))
+                }
+            },
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let key = text.trim().to_string();
+        if key.is_empty() {
+            return Err(format!("{} is empty", path.display()));
+        }
+        Ok(key)
+    }
 }
 
 /// The router: one gateway, or several replicas of it (`url` a list), each drained, re-registered
@@ -272,6 +331,8 @@ pub struct RouterSettings {
     pub metrics_url: Option<String>,
     /// Every replica, the first included, in config order.
     pub replicas: Vec<Replica>,
+    /// The gateway's own admin key (`[router] api_key_file`), sent to every replica.
+    pub api_key: Option<KeySource>,
 }
 
 /// One gateway replica.
@@ -669,7 +730,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             over!(path, text, jn, s, directory, procfs);
         }
         if let Some(s) = raw.router {
-            over!(path, text, rt, s, url, metrics_url);
+            over!(path, text, rt, s, url, metrics_url, api_key_file);
         }
         if let Some(s) = raw.rollout {
             if let Some(p) = &s.ready_pattern {
@@ -767,6 +828,13 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
                 ));
             }
         }
+        let api_key = match w.api_key_file {
+            None => None,
+            Some(k) => {
+                let kl = line_of(&texts.iter().find(|t| t.0 == path).map(|t| t.1.clone()).unwrap_or_default(), k.span().start);
+                Some(KeySource::parse(k.get_ref()).map_err(|why| err(&path, Some(kl), format!("worker.api_key_file of {unit}: {why}")))?)
+            }
+        };
         seen.push((unit.clone(), path.clone(), line));
         out_workers.push(Worker {
             unit,
@@ -775,6 +843,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             bootstrap_port: w.bootstrap_port,
             gpus,
             watch_files: w.watch_files,
+            api_key,
         });
     }
     let order = ro.order.unwrap_or_else(|| vec![Role::Prefill, Role::Decode, Role::Regular]);
@@ -821,7 +890,11 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
                 }
                 replicas.push(Replica { url: url.trim_end_matches('/').to_string(), metrics_url: m });
             }
-            Some(RouterSettings { url: replicas[0].url.clone(), metrics_url: replicas[0].metrics_url.clone(), replicas })
+            let api_key = match &rt.api_key_file {
+                Some(k) => Some(KeySource::parse(k).map_err(|why| at("rt.api_key_file", why))?),
+                None => None,
+            };
+            Some(RouterSettings { url: replicas[0].url.clone(), metrics_url: replicas[0].metrics_url.clone(), replicas, api_key })
         }
         None => None,
     };

@@ -44,6 +44,9 @@ use crate::revisions;
 /// Lines of the unit's log attached to a failure.
 pub const LAST_LINES: usize = 20;
 /// Pause between polls of HTTP state that offers no events (loopback calls; cheap).
+/// How long a worker pdctl has seen serve may stay `not_ready` in the gateway (smg 1.x) before
+/// pdctl removes and re-adds it: a few of the gateway's health-check rounds.
+const STUCK_NOT_READY: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(100);
 
 /// A step's failure before it becomes a [`Failure`]: the cause, and facts for the event's detail.
@@ -599,6 +602,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     sets.push((w.unit.clone(), g.clone()));
                 }
                 self.not_blocked(&w.unit, &w.url).await?;
+                // A worker started with --api-key refuses every call pdctl makes but /health,
+                // /ready and /metrics without its key: found now, before anything is touched.
+                if st.active_state == "active" {
+                    if let crate::ports::Auth::Rejected { endpoint, status, key } = self.probes.auth(&w.url).await {
+                        return Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key }));
+                    }
+                }
                 let pairing = self.pairing_preflight(w, plan, &cfg).await?;
                 // What a stop of this worker may run into (SGLang's stop waits for its requests).
                 let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
@@ -1162,7 +1172,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let owner =
                     hosts.iter().find_map(|h| h.workers.iter().find(|hw| crate::config::same_url(&hw.url, &x.url)).map(|hw| (h.host.clone(), hw.unit.clone())));
                 let unit = owner.as_ref().map(|(h, u)| format!("{h}/{u}")).unwrap_or_else(|| x.url.clone());
-                (Worker { unit, role: other, url: x.url, bootstrap_port: x.bootstrap_port, gpus: None, watch_files: Vec::new() }, owner)
+                (Worker { unit, role: other, url: x.url, bootstrap_port: x.bootstrap_port, gpus: None, watch_files: Vec::new(), api_key: None }, owner)
             })
             .collect()
     }
@@ -1601,7 +1611,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             tokio::time::sleep(POLL).await;
         }
         // What is left would hold the stop (SGLang waits for it, up to TimeoutStopSec and
-        // SIGKILL): aborted when it can never finish (a stale decode's) or by the setting.
+        // SIGKILL): aborted when it can never finish or by the setting. On a stale decode, requests
+        // paired with a healthy prefill end within the drain's wait; those still running then are
+        // the ones waiting for KV from the old prefill process (until the decode's waiting
+        // timeout), so aborting what is left aborts those.
         let mut aborted = None;
         if left.is_some_and(|n| n > 0) && (ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout) {
             self.probes.abort_all(&w.url).await.map_err(|e| drain_failed(format!("POST /abort_request failed: {e}")))?;
@@ -1753,6 +1766,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut seen;
         // The smoke request failed while no worker of the other PD role was admitted.
         let mut peer_down = false;
+        // The gateway listed the worker `failed` (or stuck `not_ready`) and pdctl removed and
+        // re-added it (once): that status.
+        let mut re_added: Option<String> = None;
+        let other_role = match w.role {
+            Role::Prefill => "decode",
+            Role::Decode => "prefill",
+            Role::Regular => "",
+        };
         loop {
             match within(t0, limit, self.probes.router_workers(replica)).await {
                 None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
@@ -1772,7 +1793,20 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         return Err(Cause::WrongWorkerType { url: w.url.clone(), listed: x.worker_type.clone(), role: role.to_string() }.into())
                     }
                     Some(x) if !x.admitted() => {
-                        seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {}", x.is_healthy, x.status.as_deref().unwrap_or("-")))
+                        let status = x.status.as_deref().unwrap_or("-").to_string();
+                        // smg 1.x gives up on a worker it lists `failed`; `not_ready` flips back once
+                        // its health checks pass, so only one stuck past STUCK_NOT_READY (after the
+                        // health gate saw the worker serve) is re-added too. Once.
+                        let stuck = status == "failed" || (status == "not_ready" && t0.elapsed() >= STUCK_NOT_READY);
+                        if may_register && re_added.is_none() && stuck {
+                            tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
+                            self.probes.deregister(replica, &x.id).await.map_err(|e| {
+                                Fail::from(Cause::RegisterRefused { url: w.url.clone(), error: format!("removing the {status} entry failed: {e}") })
+                            })?;
+                            re_added = Some(status.clone());
+                            registered = None;
+                        }
+                        seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {status}", x.is_healthy))
                     }
                     Some(x) => {
                         let cb = self.probes.cb_state(replica, &w.url).await;
@@ -1788,11 +1822,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                                 match smoke {
                                     Some(Err(e)) => {
                                         peer_down = w.role != Role::Regular && !other_admitted;
+                                        // No worker of the other role is even listed: none can be
+                                        // admitted while this gate waits, so it ends now (the worker
+                                        // itself is admitted) instead of at router_timeout.
+                                        let other_listed = list.iter().any(|o| o.worker_type == other_role && !o.draining());
+                                        if peer_down && !other_listed {
+                                            let cause = Cause::PeerRoleDown { url: w.url.clone(), role: other_role.into(), error: e.to_string() };
+                                            let detail = json!({
+                                                "router_id": x.id, "re_registered": registered.is_some(), "re_added_after": re_added,
+                                                "ended_early": format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
+                                                "waited_ms": t0.elapsed().as_millis() as u64,
+                                            });
+                                            return Err(Fail { cause, detail, unit: None });
+                                        }
                                         seen = RouterSeen::SmokeFailed(e.to_string())
                                     }
                                     _ => {
                                         return Ok(json!({
-                                            "router_id": x.id, "worker_type": x.worker_type, "re_registered": registered.is_some(),
+                                            "router_id": x.id, "worker_type": x.worker_type, "re_registered": registered.is_some(), "re_added_after": re_added,
                                             "cb_state": cb.ok().flatten(),
                                             "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
                                             "waited_ms": t0.elapsed().as_millis() as u64,
@@ -2031,6 +2078,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             bootstrap_port: d.bootstrap_port,
             gpus: None,
             watch_files: Vec::new(),
+            api_key: None,
         });
         let r = async {
             let st = self.units.state(&d.unit).await?;

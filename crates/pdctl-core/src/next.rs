@@ -86,6 +86,9 @@ impl Cause {
                 format!("`pdctl rollout diff`, then `pdctl rollout apply` to roll the change out, or `pdctl restart --rolling --unit {unit} --load-changes`")
             }
             Cause::LoadUnknown { url, .. } => format!("`curl -s {url}/v1/loads` (what the server answers), then {}", retry(unit)),
+            Cause::ApiKeyRejected { .. } => {
+                "compare the key in the unit's `--api-key` with the file its `api_key_file` names, `systemctl restart pdctld`, then `pdctl check`".into()
+            }
             Cause::StopSlow { unit, .. } => {
                 format!("`systemctl show {unit} -p TimeoutStopUSec` and `journalctl -u {unit} -n 200` (the stop's lines), then `pdctl check`")
             }

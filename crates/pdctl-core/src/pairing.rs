@@ -187,11 +187,53 @@ pub fn settings_of_argv(argv: &[String]) -> PairSettings {
         None
     };
     let dp_attention = argv.iter().any(|a| a == "--enable-dp-attention");
+    let backends: Vec<String> = ["--attention-backend", "--decode-attention-backend", "--prefill-attention-backend"].iter().filter_map(|f| get(&[f])).collect();
     PairSettings {
-        page_size: get(&["--page-size"]).unwrap_or_else(|| "1".into()),
-        kv_cache_dtype: get(&["--kv-cache-dtype"]).unwrap_or_else(|| "auto".into()),
+        page_size: resolve_page_size(get(&["--page-size"]).as_deref(), &backends),
+        kv_cache_dtype: resolve_kv_dtype(get(&["--kv-cache-dtype"]).as_deref(), get(&["--dtype"]).as_deref()),
         transfer_backend: get(&["--disaggregation-transfer-backend"]).unwrap_or_else(|| "mooncake".into()),
         dp_size: dp_attention.then(|| get(&["--dp-size", "--dp"]).unwrap_or_else(|| "1".into())),
+    }
+}
+
+/// The page size a server runs with (SGLang 0.5.23, `arg_groups/overrides.py`,
+/// `_mla_backend_page_constraints`): `--page-size` (unset: 1), changed to 64 by the attention
+/// backends that need it (`flashmla`, `hpc_ops`; `trtllm_mla` and `cutedsl_mla` unless 32 or 64;
+/// `trtllm_mha` unless 16, 32, 64 or 128).
+pub fn resolve_page_size(given: Option<&str>, backends: &[String]) -> String {
+    let Some(page) = given.map(str::trim).filter(|g| !g.is_empty() && *g != "None" && *g != "null") else {
+        return resolve_page_size(Some("1"), backends);
+    };
+    let n: Option<u64> = page.parse().ok();
+    let has = |b: &str| backends.iter().any(|x| x == b);
+    let needs_64 = has("flashmla")
+        || has("hpc_ops") && n != Some(64)
+        || (has("trtllm_mla") || has("cutedsl_mla")) && !matches!(n, Some(32 | 64))
+        || has("trtllm_mha") && !matches!(n, Some(16 | 32 | 64 | 128));
+    if needs_64 {
+        "64".into()
+    } else {
+        page.to_string()
+    }
+}
+
+/// The KV cache dtype a server compares with its PD peer's, resolved as SGLang 0.5.23 does
+/// (`mem_cache/kv_cache_dtype.py`; the decode raises `KV cache dtype mismatch` on the resolved
+/// strings): `bf16` and `bfloat16` are the same; `auto` is the model's dtype — known when
+/// `--dtype` names it, else left as `auto (the model's dtype)`, which only another `auto` equals.
+pub fn resolve_kv_dtype(kv: Option<&str>, dtype: Option<&str>) -> String {
+    let model = match dtype.map(str::trim) {
+        Some("bfloat16" | "bf16") => Some("bfloat16"),
+        Some("float16" | "half" | "fp16") => Some("float16"),
+        Some("float32" | "float") => Some("float32"),
+        _ => None,
+    };
+    match kv.map(str::trim).unwrap_or("auto") {
+        "auto" | "" | "None" | "null" => model.unwrap_or("auto (the model's dtype)").to_string(),
+        "bf16" | "bfloat16" => "bfloat16".into(),
+        "fp8_e4m3" | "mxfp8" => "float8_e4m3fn".into(),
+        "fp8_e5m2" => "float8_e5m2".into(),
+        other => other.to_string(),
     }
 }
 
@@ -203,9 +245,18 @@ pub fn settings_of_info(info: &Value) -> PairSettings {
         Some(v) => v.to_string(),
     };
     let dp_attention = info.get("enable_dp_attention").and_then(Value::as_bool).unwrap_or(false);
+    let backends: Vec<String> = ["attention_backend", "decode_attention_backend", "prefill_attention_backend"]
+        .iter()
+        .filter_map(|k| info.get(*k).and_then(Value::as_str).map(String::from))
+        .collect();
+    let given = |k: &str| match info.get(k) {
+        Some(Value::String(v)) => Some(v.clone()),
+        Some(Value::Null) | None => None,
+        Some(v) => Some(v.to_string()),
+    };
     PairSettings {
-        page_size: s("page_size", "1"),
-        kv_cache_dtype: s("kv_cache_dtype", "auto"),
+        page_size: resolve_page_size(given("page_size").as_deref(), &backends),
+        kv_cache_dtype: resolve_kv_dtype(given("kv_cache_dtype").as_deref(), given("dtype").as_deref()),
         transfer_backend: s("disaggregation_transfer_backend", "mooncake"),
         dp_size: dp_attention.then(|| s("dp_size", "1")),
     }
@@ -315,7 +366,7 @@ mod tests {
         let argv: Vec<String> = "sglang --page-size=16 --kv-cache-dtype fp8_e5m2 --disaggregation-mode prefill".split(' ').map(String::from).collect();
         let ours = settings_of_argv(&argv);
         assert_eq!(ours.page_size, "16");
-        assert_eq!(ours.kv_cache_dtype, "fp8_e5m2");
+        assert_eq!(ours.kv_cache_dtype, "float8_e5m2", "resolved as the decode compares it");
         assert_eq!(ours.dp_size, None);
         let theirs = settings_of_info(&serde_json::json!({"page_size": 1, "kv_cache_dtype": "auto", "dp_size": 4, "enable_dp_attention": false}));
         let m = compare(&ours, &theirs);
@@ -348,5 +399,29 @@ mod tests {
         assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &quick), Duration::from_secs(30));
         let failed = PairProbe { decode: Half::Answered { status: 500, body: "x".into() }, ..silent };
         assert_eq!(second_probe_limit(&failed, Duration::from_secs(30), &defaults), Duration::from_secs(30), "a failure that answered is not waited out");
+    }
+
+    #[test]
+    fn settings_compare_resolved_values() {
+        let argv = |a: &str| -> Vec<String> { a.split_whitespace().map(String::from).collect() };
+        let bf16 = settings_of_argv(&argv("sglang --kv-cache-dtype bf16"));
+        let bfloat16 = settings_of_argv(&argv("sglang --kv-cache-dtype=bfloat16"));
+        assert!(compare(&bf16, &bfloat16).is_empty(), "bf16 = bfloat16");
+        let auto_bf16_model = settings_of_argv(&argv("sglang --dtype bfloat16"));
+        assert!(compare(&auto_bf16_model, &bf16).is_empty(), "auto is the model's dtype: {auto_bf16_model:?}");
+        let auto_unknown = settings_of_argv(&argv("sglang"));
+        assert_eq!(auto_unknown.kv_cache_dtype, "auto (the model's dtype)");
+        assert!(compare(&auto_unknown, &settings_of_argv(&argv("sglang --kv-cache-dtype auto"))).is_empty());
+        assert_eq!(compare(&auto_unknown, &bf16).len(), 1, "auto of an unknown model vs bfloat16 cannot be told equal");
+        let fp8 = settings_of_argv(&argv("sglang --kv-cache-dtype fp8_e4m3"));
+        assert_eq!(compare(&fp8, &bf16)[0].ours, "float8_e4m3fn");
+        // Page size: unset is 1; the backends that need 64 change it.
+        assert_eq!(settings_of_argv(&argv("sglang")).page_size, "1");
+        assert_eq!(settings_of_argv(&argv("sglang --attention-backend flashmla")).page_size, "64");
+        assert_eq!(settings_of_argv(&argv("sglang --attention-backend trtllm_mla --page-size 32")).page_size, "32");
+        assert_eq!(settings_of_argv(&argv("sglang --attention-backend trtllm_mha --page-size 8")).page_size, "64");
+        let info = serde_json::json!({"page_size": null, "kv_cache_dtype": "bfloat16", "dtype": "auto", "attention_backend": "flashmla"});
+        let running = settings_of_info(&info);
+        assert_eq!((running.page_size.as_str(), running.kv_cache_dtype.as_str()), ("64", "bfloat16"));
     }
 }

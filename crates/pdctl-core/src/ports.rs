@@ -304,6 +304,9 @@ pub trait Probes: Send + Sync {
     fn kv(&self, url: &str) -> impl Future<Output = Result<KvReport, MetricsError>> + Send;
     /// Requests the worker is running or has queued.
     fn in_flight(&self, url: &str) -> impl Future<Output = Result<u64, HttpFailure>> + Send;
+    /// Whether the worker accepts pdctl's calls that SGLang's `--api-key` guards (a `GET
+    /// /server_info` with the worker's key, if one is configured).
+    fn auth(&self, url: &str) -> impl Future<Output = Auth> + Send;
     /// Abort every request the worker runs (SGLang's `POST /abort_request {"abort_all": true}`).
     fn abort_all(&self, url: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// One request straight to a (regular) worker so that it publishes its gauges.
@@ -331,6 +334,24 @@ pub trait Probes: Send + Sync {
     /// Whether this process may open a TCP connection to `url`'s host and port at all (a unit's
     /// IP sandbox, `IPAddressAllow=`, refuses with EPERM before anything is sent).
     fn reach(&self, url: &str) -> impl Future<Output = Reach> + Send;
+}
+
+/// What a worker said to a call its `--api-key` guards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// Any answer but 401/403.
+    Accepted,
+    /// 401 or 403: the key is missing or wrong.
+    Rejected {
+        /// The URL called.
+        endpoint: String,
+        /// The status.
+        status: u16,
+        /// Which key pdctl sent, in words (never the key).
+        key: String,
+    },
+    /// No answer (the worker is down: other gates say so).
+    Unknown(String),
 }
 
 /// What a bare TCP connect to an address said.

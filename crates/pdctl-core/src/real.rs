@@ -14,8 +14,8 @@ use crate::config::{BusSetting, Settings};
 use crate::engine::Engine;
 use crate::pairing::{Half, PairProbe, PdQueues};
 use crate::ports::{
-    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
-    UnitsError, Watch,
+    Auth, Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState,
+    Units, UnitsError, Watch,
 };
 
 fn units_error(e: pdctl_systemd::Error) -> UnitsError {
@@ -142,6 +142,9 @@ pub struct HttpProbes {
     pub http: Http,
     /// The gateway's replicas, in config order (empty: no router).
     pub routers: Vec<Router>,
+    /// Per worker URL: which key pdctl sends it, in words ("the key from /etc/…", "no key:
+    /// cannot read …", "no key: api_key_file is not set") — never the key.
+    pub key_notes: std::collections::BTreeMap<String, String>,
 }
 
 fn failure(e: HttpError) -> HttpFailure {
@@ -198,6 +201,17 @@ impl Probes for HttpProbes {
     }
     async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
         pdctl_probe::in_flight(&self.http, url).await.map_err(failure)
+    }
+    async fn auth(&self, url: &str) -> Auth {
+        let u = format!("{}/server_info", url.trim_end_matches('/'));
+        match self.http.get(&u, None).await {
+            Ok((status @ (401 | 403), _)) => {
+                let key = self.key_notes.get(url.trim_end_matches('/')).cloned().unwrap_or_else(|| "no key: api_key_file is not set for this worker".into());
+                Auth::Rejected { endpoint: u, status, key }
+            }
+            Ok(_) => Auth::Accepted,
+            Err(e) => Auth::Unknown(e.to_string()),
+        }
     }
     async fn abort_all(&self, url: &str) -> Result<(), HttpFailure> {
         pdctl_probe::abort_all(&self.http, url).await.map_err(failure)
@@ -304,15 +318,41 @@ pub fn journal(settings: &Settings) -> Source {
     }
 }
 
-/// HTTP probes of the workers and the router `settings` name.
+/// HTTP probes of the workers and the router `settings` name. Each worker's and the gateway's
+/// API key is read here (in pdctld, which may read the key files); a key that cannot be read is
+/// logged and noted, and the worker's calls go without it (`pdctl check` then names it).
 pub fn probes(settings: &Settings) -> HttpProbes {
+    let mut keys = Vec::new();
+    let mut key_notes = std::collections::BTreeMap::new();
+    for w in &settings.workers {
+        let Some(src) = &w.api_key else { continue };
+        match src.read() {
+            Ok(key) => {
+                keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: crate::sglang::API_KEY_EXEMPT });
+                key_notes.insert(w.url.clone(), format!("the key from {}", src.describe()));
+            }
+            Err(why) => {
+                tracing::info!(pdctl_unit = %w.unit, "the API key of {} cannot be read: {why}", w.unit);
+                key_notes.insert(w.url.clone(), format!("no key: {why}"));
+            }
+        }
+    }
+    if let Some(r) = &settings.router {
+        if let Some(src) = &r.api_key {
+            match src.read() {
+                Ok(key) => keys.extend(r.replicas.iter().map(|x| pdctl_probe::ApiKey { base: x.url.clone(), key: key.clone(), exempt: &[] })),
+                Err(why) => tracing::info!("the gateway's API key cannot be read: {why}"),
+            }
+        }
+    }
     HttpProbes {
-        http: Http::new(pdctl_probe::REQUEST_TIMEOUT),
+        http: Http::new(pdctl_probe::REQUEST_TIMEOUT).with_keys(keys),
         routers: settings
             .router
             .as_ref()
             .map(|r| r.replicas.iter().map(|x| Router { url: x.url.clone(), metrics_url: x.metrics_url.clone() }).collect())
             .unwrap_or_default(),
+        key_notes,
     }
 }
 

@@ -32,6 +32,42 @@ struct World {
     need_reload: Vec<String>,
     /// Reloads asked of the manager.
     reloads: u32,
+    /// A gateway in front of the workers (`None`: no router).
+    router: Option<FakeRouter>,
+    /// Requests each worker runs (by URL) until an `/abort_request` ends them.
+    in_flight: HashMap<String, u64>,
+    /// Workers whose requests were aborted, in order.
+    aborted: Vec<String>,
+}
+
+/// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
+/// (then `ready`); removal is immediate.
+#[derive(Default)]
+struct FakeRouter {
+    workers: Vec<RouterWorker>,
+    statuses: Vec<String>,
+    next_id: u32,
+    /// `register URL` / `deregister ID`, in order.
+    log: Vec<String>,
+    smoke_fails: bool,
+}
+
+impl FakeRouter {
+    fn add(&mut self, url: &str, worker_type: &str) -> String {
+        self.next_id += 1;
+        let status = if self.statuses.is_empty() { "ready".to_string() } else { self.statuses.remove(0) };
+        let id = format!("w{}", self.next_id);
+        self.workers.push(RouterWorker {
+            id: id.clone(),
+            url: url.into(),
+            worker_type: worker_type.into(),
+            is_healthy: status == "ready",
+            load: 0,
+            status: Some(status),
+            bootstrap_port: None,
+        });
+        id
+    }
 }
 
 type W = Arc<Mutex<World>>;
@@ -152,32 +188,48 @@ impl Probes for FakeProbes {
             names: vec![],
         })
     }
-    async fn in_flight(&self, _url: &str) -> Result<u64, HttpFailure> {
-        Ok(0)
+    async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
+        Ok(self.0.lock().unwrap().in_flight.get(url).copied().unwrap_or(0))
     }
-    async fn abort_all(&self, _url: &str) -> Result<(), HttpFailure> {
+    async fn auth(&self, _url: &str) -> pdctl_core::ports::Auth {
+        pdctl_core::ports::Auth::Accepted
+    }
+    async fn abort_all(&self, url: &str) -> Result<(), HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        w.in_flight.remove(url);
+        w.aborted.push(url.into());
         Ok(())
     }
     async fn warm_worker(&self, _url: &str) -> Result<(), HttpFailure> {
         Ok(())
     }
     fn replicas(&self) -> usize {
-        0
+        usize::from(self.0.lock().unwrap().router.is_some())
     }
     async fn router_workers(&self, _r: usize) -> Result<Vec<RouterWorker>, HttpFailure> {
-        Ok(vec![])
+        Ok(self.0.lock().unwrap().router.as_ref().map(|r| r.workers.clone()).unwrap_or_default())
     }
-    async fn register(&self, _r: usize, _u: &str, _t: &str, _b: Option<u16>) -> Result<String, HttpFailure> {
-        Ok("id".into())
+    async fn register(&self, _r: usize, u: &str, t: &str, _b: Option<u16>) -> Result<String, HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
+        r.log.push(format!("register {u}"));
+        Ok(r.add(u, t))
     }
-    async fn deregister(&self, _r: usize, _id: &str) -> Result<(), HttpFailure> {
+    async fn deregister(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
+        r.log.push(format!("deregister {id}"));
+        r.workers.retain(|x| x.id != id);
         Ok(())
     }
     async fn cb_state(&self, _r: usize, _url: &str) -> Result<Option<f64>, MetricsError> {
         Ok(None)
     }
     async fn smoke(&self, _r: usize, _n: u32) -> Result<(), HttpFailure> {
-        Ok(())
+        match self.0.lock().unwrap().router.as_ref() {
+            Some(r) if r.smoke_fails => Err(HttpFailure("503 No available decode workers".into())),
+            _ => Ok(()),
+        }
     }
     async fn pair(&self, t: PairTarget<'_>, _limit: Duration) -> PairProbe {
         let mut w = self.0.lock().unwrap();
@@ -463,4 +515,75 @@ async fn a_crash_looping_run_is_never_recorded_as_the_good_revision() {
         assert_eq!(pdctl_core::revisions::load(&dir, "p.service").is_some(), !crash, "crash loop: {crash}");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// [`settings`] with a gateway, the smoke request on, and both workers admitted by it.
+fn with_router(w: &W, decode_listed: bool) -> Settings {
+    let mut r = FakeRouter::default();
+    r.add("http://p", "prefill");
+    if decode_listed {
+        r.add("http://d", "decode");
+    }
+    w.lock().unwrap().router = Some(r);
+    let text = "[router]\nurl = \"http://r:1\"\n\
+         [[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\nrouter_timeout = \"60s\"\nallow_outage = true\n\
+         [verify]\nmetrics = \"off\"\navailability_probe = \"off\"\n";
+    load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_the_gateway_lists_failed_is_removed_and_re_added() {
+    let w = world();
+    let s = with_router(&w, true);
+    // The prefill's re-registration comes up `failed` (smg gives up on it); the next one is fine.
+    w.lock().unwrap().router.as_mut().unwrap().statuses = vec!["failed".into()];
+    let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let router = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Router && e.status == Status::Passed).expect("router gate passed");
+    assert_eq!(router.detail["re_added_after"], "failed", "{}", router.detail);
+    let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+    assert_eq!(log.iter().filter(|l| l.starts_with("register http://p")).count(), 2, "registered, removed, registered again: {log:?}");
+    assert!(log.iter().any(|l| l.starts_with("deregister w3")), "the failed entry was removed: {log:?}");
+}
+
+#[tokio::test]
+async fn re_admitting_a_prefill_while_the_gateway_lists_no_decode_ends_at_once() {
+    let w = world();
+    let s = with_router(&w, false);
+    w.lock().unwrap().router.as_mut().unwrap().smoke_fails = true;
+    let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Failed, "{summary:?}");
+    let f = summary.failed.as_ref().expect("a failure");
+    assert_eq!((f.step, f.cause_code.as_str()), (Step::Router, "peer_role_down"), "{f:?}");
+    let failed = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Router && e.status == Status::Failed).expect("router gate failed");
+    assert!(failed.detail["ended_early"].as_str().unwrap_or("").contains("lists no decode worker"), "{}", failed.detail);
+    assert!(
+        w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p" && x.status.as_deref() == Some("ready")),
+        "the prefill is left admitted"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_decodes_requests_left_after_the_drain_are_aborted_before_its_repair() {
+    let w = world();
+    // The gateway (the settings below add drain_timeout = 1s to those of `with_router`).
+    let _ = with_router(&w, true);
+    // The decode's requests wait for KV from the restarted prefill's old process: they never end.
+    w.lock().unwrap().stale_cache = true;
+    w.lock().unwrap().in_flight.insert("http://d".into(), 2);
+    let text = "[router]\nurl = \"http://r:1\"\n[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\ndrain_timeout = \"1s\"\nallow_outage = true\n\
+         [verify]\nmetrics = \"off\"\navailability_probe = \"off\"\n";
+    let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
+    let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    assert_eq!(w.lock().unwrap().aborted, vec!["http://d"], "only the stale decode's requests were aborted");
+    let drain = events.iter().find(|e| e.unit == "d.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the repair drained the decode");
+    assert_eq!(drain.detail["aborted"], 2, "{}", drain.detail);
+    assert!(drain.detail["aborted_why"].as_str().unwrap_or("").contains("stale"), "{}", drain.detail);
+    let p_drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the prefill's drain");
+    assert_eq!(p_drain.detail["aborted"], serde_json::Value::Null, "nothing aborted outside a repair by default");
 }

@@ -59,13 +59,53 @@ pub enum HttpError {
 pub struct Http {
     client: reqwest::Client,
     timeout: Duration,
+    keys: std::sync::Arc<Vec<ApiKey>>,
+}
+
+/// An API key for the server at `base` (`scheme://host:port`), sent as `Authorization: Bearer`
+/// on every request to it except those whose path starts with one of `exempt` (SGLang's
+/// `--api-key` leaves `/health*`, `/ready*`, `/metrics*` open). Its `Debug` never shows the key.
+#[derive(Clone)]
+pub struct ApiKey {
+    /// The server's base URL.
+    pub base: String,
+    /// The key.
+    pub key: String,
+    /// Path prefixes sent without it.
+    pub exempt: &'static [&'static str],
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKey").field("base", &self.base).field("key", &"<redacted>").field("exempt", &self.exempt).finish()
+    }
 }
 
 impl Http {
     /// A client whose requests time out after `timeout`.
     pub fn new(timeout: Duration) -> Http {
         let client = reqwest::Client::builder().timeout(timeout).connect_timeout(Duration::from_secs(5)).build().unwrap_or_else(|_| reqwest::Client::new());
-        Http { client, timeout }
+        Http { client, timeout, keys: std::sync::Arc::new(Vec::new()) }
+    }
+
+    /// The same client, sending these API keys to their servers.
+    pub fn with_keys(mut self, keys: Vec<ApiKey>) -> Http {
+        self.keys = std::sync::Arc::new(keys);
+        self
+    }
+
+    /// The key of the server `url` belongs to, if one is configured (for the path or not).
+    pub fn key_of(&self, url: &str) -> Option<&str> {
+        let (base, _) = split_base(url);
+        self.keys.iter().find(|k| k.base.trim_end_matches('/') == base).map(|k| k.key.as_str())
+    }
+
+    fn auth(&self, url: &str, rq: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let (base, path) = split_base(url);
+        match self.keys.iter().find(|k| k.base.trim_end_matches('/') == base) {
+            Some(k) if !k.exempt.iter().any(|p| path.starts_with(p)) => rq.bearer_auth(&k.key),
+            _ => rq,
+        }
     }
 
     fn err(&self, url: &str, e: reqwest::Error) -> HttpError {
@@ -100,7 +140,7 @@ impl Http {
 
     /// GET, any status.
     pub async fn get(&self, url: &str, accept: Option<&str>) -> Result<(u16, String), HttpError> {
-        let mut rq = self.client.get(url);
+        let mut rq = self.auth(url, self.client.get(url));
         if let Some(a) = accept {
             rq = rq.header("accept", a);
         }
@@ -115,17 +155,26 @@ impl Http {
 
     /// DELETE, any status.
     pub async fn delete(&self, url: &str) -> Result<(u16, String), HttpError> {
-        self.send(url, self.client.delete(url)).await
+        self.send(url, self.auth(url, self.client.delete(url))).await
     }
 
     /// POST JSON, any status.
     pub async fn post_json(&self, url: &str, body: &Value) -> Result<(u16, String), HttpError> {
-        self.send(url, self.client.post(url).json(body)).await
+        self.send(url, self.auth(url, self.client.post(url).json(body))).await
     }
 
     /// POST JSON with its own time limit (instead of the client's), any status.
     pub async fn post_json_within(&self, url: &str, body: &Value, timeout: Duration) -> Result<(u16, String), HttpError> {
-        self.send_within(url, self.client.post(url).json(body), timeout).await
+        self.send_within(url, self.auth(url, self.client.post(url).json(body)), timeout).await
+    }
+}
+
+/// `scheme://host:port` and the path of a URL (`("http://h:1", "/generate")`).
+fn split_base(url: &str) -> (&str, &str) {
+    let after = url.find("://").map(|i| i + 3).unwrap_or(0);
+    match url[after..].find('/') {
+        Some(i) => (&url[..after + i], &url[after + i..]),
+        None => (url, "/"),
     }
 }
 
@@ -389,6 +438,11 @@ impl Router {
         let mut body = json!({"url": url, "worker_type": worker_type});
         if let Some(p) = bootstrap_port {
             body["bootstrap_port"] = json!(p);
+        }
+        // The worker's own key (smg's `WorkerConfigRequest.api_key`): the gateway needs it to call
+        // a server started with `--api-key`.
+        if let Some(k) = http.key_of(url) {
+            body["api_key"] = json!(k);
         }
         let (status, text) = http.post_json(&u, &body).await?;
         let v = ok_json(&u, status, &text)?;

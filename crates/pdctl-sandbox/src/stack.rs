@@ -50,6 +50,10 @@ pub struct StackOptions {
     /// Prefill/decode pairs: 1 (the 8-GPU 1P1D layout, GPUs 0-3 / 4-7) or 2 (2P2D: 0-1, 2-3 /
     /// 4-5, 6-7; the second pair's units are `…-prefill-2.service`, `…-decode-2.service`).
     pub pairs: usize,
+    /// Every worker runs with SGLang's `--api-key KEY`, and the gateway with smg's `--api-key
+    /// KEY` (its worker key, which also guards the gateway itself); pdctl's config names a key
+    /// file holding it ([`Stack::key_file`]) for each worker and the gateway.
+    pub api_key: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -70,6 +74,7 @@ impl Default for StackOptions {
             routers: 1,
             waiting_timeout_secs: 3.0,
             bootstrap_timeout_secs: 8.0,
+            api_key: None,
         }
     }
 }
@@ -135,6 +140,8 @@ pub struct Stack {
     pub extra_routers: Vec<RouterUnit>,
     /// The simulator binary the units run.
     pub sim_bin: PathBuf,
+    /// The API key of the workers and the gateway ([`StackOptions::api_key`]).
+    pub api_key: Option<String>,
 }
 
 /// `0-3` → `0,1,2,3` (the form `CUDA_VISIBLE_DEVICES` takes).
@@ -182,6 +189,10 @@ impl Stack {
             args.push("--disaggregation-bootstrap-port".into());
             args.push(b.to_string());
         }
+        if let Some(k) = &opts.api_key {
+            args.push("--api-key".into());
+            args.push(k.clone());
+        }
         args.extend(extra.iter().cloned());
         let exec = std::iter::once(self.sim_bin.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
         format!(
@@ -220,7 +231,7 @@ impl Stack {
         } else {
             vec![]
         };
-        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, extra_routers: Vec::new(), sim_bin };
+        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, extra_routers: Vec::new(), sim_bin, api_key: opts.api_key.clone() };
         let mut units = Vec::new();
         for w in stack.workers() {
             let args = if w.role == "prefill" { &opts.prefill_args } else { &opts.decode_args };
@@ -254,6 +265,10 @@ impl Stack {
                     Gateway::SglangRouter032 => exec,
                 };
                 let exec = opts.router_args.iter().fold(exec, |e, a| format!("{e} {}", q(a)));
+                let exec = match &opts.api_key {
+                    Some(k) => format!("{exec} --api-key {}", q(k)),
+                    None => exec,
+                };
                 let unit = if i == 0 { "sglang-router.service".to_string() } else { format!("sglang-router-{}.service", i + 1) };
                 stack.sandbox.write_unit(
                     &unit,
@@ -302,7 +317,11 @@ impl Stack {
         };
         if let Some(r) = &self.router {
             if self.extra_routers.is_empty() {
-                t.push_str(&format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n\n", r.url, r.metrics_url));
+                t.push_str(&format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n", r.url, r.metrics_url));
+                if self.api_key.is_some() {
+                    t.push_str(&format!("api_key_file = \"{}\"\n", self.key_file().display()));
+                }
+                t.push('\n');
             } else {
                 let all: Vec<&RouterUnit> = std::iter::once(r).chain(&self.extra_routers).collect();
                 let list = |f: &dyn Fn(&RouterUnit) -> String| all.iter().map(|x| format!("\"{}\"", f(x))).collect::<Vec<_>>().join(", ");
@@ -313,6 +332,9 @@ impl Stack {
             t.push_str(&format!("[[worker]]\nunit = \"{}\"\nrole = \"{}\"\nurl = \"{}\"\n", w.unit, w.role, w.url));
             if let Some(b) = w.bootstrap_port {
                 t.push_str(&format!("bootstrap_port = {b}\n"));
+            }
+            if self.api_key.is_some() {
+                t.push_str(&format!("api_key_file = \"{}\"\n", self.key_file().display()));
             }
             t.push_str(&format!("gpus = \"{}\"\n\n", w.gpus));
         }
@@ -326,12 +348,23 @@ impl Stack {
         t
     }
 
+    /// Where pdctl's config says the API key is (`<sandbox>/pdctl/api.key`, written with mode
+    /// 0600 by [`Stack::write_pdctl_config`] when the stack has a key).
+    pub fn key_file(&self) -> PathBuf {
+        self.sandbox.dir().join("pdctl/api.key")
+    }
+
     /// Write [`Stack::pdctl_config`] to `<sandbox>/pdctl/pdctl.toml` (fragments may go in
     /// `<sandbox>/pdctl/config.d/`) and return its path.
     pub fn write_pdctl_config(&self) -> Result<PathBuf> {
         let dir = self.sandbox.dir().join("pdctl");
         let io = |e| SandboxError::Io { what: format!("write {}", dir.display()), source: e };
         std::fs::create_dir_all(dir.join("config.d")).map_err(io)?;
+        if let Some(k) = &self.api_key {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(self.key_file()).map_err(io)?;
+            std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes()).map_err(io)?;
+        }
         let p = dir.join("pdctl.toml");
         std::fs::write(&p, self.pdctl_config()).map_err(io)?;
         Ok(p)
@@ -416,7 +449,7 @@ impl Stack {
         let end = Instant::now() + deadline;
         let mut healthy = 0;
         while Instant::now() < end {
-            healthy = http_get(&format!("{}/workers", r.url))
+            healthy = http_get_with(&format!("{}/workers", r.url), self.api_key.as_deref())
                 .ok()
                 .filter(|(status, _)| *status == 200)
                 .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
@@ -450,6 +483,11 @@ impl Stack {
 /// A blocking `GET` of a loopback `http://HOST:PORT/path` URL (HTTP/1.0, 5 s timeouts): status and
 /// body. For the harness's own checks of the router, without an async client.
 pub fn http_get(url: &str) -> Result<(u16, String)> {
+    http_get_with(url, None)
+}
+
+/// [`http_get`] with `Authorization: Bearer KEY` when a key is given.
+pub fn http_get_with(url: &str, key: Option<&str>) -> Result<(u16, String)> {
     let fail = |detail: String| SandboxError::Command { cmd: format!("GET {url}"), detail };
     let rest = url.strip_prefix("http://").ok_or_else(|| fail("only http:// URLs".into()))?;
     let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
@@ -457,7 +495,8 @@ pub fn http_get(url: &str) -> Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| fail(e.to_string()))?;
     s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| fail(e.to_string()))?;
     s.set_write_timeout(Some(Duration::from_secs(5))).map_err(|e| fail(e.to_string()))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).map_err(|e| fail(e.to_string()))?;
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n").as_bytes()).map_err(|e| fail(e.to_string()))?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| fail(e.to_string()))?;
     let text = String::from_utf8_lossy(&raw);
