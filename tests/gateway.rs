@@ -245,6 +245,24 @@ fn workers_with_an_api_key_are_rolled_with_it_and_a_wrong_key_is_named() {
     assert!(!cause.contains("not-the-key") && !check.stderr.contains("not-the-key"), "never the key: {cause}");
 }
 
+/// smg 1.13 marks a registered worker that fails its health checks `not_ready`, then `failed`
+/// (3 × its failure threshold more failures: ~12 s at the stack's 1 s interval), and never
+/// takes a `failed` worker back. Without the drain (`drain = false`) a restart that keeps the
+/// decode down longer than that leaves it `failed`: the router gate removes and re-adds it
+/// instead of waiting out `router_timeout`.
+#[test]
+fn a_worker_smg_lists_failed_after_its_restart_is_removed_and_re_added() {
+    let (stack, config) = pdctl_tests::stack_with_config(&StackOptions { gateway: Gateway::Smg113, ..Default::default() });
+    std::fs::write(config.parent().unwrap().join("config.d/40-no-drain.toml"), "[rollout]\ndrain = false\n").unwrap();
+    let d = stack.start_pdctld().expect("pdctld starts");
+    stack.drop_in(D, "60-slow-start", "[Service]\nExecStartPre=/bin/sleep 16\n").expect("drop-in");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--load-changes", "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let router = &r.event(D, "router", "passed")["detail"];
+    assert_eq!(router["re_added_after"], "failed", "smg listed it failed; pdctl removed and re-added it: {router:#}");
+    assert_eq!(router["re_registered"], true, "{router:#}");
+}
+
 #[test]
 fn drain_waits_for_requests_in_flight_on_smg_1_13() {
     drain_under_load(Gateway::Smg113);
