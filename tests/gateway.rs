@@ -95,16 +95,33 @@ fn re_registers_a_worker_the_router_dropped_on_sglang_router_0_3_2() {
 /// A request in flight through the router when the drain starts finishes before the restart.
 fn drain_under_load(gateway: Gateway) {
     let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
+    // ~2 s of decoding at the simulator's 200 tokens/s, in flight before the rollout starts.
+    let load = request_in_flight(&stack, 400);
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = &r.event(D, "drain", "passed")["detail"];
+    assert_eq!(drain["in_flight_left"], 0, "{drain}");
+    assert!(drain["in_flight_at_start"].as_u64().is_some_and(|n| n >= 1), "the drain saw the request in flight (from /v1/loads): {drain}");
+    assert!(drain["waited_for_requests_ms"].as_u64().unwrap() > 100, "the drain waited for the request: {drain}");
+    assert_eq!(load.join().unwrap(), Some(200), "the request in flight finished");
+}
+
+/// A request through the gateway of `tokens` tokens (200 tokens/s in the simulator), on the decode
+/// before this returns. Returns the thread that ends with its status.
+fn request_in_flight(stack: &Stack, tokens: u32) -> std::thread::JoinHandle<Option<u16>> {
     let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
-    // ~2 s of decoding at the simulator's 200 tokens/s.
     let load = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let c = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
-            c.post(&url).json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": 400}})).send().await.map(|r| r.status().as_u16())
+            let c = reqwest::Client::builder().timeout(Duration::from_secs(90)).build().unwrap();
+            c.post(&url)
+                .json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": tokens}}))
+                .send()
+                .await
+                .ok()
+                .map(|r| r.status().as_u16())
         })
     });
-    // The request is in flight on the prefill before the rollout starts.
     let t0 = Instant::now();
     // SGLang 0.5.23 serves its load at /v1/loads only (no /get_load).
     while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/v1/loads", stack.decode.url))
@@ -114,36 +131,13 @@ fn drain_under_load(gateway: Gateway) {
         assert!(t0.elapsed() < Duration::from_secs(10), "the request reached the decode");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
-    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
-    let drain = &r.event(D, "drain", "passed")["detail"];
-    assert_eq!(drain["in_flight_left"], 0, "{drain}");
-    assert!(drain["in_flight_at_start"].as_u64().is_some_and(|n| n >= 1), "the drain saw the request in flight (from /v1/loads): {drain}");
-    assert!(drain["waited_for_requests_ms"].as_u64().unwrap() > 100, "the drain waited for the request: {drain}");
-    assert_eq!(load.join().unwrap().ok(), Some(200), "the request in flight finished");
+    load
 }
 
-/// A request through the gateway that outlives the drain's wait (`drain_timeout` is 10 s in the
-/// test config; this one decodes for ~16 s at the simulator's 200 tokens/s), started on the
-/// decode before the rollout. Returns the thread that ends with its status.
+/// A request that outlives the drain's wait (`drain_timeout` is 10 s in the test config; this
+/// one decodes for ~16 s).
 fn long_request(stack: &Stack) -> std::thread::JoinHandle<Option<u16>> {
-    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
-    let load = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c = reqwest::Client::builder().timeout(Duration::from_secs(90)).build().unwrap();
-            c.post(&url).json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": 3200}})).send().await.ok().map(|r| r.status().as_u16())
-        })
-    });
-    let t0 = Instant::now();
-    while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/v1/loads", stack.decode.url))
-        .map(|(status, b)| status != 200 || b.contains("\"num_running_reqs\":0"))
-        .unwrap_or(true)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the request reached the decode");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    load
+    request_in_flight(stack, 3200)
 }
 
 /// SGLang 0.5.23's stop waits for the requests the drain left (its SIGTERM watchdog checks every
