@@ -450,3 +450,18 @@ fn a_drain_that_cannot_read_the_load_is_a_cause_not_a_silent_skip() {
     assert_eq!(stack.show(D, "InvocationID").unwrap(), d0, "not restarted");
     assert!(r.index(D, "reconcile", "passed").is_some(), "re-admitted: {:#?}", r.events);
 }
+
+/// With `unknown_load = "warn"` the drain says it could not read the load and the restart goes on
+/// (SGLang's own stop still waits for what it runs).
+#[test]
+fn an_unreadable_load_is_a_warning_by_the_setting() {
+    let (stack, config) = pdctl_tests::stack_with_config(&StackOptions { decode_args: vec!["--sim-no-load-endpoint".into()], ..Default::default() });
+    std::fs::write(config.parent().unwrap().join("config.d/40-load.toml"), "[rollout]\nunknown_load = \"warn\"\n").unwrap();
+    let d = stack.start_pdctld().expect("pdctld starts");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = &r.event(D, "drain", "passed")["detail"];
+    assert_eq!(drain["cause_code"], "load_unknown", "{drain}");
+    assert!(drain["warning"].as_str().unwrap_or("").contains("cannot tell how many requests"), "{drain}");
+    assert_eq!(drain["in_flight_left"], serde_json::Value::Null, "not measured is not zero: {drain}");
+}

@@ -519,6 +519,23 @@ async fn a_prefills_bootstrap_server_answers_before_its_scheduler_registers() {
     assert!(v["rank_port"].as_u64().is_some_and(|n| n > 0), "{v}");
 }
 
+#[tokio::test]
+async fn v1_loads_answers_the_sections_asked_for() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
+    let prefill = pd_proc(None, "prefill", boot, &[]);
+    let get = |q: &str| http().get(format!("{}/v1/loads{q}", prefill.url())).send();
+    let all: Value = get("").await.unwrap().json().await.unwrap();
+    assert_eq!(all["loads"][0]["disaggregation"]["mode"], "prefill", "{all}");
+    assert!(all["loads"][0]["queues"].is_object(), "{all}");
+    let core: Value = get("?include=core").await.unwrap().json().await.unwrap();
+    assert!(core["loads"][0]["num_running_reqs"].is_u64() && core["loads"][0].get("disaggregation").is_none(), "{core}");
+    let disagg: Value = get("?include=core,disagg").await.unwrap().json().await.unwrap();
+    assert!(disagg["loads"][0]["disaggregation"].is_object() && disagg["loads"][0].get("queues").is_none(), "{disagg}");
+    let bad = get("?include=bogus").await.unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("Invalid include sections"));
+}
+
 async fn load_of(p: &SimProc) -> u64 {
     let v: Value = match http().get(format!("{}/v1/loads", p.url())).send().await {
         Ok(r) => r.json().await.unwrap_or(Value::Null),

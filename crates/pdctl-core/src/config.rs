@@ -203,6 +203,7 @@ struct RawRollout {
     max_failed_probes: Option<u64>,
     on_stale_pair: Option<OnStalePair>,
     abort_after_drain_timeout: Option<bool>,
+    unknown_load: Option<UnknownLoad>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -387,6 +388,20 @@ pub struct Rollout {
     /// them until `TimeoutStopSec=` and SIGKILL. A stale decode's requests are always aborted
     /// before its repair (they can never finish).
     pub abort_after_drain_timeout: bool,
+    /// A drain that cannot read the worker's in-flight requests: the cause `load_unknown`
+    /// (`halt`, the default) or a warning on the drain step, and the restart goes on (SGLang's own
+    /// stop still waits for what it runs).
+    pub unknown_load: UnknownLoad,
+}
+
+/// `[rollout] unknown_load`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownLoad {
+    /// The drain fails with `load_unknown`; the worker is re-admitted.
+    Halt,
+    /// The drain passes with the `load_unknown` warning.
+    Warn,
 }
 
 impl Rollout {
@@ -758,7 +773,8 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
                 single_pair,
                 max_failed_probes,
                 on_stale_pair,
-                abort_after_drain_timeout
+                abort_after_drain_timeout,
+                unknown_load
             );
         }
         if let Some(s) = raw.verify {
@@ -1041,6 +1057,7 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Settings, ConfigError> 
             max_failed_probes: ro.max_failed_probes,
             on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
             abort_after_drain_timeout: ro.abort_after_drain_timeout.unwrap_or(false),
+            unknown_load: ro.unknown_load.unwrap_or(UnknownLoad::Halt),
         },
         verify,
         fleet,

@@ -1596,6 +1596,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // cannot be read is a cause, never taken for "nothing in flight".
         let mut left = None;
         let mut at_start = None;
+        let mut unknown: Option<Cause> = None;
         let wait_t0 = Instant::now();
         while t0.elapsed() < self.settings.rollout.drain_timeout {
             match self.probes.in_flight(&w.url).await {
@@ -1606,7 +1607,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         break;
                     }
                 }
-                Err(e) => return Err(Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() }.into()),
+                Err(e) => {
+                    let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
+                    if self.settings.rollout.unknown_load == crate::config::UnknownLoad::Halt {
+                        return Err(c.into());
+                    }
+                    tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());
+                    unknown = Some(c);
+                    break;
+                }
             }
             tokio::time::sleep(POLL).await;
         }
@@ -1622,6 +1631,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
         }
         Ok(Some(json!({
+            "warning": unknown.as_ref().map(Cause::sentence),
+            "cause_code": unknown.as_ref().map(Cause::code),
             "aborted": aborted,
             "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
             "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),

@@ -109,6 +109,13 @@ impl Engine {
         self.lock().status
     }
 
+    /// The PD queues as the scheduler holds them now (not as last published): the prefill's rooms
+    /// held for a decode, the decode's requests waiting before their transfer.
+    pub fn pd_queue_sizes(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.bootstrap_queue, s.prealloc_queue)
+    }
+
     /// A request ended by an abort (`sglang:num_aborted_requests_total`).
     pub fn count_abort(&self) {
         self.lock().aborted_total += 1;

@@ -574,15 +574,45 @@ async fn get_load(State(app): State<App>) -> Response {
     axum::Json(json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}])).into_response()
 }
 
-/// `GET /v1/loads[?include=core,disagg,queues,memory]` as 0.5.23 answers it
-/// (`entrypoints/v1_loads.py`, `managers/load_snapshot.py`): one entry per DP rank in `loads`.
-async fn v1_loads(State(app): State<App>) -> Response {
+/// `GET /v1/loads[?include=core,disagg,queues,…][&dp_rank=N]` as 0.5.23 answers it
+/// (`entrypoints/v1_loads.py`, `managers/load_snapshot.py`): one entry per DP rank in `loads`, the
+/// core fields always, the `disaggregation` and `queues` sections unless `include` leaves them out
+/// (no `include`, or `all`: every section); an unknown section is a 400 naming the valid ones.
+async fn v1_loads(State(app): State<App>, axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>) -> Response {
+    const VALID: [&str; 7] = ["all", "core", "disagg", "lora", "memory", "queues", "spec"];
+    let include: Option<Vec<String>> = q.get("include").filter(|s| !s.is_empty()).map(|s| s.split(',').map(|p| p.trim().to_string()).collect());
+    if let Some(bad) = include.as_ref().map(|l| l.iter().filter(|p| !VALID.contains(&p.as_str())).cloned().collect::<Vec<_>>()).filter(|b| !b.is_empty()) {
+        let detail =
+            format!("Invalid include sections: {{{}}}. Valid options: {:?}", bad.iter().map(|b| format!("'{b}'")).collect::<Vec<_>>().join(", "), VALID);
+        return (StatusCode::BAD_REQUEST, axum::Json(json!({ "detail": detail }))).into_response();
+    }
+    let wants = |section: &str| include.as_ref().is_none_or(|l| l.iter().any(|p| p == section || p == "all"));
     let (running, used) = app.engine.load();
+    let (bootstrap, prealloc) = app.engine.pd_queue_sizes();
     let cfg = app.engine.config();
+    let max = cfg.sim.max_total_tokens;
+    let mut load = json!({
+        "timestamp": unix_now() as f64, "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
+        "num_used_tokens": used, "max_total_num_tokens": max,
+        "token_usage": if max > 0 { used as f64 / max as f64 } else { 0.0 },
+    });
+    if cfg.mode != Mode::Null && wants("disagg") {
+        load["disaggregation"] = json!({
+            "mode": cfg.mode.as_str(), "prefill_bootstrap_queue_reqs": bootstrap, "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": prealloc, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0,
+        });
+    }
+    if wants("queues") {
+        load["queues"] = json!({"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0});
+    }
+    let loads = match q.get("dp_rank").and_then(|r| r.parse::<u64>().ok()) {
+        Some(r) if r != 0 => vec![],
+        _ => vec![load],
+    };
     axum::Json(json!({
         "timestamp": unix_now(), "version": cfg.sim.version.to_string(), "accelerator": "cuda", "num_accelerators": 4,
-        "loads": [{"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": used,
-                   "max_total_num_tokens": cfg.sim.max_total_tokens}],
+        "loads": loads,
     }))
     .into_response()
 }
