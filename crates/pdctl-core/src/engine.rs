@@ -604,9 +604,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 self.not_blocked(&w.unit, &w.url).await?;
                 // A worker started with --api-key refuses every call pdctl makes but /health,
                 // /ready and /metrics without its key: found now, before anything is touched.
+                // `None`: not checked (the unit is not running).
+                let mut api_key_check = None;
                 if st.active_state == "active" {
-                    if let crate::ports::Auth::Rejected { endpoint, status, key } = self.probes.auth(&w.url).await {
-                        return Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key }));
+                    match self.probes.auth(&w.url).await {
+                        crate::ports::Auth::Rejected { endpoint, status, key } => return Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key })),
+                        crate::ports::Auth::Unknown(why) => api_key_check = Some(format!("not checked: {why}")),
+                        crate::ports::Auth::Accepted => api_key_check = Some("accepted".to_string()),
                     }
                 }
                 let pairing = self.pairing_preflight(w, plan, &cfg).await?;
@@ -654,6 +658,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
                     "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
                     "timeout_stop_ms": cfg.timeout_stop.map(|d| d.as_millis() as u64), "warnings": warnings,
+                    "api_key_check": api_key_check,
                 }))
             }
             .await;

@@ -145,6 +145,9 @@ pub struct HttpProbes {
     /// Per worker URL: which key pdctl sends it, in words ("the key from /etc/…", "no key:
     /// cannot read …", "no key: api_key_file is not set") — never the key.
     pub key_notes: std::collections::BTreeMap<String, String>,
+    /// Worker URLs whose configured key this process cannot read (the CLI of a user who may not
+    /// read pdctld's key files), with why.
+    pub unreadable_keys: std::collections::BTreeMap<String, String>,
 }
 
 fn failure(e: HttpError) -> HttpFailure {
@@ -203,6 +206,10 @@ impl Probes for HttpProbes {
         pdctl_probe::in_flight(&self.http, url).await.map_err(failure)
     }
     async fn auth(&self, url: &str) -> Auth {
+        // A key this process cannot read is not a wrong key: pdctld, which reads it, checks it.
+        if let Some(why) = self.unreadable_keys.get(url.trim_end_matches('/')) {
+            return Auth::Unknown(format!("its API key cannot be read here ({why}); pdctld, which reads it, checks it"));
+        }
         let u = format!("{}/server_info", url.trim_end_matches('/'));
         match self.http.get(&u, None).await {
             Ok((status @ (401 | 403), _)) => {
@@ -324,6 +331,7 @@ pub fn journal(settings: &Settings) -> Source {
 pub fn probes(settings: &Settings) -> HttpProbes {
     let mut keys = Vec::new();
     let mut key_notes = std::collections::BTreeMap::new();
+    let mut unreadable_keys = std::collections::BTreeMap::new();
     for w in &settings.workers {
         let Some(src) = &w.api_key else { continue };
         match src.read() {
@@ -334,6 +342,7 @@ pub fn probes(settings: &Settings) -> HttpProbes {
             Err(why) => {
                 tracing::info!(pdctl_unit = %w.unit, "the API key of {} cannot be read: {why}", w.unit);
                 key_notes.insert(w.url.clone(), format!("no key: {why}"));
+                unreadable_keys.insert(w.url.clone(), why);
             }
         }
     }
@@ -353,6 +362,7 @@ pub fn probes(settings: &Settings) -> HttpProbes {
             .map(|r| r.replicas.iter().map(|x| Router { url: x.url.clone(), metrics_url: x.metrics_url.clone() }).collect())
             .unwrap_or_default(),
         key_notes,
+        unreadable_keys,
     }
 }
 
@@ -452,5 +462,22 @@ impl crate::ports::Coordinator for EtcdCoordinator {
                 .collect();
             self.etcd().await?.cas(&changes).await.map_err(fleet_failure)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_key_this_process_cannot_read_is_not_checked_here_and_never_rejected() {
+        let text = "[[worker]]\nunit = \"p.service\"\nrole = \"regular\"\nurl = \"http://127.0.0.1:9\"\napi_key_file = \"/nonexistent/pdctl-key\"\n";
+        let settings = crate::config::load_texts(&[(std::path::PathBuf::from("t.toml"), text.to_string())]).expect("config");
+        let p = probes(&settings);
+        assert!(p.key_notes["http://127.0.0.1:9"].starts_with("no key: cannot read /nonexistent/pdctl-key"), "{:?}", p.key_notes);
+        match p.auth("http://127.0.0.1:9").await {
+            Auth::Unknown(why) => assert!(why.contains("cannot be read here") && why.contains("pdctld"), "{why}"),
+            other => panic!("expected not checked, got {other:?}"),
+        }
     }
 }

@@ -483,3 +483,27 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_go_to_their_server_except_on_exempt_paths_and_never_show() {
+        let http = Http::new(Duration::from_secs(1)).with_keys(vec![ApiKey {
+            base: "http://127.0.0.1:30003".into(),
+            key: "s3cret".into(),
+            exempt: &["/health", "/ready", "/metrics"],
+        }]);
+        let auth = |url: &str| {
+            http.auth(url, http.client.get(url)).build().ok().and_then(|r| r.headers().get("authorization").map(|v| v.to_str().unwrap_or("").to_string()))
+        };
+        assert_eq!(auth("http://127.0.0.1:30003/server_info").as_deref(), Some("Bearer s3cret"));
+        assert_eq!(auth("http://127.0.0.1:30003/v1/loads?include=core").as_deref(), Some("Bearer s3cret"));
+        assert_eq!(auth("http://127.0.0.1:30003/health_generate"), None, "exempt by prefix, as SGLang's auth.py");
+        assert_eq!(auth("http://127.0.0.1:30003/metrics"), None);
+        assert_eq!(auth("http://127.0.0.1:30002/server_info"), None, "another server gets no key");
+        assert_eq!(http.key_of("http://127.0.0.1:30003"), Some("s3cret"));
+        assert!(!format!("{http:?}").contains("s3cret"), "Debug never shows a key");
+    }
+}
