@@ -173,6 +173,7 @@ fn a_decode_killed_mid_request_strands_prefill_kv_until_the_bootstrap_timeout() 
     // At least the stranded request (a probe request in flight through the router when the old
     // decode stopped is stranded the same way).
     assert!(s["held_at_start"][P]["held_reqs"].as_f64().unwrap_or(0.0) >= 1.0, "reported: {s:#}");
+    assert_eq!(s["held_at_start"][P]["source"], "/v1/loads", "read from the live load snapshot, not the lagging gauges: {s:#}");
     assert_eq!(s["released"], true, "then released at the prefill's bootstrap timeout: {s:#}");
     assert!(s["waited_ms"].as_u64().unwrap_or(0) > 0);
     assert_eq!(s["limit_ms"], 40_000, "the prefill unit's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (30 s) + 10 s");

@@ -1467,8 +1467,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// After a decode restart: the prefills' queues of requests held for a decode drain to zero
     /// within `stranded_kv_timeout` (rooms of requests the old decode process never fetched are
-    /// held until the prefill's bootstrap timeout). Queue gauges, not the KV level, which moves
-    /// with live load; they are per prefill, not per decode, so under steady traffic to other
+    /// held until the prefill's bootstrap timeout). The prefill's queues — from its live
+    /// `/v1/loads?include=disagg` where served (0.5.23), else its queue gauges — not the KV level,
+    /// which moves with live load; they are per prefill, not per decode, so under steady traffic to other
     /// decodes the gate waits for a moment they are all empty. A warning unless
     /// `stranded_kv = "required"`.
     async fn stranded_step(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
@@ -1487,7 +1488,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         for p in &prefills {
             match read(p).await {
                 Ok(q) if q.held_reqs > 0.0 => {
-                    start.insert(p.unit.clone(), json!({"held_reqs": q.held_reqs, "used_tokens": q.used_tokens}));
+                    start.insert(p.unit.clone(), json!({"held_reqs": q.held_reqs, "used_tokens": q.used_tokens, "source": q.source}));
                     watched.push(*p);
                 }
                 Ok(_) => {}

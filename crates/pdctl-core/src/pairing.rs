@@ -72,13 +72,16 @@ fn ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_millis() as u64)
 }
 
-/// A prefill's PD queues as its gauges show them: requests whose KV it holds for a decode.
+/// A prefill's PD queues: requests whose KV it holds for a decode.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PdQueues {
     /// Requests in the bootstrap queue (waiting for their decode) plus those in transfer.
     pub held_reqs: f64,
     /// Tokens in use (includes the held rooms' KV; moves with live load).
     pub used_tokens: f64,
+    /// Where they were read: `/v1/loads` (the scheduler's state now) or `/metrics` (the queue
+    /// gauges, refreshed at batch reports and the idle publish).
+    pub source: &'static str,
 }
 
 /// What a pair probe means.

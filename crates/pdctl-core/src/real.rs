@@ -288,6 +288,10 @@ impl Probes for HttpProbes {
         }
     }
     async fn pd_queues(&self, url: &str) -> Result<PdQueues, MetricsError> {
+        // The live snapshot where the server has one (0.5.23); the gauges lag up to ~30 s.
+        if let Ok(Some((held_reqs, used_tokens))) = pdctl_probe::pd_load(&self.http, url).await {
+            return Ok(PdQueues { held_reqs, used_tokens, source: "/v1/loads" });
+        }
         let u = format!("{}/metrics", url.trim_end_matches('/'));
         let text = pdctl_probe::fetch_metrics(&self.http, &u).await.map_err(metrics_error)?;
         let e = pdctl_probe::prom::parse(&text).map_err(|err| metrics_error(MetricsProblem::Unparseable { url: u.clone(), err }))?;
@@ -301,7 +305,7 @@ impl Probes for HttpProbes {
             return Err(MetricsError { diagnosis: MetricsDiagnosis::NotPublished, message: format!("{u} has no prefill queue gauges yet") });
         }
         let used = pdctl_probe::kv::check(&e).map(|r| r.used_tokens).unwrap_or(0.0);
-        Ok(PdQueues { held_reqs: held.iter().sum(), used_tokens: used })
+        Ok(PdQueues { held_reqs: held.iter().sum(), used_tokens: used, source: "/metrics" })
     }
 }
 

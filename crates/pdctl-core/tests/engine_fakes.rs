@@ -255,7 +255,7 @@ impl Probes for FakeProbes {
         pdctl_core::ports::Reach::Open
     }
     async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
-        Ok(PdQueues { held_reqs: 0.0, used_tokens: 0.0 })
+        Ok(PdQueues { held_reqs: 0.0, used_tokens: 0.0, source: "/v1/loads" })
     }
 }
 

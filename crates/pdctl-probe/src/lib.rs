@@ -272,6 +272,30 @@ pub async fn warm_worker(http: &Http, url: &str) -> Result<(), HttpError> {
     }
 }
 
+/// A prefill's PD queues from SGLang's live load snapshot (`GET /v1/loads?include=core,disagg`,
+/// 0.5.23 `managers/load_snapshot.py`): the requests in its bootstrap and in-flight queues, and the
+/// tokens in use, summed over DP ranks. Unlike the queue gauges — refreshed only at batch reports
+/// and the idle publish, up to ~30 s late — this is the scheduler's state now. `Ok(None)`: the
+/// server has no such endpoint or section (an older SGLang: read the gauges).
+pub async fn pd_load(http: &Http, url: &str) -> Result<Option<(f64, f64)>, HttpError> {
+    let u = format!("{}/v1/loads?include=core,disagg", url.trim_end_matches('/'));
+    let (status, body) = http.get(&u, None).await?;
+    if status == 404 {
+        return Ok(None);
+    }
+    let v = ok_json(&u, status, &body)?;
+    let Some(loads) = v.get("loads").and_then(Value::as_array) else { return Ok(None) };
+    let mut held = 0.0;
+    let mut used = 0.0;
+    for l in loads {
+        let Some(d) = l.get("disaggregation") else { return Ok(None) };
+        let n = |k: &str| d.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        held += n("prefill_bootstrap_queue_reqs") + n("prefill_inflight_queue_reqs");
+        used += l.get("num_used_tokens").and_then(Value::as_f64).unwrap_or(0.0);
+    }
+    Ok((!loads.is_empty()).then_some((held, used)))
+}
+
 /// Abort every request a worker runs: SGLang's `POST /abort_request {"abort_all": true}`
 /// (`entrypoints/http_server.py`, `AbortReq` in `managers/io_struct.py`); 200 when done.
 pub async fn abort_all(http: &Http, url: &str) -> Result<(), HttpError> {
