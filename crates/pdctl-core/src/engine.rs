@@ -821,7 +821,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let peers = self.peers(w);
                 let peers_drained =
                     !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
-                let d = self.router(w, true, peers_drained).await?;
+                let d = self.router_recorded(w, true, peers_drained, ctx.ledger.map(|l| (l, ctx.id))).await?;
                 // Admitted again: the drain is undone.
                 if let Some(l) = ctx.ledger {
                     l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
@@ -1764,11 +1764,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The router gate on every replica (each must admit the worker); one replica's detail as
     /// is, several under `replicas`.
     async fn router(&self, w: &Worker, may_register: bool, peers_drained: bool) -> Result<Value, Fail> {
+        self.router_recorded(w, may_register, peers_drained, None).await
+    }
+
+    /// [`Engine::router`], writing to `ledger` (with the rollout's id) before it removes an entry
+    /// the gateway lists `failed`, so that a crash before the re-add is reconciled like a drain.
+    async fn router_recorded(&self, w: &Worker, may_register: bool, peers_drained: bool, ledger: Option<(&Ledger, &str)>) -> Result<Value, Fail> {
         let t0 = Instant::now();
         let n = self.probes.replicas();
         let mut details = Vec::new();
         for r in 0..n {
-            details.push(self.router_on(r, w, may_register, peers_drained, t0).await?);
+            details.push(self.router_on(r, w, may_register, peers_drained, t0, ledger).await?);
         }
         Ok(match details.len() {
             1 => details.pop().unwrap_or_default(),
@@ -1776,7 +1782,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         })
     }
 
-    async fn router_on(&self, replica: usize, w: &Worker, may_register: bool, peers_drained: bool, t0: Instant) -> Result<Value, Fail> {
+    async fn router_on(
+        &self,
+        replica: usize,
+        w: &Worker,
+        may_register: bool,
+        peers_drained: bool,
+        t0: Instant,
+        ledger: Option<(&Ledger, &str)>,
+    ) -> Result<Value, Fail> {
         let limit = self.settings.rollout.router_timeout;
         let role = w.role.as_str();
         let mut registered: Option<String> = None;
@@ -1817,6 +1831,21 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         let stuck = status == "failed" || (status == "not_ready" && t0.elapsed() >= STUCK_NOT_READY);
                         if may_register && re_added.is_none() && stuck {
                             tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
+                            // Written down before the gateway is touched, as a drain is.
+                            if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
+                                let st = self.units.state(&w.unit).await?;
+                                let d = Drain {
+                                    unit: w.unit.clone(),
+                                    url: w.url.clone(),
+                                    role: w.role,
+                                    bootstrap_port: w.bootstrap_port,
+                                    invocation_id: st.invocation_id,
+                                    router_id: x.id.clone(),
+                                    rollout_id: id.to_string(),
+                                    drained_at: crate::lifecycle::now(),
+                                };
+                                l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+                            }
                             self.probes.deregister(replica, &x.id).await.map_err(|e| {
                                 Fail::from(Cause::RegisterRefused { url: w.url.clone(), error: format!("removing the {status} entry failed: {e}") })
                             })?;
