@@ -176,10 +176,5 @@ pub const BOOTSTRAP_PORT_DEFAULT: u16 = 8998;
 /// A prefill unit's bootstrap timeout from its `KEY=value` environment (the default when unset
 /// or unreadable).
 pub fn bootstrap_timeout(env: &[String]) -> std::time::Duration {
-    env.iter()
-        .find_map(|kv| kv.strip_prefix(BOOTSTRAP_TIMEOUT_ENV).and_then(|r| r.strip_prefix('=')))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(std::time::Duration::from_secs_f64)
-        .unwrap_or(BOOTSTRAP_TIMEOUT_DEFAULT)
+    env_number(env, BOOTSTRAP_TIMEOUT_ENV).filter(|s| s.is_finite() && *s >= 0.0).map(std::time::Duration::from_secs_f64).unwrap_or(BOOTSTRAP_TIMEOUT_DEFAULT)
 }

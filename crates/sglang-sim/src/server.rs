@@ -35,6 +35,13 @@ struct App {
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl App {
+    /// The `--sim-health-fail-after-ready` fault has set in: the server is UnHealthy.
+    fn unhealthy(&self) -> bool {
+        matches!((self.engine.config().sim.health_fail_after_ready, self.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after)
+    }
+}
+
 /// The requests in flight, as SGLang's tokenizer manager keeps them (`rid_to_state`): what a
 /// SIGTERM waits for, what `/abort_request` aborts.
 #[derive(Clone, Default)]
@@ -313,12 +320,9 @@ async fn graceful_exit(app: &App, watchdog_start: tokio::time::Instant) {
         ],
     ));
     app.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
-    let cfg = app.engine.config();
-    if let (Some(after), Some(at)) = (cfg.sim.health_fail_after_ready, app.ready_at.get()) {
-        if at.elapsed() >= after {
-            log::line("Signal SIGTERM received while health check failed. Force exiting.");
-            return;
-        }
+    if app.unhealthy() {
+        log::line("Signal SIGTERM received while health check failed. Force exiting.");
+        return;
     }
     // The watchdog's next tick after the signal.
     let since = watchdog_start.elapsed().as_nanos() / WATCHDOG_PERIOD.as_nanos();
@@ -450,9 +454,7 @@ async fn api_key(State(app): State<App>, req: axum::extract::Request, next: axum
 /// `GET /ready` (0.5.23, `entrypoints/http_server.py`): 200 once up, 503 while starting (this
 /// simulator has no pause or shutdown state yet); no generate.
 async fn ready(State(app): State<App>) -> Response {
-    let cfg = app.engine.config();
-    let unhealthy = matches!((cfg.sim.health_fail_after_ready, app.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after);
-    if app.engine.status() == Status::Starting || app.shutting_down.load(std::sync::atomic::Ordering::SeqCst) || unhealthy {
+    if app.engine.status() == Status::Starting || app.shutting_down.load(std::sync::atomic::Ordering::SeqCst) || app.unhealthy() {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
     } else {
         StatusCode::OK.into_response()
@@ -492,11 +494,9 @@ async fn health(State(app): State<App>) -> Response {
     if app.engine.status() == Status::Starting {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
-    if let (Some(after), Some(at)) = (cfg.sim.health_fail_after_ready, app.ready_at.get()) {
-        if at.elapsed() >= after {
-            tokio::time::sleep(cfg.sim.health_generate).await;
-            return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
-        }
+    if app.unhealthy() {
+        tokio::time::sleep(cfg.sim.health_generate).await;
+        return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
     }
     let generation = std::env::var("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION").map(|v| !matches!(v.to_lowercase().as_str(), "false" | "0")).unwrap_or(true);
     if generation {
