@@ -408,6 +408,8 @@ pub struct RouterWatch {
 struct WatchShared {
     stop: std::sync::atomic::AtomicBool,
     silent: std::sync::atomic::AtomicBool,
+    /// How many silences were announced (a read that overlaps one belongs to it).
+    silences: std::sync::atomic::AtomicUsize,
     seen: std::sync::Mutex<Observed>,
 }
 
@@ -488,9 +490,13 @@ impl RouterWatch {
             let mut silent_since_good = false;
             loop {
                 let stopping = sh.stop.load(SeqCst);
-                let silent = sh.silent.load(SeqCst);
-                silent_since_good |= silent;
+                let silences = sh.silences.load(SeqCst);
+                let silent_at_start = sh.silent.load(SeqCst);
                 let listed = (0..WATCH_TRIES).find_map(|_| read_workers(&url));
+                // Silent if a silence was on at the read's start or end, or began during it (a
+                // read begun just before the test stopped the router is the silence's).
+                let silent = silent_at_start || sh.silent.load(SeqCst) || sh.silences.load(SeqCst) != silences;
+                silent_since_good |= silent;
                 let mut seen = sh.seen.lock().unwrap_or_else(|p| p.into_inner());
                 match listed {
                     None if silent => seen.unreachable_while_silent += 1,
@@ -558,6 +564,9 @@ impl RouterWatch {
     /// The test makes the router unable to answer (`true`) or lets it answer again (`false`):
     /// unanswered reads meanwhile are counted apart, and the silence is not a gap.
     pub fn silence(&self, silent: bool) {
+        if silent {
+            self.shared.silences.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         self.shared.silent.store(silent, std::sync::atomic::Ordering::SeqCst);
     }
 
