@@ -379,7 +379,7 @@ async fn pd_requests_pair_and_a_restarted_prefill_breaks_only_the_old_cache_prof
 #[tokio::test]
 async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_a_mismatched_decode_dies() {
     let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
-    let prefill = pd_proc(None, "prefill", boot, &[]);
+    let prefill = pd_proc(None, "prefill", boot, &["--sim-idle-publish-secs", "3"]);
     // Only the prefill half arrives (its decode died before fetching): the KV stays held.
     let p = {
         let url = prefill.url();
@@ -395,10 +395,22 @@ async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_a
     .await
     .expect("the room is held in the bootstrap queue");
     assert!(held > 0.0, "its KV is in use: {held}");
+    // The held request left the running batch: `/v1/loads` counts it as waiting (0.5.23
+    // `load_inquirer.py` adds the bootstrap queue to `num_waiting_reqs`).
+    let l = loads(&prefill).await;
+    assert_eq!((l["num_running_reqs"].as_u64(), l["num_waiting_reqs"].as_u64()), (Some(0), Some(1)), "{l}");
+    assert_eq!(l["disaggregation"]["prefill_bootstrap_queue_reqs"], 1, "{l}");
     assert_eq!(p.await.unwrap(), 500, "the prefill half fails at the bootstrap timeout");
-    let t = metrics(&prefill, None).await.text().await.unwrap();
-    assert_eq!(gauge(&t, "sglang:num_prefill_bootstrap_queue_reqs"), 0.0);
-    assert_eq!(gauge(&t, "sglang:kv_used_tokens"), 0.0);
+    // `/v1/loads` reads the scheduler's queues as they are: the room is gone at once …
+    let l = loads(&prefill).await;
+    assert_eq!((l["num_waiting_reqs"].as_u64(), l["disaggregation"]["prefill_bootstrap_queue_reqs"].as_u64()), (Some(0), Some(0)), "{l}");
+    // … the gauges only at the next idle publish (here every 3 s; SGLang: 30 s).
+    let gone = poll_until(T, Duration::from_millis(100), || async {
+        let t = metrics(&prefill, None).await.text().await.unwrap();
+        (gauge(&t, "sglang:num_prefill_bootstrap_queue_reqs") == 0.0).then(|| gauge(&t, "sglang:kv_used_tokens"))
+    })
+    .await;
+    assert_eq!(gone, Some(0.0), "the idle publish shows the room and its KV released");
 
     // A decode with another page size: on first contact (the prefill's `/route`) its scheduler
     // raises and the server dies, as 0.5.23's `try_ensure_parallel_info` does.
@@ -534,6 +546,12 @@ async fn v1_loads_answers_the_sections_asked_for() {
     let bad = get("?include=bogus").await.unwrap();
     assert_eq!(bad.status(), 400);
     assert!(bad.text().await.unwrap().contains("Invalid include sections"));
+}
+
+/// The first entry of `GET /v1/loads` (every section).
+async fn loads(p: &SimProc) -> Value {
+    let v: Value = http().get(format!("{}/v1/loads", p.url())).send().await.expect("/v1/loads answers").json().await.expect("JSON");
+    v.pointer("/loads/0").cloned().unwrap_or(Value::Null)
 }
 
 async fn load_of(p: &SimProc) -> u64 {

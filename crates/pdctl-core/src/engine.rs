@@ -1499,6 +1499,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             s.pass(json!({"held": {}, "unreadable": unreadable}));
             return Ok(());
         }
+        // Read from the gauges (a server without `/v1/loads`), a released room can show until the
+        // next idle publish: the default limit covers that lag too.
+        let from_gauges = start.values().any(|v| v["source"] != "/v1/loads");
         let limit = match self.settings.verify.stranded_kv_timeout {
             Some(l) => l,
             None => {
@@ -1507,7 +1510,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     let env = self.units.config(&p.unit).await.map(|c| c.environment).unwrap_or_default();
                     longest = longest.max(crate::sglang::bootstrap_timeout(&env));
                 }
-                longest + Duration::from_secs(10)
+                let lag = if from_gauges { crate::sglang::GAUGE_IDLE_PUBLISH } else { Duration::ZERO };
+                longest + Duration::from_secs(10) + lag
             }
         };
         let t0 = Instant::now();

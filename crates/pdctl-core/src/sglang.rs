@@ -108,6 +108,13 @@ pub const PREFILL_HELD_GAUGES: &[&str] = &[
     "sglang:num_prefill_infight_queue_reqs",
 ];
 
+/// How long the PD queue gauges may lag the scheduler on an idle server: they are refreshed at
+/// batch reports and at the idle publish, which runs at once only when the published running
+/// count is stale and otherwise every 30 s (0.5.23
+/// `managers/scheduler_components/metrics_reporter.py`, `_maybe_log_idle_metrics`). A room
+/// released on an idle prefill can show in `/metrics` this long after; `/v1/loads` has no lag.
+pub const GAUGE_IDLE_PUBLISH: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How long a decode waits for a room's KV before it fails the request and drops the prefill's
 /// cached bootstrap info (`SGLANG_DISAGGREGATION_WAITING_TIMEOUT`, `srt/environ.py`; seconds).
 pub const WAITING_TIMEOUT_ENV: &str = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT";

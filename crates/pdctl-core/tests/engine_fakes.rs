@@ -38,6 +38,8 @@ struct World {
     in_flight: HashMap<String, u64>,
     /// Workers whose requests were aborted, in order.
     aborted: Vec<String>,
+    /// What each read of a prefill's PD queues answers, in order (then nothing held).
+    held: Vec<PdQueues>,
 }
 
 /// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
@@ -255,7 +257,8 @@ impl Probes for FakeProbes {
         pdctl_core::ports::Reach::Open
     }
     async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
-        Ok(PdQueues { held_reqs: 0.0, used_tokens: 0.0, source: "/v1/loads" })
+        let mut w = self.0.lock().unwrap();
+        Ok(if w.held.is_empty() { PdQueues { held_reqs: 0.0, used_tokens: 0.0, source: "/v1/loads" } } else { w.held.remove(0) })
     }
 }
 
@@ -586,4 +589,25 @@ async fn a_stale_decodes_requests_left_after_the_drain_are_aborted_before_its_re
     assert!(drain.detail["aborted_why"].as_str().unwrap_or("").contains("stale"), "{}", drain.detail);
     let p_drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the prefill's drain");
     assert_eq!(p_drain.detail["aborted"], serde_json::Value::Null, "nothing aborted outside a repair by default");
+}
+
+#[tokio::test]
+async fn the_stranded_kv_wait_covers_the_gauges_idle_publish_only_when_read_from_gauges() {
+    // A prefill holds one room when the decode restarts; the next read finds it released.
+    for (source, limit_ms) in [("/v1/loads", 310_000), ("/metrics", 340_000)] {
+        let w = world();
+        w.lock().unwrap().held = vec![PdQueues { held_reqs: 1.0, used_tokens: 9.0, source }];
+        let (summary, events) = run(&w, settings()).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let s = &events
+            .iter()
+            .find(|e| e.unit == "d.service" && e.step == Step::StrandedKv && e.status == Status::Passed)
+            .expect("the stranded-KV gate ran")
+            .detail;
+        assert_eq!(s["held_at_start"]["p.service"]["source"], source, "{s}");
+        assert_eq!(s["released"], true, "{s}");
+        // The bootstrap timeout's default (300 s) + 10 s, + SGLang's 30 s idle publish when the
+        // held rooms were read from the lagging gauges.
+        assert_eq!(s["limit_ms"], limit_ms, "{s}");
+    }
 }

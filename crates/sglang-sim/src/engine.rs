@@ -1,6 +1,12 @@
 //! The simulated scheduler: request and KV-cache accounting, and SGLang's rules for when gauges are
-//! published (`log_stats()` after a prefill batch, every 40 decode iterations, or after the idle
-//! period), rendered as Prometheus text the way `prometheus_client` in multiprocess mode does.
+//! published (`log_stats()` after a prefill batch, every 40 decode iterations, or at the idle
+//! publish), rendered as Prometheus text the way `prometheus_client` in multiprocess mode does.
+//!
+//! The PD queue gauges follow the same rule (0.5.23 `managers/scheduler_components/
+//! metrics_reporter.py`: `report_prefill_stats`, `report_decode_stats`, `_maybe_log_idle_metrics`):
+//! a room moving between queues changes what `/v1/loads` reads at once, but `/metrics` only at the
+//! next batch report or idle publish — at once when the published running count no longer matches
+//! the running batch, otherwise up to 30 s later.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,7 +55,9 @@ struct State {
     generation_tokens_total: u64,
     aborted_total: u64,
     last_decode_tps: f64,
-    /// Prefill: rooms whose KV is held for a decode that has not fetched it yet.
+    /// Prefill: rooms whose KV is held for a decode that has not fetched it yet. Their requests
+    /// left the running batch (`running` does not count them), as in SGLang's PD prefill, where a
+    /// request waits in the bootstrap or inflight queue, not in `running_batch`.
     bootstrap_queue: u64,
     /// Decode: requests waiting before their transfer (`--sim-transfer-delay-secs`).
     prealloc_queue: u64,
@@ -131,10 +139,13 @@ impl Engine {
         self.cfg.sim.max_total_tokens
     }
 
-    /// Running requests and tokens in use, for `/get_load`.
-    pub fn load(&self) -> (u64, u64) {
+    /// Running requests (the running batch), waiting requests (a prefill's held rooms, a decode's
+    /// prealloc queue: SGLang counts its PD queues in `num_waiting_reqs`,
+    /// `managers/scheduler_components/load_inquirer.py`) and tokens in use, for `/v1/loads` and
+    /// `/get_load`.
+    pub fn load(&self) -> (u64, u64, u64) {
         let s = self.lock();
-        (s.running, s.used)
+        (s.running, s.bootstrap_queue + s.prealloc_queue, s.used)
     }
 
     fn publish(&self, s: &mut State) {
@@ -215,14 +226,30 @@ impl Engine {
         s.generation_tokens_total += t.generated;
     }
 
-    /// A PD queue changed: `bootstrap` is the prefill's bootstrap queue (rooms held for a decode),
-    /// else the decode's prealloc queue. The scheduler's event loop publishes the queue gauges as
-    /// rooms move, so they are published here.
-    pub fn pd_queue(&self, bootstrap: bool, add: bool) {
+    /// Prefill: a request's prefill batch is done and its room is held for the decode: it leaves
+    /// the running batch for the bootstrap queue. Nothing is published here; the next idle
+    /// publish sees the running gauge stale and publishes at once.
+    pub fn hold_room(&self) {
         let mut s = self.lock();
-        let q = if bootstrap { &mut s.bootstrap_queue } else { &mut s.prealloc_queue };
-        *q = if add { *q + 1 } else { q.saturating_sub(1) };
-        self.publish(&mut s);
+        s.running = s.running.saturating_sub(1);
+        s.bootstrap_queue += 1;
+    }
+
+    /// Prefill: a held room ended (fetched, timed out or aborted): its tokens move to the radix
+    /// cache. The gauges keep the last published queue until a batch report or the idle publish.
+    pub fn release_room(&self, t: Ticket) {
+        let mut s = self.lock();
+        s.bootstrap_queue = s.bootstrap_queue.saturating_sub(1);
+        s.used = s.used.saturating_sub(t.held);
+        s.evictable += t.held;
+        s.generation_tokens_total += t.generated;
+    }
+
+    /// Decode: a request enters (`add`) or leaves its prealloc queue (waiting before its
+    /// transfer). Published only at the next batch report or idle publish.
+    pub fn prealloc(&self, add: bool) {
+        let mut s = self.lock();
+        s.prealloc_queue = if add { s.prealloc_queue + 1 } else { s.prealloc_queue.saturating_sub(1) };
     }
 
     /// A `/health` generate on an idle prefill-capable scheduler is a prefill batch.
@@ -233,19 +260,26 @@ impl Engine {
         }
     }
 
-    /// `_maybe_log_idle_metrics`: publish when idle and the last publish is older than the
-    /// idle period. Called once a second.
+    /// `_maybe_log_idle_metrics` (0.5.23): when no batch runs, publish at once if the published
+    /// running count disagrees with the running batch (a prefill whose last request moved to a PD
+    /// queue), else only when the last publish is older than the idle period (30 s). Called once a
+    /// second (SGLang: every idle scheduler loop).
     pub fn idle_tick(&self) {
         let mut s = self.lock();
-        if s.running == 0 && s.last_publish.elapsed() >= self.cfg.sim.idle_publish {
+        if s.running != 0 {
+            return;
+        }
+        let stale = s.published.is_some_and(|p| p.running != s.running);
+        if stale || s.last_publish.elapsed() >= self.cfg.sim.idle_publish {
             self.publish(&mut s);
         }
     }
 
-    /// `/flush_cache`: drop the radix cache unless requests are running.
+    /// `/flush_cache`: drop the radix cache unless requests are running or wait in a PD queue
+    /// (0.5.23 `is_fully_idle`).
     pub fn flush_cache(&self) -> bool {
         let mut s = self.lock();
-        if s.running > 0 {
+        if s.running > 0 || s.bootstrap_queue > 0 || s.prealloc_queue > 0 {
             return false;
         }
         s.evictable = 0;
@@ -505,6 +539,46 @@ mod tests {
         let text = e.render_metrics(false);
         assert!(text.contains("sglang:kv_evictable_tokens{") && text.contains("} 140.0"), "{text}");
         e.finish(t2);
+    }
+
+    fn sample(text: &str, name: &str) -> Option<f64> {
+        text.lines().find(|l| l.starts_with(&format!("{name}{{")))?.rsplit(' ').next()?.parse().ok()
+    }
+
+    #[test]
+    fn pd_queue_gauges_move_only_at_a_batch_report_or_the_idle_publish() {
+        const Q: &str = "sglang:num_prefill_bootstrap_queue_reqs";
+        let e = engine("--model-path m --enable-metrics --disaggregation-mode prefill");
+        let t = e.admit(10);
+        assert_eq!(sample(&e.render_metrics(false), Q), Some(0.0), "the prefill batch report: nothing held yet");
+        e.hold_room();
+        assert_eq!(e.load(), (0, 1, 10), "live: out of the running batch, waiting in the bootstrap queue");
+        assert_eq!(sample(&e.render_metrics(false), Q), Some(0.0), "not published as the room moves");
+        e.idle_tick();
+        let text = e.render_metrics(false);
+        assert_eq!((sample(&text, Q), sample(&text, "sglang:num_running_reqs")), (Some(1.0), Some(0.0)), "the stale running gauge publishes at once");
+        e.release_room(t);
+        assert_eq!(e.load(), (0, 0, 0));
+        e.idle_tick();
+        assert_eq!(sample(&e.render_metrics(false), Q), Some(1.0), "within the 30 s idle period the gauge keeps the last report");
+        let later = engine("--model-path m --enable-metrics --disaggregation-mode prefill --sim-idle-publish-secs 0");
+        let t = later.admit(10);
+        later.hold_room();
+        later.idle_tick();
+        later.release_room(t);
+        later.idle_tick();
+        assert_eq!(sample(&later.render_metrics(false), Q), Some(0.0), "the idle period passed: published");
+        assert!(later.flush_cache());
+    }
+
+    #[test]
+    fn flush_cache_refuses_while_a_room_is_held() {
+        let e = engine("--model-path m --disaggregation-mode prefill");
+        let t = e.admit(5);
+        e.hold_room();
+        assert!(!e.flush_cache(), "a held room is work in a PD queue");
+        e.release_room(t);
+        assert!(e.flush_cache());
     }
 
     #[test]

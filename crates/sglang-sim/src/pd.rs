@@ -207,8 +207,7 @@ impl Pd {
         let held: Vec<Held> = lock(&self.inner.rooms).drain().map(|(_, h)| h).collect();
         for mut h in held {
             if let Some(t) = h.ticket.take() {
-                self.engine.finish(t);
-                self.engine.pd_queue(true, false);
+                self.engine.release_room(t);
             }
             if let Some(tx) = h.done.take() {
                 let _ = tx.send(Handoff::Rejected(why.to_string()));
@@ -221,7 +220,7 @@ impl Pd {
     pub async fn hold(&self, rid: &str, b: &Bootstrap, ticket: Ticket) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         lock(&self.inner.rooms).insert(b.room, Held { ticket: Some(ticket), done: Some(tx) });
-        self.engine.pd_queue(true, true);
+        self.engine.hold_room();
         self.inner.added.notify_waiters();
         // The scheduler owns the room, not the HTTP request: a client that goes away does not
         // release it; the hand-off or the bootstrap timeout does.
@@ -253,9 +252,8 @@ impl Pd {
         // On a timeout the room is still there: release it now.
         if let Some(mut h) = lock(&self.inner.rooms).remove(&b.room) {
             if let Some(t) = h.ticket.take() {
-                self.engine.finish(t);
+                self.engine.release_room(t);
             }
-            self.engine.pd_queue(true, false);
         }
         if let Err(e) = &outcome {
             log::line(e);
@@ -272,9 +270,9 @@ impl Pd {
         if let Some(until) = stall.filter(|u| *u > started) {
             // A full prealloc queue: the request waits before its transfer — the window in
             // which a decode killed mid-request strands the prefill's KV.
-            self.engine.pd_queue(false, true);
+            self.engine.prealloc(true);
             tokio::time::sleep_until(until.into()).await;
-            self.engine.pd_queue(false, false);
+            self.engine.prealloc(false);
         }
         let key = format!("{}:{}", b.host, b.port);
         let cached = lock(&self.inner.cache).get(&key).cloned();

@@ -570,8 +570,10 @@ async fn models(State(app): State<App>) -> Response {
 }
 
 async fn get_load(State(app): State<App>) -> Response {
-    let (running, used) = app.engine.load();
-    axum::Json(json!([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": 0, "num_tokens": used}])).into_response()
+    // Profiles before 0.5.13 (the last to serve it): held PD rooms are counted with the running
+    // requests, as the simulator always did there (not checked against those sources).
+    let (running, waiting, used) = app.engine.load();
+    axum::Json(json!([{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": 0, "num_tokens": used}])).into_response()
 }
 
 /// `GET /v1/loads[?include=core,disagg,queues,…][&dp_rank=N]` as 0.5.23 answers it
@@ -587,12 +589,12 @@ async fn v1_loads(State(app): State<App>, axum::extract::Query(q): axum::extract
         return (StatusCode::BAD_REQUEST, axum::Json(json!({ "detail": detail }))).into_response();
     }
     let wants = |section: &str| include.as_ref().is_none_or(|l| l.iter().any(|p| p == section || p == "all"));
-    let (running, used) = app.engine.load();
+    let (running, waiting, used) = app.engine.load();
     let (bootstrap, prealloc) = app.engine.pd_queue_sizes();
     let cfg = app.engine.config();
     let max = cfg.sim.max_total_tokens;
     let mut load = json!({
-        "timestamp": unix_now() as f64, "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
+        "timestamp": unix_now() as f64, "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
         "num_used_tokens": used, "max_total_num_tokens": max,
         "token_usage": if max > 0 { used as f64 / max as f64 } else { 0.0 },
     });
