@@ -61,7 +61,7 @@ fn exit_codes_are_numbered_only_in_the_exit_table() {
     let mut bad = Vec::new();
     for dir in ["crates/pdctl", "crates/pdctld", "crates/pdctl-core/src"] {
         for p in rust_sources(dir) {
-            if p.ends_with("pdctl-core/src/api.rs") {
+            if p.ends_with("pdctl-core/src/exit.rs") {
                 continue; // the table itself
             }
             for (n, l) in code_lines(&p) {
@@ -92,7 +92,7 @@ fn router_as_unit(line: &str) -> bool {
 fn the_router_pseudo_unit_is_spelled_only_in_its_constant() {
     let mut bad = Vec::new();
     for p in rust_sources("crates") {
-        if p.ends_with("pdctl-core/src/api.rs") {
+        if p.ends_with("pdctl-core/src/names.rs") {
             continue; // pub const ROUTER: &str = "router";
         }
         for (n, l) in code_lines(&p) {
@@ -153,4 +153,146 @@ fn every_test_in_the_fault_matrix_exists() {
         }
     }
     assert!(checked >= 25, "the matrix names {checked} tests");
+}
+
+/// The module a `crate::…` or `super::…` path in `file` (the module `at`) names, as one of
+/// `modules` (the longest prefix that is a module of the crate).
+fn module_named(path: &[String], modules: &std::collections::BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|m| modules.contains(m))
+}
+
+/// The `use crate::` graph of one crate (`src`): file module → the modules it names, from code
+/// lines only (not comments, not the unit-test module).
+fn module_graph(src: &Path) -> std::collections::BTreeMap<Vec<String>, std::collections::BTreeSet<Vec<String>>> {
+    let mut files = Vec::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let module_of = |p: &Path| -> Vec<String> {
+        let rel = p.strip_prefix(src).expect("under src");
+        let mut parts: Vec<String> = rel.iter().map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+        if parts.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
+            parts.pop();
+        }
+        parts
+    };
+    let modules: std::collections::BTreeSet<Vec<String>> = files.iter().map(|p| module_of(p)).collect();
+    let mut graph = std::collections::BTreeMap::new();
+    for p in &files {
+        let at = module_of(p);
+        let mut to = std::collections::BTreeSet::new();
+        for (_, line) in code_lines(p) {
+            let line = line.split("//").next().unwrap_or("").to_string();
+            // `crate::{a, b::c}` names `crate::a` and `crate::b::c`.
+            let line = match line.split_once("crate::{") {
+                Some((head, list)) => {
+                    let list = list.split('}').next().unwrap_or("");
+                    format!("{head} {}", list.split(',').map(|x| format!("crate::{}", x.trim())).collect::<Vec<_>>().join(" "))
+                }
+                None => line,
+            };
+            // The crate root names its own modules without `crate::` (`use render::Kind;`).
+            if at.is_empty() {
+                let t = line.trim_start().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
+                if let Some(rest) = t.strip_prefix("use ") {
+                    let first: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    if first != "crate" && modules.contains(&vec![first.clone()]) {
+                        to.insert(vec![first]);
+                    }
+                }
+            }
+            for (i, _) in line.match_indices("crate::").chain(line.match_indices("super::")) {
+                if line[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                    continue; // `pdctl_core::…`, `$crate::…`
+                }
+                let tail = &line[i..];
+                let segs: Vec<String> = tail.split("::").map(|s| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>()).collect();
+                let path: Vec<String> = if segs[0] == "crate" {
+                    segs[1..].iter().take_while(|s| !s.is_empty()).cloned().collect()
+                } else {
+                    let ups = segs.iter().take_while(|s| *s == "super").count();
+                    let mut base = at.clone();
+                    // A file module's `super` is its parent; `mod.rs`' too.
+                    for _ in 0..ups {
+                        base.pop();
+                    }
+                    base.extend(segs[ups..].iter().take_while(|s| !s.is_empty()).cloned());
+                    base
+                };
+                if let Some(m) = module_named(&path, &modules).or_else(|| Some(Vec::new()).filter(|_| !path.is_empty())) {
+                    if (m.is_empty() || !at.starts_with(&m)) && m != at {
+                        to.insert(m);
+                    }
+                }
+            }
+        }
+        graph.insert(at, to);
+    }
+    graph
+}
+
+/// A cycle in `graph`, if there is one (as module paths).
+fn find_cycle(graph: &std::collections::BTreeMap<Vec<String>, std::collections::BTreeSet<Vec<String>>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &Vec<String>,
+        g: &std::collections::BTreeMap<Vec<String>, std::collections::BTreeSet<Vec<String>>>,
+        state: &mut std::collections::BTreeMap<Vec<String>, u8>,
+        path: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<String>> {
+        match state.get(n) {
+            Some(2) => return None,
+            Some(1) => {
+                let from = path.iter().position(|p| p == n).unwrap_or(0);
+                return Some(path[from..].iter().chain(std::iter::once(n)).map(|m| m.join("::")).collect());
+            }
+            _ => {}
+        }
+        state.insert(n.clone(), 1);
+        path.push(n.clone());
+        for m in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, g, state, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state.insert(n.clone(), 2);
+        None
+    }
+    let mut state = std::collections::BTreeMap::new();
+    graph.keys().find_map(|n| visit(n, graph, &mut state, &mut Vec::new()))
+}
+
+#[test]
+fn no_crate_has_an_import_cycle_between_its_files() {
+    let mut cycles = Vec::new();
+    let crates = std::fs::read_dir(root().join("crates")).expect("crates/");
+    for c in crates.flatten() {
+        let src = c.path().join("src");
+        if src.is_dir() {
+            if let Some(cycle) = find_cycle(&module_graph(&src)) {
+                cycles.push(format!("{}: {}", rel(&c.path()), cycle.join(" -> ")));
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "files of one crate import each other in a circle (make one a leaf):\n{}", cycles.join("\n"));
+    // The detector itself: a two-file circle is found, a chain is not.
+    let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+    let g = |edges: &[(&str, &str)]| {
+        let mut g = std::collections::BTreeMap::<Vec<String>, std::collections::BTreeSet<Vec<String>>>::new();
+        for (a, b) in edges {
+            g.entry(m(a)).or_default().insert(m(b));
+            g.entry(m(b)).or_default();
+        }
+        g
+    };
+    assert!(find_cycle(&g(&[("a", "b"), ("b", "a")])).is_some());
+    assert!(find_cycle(&g(&[("a", "b"), ("b", "c"), ("a", "c")])).is_none());
 }

@@ -9,96 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cause::Cause;
 pub use crate::events::{Event, Failure, Outcome, Status, Step, Summary};
+pub use crate::exit::Exit;
+pub use crate::fleet::{FleetSummary, HostResult};
 use crate::lifecycle::{Lifecycle, RolloutState};
-
-/// The pseudo-unit of events about the router as a whole (its preflight check).
-pub const ROUTER: &str = "router";
-
-/// The pseudo-unit of fleet-wide events (preflight's check of the fleet's etcd and limits).
-pub const FLEET: &str = "fleet";
-
-/// The exit codes of `pdctl` (and the `exit_code` of a control-API error). The only place a
-/// number is given to an outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(into = "i32", try_from = "i32")]
-pub enum Exit {
-    /// 0: success.
-    Ok,
-    /// 1: a gate failed; the rollout halted (or was rolled back); for `pdctl status`: a worker is
-    /// not serving.
-    GateFailed,
-    /// 2: bad usage, request or config (also: a configured unit does not exist).
-    Usage,
-    /// 3: cannot reach systemd / the journal / the daemon / the router in preflight, or
-    /// permission denied, or pdctld cannot write its records.
-    Unreachable,
-    /// 4: another rollout is running.
-    Busy,
-    /// 5: aborted by an operator.
-    Aborted,
-    /// 130: the CLI was detached by Ctrl-C (SIGINT, as a shell reports it); the rollout goes on
-    /// in pdctld (`pdctl rollout watch ID` re-attaches).
-    Detached,
-}
-
-impl Exit {
-    /// Every code, in order (for documentation tests).
-    pub const ALL: [Exit; 7] = [Exit::Ok, Exit::GateFailed, Exit::Usage, Exit::Unreachable, Exit::Busy, Exit::Aborted, Exit::Detached];
-
-    /// The process exit code.
-    pub fn code(self) -> i32 {
-        match self {
-            Exit::Ok => 0,
-            Exit::GateFailed => 1,
-            Exit::Usage => 2,
-            Exit::Unreachable => 3,
-            Exit::Busy => 4,
-            Exit::Aborted => 5,
-            Exit::Detached => 130,
-        }
-    }
-
-    /// The code's meaning, one line (docs/cli.md's table).
-    pub fn meaning(self) -> &'static str {
-        match self {
-            Exit::Ok => "success",
-            Exit::GateFailed => "a gate failed; the rollout halted (or was rolled back); `pdctl status`: a worker is not serving",
-            Exit::Usage => "bad usage, request or config",
-            Exit::Unreachable => "cannot reach systemd / the journal / pdctld / the router in preflight, or permission denied",
-            Exit::Busy => "another rollout is running",
-            Exit::Aborted => "aborted by an operator",
-            Exit::Detached => "detached by Ctrl-C; the rollout goes on in pdctld (`pdctl rollout watch ID` re-attaches)",
-        }
-    }
-
-    /// The exit code of a finished rollout.
-    pub fn of(summary: &Summary) -> Exit {
-        match (&summary.result, &summary.failed) {
-            (Outcome::Succeeded, _) => Exit::Ok,
-            (Outcome::Aborted, _) => Exit::Aborted,
-            (Outcome::Failed | Outcome::RolledBack, Some(f)) => f.kind.exit(),
-            (Outcome::Failed | Outcome::RolledBack, None) => Exit::GateFailed,
-        }
-    }
-
-    /// Terminate the process with this code.
-    pub fn exit_process(self) -> ! {
-        std::process::exit(self.code())
-    }
-}
-
-impl From<Exit> for i32 {
-    fn from(e: Exit) -> i32 {
-        e.code()
-    }
-}
-
-impl TryFrom<i32> for Exit {
-    type Error = String;
-    fn try_from(c: i32) -> Result<Exit, String> {
-        Exit::ALL.into_iter().find(|e| e.code() == c).ok_or_else(|| format!("{c} is not one of pdctl's exit codes"))
-    }
-}
+pub use crate::names::{FLEET, ROUTER};
 
 /// What a client asks pdctld to start (`POST /v1/rollouts`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,34 +147,6 @@ pub struct FleetRequest {
     /// Each host's restart may load unit changes its workers do not run yet (`--load-changes`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub load_changes: bool,
-}
-
-/// How one host's part of a fleet rollout ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HostResult {
-    /// Its local rollout succeeded.
-    Succeeded,
-    /// Its local rollout failed (halted, rolled back).
-    Failed,
-    /// Its local rollout was aborted (another host failed).
-    Aborted,
-    /// Its local rollout was interrupted (pdctld stopped, or etcd was lost).
-    Interrupted,
-    /// It did not start: the canary or another host failed first, or it could not start.
-    NotStarted,
-}
-
-/// The last line of `pdctl fleet watch`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetSummary {
-    /// The fleet rollout.
-    pub id: String,
-    /// `succeeded` when every host succeeded, else `failed`.
-    pub result: Outcome,
-    /// Each host's result.
-    pub hosts: BTreeMap<String, HostResult>,
 }
 
 /// What kind of rollout a record is.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::Exit;
+use crate::exit::Exit;
 
 /// The class of a failure: what the operator must fix, and so the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,7 +25,7 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// The exit code of this kind (the table in [`crate::api::Exit`]).
+    /// The exit code of this kind (the table in [`crate::exit::Exit`]).
     pub fn exit(self) -> Exit {
         match self {
             FailureKind::Gate => Exit::GateFailed,
@@ -151,7 +151,7 @@ pub enum Cause {
         role: String,
         /// How long serving stops: its last measured window out of the router, or its last
         /// start (`None`: never measured).
-        expected: Option<crate::revisions::StartTime>,
+        expected: Option<crate::clock::StartTime>,
     },
     /// Two workers' GPU sets overlap.
     GpuOverlap {
@@ -506,10 +506,10 @@ pub fn dur(d: &Duration) -> String {
 /// "about 11s (its last measured window out of the router: drain, stop, start, gates,
 /// re-admission)"; where only a start was measured, that start as a lower bound; or what is known
 /// without a measurement.
-pub fn outage(expected: &Option<crate::revisions::StartTime>) -> String {
+pub fn outage(expected: &Option<crate::clock::StartTime>) -> String {
     let secs = |ms: u64| ms.div_ceil(1000).max(1);
     match expected {
-        Some(crate::revisions::StartTime { window_ms: Some(w), .. }) => {
+        Some(crate::clock::StartTime { window_ms: Some(w), .. }) => {
             format!("about {}s (its last measured window out of the router: drain, stop, start, gates, re-admission)", secs(*w))
         }
         Some(s) if s.ms > 0 => {
@@ -812,7 +812,7 @@ impl Cause {
             Cause::OnlyWorkerOfRole {
                 unit: unit(),
                 role: "prefill".into(),
-                expected: Some(crate::revisions::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000) }),
+                expected: Some(crate::clock::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000) }),
             },
             Cause::RouterUnreachable { error: msg() },
             Cause::DrainFailed { unit: unit(), error: msg() },

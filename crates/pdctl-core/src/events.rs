@@ -183,3 +183,16 @@ pub struct Summary {
 
 /// Where events go.
 pub type Sink = tokio::sync::mpsc::UnboundedSender<Event>;
+
+// The exit code of a rollout is decided here, where its outcome is; the table stays a leaf.
+impl crate::exit::Exit {
+    /// The exit code of a finished rollout.
+    pub fn of(summary: &Summary) -> crate::exit::Exit {
+        match (&summary.result, &summary.failed) {
+            (Outcome::Succeeded, _) => crate::exit::Exit::Ok,
+            (Outcome::Aborted, _) => crate::exit::Exit::Aborted,
+            (Outcome::Failed | Outcome::RolledBack, Some(f)) => f.kind.exit(),
+            (Outcome::Failed | Outcome::RolledBack, None) => crate::exit::Exit::GateFailed,
+        }
+    }
+}

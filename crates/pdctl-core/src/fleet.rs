@@ -129,7 +129,7 @@ impl Semaphore {
         }
         let down: Vec<String> = unhealthy
             .iter()
-            .filter(|u| !self.holders.iter().any(|h| crate::config::same_url(&h.url, u)) && !crate::config::same_url(u, &want.url))
+            .filter(|u| !self.holders.iter().any(|h| crate::url::same_url(&h.url, u)) && !crate::url::same_url(u, &want.url))
             .cloned()
             .collect();
         if self.holders.len() + down.len() < max as usize {
@@ -452,7 +452,7 @@ pub struct HostSummary {
     /// The host.
     pub host: String,
     /// Its result.
-    pub result: crate::api::HostResult,
+    pub result: HostResult,
     /// Its local rollout's id, if one started.
     pub local_id: Option<String>,
     /// Its local rollout's summary, if it ended with one.
@@ -486,12 +486,40 @@ pub fn host_summary_key(name: &str, id: &str, host: &str) -> String {
     format!("{}{host}/summary", rollout_hosts_prefix(name, id))
 }
 
+/// How one host's part of a fleet rollout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostResult {
+    /// Its local rollout succeeded.
+    Succeeded,
+    /// Its local rollout failed (halted, rolled back).
+    Failed,
+    /// Its local rollout was aborted (another host failed).
+    Aborted,
+    /// Its local rollout was interrupted (pdctld stopped, or etcd was lost).
+    Interrupted,
+    /// It did not start: the canary or another host failed first, or it could not start.
+    NotStarted,
+}
+
+/// The last line of `pdctl fleet watch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSummary {
+    /// The fleet rollout.
+    pub id: String,
+    /// `succeeded` when every host succeeded, else `failed`.
+    pub result: crate::events::Outcome,
+    /// Each host's result.
+    pub hosts: BTreeMap<String, HostResult>,
+}
+
 /// The fleet summary from the hosts' summaries (a host without one: not started).
-pub fn fleet_summary(r: &FleetRollout, summaries: &BTreeMap<String, HostSummary>) -> crate::api::FleetSummary {
-    let hosts: BTreeMap<String, crate::api::HostResult> =
-        r.hosts.iter().map(|h| (h.clone(), summaries.get(h).map(|s| s.result).unwrap_or(crate::api::HostResult::NotStarted))).collect();
-    let ok = hosts.values().all(|v| *v == crate::api::HostResult::Succeeded);
-    crate::api::FleetSummary { id: r.id.clone(), result: if ok { crate::events::Outcome::Succeeded } else { crate::events::Outcome::Failed }, hosts }
+pub fn fleet_summary(r: &FleetRollout, summaries: &BTreeMap<String, HostSummary>) -> FleetSummary {
+    let hosts: BTreeMap<String, HostResult> =
+        r.hosts.iter().map(|h| (h.clone(), summaries.get(h).map(|s| s.result).unwrap_or(HostResult::NotStarted))).collect();
+    let ok = hosts.values().all(|v| *v == HostResult::Succeeded);
+    FleetSummary { id: r.id.clone(), result: if ok { crate::events::Outcome::Succeeded } else { crate::events::Outcome::Failed }, hosts }
 }
 
 #[cfg(test)]

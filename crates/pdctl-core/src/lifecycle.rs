@@ -16,12 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::clock::now;
 use crate::events::{Outcome, Step};
-
-/// Seconds since the epoch.
-pub fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
 
 /// Where a rollout stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,8 +12,10 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::lifecycle::now;
+use crate::clock::now;
+pub use crate::clock::StartTime;
 use crate::ports::UnitConfig;
+pub use crate::state_file::{atomic_write, create_private_dir, STATE_DIR_MODE, STATE_FILE_MODE};
 
 /// One file of a revision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,44 +38,6 @@ pub struct Revision {
     pub why: String,
     /// Path → file.
     pub files: BTreeMap<String, FileRev>,
-}
-
-/// Mode of pdctl's own state files (records, revisions, the drain ledger): they hold unit files
-/// and environment files, so not world-readable, whatever the umask.
-pub const STATE_FILE_MODE: u32 = 0o640;
-/// Mode of pdctl's state directories.
-pub const STATE_DIR_MODE: u32 = 0o750;
-
-/// Create `dir` (and its parents) and give it [`STATE_DIR_MODE`].
-pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(STATE_DIR_MODE))
-}
-
-/// Write `bytes` to `path` atomically with file mode `mode` (set explicitly, whatever the umask):
-/// a temporary file next to it (unique to this process and call), fsync, rename over `path`,
-/// fsync the directory. A crash leaves the old or the new contents, never half.
-pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::PermissionsExt as _;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// The mode a restored file gets: the one it has now, else 0644 (unit files are world-readable).
@@ -208,22 +172,6 @@ pub fn quarantine(dir: &Path, q: &Quarantine) -> std::io::Result<()> {
 pub fn quarantined(dir: &Path, current: &Revision) -> Option<Quarantine> {
     let q: Quarantine = serde_json::from_slice(&std::fs::read(quarantine_path(dir, &current.unit)).ok()?).ok()?;
     (q.fingerprint == fingerprint(current)).then_some(q)
-}
-
-/// How long `unit`'s last verified start took (ExecMainStartTimestamp → its ready line), in ms,
-/// and its last window out of the router (drain, stop, start, gates, re-admission): the
-/// interruption to expect when it is the only worker of its role is the window; the start is a
-/// lower bound where no window was measured yet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StartTime {
-    /// Milliseconds of the start.
-    pub ms: u64,
-    /// When it was measured (seconds since the epoch).
-    pub at: u64,
-    /// Milliseconds out of the router, drain to re-admission, at its last verified restart.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub window_ms: Option<u64>,
 }
 
 fn start_path(dir: &Path, unit: &str) -> PathBuf {

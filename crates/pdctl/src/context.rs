@@ -8,7 +8,7 @@ use pdctl_core::engine::KnownChanges;
 use pdctl_core::plan::Plan;
 use pdctl_core::real::RealEngine;
 
-use crate::render::Renderer;
+use crate::render::{Kind, Renderer};
 
 /// Load the config, printing a clear error (exit 2) on failure.
 pub fn settings(path: &Path) -> Result<Settings, Exit> {
@@ -118,17 +118,6 @@ pub async fn check(config: &Path, json: bool, client: &crate::client::Client) ->
         Ok((engine, plan)) => run_read_only(&engine, &plan, json, None).await,
         Err(c) => c,
     }
-}
-
-/// What is being shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A rolling restart run by pdctld, watched.
-    Rollout,
-    /// Preflight only, run here.
-    DryRun,
-    /// All read-only gates, run here.
-    Check,
 }
 
 /// Run the read-only parts of the engine here (`dry`: preflight only; else `check`) with live

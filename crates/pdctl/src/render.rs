@@ -11,7 +11,16 @@ use pdctl_core::api::ROUTER;
 use pdctl_core::events::{Event, Outcome, Status, Step, Summary};
 use pdctl_core::plan::Plan;
 
-use crate::context::Kind;
+/// What is being shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A rolling restart run by pdctld, watched.
+    Rollout,
+    /// Preflight only, run here.
+    DryRun,
+    /// All read-only gates, run here.
+    Check,
+}
 
 /// Prints events as they come.
 pub struct Renderer {

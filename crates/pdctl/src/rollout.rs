@@ -10,8 +10,7 @@ use pdctl_core::lifecycle::RolloutState;
 use pdctl_core::ports::Units as _;
 
 use crate::client::{Client, ClientError};
-use crate::context::Kind;
-use crate::render::{Epilogue, Renderer};
+use crate::render::{Epilogue, Kind, Renderer};
 
 fn fail(e: ClientError) -> Exit {
     eprintln!("pdctl: {e}");

@@ -118,7 +118,7 @@ pub fn abort(message: &str) -> Response {
 impl Pd {
     /// The PD state of a server whose scheduler is `engine`.
     pub fn new(engine: Engine) -> Pd {
-        let identity = format!("{:016x}", crate::server::rand_u128() as u64);
+        let identity = format!("{:016x}", crate::ids::rand_u128() as u64);
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).build().unwrap_or_else(|_| reqwest::Client::new());
         Pd {
             engine,

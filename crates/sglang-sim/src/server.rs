@@ -794,7 +794,7 @@ async fn generate(State(app): State<App>, body: Bytes) -> Response {
     };
     let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
-    let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", rand_u128()));
+    let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", crate::ids::rand_u128()));
     let mut tracked = app.requests.track(&rid);
     let hold = match pd_before(&app, &v, &rid, &mut tracked).await {
         Ok(h) => h,
@@ -869,7 +869,7 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     let max_new = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(Value::as_u64).unwrap_or(16);
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
     let model = app.engine.config().served_model_name.clone();
-    let id = format!("{:032x}", rand_u128());
+    let id = format!("{:032x}", crate::ids::rand_u128());
     let mut tracked = app.requests.track(&id);
     let hold = match pd_before(&app, &v, &id, &mut tracked).await {
         Ok(h) => h,
@@ -916,13 +916,4 @@ async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     axum::Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice],
         "usage": {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}}))
     .into_response()
-}
-
-/// A random number (per-process identities, request ids).
-pub fn rand_u128() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    let a = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(a);
-    (u128::from(a) << 64) | u128::from(h.finish())
 }
