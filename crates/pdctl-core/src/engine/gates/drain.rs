@@ -1,0 +1,118 @@
+//! The drain: the worker out of the gateway (the ledger written first), then a bounded wait for its
+//! requests in flight.
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::cause::Cause;
+use crate::config::Worker;
+use crate::drains::Drain;
+use crate::engine::step::{Fail, POLL};
+use crate::engine::{Ctx, Engine};
+use crate::ports::{Logs, Probes, Units};
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    pub(in crate::engine) async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
+        let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
+        // Listed on which replicas (a gateway of several replicas: each is drained).
+        let mut entries = Vec::new();
+        for r in 0..self.probes.replicas() {
+            let list = self.probes.router_workers(r).await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
+            if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
+                entries.push((r, entry));
+            }
+        }
+        let Some((_, entry)) = entries.first().cloned() else {
+            return Ok(None);
+        };
+        // Written down before the router is touched: whatever happens next (a failed gate, a
+        // crash, SIGKILL), the drain is found and undone.
+        if let Some(l) = ctx.ledger {
+            let st = self.units.state(&w.unit).await?;
+            let d = Drain {
+                unit: w.unit.clone(),
+                url: w.url.clone(),
+                role: w.role,
+                bootstrap_port: w.bootstrap_port,
+                invocation_id: st.invocation_id,
+                router_id: entry.id.clone(),
+                rollout_id: ctx.id.to_string(),
+                drained_at: crate::lifecycle::now(),
+            };
+            l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+        }
+        for (r, e) in &entries {
+            self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
+        }
+        let t0 = Instant::now();
+        // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
+        // still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
+        // worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
+        // outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+        // out the draining entry before it re-registers the worker.
+        let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
+        let mut listed_for_ms = None;
+        'wait: while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
+            for (r, _) in &entries {
+                if let Ok(l) = self.probes.router_workers(*r).await {
+                    if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) {
+                        tokio::time::sleep(POLL).await;
+                        continue 'wait;
+                    }
+                }
+            }
+            listed_for_ms = Some(t0.elapsed().as_millis() as u64);
+            break;
+        }
+        // Wait (bounded) for the requests it runs: read from the server's load endpoint. One that
+        // cannot be read is a cause, never taken for "nothing in flight".
+        let mut left = None;
+        let mut at_start = None;
+        let mut unknown: Option<Cause> = None;
+        let wait_t0 = Instant::now();
+        while t0.elapsed() < self.settings.rollout.drain_timeout {
+            match self.probes.in_flight(&w.url).await {
+                Ok(n) => {
+                    at_start.get_or_insert(n);
+                    left = Some(n);
+                    if n == 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
+                    if self.settings.rollout.unknown_load == crate::config::UnknownLoad::Halt {
+                        return Err(c.into());
+                    }
+                    tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());
+                    unknown = Some(c);
+                    break;
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        // What is left would hold the stop (SGLang waits for it, up to TimeoutStopSec and
+        // SIGKILL): aborted when it can never finish or by the setting. On a stale decode, requests
+        // paired with a healthy prefill end within the drain's wait; those still running then are
+        // the ones waiting for KV from the old prefill process (until the decode's waiting
+        // timeout), so aborting what is left aborts those.
+        let mut aborted = None;
+        if left.is_some_and(|n| n > 0) && (ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout) {
+            self.probes.abort_all(&w.url).await.map_err(|e| drain_failed(format!("POST /abort_request failed: {e}")))?;
+            aborted = left;
+            tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
+        }
+        Ok(Some(json!({
+            "warning": unknown.as_ref().map(Cause::sentence),
+            "cause_code": unknown.as_ref().map(Cause::code),
+            "aborted": aborted,
+            "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
+            "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
+            "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
+            "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
+            "waited_ms": t0.elapsed().as_millis() as u64,
+            "timed_out": left.is_some_and(|n| n > 0),
+        })))
+    }
+}

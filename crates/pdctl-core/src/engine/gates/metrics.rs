@@ -1,0 +1,107 @@
+//! The metrics gate: the KV gauges are exposed and sane (one warm-up request, or a PD pair, when
+//! SGLang has not published them yet).
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::cause::{Cause, MetricsDiagnosis};
+use crate::config::{MetricsMode, Role, Worker};
+use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::Engine;
+use crate::events::{Sink, Step};
+use crate::ports::{Health, Logs, PairTarget, Probes, Units};
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    pub(in crate::engine) async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool) -> Result<(), (Step, Fail)> {
+        if self.settings.verify.metrics == MetricsMode::Off {
+            StepRun::start(sink, &w.unit, Step::Metrics).skip("[verify] metrics = \"off\"");
+            return Ok(());
+        }
+        let s = StepRun::start(sink, &w.unit, Step::Metrics);
+        match self.metrics(w, may_warm).await {
+            Ok(d) => {
+                s.pass(d);
+                Ok(())
+            }
+            Err(f) if self.settings.verify.metrics == MetricsMode::Warn => {
+                s.pass(json!({ "warning": f.cause.sentence(), "cause_code": f.cause.code() }));
+                Ok(())
+            }
+            Err(f) => {
+                s.fail(&f);
+                Err((Step::Metrics, f))
+            }
+        }
+    }
+
+    pub(in crate::engine) async fn metrics(&self, w: &Worker, may_warm: bool) -> Result<Value, Fail> {
+        let t0 = Instant::now();
+        let limit = self.settings.rollout.metrics_timeout;
+        let mut warmed = None;
+        loop {
+            let problem = match within(t0, limit, self.probes.kv(&w.url)).await {
+                Some(Ok(r)) => {
+                    let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
+                    if let Some(o) = d.as_object_mut() {
+                        o.insert("warm_up_request".into(), json!(warmed));
+                        o.insert("waited_ms".into(), json!(t0.elapsed().as_millis() as u64));
+                    }
+                    return Ok(d);
+                }
+                Some(Err(p)) => p,
+                None => crate::ports::MetricsError {
+                    diagnosis: MetricsDiagnosis::Unreachable,
+                    message: format!("{}/metrics did not answer within {limit:?}", w.url),
+                },
+            };
+            if !problem.may_resolve() {
+                return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: None }.into());
+            }
+            if may_warm && warmed.is_none() && self.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
+                // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
+                // A PD worker is warmed with a pair sent straight to it and a serving peer (it may
+                // be the only one of its role in the router, or its peers may be out of it).
+                let direct = if w.role == Role::Regular { None } else { self.warm_pair(w).await };
+                let sent = match (direct, self.settings.verify.router, w.role) {
+                    (Some(r), _, _) => r,
+                    (None, true, _) => self.probes.smoke(0, 48).await.map(|_| "sent through the router".to_string()),
+                    (None, false, Role::Regular) => self.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
+                    (None, false, _) => Ok("not sent: no peer of the other PD role serves".to_string()),
+                };
+                warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
+                continue; // the request has finished: the gauges may be there now
+            }
+            if t0.elapsed() >= limit {
+                return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: Some(limit) }.into());
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// A 48-token PD request sent straight to `w` and the first serving peer (`None`: no peer
+    /// serves).
+    pub(in crate::engine) async fn warm_pair(&self, w: &Worker) -> Option<Result<String, crate::ports::HttpFailure>> {
+        for peer in self.peers(w) {
+            if self.probes.health(&peer.url).await != Health::Up {
+                continue;
+            }
+            let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+            let host = crate::pairing::bootstrap_host(&p.url);
+            let t = PairTarget {
+                prefill_url: &p.url,
+                bootstrap_host: &host,
+                bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+                decode_url: &d.url,
+                room: crate::pairing::room(),
+                max_new_tokens: 48,
+            };
+            let probe = self.probes.pair(t, self.settings.verify.pair_timeout).await;
+            return Some(match probe.decode {
+                crate::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
+                other => Err(crate::ports::HttpFailure(format!("the pair {} + {} answered: {}", p.unit, d.unit, other.describe()))),
+            });
+        }
+        None
+    }
+}

@@ -1,0 +1,11 @@
+//! The gates, one file each, in runbook order. Each is a typed method of [`super::Engine`].
+
+mod drain;
+mod health;
+mod metrics;
+mod pair;
+mod preflight;
+mod ready;
+mod router;
+mod soak;
+mod stranded_kv;

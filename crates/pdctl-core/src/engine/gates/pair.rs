@@ -1,0 +1,177 @@
+//! The pair gate: a PD request sent straight to each pair a restarted worker is in, judged with the
+//! decode's own timing ([`crate::pairing`]).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cause::{Cause, Phase};
+use crate::config::{Role, Worker};
+use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::{Ctx, Engine, Stale};
+use crate::events::{Sink, Step};
+use crate::judge::crashed_since;
+use crate::ports::{Health, Logs, PairTarget, Probes, UnitState, Units};
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// The peers a worker pairs with: every configured worker of the other PD role.
+    pub(in crate::engine) fn peers(&self, w: &Worker) -> Vec<&Worker> {
+        let other = match w.role {
+            Role::Prefill => Role::Decode,
+            Role::Decode => Role::Prefill,
+            Role::Regular => return Vec::new(),
+        };
+        self.settings.workers.iter().filter(|o| o.role == other).collect()
+    }
+
+    /// The pair gate of a restarted worker: a PD request pair sent straight to it and each peer
+    /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
+    /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
+    /// be repaired (`on_stale_pair = "restart-decode"`).
+    pub(in crate::engine) async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, after: &UnitState) -> Result<Vec<Stale>, (Step, Fail)> {
+        // This host's peers, and with [fleet] those of other hosts the gateway lists.
+        let mut peers: Vec<(Worker, Option<(String, String)>)> = self.peers(w).into_iter().map(|p| (p.clone(), None)).collect();
+        peers.extend(self.remote_peers(w).await);
+        if w.role == Role::Regular {
+            return Ok(Vec::new());
+        }
+        if !self.settings.verify.pair {
+            StepRun::start(sink, &w.unit, Step::Pair).skip("[verify] pair = false");
+            return Ok(Vec::new());
+        }
+        if peers.is_empty() {
+            StepRun::start(sink, &w.unit, Step::Pair).skip("no worker of the other PD role is configured");
+            return Ok(Vec::new());
+        }
+        let s = StepRun::start(sink, &w.unit, Step::Pair);
+        let mut pairs = Vec::new();
+        let mut stale: Vec<Stale> = Vec::new();
+        let mut failed: Option<Fail> = None;
+        for (peer, owner) in &peers {
+            let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+            if let Err(why) = self.peer_serves(peer, ctx.together_with == Some(peer.unit.as_str())).await {
+                pairs.push(json!({"prefill": p.unit, "decode": d.unit, "result": "skipped", "why": format!("{} is not serving ({why}): its pairing is not checked", peer.unit)}));
+                continue;
+            }
+            let (verdict, refreshed, probes) = self.probe_pair(p, d).await;
+            pairs.push(json!({
+                "prefill": p.unit, "decode": d.unit, "result": if refreshed { "refreshed" } else { verdict.as_str() },
+                "probes": probes, "at": crate::lifecycle::now(),
+            }));
+            let cause = match verdict {
+                crate::pairing::Verdict::Paired => continue,
+                crate::pairing::Verdict::Stale => {
+                    if self.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
+                        stale.push(Stale { decode: d.clone(), owner: owner.clone() });
+                        continue;
+                    }
+                    Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
+                }
+                crate::pairing::Verdict::Incompatible(m) => {
+                    Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::pairing::describe(&m, &p.unit, &d.unit) }
+                }
+                crate::pairing::Verdict::PrefillBroken(e) => {
+                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e }
+                }
+                crate::pairing::Verdict::DecodeBroken(e) => {
+                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e }
+                }
+                crate::pairing::Verdict::TransferFailed(e) => {
+                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
+                }
+            };
+            failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None });
+        }
+        // A pair that failed because the restarted worker itself went down is that crash.
+        if failed.is_some() {
+            let st = self.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?;
+            if let Some(why) = crashed_since(&st, after) {
+                failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
+            }
+        }
+        let detail = json!({
+            "pairs": pairs,
+            "stale": stale.iter().map(|d| d.decode.unit.clone()).collect::<Vec<_>>(),
+            "repair": (!stale.is_empty()).then_some("restart-decode"),
+        });
+        match failed {
+            Some(mut f) => {
+                f.detail = detail;
+                s.fail(&f);
+                Err((Step::Pair, f))
+            }
+            None => {
+                s.pass(detail);
+                Ok(stale)
+            }
+        }
+    }
+
+    /// Whether a peer serves (`/health` 200). One restarting at the same time is waited for, up
+    /// to its ready and health timeouts.
+    pub(in crate::engine) async fn peer_serves(&self, peer: &Worker, restarting: bool) -> Result<(), String> {
+        let t0 = Instant::now();
+        let limit = if restarting { self.settings.rollout.ready_timeout + self.settings.rollout.health_timeout } else { Duration::ZERO };
+        loop {
+            let why = match within(t0, limit.max(Duration::from_secs(30)), self.probes.health(&peer.url)).await {
+                Some(Health::Up) => return Ok(()),
+                Some(Health::Unavailable(s)) | Some(Health::Down(s)) => s,
+                None => "no answer".into(),
+            };
+            if t0.elapsed() >= limit {
+                return Err(why);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
+    /// 36029 drops the stale entry on the failed request) is probed once more. Returns the
+    /// verdict, whether the second probe found it refreshed, and the probes.
+    pub(in crate::engine) async fn probe_pair(&self, p: &Worker, d: &Worker) -> (crate::pairing::Verdict, bool, Vec<crate::pairing::PairProbe>) {
+        use crate::pairing::Verdict;
+        let host = crate::pairing::bootstrap_host(&p.url);
+        let target = |room| PairTarget {
+            prefill_url: &p.url,
+            bootstrap_host: &host,
+            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+            decode_url: &d.url,
+            room,
+            max_new_tokens: 1,
+        };
+        let limit = self.settings.verify.pair_timeout;
+        let first = self.probes.pair(target(crate::pairing::room()), limit).await;
+        let v = self.judge_pair(p, d, &first).await;
+        if !matches!(v, Verdict::Stale | Verdict::TransferFailed(_)) {
+            return (v, false, vec![first]);
+        }
+        // A decode that got no answer within pair_timeout may still be waiting on a stale cached
+        // prefill that it drops by itself at its waiting timeout (SGLang 0.5.23): the second
+        // probe is given that long before the pair is called stale.
+        let timing = match self.units.config(&d.unit).await {
+            Ok(c) => crate::sglang::DecodeTiming::of(&c.environment),
+            Err(_) => crate::sglang::DecodeTiming::of(&[]),
+        };
+        let limit = crate::pairing::second_probe_limit(&first, limit, &timing);
+        let second = self.probes.pair(target(crate::pairing::room()), limit).await;
+        let v2 = self.judge_pair(p, d, &second).await;
+        let refreshed = v2 == Verdict::Paired;
+        (if refreshed { Verdict::Paired } else { v2 }, refreshed, vec![first, second])
+    }
+
+    pub(in crate::engine) async fn judge_pair(&self, p: &Worker, d: &Worker, probe: &crate::pairing::PairProbe) -> crate::pairing::Verdict {
+        use crate::pairing::{compare, diagnose, settings_of_info};
+        if matches!(probe.decode, crate::pairing::Half::Answered { status: 200, .. }) {
+            return diagnose(probe, &[], None);
+        }
+        let mismatches = match (self.probes.server_info(&p.url).await, self.probes.server_info(&d.url).await) {
+            (Ok(a), Ok(b)) => compare(&settings_of_info(&a), &settings_of_info(&b)),
+            _ => Vec::new(),
+        };
+        let older = match (self.units.state(&d.unit).await, self.units.state(&p.unit).await) {
+            (Ok(ds), Ok(ps)) if ds.exec_main_start_us > 0 && ps.exec_main_start_us > 0 => Some(ds.exec_main_start_us < ps.exec_main_start_us),
+            _ => None,
+        };
+        diagnose(probe, &mismatches, older)
+    }
+}

@@ -1,0 +1,300 @@
+//! Preflight, for every worker before the first restart: the unit exists and runs what it should,
+//! GPU sets do not overlap, a PD worker's new arguments can pair with its running peers, the
+//! stop and pair timings fit, the gateway and the fleet answer.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::api::{FLEET, ROUTER};
+use crate::cause::Cause;
+use crate::config::{MetricsMode, Role, Worker};
+use crate::engine::step::{Fail, StepRun};
+use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
+use crate::events::{Sink, Step};
+use crate::plan::Plan;
+use crate::ports::{Logs, Probes, UnitState, Units};
+use crate::revisions;
+
+fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
+    w.gpus.clone().or_else(|| env.iter().find_map(|kv| kv.strip_prefix("CUDA_VISIBLE_DEVICES=")).and_then(crate::config::parse_gpus))
+}
+
+/// What `w` would load by a plain restart that its running process does not run: files changed
+/// since its last good revision (or, without one, since the process started), drop-ins systemd has
+/// not loaded, `NeedDaemonReload`; and whether those files are a change that already failed.
+fn pending_changes(
+    w: &Worker,
+    cfg: &crate::ports::UnitConfig,
+    st: &UnitState,
+    not_loaded: &[String],
+    dir: Option<&Path>,
+    known: Option<&KnownChanges>,
+) -> Option<Cause> {
+    let files = revisions::paths(&w.unit, cfg, &w.watch_files);
+    let current = revisions::snapshot(&w.unit, &files, "current");
+    let last = dir.and_then(|d| revisions::load(d, &w.unit));
+    let known = known.and_then(|k| k.get(&w.unit)).filter(|_| dir.is_none());
+    let mut changes = match known {
+        Some(k) => k.reasons.clone(),
+        None => revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload),
+    };
+    changes.extend(not_loaded.iter().map(|p| format!("{p} is not loaded by systemd")));
+    changes.sort();
+    changes.dedup();
+    let quarantined = match known {
+        Some(k) => k.quarantined.clone(),
+        None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| quarantine_clause(&q)),
+    };
+    if changes.is_empty() && quarantined.is_none() {
+        return None;
+    }
+    Some(Cause::ChangesPending { unit: w.unit.clone(), changes: changes.join("; "), quarantined })
+}
+
+fn fmt_set(s: &BTreeSet<u32>) -> String {
+    s.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// Preflight for every worker of the plan, before anything is touched.
+    pub(in crate::engine) async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool, ctx: Ctx<'_>) -> Result<(), (String, Fail)> {
+        let mut reloaded = false;
+        let fleet_view = match (&self.settings.fleet, self.settings.verify.router) {
+            (Some(_), true) => self.probes.router_workers(0).await.ok(),
+            _ => None,
+        };
+        let mut sets: Vec<(String, BTreeSet<u32>)> = Vec::new();
+        for w in &plan.workers {
+            let s = StepRun::start(sink, &w.unit, Step::Preflight);
+            let r = async {
+                let st = self.units.state(&w.unit).await?;
+                // `check` (nothing restarts): a worker that is not running fails its own check.
+                if ctx.allow_outage.is_none() && st.active_state != "active" {
+                    return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
+                }
+                let mut cfg = self.units.config(&w.unit).await?;
+                // Drop-ins on disk that systemd has not loaded yet (a new one does not set
+                // NeedDaemonReload): a restart without a reload would not apply them.
+                let not_loaded = |cfg: &crate::ports::UnitConfig| -> Vec<String> {
+                    revisions::paths(&w.unit, cfg, &[])
+                        .into_iter()
+                        .map(|p| p.display().to_string())
+                        .filter(|p| p.ends_with(".conf") && !cfg.drop_in_paths.contains(p))
+                        .collect()
+                };
+                let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
+                // A restart that is not a config rollout loads nothing the worker does not run
+                // yet (checked before any reload): a pending change is rolled out by `rollout
+                // apply`, through every gate, or accepted with --load-changes.
+                if ctx.allow_outage.is_some() && !ctx.load_changes {
+                    if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
+                        return Err(Fail::from(c));
+                    }
+                }
+                let mut did_reload = false;
+                if needs_reload && dry {
+                    did_reload = true; // reported as "would reload"
+                } else if needs_reload && !reloaded {
+                    self.units.reload().await?;
+                    reloaded = true;
+                    did_reload = true;
+                    cfg = self.units.config(&w.unit).await?;
+                }
+                let on_disk = not_loaded(&cfg);
+                let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
+                let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
+                if self.settings.verify.metrics == MetricsMode::Required && !metrics_flag {
+                    return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
+                }
+                let gpus = gpus_of(w, &cfg.environment);
+                if let Some(g) = &gpus {
+                    if let Some((other, og)) = sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
+                        return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
+                    }
+                    sets.push((w.unit.clone(), g.clone()));
+                }
+                self.not_blocked(&w.unit, &w.url).await?;
+                // A worker started with --api-key refuses every call pdctl makes but /health,
+                // /ready and /metrics without its key: found now, before anything is touched.
+                // `None`: not checked (the unit is not running).
+                let mut api_key_check = None;
+                if st.active_state == "active" {
+                    match self.probes.auth(&w.url).await {
+                        crate::ports::Auth::Rejected { endpoint, status, key } => return Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key })),
+                        crate::ports::Auth::Unknown(why) => api_key_check = Some(format!("not checked: {why}")),
+                        crate::ports::Auth::Accepted => api_key_check = Some("accepted".to_string()),
+                    }
+                }
+                let pairing = self.pairing_preflight(w, plan, &cfg).await?;
+                // What a stop of this worker may run into (SGLang's stop waits for its requests).
+                let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
+                let mut warnings = crate::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
+                if w.role == Role::Decode && self.settings.verify.pair {
+                    warnings.extend(crate::pairing::timing_risk(
+                        &w.unit,
+                        &crate::sglang::DecodeTiming::of(&cfg.environment),
+                        self.settings.verify.pair_timeout,
+                    ));
+                }
+                for warning in &warnings {
+                    tracing::warn!(pdctl_unit = %w.unit, "{warning}");
+                }
+                // The only worker of its role: restarting it stops serving (PD needs both roles).
+                let mut outage = None;
+                // With [fleet], over the whole fleet as the router sees it; else this host's.
+                let alone = match &fleet_view {
+                    Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
+                    None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
+                };
+                if let (true, Some(allowed)) = (alone, ctx.allow_outage) {
+                    let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
+                        (Some(d), _) => revisions::last_start(d, &w.unit),
+                        (None, Some(k)) => k.timing.clone(),
+                        (None, None) => None,
+                    };
+                    if !allowed {
+                        return Err(Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }));
+                    }
+                    outage = Some(format!(
+                        "{} is the only {} worker: serving stops while it restarts, for {} (accepted: allow_outage)",
+                        w.unit,
+                        w.role.as_str(),
+                        crate::cause::outage(&expected)
+                    ));
+                }
+                Ok(json!({
+                    "outage": outage,
+                    "active_state": st.active_state, "sub_state": st.sub_state, "invocation_id": st.invocation_id,
+                    "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
+                    "drop_ins_not_loaded": on_disk,
+                    "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
+                    "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
+                    "timeout_stop_ms": cfg.timeout_stop.map(|d| d.as_millis() as u64), "warnings": warnings,
+                    "api_key_check": api_key_check,
+                }))
+            }
+            .await;
+            match r {
+                Ok(d) => s.pass(d),
+                Err(f) => {
+                    s.fail(&f);
+                    return Err((w.unit.clone(), f));
+                }
+            }
+        }
+        if let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) {
+            let s = StepRun::start(sink, FLEET, Step::Preflight);
+            let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
+            let r = async {
+                for e in &f.etcd {
+                    self.not_blocked("etcd", e).await?;
+                }
+                let limits = if dry {
+                    match c.get(&crate::fleet::limits_key(&f.name)).await {
+                        Ok(Some(e)) => serde_json::from_slice::<crate::fleet::Limits>(&e.value)
+                            .map(|l| l.disagreement(&local).map_or(Ok(l), Err))
+                            .unwrap_or(Ok(local.clone())),
+                        Ok(None) => Ok(local.clone()),
+                        Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.0 }))?,
+                    }
+                } else {
+                    crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?
+                };
+                let limits = limits.map_err(|(role, etcd, local)| Fail::from(Cause::FleetLimits { role, etcd, local }))?;
+                let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+                let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+                Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
+            }
+            .await;
+            match r {
+                Ok(d) => s.pass(d),
+                Err(f) => {
+                    s.fail(&f);
+                    return Err((FLEET.into(), f));
+                }
+            }
+        }
+        if self.settings.verify.router {
+            let s = StepRun::start(sink, ROUTER, Step::Preflight);
+            if let Some(r) = &self.settings.router {
+                for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
+                    if let Err(f) = self.not_blocked("the router", u).await {
+                        s.fail(&f);
+                        return Err((ROUTER.into(), f));
+                    }
+                }
+            }
+            // Every replica answers, or nothing is touched.
+            let mut lists = Vec::new();
+            for r in 0..self.probes.replicas() {
+                match self.probes.router_workers(r).await {
+                    Ok(list) => lists.push(list),
+                    Err(e) => {
+                        let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
+                        s.fail(&f);
+                        return Err((ROUTER.into(), f));
+                    }
+                }
+            }
+            match lists.len() {
+                1 => s.pass(json!({ "workers": lists.pop() })),
+                _ => s.pass(json!({ "replicas": lists })),
+            }
+        }
+        Ok(())
+    }
+
+    /// A configured address this process may not connect to at all (pdctld's unit allows
+    /// loopback only unless a drop-in allows more): refused in preflight, naming the fix.
+    pub(in crate::engine) async fn not_blocked(&self, what: &str, url: &str) -> Result<(), Fail> {
+        let host = crate::pairing::bootstrap_host(url);
+        if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") || host.starts_with("127.") {
+            return Ok(());
+        }
+        match self.probes.reach(url).await {
+            crate::ports::Reach::Blocked(_) => Err(Fail::from(Cause::AddressBlocked { what: what.to_string(), url: url.to_string() })),
+            _ => Ok(()),
+        }
+    }
+
+    /// Preflight of a PD worker: the settings its ExecStart asks for are compared with what each
+    /// peer of the other role runs (`/server_info`; for a peer restarted together with it, the
+    /// peer's ExecStart), so that a change that would break every transfer is refused before
+    /// anything is touched.
+    pub(in crate::engine) async fn pairing_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig) -> Result<Value, Fail> {
+        use crate::pairing::{compare, describe, settings_of_argv, settings_of_info};
+        let Some(argv) = cfg.exec_start.first().filter(|_| self.settings.verify.pair && w.role != Role::Regular) else {
+            return Ok(Value::Null);
+        };
+        let ours = settings_of_argv(argv);
+        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together && plan.workers.len() == 2;
+        let mut checked = Vec::new();
+        for peer in self.peers(w) {
+            let theirs = if together && plan.workers.iter().any(|x| x.unit == peer.unit) {
+                self.units.config(&peer.unit).await.ok().and_then(|c| c.exec_start.first().map(|a| settings_of_argv(a)))
+            } else {
+                self.probes.server_info(&peer.url).await.ok().map(|v| settings_of_info(&v))
+            };
+            let Some(theirs) = theirs else {
+                checked.push(json!({"peer": peer.unit, "compared": false, "why": "its settings could not be read"}));
+                continue;
+            };
+            let m = compare(&ours, &theirs);
+            if !m.is_empty() {
+                return Err(Fail {
+                    cause: Cause::IncompatibleChange {
+                        unit: w.unit.clone(),
+                        peer: peer.unit.clone(),
+                        detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)),
+                    },
+                    detail: json!({"mismatches": m}),
+                    unit: None,
+                });
+            }
+            checked.push(json!({"peer": peer.unit, "compared": true, "settings": ours}));
+        }
+        Ok(json!(checked))
+    }
+}

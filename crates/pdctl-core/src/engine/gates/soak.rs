@@ -1,0 +1,84 @@
+//! The soak: the same run (InvocationID, NRestarts) stays up for `min_healthy`; and the availability
+//! probe that watches what clients see meanwhile.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cause::{Cause, Phase};
+use crate::config::Role;
+use crate::engine::step::{lock, Fail};
+use crate::engine::{Clients, Engine};
+use crate::judge::crashed_since;
+use crate::ports::{Logs, Probes, UnitState, Units, Watch};
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    pub(in crate::engine) async fn soak(&self, unit: &str, watch: &mut U::W, after: &UnitState) -> Result<Value, Fail> {
+        let limit = self.settings.rollout.min_healthy;
+        let crashed = |why: String| Fail::from(Cause::Crashed { unit: unit.to_string(), phase: Phase::Soak, why });
+        let deadline = tokio::time::sleep(limit);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                c = watch.changed() => {
+                    if c.is_none() {
+                        return Err(Cause::EventSourceClosed { what: "the D-Bus connection to systemd".into() }.into());
+                    }
+                    let st = self.units.state(unit).await?;
+                    if let Some(why) = crashed_since(&st, after) {
+                        return Err(crashed(why));
+                    }
+                }
+                _ = &mut deadline => break,
+            }
+        }
+        // Changes between signals are caught by comparing once more.
+        let st = self.units.state(unit).await?;
+        if let Some(why) = crashed_since(&st, after) {
+            return Err(crashed(why));
+        }
+        if st.active_state != "active" {
+            return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
+        }
+        Ok(json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts }))
+    }
+
+    /// The availability probe: every `1/rate` s, one 1-token request through the router — unless a
+    /// role has no worker the gateway admits (then nothing is sent, and the tick counts as an error
+    /// from the gateway's view) — until the rollout is over.
+    pub(in crate::engine) async fn watch_clients(&self, rate: f64, c: &Clients) {
+        use crate::availability::Sample;
+        let mut roles: Vec<Role> = self.settings.workers.iter().map(|w| w.role).collect();
+        roles.sort();
+        roles.dedup();
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // One last sample after the rollout ended: a worker still out at the end (a halt)
+            // keeps the error window open until then.
+            let last = c.done.load(Ordering::SeqCst);
+            let at = Instant::now();
+            let unit = lock(&c.current).clone();
+            let admitted = match tokio::time::timeout(Duration::from_secs(5), self.probes.router_workers(0)).await {
+                Ok(Ok(list)) => roles.iter().all(|r| list.iter().any(|x| x.worker_type == r.as_str() && x.admitted())),
+                _ => false,
+            };
+            let sample = if admitted {
+                let t = Instant::now();
+                let ok = matches!(tokio::time::timeout(Duration::from_secs(5), self.probes.smoke(0, 1)).await, Ok(Ok(())));
+                if !ok {
+                    c.failed.fetch_add(1, Ordering::SeqCst);
+                }
+                Sample { at, sent: true, ok, latency: ok.then(|| t.elapsed()), unit }
+            } else {
+                Sample { at, sent: false, ok: false, latency: None, unit }
+            };
+            lock(&c.samples).push(sample);
+            if last {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The rollout state machine. It reads like the runbook — for each worker, in plan order:
+//!
+//! 1. **preflight** (all workers, before the first restart): the unit exists; reload the manager if
+//!    `NeedDaemonReload`; `--enable-metrics` is in ExecStart when the metrics gate is required; GPU
+//!    sets do not overlap; a PD worker's ExecStart can pair with its running peers
+//!    ([`crate::pairing::compare`]); the router answers.
+//! 2. **drain**: take the worker out of the router, wait (bounded) for its in-flight requests.
+//! 3. **restart**: journal cursor, watch the unit, `RestartUnit(name, "replace")`, our job's result.
+//! 4. **ready**: the ready line of *this* run ([`crate::judge::Judge`]); fail fast on a fatal line,
+//!    the manager's exit/failure messages, or a crash/auto-restart ([`crate::judge::crashed_since`]).
+//! 5. **health**: `/health` answers 200.
+//! 6. **pair** (a PD worker, still out of the router): a PD request sent straight to each pair it
+//!    is in; a decode found with a stale pairing after a prefill restart is restarted through every
+//!    gate as a repair (`repair_of`), or the rollout halts (`on_stale_pair`).
+//! 7. **router**: registered (re-registered if the router dropped it) with the right type, healthy,
+//!    circuit breaker not open, one small request through the router answers 200.
+//! 8. **metrics**: KV gauges exposed and sane (one warm-up request if they are not published yet).
+//! 9. **stranded_kv** (a decode): the prefills release the KV they held for its old process's rooms.
+//! 10. **soak**: the same run (InvocationID, NRestarts) stays up for `min_healthy`; then the files it
+//!     runs with are recorded as its good revision.
+//!
+//! The first failure halts the rollout with its [`Cause`] and the unit's last log lines; nothing
+//! after it is touched. One unit is down at a time. With `on_failure = "rollback"` the failed unit's
+//! last good revision is restored and run through the same gates ([`Engine::execute`]). A resumed
+//! rollout re-verifies the unit it stopped at and restarts it only if that fails.
+
+mod gates;
+mod recovery;
+mod repair;
+mod run;
+mod sequence;
+mod slots;
+mod step;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use crate::config::{Settings, Worker};
+use crate::drains::Ledger;
+use crate::events::Summary;
+use crate::plan::Plan;
+
+use crate::revisions;
+
+pub use recovery::quarantine_clause;
+pub use step::sentence;
+
+/// Lines of the unit's log attached to a failure.
+pub const LAST_LINES: usize = 20;
+
+/// The engine: settings plus the three ports.
+pub struct Engine<U, L, P> {
+    /// systemd.
+    pub units: U,
+    /// The journal.
+    pub logs: L,
+    /// HTTP checks.
+    pub probes: P,
+    /// Validated settings.
+    pub settings: Settings,
+    /// The fleet's store (etcd), with `[fleet]`.
+    pub coordinator: Option<std::sync::Arc<dyn crate::ports::Coordinator>>,
+}
+
+/// What `check` does not do: restart, soak, and anything that changes the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Rollout,
+    Check,
+}
+
+/// A rollout for [`Engine::execute`].
+pub struct RolloutRun<'a> {
+    /// The workers, in order.
+    pub plan: &'a Plan,
+    /// Continue an interrupted rollout: the first unit is re-verified and restarted only if that fails.
+    pub resume: bool,
+    /// Set by an operator: stop between units.
+    pub abort: &'a AtomicBool,
+    /// Where good revisions live (pdctld's state directory); `None`: no revisions, no rollback.
+    pub revisions: Option<&'a Path>,
+    /// Where drains are written down before the router is touched; `None`: drains are not
+    /// persisted (only for in-process runs that cannot outlive their caller).
+    pub ledger: Option<&'a Ledger>,
+    /// The rollout's id (names files moved aside by a rollback; in the drain ledger).
+    pub id: &'a str,
+    /// Taking the only worker of a role down is accepted (`--allow-outage`; or the config's).
+    pub allow_outage: bool,
+    /// Changes on disk that a worker does not run yet may be loaded by its restart (a config
+    /// rollout, or `--load-changes`); else such a worker is refused in preflight.
+    pub load_changes: bool,
+}
+
+/// What a run writes to besides events.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    revisions: Option<&'a Path>,
+    ledger: Option<&'a Ledger>,
+    id: &'a str,
+    /// `None`: nothing is restarted (check); else whether an outage is accepted.
+    allow_outage: Option<bool>,
+    /// The availability probe's view, when it runs.
+    clients: Option<&'a Clients>,
+    /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
+    /// waits for it to serve instead of skipping it.
+    together_with: Option<&'a str>,
+    /// Changes a worker does not run yet may be loaded ([`RolloutRun::load_changes`]).
+    load_changes: bool,
+    /// Without the revisions directory (a dry run outside pdctld): what pdctld said is pending.
+    known: Option<&'a KnownChanges>,
+    /// Abort what the worker still runs after the drain (a stale decode's requests can never
+    /// finish and would hold its stop until SIGKILL).
+    abort_in_flight: bool,
+}
+
+impl Ctx<'_> {
+    fn none(allow_outage: Option<bool>, load_changes: bool) -> Ctx<'static> {
+        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes, known: None, abort_in_flight: false }
+    }
+}
+
+/// What pdctld's `GET /v1/diff` says of one worker: what a dry run run outside pdctld knows of
+/// the state it cannot read.
+#[derive(Debug, Clone, Default)]
+pub struct Known {
+    /// What changed since its last good revision.
+    pub reasons: Vec<String>,
+    /// Its current files are a change that failed (as a clause: [`quarantine_clause`]).
+    pub quarantined: Option<String>,
+    /// Its last measured start and window out of the router.
+    pub timing: Option<revisions::StartTime>,
+}
+
+/// Unit → what pdctld knows of it ([`Known`]).
+pub type KnownChanges = std::collections::BTreeMap<String, Known>;
+
+/// A unit restarted to repair a stale pairing, and the prefill whose restart needed it.
+type Repaired = Vec<(Worker, String)>;
+
+/// A decode found with a stale pairing: this host's, or another host's (`owner`: host and unit).
+struct Stale {
+    decode: Worker,
+    owner: Option<(String, String)>,
+}
+
+/// Shared between the rollout and its availability probe.
+#[derive(Default)]
+struct Clients {
+    /// The unit being rolled (tags samples).
+    current: std::sync::Mutex<Option<String>>,
+    /// Failed probe requests so far.
+    failed: std::sync::atomic::AtomicU64,
+    /// The rollout is over: the probe stops.
+    done: AtomicBool,
+    /// Samples, in time order.
+    samples: std::sync::Mutex<Vec<crate::availability::Sample>>,
+}
+
+/// Whether a worker runs its current files.
+#[derive(Debug, Clone)]
+pub struct Staleness {
+    /// The unit.
+    pub unit: String,
+    /// What changed since its last good revision (empty: nothing).
+    pub reasons: Vec<String>,
+    /// Its current files are a change that failed before (not rolled out again by `apply`).
+    pub quarantined: Option<revisions::Quarantine>,
+}
+
+/// How a rollout ended, and what was done besides the gates (revisions recorded, rollback).
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The summary.
+    pub summary: Summary,
+    /// What was recorded or restored, one sentence each.
+    pub notes: Vec<String>,
+    /// What clients saw during each unit's window (the availability probe).
+    pub availability_by_unit: std::collections::BTreeMap<String, crate::availability::Availability>,
+}

@@ -1,0 +1,275 @@
+//! Recovery: good revisions recorded and restored (rollback), changes quarantined, drains and slots
+//! reconciled after a crash, and whether each worker runs its current files (staleness).
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::cause::Cause;
+use crate::config::Worker;
+use crate::drains::{Drain, Ledger};
+use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::{Ctx, Engine, Mode, Staleness};
+use crate::events::{Outcome, Sink, Status, Step};
+use crate::plan::Plan;
+use crate::ports::{Health, Logs, Probes, UnitState, Units, UnitsError};
+use crate::revisions;
+
+/// "in rollout r17…: <its cause>", for [`Cause::ChangesPending`].
+pub fn quarantine_clause(q: &revisions::Quarantine) -> String {
+    format!("in rollout {}: {}", q.rollout_id, q.cause)
+}
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// Record the files `w` was just verified with as its good revision — only those its running
+    /// process can have started with ([`revisions::baseline`]); returns the note.
+    pub(in crate::engine) async fn record_revision(&self, w: &Worker, dir: &Path) -> String {
+        let (cfg, st) = match (self.units.config(&w.unit).await, self.units.state(&w.unit).await) {
+            (Ok(c), Ok(s)) => (c, s),
+            (Err(e), _) | (_, Err(e)) => return format!("could not record the revision of {}: {e}", w.unit),
+        };
+        let mut rev = revisions::baseline(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), st.exec_main_start_us);
+        rev.why = "started".into();
+        match revisions::save(dir, &rev) {
+            Ok(()) => format!("recorded the revision {} runs with: {}", w.unit, rev.files.keys().cloned().collect::<Vec<_>>().join(", ")),
+            Err(er) => format!("could not record the revision of {}: {er}", w.unit),
+        }
+    }
+
+    /// A unit failed its gates with files that differ from its last good revision: that change
+    /// failed, so `rollout apply` does not roll the same files out again until they change.
+    pub(in crate::engine) async fn quarantine_if_changed(&self, unit: &str, cause: &str, dir: &Path, id: &str) -> Option<String> {
+        let w = self.settings.workers.iter().find(|w| w.unit == unit)?;
+        let cfg = self.units.config(unit).await.ok()?;
+        let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
+        let last = revisions::load(dir, unit)?;
+        if revisions::stale_reasons(&current, Some(&last), 0, false).is_empty() {
+            return None;
+        }
+        let q = revisions::Quarantine {
+            unit: unit.into(),
+            fingerprint: revisions::fingerprint(&current),
+            rollout_id: id.into(),
+            cause: cause.into(),
+            at: crate::lifecycle::now(),
+        };
+        Some(match revisions::quarantine(dir, &q) {
+            Ok(()) => format!("quarantined the change of {unit} that failed (its files' fingerprint {}): `pdctl rollout apply` will not roll it out again until the files change", &q.fingerprint[..12]),
+            Err(e) => format!("could not quarantine the failed change of {unit}: {e}"),
+        })
+    }
+
+    /// Restore `unit`'s last good revision, reload, and — when it was restarted (`restart`) — run
+    /// it through the same gates. A preflight failure restarted nothing: the running process still
+    /// has its old files, so the change is only taken back (files restored, manager reloaded).
+    /// `Ok(false)`: there was nothing to take back.
+    pub(in crate::engine) async fn rollback(
+        &self,
+        unit: &str,
+        ctx: Ctx<'_>,
+        dir: &Path,
+        restart: bool,
+        sink: &Sink,
+        notes: &mut Vec<String>,
+    ) -> Result<bool, String> {
+        let w = self.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
+        let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
+        let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
+        let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
+        let step = StepRun::start(sink, unit, Step::Rollback);
+        let done = match revisions::restore(&last, &current, ctx.id) {
+            Ok(d) => d,
+            Err(er) => {
+                let why = format!("cannot restore the files: {er}");
+                step.emit(Status::Failed, json!({ "cause": why }));
+                return Err(why);
+            }
+        };
+        if !restart && done.is_empty() {
+            step.skip("nothing to restore: the unit's files are its last good revision");
+            return Ok(false);
+        }
+        tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
+        if let Err(er) = self.units.reload().await {
+            step.emit(Status::Failed, json!({ "cause": er.to_string(), "restored": done }));
+            return Err(er.to_string());
+        }
+        step.pass(json!({ "revision_recorded_at": last.recorded_at, "restored": done, "restart": restart }));
+        notes.extend(done);
+        if !restart {
+            notes.push(format!("{unit} was not restarted (preflight refused the change): its files are back to what it runs, and the manager reloaded them"));
+            return Ok(true);
+        }
+        let plan = Plan { workers: vec![w.clone()] };
+        // The restored files are what it ran last: loading them is the point.
+        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
+        match s.result {
+            Outcome::Succeeded => {
+                notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
+                Ok(true)
+            }
+            _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
+        }
+    }
+
+    /// Undo a drain pdctl made (step `reconcile`): the worker is re-admitted to the router only
+    /// when it serves. Still on the run that was drained and healthy: re-registered at once (that
+    /// process passed the gates). On a new run: only after `/health` and the router gate pass,
+    /// waiting up to `budget` for it to come up while systemd is still starting it (a 0.3.2 router
+    /// loses for good a worker registered while it is still starting). Anything else stays in
+    /// the ledger and is reported. Returns a note for the record.
+    pub async fn reconcile(&self, d: &Drain, ledger: &Ledger, budget: Duration, sink: &Sink) -> Result<String, Cause> {
+        let s = StepRun::start(sink, &d.unit, Step::Reconcile);
+        let t0 = Instant::now();
+        let w = self.settings.workers.iter().find(|w| w.unit == d.unit).cloned().unwrap_or_else(|| Worker {
+            unit: d.unit.clone(),
+            role: d.role,
+            url: d.url.clone(),
+            bootstrap_port: d.bootstrap_port,
+            gpus: None,
+            watch_files: Vec::new(),
+            api_key: None,
+        });
+        let r = async {
+            let st = self.units.state(&d.unit).await?;
+            let same_run = !d.invocation_id.is_empty() && st.invocation_id == d.invocation_id;
+            let mut last;
+            let mut stopped_since: Option<Instant> = None;
+            loop {
+                last = match within(t0, budget.max(Duration::from_secs(30)), self.probes.health(&w.url)).await {
+                    Some(Health::Up) => break,
+                    Some(Health::Unavailable(x)) | Some(Health::Down(x)) => x,
+                    None => "no answer".into(),
+                };
+                let st = self.units.state(&d.unit).await?;
+                // A restart passes through deactivating and, briefly, inactive: only a failed unit,
+                // or one that stays inactive, is not coming up.
+                stopped_since = match st.active_state.as_str() {
+                    "inactive" => stopped_since.or(Some(Instant::now())),
+                    _ => None,
+                };
+                // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
+                // the rollout lock for the whole budget.
+                let gone = st.active_state == "failed" || st.sub_state == "auto-restart" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+                if gone || t0.elapsed() >= budget {
+                    return Err(Fail::from(Cause::DrainNotRestored {
+                        unit: d.unit.clone(),
+                        why: format!("{}/{}, /health: {last}", st.active_state, st.sub_state),
+                    }));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            let admitted = self.router(&w, true, false).await?;
+            ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+            Ok(json!({ "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64 }))
+        }
+        .await;
+        match r {
+            Ok(detail) => {
+                s.pass(detail);
+                let slot = self.reconcile_slots(ledger, Some(&d.unit)).await.join("; ");
+                Ok(format!(
+                    "{} was drained by {} and is back in the router{}",
+                    d.unit,
+                    d.rollout_id,
+                    if slot.is_empty() { String::new() } else { format!("; {slot}") }
+                ))
+            }
+            Err(f) => {
+                s.fail(&f);
+                Err(f.cause)
+            }
+        }
+    }
+
+    /// Fleet slots this host still has on record (only `unit`'s when given): each whose worker
+    /// has no open drain and serves (`/health` 200) is given back; one etcd no longer lists is
+    /// crossed off. A worker still down keeps its slot (it really is down). Returns one sentence
+    /// per slot given back.
+    pub async fn reconcile_slots(&self, ledger: &Ledger, unit: Option<&str>) -> Vec<String> {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (name, recs) in ledger.slots() {
+            if unit.is_some_and(|u| u.replace('/', "_") != name) || ledger.get(&name).is_some() {
+                continue;
+            }
+            let mut serving = true;
+            for r in &recs {
+                serving &= self.probes.health(&r.hold.url).await == Health::Up;
+            }
+            if !serving {
+                continue;
+            }
+            let mut done = true;
+            for r in &recs {
+                match crate::fleet::release(c.as_ref(), &f.name, &r.role, &r.hold.holder, &r.hold.token).await {
+                    Ok(true) => out.push(format!("gave back {}'s {} slot (held since {})", r.hold.holder, r.role, crate::fleet::clock(r.hold.since))),
+                    Ok(false) => {}
+                    Err(_) => done = false,
+                }
+            }
+            if done {
+                let _ = ledger.clear_slot(&name);
+            }
+        }
+        out
+    }
+
+    /// `st` if the unit's run is settled: active and running, up for `min_healthy` (waiting
+    /// out the rest, at most `min_healthy`) on the same run without an auto-restart; else `None`.
+    pub(in crate::engine) async fn settled(&self, unit: &str, st: UnitState) -> Option<UnitState> {
+        if st.active_state != "active" || st.sub_state != "running" {
+            return None;
+        }
+        let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let up = Duration::from_micros(now_us.saturating_sub(st.exec_main_start_us));
+        let need = self.settings.rollout.min_healthy;
+        if up < need {
+            tokio::time::sleep(need - up).await;
+            let again = self.units.state(unit).await.ok()?;
+            if again.invocation_id != st.invocation_id || again.n_restarts != st.n_restarts || again.main_pid != st.main_pid || again.active_state != "active" {
+                return None;
+            }
+            return Some(again);
+        }
+        Some(st)
+    }
+
+    /// Each configured worker, in config order: why it is stale (no reasons: it runs its current
+    /// files) and whether its current files are a change that already failed. A worker without a
+    /// recorded revision gets one first: what its running process started with
+    /// ([`revisions::baseline`]), so that a rollback works from the first day.
+    pub async fn staleness(&self, dir: &Path) -> Result<Vec<Staleness>, Cause> {
+        let mut out = Vec::new();
+        for w in &self.settings.workers {
+            let cfg = self.units.config(&w.unit).await.map_err(UnitsError::cause)?;
+            let st = self.units.state(&w.unit).await.map_err(UnitsError::cause)?;
+            let files = revisions::paths(&w.unit, &cfg, &w.watch_files);
+            let current = revisions::snapshot(&w.unit, &files, "current");
+            let last = match revisions::load(dir, &w.unit) {
+                Some(r) => Some(r),
+                None => match self.settled(&w.unit, st.clone()).await {
+                    // Only a run that stayed up for `min_healthy` is taken for a good one: a
+                    // crash-looping run of a bad change (active for a moment between crashes)
+                    // would otherwise become the "good" revision a rollback restores.
+                    Some(st) => {
+                        let base = revisions::baseline(&w.unit, &files, st.exec_main_start_us);
+                        match revisions::save_if_absent(dir, &base) {
+                            Ok(false) => revisions::load(dir, &w.unit),
+                            _ => Some(base),
+                        }
+                    }
+                    None => None,
+                },
+            };
+            let reasons = revisions::stale_reasons(&current, last.as_ref(), st.exec_main_start_us, cfg.need_daemon_reload);
+            let quarantined = if reasons.is_empty() { None } else { revisions::quarantined(dir, &current) };
+            out.push(Staleness { unit: w.unit.clone(), reasons, quarantined });
+        }
+        Ok(out)
+    }
+}

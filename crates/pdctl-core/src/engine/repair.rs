@@ -1,0 +1,137 @@
+//! A stale pair's repair: a decode that keeps a restarted prefill's old bootstrap info is restarted
+//! through every gate (on this host, or through the fleet on its own host).
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::cause::Cause;
+use crate::config::{Role, Worker};
+use crate::engine::step::{Fail, StepRun};
+use crate::engine::{Ctx, Engine};
+use crate::events::{Event, Sink, Status, Step};
+use crate::ports::{Logs, Probes, Units};
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// Restart decode `d` through every gate to repair its stale pairing with prefill `p`, under
+    /// the same rules as any restart; its events carry `repair_of`. Refused (the rollout halts)
+    /// when its own files have pending changes or it is the only decode without
+    /// `--allow-outage`.
+    pub(in crate::engine) async fn repair(&self, d: &Worker, p: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
+        let blocked = |why: String| -> (Step, Fail) {
+            let f = Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why });
+            StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
+            (Step::Pair, f)
+        };
+        if let Some(dir) = ctx.revisions {
+            if let Ok(all) = self.staleness(dir).await {
+                if let Some(st) = all.iter().find(|s| s.unit == d.unit && !s.reasons.is_empty()) {
+                    return Err(blocked(format!(
+                        "its own config has changes that were never verified ({}): restarting it as a repair would roll them out unchecked; roll it out with `pdctl rollout apply` (or revert them), then the pairing is renewed",
+                        st.reasons.join("; ")
+                    )));
+                }
+            }
+        }
+        let alone = self.settings.workers.iter().filter(|o| o.role == Role::Decode).count() == 1;
+        if alone && ctx.allow_outage != Some(true) {
+            return Err(blocked(
+                "it is the only decode worker: restarting it stops serving; pass --allow-outage (or set [rollout] allow_outage = true) to accept that".into(),
+            ));
+        }
+        tracing::warn!(pdctl_unit = %d.unit, "{}: restarting it to repair its stale pairing with {}", d.unit, p.unit);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let forward = async {
+            while let Some(mut e) = rx.recv().await {
+                e.repair_of = Some(p.unit.clone());
+                let _ = sink.send(e);
+            }
+        };
+        let work = async move {
+            let ctx = Ctx { together_with: None, abort_in_flight: true, ..ctx };
+            // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
+            let r = async {
+                let slots = self.slot_step(&[d], &tx, ctx).await?;
+                let out_since = Instant::now();
+                let (watch, after, _) = self.restart_to_pair(d, &tx, ctx).await?;
+                self.restart_after_pair(d, &tx, ctx, watch, after, out_since).await?;
+                self.release_slots(&d.unit, &slots, ctx).await;
+                Ok(())
+            }
+            .await;
+            drop(tx);
+            r
+        };
+        let (r, ()) = tokio::join!(work, forward);
+        r.map_err(|(step, mut f)| {
+            f.unit.get_or_insert_with(|| d.unit.clone());
+            (step, f)
+        })
+    }
+
+    /// Repair another host's decode through the fleet: a fleet request for that unit on that host
+    /// (its pdctld restarts it through every gate, taking its slot), waited for, then the pair
+    /// probed again.
+    pub(in crate::engine) async fn fleet_repair(&self, d: &Worker, host: &str, unit: &str, p: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
+        use crate::ports::{CasChange, Write};
+        let blocked = |why: String| -> (Step, Fail) {
+            let f = Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why });
+            StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
+            (Step::Pair, f)
+        };
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return Err(blocked("it is on another host and this host has no [fleet] to ask it".into()));
+        };
+        let id = format!("f{}-repair-{}", crate::fleet::now_secs(), &crate::fleet::token()[..6]);
+        let r = crate::fleet::FleetRollout {
+            id: id.clone(),
+            hosts: vec![host.to_string()],
+            allow_outage: ctx.allow_outage == Some(true),
+            by: format!("pdctld on {} (rollout {})", f.host, ctx.id),
+            reason: Some(format!("repair of {unit}'s stale pairing with {}/{}", f.host, p.unit)),
+            canary: None,
+            created_at: crate::fleet::now_secs(),
+            units: vec![unit.to_string()],
+            repair_of: Some(format!("{}/{}", f.host, p.unit)),
+            load_changes: false,
+        };
+        let value = serde_json::to_vec(&r).unwrap_or_default();
+        let s = StepRun::start(sink, &p.unit, Step::Pair);
+        s.emit(Status::Started, json!({ "repair_through_fleet": id, "host": host, "unit": unit }));
+        match c.cas(vec![CasChange { key: crate::fleet::rollout_key(&f.name, &id), expect: 0, write: Write::Put(value) }]).await {
+            Ok(true) => {}
+            Ok(false) => return Err(blocked(format!("the fleet request {id} exists already"))),
+            Err(e) => return Err((Step::Pair, Fail::from(Cause::FleetLost { message: e.0 }))),
+        }
+        let ro = &self.settings.rollout;
+        let limit = f.slot_timeout + ro.ready_timeout + ro.health_timeout + ro.router_timeout + ro.metrics_timeout + ro.min_healthy;
+        let key = crate::fleet::host_summary_key(&f.name, &id, host);
+        let t0 = Instant::now();
+        let summary = loop {
+            if let Ok(Some(e)) = c.get(&key).await {
+                if let Ok(hs) = serde_json::from_slice::<crate::fleet::HostSummary>(&e.value) {
+                    break hs;
+                }
+            }
+            if t0.elapsed() >= limit {
+                return Err(blocked(format!("{host} did not report its repair {id} within {}", humantime::format_duration(limit))));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        if summary.result != crate::api::HostResult::Succeeded {
+            let why = summary
+                .why
+                .or_else(|| summary.summary.and_then(|x| x.failed).map(|x| format!("{} failed at {}: {}", x.unit, x.step.as_str(), x.cause)))
+                .unwrap_or_default();
+            return Err(blocked(format!("{host}'s pdctld did not repair it ({:?}): {why}", summary.result)));
+        }
+        let (verdict, _, probes) = self.probe_pair(p, d).await;
+        if verdict != crate::pairing::Verdict::Paired {
+            let f = Fail { cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }, detail: json!({ "probes": probes }), unit: None };
+            s.fail(&f);
+            return Err((Step::Pair, f));
+        }
+        s.pass(json!({ "repaired_through_fleet": id, "host": host, "unit": unit, "local_id": summary.local_id, "probes": probes }));
+        Ok(())
+    }
+}

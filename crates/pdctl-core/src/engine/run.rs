@@ -1,0 +1,249 @@
+//! The run loop: a rollout, a check or a dry run over the plan's workers — preflight, then each
+//! worker's restart sequence in plan order, halting at the first failure (and rolling back with
+//! `on_failure = "rollback"`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::api::{FLEET, ROUTER};
+use crate::cause::Cause;
+use crate::config::{OnFailure, Role};
+use crate::engine::step::{lock, Fail, StepRun};
+use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, LAST_LINES};
+use crate::events::{Failure, Outcome, Sink, Step, Summary};
+use crate::plan::Plan;
+use crate::ports::{Logs, Probes, Units};
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// Restart the plan's workers one at a time through every gate.
+    pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
+        let mut notes = Vec::new();
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Some(true), true), &mut notes).await
+    }
+
+    /// Every gate except restart and soak, on every worker, changing nothing.
+    pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
+        let mut s = self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None, false), &mut Vec::new()).await;
+        // Nothing was restarted: the units passed their checks.
+        s.checked = std::mem::take(&mut s.units);
+        s
+    }
+
+    /// A rollout as pdctld runs it: a rolling restart (or the rest of an interrupted one), stopped
+    /// between units when `abort` is set, recording each verified unit's files as its good revision,
+    /// and with `on_failure = "rollback"` restoring the failed unit's last good revision and
+    /// verifying it through the same gates (then the result is `rolled_back`).
+    pub async fn execute(&self, r: RolloutRun<'_>, sink: &Sink) -> Finished {
+        let t0 = Instant::now();
+        let mut notes = Vec::new();
+        let mut plan = r.plan.clone();
+        if r.resume {
+            if let Some(first) = plan.workers.first().cloned() {
+                if self.verify(&first, sink).await {
+                    plan.workers.remove(0);
+                    notes.push(format!("{} passed its gates again without a restart", first.unit));
+                }
+            }
+        }
+        let clients = Clients::default();
+        let probing = self.settings.verify.availability_probe.filter(|_| self.settings.verify.router);
+        let ctx = Ctx {
+            revisions: r.revisions,
+            ledger: r.ledger,
+            id: r.id,
+            allow_outage: Some(r.allow_outage || self.settings.rollout.allow_outage),
+            clients: probing.map(|_| &clients),
+            together_with: None,
+            load_changes: r.load_changes,
+            known: None,
+            abort_in_flight: false,
+        };
+        if let Some(dir) = r.revisions {
+            // Every unit about to restart has a revision to roll back to (recorded before the restart).
+            let _ = self.staleness(dir).await;
+        }
+        // The probe watches the whole rollout, a rollback included: what clients saw while a
+        // failed worker was out and put back is part of the figures.
+        let run = async {
+            let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+            if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
+                if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
+                    notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
+                }
+                // A slot never granted changed nothing to roll back.
+                if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && f.step != Step::Slot {
+                    let unit = f.unit.clone();
+                    let restart = f.step != Step::Preflight;
+                    match self.rollback(&unit, ctx, dir, restart, sink, &mut notes).await {
+                        Ok(true) => summary.result = Outcome::RolledBack,
+                        Ok(false) => {}
+                        Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
+                    }
+                }
+            }
+            clients.done.store(true, Ordering::SeqCst);
+            summary
+        };
+        let (mut summary, _) = tokio::join!(run, async {
+            if let Some(rate) = probing {
+                self.watch_clients(rate, &clients).await;
+            }
+        });
+        // The whole rollout's time: a resume's re-verification and a rollback included.
+        summary.elapsed_ms = t0.elapsed().as_millis() as u64;
+        let samples = std::mem::take(&mut *lock(&clients.samples));
+        let end = Instant::now();
+        if probing.is_some() {
+            summary.availability = Some(crate::availability::summarize(&samples, end));
+        }
+        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end) }
+    }
+
+    pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
+        let t0 = Instant::now();
+        let mut done = Vec::new();
+        let mut repairs = std::collections::BTreeMap::new();
+        let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>, repairs: &std::collections::BTreeMap<String, String>| Summary {
+            availability: None,
+            id: None,
+            result,
+            elapsed_ms: t0.elapsed().as_millis() as u64,
+            units: done,
+            checked: Vec::new(),
+            repairs: repairs.clone(),
+            failed,
+        };
+        if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
+            return summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await), done, &repairs);
+        }
+        // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
+        // interruption instead of two).
+        if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, self.settings.rollout.single_pair, plan.workers.as_slice()) {
+            if p.role == Role::Prefill && d.role == Role::Decode {
+                if let Some(c) = ctx.clients {
+                    *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
+                }
+                // Fleet: both slots in one transaction, or none.
+                let slots = match self.slot_step(&[p, d], sink, ctx).await {
+                    Ok(s) => s,
+                    Err((step, f)) => return summary(Outcome::Failed, Some(self.failure(&p.unit, step, f).await), done, &repairs),
+                };
+                let (cp, cd) = (Ctx { together_with: Some(&d.unit), ..ctx }, Ctx { together_with: Some(&p.unit), ..ctx });
+                let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
+                if rp.is_ok() && rd.is_ok() {
+                    self.release_slots(&p.unit, &slots, ctx).await;
+                }
+                for (w, r) in [(p, rp), (d, rd)] {
+                    match r {
+                        Ok(_) => {
+                            if let Some(dir) = ctx.revisions {
+                                notes.push(self.record_revision(w, dir).await);
+                            }
+                            done.push(w.unit.clone());
+                        }
+                        Err((step, f)) => {
+                            let failure = self.failure(&w.unit, step, f).await;
+                            if let Some(l) = ctx.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.id)) {
+                                if let Some(dr) = l.get(&w.unit) {
+                                    notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
+                                }
+                            }
+                            return summary(Outcome::Failed, Some(failure), done, &repairs);
+                        }
+                    }
+                }
+                return summary(Outcome::Succeeded, None, done, &repairs);
+            }
+        }
+        for w in &plan.workers {
+            if abort.load(Ordering::SeqCst) {
+                return summary(Outcome::Aborted, None, done, &repairs);
+            }
+            if done.contains(&w.unit) {
+                notes.push(format!(
+                    "{} was not restarted again: it was restarted and verified earlier in this rollout, as a repair of {}",
+                    w.unit,
+                    repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")
+                ));
+                continue;
+            }
+            if let Some(c) = ctx.clients {
+                *lock(&c.current) = Some(w.unit.clone());
+            }
+            let r = match mode {
+                Mode::Rollout => self.restart_one(w, sink, ctx, true).await,
+                Mode::Check => self.check_one(w, sink).await.map(|()| Vec::new()),
+            };
+            let repaired = match r {
+                Ok(rep) => rep,
+                Err((step, f)) => {
+                    let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
+                    let failure = self.failure(&unit, step, f).await;
+                    // A drain this run made is never left behind: re-admit each worker (the one
+                    // rolled, a decode being repaired) if it serves.
+                    if let Some(l) = ctx.ledger {
+                        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.id) {
+                            let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
+                            notes.push(match self.reconcile(&d, l, budget, sink).await {
+                                Ok(n) => n,
+                                Err(c) => c.sentence(),
+                            });
+                        }
+                    }
+                    return summary(Outcome::Failed, Some(failure), done, &repairs);
+                }
+            };
+            for (d, of) in repaired {
+                // Another host's decode records its revision there.
+                if let (Some(dir), true) = (ctx.revisions, self.settings.workers.iter().any(|x| x.unit == d.unit)) {
+                    notes.push(self.record_revision(&d, dir).await);
+                }
+                notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
+                done.push(d.unit.clone());
+                repairs.insert(d.unit.clone(), of);
+            }
+            if let (Mode::Rollout, Some(dir)) = (mode, ctx.revisions) {
+                notes.push(self.record_revision(w, dir).await);
+            }
+            done.push(w.unit.clone());
+            // What clients saw is a gate too: no next unit after too many failed requests.
+            if let (Some(c), Some(max)) = (ctx.clients, self.settings.rollout.max_failed_probes) {
+                let failed = c.failed.load(Ordering::SeqCst);
+                if failed > max && done.len() < plan.workers.len() {
+                    let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
+                    StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
+                    done.pop();
+                    return summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await), done, &repairs);
+                }
+            }
+        }
+        summary(Outcome::Succeeded, None, done, &repairs)
+    }
+
+    pub(in crate::engine) async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
+        let last_lines = if unit == ROUTER || unit == FLEET { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
+        Failure::new(unit, step, &f.cause, last_lines)
+    }
+
+    /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
+    /// `load_changes`: as the real run's ([`RolloutRun::load_changes`]); `known`: pdctld's view of
+    /// pending changes and quarantines, where it could be asked.
+    pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool, known: Option<&KnownChanges>) -> Summary {
+        let t0 = Instant::now();
+        let ctx = Ctx { known, ..Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes) };
+        let failed = match self.preflight(plan, sink, true, ctx).await {
+            Ok(()) => None,
+            Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
+        };
+        Summary {
+            id: None,
+            availability: None,
+            repairs: Default::default(),
+            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
+            elapsed_ms: t0.elapsed().as_millis() as u64,
+            units: Vec::new(),
+            checked: Vec::new(),
+            failed,
+        }
+    }
+}

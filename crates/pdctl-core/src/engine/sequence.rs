@@ -1,0 +1,244 @@
+//! One worker's restart in runbook order: slot → drain → restart → ready → health → pair (and a
+//! stale pair's repair) → router → metrics → stranded KV → soak; and the same gates without the
+//! restart for `check` and a resumed rollout.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cause::Cause;
+use crate::config::{Role, Worker};
+use crate::engine::step::{Fail, StepRun};
+use crate::engine::{Ctx, Engine, Repaired, Stale};
+use crate::events::{Failure, Sink, Step};
+use crate::ports::{Logs, Probes, UnitState, Units};
+use crate::revisions;
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    pub(in crate::engine) async fn step<T>(
+        &self,
+        sink: &Sink,
+        unit: &str,
+        step: Step,
+        fut: impl std::future::Future<Output = Result<(Value, T), Fail>>,
+    ) -> Result<T, (Step, Fail)> {
+        let s = StepRun::start(sink, unit, step);
+        match fut.await {
+            Ok((detail, v)) => {
+                s.pass(detail);
+                Ok(v)
+            }
+            Err(f) => {
+                s.fail(&f);
+                Err((step, f))
+            }
+        }
+    }
+
+    /// Restart one worker through every gate. Returns the decodes restarted to repair a stale
+    /// pairing found by its pair gate (only when `may_repair`: a repair repairs nothing itself).
+    pub(in crate::engine) async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, may_repair: bool) -> Result<Repaired, (Step, Fail)> {
+        // Fleet: a slot of the role's semaphore before the drain (a pair restarted together
+        // took both slots at once before).
+        let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
+        let out_since = Instant::now();
+        let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
+        let mut repaired = Vec::new();
+        for st in stale {
+            if !may_repair {
+                break;
+            }
+            match &st.owner {
+                None => self.repair(&st.decode, w, sink, ctx).await?,
+                // A decode of another host: its own pdctld restarts it, through the fleet.
+                Some((host, unit)) => self.fleet_repair(&st.decode, host, unit, w, sink, ctx).await?,
+            }
+            repaired.push((st.decode, w.unit.clone()));
+        }
+        self.restart_after_pair(w, sink, ctx, watch, after, out_since).await?;
+        // Verified: the slot goes back.
+        self.release_slots(&w.unit, &slots, ctx).await;
+        Ok(repaired)
+    }
+
+    /// drain, restart, ready, health, pair: returns the unit's watch and state after the restart
+    /// and the decodes found with a stale pairing (to be repaired).
+    pub(in crate::engine) async fn restart_to_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Vec<Stale>), (Step, Fail)> {
+        let unit = w.unit.as_str();
+        if self.settings.rollout.drain {
+            let s = StepRun::start(sink, unit, Step::Drain);
+            match self.drain(w, ctx).await {
+                Ok(Some(d)) => s.pass(d),
+                Ok(None) => s.skip("not registered in the router"),
+                Err(f) => {
+                    s.fail(&f);
+                    return Err((Step::Drain, f));
+                }
+            }
+        }
+        let (watch, after, started_in) = self.restart_and_ready(w, sink).await?;
+        // How long this start took: the interruption to expect next time, if it is alone in its role.
+        if let (Some(dir), Some(t)) = (ctx.revisions, started_in) {
+            if let Err(e) = revisions::record_start(dir, unit, t.as_millis() as u64) {
+                tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
+            }
+        }
+        self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
+        // Still out of the router: a stale pair is found (and repaired) before the router's
+        // smoke request and breaker could fail on it, and before clients reach this worker.
+        let stale = self.pair_step(w, sink, ctx, &after).await?;
+        Ok((watch, after, stale))
+    }
+
+    /// router, metrics, stranded KV (a decode), soak. `out_since`: when the worker left the
+    /// router (its drain began): the window out of the router is recorded at its re-admission.
+    pub(in crate::engine) async fn restart_after_pair(
+        &self,
+        w: &Worker,
+        sink: &Sink,
+        ctx: Ctx<'_>,
+        mut watch: U::W,
+        after: UnitState,
+        out_since: Instant,
+    ) -> Result<(), (Step, Fail)> {
+        let unit = w.unit.as_str();
+        if self.settings.verify.router {
+            self.step(sink, unit, Step::Router, async {
+                // Every worker of the other PD role out of the router by this rollout's own drains
+                // (a decode repaired while its prefill waits drained): no request can pass the
+                // router now; the pair gate proved the pair directly.
+                let peers = self.peers(w);
+                let peers_drained =
+                    !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
+                let d = self.router_recorded(w, true, peers_drained, ctx.ledger.map(|l| (l, ctx.id))).await?;
+                // Admitted again: the drain is undone.
+                if let Some(l) = ctx.ledger {
+                    l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+                }
+                // Drain, stop, start, gates, re-admission: the outage to expect next time if it
+                // is alone in its role.
+                if let Some(dir) = ctx.revisions {
+                    if let Err(e) = revisions::record_window(dir, unit, out_since.elapsed().as_millis() as u64) {
+                        tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
+                    }
+                }
+                Ok((d, ()))
+            })
+            .await?;
+        } else {
+            StepRun::start(sink, unit, Step::Router).skip("no router configured or [verify] router = false");
+        }
+        self.metrics_step(w, sink, true).await?;
+        if w.role == Role::Decode {
+            self.stranded_step(w, sink).await?;
+        }
+        self.step(sink, unit, Step::Soak, async { self.soak(unit, &mut watch, &after).await.map(|d| (d, ())) }).await?;
+        Ok(())
+    }
+
+    /// Only the restart and ready gates of one worker, exactly as a rollout runs them (events go
+    /// to `sink`; the ready event's detail has `detect_ms`): for the benchmark, and for anyone who
+    /// wants to time them. Returns the unit's state after the restart.
+    pub async fn restart_until_ready(&self, w: &Worker, sink: &Sink) -> Result<UnitState, Failure> {
+        match self.restart_and_ready(w, sink).await {
+            Ok((_, after, _)) => Ok(after),
+            Err((step, f)) => Err(self.failure(&w.unit, step, f).await),
+        }
+    }
+
+    /// The restart and ready gates; returns the unit's watch and its state after the restart (the
+    /// run the later gates hold it to).
+    pub(in crate::engine) async fn restart_and_ready(&self, w: &Worker, sink: &Sink) -> Result<(U::W, UnitState, Option<Duration>), (Step, Fail)> {
+        let unit = w.unit.as_str();
+        let (mut watch, cursor, after) = self
+            .step(sink, unit, Step::Restart, async {
+                let before = self.units.state(unit).await?;
+                // A unit systemd stopped for starting too often refuses a restart until its
+                // failed state is reset. Its Result says so only for a manual start: when the
+                // limit stops an auto-restart it keeps the crash's own (`exit-code`, measured on
+                // systemd 252), so any failed unit is reset before pdctl restarts it.
+                if before.result == "start-limit-hit" || before.active_state == "failed" {
+                    self.units.reset_failed(unit).await?;
+                }
+                let cursor = self.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;
+                let watch = self.units.watch(unit).await?;
+                // SGLang's stop drains (it waits for its requests in flight, no timeout of its
+                // own): the job lasts the stop, bounded by TimeoutStopSec, plus the start.
+                let timeout_stop = self.units.config(unit).await?.timeout_stop;
+                let limit = crate::stop::job_limit(self.settings.rollout.job_timeout, timeout_stop);
+                let out = self.units.restart(unit, limit).await?;
+                let took = crate::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
+                // The old process's last lines reach the journal through its own stream; a
+                // SIGTERM line without a watchdog check yet is read again (bounded) so the last
+                // check, written just before the exit, is not missed.
+                let mut stop = crate::stop::report(&[], took, timeout_stop);
+                for _ in 0..5 {
+                    let lines = self.logs.last_lines(unit, 300).await.unwrap_or_default();
+                    stop = crate::stop::report(&lines, took, timeout_stop);
+                    if stop.checks > 0 || stop.killed || !lines.iter().any(|l| l.contains(crate::stop::SIGTERM_MARK)) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                let mut detail = json!({
+                    "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64, "job_limit_ms": limit.as_millis() as u64,
+                    "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
+                    "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
+                    "stop": stop,
+                });
+                if stop.killed {
+                    let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
+                    tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
+                    detail["warning"] = json!(c.sentence());
+                    detail["cause_code"] = json!(c.code());
+                }
+                if out.job_result != "done" {
+                    let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
+                    return Err(Fail { cause, detail, unit: None });
+                }
+                Ok((detail, (watch, cursor, out.state)))
+            })
+            .await?;
+        let ready_us = self
+            .step(sink, unit, Step::Ready, async {
+                self.ready(w, cursor, &mut watch, &after).await.map(|d| {
+                    let us = d["journal_realtime_us"].as_u64();
+                    (d, us)
+                })
+            })
+            .await?;
+        let started_in = ready_us.filter(|_| after.exec_main_start_us > 0).map(|r| Duration::from_micros(r.saturating_sub(after.exec_main_start_us)));
+        Ok((watch, after, started_in))
+    }
+
+    /// Re-verify a unit without restarting it: health, router (re-registering it if the router
+    /// lost it), metrics.
+    pub(in crate::engine) async fn verify(&self, w: &Worker, sink: &Sink) -> bool {
+        if self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await.is_err() {
+            return false;
+        }
+        // Its pairs too: it may have stopped right after its restart, before the pair gate. A
+        // stale pair found now is repaired the usual way: the unit goes through its restart.
+        let Ok(now) = self.units.state(&w.unit).await else { return false };
+        match self.pair_step(w, sink, Ctx::none(Some(true), true), &now).await {
+            Ok(stale) if stale.is_empty() => {}
+            _ => return false,
+        }
+        if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true, false).await.map(|d| (d, ())) }).await.is_err() {
+            return false;
+        }
+        if self.metrics_step(w, sink, true).await.is_err() {
+            return false;
+        }
+        w.role != Role::Decode || self.stranded_step(w, sink).await.is_ok()
+    }
+
+    /// `check`: health, router, metrics — without changing anything.
+    pub(in crate::engine) async fn check_one(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
+        self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await?;
+        if self.settings.verify.router {
+            self.step(sink, &w.unit, Step::Router, async { self.router(w, false, false).await.map(|d| (d, ())) }).await?;
+        }
+        self.metrics_step(w, sink, false).await
+    }
+}

@@ -1,0 +1,100 @@
+//! The shared plumbing of a step: its failure before it becomes an event ([`Fail`]), the event
+//! stream of one step ([`StepRun`]), bounded waits, and what each step is ([`rule`]).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cause::Cause;
+use crate::events::{Event, Sink, Status, Step};
+use crate::ports::UnitsError;
+
+/// Pause between polls of HTTP state that offers no events (loopback calls; cheap).
+pub(in crate::engine) const POLL: Duration = Duration::from_millis(100);
+
+/// A step's failure before it becomes a [`Failure`]: the cause, and facts for the event's detail.
+#[derive(Debug)]
+pub(in crate::engine) struct Fail {
+    pub(in crate::engine) cause: Cause,
+    pub(in crate::engine) detail: Value,
+    /// The unit that failed, when it is not the one being rolled (a decode restarted as a
+    /// repair of the prefill's stale pairing).
+    pub(in crate::engine) unit: Option<String>,
+}
+
+impl From<Cause> for Fail {
+    fn from(cause: Cause) -> Fail {
+        Fail { cause, detail: Value::Null, unit: None }
+    }
+}
+
+impl From<UnitsError> for Fail {
+    fn from(e: UnitsError) -> Fail {
+        e.cause().into()
+    }
+}
+
+pub(in crate::engine) struct StepRun<'a> {
+    pub(in crate::engine) sink: &'a Sink,
+    pub(in crate::engine) unit: String,
+    pub(in crate::engine) step: Step,
+    pub(in crate::engine) t0: Instant,
+}
+
+impl<'a> StepRun<'a> {
+    pub(in crate::engine) fn start(sink: &'a Sink, unit: &str, step: Step) -> StepRun<'a> {
+        let s = StepRun { sink, unit: unit.to_string(), step, t0: Instant::now() };
+        s.emit(Status::Started, Value::Null);
+        s
+    }
+    pub(in crate::engine) fn emit(&self, status: Status, detail: Value) {
+        let ev = Event {
+            unit: self.unit.clone(),
+            step: self.step,
+            status,
+            elapsed_ms: self.t0.elapsed().as_millis() as u64,
+            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            detail,
+            repair_of: None,
+        };
+        // Never a field named `unit`: journald would store it as UNIT=, which systemd's unit
+        // filters match, and pdctl's lines would show up among the unit's own.
+        tracing::debug!(pdctl_unit = %ev.unit, pdctl_step = self.step.as_str(), "{}", sentence(&ev));
+        let _ = self.sink.send(ev);
+    }
+    pub(in crate::engine) fn pass(self, detail: Value) {
+        self.emit(Status::Passed, detail);
+    }
+    pub(in crate::engine) fn skip(self, why: &str) {
+        self.emit(Status::Skipped, json!({ "reason": why }));
+    }
+    pub(in crate::engine) fn fail(self, f: &Fail) {
+        let mut d = json!({ "cause": f.cause.sentence(), "cause_code": f.cause.code() });
+        if let (Some(o), Value::Object(extra)) = (d.as_object_mut(), &f.detail) {
+            o.extend(extra.clone());
+        }
+        self.emit(Status::Failed, d);
+    }
+}
+
+/// One event as a log sentence: unit, step, status, duration, and the cause of a failure.
+pub fn sentence(e: &Event) -> String {
+    let secs = e.elapsed_ms as f64 / 1000.0;
+    match e.status {
+        Status::Started => format!("{}: {} started", e.unit, e.step.as_str()),
+        Status::Passed => format!("{}: {} passed in {secs:.1}s", e.unit, e.step.as_str()),
+        Status::Skipped => format!("{}: {} skipped ({})", e.unit, e.step.as_str(), e.detail["reason"].as_str().unwrap_or("not needed")),
+        Status::Failed => format!("{}: {} failed after {secs:.1}s: {}", e.unit, e.step.as_str(), e.detail["cause"].as_str().unwrap_or("unknown cause")),
+    }
+}
+
+/// Run `fut`, but give up when the gate's time (`limit` from `t0`) is over: one hung HTTP call
+/// must not stretch a gate's deadline.
+pub(in crate::engine) async fn within<T>(t0: Instant, limit: Duration, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    let left = limit.saturating_sub(t0.elapsed());
+    tokio::time::timeout(left.max(Duration::from_millis(100)), fut).await.ok()
+}
+
+pub(in crate::engine) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
