@@ -405,37 +405,6 @@ pub enum UnknownLoad {
     Warn,
 }
 
-impl Rollout {
-    /// How long the engine may stay in `step` before it must have emitted its next event: the
-    /// step's own deadline plus the HTTP timeout of one call inside it. pdctld stops feeding
-    /// systemd's watchdog when a running rollout's engine sits in a step longer than this (a hung
-    /// engine must not hide behind a daemon that still answers).
-    pub fn step_limit(&self, step: crate::events::Step) -> Duration {
-        use crate::events::Step;
-        let call = Duration::from_secs(30);
-        call + match step {
-            Step::Preflight => Duration::from_secs(120),
-            // Waiting for a slot is bounded by the fleet's slot_timeout (at most a week).
-            Step::Slot => Duration::from_secs(7 * 24 * 3600),
-            Step::Drain => self.drain_timeout,
-            // The stop drains (SGLang waits for its requests), bounded by each unit's
-            // TimeoutStopSec, which the config does not know: the longest pdctl waits for it.
-            Step::Restart => crate::stop::job_limit(self.job_timeout, None),
-            Step::Ready => self.ready_timeout,
-            Step::Health => self.health_timeout,
-            Step::Router => self.router_timeout,
-            Step::Metrics => self.metrics_timeout + call,
-            Step::Soak => self.min_healthy,
-            Step::Reconcile => self.ready_timeout + self.router_timeout,
-            // Restoring files and a reload; its gates are the unit's own steps.
-            Step::Rollback => self.job_timeout,
-            // Each pair is probed at most twice, each probe bounded by the pair timeout (at most
-            // 1h each); the stranded-KV wait is bounded by its timeout (at most 1h).
-            Step::Pair | Step::StrandedKv => Duration::from_secs(3 * 3600),
-        }
-    }
-}
-
 /// `[verify]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Verify {

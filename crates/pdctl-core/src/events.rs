@@ -46,6 +46,23 @@ pub enum Step {
 }
 
 impl Step {
+    /// Every step, in runbook order.
+    pub const ALL: [Step; 13] = [
+        Step::Preflight,
+        Step::Slot,
+        Step::Drain,
+        Step::Restart,
+        Step::Ready,
+        Step::Health,
+        Step::Pair,
+        Step::Router,
+        Step::Metrics,
+        Step::StrandedKv,
+        Step::Soak,
+        Step::Reconcile,
+        Step::Rollback,
+    ];
+
     /// Lower-case name.
     pub fn as_str(self) -> &'static str {
         match self {

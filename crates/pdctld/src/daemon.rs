@@ -168,7 +168,7 @@ impl Daemon {
         let r = running.as_ref()?;
         let limits = r.limits.as_ref()?;
         let (since, step) = *lock(&r.progress);
-        let limit = limits.step_limit(step);
+        let limit = pdctl_core::engine::steps::deadline(step, limits);
         (since.elapsed() > limit).then(|| format!("rollout {} has been in step {} for {:?}, past its limit {limit:?}", r.id, step.as_str(), since.elapsed()))
     }
 

@@ -31,6 +31,7 @@ mod run;
 mod sequence;
 mod slots;
 mod step;
+pub mod steps;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

@@ -11,6 +11,7 @@ use crate::cause::Cause;
 use crate::config::Worker;
 use crate::drains::{Drain, Ledger};
 use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
 use crate::events::{Outcome, Sink, Status, Step};
 use crate::plan::Plan;
@@ -88,7 +89,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         };
         if !restart && done.is_empty() {
-            step.skip("nothing to restore: the unit's files are its last good revision");
+            step.skip(NOTHING_TO_RESTORE);
             return Ok(false);
         }
         tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::step::{Fail, StepRun};
+use crate::engine::steps::{rule, NOT_REGISTERED};
 use crate::engine::{Ctx, Engine, Repaired, Stale};
 use crate::events::{Failure, Sink, Step};
 use crate::ports::{Logs, Probes, UnitState, Units};
@@ -69,7 +70,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let s = StepRun::start(sink, unit, Step::Drain);
             match self.drain(w, ctx).await {
                 Ok(Some(d)) => s.pass(d),
-                Ok(None) => s.skip("not registered in the router"),
+                Ok(None) => s.skip(NOT_REGISTERED),
                 Err(f) => {
                     s.fail(&f);
                     return Err((Step::Drain, f));
@@ -126,7 +127,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             })
             .await?;
         } else {
-            StepRun::start(sink, unit, Step::Router).skip("no router configured or [verify] router = false");
+            StepRun::start(sink, unit, Step::Router).skip(rule(Step::Router, &self.settings).off_because.unwrap_or_default());
         }
         self.metrics_step(w, sink, true).await?;
         if w.role == Role::Decode {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::cause::Cause;
+use crate::engine::steps::GateMode;
 use crate::events::{Event, Sink, Status, Step};
 use crate::ports::UnitsError;
 
@@ -68,6 +69,19 @@ impl<'a> StepRun<'a> {
     pub(in crate::engine) fn skip(self, why: &str) {
         self.emit(Status::Skipped, json!({ "reason": why }));
     }
+    /// Under [`GateMode::Warn`], end the step as passed with a warning (`detail` plus the cause's
+    /// sentence and code) and return `None`; otherwise hand the step back, to be failed.
+    pub(in crate::engine) fn warn_or_keep(self, mode: GateMode, cause: &Cause, detail: Value) -> Option<StepRun<'a>> {
+        if mode != GateMode::Warn {
+            return Some(self);
+        }
+        let mut d = if detail.is_object() { detail } else { json!({}) };
+        d["warning"] = json!(cause.sentence());
+        d["cause_code"] = json!(cause.code());
+        self.pass(d);
+        None
+    }
+
     pub(in crate::engine) fn fail(self, f: &Fail) {
         let mut d = json!({ "cause": f.cause.sentence(), "cause_code": f.cause.code() });
         if let (Some(o), Value::Object(extra)) = (d.as_object_mut(), &f.detail) {

@@ -9,6 +9,7 @@ use crate::cause::Cause;
 use crate::config::Worker;
 use crate::drains::Drain;
 use crate::engine::step::{Fail, POLL};
+use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
 use crate::ports::{Logs, Probes, Units};
 
@@ -82,7 +83,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
                 Err(e) => {
                     let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
-                    if self.settings.rollout.unknown_load == crate::config::UnknownLoad::Halt {
+                    if rule(crate::events::Step::Drain, &self.settings).mode == GateMode::Required {
                         return Err(c.into());
                     }
                     tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());

@@ -6,16 +6,18 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::cause::{Cause, MetricsDiagnosis};
-use crate::config::{MetricsMode, Role, Worker};
+use crate::config::{Role, Worker};
 use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::steps::rule;
 use crate::engine::Engine;
 use crate::events::{Sink, Step};
 use crate::ports::{Health, Logs, PairTarget, Probes, Units};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool) -> Result<(), (Step, Fail)> {
-        if self.settings.verify.metrics == MetricsMode::Off {
-            StepRun::start(sink, &w.unit, Step::Metrics).skip("[verify] metrics = \"off\"");
+        let rule = rule(Step::Metrics, &self.settings);
+        if let Some(why) = rule.off_because {
+            StepRun::start(sink, &w.unit, Step::Metrics).skip(why);
             return Ok(());
         }
         let s = StepRun::start(sink, &w.unit, Step::Metrics);
@@ -24,14 +26,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 s.pass(d);
                 Ok(())
             }
-            Err(f) if self.settings.verify.metrics == MetricsMode::Warn => {
-                s.pass(json!({ "warning": f.cause.sentence(), "cause_code": f.cause.code() }));
-                Ok(())
-            }
-            Err(f) => {
-                s.fail(&f);
-                Err((Step::Metrics, f))
-            }
+            Err(f) => match s.warn_or_keep(rule.mode, &f.cause, Value::Null) {
+                None => Ok(()),
+                Some(s) => {
+                    s.fail(&f);
+                    Err((Step::Metrics, f))
+                }
+            },
         }
     }
 

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
 use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::engine::{Ctx, Engine, Stale};
 use crate::events::{Sink, Step};
 use crate::judge::crashed_since;
@@ -35,12 +36,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if w.role == Role::Regular {
             return Ok(Vec::new());
         }
-        if !self.settings.verify.pair {
-            StepRun::start(sink, &w.unit, Step::Pair).skip("[verify] pair = false");
+        if let Some(why) = rule(Step::Pair, &self.settings).off_because {
+            StepRun::start(sink, &w.unit, Step::Pair).skip(why);
             return Ok(Vec::new());
         }
         if peers.is_empty() {
-            StepRun::start(sink, &w.unit, Step::Pair).skip("no worker of the other PD role is configured");
+            StepRun::start(sink, &w.unit, Step::Pair).skip(NO_OTHER_ROLE);
             return Ok(Vec::new());
         }
         let s = StepRun::start(sink, &w.unit, Step::Pair);

@@ -8,6 +8,7 @@ use serde_json::json;
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::step::{Fail, StepRun};
+use crate::engine::steps::rule;
 use crate::engine::Engine;
 use crate::events::{Sink, Step};
 use crate::ports::{Logs, Probes, Units};
@@ -86,15 +87,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
         let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
-        if self.settings.verify.stranded_kv == crate::config::StrandedKv::Required {
-            let f = Fail { cause, detail, unit: None };
-            s.fail(&f);
-            return Err((Step::StrandedKv, f));
-        }
-        detail["released"] = json!(false);
-        detail["warning"] = json!(cause.sentence());
-        detail["cause_code"] = json!(cause.code());
-        s.pass(detail);
-        Ok(())
+        let mode = rule(Step::StrandedKv, &self.settings).mode;
+        let mut warned = detail.clone();
+        warned["released"] = json!(false);
+        let Some(s) = s.warn_or_keep(mode, &cause, warned) else { return Ok(()) };
+        let f = Fail { cause, detail, unit: None };
+        s.fail(&f);
+        Err((Step::StrandedKv, f))
     }
 }
