@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::{FLEET, ROUTER};
 use crate::cause::Cause;
-use crate::config::{OnFailure, Role};
+use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step::{lock, Fail, StepRun};
 use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
@@ -100,70 +100,29 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
-        let t0 = Instant::now();
-        let mut done = Vec::new();
-        let mut repairs = std::collections::BTreeMap::new();
-        let summary = |result: Outcome, failed: Option<Failure>, done: Vec<String>, repairs: &std::collections::BTreeMap<String, String>| Summary {
-            availability: None,
-            id: None,
-            result,
-            elapsed_ms: t0.elapsed().as_millis() as u64,
-            units: done,
-            checked: Vec::new(),
-            repairs: repairs.clone(),
-            failed,
-        };
+        let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
         if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
-            return summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await), done, &repairs);
+            return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
         }
         // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
         // interruption instead of two).
         if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, self.settings.rollout.single_pair, plan.workers.as_slice()) {
             if p.role == Role::Prefill && d.role == Role::Decode {
-                if let Some(c) = ctx.clients {
-                    *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
-                }
-                // Fleet: both slots in one transaction, or none.
-                let slots = match self.slot_step(&[p, d], sink, ctx).await {
-                    Ok(s) => s,
-                    Err((step, f)) => return summary(Outcome::Failed, Some(self.failure(&p.unit, step, f).await), done, &repairs),
+                return match self.run_together(p, d, sink, ctx, notes, &mut t.done).await {
+                    Ok(()) => t.summary(Outcome::Succeeded, None),
+                    Err(failure) => t.summary(Outcome::Failed, Some(failure)),
                 };
-                let (cp, cd) = (Ctx { together_with: Some(&d.unit), ..ctx }, Ctx { together_with: Some(&p.unit), ..ctx });
-                let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
-                if rp.is_ok() && rd.is_ok() {
-                    self.release_slots(&p.unit, &slots, ctx).await;
-                }
-                for (w, r) in [(p, rp), (d, rd)] {
-                    match r {
-                        Ok(_) => {
-                            if let Some(dir) = ctx.revisions {
-                                notes.push(self.record_revision(w, dir).await);
-                            }
-                            done.push(w.unit.clone());
-                        }
-                        Err((step, f)) => {
-                            let failure = self.failure(&w.unit, step, f).await;
-                            if let Some(l) = ctx.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.id)) {
-                                if let Some(dr) = l.get(&w.unit) {
-                                    notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
-                                }
-                            }
-                            return summary(Outcome::Failed, Some(failure), done, &repairs);
-                        }
-                    }
-                }
-                return summary(Outcome::Succeeded, None, done, &repairs);
             }
         }
         for w in &plan.workers {
             if abort.load(Ordering::SeqCst) {
-                return summary(Outcome::Aborted, None, done, &repairs);
+                return t.summary(Outcome::Aborted, None);
             }
-            if done.contains(&w.unit) {
+            if t.done.contains(&w.unit) {
                 notes.push(format!(
                     "{} was not restarted again: it was restarted and verified earlier in this rollout, as a repair of {}",
                     w.unit,
-                    repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")
+                    t.repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")
                 ));
                 continue;
             }
@@ -179,18 +138,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Err((step, f)) => {
                     let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
                     let failure = self.failure(&unit, step, f).await;
-                    // A drain this run made is never left behind: re-admit each worker (the one
-                    // rolled, a decode being repaired) if it serves.
-                    if let Some(l) = ctx.ledger {
-                        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.id) {
-                            let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
-                            notes.push(match self.reconcile(&d, l, budget, sink).await {
-                                Ok(n) => n,
-                                Err(c) => c.sentence(),
-                            });
-                        }
-                    }
-                    return summary(Outcome::Failed, Some(failure), done, &repairs);
+                    self.reconcile_this_runs_drains(&unit, step, ctx, sink, notes).await;
+                    return t.summary(Outcome::Failed, Some(failure));
                 }
             };
             for (d, of) in repaired {
@@ -199,25 +148,75 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     notes.push(self.record_revision(&d, dir).await);
                 }
                 notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
-                done.push(d.unit.clone());
-                repairs.insert(d.unit.clone(), of);
+                t.done.push(d.unit.clone());
+                t.repairs.insert(d.unit.clone(), of);
             }
             if let (Mode::Rollout, Some(dir)) = (mode, ctx.revisions) {
                 notes.push(self.record_revision(w, dir).await);
             }
-            done.push(w.unit.clone());
+            t.done.push(w.unit.clone());
             // What clients saw is a gate too: no next unit after too many failed requests.
             if let (Some(c), Some(max)) = (ctx.clients, self.settings.rollout.max_failed_probes) {
                 let failed = c.failed.load(Ordering::SeqCst);
-                if failed > max && done.len() < plan.workers.len() {
+                if failed > max && t.done.len() < plan.workers.len() {
                     let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
                     StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
-                    done.pop();
-                    return summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await), done, &repairs);
+                    t.done.pop();
+                    return t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await));
                 }
             }
         }
-        summary(Outcome::Succeeded, None, done, &repairs)
+        t.summary(Outcome::Succeeded, None)
+    }
+
+    /// A 1P1D pair restarted at once (`single_pair = "together"`), each through every gate; with
+    /// [fleet], both slots in one transaction or none. The units verified are added to `done`.
+    async fn run_together(&self, p: &Worker, d: &Worker, sink: &Sink, ctx: Ctx<'_>, notes: &mut Vec<String>, done: &mut Vec<String>) -> Result<(), Failure> {
+        if let Some(c) = ctx.clients {
+            *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
+        }
+        let slots = match self.slot_step(&[p, d], sink, ctx).await {
+            Ok(s) => s,
+            Err((step, f)) => return Err(self.failure(&p.unit, step, f).await),
+        };
+        let (cp, cd) = (Ctx { together_with: Some(&d.unit), ..ctx }, Ctx { together_with: Some(&p.unit), ..ctx });
+        let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
+        if rp.is_ok() && rd.is_ok() {
+            self.release_slots(&p.unit, &slots, ctx).await;
+        }
+        for (w, r) in [(p, rp), (d, rd)] {
+            match r {
+                Ok(_) => {
+                    if let Some(dir) = ctx.revisions {
+                        notes.push(self.record_revision(w, dir).await);
+                    }
+                    done.push(w.unit.clone());
+                }
+                Err((step, f)) => {
+                    let failure = self.failure(&w.unit, step, f).await;
+                    if let Some(l) = ctx.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.id)) {
+                        if let Some(dr) = l.get(&w.unit) {
+                            notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
+                        }
+                    }
+                    return Err(failure);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed step: a drain this run made is never left behind — each worker it drained
+    /// (the one rolled, a decode being repaired) is re-admitted if it serves.
+    async fn reconcile_this_runs_drains(&self, unit: &str, step: Step, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
+        let Some(l) = ctx.ledger else { return };
+        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.id) {
+            let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
+            notes.push(match self.reconcile(&d, l, budget, sink).await {
+                Ok(n) => n,
+                Err(c) => c.sentence(),
+            });
+        }
     }
 
     pub(in crate::engine) async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
@@ -243,6 +242,30 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
             checked: Vec::new(),
+            failed,
+        }
+    }
+}
+
+/// What a run has done so far, and its summary.
+struct Tally {
+    t0: Instant,
+    /// Units restarted (or checked) and verified, in order.
+    done: Vec<String>,
+    /// Decode → the prefill whose restart needed its repair.
+    repairs: std::collections::BTreeMap<String, String>,
+}
+
+impl Tally {
+    fn summary(&self, result: Outcome, failed: Option<Failure>) -> Summary {
+        Summary {
+            availability: None,
+            id: None,
+            result,
+            elapsed_ms: self.t0.elapsed().as_millis() as u64,
+            units: self.done.clone(),
+            checked: Vec::new(),
+            repairs: self.repairs.clone(),
             failed,
         }
     }

@@ -11,7 +11,7 @@ use crate::drains::Drain;
 use crate::engine::step::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::{Logs, Probes, RouterWorker, Units};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
@@ -52,47 +52,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
         // outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
         // out the draining entry before it re-registers the worker.
-        let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
-        let mut listed_for_ms = None;
-        'wait: while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
-            for (r, _) in &entries {
-                if let Ok(l) = self.probes.router_workers(*r).await {
-                    if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) {
-                        tokio::time::sleep(POLL).await;
-                        continue 'wait;
-                    }
-                }
-            }
-            listed_for_ms = Some(t0.elapsed().as_millis() as u64);
-            break;
-        }
+        let listed_for_ms = self.wait_unlisted(w, &entries, t0).await;
         // Wait (bounded) for the requests it runs: read from the server's load endpoint. One that
         // cannot be read is a cause, never taken for "nothing in flight".
-        let mut left = None;
-        let mut at_start = None;
-        let mut unknown: Option<Cause> = None;
         let wait_t0 = Instant::now();
-        while t0.elapsed() < self.settings.rollout.drain_timeout {
-            match self.probes.in_flight(&w.url).await {
-                Ok(n) => {
-                    at_start.get_or_insert(n);
-                    left = Some(n);
-                    if n == 0 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
-                    if rule(crate::events::Step::Drain, &self.settings).mode == GateMode::Required {
-                        return Err(c.into());
-                    }
-                    tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());
-                    unknown = Some(c);
-                    break;
-                }
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        let (at_start, left, unknown) = self.wait_in_flight(w, t0).await?;
         // What is left would hold the stop (SGLang waits for it, up to TimeoutStopSec and
         // SIGKILL): aborted when it can never finish or by the setting. On a stale decode, requests
         // paired with a healthy prefill end within the drain's wait; those still running then are
@@ -115,5 +79,57 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             "waited_ms": t0.elapsed().as_millis() as u64,
             "timed_out": left.is_some_and(|n| n > 0),
         })))
+    }
+
+    /// Wait until the gateway no longer lists the worker (smg 1.x lists it as draining for ~5 s
+    /// and still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
+    /// worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
+    /// outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+    /// out the draining entry before it re-registers the worker. Returns when it was unlisted.
+    async fn wait_unlisted(&self, w: &Worker, entries: &[(usize, RouterWorker)], t0: Instant) -> Option<u64> {
+        let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
+        'wait: while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
+            for (r, _) in entries {
+                if let Ok(l) = self.probes.router_workers(*r).await {
+                    if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) {
+                        tokio::time::sleep(POLL).await;
+                        continue 'wait;
+                    }
+                }
+            }
+            return Some(t0.elapsed().as_millis() as u64);
+        }
+        None
+    }
+
+    /// Wait (bounded by drain_timeout from `t0`) until the worker runs no request: in flight at
+    /// the start, left at the end, and a load that could not be read (a warning by the setting,
+    /// else the failure).
+    async fn wait_in_flight(&self, w: &Worker, t0: Instant) -> Result<(Option<u64>, Option<u64>, Option<Cause>), Fail> {
+        let mut left = None;
+        let mut at_start = None;
+        let mut unknown: Option<Cause> = None;
+        while t0.elapsed() < self.settings.rollout.drain_timeout {
+            match self.probes.in_flight(&w.url).await {
+                Ok(n) => {
+                    at_start.get_or_insert(n);
+                    left = Some(n);
+                    if n == 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
+                    if rule(crate::events::Step::Drain, &self.settings).mode == GateMode::Required {
+                        return Err(c.into());
+                    }
+                    tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());
+                    unknown = Some(c);
+                    break;
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok((at_start, left, unknown))
     }
 }

@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 
 use crate::api::{FLEET, ROUTER};
 use crate::cause::Cause;
-use crate::config::{MetricsMode, Role, Worker};
+use crate::config::{Role, Worker};
 use crate::engine::step::{Fail, StepRun};
+use crate::engine::steps::{rule, GateMode};
 use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
 use crate::events::{Sink, Step};
 use crate::plan::Plan;
@@ -53,130 +54,32 @@ fn pending_changes(
     Some(Cause::ChangesPending { unit: w.unit.clone(), changes: changes.join("; "), quarantined })
 }
 
+/// What preflight has seen of the workers before this one.
+struct Seen {
+    /// The manager was reloaded (once is enough).
+    reloaded: bool,
+    /// GPU sets of the workers checked so far.
+    gpu_sets: Vec<(String, BTreeSet<u32>)>,
+    /// With [fleet], the gateway's workers (the whole fleet's).
+    fleet_view: Option<Vec<crate::ports::RouterWorker>>,
+}
+
 fn fmt_set(s: &BTreeSet<u32>) -> String {
     s.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// Preflight for every worker of the plan, before anything is touched.
+    /// Preflight for every worker of the plan, before anything is touched; then the fleet's store
+    /// and the gateway.
     pub(in crate::engine) async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool, ctx: Ctx<'_>) -> Result<(), (String, Fail)> {
-        let mut reloaded = false;
         let fleet_view = match (&self.settings.fleet, self.settings.verify.router) {
             (Some(_), true) => self.probes.router_workers(0).await.ok(),
             _ => None,
         };
-        let mut sets: Vec<(String, BTreeSet<u32>)> = Vec::new();
+        let mut seen = Seen { reloaded: false, gpu_sets: Vec::new(), fleet_view };
         for w in &plan.workers {
             let s = StepRun::start(sink, &w.unit, Step::Preflight);
-            let r = async {
-                let st = self.units.state(&w.unit).await?;
-                // `check` (nothing restarts): a worker that is not running fails its own check.
-                if ctx.allow_outage.is_none() && st.active_state != "active" {
-                    return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
-                }
-                let mut cfg = self.units.config(&w.unit).await?;
-                // Drop-ins on disk that systemd has not loaded yet (a new one does not set
-                // NeedDaemonReload): a restart without a reload would not apply them.
-                let not_loaded = |cfg: &crate::ports::UnitConfig| -> Vec<String> {
-                    revisions::paths(&w.unit, cfg, &[])
-                        .into_iter()
-                        .map(|p| p.display().to_string())
-                        .filter(|p| p.ends_with(".conf") && !cfg.drop_in_paths.contains(p))
-                        .collect()
-                };
-                let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
-                // A restart that is not a config rollout loads nothing the worker does not run
-                // yet (checked before any reload): a pending change is rolled out by `rollout
-                // apply`, through every gate, or accepted with --load-changes.
-                if ctx.allow_outage.is_some() && !ctx.load_changes {
-                    if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
-                        return Err(Fail::from(c));
-                    }
-                }
-                let mut did_reload = false;
-                if needs_reload && dry {
-                    did_reload = true; // reported as "would reload"
-                } else if needs_reload && !reloaded {
-                    self.units.reload().await?;
-                    reloaded = true;
-                    did_reload = true;
-                    cfg = self.units.config(&w.unit).await?;
-                }
-                let on_disk = not_loaded(&cfg);
-                let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
-                let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
-                if self.settings.verify.metrics == MetricsMode::Required && !metrics_flag {
-                    return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
-                }
-                let gpus = gpus_of(w, &cfg.environment);
-                if let Some(g) = &gpus {
-                    if let Some((other, og)) = sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
-                        return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
-                    }
-                    sets.push((w.unit.clone(), g.clone()));
-                }
-                self.not_blocked(&w.unit, &w.url).await?;
-                // A worker started with --api-key refuses every call pdctl makes but /health,
-                // /ready and /metrics without its key: found now, before anything is touched.
-                // `None`: not checked (the unit is not running).
-                let mut api_key_check = None;
-                if st.active_state == "active" {
-                    match self.probes.auth(&w.url).await {
-                        crate::ports::Auth::Rejected { endpoint, status, key } => return Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key })),
-                        crate::ports::Auth::Unknown(why) => api_key_check = Some(format!("not checked: {why}")),
-                        crate::ports::Auth::Accepted => api_key_check = Some("accepted".to_string()),
-                    }
-                }
-                let pairing = self.pairing_preflight(w, plan, &cfg).await?;
-                // What a stop of this worker may run into (SGLang's stop waits for its requests).
-                let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
-                let mut warnings = crate::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
-                if w.role == Role::Decode && self.settings.verify.pair {
-                    warnings.extend(crate::pairing::timing_risk(
-                        &w.unit,
-                        &crate::sglang::DecodeTiming::of(&cfg.environment),
-                        self.settings.verify.pair_timeout,
-                    ));
-                }
-                for warning in &warnings {
-                    tracing::warn!(pdctl_unit = %w.unit, "{warning}");
-                }
-                // The only worker of its role: restarting it stops serving (PD needs both roles).
-                let mut outage = None;
-                // With [fleet], over the whole fleet as the router sees it; else this host's.
-                let alone = match &fleet_view {
-                    Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
-                    None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
-                };
-                if let (true, Some(allowed)) = (alone, ctx.allow_outage) {
-                    let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
-                        (Some(d), _) => revisions::last_start(d, &w.unit),
-                        (None, Some(k)) => k.timing.clone(),
-                        (None, None) => None,
-                    };
-                    if !allowed {
-                        return Err(Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }));
-                    }
-                    outage = Some(format!(
-                        "{} is the only {} worker: serving stops while it restarts, for {} (accepted: allow_outage)",
-                        w.unit,
-                        w.role.as_str(),
-                        crate::cause::outage(&expected)
-                    ));
-                }
-                Ok(json!({
-                    "outage": outage,
-                    "active_state": st.active_state, "sub_state": st.sub_state, "invocation_id": st.invocation_id,
-                    "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
-                    "drop_ins_not_loaded": on_disk,
-                    "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
-                    "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
-                    "timeout_stop_ms": cfg.timeout_stop.map(|d| d.as_millis() as u64), "warnings": warnings,
-                    "api_key_check": api_key_check,
-                }))
-            }
-            .await;
-            match r {
+            match self.preflight_worker(w, plan, dry, ctx, &mut seen).await {
                 Ok(d) => s.pass(d),
                 Err(f) => {
                     s.fail(&f);
@@ -184,64 +87,203 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        if let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) {
-            let s = StepRun::start(sink, FLEET, Step::Preflight);
-            let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
-            let r = async {
-                for e in &f.etcd {
-                    self.not_blocked("etcd", e).await?;
-                }
-                let limits = if dry {
-                    match c.get(&crate::fleet::limits_key(&f.name)).await {
-                        Ok(Some(e)) => serde_json::from_slice::<crate::fleet::Limits>(&e.value)
-                            .map(|l| l.disagreement(&local).map_or(Ok(l), Err))
-                            .unwrap_or(Ok(local.clone())),
-                        Ok(None) => Ok(local.clone()),
-                        Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.0 }))?,
-                    }
-                } else {
-                    crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?
-                };
-                let limits = limits.map_err(|(role, etcd, local)| Fail::from(Cause::FleetLimits { role, etcd, local }))?;
-                let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
-                let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
-                Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
+        self.preflight_fleet(sink, dry).await?;
+        self.preflight_router(sink).await
+    }
+
+    /// One worker's preflight: its state and files (a reload when systemd has not loaded them),
+    /// metrics flag, GPUs, reachability, API key, pairing, stop and pair timing, and whether it
+    /// is the only worker of its role.
+    async fn preflight_worker(&self, w: &Worker, plan: &Plan, dry: bool, ctx: Ctx<'_>, seen: &mut Seen) -> Result<Value, Fail> {
+        let st = self.units.state(&w.unit).await?;
+        // `check` (nothing restarts): a worker that is not running fails its own check.
+        if ctx.allow_outage.is_none() && st.active_state != "active" {
+            return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
+        }
+        let mut cfg = self.units.config(&w.unit).await?;
+        // Drop-ins on disk that systemd has not loaded yet (a new one does not set
+        // NeedDaemonReload): a restart without a reload would not apply them.
+        let not_loaded = |cfg: &crate::ports::UnitConfig| -> Vec<String> {
+            revisions::paths(&w.unit, cfg, &[])
+                .into_iter()
+                .map(|p| p.display().to_string())
+                .filter(|p| p.ends_with(".conf") && !cfg.drop_in_paths.contains(p))
+                .collect()
+        };
+        let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
+        // A restart that is not a config rollout loads nothing the worker does not run
+        // yet (checked before any reload): a pending change is rolled out by `rollout
+        // apply`, through every gate, or accepted with --load-changes.
+        if ctx.allow_outage.is_some() && !ctx.load_changes {
+            if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
+                return Err(Fail::from(c));
             }
-            .await;
-            match r {
-                Ok(d) => s.pass(d),
-                Err(f) => {
+        }
+        let mut did_reload = false;
+        if needs_reload && dry {
+            did_reload = true; // reported as "would reload"
+        } else if needs_reload && !seen.reloaded {
+            self.units.reload().await?;
+            seen.reloaded = true;
+            did_reload = true;
+            cfg = self.units.config(&w.unit).await?;
+        }
+        let on_disk = not_loaded(&cfg);
+        let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
+        let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
+        if rule(Step::Metrics, &self.settings).mode == GateMode::Required && !metrics_flag {
+            return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
+        }
+        let gpus = gpus_of(w, &cfg.environment);
+        if let Some(g) = &gpus {
+            if let Some((other, og)) = seen.gpu_sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
+                return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
+            }
+            seen.gpu_sets.push((w.unit.clone(), g.clone()));
+        }
+        self.not_blocked(&w.unit, &w.url).await?;
+        let api_key_check = self.api_key_check(w, &st).await?;
+        let pairing = self.pairing_preflight(w, plan, &cfg).await?;
+        let warnings = self.stop_and_pair_risks(w, &cfg);
+        let outage = self
+            .outage_of(w, seen.fleet_view.as_deref(), ctx)
+            .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
+        Ok(json!({
+            "outage": outage,
+            "active_state": st.active_state, "sub_state": st.sub_state, "invocation_id": st.invocation_id,
+            "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
+            "drop_ins_not_loaded": on_disk,
+            "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
+            "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
+            "timeout_stop_ms": cfg.timeout_stop.map(|d| d.as_millis() as u64), "warnings": warnings,
+            "api_key_check": api_key_check,
+        }))
+    }
+
+    /// Does the worker refuse pdctl's calls for want of its API key? A worker started with
+    /// --api-key refuses every call pdctl makes but /health, /ready and /metrics without its key:
+    /// found now, before anything is touched. `None`: not checked (the unit is not running).
+    async fn api_key_check(&self, w: &Worker, st: &UnitState) -> Result<Option<String>, Fail> {
+        if st.active_state != "active" {
+            return Ok(None);
+        }
+        match self.probes.auth(&w.url).await {
+            crate::ports::Auth::Rejected { endpoint, status, key } => Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key })),
+            crate::ports::Auth::Unknown(why) => Ok(Some(format!("not checked: {why}"))),
+            crate::ports::Auth::Accepted => Ok(Some("accepted".to_string())),
+        }
+    }
+
+    /// What a stop of this worker may run into (SGLang's stop waits for its requests), and
+    /// whether the pair gate's timeout covers a decode's own timing; each is logged.
+    fn stop_and_pair_risks(&self, w: &Worker, cfg: &crate::ports::UnitConfig) -> Vec<String> {
+        let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
+        let mut warnings = crate::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
+        if w.role == Role::Decode && self.settings.verify.pair {
+            warnings.extend(crate::pairing::timing_risk(&w.unit, &crate::sglang::DecodeTiming::of(&cfg.environment), self.settings.verify.pair_timeout));
+        }
+        for warning in &warnings {
+            tracing::warn!(pdctl_unit = %w.unit, "{warning}");
+        }
+        warnings
+    }
+
+    /// The only worker of its role: restarting it stops serving (PD needs both roles). With
+    /// [fleet], counted over the whole fleet as the router sees it; else this host's. Refused
+    /// unless an outage is allowed (`Err`: the outage to expect); then said.
+    fn outage_of(
+        &self,
+        w: &Worker,
+        fleet_view: Option<&[crate::ports::RouterWorker]>,
+        ctx: Ctx<'_>,
+    ) -> Result<Option<String>, Option<crate::clock::StartTime>> {
+        let alone = match fleet_view {
+            Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
+            None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
+        };
+        let (true, Some(allowed)) = (alone, ctx.allow_outage) else { return Ok(None) };
+        let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
+            (Some(d), _) => revisions::last_start(d, &w.unit),
+            (None, Some(k)) => k.timing.clone(),
+            (None, None) => None,
+        };
+        if !allowed {
+            return Err(expected);
+        }
+        Ok(Some(format!(
+            "{} is the only {} worker: serving stops while it restarts, for {} (accepted: allow_outage)",
+            w.unit,
+            w.role.as_str(),
+            crate::cause::outage(&expected)
+        )))
+    }
+
+    /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
+    /// and held.
+    async fn preflight_fleet(&self, sink: &Sink, dry: bool) -> Result<(), (String, Fail)> {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Ok(()) };
+        let s = StepRun::start(sink, FLEET, Step::Preflight);
+        let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
+        let r = async {
+            for e in &f.etcd {
+                self.not_blocked("etcd", e).await?;
+            }
+            let limits = if dry {
+                match c.get(&crate::fleet::limits_key(&f.name)).await {
+                    Ok(Some(e)) => {
+                        serde_json::from_slice::<crate::fleet::Limits>(&e.value).map(|l| l.disagreement(&local).map_or(Ok(l), Err)).unwrap_or(Ok(local.clone()))
+                    }
+                    Ok(None) => Ok(local.clone()),
+                    Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.0 }))?,
+                }
+            } else {
+                crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?
+            };
+            let limits = limits.map_err(|(role, etcd, local)| Fail::from(Cause::FleetLimits { role, etcd, local }))?;
+            let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+            let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+            Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
+        }
+        .await;
+        match r {
+            Ok(d) => s.pass(d),
+            Err(f) => {
+                s.fail(&f);
+                return Err((FLEET.into(), f));
+            }
+        }
+        Ok(())
+    }
+
+    /// The gateway (every replica) answers; its worker lists are the step's detail.
+    async fn preflight_router(&self, sink: &Sink) -> Result<(), (String, Fail)> {
+        if !self.settings.verify.router {
+            return Ok(());
+        }
+        let s = StepRun::start(sink, ROUTER, Step::Preflight);
+        if let Some(r) = &self.settings.router {
+            for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
+                if let Err(f) = self.not_blocked("the router", u).await {
                     s.fail(&f);
-                    return Err((FLEET.into(), f));
+                    return Err((ROUTER.into(), f));
                 }
             }
         }
-        if self.settings.verify.router {
-            let s = StepRun::start(sink, ROUTER, Step::Preflight);
-            if let Some(r) = &self.settings.router {
-                for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
-                    if let Err(f) = self.not_blocked("the router", u).await {
-                        s.fail(&f);
-                        return Err((ROUTER.into(), f));
-                    }
+        // Every replica answers, or nothing is touched.
+        let mut lists = Vec::new();
+        for r in 0..self.probes.replicas() {
+            match self.probes.router_workers(r).await {
+                Ok(list) => lists.push(list),
+                Err(e) => {
+                    let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
+                    s.fail(&f);
+                    return Err((ROUTER.into(), f));
                 }
             }
-            // Every replica answers, or nothing is touched.
-            let mut lists = Vec::new();
-            for r in 0..self.probes.replicas() {
-                match self.probes.router_workers(r).await {
-                    Ok(list) => lists.push(list),
-                    Err(e) => {
-                        let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
-                        s.fail(&f);
-                        return Err((ROUTER.into(), f));
-                    }
-                }
-            }
-            match lists.len() {
-                1 => s.pass(json!({ "workers": lists.pop() })),
-                _ => s.pass(json!({ "replicas": lists })),
-            }
+        }
+        match lists.len() {
+            1 => s.pass(json!({ "workers": lists.pop() })),
+            _ => s.pass(json!({ "replicas": lists })),
         }
         Ok(())
     }

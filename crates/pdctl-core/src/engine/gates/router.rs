@@ -10,7 +10,7 @@ use crate::config::{Role, Worker};
 use crate::drains::{Drain, Ledger};
 use crate::engine::step::{within, Fail, POLL};
 use crate::engine::Engine;
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::{Logs, Probes, RouterWorker, Units};
 
 /// How long a worker pdctl has seen serve may stay `not_ready` in the gateway (smg 1.x) before
 /// pdctl removes and re-adds it: a few of the gateway's health-check rounds.
@@ -44,6 +44,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         })
     }
 
+    /// The router gate on one replica: wait (bounded) until the gateway lists the worker with
+    /// its role, healthy, its breaker not open, and a request through the gateway answers.
     pub(in crate::engine) async fn router_on(
         &self,
         replica: usize,
@@ -55,32 +57,22 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     ) -> Result<Value, Fail> {
         let limit = self.settings.rollout.router_timeout;
         let role = w.role.as_str();
-        let mut registered: Option<String> = None;
+        let mut a = Admission { t0, peers_drained, registered: None, re_added: None, peer_down: false };
         let mut seen;
-        // The smoke request failed while no worker of the other PD role was admitted.
-        let mut peer_down = false;
-        // The gateway listed the worker `failed` (or stuck `not_ready`) and pdctl removed and
-        // re-added it (once): that status.
-        let mut re_added: Option<String> = None;
-        let other_role = match w.role {
-            Role::Prefill => "decode",
-            Role::Decode => "prefill",
-            Role::Regular => "",
-        };
         loop {
             match within(t0, limit, self.probes.router_workers(replica)).await {
                 None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
                 Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
                 Some(Ok(list)) => match list.iter().filter(|x| crate::config::same_url(&x.url, &w.url)).min_by_key(|x| x.draining()) {
-                    None if may_register && registered.is_none() => {
+                    None if may_register && a.registered.is_none() => {
                         let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
                         match self.probes.register(replica, &w.url, role, bp).await {
-                            Ok(id) => registered = Some(id),
+                            Ok(id) => a.registered = Some(id),
                             Err(e) => return Err(Cause::RegisterRefused { url: w.url.clone(), error: e.to_string() }.into()),
                         }
                         seen = RouterSeen::RegistrationPending;
                     }
-                    None => seen = if registered.is_some() { RouterSeen::RegistrationPending } else { RouterSeen::NotListed },
+                    None => seen = if a.registered.is_some() { RouterSeen::RegistrationPending } else { RouterSeen::NotListed },
                     Some(x) if x.draining() => seen = RouterSeen::Unhealthy("listed as draining: the gateway is still removing an old entry".into()),
                     Some(x) if x.worker_type != role => {
                         return Err(Cause::WrongWorkerType { url: w.url.clone(), listed: x.worker_type.clone(), role: role.to_string() }.into())
@@ -91,87 +83,128 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         // its health checks pass, so only one stuck past STUCK_NOT_READY (after the
                         // health gate saw the worker serve) is re-added too. Once.
                         let stuck = status == "failed" || (status == "not_ready" && t0.elapsed() >= STUCK_NOT_READY);
-                        if may_register && re_added.is_none() && stuck {
-                            tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
-                            // Written down before the gateway is touched, as a drain is.
-                            if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
-                                let st = self.units.state(&w.unit).await?;
-                                let d = Drain {
-                                    unit: w.unit.clone(),
-                                    url: w.url.clone(),
-                                    role: w.role,
-                                    bootstrap_port: w.bootstrap_port,
-                                    invocation_id: st.invocation_id,
-                                    router_id: x.id.clone(),
-                                    rollout_id: id.to_string(),
-                                    drained_at: crate::lifecycle::now(),
-                                };
-                                l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
-                            }
-                            self.probes.deregister(replica, &x.id).await.map_err(|e| {
-                                Fail::from(Cause::RegisterRefused { url: w.url.clone(), error: format!("removing the {status} entry failed: {e}") })
-                            })?;
-                            re_added = Some(status.clone());
-                            registered = None;
+                        if may_register && a.re_added.is_none() && stuck {
+                            self.remove_stuck_entry(replica, w, x, &status, ledger).await?;
+                            a.re_added = Some(status.clone());
+                            a.registered = None;
                         }
                         seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {status}", x.is_healthy))
                     }
-                    Some(x) => {
-                        let cb = self.probes.cb_state(replica, &w.url).await;
-                        match cb {
-                            Ok(Some(1.0)) => seen = RouterSeen::BreakerOpen,
-                            _ => {
-                                let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
-                                let smoke = if !self.settings.verify.smoke_request || (peers_drained && !other_admitted) {
-                                    None
-                                } else {
-                                    Some(self.probes.smoke(replica, 1).await)
-                                };
-                                match smoke {
-                                    Some(Err(e)) => {
-                                        peer_down = w.role != Role::Regular && !other_admitted;
-                                        // No worker of the other role is even listed: none can be
-                                        // admitted while this gate waits, so it ends now (the worker
-                                        // itself is admitted) instead of at router_timeout.
-                                        let other_listed = list.iter().any(|o| o.worker_type == other_role && !o.draining());
-                                        if peer_down && !other_listed {
-                                            let cause = Cause::PeerRoleDown { url: w.url.clone(), role: other_role.into(), error: e.to_string() };
-                                            let detail = json!({
-                                                "router_id": x.id, "re_registered": registered.is_some(), "re_added_after": re_added,
-                                                "ended_early": format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
-                                                "waited_ms": t0.elapsed().as_millis() as u64,
-                                            });
-                                            return Err(Fail { cause, detail, unit: None });
-                                        }
-                                        seen = RouterSeen::SmokeFailed(e.to_string())
-                                    }
-                                    _ => {
-                                        return Ok(json!({
-                                            "router_id": x.id, "worker_type": x.worker_type, "re_registered": registered.is_some(), "re_added_after": re_added,
-                                            "cb_state": cb.ok().flatten(),
-                                            "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
-                                            "waited_ms": t0.elapsed().as_millis() as u64,
-                                        }))
-                                    }
-                                }
-                            }
-                        }
-                    }
+                    Some(x) => match self.serves_through_gateway(replica, w, x, &list, &mut a).await? {
+                        Ok(detail) => return Ok(detail),
+                        Err(s) => seen = s,
+                    },
                 },
             }
             if t0.elapsed() >= limit || (!may_register && t0.elapsed() >= Duration::from_secs(5)) {
-                let (url, after) = (w.url.clone(), t0.elapsed());
-                return Err(match seen {
-                    RouterSeen::BreakerOpen => Cause::CircuitOpen { url, after },
-                    RouterSeen::SmokeFailed(error) if peer_down => {
-                        Cause::PeerRoleDown { url, role: if w.role == Role::Prefill { "decode" } else { "prefill" }.into(), error }
-                    }
-                    RouterSeen::SmokeFailed(error) => Cause::SmokeFailed { url, after, error },
-                    other => Cause::RouterNeverAdmits { url, after, last: other.to_string() },
-                }
-                .into());
+                return Err(never_admitted(w, seen, a.peer_down, t0.elapsed()).into());
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Remove an entry the gateway lists `failed` (or stuck `not_ready`) so that the next round
+    /// re-adds it; written to the ledger first, as a drain is, so that a crash before the re-add
+    /// is reconciled.
+    async fn remove_stuck_entry(&self, replica: usize, w: &Worker, x: &RouterWorker, status: &str, ledger: Option<(&Ledger, &str)>) -> Result<(), Fail> {
+        tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
+        if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
+            let st = self.units.state(&w.unit).await?;
+            let d = Drain {
+                unit: w.unit.clone(),
+                url: w.url.clone(),
+                role: w.role,
+                bootstrap_port: w.bootstrap_port,
+                invocation_id: st.invocation_id,
+                router_id: x.id.clone(),
+                rollout_id: id.to_string(),
+                drained_at: crate::lifecycle::now(),
+            };
+            l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+        }
+        self.probes
+            .deregister(replica, &x.id)
+            .await
+            .map_err(|e| Fail::from(Cause::RegisterRefused { url: w.url.clone(), error: format!("removing the {status} entry failed: {e}") }))
+    }
+
+    /// The worker is listed and healthy: its breaker is not open and one request through the
+    /// gateway answers. `Ok(Ok(detail))`: admitted; `Ok(Err(seen))`: not yet; `Err`: it never can
+    /// be while this gate waits (no worker of the other PD role is even listed).
+    async fn serves_through_gateway(
+        &self,
+        replica: usize,
+        w: &Worker,
+        x: &RouterWorker,
+        list: &[RouterWorker],
+        a: &mut Admission,
+    ) -> Result<Result<Value, RouterSeen>, Fail> {
+        let (role, t0, peers_drained) = (w.role.as_str(), a.t0, a.peers_drained);
+        let cb = self.probes.cb_state(replica, &w.url).await;
+        if let Ok(Some(1.0)) = cb {
+            return Ok(Err(RouterSeen::BreakerOpen));
+        }
+        let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
+        let smoke = if !self.settings.verify.smoke_request || (peers_drained && !other_admitted) { None } else { Some(self.probes.smoke(replica, 1).await) };
+        let Some(Err(e)) = smoke else {
+            return Ok(Ok(json!({
+                "router_id": x.id, "worker_type": x.worker_type, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
+                "cb_state": cb.ok().flatten(),
+                "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
+                "waited_ms": t0.elapsed().as_millis() as u64,
+            })));
+        };
+        a.peer_down = w.role != Role::Regular && !other_admitted;
+        // No worker of the other role is even listed: none can be admitted while this gate waits,
+        // so it ends now (the worker itself is admitted) instead of at router_timeout.
+        let other_role = other_role(w.role);
+        let other_listed = list.iter().any(|o| o.worker_type == other_role && !o.draining());
+        if a.peer_down && !other_listed {
+            let cause = Cause::PeerRoleDown { url: w.url.clone(), role: other_role.into(), error: e.to_string() };
+            let detail = json!({
+                "router_id": x.id, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
+                "ended_early": format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
+                "waited_ms": t0.elapsed().as_millis() as u64,
+            });
+            return Err(Fail { cause, detail, unit: None });
+        }
+        Ok(Err(RouterSeen::SmokeFailed(e.to_string())))
+    }
+}
+
+/// What one router gate has done so far.
+struct Admission {
+    /// When the gate began.
+    t0: Instant,
+    /// Every worker of the other role is drained by this rollout: no smoke request is sent.
+    peers_drained: bool,
+    /// pdctl registered the worker (the gateway's id for it).
+    registered: Option<String>,
+    /// The gateway listed the worker `failed` (or stuck `not_ready`) and pdctl removed and
+    /// re-added it (once): that status.
+    re_added: Option<String>,
+    /// The smoke request failed while no worker of the other PD role was admitted.
+    peer_down: bool,
+}
+
+/// The other PD role's name (`""` for a regular worker).
+fn other_role(role: Role) -> &'static str {
+    match role {
+        Role::Prefill => "decode",
+        Role::Decode => "prefill",
+        Role::Regular => "",
+    }
+}
+
+/// The cause of a worker the gateway did not admit in time, from what was seen last.
+fn never_admitted(w: &Worker, seen: RouterSeen, peer_down: bool, after: Duration) -> Cause {
+    let url = w.url.clone();
+    match seen {
+        RouterSeen::BreakerOpen => Cause::CircuitOpen { url, after },
+        RouterSeen::SmokeFailed(error) if peer_down => {
+            Cause::PeerRoleDown { url, role: if w.role == Role::Prefill { "decode" } else { "prefill" }.into(), error }
+        }
+        RouterSeen::SmokeFailed(error) => Cause::SmokeFailed { url, after, error },
+        other => Cause::RouterNeverAdmits { url, after, last: other.to_string() },
     }
 }
