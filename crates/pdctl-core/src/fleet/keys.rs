@@ -1,0 +1,334 @@
+//! The fleet's keys and values, and the rules of a slot semaphore: pure, no I/O.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The key prefix of fleet `name`.
+pub fn prefix(name: &str) -> String {
+    format!("/pdctl/{name}/")
+}
+
+/// The semaphore key of `role`.
+pub fn slot_key(name: &str, role: &str) -> String {
+    format!("{}slots/{role}", prefix(name))
+}
+
+/// The liveness key of `host`.
+pub fn host_key(name: &str, host: &str) -> String {
+    format!("{}hosts/{host}", prefix(name))
+}
+
+/// The limits key.
+pub fn limits_key(name: &str) -> String {
+    format!("{}limits", prefix(name))
+}
+
+/// The pause key.
+pub fn pause_key(name: &str) -> String {
+    format!("{}paused", prefix(name))
+}
+
+/// The fleet-wide limits (in etcd; every host's config must agree).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Workers of each role that may be down at once, fleet-wide.
+    pub max_unavailable: BTreeMap<String, u32>,
+}
+
+impl Limits {
+    /// Where `local` disagrees with these (etcd's): `(role, etcd's value, local value)`.
+    pub fn disagreement(&self, local: &Limits) -> Option<(String, String, String)> {
+        let roles: std::collections::BTreeSet<&String> = self.max_unavailable.keys().chain(local.max_unavailable.keys()).collect();
+        roles.into_iter().find_map(|r| {
+            let (a, b) = (self.max_unavailable.get(r), local.max_unavailable.get(r));
+            let show = |v: Option<&u32>| v.map(|n| n.to_string()).unwrap_or_else(|| "unset".into());
+            (a != b).then(|| (r.clone(), show(a), show(b)))
+        })
+    }
+
+    /// The limit of `role` (a role without one: 1).
+    pub fn of(&self, role: &str) -> u32 {
+        self.max_unavailable.get(role).copied().unwrap_or(1)
+    }
+}
+
+/// One held slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hold {
+    /// `host/unit`: who holds it.
+    pub holder: String,
+    /// Its worker's URL (as the gateway lists it).
+    pub url: String,
+    /// Drawn per acquisition: a late release of an older hold cannot free a newer one.
+    pub token: String,
+    /// When it was taken (seconds since the epoch).
+    pub since: u64,
+    /// The rollout that took it.
+    pub rollout: String,
+}
+
+/// `holder` of a unit on a host.
+pub fn holder(host: &str, unit: &str) -> String {
+    format!("{host}/{unit}")
+}
+
+/// The holders of one role's slots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Semaphore {
+    /// Current holds.
+    pub holders: Vec<Hold>,
+}
+
+/// Whether a slot can be taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Take it (add the hold).
+    Grant,
+    /// The holder holds one already (a retry after a lost answer): it is that hold.
+    AlreadyHeld(Hold),
+    /// No slot is free: who holds them, and the unhealthy workers counted against the budget.
+    Wait {
+        /// The holds.
+        holders: Vec<Hold>,
+        /// URLs the gateway reports unhealthy that hold no slot.
+        unhealthy: Vec<String>,
+    },
+}
+
+impl Semaphore {
+    /// Whether `want` may take a slot of a role limited to `max`, with the role's workers the
+    /// gateway reports unhealthy (`unhealthy`, URLs): those that hold no slot are down anyway and
+    /// count against the budget.
+    pub fn decide(&self, want: &Hold, max: u32, unhealthy: &[String]) -> Decision {
+        if let Some(h) = self.holders.iter().find(|h| h.holder == want.holder) {
+            return Decision::AlreadyHeld(h.clone());
+        }
+        let down: Vec<String> = unhealthy
+            .iter()
+            .filter(|u| !self.holders.iter().any(|h| crate::url::same_url(&h.url, u)) && !crate::url::same_url(u, &want.url))
+            .cloned()
+            .collect();
+        if self.holders.len() + down.len() < max as usize {
+            Decision::Grant
+        } else {
+            Decision::Wait { holders: self.holders.clone(), unhealthy: down }
+        }
+    }
+
+    /// Remove `holder`'s hold if it is the one with `token`; whether it was there.
+    pub fn release(&mut self, holder: &str, token: &str) -> bool {
+        let before = self.holders.len();
+        self.holders.retain(|h| !(h.holder == holder && h.token == token));
+        self.holders.len() != before
+    }
+
+    /// Remove every hold of `holder` — `host/unit`, or `host` for all of that host's (an
+    /// operator's release); the removed holds.
+    pub fn release_all(&mut self, holder: &str) -> Vec<Hold> {
+        let host_prefix = format!("{holder}/");
+        let (gone, kept): (Vec<Hold>, Vec<Hold>) =
+            std::mem::take(&mut self.holders).into_iter().partition(|h| h.holder == holder || h.holder.starts_with(&host_prefix));
+        self.holders = kept;
+        gone
+    }
+}
+
+/// What "waiting for a prefill slot: held by … since …" says.
+pub fn waiting_sentence(role: &str, holders: &[Hold], unhealthy: &[String]) -> String {
+    let mut parts: Vec<String> = holders.iter().map(|h| format!("held by {} since {}", h.holder, clock(h.since))).collect();
+    parts.extend(unhealthy.iter().map(|u| format!("{u} is unhealthy in the gateway")));
+    format!("waiting for a {role} slot: {}", parts.join("; "))
+}
+
+/// `14:02:11` (UTC) of a time in seconds since the epoch.
+pub fn clock(secs: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    s.get(11..19).map(String::from).unwrap_or(s)
+}
+
+/// A host's liveness value (bound to its lease).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostState {
+    /// The host.
+    pub host: String,
+    /// pdctld's version.
+    pub version: String,
+    /// The rollout it runs, if any.
+    pub rollout: Option<String>,
+    /// Its workers.
+    pub workers: Vec<HostWorker>,
+    /// When this value was written (seconds since the epoch).
+    pub updated_at: u64,
+}
+
+/// One worker in a host's liveness value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostWorker {
+    /// The unit.
+    pub unit: String,
+    /// Its URL (as the gateway lists it).
+    #[serde(default)]
+    pub url: String,
+    /// Its role.
+    pub role: String,
+    /// `active/running`, …
+    pub state: String,
+    /// KV usage (0..1), when its gauges are published.
+    pub kv_usage: Option<f64>,
+}
+
+/// A fleet-wide pause: no new slot is granted while it is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pause {
+    /// Who (`uid N on HOST`).
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When (seconds since the epoch).
+    pub at: u64,
+}
+
+/// A slot this host holds or is about to take, written down before the transaction (so that a
+/// crash between the grant and the release finds it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotRecord {
+    /// The role's semaphore.
+    pub role: String,
+    /// The hold.
+    pub hold: Hold,
+}
+
+/// A token for a new hold.
+pub fn token() -> String {
+    format!("{:016x}", crate::pairing::room())
+}
+
+/// Now, in seconds since the epoch.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A fleet rollout as stored in etcd (`rollouts/<id>`), watched by every pdctld.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetRollout {
+    /// Its id (`f<seconds>`).
+    pub id: String,
+    /// The hosts taking part.
+    pub hosts: Vec<String>,
+    /// Taking the only worker of a role (fleet-wide) down is accepted.
+    pub allow_outage: bool,
+    /// Who started it (`uid N on HOST`).
+    pub by: String,
+    /// Why.
+    pub reason: Option<String>,
+    /// This host goes first; the others start only once it succeeded.
+    pub canary: Option<String>,
+    /// When (seconds since the epoch).
+    pub created_at: u64,
+    /// Only these units (empty: every worker of each host).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<String>,
+    /// A repair: the restarted prefill (`host/unit`) whose stale pairing this fixes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_of: Option<String>,
+    /// Each host's restart may load unit changes its workers do not run yet (`--load-changes`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub load_changes: bool,
+}
+
+/// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEvent {
+    /// The host.
+    pub host: String,
+    /// The event of its local rollout.
+    pub event: crate::events::Event,
+}
+
+/// How one host's part ended (`rollouts/<id>/hosts/<host>/summary`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSummary {
+    /// The host.
+    pub host: String,
+    /// Its result.
+    pub result: HostResult,
+    /// Its local rollout's id, if one started.
+    pub local_id: Option<String>,
+    /// Its local rollout's summary, if it ended with one.
+    pub summary: Option<crate::events::Summary>,
+    /// Why it did not start, or ended without a summary.
+    pub why: Option<String>,
+}
+
+/// Where fleet rollout requests are (every pdctld reads this prefix, so it holds only requests).
+pub fn requests_prefix(name: &str) -> String {
+    format!("{}requests/", prefix(name))
+}
+
+/// The key of fleet rollout `id`'s request.
+pub fn rollout_key(name: &str, id: &str) -> String {
+    format!("{}{id}", requests_prefix(name))
+}
+
+/// Where the hosts' lines of fleet rollout `id` are.
+pub fn rollout_hosts_prefix(name: &str, id: &str) -> String {
+    format!("{}rollouts/{id}/hosts/", prefix(name))
+}
+
+/// The key of `host`'s event number `seq` of fleet rollout `id`.
+pub fn host_event_key(name: &str, id: &str, host: &str, seq: usize) -> String {
+    format!("{}{host}/events/{seq:08}", rollout_hosts_prefix(name, id))
+}
+
+/// The key of `host`'s summary of fleet rollout `id`.
+pub fn host_summary_key(name: &str, id: &str, host: &str) -> String {
+    format!("{}{host}/summary", rollout_hosts_prefix(name, id))
+}
+
+/// How one host's part of a fleet rollout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostResult {
+    /// Its local rollout succeeded.
+    Succeeded,
+    /// Its local rollout failed (halted, rolled back).
+    Failed,
+    /// Its local rollout was aborted (another host failed).
+    Aborted,
+    /// Its local rollout was interrupted (pdctld stopped, or etcd was lost).
+    Interrupted,
+    /// It did not start: the canary or another host failed first, or it could not start.
+    NotStarted,
+}
+
+/// The last line of `pdctl fleet watch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSummary {
+    /// The fleet rollout.
+    pub id: String,
+    /// `succeeded` when every host succeeded, else `failed`.
+    pub result: crate::events::Outcome,
+    /// Each host's result.
+    pub hosts: BTreeMap<String, HostResult>,
+}
+
+/// The fleet summary from the hosts' summaries (a host without one: not started).
+pub fn fleet_summary(r: &FleetRollout, summaries: &BTreeMap<String, HostSummary>) -> FleetSummary {
+    let hosts: BTreeMap<String, HostResult> =
+        r.hosts.iter().map(|h| (h.clone(), summaries.get(h).map(|s| s.result).unwrap_or(HostResult::NotStarted))).collect();
+    let ok = hosts.values().all(|v| *v == HostResult::Succeeded);
+    FleetSummary { id: r.id.clone(), result: if ok { crate::events::Outcome::Succeeded } else { crate::events::Outcome::Failed }, hosts }
+}

@@ -1,0 +1,180 @@
+//! The fleet: many hosts behind one gateway, each host's pdctld coordinating through etcd v3.
+//!
+//! [`keys`] is the logic, with no I/O: the keys, what a slot semaphore holds, and whether a
+//! holder may take a slot. [`store`] reads and changes them through the fleet's store (the
+//! [`crate::ports::Coordinator`] port); the etcd driver (`pdctl-fleet`) stores these values and applies every
+//! change with a compare-and-swap transaction on the keys' revisions, so that two hosts deciding
+//! at the same moment cannot both win (the pattern of Fedora CoreOS's FleetLock server, airlock:
+//! one JSON value per semaphore, updated by CAS, no lease on a slot — a host that dies keeps its
+//! slot, because its worker really is down, until its pdctld comes back or an operator releases
+//! it).
+//!
+//! Keys, under `/pdctl/<fleet name>/`:
+//!
+//! | key | value |
+//! |---|---|
+//! | `limits` | [`Limits`]: `max_unavailable` per role, written by the first pdctld; a host whose config disagrees refuses |
+//! | `slots/<role>` | [`Semaphore`]: the holders of that role's slots |
+//! | `hosts/<host>` | [`HostState`], bound to the host's lease (gone when its pdctld is) |
+//! | `paused` | [`Pause`] while no new slot is granted fleet-wide |
+//! | `requests/<id>` | [`FleetRollout`]: a fleet rollout every named host's pdctld runs its part of |
+//! | `rollouts/<id>/hosts/<host>/events/<seq>` | [`HostEvent`]: that host's events, in order |
+//! | `rollouts/<id>/hosts/<host>/summary` | [`HostSummary`]: how that host's part ended |
+
+pub mod keys;
+pub mod store;
+
+pub use keys::*;
+pub use store::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::{CasChange, Coordinator, FleetFailure, KvEntry, Write};
+    use std::collections::BTreeMap;
+
+    fn hold(h: &str, url: &str, token: &str) -> Hold {
+        Hold { holder: h.into(), url: url.into(), token: token.into(), since: 0, rollout: "r1".into() }
+    }
+
+    #[test]
+    fn decide_grants_within_the_budget_counting_unhealthy_workers_and_finds_its_own_hold() {
+        let mut s = Semaphore::default();
+        let a = hold("a/p.service", "http://a:1", "t1");
+        assert_eq!(s.decide(&a, 1, &[]), Decision::Grant);
+        s.holders.push(a.clone());
+        let b = hold("b/p.service", "http://b:1", "t2");
+        assert!(matches!(s.decide(&b, 1, &[]), Decision::Wait { .. }));
+        // A retry of a's acquisition finds its hold (never a second one).
+        assert_eq!(s.decide(&hold("a/p.service", "http://a:1", "t9"), 1, &[]), Decision::AlreadyHeld(a.clone()));
+        // An unhealthy worker holding no slot counts; one holding a slot is not counted twice;
+        // the asking worker itself being unhealthy does not block it.
+        assert!(matches!(s.decide(&b, 2, &["http://c:1".into()]), Decision::Wait { .. }));
+        assert_eq!(s.decide(&b, 2, &["http://a:1".into()]), Decision::Grant);
+        assert_eq!(s.decide(&b, 2, &["http://b:1".into()]), Decision::Grant);
+    }
+
+    #[test]
+    fn a_late_release_with_an_old_token_frees_nothing() {
+        let mut s = Semaphore { holders: vec![hold("a/p.service", "u", "new")] };
+        assert!(!s.release("a/p.service", "old"));
+        assert_eq!(s.holders.len(), 1);
+        assert!(s.release("a/p.service", "new"));
+        assert!(s.holders.is_empty());
+    }
+
+    #[test]
+    fn limits_disagreement_names_the_role_and_both_values() {
+        let etcd = Limits { max_unavailable: [("prefill".to_string(), 1), ("decode".to_string(), 1)].into() };
+        let local = Limits { max_unavailable: [("prefill".to_string(), 2), ("decode".to_string(), 1)].into() };
+        assert_eq!(etcd.disagreement(&local), Some(("prefill".into(), "1".into(), "2".into())));
+        assert_eq!(etcd.disagreement(&etcd.clone()), None);
+    }
+
+    #[test]
+    fn the_waiting_sentence_names_holder_and_time() {
+        let h = Hold { since: 1_764_511_331, ..hold("gpu-node-b/sglang-prefill.service", "u", "t") };
+        assert_eq!(waiting_sentence("prefill", &[h], &[]), "waiting for a prefill slot: held by gpu-node-b/sglang-prefill.service since 14:02:11");
+    }
+
+    /// An in-memory store with etcd's compare-and-swap semantics (unit tests only; the real
+    /// etcd is in tests/fleet.rs).
+    /// The store's revision, and each key's value with its mod revision.
+    type Store = (i64, BTreeMap<String, (Vec<u8>, i64)>);
+
+    #[derive(Default)]
+    struct Mem {
+        kv: std::sync::Mutex<Store>,
+    }
+
+    impl Coordinator for Mem {
+        fn get<'a>(&'a self, key: &'a str) -> crate::ports::BoxFut<'a, Result<Option<KvEntry>, FleetFailure>> {
+            let g = self.kv.lock().unwrap();
+            let r = g.1.get(key).map(|(v, r)| KvEntry { key: key.into(), value: v.clone(), mod_revision: *r });
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                Ok(r)
+            })
+        }
+        fn get_prefix<'a>(&'a self, prefix: &'a str) -> crate::ports::BoxFut<'a, Result<Vec<KvEntry>, FleetFailure>> {
+            let g = self.kv.lock().unwrap();
+            let r =
+                g.1.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, (v, r))| KvEntry { key: k.clone(), value: v.clone(), mod_revision: *r }).collect();
+            Box::pin(async move { Ok(r) })
+        }
+        fn cas(&self, changes: Vec<CasChange>) -> crate::ports::BoxFut<'_, Result<bool, FleetFailure>> {
+            let mut g = self.kv.lock().unwrap();
+            let ok = changes.iter().all(|c| g.1.get(&c.key).map(|(_, r)| *r).unwrap_or(0) == c.expect);
+            if ok {
+                g.0 += 1;
+                let rev = g.0;
+                for c in changes {
+                    match c.write {
+                        Write::Keep => {}
+                        Write::Put(v) => {
+                            g.1.insert(c.key, (v, rev));
+                        }
+                        Write::Delete => {
+                            g.1.remove(&c.key);
+                        }
+                    }
+                }
+            }
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                Ok(ok)
+            })
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_hosts_never_over_admit_and_pairs_take_both_slots_or_none() {
+        let mem = std::sync::Arc::new(Mem::default());
+        let limits = Limits { max_unavailable: [("prefill".to_string(), 1), ("decode".to_string(), 1)].into() };
+        let max_seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for h in 0..20 {
+            let (mem, limits, max_seen) = (mem.clone(), limits.clone(), max_seen.clone());
+            tasks.push(tokio::spawn(async move {
+                let want = Hold { holder: holder(&format!("h{h}"), "p.service"), url: format!("http://h{h}:1"), token: token(), since: 0, rollout: "r".into() };
+                loop {
+                    match try_acquire(mem.as_ref(), "f", &limits, &[("prefill".into(), want.clone())], &BTreeMap::new()).await.unwrap() {
+                        Acquired::Granted(_) => break,
+                        Acquired::Wait(_) => tokio::task::yield_now().await,
+                    }
+                }
+                let held = slots(mem.as_ref(), "f").await.unwrap().get("prefill").map(|s| s.holders.len()).unwrap_or(0);
+                max_seen.fetch_max(held, std::sync::atomic::Ordering::SeqCst);
+                assert!(release(mem.as_ref(), "f", "prefill", &want.holder, &want.token).await.unwrap());
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(max_seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A pair (two roles) while the decode slot is taken: neither is granted.
+        let d = Hold { holder: "x/d.service".into(), url: "http://x:2".into(), token: "t".into(), since: 0, rollout: "r".into() };
+        try_acquire(mem.as_ref(), "f", &limits, &[("decode".into(), d)], &BTreeMap::new()).await.unwrap();
+        let p = Hold { holder: "y/p.service".into(), url: "http://y:1".into(), token: "t".into(), since: 0, rollout: "r".into() };
+        let d2 = Hold { holder: "y/d.service".into(), url: "http://y:2".into(), token: "t".into(), since: 0, rollout: "r".into() };
+        let r = try_acquire(mem.as_ref(), "f", &limits, &[("prefill".into(), p), ("decode".into(), d2)], &BTreeMap::new()).await.unwrap();
+        assert!(matches!(r, Acquired::Wait(_)));
+        assert!(slots(mem.as_ref(), "f").await.unwrap().get("prefill").is_none_or(|s| s.holders.is_empty()), "no prefill slot taken alone");
+        // A pause blocks every grant.
+        set_pause(mem.as_ref(), "f", Some(&Pause { by: "uid 0 on a".into(), reason: "incident".into(), at: 0 })).await.unwrap();
+        let q = Hold { holder: "z/p.service".into(), url: "http://z:1".into(), token: "t".into(), since: 0, rollout: "r".into() };
+        match try_acquire(mem.as_ref(), "f", &limits, &[("prefill".into(), q)], &BTreeMap::new()).await.unwrap() {
+            Acquired::Wait(w) => assert!(w.contains("paused by uid 0 on a") && w.contains("incident"), "{w}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_first_host_writes_the_limits_and_a_disagreeing_host_is_told_both_values() {
+        let mem = Mem::default();
+        let a = Limits { max_unavailable: [("prefill".to_string(), 1)].into() };
+        assert_eq!(ensure_limits(&mem, "f", &a).await.unwrap(), Ok(a.clone()));
+        let b = Limits { max_unavailable: [("prefill".to_string(), 3)].into() };
+        assert_eq!(ensure_limits(&mem, "f", &b).await.unwrap(), Err(("prefill".into(), "1".into(), "3".into())));
+    }
+}
