@@ -98,6 +98,10 @@ pub enum MetricsDiagnosis {
     Insane,
 }
 
+/// The code of [`Cause::FleetLost`]: a rollout that ends on it is interrupted, not finished
+/// ([`crate::lifecycle::Lifecycle::conclude`]).
+pub const FLEET_LOST: &str = "fleet_lost";
+
 /// Every failure pdctl can report. Variants carry the facts their sentence needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cause {
@@ -547,7 +551,7 @@ impl Cause {
             Cause::SmokeFailed { .. } => "smoke_request_failed",
             Cause::ClientsFailing { .. } => "clients_failing",
             Cause::FleetUnreachable { .. } => "fleet_unreachable",
-            Cause::FleetLost { .. } => "fleet_lost",
+            Cause::FleetLost { .. } => FLEET_LOST,
             Cause::FleetLimits { .. } => "fleet_limits",
             Cause::SlotTimeout { .. } => "slot_timeout",
             Cause::AddressBlocked { .. } => "address_blocked",

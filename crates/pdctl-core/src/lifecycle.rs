@@ -17,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::clock::now;
-use crate::events::{Outcome, Step};
+use crate::events::{Outcome, Step, Summary};
 
 /// Where a rollout stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +154,18 @@ impl Lifecycle {
         self.to(self.state == RolloutState::Running, RolloutState::of(outcome))
     }
 
+    /// The engine returned `summary` (only while running): the rollout is finished with its
+    /// outcome — unless fleet coordination was lost, where the unit in progress was finished and
+    /// verified and the next one never took its slot: then it is interrupted there, to be
+    /// resumed once etcd answers (`pdctl rollout resume ID`).
+    pub fn conclude(&mut self, summary: &Summary) -> Result<(), TransitionError> {
+        if summary.failed.as_ref().is_some_and(|f| f.cause_code == crate::cause::FLEET_LOST) {
+            self.interrupt()
+        } else {
+            self.finish(summary.result)
+        }
+    }
+
     /// pdctld found this rollout running at its start (only while running).
     pub fn interrupt(&mut self) -> Result<(), TransitionError> {
         self.to(self.state == RolloutState::Running, RolloutState::Interrupted)
@@ -170,6 +182,34 @@ impl Lifecycle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollout_that_lost_the_fleet_is_interrupted_not_failed() {
+        let summary = |code: Option<&str>| -> Summary {
+            let failed = code.map(|c| {
+                serde_json::from_value(
+                    serde_json::json!({"unit": "p.service", "step": "slot", "cause": "x", "cause_code": c, "kind": "access", "last_lines": []}),
+                )
+                .expect("a failure")
+            });
+            Summary {
+                id: None,
+                result: Outcome::Failed,
+                elapsed_ms: 0,
+                units: vec![],
+                checked: vec![],
+                repairs: Default::default(),
+                failed,
+                availability: None,
+            }
+        };
+        let mut l = Lifecycle::new();
+        l.conclude(&summary(Some(crate::cause::FLEET_LOST))).unwrap();
+        assert_eq!(l.state(), RolloutState::Interrupted);
+        let mut l = Lifecycle::new();
+        l.conclude(&summary(Some("health_timeout"))).unwrap();
+        assert_eq!(l.state(), RolloutState::Failed);
+    }
 
     #[test]
     fn transitions_check_the_previous_state() {

@@ -127,7 +127,7 @@ async fn main() {
     if args.metrics_listen != "off" {
         match tokio::net::TcpListener::bind(&args.metrics_listen).await {
             Ok(l) => {
-                let app = daemon::metrics_api(d.clone());
+                let app = daemon::http::metrics_api(d.clone());
                 tokio::spawn(async move {
                     let _ = axum::serve(l, app).await;
                 });
@@ -135,7 +135,7 @@ async fn main() {
             Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
         }
     }
-    let app = daemon::api(d.clone());
+    let app = daemon::http::api(d.clone());
     if let Some(every) = sd_notify::watchdog_enabled() {
         tokio::spawn(watchdog(d.clone(), app.clone(), every / 2));
     }
@@ -200,7 +200,7 @@ async fn serve(listener: tokio::net::UnixListener, app: axum::Router) {
             continue;
         };
         // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.
-        let peer = daemon::Peer { uid: stream.peer_cred().ok().map(|c| c.uid()) };
+        let peer = daemon::http::Peer { uid: stream.peer_cred().ok().map(|c| c.uid()) };
         let svc = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()

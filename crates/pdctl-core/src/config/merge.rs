@@ -38,21 +38,21 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
     let mut m = Merged::default();
     let mut keys = BTreeMap::new();
     macro_rules! over {
-        ($path:expr, $text:expr, $sect:literal, $dst:expr, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
+        ($path:expr, $text:expr, $sect:ident, $dst:expr, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
             $dst.$f = $src.$f;
-            keys.insert(format!("{}.{}", $sect, stringify!($f)), ($path.clone(), line_of_key($text, stringify!($f))));
+            keys.insert(format!("{}.{}", stringify!($sect), stringify!($f)), ($path.clone(), line_of_key($text, stringify!($f))));
         } )* };
     }
     for (path, text) in texts {
         let raw = parse_file(path, text)?;
         if let Some(s) = raw.systemd {
-            over!(path, text, "systemd", m.systemd, s, bus, address);
+            over!(path, text, systemd, m.systemd, s, bus, address);
         }
         if let Some(s) = raw.journal {
-            over!(path, text, "journal", m.journal, s, directory, procfs);
+            over!(path, text, journal, m.journal, s, directory, procfs);
         }
         if let Some(s) = raw.router {
-            over!(path, text, "router", m.router, s, url, metrics_url, api_key_file);
+            over!(path, text, router, m.router, s, url, metrics_url, api_key_file);
         }
         if let Some(s) = raw.rollout {
             if let Some(p) = &s.ready_pattern {
@@ -61,7 +61,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
             over!(
                 path,
                 text,
-                "rollout",
+                rollout,
                 m.rollout,
                 s,
                 order,
@@ -89,7 +89,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
             over!(
                 path,
                 text,
-                "verify",
+                verify,
                 m.verify,
                 s,
                 router,
@@ -105,7 +105,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
         }
         if let Some(s) = raw.fleet {
             m.fleet_seen = true;
-            over!(path, text, "fleet", m.fleet, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary, ca_file, cert_file, key_file);
+            over!(path, text, fleet, m.fleet, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary, ca_file, cert_file, key_file);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);

@@ -1,0 +1,225 @@
+//! Fleet participation: this host's liveness key, and its part of fleet rollouts.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use pdctl_core::api::{HostResult, Request, Started, StartedBy};
+
+use super::rollouts::start;
+use super::{config, engine, lock, Daemon};
+
+impl Daemon {
+    /// With `[fleet]`: keep this host's liveness key in etcd (bound to a lease: it disappears
+    /// within 10 s of pdctld's death), refreshed every 5 s with the running rollout and each
+    /// worker's state and KV usage; and give back slots left on record once their workers serve.
+    pub async fn fleet_liveness(self: Arc<Self>) {
+        let value: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new(Vec::new()));
+        let mut alive: Option<(String, tokio::task::JoinHandle<()>)> = None;
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            let fleet = config(&self).ok().and_then(|s| s.fleet);
+            let Some(f) = fleet else {
+                if let Some((_, h)) = alive.take() {
+                    h.abort();
+                }
+                continue;
+            };
+            let key = pdctl_core::fleet::host_key(&f.name, &f.host);
+            if alive.as_ref().is_some_and(|(k, _)| *k != key) {
+                if let Some((_, h)) = alive.take() {
+                    h.abort();
+                }
+            }
+            let Ok(e) = engine(&self).await else { continue };
+            let mut workers = Vec::new();
+            for w in &e.settings.workers {
+                let state = pdctl_core::ports::Units::state(&e.units, &w.unit)
+                    .await
+                    .map(|s| format!("{}/{}", s.active_state, s.sub_state))
+                    .unwrap_or_else(|err| format!("unknown ({err})"));
+                let kv_usage = tokio::time::timeout(std::time::Duration::from_secs(3), pdctl_core::ports::Probes::kv(&e.probes, &w.url))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .map(|k| k.token_usage);
+                workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), url: w.url.clone(), role: w.role.as_str().into(), state, kv_usage });
+            }
+            let st = pdctl_core::fleet::HostState {
+                host: f.host.clone(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                rollout: self.running_id(),
+                workers,
+                updated_at: pdctl_core::fleet::now_secs(),
+            };
+            *lock(&value) = serde_json::to_vec(&st).unwrap_or_default();
+            if alive.is_none() {
+                match pdctl_core::real::etcd_connect(&f.etcd, f.user.as_ref(), f.tls.as_ref()).await {
+                    Ok(etcd) => {
+                        let v = value.clone();
+                        alive = Some((key.clone(), etcd.keep_alive(key.clone(), 10, move || lock(&v).clone())));
+                    }
+                    Err(err) => tracing::warn!("this host's fleet liveness key cannot be written: {err}"),
+                }
+            }
+            if self.running_id().is_none() && !self.reconciling.load(Ordering::SeqCst) {
+                for n in e.reconcile_slots(self.store.ledger(), None).await {
+                    tracing::warn!("{n}");
+                }
+            }
+        }
+    }
+}
+
+impl Daemon {
+    /// With `[fleet]`: take part in fleet rollouts. Every new request under `rollouts/` that names
+    /// this host is run here as a local rolling restart (after the canary host succeeded, when
+    /// one is set; not at all once another host failed), its events and summary written back to
+    /// etcd for `pdctl fleet watch`. Another host failing stops the local part between units.
+    /// A request this host finds unanswered when it starts is marked interrupted, never resumed
+    /// by itself.
+    pub async fn fleet_rollouts(self: Arc<Self>) {
+        use pdctl_core::ports::Coordinator as _;
+        let mut seen: std::collections::BTreeSet<String> = Default::default();
+        // Requests older than this process were cut short by its predecessor's stop.
+        let born = pdctl_core::fleet::now_secs();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Some(f) = config(&self).ok().and_then(|s| s.fleet) else { continue };
+            if self.reconciling.load(Ordering::SeqCst) {
+                continue;
+            }
+            let c = pdctl_core::real::EtcdCoordinator::new(&f);
+            let p = pdctl_core::fleet::requests_prefix(&f.name);
+            let Ok(entries) = c.get_prefix(&p).await else { continue };
+            for e in entries {
+                let rest = e.key.trim_start_matches(&p);
+                if seen.contains(rest) {
+                    continue;
+                }
+                seen.insert(rest.to_string());
+                let Ok(r) = serde_json::from_slice::<pdctl_core::fleet::FleetRollout>(&e.value) else { continue };
+                if !r.hosts.contains(&f.host) {
+                    continue;
+                }
+                let mine = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
+                if c.get(&mine).await.ok().flatten().is_some() {
+                    continue;
+                }
+                if r.created_at < born {
+                    // Unanswered, from before this pdctld started: its local part was cut short
+                    // by the previous pdctld's stop.
+                    let s = pdctl_core::fleet::HostSummary {
+                        host: f.host.clone(),
+                        result: HostResult::Interrupted,
+                        local_id: None,
+                        summary: None,
+                        why: Some("pdctld stopped during its part; resume the local rollout (pdctl rollout history) once checked".into()),
+                    };
+                    let _ = fleet_put(&c, &mine, &s).await;
+                    continue;
+                }
+                tokio::spawn(self.clone().fleet_part(f.clone(), r));
+            }
+        }
+    }
+
+    pub(super) async fn fleet_part(self: Arc<Self>, f: pdctl_core::config::FleetSettings, r: pdctl_core::fleet::FleetRollout) {
+        let c = pdctl_core::real::EtcdCoordinator::new(&f);
+        let summary_key = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
+        let not_started = |why: String| pdctl_core::fleet::HostSummary {
+            host: f.host.clone(),
+            result: HostResult::NotStarted,
+            local_id: None,
+            summary: None,
+            why: Some(why),
+        };
+        // The canary goes first; the others start only once it succeeded.
+        if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host) {
+            loop {
+                match fleet_summaries(&c, &f.name, &r.id).await.get(canary) {
+                    Some(s) if s.result == HostResult::Succeeded => break,
+                    Some(s) => {
+                        let _ = fleet_put(&c, &summary_key, &not_started(format!("the canary {canary} did not succeed ({:?})", s.result))).await;
+                        return;
+                    }
+                    None => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+                }
+            }
+        }
+        if let Some((h, _)) = fleet_summaries(&c, &f.name, &r.id).await.into_iter().find(|(_, s)| s.result == HostResult::Failed) {
+            let _ = fleet_put(&c, &summary_key, &not_started(format!("{h} failed first: the fleet rollout halts everywhere"))).await;
+            return;
+        }
+        let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
+        let started = start(
+            self.clone(),
+            Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: r.load_changes, config: None },
+            by,
+        )
+        .await;
+        let id = match started {
+            Ok(Started { id: Some(id), .. }) => id,
+            Ok(_) => return,
+            Err(cause) => {
+                let _ = fleet_put(&c, &summary_key, &not_started(cause.sentence())).await;
+                return;
+            }
+        };
+        // Forward the local record's events as they come; stop the local part when another host
+        // fails.
+        let mut sent = 0usize;
+        loop {
+            let rec = lock(&self.running).as_ref().filter(|x| x.id == id).map(|x| lock(&x.record).clone()).or_else(|| self.load(&id));
+            let Some(rec) = rec else { break };
+            for ev in rec.events.iter().skip(sent) {
+                let line = pdctl_core::fleet::HostEvent { host: f.host.clone(), event: ev.clone() };
+                if fleet_put(&c, &pdctl_core::fleet::host_event_key(&f.name, &r.id, &f.host, sent), &line).await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            if rec.lifecycle.state() != pdctl_core::lifecycle::RolloutState::Running && sent >= rec.events.len() {
+                let result = match (rec.lifecycle.state(), rec.summary.as_ref().map(|s| s.result)) {
+                    (_, Some(pdctl_core::events::Outcome::Succeeded)) => HostResult::Succeeded,
+                    (_, Some(pdctl_core::events::Outcome::Aborted)) => HostResult::Aborted,
+                    (pdctl_core::lifecycle::RolloutState::Interrupted, _) => HostResult::Interrupted,
+                    _ => HostResult::Failed,
+                };
+                let s = pdctl_core::fleet::HostSummary { host: f.host.clone(), result, local_id: Some(id.clone()), summary: rec.summary.clone(), why: None };
+                // Written until etcd takes it: fleet watchers wait for it.
+                while fleet_put(&c, &summary_key, &s).await.is_err() {
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                }
+                return;
+            }
+            if fleet_summaries(&c, &f.name, &r.id).await.values().any(|s| s.result == HostResult::Failed) {
+                if let Some(x) = lock(&self.running).as_ref().filter(|x| x.id == id) {
+                    x.abort.store(true, Ordering::SeqCst);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+}
+
+pub(super) async fn fleet_put<T: serde::Serialize>(c: &pdctl_core::real::EtcdCoordinator, key: &str, v: &T) -> Result<(), pdctl_core::ports::FleetFailure> {
+    use pdctl_core::ports::{CasChange, Coordinator as _, Write};
+    let expect = c.get(key).await?.map(|e| e.mod_revision).unwrap_or(0);
+    c.cas(vec![CasChange { key: key.to_string(), expect, write: Write::Put(serde_json::to_vec(v).unwrap_or_default()) }]).await.map(|_| ())
+}
+
+pub(super) async fn fleet_summaries(c: &pdctl_core::real::EtcdCoordinator, name: &str, id: &str) -> BTreeMap<String, pdctl_core::fleet::HostSummary> {
+    use pdctl_core::ports::Coordinator as _;
+    let p = pdctl_core::fleet::rollout_hosts_prefix(name, id);
+    c.get_prefix(&p)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.key.ends_with("/summary"))
+        .filter_map(|e| serde_json::from_slice::<pdctl_core::fleet::HostSummary>(&e.value).ok())
+        .map(|s| (s.host.clone(), s))
+        .collect()
+}

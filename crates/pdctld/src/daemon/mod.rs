@@ -1,0 +1,221 @@
+//! The daemon's control API: transport (HTTP/1.1 + JSON on a Unix socket), persistence of every
+//! event, sd_notify status and metrics around the engine. What a rollout does is decided in
+//! pdctl-core (`Engine::execute`: gates, resume, rollback); what its API looks like in
+//! `pdctl_core::api`; how it fails in `pdctl_core::cause`.
+//!
+//! Its rooms: the records and the one running slot (this file), recovery at start and while idle
+//! ([`recovery`]), driving a rollout ([`rollouts`]), the HTTP API ([`http`]) and fleet
+//! participation ([`fleet`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pdctl_core::api::{ApiError, Interruption, Record, StreamLine, UnitSnapshot};
+use pdctl_core::cause::Cause;
+use pdctl_core::events::Step;
+use pdctl_core::lifecycle::{now, RolloutState};
+use pdctl_core::ports::Units as _;
+use pdctl_core::real::{RealEngine, SystemdUnits};
+use tokio::sync::broadcast;
+
+use crate::metrics::{Metrics, ResultLabel};
+use crate::store::Store;
+
+pub mod fleet;
+pub mod http;
+mod recovery;
+mod rollouts;
+
+struct Running {
+    id: String,
+    abort: Arc<AtomicBool>,
+    tx: broadcast::Sender<StreamLine>,
+    record: Arc<Mutex<Record>>,
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// When the engine last emitted an event, and the step it is in.
+    progress: Mutex<(std::time::Instant, Step)>,
+    /// Its settings' deadlines (for the watchdog's progress check).
+    limits: Option<pdctl_core::config::Rollout>,
+}
+
+/// Shared daemon state.
+pub struct Daemon {
+    /// Main config file.
+    pub config: PathBuf,
+    /// The state directory.
+    pub store: Store,
+    /// Own metrics.
+    pub metrics: Metrics,
+    running: Mutex<Option<Running>>,
+    /// Drains from before this process are being undone: no rollout starts meanwhile.
+    reconciling: AtomicBool,
+    /// Why the last record write failed, while some record is unsaved.
+    record_error: Mutex<Option<String>>,
+    /// Records whose latest state could not be written yet (retried; served from here).
+    unsaved: Mutex<BTreeMap<String, Record>>,
+}
+
+/// The error response of `cause`: its HTTP status and the documented JSON body.
+pub fn api_err(cause: &Cause) -> Response {
+    let status = StatusCode::from_u16(cause.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(ApiError::of(cause))).into_response()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn notify_status(s: &str) {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(s)]);
+}
+
+fn config(daemon: &Daemon) -> Result<pdctl_core::config::Settings, Cause> {
+    pdctl_core::config::load(&daemon.config).map_err(|e| Cause::ConfigInvalid { message: e.to_string() })
+}
+
+async fn engine(daemon: &Daemon) -> Result<RealEngine, Cause> {
+    pdctl_core::real::connect(config(daemon)?).await.map_err(|e| e.cause())
+}
+
+/// Each unit's systemd state now (for an interruption).
+async fn snapshot(sd: Option<&SystemdUnits>, units: &[String]) -> Vec<UnitSnapshot> {
+    let mut out = Vec::new();
+    for u in units {
+        let none =
+            |error: String| UnitSnapshot { unit: u.clone(), active_state: None, sub_state: None, invocation_id: None, n_restarts: None, error: Some(error) };
+        out.push(match sd {
+            Some(sd) => match sd.state(u).await {
+                Ok(s) => UnitSnapshot {
+                    unit: u.clone(),
+                    active_state: Some(s.active_state),
+                    sub_state: Some(s.sub_state),
+                    invocation_id: Some(s.invocation_id),
+                    n_restarts: Some(s.n_restarts),
+                    error: None,
+                },
+                Err(e) => none(e.to_string()),
+            },
+            None => none("systemd not reachable".into()),
+        });
+    }
+    out
+}
+
+impl Daemon {
+    /// A daemon over `store`; rollouts left running by a previous process are marked interrupted
+    /// (with each unit's state now), and nothing resumes by itself. Drains left in the ledger are
+    /// undone by [`Daemon::reconcile_at_start`]; until then no rollout starts.
+    pub async fn new(config: PathBuf, store: Store) -> Daemon {
+        let d = Daemon {
+            config,
+            store,
+            metrics: Metrics::default(),
+            running: Mutex::new(None),
+            reconciling: AtomicBool::new(false),
+            record_error: Mutex::new(None),
+            unsaved: Mutex::new(BTreeMap::new()),
+        };
+        let (records, corrupt) = d.store.all();
+        for c in &corrupt {
+            tracing::error!("rollout record {} does not read ({}); it is listed as corrupt in pdctl rollout history", c.file, c.error);
+        }
+        d.metrics.corrupt_records.set(corrupt.len() as i64);
+        let stuck: Vec<Record> = records.into_iter().filter(|r| r.lifecycle.state() == RolloutState::Running).collect();
+        if !stuck.is_empty() {
+            let sd = match pdctl_core::config::load(&d.config) {
+                Ok(s) => SystemdUnits::connect(&s).await.ok(),
+                Err(_) => None,
+            };
+            for mut r in stuck {
+                let units = snapshot(sd.as_ref(), &r.plan).await;
+                d.interrupt(&mut r, units);
+            }
+        }
+        let (drains, bad) = d.store.ledger().all();
+        for b in &bad {
+            tracing::error!("drain ledger file {} does not read ({}); check the router by hand", b.path.display(), b.error);
+        }
+        d.metrics.drained.set(drains.len() as i64);
+        d.reconciling.store(!drains.is_empty(), Ordering::SeqCst);
+        notify_status(if drains.is_empty() { "idle" } else { "re-admitting drained workers" });
+        d
+    }
+
+    /// Mark a record interrupted where it stopped, with the units' state.
+    fn interrupt(&self, r: &mut Record, units: Vec<UnitSnapshot>) {
+        let pos = r.lifecycle.position().cloned();
+        let (unit, step) = (pos.as_ref().map(|p| p.unit.clone()), pos.as_ref().map(|p| p.step));
+        if r.lifecycle.interrupt().is_err() {
+            return;
+        }
+        tracing::warn!(pdctl_rollout_id = %r.id, "rollout {} was interrupted at {} ({}): pdctld stopped while it ran; resume it with pdctl rollout resume {}", r.id, unit.as_deref().unwrap_or("its start"), step.map(|s| s.as_str()).unwrap_or("-"), r.id);
+        r.interrupted = Some(Interruption { unit, step, detected_at: now(), units });
+        r.finished_at = Some(now());
+        self.metrics.rollouts.get_or_create(&ResultLabel { result: RolloutState::Interrupted.as_str().into() }).inc();
+        self.save(r);
+    }
+
+    /// Why the running rollout's engine looks hung (it has sat in one step past that step's
+    /// limit), if it does.
+    pub fn engine_stuck(&self) -> Option<String> {
+        let running = lock(&self.running);
+        let r = running.as_ref()?;
+        let limits = r.limits.as_ref()?;
+        let (since, step) = *lock(&r.progress);
+        let limit = pdctl_core::engine::steps::deadline(step, limits);
+        (since.elapsed() > limit).then(|| format!("rollout {} has been in step {} for {:?}, past its limit {limit:?}", r.id, step.as_str(), since.elapsed()))
+    }
+
+    /// The running rollout's id.
+    pub fn running_id(&self) -> Option<String> {
+        lock(&self.running).as_ref().map(|r| r.id.clone())
+    }
+
+    /// Persist `r` (retried by the store); on failure keep it in memory, report it (status,
+    /// metrics, journal) and retry later ([`Daemon::retry_unsaved`]). Returns whether it is on disk.
+    pub fn save(&self, r: &Record) -> bool {
+        match self.store.save(r) {
+            Ok(()) => {
+                let mut unsaved = lock(&self.unsaved);
+                unsaved.remove(&r.id);
+                if unsaved.is_empty() && lock(&self.record_error).take().is_some() {
+                    self.metrics.records_failing.set(0);
+                    tracing::info!("rollout records are being saved again");
+                }
+                true
+            }
+            Err(e) => {
+                lock(&self.unsaved).insert(r.id.clone(), r.clone());
+                let msg = format!("cannot write {}: {e}", self.store.dir().join("rollouts").display());
+                if lock(&self.record_error).replace(msg.clone()).is_none() {
+                    tracing::error!(pdctl_rollout_id = %r.id, "{msg}; pdctld keeps the record in memory, retries, and starts no rollout until it is saved");
+                }
+                self.metrics.record_write_failures.inc();
+                self.metrics.records_failing.set(1);
+                false
+            }
+        }
+    }
+
+    /// Try again to write the records whose last write failed (called periodically).
+    pub fn retry_unsaved(&self) {
+        let pending: Vec<Record> = lock(&self.unsaved).values().cloned().collect();
+        for r in pending {
+            // The running rollout's newer state is saved by its own events.
+            if self.running_id().as_deref() == Some(r.id.as_str()) {
+                continue;
+            }
+            self.save(&r);
+        }
+    }
+
+    /// A record by id: unsaved (newest) first, then the store.
+    fn load(&self, id: &str) -> Option<Record> {
+        lock(&self.unsaved).get(id).cloned().or_else(|| self.store.load(id))
+    }
+}

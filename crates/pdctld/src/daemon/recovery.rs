@@ -1,0 +1,177 @@
+//! Recovery: drains left by a crash reconciled at start and while idle, and the drain undone at
+//! shutdown.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use pdctl_core::api::Record;
+use pdctl_core::drains::Drain;
+use pdctl_core::events::Event;
+use pdctl_core::real::RealEngine;
+
+use crate::metrics::ResultLabel;
+
+use super::{engine, lock, notify_status, snapshot, Daemon};
+
+impl Daemon {
+    /// Undo one drain (events in the record of the rollout that made it, metrics, journal).
+    pub(super) async fn reconcile_one(&self, e: &RealEngine, d: &Drain, budget: std::time::Duration, record: Option<&Mutex<Record>>) {
+        let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let result = e.reconcile(d, self.store.ledger(), budget, &sink).await;
+        drop(sink);
+        let mut events = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            tracing::info!(pdctl_rollout_id = %d.rollout_id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
+            events.push(ev);
+        }
+        let note = match &result {
+            Ok(n) => {
+                self.metrics.reconciles.get_or_create(&ResultLabel { result: "restored".into() }).inc();
+                n.clone()
+            }
+            Err(c) => {
+                self.metrics.reconciles.get_or_create(&ResultLabel { result: "not_restored".into() }).inc();
+                tracing::error!(pdctl_rollout_id = %d.rollout_id, pdctl_unit = %d.unit, "{}", c.sentence());
+                c.sentence()
+            }
+        };
+        let apply = |r: &mut Record| {
+            r.events.extend(events.iter().cloned());
+            r.notes.push(note.clone());
+        };
+        match record {
+            Some(m) => {
+                let mut r = lock(m);
+                apply(&mut r);
+                self.save(&r);
+            }
+            None => {
+                if let Some(mut r) = self.load(&d.rollout_id) {
+                    apply(&mut r);
+                    self.save(&r);
+                }
+            }
+        }
+        self.metrics.drained.set(self.store.ledger().all().0.len() as i64);
+    }
+
+    /// Undo the drains left in the ledger by a previous process, before any rollout starts:
+    /// each worker is re-admitted once it serves (see `Engine::reconcile`), waiting up to
+    /// `ready_timeout` for a worker that is starting.
+    pub async fn reconcile_at_start(self: Arc<Self>) {
+        // Good revisions are recorded eagerly: what each worker's running process started with,
+        // so that a rollback works from the first day.
+        if let Ok(e) = engine(&self).await {
+            if let Err(c) = e.staleness(&self.store.revisions_dir()).await {
+                tracing::warn!("cannot record the workers' revisions at start: {}", c.sentence());
+            }
+        }
+        let (drains, _) = self.store.ledger().all();
+        if !drains.is_empty() {
+            match engine(&self).await {
+                Ok(e) => {
+                    let budget = e.settings.rollout.ready_timeout;
+                    for d in &drains {
+                        notify_status(&format!("re-admitting {} (drained by {})", d.unit, d.rollout_id));
+                        self.reconcile_one(&e, d, budget, None).await;
+                    }
+                }
+                Err(c) => tracing::error!(
+                    "cannot re-admit the workers pdctl drained before it stopped ({}): {}; they stay out of the router until a rollout re-admits them",
+                    drains.iter().map(|d| d.unit.as_str()).collect::<Vec<_>>().join(", "),
+                    c.sentence()
+                ),
+            }
+        }
+        // Fleet slots left by a previous process: given back once their workers serve.
+        if let Ok(e) = engine(&self).await {
+            for n in e.reconcile_slots(self.store.ledger(), None).await {
+                tracing::warn!("{n}");
+            }
+        }
+        self.reconciling.store(false, Ordering::SeqCst);
+        notify_status("idle");
+    }
+
+    /// While idle: a drain in the ledger whose worker the gateway lists admitted again (the
+    /// gateway came back with it, or an operator re-added it) is no longer pdctl's to undo: it is
+    /// cleared and the note written in the rollout's record, so that `status` and
+    /// `pdctl_drained_workers` stop saying the worker is out. Checked every 5 s, only while the
+    /// ledger holds drains; a rollout cannot start meanwhile (`reconciling`).
+    pub async fn reconcile_idle(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.reconciling.load(Ordering::SeqCst) || self.running_id().is_some() || self.store.ledger().all().0.is_empty() {
+                continue;
+            }
+            let Ok(e) = engine(&self).await else { continue };
+            if e.settings.router.is_none() {
+                continue;
+            }
+            let Ok(Ok(listed)) = tokio::time::timeout(std::time::Duration::from_secs(5), pdctl_core::ports::Probes::router_workers(&e.probes, 0)).await else {
+                continue;
+            };
+            // No rollout may start while a drain is cleared: claim, then check again.
+            if self.reconciling.swap(true, Ordering::SeqCst) {
+                continue;
+            }
+            if self.running_id().is_none() {
+                for d in self.store.ledger().all().0 {
+                    if !listed.iter().any(|x| pdctl_core::config::same_url(&x.url, &d.url) && x.admitted()) {
+                        continue;
+                    }
+                    let note = format!(
+                        "reconciled: the gateway lists {} ({}) admitted again, outside pdctl; the drain rollout {} had left is cleared",
+                        d.unit, d.url, d.rollout_id
+                    );
+                    match self.store.ledger().clear(&d.unit) {
+                        Ok(()) => {
+                            tracing::warn!(pdctl_rollout_id = %d.rollout_id, pdctl_unit = %d.unit, "{note}");
+                            self.metrics.reconciles.get_or_create(&ResultLabel { result: "restored".into() }).inc();
+                            if let Some(mut r) = self.load(&d.rollout_id) {
+                                r.notes.push(note);
+                                self.save(&r);
+                            }
+                        }
+                        Err(er) => tracing::error!(pdctl_unit = %d.unit, "cannot clear the drain of {} from the ledger: {er}", d.unit),
+                    }
+                }
+                self.metrics.drained.set(self.store.ledger().all().0.len() as i64);
+            }
+            self.reconciling.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// SIGTERM: stop the running rollout's engine, undo its drain (within `budget`), and mark it
+    /// interrupted, so that stopping pdctld — an upgrade, `systemctl restart pdctld` — never leaves
+    /// a worker out of the router. What is not undone in time stays in the ledger for the next start.
+    pub async fn shutdown(&self, budget: std::time::Duration) {
+        let running = lock(&self.running).take();
+        let Some(r) = running else {
+            return;
+        };
+        if let Some(h) = lock(&r.task).take() {
+            h.abort();
+        }
+        // Let the event consumer write what the engine emitted before it stopped.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        tracing::warn!(pdctl_rollout_id = %r.id, "pdctld is stopping during rollout {}: undoing its drain, then it is interrupted (resume it with pdctl rollout resume {})", r.id, r.id);
+        let e = engine(self).await;
+        if let Ok(e) = &e {
+            let (drains, _) = self.store.ledger().all();
+            for d in drains.iter().filter(|d| d.rollout_id == r.id) {
+                self.reconcile_one(e, d, budget, Some(&r.record)).await;
+            }
+        }
+        let sd = e.as_ref().ok().map(|e| &e.units);
+        let plan = lock(&r.record).plan.clone();
+        let units = snapshot(sd, &plan).await;
+        let mut rec = lock(&r.record).clone();
+        self.interrupt(&mut rec, units);
+        if let Some(end) = rec.end_line() {
+            let _ = r.tx.send(end);
+        }
+    }
+}

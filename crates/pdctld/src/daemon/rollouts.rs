@@ -1,0 +1,282 @@
+//! Driving a rollout: the one running slot taken, the engine run in a task, every event
+//! persisted and streamed, the record concluded.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pdctl_core::api::{ConfigIdentity, Record, Request, RolloutKind, Started, StartedBy, StreamLine};
+use pdctl_core::cause::Cause;
+use pdctl_core::engine::RolloutRun;
+use pdctl_core::events::{Event, Status, Step};
+use pdctl_core::lifecycle::{now, RolloutState};
+use pdctl_core::plan::Plan;
+use pdctl_core::ports::Units as _;
+use pdctl_core::real::RealEngine;
+use tokio::sync::broadcast;
+
+use crate::metrics::{FailureLabel, ResultLabel, StepLabel};
+
+use super::{engine, lock, notify_status, Daemon, Running};
+
+/// Frees the running slot when a start fails before the rollout's task takes it over.
+pub(super) struct Slot<'a> {
+    daemon: &'a Daemon,
+    armed: bool,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            *lock(&self.daemon.running) = None;
+            self.daemon.metrics.running.set(0);
+        }
+    }
+}
+
+/// Start a rollout: take the one running slot (busy check and lock are one step), then load the
+/// config, plan, and hand over to a task. `Ok` with the id, or the cause.
+pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Started, Cause> {
+    // The client planned with its config: a rollout of another one is refused, never run silently.
+    if let Request::Restart { config: Some(given), .. } | Request::Apply { config: Some(given), .. } = &req {
+        let ours = ConfigIdentity::of(&daemon.config);
+        if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
+            return Err(Cause::ConfigMismatch {
+                given: given.describe(),
+                daemon: ours.map(|o| o.describe()).unwrap_or_else(|| format!("{} (unreadable)", daemon.config.display())),
+            });
+        }
+    }
+    let (id, abort, tx, record) = {
+        let mut slot = lock(&daemon.running);
+        if let Some(other) = slot.as_ref() {
+            return Err(Cause::Busy { id: other.id.clone() });
+        }
+        if daemon.reconciling.load(Ordering::SeqCst) {
+            return Err(Cause::Reconciling { units: daemon.store.ledger().all().0.into_iter().map(|d| d.unit).collect() });
+        }
+        if let Some(error) = lock(&daemon.record_error).clone() {
+            return Err(Cause::RecordsFailing { error });
+        }
+        let id = daemon.store.new_id();
+        let (tx, _) = broadcast::channel(4096);
+        let abort = Arc::new(AtomicBool::new(false));
+        let record = Arc::new(Mutex::new(Record::new(&id, RolloutKind::Restart, vec![], BTreeMap::new(), None)));
+        *slot = Some(Running {
+            id: id.clone(),
+            abort: abort.clone(),
+            tx: tx.clone(),
+            record: record.clone(),
+            task: Mutex::new(None),
+            progress: Mutex::new((std::time::Instant::now(), Step::Preflight)),
+            limits: None,
+        });
+        (id, abort, tx, record)
+    };
+    daemon.metrics.running.set(1);
+    let mut guard = Slot { daemon: &daemon, armed: true };
+    let e = engine(&daemon).await?;
+    let dir = daemon.store.revisions_dir();
+    let allow_outage: bool;
+    let load_changes: bool;
+    let mut reverify = true;
+    let (kind, plan, reasons, resumes) = match req {
+        Request::Restart { units, allow_outage: allow, load_changes: load, .. } => {
+            allow_outage = allow;
+            load_changes = load;
+            let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            (RolloutKind::Restart, plan, BTreeMap::new(), None)
+        }
+        // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
+        // the timer's sake).
+        Request::Apply { all, allow_outage: allow, .. } => {
+            allow_outage = allow;
+            load_changes = true;
+            let stale = e.staleness(&dir).await?;
+            // A change that already failed is not rolled out again until its files change.
+            let held: Vec<String> = stale
+                .iter()
+                .filter_map(|w| w.quarantined.as_ref().map(|q| format!("{} (its change failed in {}: {})", w.unit, q.rollout_id, q.cause)))
+                .collect();
+            for h in &held {
+                tracing::warn!("not rolling out {h}; change its files to try again");
+            }
+            let chosen: Vec<String> = stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect();
+            // Nothing to roll: no record (an empty "succeeded" one would say a rollout happened).
+            if chosen.is_empty() {
+                let message = if held.is_empty() {
+                    "no worker is stale; nothing to do".to_string()
+                } else {
+                    format!("nothing to do: quarantined, not rolled out again: {}", held.join("; "))
+                };
+                return Ok(Started { id: None, message: Some(message) });
+            }
+            let plan = Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
+            // idempotent and cheap, so do it whenever a worker is rolled for a change.
+            if stale.iter().any(|w| !w.reasons.is_empty() && chosen.contains(&w.unit)) {
+                e.units.reload().await.map_err(|er| er.cause())?;
+            }
+            (RolloutKind::Apply, plan, stale.into_iter().map(|w| (w.unit, w.reasons)).collect(), None)
+        }
+        Request::Resume { id: old_id } => {
+            let mut old = daemon.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
+            let wrong = |state: RolloutState| Cause::WrongState {
+                id: old_id.clone(),
+                state: state.as_str().into(),
+                needs: "only an interrupted rollout can be resumed, and only once".into(),
+            };
+            if old.lifecycle.state() != RolloutState::Interrupted {
+                return Err(wrong(old.lifecycle.state()));
+            }
+            let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
+            // Stopped while waiting for a fleet slot: that unit was never touched, so it is
+            // restarted, not re-verified.
+            reverify = !old.lifecycle.position().is_some_and(|p| p.step == Step::Slot);
+            let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            allow_outage = old.allow_outage;
+            load_changes = old.load_changes;
+            old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
+            daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
+            lock(&daemon.unsaved).remove(&old_id);
+            (RolloutKind::Resume, plan, BTreeMap::new(), Some(old_id))
+        }
+    };
+    {
+        let mut r = lock(&record);
+        *r = Record::new(&id, kind, plan.workers.iter().map(|w| w.unit.clone()).collect(), reasons, resumes);
+        r.allow_outage = allow_outage;
+        r.load_changes = load_changes;
+        r.started_by = Some(by);
+        daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
+    }
+    guard.armed = false;
+    notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
+    tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
+    let d2 = daemon.clone();
+    let id2 = id.clone();
+    let limits = e.settings.rollout.clone();
+    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, reverify).await });
+    if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
+        *lock(&r.task) = Some(task.abort_handle());
+        r.limits = Some(limits);
+    }
+    Ok(Started { id: Some(id), message: None })
+}
+
+/// Persist, broadcast, count and log one event.
+pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &broadcast::Sender<StreamLine>, ev: Event) {
+    if let Some(r) = lock(&daemon.running).as_ref().filter(|r| r.id == id) {
+        *lock(&r.progress) = (std::time::Instant::now(), ev.step);
+    }
+    tracing::info!(pdctl_rollout_id = %id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
+    match ev.status {
+        Status::Passed => daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0),
+        Status::Failed => {
+            // The engine puts its Cause's code here (Cause::code: a fixed set).
+            let cause = ev.detail.get("cause_code").and_then(|v| v.as_str()).unwrap_or("unknown").to_string();
+            daemon.metrics.gate_failures.get_or_create(&FailureLabel { step: ev.step.as_str().into(), cause }).inc();
+        }
+        Status::Started | Status::Skipped => {}
+    }
+    if ev.step == Step::Soak && ev.status == Status::Passed {
+        daemon.metrics.units_restarted.inc();
+    }
+    notify_status(&format!(
+        "rollout {id}: {} {} {}",
+        ev.unit,
+        ev.step.as_str(),
+        match ev.status {
+            Status::Started => "started",
+            Status::Passed => "passed",
+            Status::Failed => "failed",
+            Status::Skipped => "skipped",
+        }
+    ));
+    let mut r = lock(record);
+    if ev.status == Status::Started {
+        if let Err(e) = r.lifecycle.enter(&ev.unit, ev.step) {
+            tracing::error!(pdctl_rollout_id = %id, "{e}");
+        }
+    }
+    r.events.push(ev.clone());
+    daemon.save(&r);
+    let _ = tx.send(StreamLine::Event(ev));
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    daemon: Arc<Daemon>,
+    e: RealEngine,
+    plan: Plan,
+    id: String,
+    kind: RolloutKind,
+    record: Arc<Mutex<Record>>,
+    tx: broadcast::Sender<StreamLine>,
+    abort: Arc<AtomicBool>,
+    reverify: bool,
+) {
+    let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let consumer = {
+        let (daemon, record, tx, id) = (daemon.clone(), record.clone(), tx.clone(), id.clone());
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                on_event(&daemon, &id, &record, &tx, ev);
+            }
+        })
+    };
+    let dir = daemon.store.revisions_dir();
+    let (allow_outage, load_changes) = {
+        let r = lock(&record);
+        (r.allow_outage, r.load_changes)
+    };
+    let run = RolloutRun {
+        plan: &plan,
+        resume: kind == RolloutKind::Resume && reverify,
+        abort: &abort,
+        revisions: Some(&dir),
+        ledger: Some(daemon.store.ledger()),
+        id: &id,
+        allow_outage,
+        load_changes,
+    };
+    let mut finished = e.execute(run, &sink).await;
+    drop(sink);
+    let _ = consumer.await;
+    finished.summary.id = Some(id.clone());
+    let summary = finished.summary;
+    let state = RolloutState::of(summary.result);
+    // Refused before anything was touched (preflight): not a failed rollout in the metrics.
+    let refused = state == RolloutState::Failed && summary.units.is_empty() && summary.failed.as_ref().is_some_and(|f| f.step == Step::Preflight);
+    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: if refused { "refused".into() } else { state.as_str().into() } }).inc();
+    if state == RolloutState::Succeeded {
+        daemon.metrics.last_success.set(now() as i64);
+    }
+    if let Some(a) = &summary.availability {
+        daemon.metrics.probes.inc_by(a.probes);
+        daemon.metrics.probes_failed.inc_by(a.failed);
+        daemon.metrics.longest_error.set(a.longest_error_ms as f64 / 1000.0);
+    }
+    {
+        let mut r = lock(&record);
+        if let Err(er) = r.lifecycle.conclude(&summary) {
+            tracing::error!(pdctl_rollout_id = %id, "{er}");
+        }
+        r.finished_at = Some(now());
+        r.summary = Some(summary.clone());
+        r.notes.extend(finished.notes);
+        r.availability_by_unit = finished.availability_by_unit;
+        daemon.save(&r);
+    }
+    daemon.metrics.drained.set(daemon.store.ledger().all().0.len() as i64);
+    tracing::info!(pdctl_rollout_id = %id, "rollout {id} finished: {}", state.as_str());
+    let _ = tx.send(StreamLine::Summary(summary));
+    {
+        let mut slot = lock(&daemon.running);
+        if slot.as_ref().is_some_and(|r| r.id == id) {
+            *slot = None;
+        }
+    }
+    daemon.metrics.running.set(0);
+    notify_status(&format!("idle; last rollout {id}: {}", state.as_str()));
+}
