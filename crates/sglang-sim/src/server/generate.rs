@@ -1,0 +1,281 @@
+//! The generate endpoints (native and OpenAI-style, streaming or not), PD's part of a request,
+//! and the fault knobs that act on requests.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::args::Mode;
+use crate::engine::token_interval;
+use crate::log;
+use crate::pd::{self, Bootstrap};
+
+use super::{approx_tokens, bad_request, parse_body, unix_now, App, Tracked, ABORTED};
+
+/// What one request asks for, whatever API it came through.
+pub(crate) struct Job {
+    prompt_tokens: u64,
+    max_new: u64,
+    stream: bool,
+}
+
+pub(crate) fn log_request(kind: &str, body: &Value) {
+    let s = |k: &str| body.get(k).map(|v| v.to_string()).unwrap_or_else(|| "None".into());
+    log::line(&format!(
+        "Receive: obj={kind}(rid={}, bootstrap_host={}, bootstrap_port={}, bootstrap_room={})",
+        s("rid"),
+        s("bootstrap_host"),
+        s("bootstrap_port"),
+        s("bootstrap_room")
+    ));
+}
+
+pub(crate) const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", " France", ".", " It"];
+
+/// The PD side of a request before it runs: a decode needs the bootstrap fields (400 without)
+/// and gets the room's KV from its prefill first (500 with SGLang's abort message when that
+/// fails); a prefill returns the room to hold once its batch is done. Requests with the fake
+/// bootstrap host (SGLang's own warmup) skip the transfer.
+pub(crate) async fn pd_before(app: &App, v: &Value, rid: &str, tracked: &mut Tracked) -> Result<Option<Bootstrap>, Response> {
+    let mode = app.engine.config().mode;
+    let b = Bootstrap::of(v);
+    match (mode, b) {
+        // `managers/scheduler.py` (0.5.23): both roles refuse a request without a room.
+        (Mode::Decode | Mode::Prefill, None) => {
+            let m = format!("Invalid request: Disaggregated request received without bootstrap room id. req.rid='{rid}'");
+            log::line(&m);
+            Err(bad_request(&m))
+        }
+        (Mode::Decode, Some(b)) if !b.fake() => tokio::select! {
+            r = app.pd.receive(rid, &b) => r.map(|()| None).map_err(|m| pd::abort(&m)),
+            () = tracked.aborted() => {
+                app.engine.count_abort();
+                Err(pd::abort(ABORTED))
+            }
+        },
+        (Mode::Prefill, Some(b)) if !b.fake() => Ok(Some(b)),
+        _ => Ok(None),
+    }
+}
+
+/// Run a request through the engine; `on_token` sees each generated piece. A PD prefill holds
+/// the room's KV for its decode (`hold`) instead of finishing; `Err` is the abort message.
+pub(crate) async fn execute(
+    app: &App,
+    job: &Job,
+    hold: Option<(&str, &Bootstrap)>,
+    tracked: &mut Tracked,
+    mut on_token: impl FnMut(usize, &str) -> bool,
+) -> Result<u64, String> {
+    let engine = &app.engine;
+    let mut ticket = engine.admit(job.prompt_tokens);
+    // A PD prefill server only runs the prefill (and the first token).
+    let n = if engine.config().mode == Mode::Prefill { 1 } else { job.max_new };
+    let mut produced = 0;
+    let mut tick = tokio::time::interval(token_interval(engine.config()));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    for i in 0..n as usize {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = tracked.aborted() => {
+                engine.finish(ticket);
+                engine.count_abort();
+                return Err(ABORTED.into());
+            }
+        }
+        engine.decode_step(&mut ticket);
+        produced += 1;
+        if !on_token(i, WORDS[i % WORDS.len()]) {
+            break;
+        }
+    }
+    match hold {
+        Some((rid, b)) => app.pd.hold(rid, b, ticket).await?,
+        None => engine.finish(ticket),
+    }
+    Ok(produced)
+}
+
+pub(crate) fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), rx)) });
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
+}
+
+/// `POST /sim/fail_generate?secs=N` (a simulator knob, not SGLang's): generation fails with 500
+/// for the next N seconds, as a server whose scheduler is wedged would answer.
+pub(crate) async fn fail_generate(
+    State(app): State<App>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let secs: f64 = q.get("secs").and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    *app.fail_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + Duration::from_secs_f64(secs.max(0.0)));
+    log::line(&format!("simulated fault: generation fails for {secs} s"));
+    StatusCode::OK.into_response()
+}
+
+/// `POST /sim/stall_transfers?secs=N` (a simulator knob): on a decode, requests arriving in the
+/// next N seconds wait N seconds before they fetch their KV.
+pub(crate) async fn stall_transfers(
+    State(app): State<App>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let secs: f64 = q.get("secs").and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    app.pd.stall_transfers(secs);
+    StatusCode::OK.into_response()
+}
+
+pub(crate) fn failing(app: &App) -> Option<Response> {
+    let until = *app.fail_until.lock().unwrap_or_else(|p| p.into_inner());
+    until
+        .filter(|u| Instant::now() < *u)
+        .map(|_| (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": "simulated failure (sim fail_generate)"}}))).into_response())
+}
+
+pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(&e),
+    };
+    if let Some(r) = failing(&app) {
+        if let (Mode::Prefill, Some(b)) = (app.engine.config().mode, Bootstrap::of(&v)) {
+            app.pd.abort_room(b.room);
+        }
+        return r;
+    }
+    log_request("GenerateReqInput", &v);
+    let prompt_tokens = match (v.get("text").and_then(Value::as_str), v.get("input_ids").and_then(Value::as_array)) {
+        (Some(t), _) => approx_tokens(t),
+        (None, Some(ids)) => (ids.len() as u64).max(1),
+        _ => return bad_request("Either text or input_ids should be provided."),
+    };
+    let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", crate::ids::rand_u128()));
+    let mut tracked = app.requests.track(&rid);
+    let hold = match pd_before(&app, &v, &rid, &mut tracked).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let started = Instant::now();
+    let meta_rid = rid.clone();
+    let meta = move |n: u64, prompt: u64| {
+        json!({"id": meta_rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
+               "completion_tokens": n, "cached_tokens": 0, "weight_version": "default",
+               "e2e_latency": started.elapsed().as_secs_f64()})
+    };
+    if job.stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut text = String::new();
+            let mut ids = Vec::new();
+            let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), &mut tracked, |i, w| {
+                text.push_str(w);
+                ids.push(1000 + i as u64);
+                let chunk = json!({"text": text, "output_ids": ids, "meta_info": meta(ids.len() as u64, job.prompt_tokens)});
+                tx.send(format!("data: {chunk}\n\n")).is_ok()
+            })
+            .await;
+            if let Err(m) = r {
+                let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
+            }
+            let _ = tx.send("data: [DONE]\n\n".into());
+        });
+        return sse(rx);
+    }
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    let r = execute(&app, &job, hold.as_ref().map(|b| (rid.as_str(), b)), &mut tracked, |i, w| {
+        text.push_str(w);
+        ids.push(1000 + i as u64);
+        true
+    })
+    .await;
+    match r {
+        Ok(n) => axum::Json(json!({"text": text, "output_ids": ids, "meta_info": meta(n, job.prompt_tokens)})).into_response(),
+        Err(m) => pd::abort(&m),
+    }
+}
+
+pub(crate) async fn completions(State(app): State<App>, body: Bytes) -> Response {
+    openai(app, body, false).await
+}
+
+pub(crate) async fn chat(State(app): State<App>, body: Bytes) -> Response {
+    openai(app, body, true).await
+}
+
+pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
+    let v = match parse_body(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(&e),
+    };
+    log_request(if chat { "ChatCompletionRequest" } else { "CompletionRequest" }, &v);
+    let prompt_tokens = if chat {
+        match v.get("messages").and_then(Value::as_array) {
+            Some(msgs) => msgs.iter().map(|m| approx_tokens(m.get("content").and_then(Value::as_str).unwrap_or(""))).sum(),
+            None => return bad_request("messages: Field required"),
+        }
+    } else {
+        match v.get("prompt").and_then(Value::as_str) {
+            Some(p) => approx_tokens(p),
+            None => return bad_request("prompt: Field required"),
+        }
+    };
+    let max_new = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(Value::as_u64).unwrap_or(16);
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let model = app.engine.config().served_model_name.clone();
+    let id = format!("{:032x}", crate::ids::rand_u128());
+    let mut tracked = app.requests.track(&id);
+    let hold = match pd_before(&app, &v, &id, &mut tracked).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let created = unix_now();
+    let (object, chunk_object) = if chat { ("chat.completion", "chat.completion.chunk") } else { ("text_completion", "text_completion") };
+    if job.stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), &mut tracked, |_, w| {
+                let choice = if chat {
+                    json!({"index": 0, "delta": {"role": "assistant", "content": w}, "finish_reason": null})
+                } else {
+                    json!({"index": 0, "text": w, "finish_reason": null})
+                };
+                let c = json!({"id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice]});
+                tx.send(format!("data: {c}\n\n")).is_ok()
+            })
+            .await;
+            if let Err(m) = r {
+                let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
+            }
+            let _ = tx.send("data: [DONE]\n\n".into());
+        });
+        return sse(rx);
+    }
+    let mut text = String::new();
+    let r = execute(&app, &job, hold.as_ref().map(|b| (id.as_str(), b)), &mut tracked, |_, w| {
+        text.push_str(w);
+        true
+    })
+    .await;
+    let n = match r {
+        Ok(n) => n,
+        Err(m) => return pd::abort(&m),
+    };
+    let choice = if chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+    } else {
+        json!({"index": 0, "text": text, "finish_reason": "length"})
+    };
+    axum::Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice],
+        "usage": {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}}))
+    .into_response()
+}

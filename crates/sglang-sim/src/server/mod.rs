@@ -1,0 +1,158 @@
+//! The HTTP face of the simulator and its lifecycle: load → port opens → warmup → ready line.
+//! Its rooms: the shared state of a server (this file), the lifecycle ([`lifecycle`]), the route
+//! table and API key ([`routes`]), the state endpoints ([`admin`]) and the generate endpoints
+//! ([`generate`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::engine::Engine;
+use crate::pd::Pd;
+
+mod admin;
+mod generate;
+mod lifecycle;
+mod routes;
+
+pub use lifecycle::run;
+pub use routes::{served_routes, API_KEY_EXEMPT};
+
+/// SGLang's ready line.
+pub const READY_LINE: &str = "The server is fired up and ready to roll!";
+
+#[derive(Clone)]
+pub(crate) struct App {
+    engine: Engine,
+    /// PD pairing (bootstrap server, KV hand-off, the decode's cache).
+    pd: Pd,
+    ready_at: Arc<std::sync::OnceLock<Instant>>,
+    /// Fault injected at run time (`POST /sim/fail_generate?secs=N`): generation requests
+    /// answer 500 until then.
+    fail_until: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// The requests in flight (the tokenizer manager's `rid_to_state`).
+    requests: Requests,
+    /// SIGTERM received (`gracefully_exit`): `/health` and `/ready` answer 503.
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl App {
+    /// The `--sim-health-fail-after-ready` fault has set in: the server is UnHealthy.
+    fn unhealthy(&self) -> bool {
+        matches!((self.engine.config().sim.health_fail_after_ready, self.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after)
+    }
+}
+
+/// The requests in flight, as SGLang's tokenizer manager keeps them (`rid_to_state`): what a
+/// SIGTERM waits for, what `/abort_request` aborts.
+#[derive(Clone, Default)]
+pub(crate) struct Requests {
+    inner: Arc<std::sync::Mutex<Table>>,
+}
+
+/// The last key given, and each request's rid and abort signal by key.
+pub(crate) type Table = (u64, std::collections::BTreeMap<u64, (String, tokio::sync::watch::Sender<bool>)>);
+
+/// One request in flight; it leaves the table when dropped.
+pub(crate) struct Tracked {
+    requests: Requests,
+    key: u64,
+    aborted: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Requests {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn track(&self, rid: &str) -> Tracked {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut g = self.lock();
+        g.0 += 1;
+        let key = g.0;
+        g.1.insert(key, (rid.to_string(), tx));
+        Tracked { requests: self.clone(), key, aborted: rx }
+    }
+
+    /// The rids in flight.
+    fn rids(&self) -> Vec<String> {
+        self.lock().1.values().map(|(rid, _)| rid.clone()).collect()
+    }
+
+    /// Abort every request (`rid: None`) or those with this rid; returns how many.
+    fn abort(&self, rid: Option<&str>) -> usize {
+        let g = self.lock();
+        let mut n = 0;
+        for (r, tx) in g.1.values() {
+            if rid.is_none_or(|want| want == r) {
+                let _ = tx.send(true);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Tracked {
+    /// Resolves when this request is aborted (never otherwise).
+    async fn aborted(&mut self) {
+        if self.aborted.wait_for(|a| *a).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.requests.lock().1.remove(&self.key);
+    }
+}
+
+/// The message of a request aborted by `/abort_request`.
+pub(crate) const ABORTED: &str = "Abort request by the client (POST /abort_request).";
+
+/// SGLang's shutdown lines (`managers/tokenizer_manager.py`, 0.5.23), `{}` where it prints a
+/// value; checked against the wheel by the conformance test.
+pub const SIGTERM_LINE: &str = "SIGTERM received. signum={} frame={}. Draining requests and shutting down...";
+/// Logged by the SIGTERM watchdog every 5 s until no request is left.
+pub const DRAINING_LINE: &str = "Gracefully exiting... Remaining number of requests {}. Remaining requests remaining_rids={}.";
+/// How often the tokenizer manager's `sigterm_watchdog` looks (`asyncio.sleep(5)`).
+pub const WATCHDOG_PERIOD: Duration = Duration::from_secs(5);
+
+pub(crate) fn fill(template: &str, values: &[String]) -> String {
+    let mut out = String::new();
+    let mut parts = template.split("{}");
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    for (i, part) in parts.enumerate() {
+        out.push_str(values.get(i).map(String::as_str).unwrap_or(""));
+        out.push_str(part);
+    }
+    out
+}
+
+pub(crate) fn bad_request(msg: &str) -> Response {
+    (StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": msg}}))).into_response()
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub(crate) fn approx_tokens(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4).max(1)
+}
+
+pub(crate) fn parse_body(body: &Bytes) -> Result<Value, String> {
+    let v = serde_json::from_slice::<Value>(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err("the body must be a JSON object".into())
+    }
+}
