@@ -37,120 +37,34 @@ impl Drop for Slot<'_> {
 /// Start a rollout: take the one running slot (busy check and lock are one step), then load the
 /// config, plan, and hand over to a task. `Ok` with the id, or the cause.
 pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Started, Cause> {
-    // The client planned with its config: a rollout of another one is refused, never run silently.
-    if let Request::Restart { config: Some(given), .. } | Request::Apply { config: Some(given), .. } = &req {
-        let ours = ConfigIdentity::of(&daemon.config);
-        if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
-            return Err(Cause::ConfigMismatch {
-                given: given.describe(),
-                daemon: ours.map(|o| o.describe()).unwrap_or_else(|| format!("{} (unreadable)", daemon.config.display())),
-            });
-        }
-    }
-    let (id, abort, tx, record) = {
-        let mut slot = lock(&daemon.running);
-        if let Some(other) = slot.as_ref() {
-            return Err(Cause::Busy { id: other.id.clone() });
-        }
-        if daemon.reconciling.load(Ordering::SeqCst) {
-            return Err(Cause::Reconciling { units: daemon.store.ledger().all().0.into_iter().map(|d| d.unit).collect() });
-        }
-        if let Some(error) = lock(&daemon.record_error).clone() {
-            return Err(Cause::RecordsFailing { error });
-        }
-        let id = daemon.store.new_id();
-        let (tx, _) = broadcast::channel(4096);
-        let abort = Arc::new(AtomicBool::new(false));
-        let record = Arc::new(Mutex::new(Record::new(&id, RolloutKind::Restart, vec![], BTreeMap::new(), None)));
-        *slot = Some(Running {
-            id: id.clone(),
-            abort: abort.clone(),
-            tx: tx.clone(),
-            record: record.clone(),
-            task: Mutex::new(None),
-            progress: Mutex::new((std::time::Instant::now(), Step::Preflight)),
-            limits: None,
-        });
-        (id, abort, tx, record)
-    };
+    same_config(&daemon, &req)?;
+    let (id, abort, tx, record) = take_slot(&daemon)?;
     daemon.metrics.running.set(1);
     let mut guard = Slot { daemon: &daemon, armed: true };
     let e = engine(&daemon).await?;
-    let dir = daemon.store.revisions_dir();
-    let allow_outage: bool;
-    let load_changes: bool;
-    let mut reverify = true;
-    let (kind, plan, reasons, resumes) = match req {
-        Request::Restart { units, allow_outage: allow, load_changes: load, .. } => {
-            allow_outage = allow;
-            load_changes = load;
+    let p = match req {
+        Request::Restart { units, allow_outage, load_changes, .. } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            (RolloutKind::Restart, plan, BTreeMap::new(), None)
+            Planned { kind: RolloutKind::Restart, plan, reasons: BTreeMap::new(), resumes: None, allow_outage, load_changes, reverify: true }
         }
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
         // the timer's sake).
-        Request::Apply { all, allow_outage: allow, .. } => {
-            allow_outage = allow;
-            load_changes = true;
-            let stale = e.staleness(&dir).await?;
-            // A change that already failed is not rolled out again until its files change.
-            let held: Vec<String> = stale
-                .iter()
-                .filter_map(|w| w.quarantined.as_ref().map(|q| format!("{} (its change failed in {}: {})", w.unit, q.rollout_id, q.cause)))
-                .collect();
-            for h in &held {
-                tracing::warn!("not rolling out {h}; change its files to try again");
-            }
-            let chosen: Vec<String> = stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect();
-            // Nothing to roll: no record (an empty "succeeded" one would say a rollout happened).
-            if chosen.is_empty() {
-                let message = if held.is_empty() {
-                    "no worker is stale; nothing to do".to_string()
-                } else {
-                    format!("nothing to do: quarantined, not rolled out again: {}", held.join("; "))
-                };
-                return Ok(Started { id: None, message: Some(message) });
-            }
-            let plan = Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
-            // idempotent and cheap, so do it whenever a worker is rolled for a change.
-            if stale.iter().any(|w| !w.reasons.is_empty() && chosen.contains(&w.unit)) {
-                e.units.reload().await.map_err(|er| er.cause())?;
-            }
-            (RolloutKind::Apply, plan, stale.into_iter().map(|w| (w.unit, w.reasons)).collect(), None)
-        }
-        Request::Resume { id: old_id } => {
-            let mut old = daemon.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
-            let wrong = |state: RolloutState| Cause::WrongState {
-                id: old_id.clone(),
-                state: state.as_str().into(),
-                needs: "only an interrupted rollout can be resumed, and only once".into(),
-            };
-            if old.lifecycle.state() != RolloutState::Interrupted {
-                return Err(wrong(old.lifecycle.state()));
-            }
-            let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
-            // Stopped while waiting for a fleet slot: that unit was never touched, so it is
-            // restarted, not re-verified.
-            reverify = !old.lifecycle.position().is_some_and(|p| p.step == Step::Slot);
-            let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            allow_outage = old.allow_outage;
-            load_changes = old.load_changes;
-            old.lifecycle.resume(&id).map_err(|_| wrong(old.lifecycle.state()))?;
-            daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
-            lock(&daemon.unsaved).remove(&old_id);
-            (RolloutKind::Resume, plan, BTreeMap::new(), Some(old_id))
-        }
+        Request::Apply { all, allow_outage, .. } => match plan_apply(&e, &daemon.store.revisions_dir(), all, allow_outage).await? {
+            Ok(p) => p,
+            Err(message) => return Ok(Started { id: None, message: Some(message) }),
+        },
+        Request::Resume { id: old_id } => plan_resume(&daemon, &e, old_id, &id)?,
     };
     {
         let mut r = lock(&record);
-        *r = Record::new(&id, kind, plan.workers.iter().map(|w| w.unit.clone()).collect(), reasons, resumes);
-        r.allow_outage = allow_outage;
-        r.load_changes = load_changes;
+        *r = Record::new(&id, p.kind, p.plan.workers.iter().map(|w| w.unit.clone()).collect(), p.reasons, p.resumes);
+        r.allow_outage = p.allow_outage;
+        r.load_changes = p.load_changes;
         r.started_by = Some(by);
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
     guard.armed = false;
+    let (kind, plan, reverify) = (p.kind, p.plan, p.reverify);
     notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
@@ -162,6 +76,120 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         r.limits = Some(limits);
     }
     Ok(Started { id: Some(id), message: None })
+}
+
+/// The client planned with its config: a rollout of another one is refused, never run silently.
+fn same_config(daemon: &Daemon, req: &Request) -> Result<(), Cause> {
+    if let Request::Restart { config: Some(given), .. } | Request::Apply { config: Some(given), .. } = req {
+        let ours = ConfigIdentity::of(&daemon.config);
+        if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
+            return Err(Cause::ConfigMismatch {
+                given: given.describe(),
+                daemon: ours.map(|o| o.describe()).unwrap_or_else(|| format!("{} (unreadable)", daemon.config.display())),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The running slot, taken: the new rollout's id, abort flag, event channel and record.
+type Taken = (String, Arc<AtomicBool>, broadcast::Sender<StreamLine>, Arc<Mutex<Record>>);
+
+/// Take the one running slot (refused while another rollout runs, drains are reconciled, or
+/// records cannot be written).
+fn take_slot(daemon: &Daemon) -> Result<Taken, Cause> {
+    let mut slot = lock(&daemon.running);
+    if let Some(other) = slot.as_ref() {
+        return Err(Cause::Busy { id: other.id.clone() });
+    }
+    if daemon.reconciling.load(Ordering::SeqCst) {
+        return Err(Cause::Reconciling { units: daemon.store.ledger().all().0.into_iter().map(|d| d.unit).collect() });
+    }
+    if let Some(error) = lock(&daemon.record_error).clone() {
+        return Err(Cause::RecordsFailing { error });
+    }
+    let id = daemon.store.new_id();
+    let (tx, _) = broadcast::channel(4096);
+    let abort = Arc::new(AtomicBool::new(false));
+    let record = Arc::new(Mutex::new(Record::new(&id, RolloutKind::Restart, vec![], BTreeMap::new(), None)));
+    *slot = Some(Running {
+        id: id.clone(),
+        abort: abort.clone(),
+        tx: tx.clone(),
+        record: record.clone(),
+        task: Mutex::new(None),
+        progress: Mutex::new((std::time::Instant::now(), Step::Preflight)),
+        limits: None,
+    });
+    Ok((id, abort, tx, record))
+}
+
+/// What a start will run.
+struct Planned {
+    kind: RolloutKind,
+    plan: Plan,
+    /// Unit → why it is stale (a config rollout).
+    reasons: BTreeMap<String, Vec<String>>,
+    /// The interrupted rollout this one resumes.
+    resumes: Option<String>,
+    allow_outage: bool,
+    load_changes: bool,
+    /// Re-verify the first unit before restarting it (a resumed rollout; not when it stopped
+    /// waiting for a fleet slot).
+    reverify: bool,
+}
+
+/// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
+/// `Ok(Err(message))`: nothing to roll (no record: an empty "succeeded" one would say a rollout
+/// happened).
+async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outage: bool) -> Result<Result<Planned, String>, Cause> {
+    let stale = e.staleness(dir).await?;
+    // A change that already failed is not rolled out again until its files change.
+    let held: Vec<String> =
+        stale.iter().filter_map(|w| w.quarantined.as_ref().map(|q| format!("{} (its change failed in {}: {})", w.unit, q.rollout_id, q.cause))).collect();
+    for h in &held {
+        tracing::warn!("not rolling out {h}; change its files to try again");
+    }
+    let chosen: Vec<String> = stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect();
+    if chosen.is_empty() {
+        return Ok(Err(if held.is_empty() {
+            "no worker is stale; nothing to do".to_string()
+        } else {
+            format!("nothing to do: quarantined, not rolled out again: {}", held.join("; "))
+        }));
+    }
+    let plan = Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
+    // idempotent and cheap, so do it whenever a worker is rolled for a change.
+    if stale.iter().any(|w| !w.reasons.is_empty() && chosen.contains(&w.unit)) {
+        e.units.reload().await.map_err(|er| er.cause())?;
+    }
+    let reasons = stale.into_iter().map(|w| (w.unit, w.reasons)).collect();
+    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true }))
+}
+
+/// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
+/// record says it was resumed by `id`).
+fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Result<Planned, Cause> {
+    let mut old = daemon.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
+    let wrong = |state: RolloutState| Cause::WrongState {
+        id: old_id.clone(),
+        state: state.as_str().into(),
+        needs: "only an interrupted rollout can be resumed, and only once".into(),
+    };
+    if old.lifecycle.state() != RolloutState::Interrupted {
+        return Err(wrong(old.lifecycle.state()));
+    }
+    let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
+    // Stopped while waiting for a fleet slot: that unit was never touched, so it is restarted,
+    // not re-verified.
+    let reverify = !old.lifecycle.position().is_some_and(|p| p.step == Step::Slot);
+    let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let (allow_outage, load_changes) = (old.allow_outage, old.load_changes);
+    old.lifecycle.resume(id).map_err(|_| wrong(old.lifecycle.state()))?;
+    daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
+    lock(&daemon.unsaved).remove(&old_id);
+    Ok(Planned { kind: RolloutKind::Resume, plan, reasons: BTreeMap::new(), resumes: Some(old_id), allow_outage, load_changes, reverify })
 }
 
 /// Persist, broadcast, count and log one event.
