@@ -53,30 +53,7 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
     if std::process::id() != 1 {
         fail("__init must run as PID 1 of a new PID namespace (use the library, not this command)");
     }
-    if let Err(e) = mount_tmpfs("/run") {
-        fail(&e);
-    }
-    // A persistent journal directory on the host would receive our entries: hide it.
-    if Path::new("/var/log/journal").is_dir() {
-        if let Err(e) = mount_tmpfs("/var/log/journal") {
-            fail(&e);
-        }
-        let _ = std::fs::remove_dir("/var/log/journal");
-    }
-    for d in ["/run/systemd/journal", "/run/systemd/system", RUNTIME_DIR, "/run/log/journal"] {
-        if let Err(e) = std::fs::create_dir_all(d) {
-            fail(&format!("create {d}: {e}"));
-        }
-    }
-    // Benchmarks that need a large journal raise journald's cap (10% of this tmpfs by default)
-    // and lift its per-service rate limit (10 000 lines per 30 s), so every line is kept.
-    if let Ok(max) = std::env::var(JOURNAL_MAX_ENV) {
-        let dir = Path::new("/run/systemd/journald.conf.d");
-        let text = format!("[Journal]\nRuntimeMaxUse={max}\nRateLimitBurst=0\n");
-        if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join("pdctl-sandbox.conf"), text)) {
-            fail(&format!("write journald's drop-in: {e}"));
-        }
-    }
+    prepare_filesystems();
     let log = |name: &str| -> Stdio {
         match std::fs::File::create(log_dir.join(name)) {
             Ok(f) => Stdio::from(f),
@@ -131,6 +108,40 @@ pub fn run(config_home: &Path, log_dir: &Path) -> ! {
     println!("READY");
     let _ = std::io::stdout().flush();
 
+    reap_until_gone(manager_pid)
+}
+
+/// `/run` (and a host's persistent journal) as private tmpfs, the runtime directories, and
+/// journald's limits lifted when a benchmark asks.
+fn prepare_filesystems() {
+    if let Err(e) = mount_tmpfs("/run") {
+        fail(&e);
+    }
+    // A persistent journal directory on the host would receive our entries: hide it.
+    if Path::new("/var/log/journal").is_dir() {
+        if let Err(e) = mount_tmpfs("/var/log/journal") {
+            fail(&e);
+        }
+        let _ = std::fs::remove_dir("/var/log/journal");
+    }
+    for d in ["/run/systemd/journal", "/run/systemd/system", RUNTIME_DIR, "/run/log/journal"] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            fail(&format!("create {d}: {e}"));
+        }
+    }
+    // Benchmarks that need a large journal raise journald's cap (10% of this tmpfs by default)
+    // and lift its per-service rate limit (10 000 lines per 30 s), so every line is kept.
+    if let Ok(max) = std::env::var(JOURNAL_MAX_ENV) {
+        let dir = Path::new("/run/systemd/journald.conf.d");
+        let text = format!("[Journal]\nRuntimeMaxUse={max}\nRateLimitBurst=0\n");
+        if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join("pdctl-sandbox.conf"), text)) {
+            fail(&format!("write journald's drop-in: {e}"));
+        }
+    }
+}
+
+/// PID 1's duty: reap every child; end when the owner (stdin's other end) or the manager is gone.
+fn reap_until_gone(manager_pid: libc::pid_t) -> ! {
     // Our owner holds the other end of stdin: EOF means it is gone (dropped, or died).
     std::thread::spawn(|| {
         let stdin = std::io::stdin();

@@ -149,8 +149,7 @@ pub async fn restart(client: &crate::client::Client, config: &Path, req: pdctl_c
 /// `pdctl fleet watch ID`: every host's events as they are written to etcd (each with its
 /// `host`), then the fleet summary; the exit code of the worst host.
 pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
-    use pdctl_core::api::{FleetSummary, HostResult};
-    use pdctl_core::fleet::{FleetRollout, HostEvent, HostSummary};
+    use pdctl_core::fleet::{FleetRollout, HostSummary};
     use pdctl_core::ports::Coordinator as _;
     let f = match fleet_of(config) {
         Ok(f) => f,
@@ -202,39 +201,8 @@ pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
             }
         };
         for e in entries {
-            if shown.contains(&e.key) {
-                continue;
-            }
-            shown.insert(e.key.clone());
-            if e.key.ends_with("/summary") {
-                if let Ok(s) = serde_json::from_slice::<HostSummary>(&e.value) {
-                    if !json {
-                        let why = s
-                            .why
-                            .as_deref()
-                            .map(|w| format!(": {w}"))
-                            .or_else(|| {
-                                s.summary.as_ref().and_then(|x| x.failed.as_ref()).map(|x| format!(": {} failed at {}: {}", x.unit, x.step.as_str(), x.cause))
-                            })
-                            .unwrap_or_default();
-                        println!(
-                            "  {:<20} {}{why}",
-                            s.host,
-                            serde_json::to_value(s.result).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
-                        );
-                    }
-                    summaries.insert(s.host.clone(), s);
-                }
-            } else if let Ok(h) = serde_json::from_slice::<HostEvent>(&e.value) {
-                if json {
-                    let mut v = serde_json::to_value(&h.event).unwrap_or_default();
-                    if let Some(o) = v.as_object_mut() {
-                        o.insert("host".into(), json!(h.host));
-                    }
-                    println!("{v}");
-                } else if h.event.status != pdctl_core::events::Status::Started {
-                    println!("  {:<20} {}", h.host, pdctl_core::engine::sentence(&h.event));
-                }
+            if shown.insert(e.key.clone()) {
+                show_entry(&e, json, &mut summaries);
             }
         }
         if r.hosts.iter().all(|h| summaries.contains_key(h)) {
@@ -243,7 +211,43 @@ pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
         // etcd keeps the lines; a short poll reads each once, in order, without a gap.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    let s: FleetSummary = fleet::fleet_summary(&r, &summaries);
+    conclude(id, &r, &summaries, json)
+}
+
+/// Show one key of a fleet rollout's hosts: an event line, or a host's summary (kept in
+/// `summaries`).
+fn show_entry(e: &pdctl_core::ports::KvEntry, json: bool, summaries: &mut std::collections::BTreeMap<String, pdctl_core::fleet::HostSummary>) {
+    use pdctl_core::fleet::{HostEvent, HostSummary};
+    if e.key.ends_with("/summary") {
+        if let Ok(s) = serde_json::from_slice::<HostSummary>(&e.value) {
+            if !json {
+                let why = s
+                    .why
+                    .as_deref()
+                    .map(|w| format!(": {w}"))
+                    .or_else(|| s.summary.as_ref().and_then(|x| x.failed.as_ref()).map(|x| format!(": {} failed at {}: {}", x.unit, x.step.as_str(), x.cause)))
+                    .unwrap_or_default();
+                println!("  {:<20} {}{why}", s.host, serde_json::to_value(s.result).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default());
+            }
+            summaries.insert(s.host.clone(), s);
+        }
+    } else if let Ok(h) = serde_json::from_slice::<HostEvent>(&e.value) {
+        if json {
+            let mut v = serde_json::to_value(&h.event).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("host".into(), json!(h.host));
+            }
+            println!("{v}");
+        } else if h.event.status != pdctl_core::events::Status::Started {
+            println!("  {:<20} {}", h.host, pdctl_core::engine::sentence(&h.event));
+        }
+    }
+}
+
+/// The fleet rollout's last line (or its JSON summary) and the exit code.
+fn conclude(id: &str, r: &pdctl_core::fleet::FleetRollout, summaries: &std::collections::BTreeMap<String, pdctl_core::fleet::HostSummary>, json: bool) -> Exit {
+    use pdctl_core::api::{FleetSummary, HostResult};
+    let s: FleetSummary = fleet::fleet_summary(r, summaries);
     let exit = summaries
         .values()
         .filter_map(|h| h.summary.as_ref())

@@ -261,74 +261,89 @@ fn main() {
     };
     let config = pdctl_core::config::main_path(cli.config.as_deref());
     let client = client::Client::new(&cli.socket);
-    let code = rt.block_on(async {
-        match cli.command {
-            Command::Restart(a) => {
-                if !a.rolling {
-                    eprintln!("pdctl restart: say --rolling (pdctl only restarts units one at a time, each gated)");
-                    return Exit::Usage;
-                }
-                let StartArgs { allow_outage, reason, json } = a.start;
-                if a.dry_run {
-                    return context::dry_run(&config, &a.units, json, allow_outage, a.load_changes, &client).await;
-                }
-                if let Err(c) = context::validate_locally(&config, &a.units, json) {
-                    return c;
-                }
-                let identity = match rollout::same_config(&client, &config, json).await {
-                    Ok(i) => i,
-                    Err(c) => return c,
-                };
-                let req = Request::Restart { units: a.units, allow_outage, reason, load_changes: a.load_changes, config: identity };
-                rollout::start(&client, &config, &req, json).await
+    rt.block_on(dispatch(cli.command, &config, &client)).exit_process();
+}
+
+/// Run one command (those that need the runtime); its exit code.
+async fn dispatch(command: Command, config: &std::path::Path, client: &client::Client) -> Exit {
+    match command {
+        Command::Restart(a) => restart(a, config, client).await,
+        Command::Rollout(r) => rollout_cmd(r, config, client).await,
+        Command::Check(a) => context::check(config, a.json, client).await,
+        Command::Status(a) => status::run_with_daemon(config, a.json, client).await,
+        Command::UnitDropin { write } => unit::run(config, write),
+        Command::Completions { .. } | Command::Man { .. } => Exit::Ok,
+        Command::Candidates { what } => candidates(config, client, &what).await,
+        Command::Fleet(f) => fleet_cmd(f, config, client).await,
+    }
+}
+
+/// `pdctl restart --rolling`: a dry run here, else validated locally and started in pdctld.
+async fn restart(a: RestartArgs, config: &std::path::Path, client: &client::Client) -> Exit {
+    if !a.rolling {
+        eprintln!("pdctl restart: say --rolling (pdctl only restarts units one at a time, each gated)");
+        return Exit::Usage;
+    }
+    let StartArgs { allow_outage, reason, json } = a.start;
+    if a.dry_run {
+        return context::dry_run(config, &a.units, json, allow_outage, a.load_changes, client).await;
+    }
+    if let Err(c) = context::validate_locally(config, &a.units, json) {
+        return c;
+    }
+    let identity = match rollout::same_config(client, config, json).await {
+        Ok(i) => i,
+        Err(c) => return c,
+    };
+    let req = Request::Restart { units: a.units, allow_outage, reason, load_changes: a.load_changes, config: identity };
+    rollout::start(client, config, &req, json).await
+}
+
+/// `pdctl rollout …`.
+async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::Client) -> Exit {
+    match r {
+        RolloutCmd::Diff(a) => match context::validate_locally(config, &[], a.json) {
+            Err(c) => c,
+            Ok(()) => match rollout::same_config(client, config, a.json).await {
+                Err(c) => c,
+                Ok(_) => rollout::diff(client, a.json).await,
+            },
+        },
+        RolloutCmd::Apply { if_changed, all, start: StartArgs { allow_outage, reason, json } } => {
+            if let Err(c) = context::validate_locally(config, &[], json) {
+                return c;
             }
-            Command::Rollout(r) => match r {
-                RolloutCmd::Diff(a) => match context::validate_locally(&config, &[], a.json) {
-                    Err(c) => c,
-                    Ok(()) => match rollout::same_config(&client, &config, a.json).await {
-                        Err(c) => c,
-                        Ok(_) => rollout::diff(&client, a.json).await,
-                    },
-                },
-                RolloutCmd::Apply { if_changed, all, start: StartArgs { allow_outage, reason, json } } => {
-                    if let Err(c) = context::validate_locally(&config, &[], json) {
-                        return c;
-                    }
-                    let identity = match rollout::same_config(&client, &config, json).await {
-                        Ok(i) => i,
-                        Err(c) => return c,
-                    };
-                    rollout::start(&client, &config, &Request::Apply { if_changed, all, allow_outage, reason, config: identity }, json).await
-                }
-                RolloutCmd::Watch { id, json } => rollout::watch(&client, &config, &id, json).await,
-                RolloutCmd::Abort { id } => rollout::abort(&client, &id).await,
-                RolloutCmd::Resume { id, json } => rollout::start(&client, &config, &Request::Resume { id }, json).await,
-                RolloutCmd::History(a) => rollout::history(&client, a.json).await,
-                RolloutCmd::Show { id, json } => rollout::show(&client, &id, json).await,
-            },
-            Command::Check(a) => context::check(&config, a.json, &client).await,
-            Command::Status(a) => status::run_with_daemon(&config, a.json, &client).await,
-            Command::UnitDropin { write } => unit::run(&config, write),
-            Command::Completions { .. } | Command::Man { .. } => Exit::Ok,
-            Command::Candidates { what } => candidates(&config, &client, &what).await,
-            Command::Fleet(f) => match f {
-                FleetCmd::Status(a) => fleet::status(&config, a.json).await,
-                FleetCmd::Restart { rolling, hosts, allow_outage, load_changes, reason, json } => {
-                    if !rolling {
-                        eprintln!("pdctl: fleet restart needs --rolling (pdctl only restarts one unit at a time per host, slots fleet-wide)");
-                        Exit::Usage
-                    } else {
-                        fleet::restart(&client, &config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason, load_changes }, json).await
-                    }
-                }
-                FleetCmd::Watch { id, json } => fleet::watch(&config, &id, json).await,
-                FleetCmd::Release { holder, force } => fleet::release(&config, &holder, force).await,
-                FleetCmd::Pause { reason } => fleet::pause(&config, Some(&reason)).await,
-                FleetCmd::Unpause => fleet::pause(&config, None).await,
-            },
+            let identity = match rollout::same_config(client, config, json).await {
+                Ok(i) => i,
+                Err(c) => return c,
+            };
+            rollout::start(client, config, &Request::Apply { if_changed, all, allow_outage, reason, config: identity }, json).await
         }
-    });
-    code.exit_process();
+        RolloutCmd::Watch { id, json } => rollout::watch(client, config, &id, json).await,
+        RolloutCmd::Abort { id } => rollout::abort(client, &id).await,
+        RolloutCmd::Resume { id, json } => rollout::start(client, config, &Request::Resume { id }, json).await,
+        RolloutCmd::History(a) => rollout::history(client, a.json).await,
+        RolloutCmd::Show { id, json } => rollout::show(client, &id, json).await,
+    }
+}
+
+/// `pdctl fleet …`.
+async fn fleet_cmd(f: FleetCmd, config: &std::path::Path, client: &client::Client) -> Exit {
+    match f {
+        FleetCmd::Status(a) => fleet::status(config, a.json).await,
+        FleetCmd::Restart { rolling, hosts, allow_outage, load_changes, reason, json } => {
+            if !rolling {
+                eprintln!("pdctl: fleet restart needs --rolling (pdctl only restarts one unit at a time per host, slots fleet-wide)");
+                Exit::Usage
+            } else {
+                fleet::restart(client, config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason, load_changes }, json).await
+            }
+        }
+        FleetCmd::Watch { id, json } => fleet::watch(config, &id, json).await,
+        FleetCmd::Release { holder, force } => fleet::release(config, &holder, force).await,
+        FleetCmd::Pause { reason } => fleet::pause(config, Some(&reason)).await,
+        FleetCmd::Unpause => fleet::pause(config, None).await,
+    }
 }
 
 /// Appended to the generated bash completion: `--unit` completes the configured units and a

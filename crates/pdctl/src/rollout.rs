@@ -130,18 +130,7 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
     // The ticker holds the renderer until its task has really ended.
     let _ = ticker.await;
     if let Err(e) = res {
-        // pdctld went away mid-rollout (stopped, crashed, restarted): the rollout is interrupted
-        // there and waits for an operator; say which and how to go on.
-        eprintln!("pdctl: lost pdctld while following rollout {id}: {e}");
-        let next = format!("`pdctl status`, then `pdctl rollout resume {id}`");
-        if json {
-            println!("{}", serde_json::json!({ "id": id, "result": "interrupted", "error": e.to_string(), "next": next }));
-        } else {
-            println!(
-                "pdctl: ✗ interrupted (rollout {id}): pdctld stopped answering mid-rollout; when pdctld is back, it re-admits any worker it had drained and marks the rollout interrupted; next: {next}"
-            );
-        }
-        return e.exit();
+        return lost_daemon(id, &e, json);
     }
     let renderer = match Arc::try_unwrap(r) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
@@ -168,30 +157,7 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
             renderer.summary(&s, &after);
             code
         }
-        Some(StreamLine::Interrupted(end)) => {
-            if json {
-                println!("{}", serde_json::to_string(&end).unwrap_or_default());
-            } else {
-                let i = &end.interrupted;
-                let units: Vec<String> = i
-                    .units
-                    .iter()
-                    .map(|u| match (&u.active_state, &u.sub_state, &u.error) {
-                        (Some(a), Some(s), _) => format!("{} {a}/{s}", u.unit),
-                        (_, _, Some(e)) => format!("{} unknown ({e})", u.unit),
-                        _ => format!("{} unknown", u.unit),
-                    })
-                    .collect();
-                println!(
-                    "pdctl: rollout {id} was interrupted at {} ({}): pdctld stopped while it ran. Units then: {}",
-                    i.unit.as_deref().unwrap_or("its start"),
-                    i.step.map(|s| s.as_str()).unwrap_or("-"),
-                    units.join(", ")
-                );
-                println!("pdctl: ✗ interrupted; nothing resumes by itself; next: pdctl rollout resume {id}");
-            }
-            Exit::GateFailed
-        }
+        Some(StreamLine::Interrupted(end)) => interrupted(id, &end, json),
         Some(StreamLine::Event(_)) | None => {
             eprintln!("pdctl: the event stream of {id} ended without a summary; next: pdctl rollout show {id}");
             Exit::Unreachable
@@ -367,4 +333,46 @@ pub async fn diff(client: &Client, json: bool) -> Exit {
         }
     }
     Exit::Ok
+}
+
+/// The stream ended with pdctld stopping while the rollout ran: say where and what to do.
+fn interrupted(id: &str, end: &pdctl_core::api::InterruptedEnd, json: bool) -> Exit {
+    if json {
+        println!("{}", serde_json::to_string(end).unwrap_or_default());
+    } else {
+        let i = &end.interrupted;
+        let units: Vec<String> = i
+            .units
+            .iter()
+            .map(|u| match (&u.active_state, &u.sub_state, &u.error) {
+                (Some(a), Some(s), _) => format!("{} {a}/{s}", u.unit),
+                (_, _, Some(e)) => format!("{} unknown ({e})", u.unit),
+                _ => format!("{} unknown", u.unit),
+            })
+            .collect();
+        println!(
+            "pdctl: rollout {id} was interrupted at {} ({}): pdctld stopped while it ran. Units then: {}",
+            i.unit.as_deref().unwrap_or("its start"),
+            i.step.map(|s| s.as_str()).unwrap_or("-"),
+            units.join(", ")
+        );
+        println!("pdctl: ✗ interrupted; nothing resumes by itself; next: pdctl rollout resume {id}");
+    }
+    Exit::GateFailed
+}
+
+/// pdctld went away while the CLI followed the rollout.
+fn lost_daemon(id: &str, e: &ClientError, json: bool) -> Exit {
+    // pdctld went away mid-rollout (stopped, crashed, restarted): the rollout is interrupted
+    // there and waits for an operator; say which and how to go on.
+    eprintln!("pdctl: lost pdctld while following rollout {id}: {e}");
+    let next = format!("`pdctl status`, then `pdctl rollout resume {id}`");
+    if json {
+        println!("{}", serde_json::json!({ "id": id, "result": "interrupted", "error": e.to_string(), "next": next }));
+    } else {
+        println!(
+            "pdctl: ✗ interrupted (rollout {id}): pdctld stopped answering mid-rollout; when pdctld is back, it re-admits any worker it had drained and marks the rollout interrupted; next: {next}"
+        );
+    }
+    e.exit()
 }

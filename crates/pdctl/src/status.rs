@@ -151,78 +151,10 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
             not_serving = true;
         }
         if json {
-            let mut row = json!({ "unit": w.unit, "role": w.role, "url": w.url, "serving": active && healthy_in_router });
-            if let Some(o) = row.as_object_mut() {
-                match &state {
-                    Ok(st) => {
-                        o.insert("active_state".into(), json!(st.active_state));
-                        o.insert("sub_state".into(), json!(st.sub_state));
-                        o.insert("invocation_id".into(), json!(st.invocation_id));
-                        o.insert("main_pid".into(), json!(st.main_pid));
-                        o.insert("n_restarts".into(), json!(st.n_restarts));
-                        o.insert("active_since".into(), json!(since(st.active_enter_us).0));
-                    }
-                    Err(e) => {
-                        o.insert("unit_error".into(), json!(e));
-                    }
-                }
-                let in_router = match &listed {
-                    None => Value::Null,
-                    Some(Err(e)) => json!({ "error": e }),
-                    Some(Ok(None)) => json!({ "listed": false }),
-                    Some(Ok(Some(x))) => {
-                        json!({ "listed": true, "worker_type": x.worker_type, "is_healthy": x.is_healthy, "status": x.status, "load": x.load, "id": x.id })
-                    }
-                };
-                o.insert("router".into(), in_router);
-                o.insert(
-                    "kv".into(),
-                    match &kv {
-                        Ok(r) => serde_json::to_value(r).unwrap_or(Value::Null),
-                        Err(e) => json!({ "error": e }),
-                    },
-                );
-            }
-            json_rows.push(row);
+            json_rows.push(json_row(w, &state, &listed, &kv, active && healthy_in_router));
             continue;
         }
-        let (state_cell, pid, run, active_since) = match &state {
-            Ok(st) => (
-                format!("{}/{}", st.active_state, st.sub_state),
-                if st.main_pid == 0 { "-".to_string() } else { st.main_pid.to_string() },
-                st.invocation_id.get(..8).unwrap_or("-").to_string(),
-                since(st.active_enter_us).1,
-            ),
-            Err(e) => {
-                errors.push(format!("{}: systemd: {e}", w.unit));
-                ("error".into(), "-".into(), "-".into(), "-".into())
-            }
-        };
-        let (router_cell, healthy_cell) = match &listed {
-            None => ("-".to_string(), "-".to_string()),
-            Some(Err(e)) => {
-                errors.push(format!("{}: router: {e}", w.unit));
-                ("error".into(), "-".into())
-            }
-            Some(Ok(None)) => ("not listed".into(), "no".into()),
-            Some(Ok(Some(x))) => (
-                x.worker_type.clone(),
-                match (x.admitted(), &x.status) {
-                    (true, _) => "yes".into(),
-                    (false, Some(st)) => format!("no ({st})"),
-                    (false, None) => "no".into(),
-                },
-            ),
-        };
-        let (kv_cell, running, queued) = match &kv {
-            Ok(r) => (kv_cell(r), opt(r.running_reqs), opt(r.queue_reqs)),
-            Err(e) => {
-                errors.push(format!("{}: metrics: {e}", w.unit));
-                ("(see below)".into(), "-".into(), "-".into())
-            }
-        };
-        let ago = if active_since.is_empty() || active_since == "-" { "-".to_string() } else { format!("{active_since} ago") };
-        rows.push(vec![w.unit.clone(), w.role.as_str().into(), state_cell, pid, run, ago, router_cell, healthy_cell, kv_cell, running, queued]);
+        rows.push(text_row(w, &state, &listed, &kv, &mut errors));
     }
     if !json {
         print_table(&rows, &[3, 9, 10]);
@@ -261,4 +193,89 @@ fn print_table(rows: &[Vec<String>], right: &[usize]) {
             r.iter().enumerate().map(|(c, x)| if right.contains(&c) { format!("{x:>w$}", w = width[c]) } else { format!("{x:<w$}", w = width[c]) }).collect();
         println!("{}", cells.join("  ").trim_end());
     }
+}
+
+/// What systemd, the gateway and the metrics said of one worker.
+type Unit = Result<pdctl_core::ports::UnitState, String>;
+/// The gateway's entry for a worker (`None`: no gateway configured).
+type Listed = Option<Result<Option<pdctl_core::ports::RouterWorker>, String>>;
+/// The worker's KV report.
+type Kv = Result<KvReport, String>;
+
+/// One worker's `--json` row.
+fn json_row(w: &pdctl_core::config::Worker, state: &Unit, listed: &Listed, kv: &Kv, serving: bool) -> Value {
+    let mut row = json!({ "unit": w.unit, "role": w.role, "url": w.url, "serving": serving });
+    if let Some(o) = row.as_object_mut() {
+        match &state {
+            Ok(st) => {
+                o.insert("active_state".into(), json!(st.active_state));
+                o.insert("sub_state".into(), json!(st.sub_state));
+                o.insert("invocation_id".into(), json!(st.invocation_id));
+                o.insert("main_pid".into(), json!(st.main_pid));
+                o.insert("n_restarts".into(), json!(st.n_restarts));
+                o.insert("active_since".into(), json!(since(st.active_enter_us).0));
+            }
+            Err(e) => {
+                o.insert("unit_error".into(), json!(e));
+            }
+        }
+        let in_router = match &listed {
+            None => Value::Null,
+            Some(Err(e)) => json!({ "error": e }),
+            Some(Ok(None)) => json!({ "listed": false }),
+            Some(Ok(Some(x))) => {
+                json!({ "listed": true, "worker_type": x.worker_type, "is_healthy": x.is_healthy, "status": x.status, "load": x.load, "id": x.id })
+            }
+        };
+        o.insert("router".into(), in_router);
+        o.insert(
+            "kv".into(),
+            match &kv {
+                Ok(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+                Err(e) => json!({ "error": e }),
+            },
+        );
+    }
+    row
+}
+
+/// One worker's table row; what could not be read goes to `errors`, shown under the table.
+fn text_row(w: &pdctl_core::config::Worker, state: &Unit, listed: &Listed, kv: &Kv, errors: &mut Vec<String>) -> Vec<String> {
+    let (state_cell, pid, run, active_since) = match &state {
+        Ok(st) => (
+            format!("{}/{}", st.active_state, st.sub_state),
+            if st.main_pid == 0 { "-".to_string() } else { st.main_pid.to_string() },
+            st.invocation_id.get(..8).unwrap_or("-").to_string(),
+            since(st.active_enter_us).1,
+        ),
+        Err(e) => {
+            errors.push(format!("{}: systemd: {e}", w.unit));
+            ("error".into(), "-".into(), "-".into(), "-".into())
+        }
+    };
+    let (router_cell, healthy_cell) = match &listed {
+        None => ("-".to_string(), "-".to_string()),
+        Some(Err(e)) => {
+            errors.push(format!("{}: router: {e}", w.unit));
+            ("error".into(), "-".into())
+        }
+        Some(Ok(None)) => ("not listed".into(), "no".into()),
+        Some(Ok(Some(x))) => (
+            x.worker_type.clone(),
+            match (x.admitted(), &x.status) {
+                (true, _) => "yes".into(),
+                (false, Some(st)) => format!("no ({st})"),
+                (false, None) => "no".into(),
+            },
+        ),
+    };
+    let (kv_cell, running, queued) = match &kv {
+        Ok(r) => (kv_cell(r), opt(r.running_reqs), opt(r.queue_reqs)),
+        Err(e) => {
+            errors.push(format!("{}: metrics: {e}", w.unit));
+            ("(see below)".into(), "-".into(), "-".into())
+        }
+    };
+    let ago = if active_since.is_empty() || active_since == "-" { "-".to_string() } else { format!("{active_since} ago") };
+    vec![w.unit.clone(), w.role.as_str().into(), state_cell, pid, run, ago, router_cell, healthy_cell, kv_cell, running, queued]
 }
