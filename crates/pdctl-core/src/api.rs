@@ -492,20 +492,13 @@ impl PairStatus {
         let mut last: std::collections::BTreeMap<(String, String), PairStatus> = std::collections::BTreeMap::new();
         for r in records {
             for e in r.events.iter().filter(|e| e.step == crate::events::Step::Pair && e.status != crate::events::Status::Started) {
-                for p in e.detail.get("pairs").and_then(serde_json::Value::as_array).into_iter().flatten() {
-                    let s = |k: &str| p.get(k).and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
-                    let result = s("result");
-                    if result == "skipped" || result.is_empty() {
+                let detail: crate::details::PairDetail = serde_json::from_value(e.detail.clone()).unwrap_or_default();
+                for p in detail.pairs {
+                    if p.result == "skipped" || p.result.is_empty() {
                         continue;
                     }
-                    let st = PairStatus {
-                        decode: s("decode"),
-                        prefill: s("prefill"),
-                        ok: matches!(result.as_str(), "paired" | "refreshed"),
-                        result,
-                        checked_at: e.at.clone(),
-                        rollout_id: r.id.clone(),
-                    };
+                    let st =
+                        PairStatus { ok: p.ok(), decode: p.decode, prefill: p.prefill, result: p.result, checked_at: e.at.clone(), rollout_id: r.id.clone() };
                     last.insert((st.decode.clone(), st.prefill.clone()), st);
                 }
             }

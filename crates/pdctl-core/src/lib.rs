@@ -12,6 +12,7 @@ pub mod availability;
 pub mod cause;
 pub mod clock;
 pub mod config;
+pub mod details;
 pub mod drains;
 pub mod engine;
 pub mod events;

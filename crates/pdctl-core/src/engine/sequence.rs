@@ -202,13 +202,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             .await?;
         let ready_us = self
             .step(sink, unit, Step::Ready, async {
-                self.ready(w, cursor, &mut watch, &after).await.map(|d| {
-                    let us = d["journal_realtime_us"].as_u64();
-                    (d, us)
-                })
+                self.ready(w, cursor, &mut watch, &after).await.map(|d| (serde_json::to_value(&d).unwrap_or_default(), d.journal_realtime_us))
             })
             .await?;
-        let started_in = ready_us.filter(|_| after.exec_main_start_us > 0).map(|r| Duration::from_micros(r.saturating_sub(after.exec_main_start_us)));
+        let started_in = Some(ready_us).filter(|_| after.exec_main_start_us > 0).map(|r| Duration::from_micros(r.saturating_sub(after.exec_main_start_us)));
         Ok((watch, after, started_in))
     }
 

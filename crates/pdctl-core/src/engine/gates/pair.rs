@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
+use crate::details::{PairDetail, PairResult};
 use crate::engine::step::{within, Fail, StepRun, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::engine::{Ctx, Engine, Stale};
@@ -51,14 +52,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         for (peer, owner) in &peers {
             let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
             if let Err(why) = self.peer_serves(peer, ctx.together_with == Some(peer.unit.as_str())).await {
-                pairs.push(json!({"prefill": p.unit, "decode": d.unit, "result": "skipped", "why": format!("{} is not serving ({why}): its pairing is not checked", peer.unit)}));
+                pairs.push(PairResult {
+                    prefill: p.unit.clone(),
+                    decode: d.unit.clone(),
+                    result: "skipped".into(),
+                    why: Some(format!("{} is not serving ({why}): its pairing is not checked", peer.unit)),
+                    ..Default::default()
+                });
                 continue;
             }
             let (verdict, refreshed, probes) = self.probe_pair(p, d).await;
-            pairs.push(json!({
-                "prefill": p.unit, "decode": d.unit, "result": if refreshed { "refreshed" } else { verdict.as_str() },
-                "probes": probes, "at": crate::lifecycle::now(),
-            }));
+            pairs.push(PairResult {
+                prefill: p.unit.clone(),
+                decode: d.unit.clone(),
+                result: if refreshed { "refreshed" } else { verdict.as_str() }.into(),
+                probes: Some(json!(probes)),
+                at: Some(crate::lifecycle::now()),
+                ..Default::default()
+            });
             let cause = match verdict {
                 crate::pairing::Verdict::Paired => continue,
                 crate::pairing::Verdict::Stale => {
@@ -90,11 +101,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
             }
         }
-        let detail = json!({
-            "pairs": pairs,
-            "stale": stale.iter().map(|d| d.decode.unit.clone()).collect::<Vec<_>>(),
-            "repair": (!stale.is_empty()).then_some("restart-decode"),
-        });
+        let detail = PairDetail {
+            pairs,
+            stale: stale.iter().map(|d| d.decode.unit.clone()).collect(),
+            repair: (!stale.is_empty()).then(|| "restart-decode".to_string()),
+        };
+        let detail = serde_json::to_value(&detail).unwrap_or_default();
         match failed {
             Some(mut f) => {
                 f.detail = detail;

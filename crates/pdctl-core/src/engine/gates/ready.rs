@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use crate::details::ReadyDetail;
 
 use crate::cause::{Cause, Phase};
 use crate::config::Worker;
@@ -13,7 +13,7 @@ use crate::judge::{crashed_since, Judge, Run, Verdict};
 use crate::ports::{Follow, Logs, Probes, UnitState, Units, Watch};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    pub(in crate::engine) async fn ready(&self, w: &Worker, cursor: Option<String>, watch: &mut U::W, after: &UnitState) -> Result<Value, Fail> {
+    pub(in crate::engine) async fn ready(&self, w: &Worker, cursor: Option<String>, watch: &mut U::W, after: &UnitState) -> Result<ReadyDetail, Fail> {
         let ro = &self.settings.rollout;
         let judge = Judge {
             ready_pattern: ro.ready_pattern.clone(),
@@ -39,15 +39,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     Some(Err(e)) => return Err(Cause::JournalUnreadable { message: e.to_string() }.into()),
                     Some(Ok(entry)) => match judge.judge(&entry) {
                         Verdict::Ready => {
-                            return Ok(json!({
-                                "line": entry.message(), "pid": entry.pid(),
-                                "invocation_id": entry.get("_SYSTEMD_INVOCATION_ID"),
-                                "detect_ms": entry.latency().as_secs_f64() * 1000.0,
-                                "journal_realtime_us": entry.realtime_us,
-                                "ignored_ready_lines_of_other_runs": foreign,
-                                "warning": suspect.as_ref().map(|l| format!("this run logged a traceback before its ready line and went on to be ready (not a failed start): {l}")),
-                                "since_restart_ms": t0.elapsed().as_millis() as u64,
-                            }))
+                            return Ok(ReadyDetail {
+                                line: entry.message().to_string(),
+                                pid: entry.pid(),
+                                invocation_id: entry.get("_SYSTEMD_INVOCATION_ID").map(String::from),
+                                detect_ms: entry.latency().as_secs_f64() * 1000.0,
+                                journal_realtime_us: entry.realtime_us,
+                                ignored_ready_lines_of_other_runs: foreign,
+                                warning: suspect.as_ref().map(|l| format!("this run logged a traceback before its ready line and went on to be ready (not a failed start): {l}")),
+                                since_restart_ms: t0.elapsed().as_millis() as u64,
+                            })
                         }
                         Verdict::Fatal(line) => return Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
                         Verdict::ManagerFailure(m) => crashed = Some(format!("systemd reports: {m}")),

@@ -1,0 +1,104 @@
+//! The typed details of the steps whose detail another place reads back: written by the engine,
+//! serialized into the event's `detail` (the JSON is the contract in docs/cli.md), and read back
+//! by type — pdctld's pair status ([`crate::api::PairStatus`]) from the pair step's, the start's
+//! measured time from the ready step's. A leaf: it imports nothing of this crate.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The pair step's detail: every pair the restarted worker is in, and what was found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairDetail {
+    /// One entry per pair, in probe order.
+    pub pairs: Vec<PairResult>,
+    /// Decodes found with a stale pairing, to be repaired.
+    #[serde(default)]
+    pub stale: Vec<String>,
+    /// `"restart-decode"` when a repair follows.
+    #[serde(default)]
+    pub repair: Option<String>,
+}
+
+/// One pair's result in [`PairDetail`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PairResult {
+    /// The prefill unit.
+    pub prefill: String,
+    /// The decode unit.
+    pub decode: String,
+    /// `paired`, `refreshed`, `stale`, `incompatible`, `prefill_broken`, `decode_broken`,
+    /// `transfer_failed`, or `skipped` (the peer was not serving).
+    pub result: String,
+    /// Why it was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The probes sent (each request's status and body, as [`crate::pairing::PairProbe`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<Value>,
+    /// When it was probed (seconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+}
+
+impl PairResult {
+    /// Whether the two paired (`paired`, or `refreshed`: after one failed request).
+    pub fn ok(&self) -> bool {
+        matches!(self.result.as_str(), "paired" | "refreshed")
+    }
+}
+
+/// The ready step's detail: the ready line of this run and how it was recognised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadyDetail {
+    /// The line.
+    pub line: String,
+    /// The PID that logged it.
+    pub pid: Option<u32>,
+    /// Its run's InvocationID.
+    pub invocation_id: Option<String>,
+    /// Milliseconds from journald's timestamp to pdctl reading it.
+    pub detect_ms: f64,
+    /// journald's timestamp of the line (µs since the epoch): the start's end.
+    pub journal_realtime_us: u64,
+    /// Ready lines of other runs skipped (an old process's flushed output).
+    pub ignored_ready_lines_of_other_runs: u32,
+    /// A traceback this run logged before it went on to be ready.
+    pub warning: Option<String>,
+    /// Milliseconds since the restart step began.
+    pub since_restart_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_details_serialize_to_the_json_the_contract_shows() {
+        let skipped = PairResult { prefill: "p".into(), decode: "d".into(), result: "skipped".into(), why: Some("w".into()), ..Default::default() };
+        let probed =
+            PairResult { prefill: "p".into(), decode: "d".into(), result: "paired".into(), probes: Some(json!([])), at: Some(7), ..Default::default() };
+        let d = PairDetail { pairs: vec![skipped, probed], stale: vec![], repair: None };
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            json!({"pairs": [{"prefill": "p", "decode": "d", "result": "skipped", "why": "w"}, {"prefill": "p", "decode": "d", "result": "paired", "probes": [], "at": 7}], "stale": [], "repair": null})
+        );
+        let back: PairDetail = serde_json::from_value(serde_json::to_value(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
+        assert!(back.pairs[1].ok() && !back.pairs[0].ok());
+        let r = ReadyDetail {
+            line: "l".into(),
+            pid: Some(1),
+            invocation_id: None,
+            detect_ms: 1.5,
+            journal_realtime_us: 2,
+            ignored_ready_lines_of_other_runs: 0,
+            warning: None,
+            since_restart_ms: 3,
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"line": "l", "pid": 1, "invocation_id": null, "detect_ms": 1.5, "journal_realtime_us": 2, "ignored_ready_lines_of_other_runs": 0, "warning": null, "since_restart_ms": 3})
+        );
+    }
+}
