@@ -182,10 +182,7 @@ pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
                 tx.send(format!("data: {chunk}\n\n")).is_ok()
             })
             .await;
-            if let Err(m) = r {
-                let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
-            }
-            let _ = tx.send("data: [DONE]\n\n".into());
+            end_stream(&tx, r);
         });
         return sse(rx);
     }
@@ -253,10 +250,7 @@ pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
                 tx.send(format!("data: {c}\n\n")).is_ok()
             })
             .await;
-            if let Err(m) = r {
-                let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
-            }
-            let _ = tx.send("data: [DONE]\n\n".into());
+            end_stream(&tx, r);
         });
         return sse(rx);
     }
@@ -278,4 +272,12 @@ pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     axum::Json(json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice],
         "usage": {"prompt_tokens": job.prompt_tokens, "completion_tokens": n, "total_tokens": job.prompt_tokens + n}}))
     .into_response()
+}
+
+/// The end of a streamed answer: the error (if the request failed), then `[DONE]`.
+fn end_stream(tx: &tokio::sync::mpsc::UnboundedSender<String>, r: Result<u64, String>) {
+    if let Err(m) = r {
+        let _ = tx.send(format!("data: {}\n\n", json!({"error": {"message": m}})));
+    }
+    let _ = tx.send("data: [DONE]\n\n".into());
 }

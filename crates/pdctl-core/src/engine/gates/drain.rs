@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drains::Drain;
+use crate::drains::{Drain, Ledger};
 use crate::engine::step::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
@@ -30,18 +30,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Written down before the router is touched: whatever happens next (a failed gate, a
         // crash, SIGKILL), the drain is found and undone.
         if let Some(l) = ctx.ledger {
-            let st = self.units.state(&w.unit).await?;
-            let d = Drain {
-                unit: w.unit.clone(),
-                url: w.url.clone(),
-                role: w.role,
-                bootstrap_port: w.bootstrap_port,
-                invocation_id: st.invocation_id,
-                router_id: entry.id.clone(),
-                rollout_id: ctx.id.to_string(),
-                drained_at: crate::lifecycle::now(),
-            };
-            l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+            self.record_drain(l, w, &entry.id, ctx.id).await?;
         }
         for (r, e) in &entries {
             self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
@@ -79,6 +68,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             "waited_ms": t0.elapsed().as_millis() as u64,
             "timed_out": left.is_some_and(|n| n > 0),
         })))
+    }
+
+    /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
+    /// `router_id`) out of the gateway — before the gateway is touched, so that whatever happens
+    /// next (a failed gate, a crash, SIGKILL) the drain is found and undone.
+    pub(in crate::engine) async fn record_drain(&self, ledger: &Ledger, w: &Worker, router_id: &str, rollout_id: &str) -> Result<(), Fail> {
+        let st = self.units.state(&w.unit).await?;
+        let d = Drain {
+            unit: w.unit.clone(),
+            url: w.url.clone(),
+            role: w.role,
+            bootstrap_port: w.bootstrap_port,
+            invocation_id: st.invocation_id,
+            router_id: router_id.to_string(),
+            rollout_id: rollout_id.to_string(),
+            drained_at: crate::lifecycle::now(),
+        };
+        ledger.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))
     }
 
     /// Wait until the gateway no longer lists the worker (smg 1.x lists it as draining for ~5 s

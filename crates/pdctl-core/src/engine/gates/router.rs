@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
-use crate::drains::{Drain, Ledger};
+use crate::drains::Ledger;
 use crate::engine::step::{within, Fail, POLL};
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
@@ -109,18 +109,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn remove_stuck_entry(&self, replica: usize, w: &Worker, x: &RouterWorker, status: &str, ledger: Option<(&Ledger, &str)>) -> Result<(), Fail> {
         tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
         if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
-            let st = self.units.state(&w.unit).await?;
-            let d = Drain {
-                unit: w.unit.clone(),
-                url: w.url.clone(),
-                role: w.role,
-                bootstrap_port: w.bootstrap_port,
-                invocation_id: st.invocation_id,
-                router_id: x.id.clone(),
-                rollout_id: id.to_string(),
-                drained_at: crate::lifecycle::now(),
-            };
-            l.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+            self.record_drain(l, w, &x.id, id).await?;
         }
         self.probes
             .deregister(replica, &x.id)
