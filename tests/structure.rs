@@ -283,6 +283,11 @@ fn no_crate_has_an_import_cycle_between_its_files() {
         }
     }
     assert!(cycles.is_empty(), "files of one crate import each other in a circle (make one a leaf):\n{}", cycles.join("\n"));
+    // pdctl-core's contract is on top: nothing that decides imports it (only the fuzz entry points).
+    let core = module_graph(&root().join("crates/pdctl-core/src"));
+    let api = vec!["api".to_string()];
+    let below: Vec<String> = core.iter().filter(|(m, to)| to.contains(&api) && *m != &vec!["fuzzing".to_string()]).map(|(m, _)| m.join("::")).collect();
+    assert!(below.is_empty(), "pdctl-core's api is the contract on top; these import it: {below:?}");
     // The detector itself: a two-file circle is found, a chain is not.
     let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
     let g = |edges: &[(&str, &str)]| {
@@ -295,4 +300,36 @@ fn no_crate_has_an_import_cycle_between_its_files() {
     };
     assert!(find_cycle(&g(&[("a", "b"), ("b", "a")])).is_some());
     assert!(find_cycle(&g(&[("a", "b"), ("b", "c"), ("a", "c")])).is_none());
+}
+
+#[test]
+fn the_architecture_doc_names_every_room_of_the_tree() {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).expect("docs/architecture.md");
+    let rooms = doc.split("## Where each thing is decided").next().unwrap_or_default();
+    let mut missing = Vec::new();
+    for c in std::fs::read_dir(root().join("crates")).expect("crates/").flatten() {
+        let crate_name = c.file_name().to_string_lossy().to_string();
+        if !rooms.contains(&crate_name) {
+            missing.push(crate_name.clone());
+        }
+        let src = c.path().join("src");
+        for p in rust_sources(&format!("crates/{crate_name}/src")) {
+            let rel = p.strip_prefix(&src).unwrap_or(&p);
+            let stem = rel.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+            if matches!(stem.as_str(), "lib" | "main" | "mod") {
+                continue;
+            }
+            // A top-level file as `name.rs`, a folder as `name/`, a file inside one by its stem.
+            let named = match rel.parent().filter(|d| !d.as_os_str().is_empty()) {
+                None => rooms.contains(&format!("{stem}.rs")),
+                Some(dir) => {
+                    rooms.contains(&format!("{}/", dir.iter().next().map(|d| d.to_string_lossy()).unwrap_or_default())) && rooms.contains(stem.as_str())
+                }
+            };
+            if !named {
+                missing.push(format!("crates/{crate_name}/src/{}", rel.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/architecture.md's room list does not name:\n{}", missing.join("\n"));
 }

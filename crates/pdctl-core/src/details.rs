@@ -1,6 +1,6 @@
 //! The typed details of the steps whose detail another place reads back: written by the engine,
 //! serialized into the event's `detail` (the JSON is the contract in docs/cli.md), and read back
-//! by type — pdctld's pair status ([`crate::api::PairStatus`]) from the pair step's, the start's
+//! by type — pdctld's pair status (`api::PairStatus`) from the pair step's, the start's
 //! measured time from the ready step's. A leaf: it imports nothing of this crate.
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! Events and the summary: the `--json` contract (one JSON object per line; the last one is the
-//! summary with `result`). Part of the contract in [`crate::api`].
+//! summary with `result`). Part of the contract (re-exported by `api`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -101,7 +101,7 @@ pub enum Status {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Event {
-    /// The unit (or [`crate::api::ROUTER`] for router-wide checks).
+    /// The unit (or [`crate::names::ROUTER`] for router-wide checks).
     pub unit: String,
     /// The step.
     pub step: Step,

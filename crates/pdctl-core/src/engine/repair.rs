@@ -118,7 +118,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         };
-        if summary.result != crate::api::HostResult::Succeeded {
+        if summary.result != crate::fleet::HostResult::Succeeded {
             let why = summary
                 .why
                 .or_else(|| summary.summary.and_then(|x| x.failed).map(|x| format!("{} failed at {}: {}", x.unit, x.step.as_str(), x.cause)))

@@ -5,12 +5,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::api::{FLEET, ROUTER};
 use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step::{lock, Fail, StepRun};
 use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
+use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
 

@@ -7,13 +7,13 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::api::{FLEET, ROUTER};
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::step::{Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
 use crate::events::{Sink, Step};
+use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, UnitState, Units};
 use crate::revisions;
