@@ -116,7 +116,7 @@ fn sigkill_mid_rollout_is_reported_interrupted_then_resumed() {
     let watch = RouterWatch::start(&stack);
     let mut cli1 = live(&d, &config, &["restart", "--rolling", "--json"]);
     cli1.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("prefill restarted");
-    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
     // The CLI that followed it says the rollout is interrupted, its id and how to go on (exit 3).
     assert_eq!(cli1.finish(Duration::from_secs(20)), Some(3));
     let last = cli1.seen.last().cloned().unwrap_or_default();

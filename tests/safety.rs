@@ -95,7 +95,7 @@ fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
     let watch = RouterWatch::start(&stack);
     let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
     c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill was drained");
-    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
     let _ = c.finish(Duration::from_secs(20));
     // Read the ledger before pdctld starts again: the drain was written down.
     let id = ledger_rollout(&d);
@@ -117,7 +117,7 @@ fn sigkill_while_the_drained_worker_restarts_re_admits_it_only_after_its_gates()
     let (stack, config, d) = stack_with_pdctld();
     let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
     c.wait_line(LIMIT, |e| is(e, P, "restart", "passed")).expect("the prefill restarted");
-    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", &d.unit]).unwrap();
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
     let _ = c.finish(Duration::from_secs(20));
     let id = ledger_rollout(&d);
     stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");

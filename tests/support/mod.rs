@@ -606,3 +606,13 @@ pub fn assert_recorded(socket: &std::path::Path, run: &JsonRun) {
     }
     assert!(!rec["events"].as_array().map(Vec::is_empty).unwrap_or(true), "the record keeps the events");
 }
+
+/// SIGKILL `unit` and wait (bounded) until systemd has seen its main process die: `systemctl
+/// kill` returns once the signal is sent, and a `systemctl start` that arrives while the unit is
+/// still active is a no-op (measured: the next start then never happened, 2 runs in 6).
+pub fn kill_and_wait(stack: &pdctl_sandbox::stack::Stack, unit: &str) {
+    stack.sandbox.systemctl(&["kill", "--signal=SIGKILL", unit]).expect("systemctl kill");
+    let gone =
+        until(Duration::from_secs(20), Duration::from_millis(20), || stack.show(unit, "ActiveState").is_ok_and(|s| s != "active" && s != "deactivating"));
+    assert!(gone, "{unit} is no longer active 20 s after SIGKILL");
+}
