@@ -1,7 +1,8 @@
 //! The typed details of the steps whose detail another place reads back: written by the engine,
 //! serialized into the event's `detail` (the JSON is the contract in docs/cli.md), and read back
 //! by type — pdctld's pair status (`api::PairStatus`) from the pair step's, the start's
-//! measured time from the ready step's. A leaf: it imports nothing of this crate.
+//! measured time from the ready step's, the CLI's notes from a worker's preflight and a waiting
+//! slot step. A leaf: it imports nothing of this crate.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -68,6 +69,50 @@ pub struct ReadyDetail {
     pub since_restart_ms: u64,
 }
 
+/// A worker's preflight detail (the router's and the fleet's preflight have their own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreflightDetail {
+    /// The outage accepted for the only worker of its role (`allow_outage`).
+    pub outage: Option<String>,
+    /// systemd's ActiveState.
+    pub active_state: String,
+    /// systemd's SubState.
+    pub sub_state: String,
+    /// The running InvocationID.
+    pub invocation_id: String,
+    /// The running MainPID.
+    pub main_pid: u32,
+    /// The unit file.
+    pub fragment_path: String,
+    /// The drop-ins systemd has loaded.
+    pub drop_ins: Vec<String>,
+    /// Drop-ins on disk that systemd has not loaded.
+    pub drop_ins_not_loaded: Vec<String>,
+    /// systemd was reloaded (in a dry run: would be).
+    pub daemon_reload: bool,
+    /// A dry run (nothing is touched).
+    pub dry_run: bool,
+    /// `--enable-metrics` is in ExecStart.
+    pub enable_metrics: bool,
+    /// The worker's GPUs (`0,1,2,3`).
+    pub gpus: Option<String>,
+    /// The pairing preflight's facts.
+    pub pairing: Value,
+    /// The unit's TimeoutStopSec, in ms.
+    pub timeout_stop_ms: Option<u64>,
+    /// What a stop or a pair may run into.
+    pub warnings: Vec<String>,
+    /// Whether the worker accepts pdctl's API key (`None`: not checked).
+    pub api_key_check: Option<String>,
+}
+
+/// The slot step while it waits (a `started` event): who holds the role's slots, or the pause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotWait {
+    /// One sentence.
+    pub waiting: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +141,33 @@ mod tests {
             warning: None,
             since_restart_ms: 3,
         };
+        let p = PreflightDetail {
+            outage: None,
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            invocation_id: "i".into(),
+            main_pid: 7,
+            fragment_path: "/u".into(),
+            drop_ins: vec![],
+            drop_ins_not_loaded: vec!["/d.conf".into()],
+            daemon_reload: true,
+            dry_run: false,
+            enable_metrics: true,
+            gpus: Some("0,1".into()),
+            pairing: json!({}),
+            timeout_stop_ms: None,
+            warnings: vec![],
+            api_key_check: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            json!({"outage": null, "active_state": "active", "sub_state": "running", "invocation_id": "i", "main_pid": 7, "fragment_path": "/u",
+                   "drop_ins": [], "drop_ins_not_loaded": ["/d.conf"], "daemon_reload": true, "dry_run": false, "enable_metrics": true,
+                   "gpus": "0,1", "pairing": {}, "timeout_stop_ms": null, "warnings": [], "api_key_check": null})
+        );
+        // The router's preflight detail is not a worker's.
+        assert!(serde_json::from_value::<PreflightDetail>(json!({"workers": []})).is_err());
+        assert_eq!(serde_json::to_value(SlotWait { waiting: "w".into() }).unwrap(), json!({"waiting": "w"}));
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             json!({"line": "l", "pid": 1, "invocation_id": null, "detect_ms": 1.5, "journal_realtime_us": 2, "ignored_ready_lines_of_other_runs": 0, "warning": null, "since_restart_ms": 3})

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pdctl_core::api::ROUTER;
+use pdctl_core::details::{PreflightDetail, SlotWait};
 use pdctl_core::events::{Event, Outcome, Status, Step, Summary};
 use pdctl_core::plan::Plan;
 
@@ -99,22 +100,28 @@ impl Renderer {
             }
             return;
         }
-        if let (Step::Preflight, Status::Passed, Some(o)) = (e.step, e.status, e.detail.get("outage").and_then(|v| v.as_str())) {
+        // A worker's preflight (the router's and the fleet's have other details).
+        let preflight = match (e.step, e.status) {
+            (Step::Preflight, Status::Passed) => serde_json::from_value::<PreflightDetail>(e.detail.clone()).ok(),
+            _ => None,
+        };
+        if let Some(o) = preflight.as_ref().and_then(|p| p.outage.as_deref()) {
             self.note(&format!("pdctl: ⚠ {o}"));
         }
         if (e.step, e.status) == (Step::Rollback, Status::Started) {
             self.note(&format!("pdctl: ↩ {}: rolling back to its last good revision, then through its gates again", e.unit));
         }
         // What the restart loads besides the running files (a dry run says what it would).
-        if let (Step::Preflight, Status::Passed, true) = (e.step, e.status, e.detail["daemon_reload"] == true) {
-            let files: Vec<&str> = e.detail["drop_ins_not_loaded"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
-            let what = if files.is_empty() { "its changed unit file".to_string() } else { files.join(", ") };
-            let verb = if e.detail["dry_run"] == true { "would reload systemd and load" } else { "reloaded systemd, loading" };
+        if let Some(p) = preflight.filter(|p| p.daemon_reload) {
+            let what = if p.drop_ins_not_loaded.is_empty() { "its changed unit file".to_string() } else { p.drop_ins_not_loaded.join(", ") };
+            let verb = if p.dry_run { "would reload systemd and load" } else { "reloaded systemd, loading" };
             self.note(&format!("pdctl: {}: {verb} {what}", e.unit));
         }
         // A fleet slot step waiting: who holds the slots (or the pause).
-        if let (Step::Slot, Status::Started, Some(w)) = (e.step, e.status, e.detail.get("waiting").and_then(|v| v.as_str())) {
-            self.note(&format!("pdctl: {}: {w}", e.unit));
+        if let (Step::Slot, Status::Started) = (e.step, e.status) {
+            if let Ok(w) = serde_json::from_value::<SlotWait>(e.detail.clone()) {
+                self.note(&format!("pdctl: {}: {}", e.unit, w.waiting));
+            }
         }
         if let Some(of) = &e.repair_of {
             if e.status == Status::Started && e.step == Step::Drain {

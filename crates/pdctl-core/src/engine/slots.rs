@@ -62,7 +62,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok(Acquired::Wait(why)) if t0.elapsed() < f.slot_timeout => {
                     if why != last {
                         tracing::info!(pdctl_unit = %first.unit, "{why}");
-                        s.emit(Status::Started, json!({ "waiting": why }));
+                        s.emit(Status::Started, serde_json::to_value(crate::details::SlotWait { waiting: why.clone() }).unwrap_or_default());
                         last = why;
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;

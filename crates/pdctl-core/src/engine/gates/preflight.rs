@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::details::PreflightDetail;
 use crate::engine::step::{Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
@@ -148,16 +149,25 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let outage = self
             .outage_of(w, seen.fleet_view.as_deref(), ctx)
             .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
-        Ok(json!({
-            "outage": outage,
-            "active_state": st.active_state, "sub_state": st.sub_state, "invocation_id": st.invocation_id,
-            "main_pid": st.main_pid, "fragment_path": cfg.fragment_path, "drop_ins": cfg.drop_in_paths,
-            "drop_ins_not_loaded": on_disk,
-            "daemon_reload": did_reload, "dry_run": dry, "enable_metrics": metrics_flag,
-            "gpus": gpus.as_ref().map(fmt_set), "pairing": pairing,
-            "timeout_stop_ms": cfg.timeout_stop.map(|d| d.as_millis() as u64), "warnings": warnings,
-            "api_key_check": api_key_check,
-        }))
+        let detail = PreflightDetail {
+            outage,
+            active_state: st.active_state,
+            sub_state: st.sub_state,
+            invocation_id: st.invocation_id,
+            main_pid: st.main_pid,
+            fragment_path: cfg.fragment_path,
+            drop_ins: cfg.drop_in_paths,
+            drop_ins_not_loaded: on_disk,
+            daemon_reload: did_reload,
+            dry_run: dry,
+            enable_metrics: metrics_flag,
+            gpus: gpus.as_ref().map(fmt_set),
+            pairing,
+            timeout_stop_ms: cfg.timeout_stop.map(|d| d.as_millis() as u64),
+            warnings,
+            api_key_check,
+        };
+        Ok(serde_json::to_value(&detail).unwrap_or_default())
     }
 
     /// Does the worker refuse pdctl's calls for want of its API key? A worker started with
