@@ -6,6 +6,7 @@
 
 pub mod kv;
 pub mod prom;
+pub mod quantile;
 
 use std::time::Duration;
 
