@@ -190,9 +190,7 @@ fn never_admitted(w: &Worker, seen: RouterSeen, peer_down: bool, after: Duration
     let url = w.url.clone();
     match seen {
         RouterSeen::BreakerOpen => Cause::CircuitOpen { url, after },
-        RouterSeen::SmokeFailed(error) if peer_down => {
-            Cause::PeerRoleDown { url, role: if w.role == Role::Prefill { "decode" } else { "prefill" }.into(), error }
-        }
+        RouterSeen::SmokeFailed(error) if peer_down => Cause::PeerRoleDown { url, role: other_role(w.role).into(), error },
         RouterSeen::SmokeFailed(error) => Cause::SmokeFailed { url, after, error },
         other => Cause::RouterNeverAdmits { url, after, last: other.to_string() },
     }
