@@ -34,7 +34,7 @@ const RELIED_ROUTES: &[&str] = &[
     "/metrics",
 ];
 
-/// The Prometheus families pdctl reads (KV, queues, requests): each one the released server
+/// The Prometheus families pdctl reads (KV, queues, requests, the service gate's latencies): each one the released server
 /// defines must be exposed by the simulator.
 const RELIED_METRICS: &[&str] = &[
     "sglang:token_usage",
@@ -52,6 +52,9 @@ const RELIED_METRICS: &[&str] = &[
     "sglang:num_decode_deferred_kv_release_reqs",
     "sglang:num_requests",
     "sglang:num_aborted_requests",
+    "sglang:time_to_first_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "sglang:e2e_request_latency_seconds",
 ];
 
 fn repo() -> PathBuf {
@@ -130,6 +133,21 @@ fn differences(wheel: &Value, sim: &Value, who: &str, relied: bool) -> Vec<Strin
             out.push(format!("metric {name}: {upstream} defines it, {who} does not expose it"));
         }
     }
+    // The families the service gate reads: their added labels and default buckets.
+    for (name, w) in wheel["series"].as_object().into_iter().flatten().filter(|_| relied) {
+        let Some(sim_series) = sim["series"].get(name) else {
+            out.push(format!("metric {name}: {upstream} defines it, {who} exposes no series of it"));
+            continue;
+        };
+        let labels = |v: &Value| -> BTreeSet<String> { methods(&v["labels"]) };
+        if labels(w) != labels(sim_series) {
+            out.push(format!("metric {name}: {who} adds the labels {:?}, {upstream} {:?}", labels(sim_series), labels(w)));
+        }
+        let bounds = |v: &Value| -> Vec<f64> { v["buckets"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default() };
+        if bounds(w) != bounds(sim_series) {
+            out.push(format!("metric {name}: {who}'s buckets are {:?}, {upstream}'s {:?}", bounds(sim_series), bounds(w)));
+        }
+    }
     for (key, line) in sim["lines"].as_object().into_iter().flatten() {
         if wheel["lines"].get(key) != Some(line) {
             out.push(format!("{key} line: {who} logs {line}, {upstream} {}", wheel["lines"].get(key).unwrap_or(&Value::Null)));
@@ -198,6 +216,11 @@ fn a_changed_simulator_fact_is_named() {
         (Box::new(|s| drop(s["routes"].as_object_mut().map(|o| o.remove("/ready")))), "route /ready: SGLang 0.5.23 serves"),
         (Box::new(|s| s["routes"]["/generate"] = json!(["POST"])), "route /generate: the simulator answers"),
         (Box::new(|s| s["metrics"]["sglang:token_usage"] = json!("counter")), "metric sglang:token_usage: a counter"),
+        (
+            Box::new(|s| s["series"]["sglang:time_to_first_token_seconds"]["buckets"][0] = json!(0.05)),
+            "metric sglang:time_to_first_token_seconds: the simulator's buckets",
+        ),
+        (Box::new(|s| s["series"]["sglang:num_requests"]["labels"] = json!([])), "metric sglang:num_requests: the simulator adds the labels"),
         (Box::new(|s| drop(s["metrics"].as_object_mut().map(|o| o.remove("sglang:kv_used_tokens")))), "metric sglang:kv_used_tokens"),
         (Box::new(|s| s["lines"]["sigterm"] = json!("SIGTERM received. Exiting.")), "sigterm line"),
         (Box::new(|s| s["api_key_exempt"] = json!(["/health"])), "paths exempt from --api-key"),

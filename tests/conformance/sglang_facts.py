@@ -10,6 +10,9 @@ from the zip and parsed with `ast`. Usage: sglang_facts.py WHEEL. Each fact name
   app), and the `Mount("/metrics", ...)` of utils/common.py;
 - metrics: every `Gauge/Counter/Histogram/Summary(name="sglang:...")` in
   observability/metrics_collector.py (a counter's `_total` is dropped, as prometheus_client does);
+- series: for the families pdctl's service gate reads (SERIES), the label names a call adds to
+  the collector's own labels (`[*labels.keys(), "is_streaming"]`) and a histogram's default
+  buckets (the `bucket_... = [...]` its `buckets=` names);
 - lines: the ready line (entrypoints/http_server.py) and the shutdown lines
   (managers/tokenizer_manager.py) as templates, `{}` where the f-string has a value;
 - api_key_exempt: the `path.startswith(...)` prefixes of `decide_request_auth` (utils/auth.py);
@@ -28,6 +31,13 @@ LINES = {
     "draining": ("managers/tokenizer_manager.py", "Gracefully exiting... Remaining number of requests"),
 }
 SERVER_ARGS = ["disaggregation_bootstrap_port", "page_size", "kv_cache_dtype", "dtype", "api_key"]
+SERIES = [
+    "sglang:time_to_first_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "sglang:e2e_request_latency_seconds",
+    "sglang:num_requests",
+    "sglang:num_aborted_requests",
+]
 HTTP_VERBS = {"get", "post", "put", "delete", "head", "patch"}
 
 
@@ -104,6 +114,41 @@ def metrics(z):
     return dict(sorted(found.items()))
 
 
+def series(z):
+    tree = parse(z, "observability/metrics_collector.py")
+    # Default bucket lists by variable name (`bucket_x = [0.1, ...]`).
+    lists = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple)):
+            values = [constant(e) for e in node.value.elts]
+            if values and all(isinstance(v, (int, float)) for v in values):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        lists[t.id] = [float(v) for v in values]
+    found = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        name = constant(kw.get("name")) if "name" in kw else None
+        if not isinstance(name, str):
+            continue
+        key = name[: -len("_total")] if name.endswith("_total") else name
+        if key not in SERIES:
+            continue
+        extra = sorted(
+            n.value for n in ast.walk(kw["labelnames"]) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        ) if "labelnames" in kw else []
+        entry = {"labels": extra}
+        b = kw.get("buckets")
+        if isinstance(b, ast.Name) and b.id in lists:
+            entry["buckets"] = lists[b.id]
+        elif isinstance(b, (ast.List, ast.Tuple)):
+            entry["buckets"] = [float(constant(e)) for e in b.elts]
+        found[key] = entry
+    return dict(sorted(found.items()))
+
+
 def lines(z):
     out = {}
     for key, (file, marker) in LINES.items():
@@ -173,6 +218,7 @@ def main():
             "version": version,
             "routes": routes(z),
             "metrics": metrics(z),
+            "series": series(z),
             "lines": lines(z),
             "api_key_exempt": api_key_exempt(z),
             "env": env(z),

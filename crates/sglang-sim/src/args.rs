@@ -160,6 +160,15 @@ pub struct SimKnobs {
     /// `--sim-flush-ready-on-stop`: fault: on SIGTERM the ready line is written again, as a
     /// block-buffered stderr flushes it at exit.
     pub flush_ready_on_stop: bool,
+    /// `--sim-prefill-secs`: how long a prefill batch takes (0: no more than one token's time), so
+    /// that time to first token lands in SGLang's buckets (its first bound is 0.1 s).
+    pub prefill: Duration,
+    /// `--sim-slowdown F`: fault: from the ready line on, prefill and every token take F times as
+    /// long (a change that starts fine and serves slowly).
+    pub slowdown: f64,
+    /// `--sim-fail-fraction P`: fault: from the ready line on, a fraction P (0..1) of generation
+    /// requests fails with a 500 (SGLang's answer to a request the scheduler aborted).
+    pub fail_fraction: f64,
     /// `--sim-pair-cache`: what a decode does with a prefill's cached bootstrap info after a
     /// transfer to it failed.
     pub pair_cache: PairCache,
@@ -195,6 +204,9 @@ impl Default for SimKnobs {
             no_metrics_publish: false,
             metrics_hang: false,
             flush_ready_on_stop: false,
+            prefill: Duration::ZERO,
+            slowdown: 1.0,
+            fail_fraction: 0.0,
             pair_cache: PairCache::Refresh,
         }
     }
@@ -283,6 +295,9 @@ const SIM: &[(&str, Kind)] = &[
     ("metrics-hang", Kind::Flag),
     ("flush-ready-on-stop", Kind::Flag),
     ("pair-cache", Kind::Value),
+    ("prefill-secs", Kind::Value),
+    ("slowdown", Kind::Value),
+    ("fail-fraction", Kind::Value),
 ];
 
 fn kind_of(flag: &str) -> Option<Kind> {
@@ -474,6 +489,18 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
     k.no_metrics_publish = flag("no-metrics-publish");
     k.metrics_hang = flag("metrics-hang");
     k.flush_ready_on_stop = flag("flush-ready-on-stop");
+    if let Some(d) = secs("prefill-secs")? {
+        k.prefill = d;
+    }
+    if let Some(f) = num("slowdown")? {
+        k.slowdown = f.max(0.001);
+    }
+    if let Some(p) = num("fail-fraction")? {
+        if p > 1.0 {
+            return Err(ArgError(format!("argument --sim-fail-fraction: a fraction is between 0 and 1, not {p}")));
+        }
+        k.fail_fraction = p;
+    }
     if let Some(v) = get("pair-cache") {
         k.pair_cache = match v.as_str() {
             "refresh" => PairCache::Refresh,
@@ -527,5 +554,11 @@ mod tests {
         assert_eq!(c.sim.version, Version::parse("0.4.6").unwrap());
         assert!(c.sim.never_ready);
         assert_eq!(c.sim.load, Duration::from_millis(500));
+        // The service faults, as a drop-in sets them (an environment variable) or as flags.
+        let env = |k: &str| (k == "SGLANG_SIM_SLOWDOWN").then(|| "3".to_string());
+        let v: Vec<String> = "--model-path m --sim-fail-fraction 0.1 --sim-prefill-secs 0.25".split_whitespace().map(String::from).collect();
+        let c = parse(&v, &env).unwrap();
+        assert_eq!((c.sim.slowdown, c.sim.fail_fraction, c.sim.prefill), (3.0, 0.1, Duration::from_millis(250)));
+        assert!(p("--model-path m --sim-fail-fraction 1.5").unwrap_err().0.contains("between 0 and 1"));
     }
 }

@@ -21,7 +21,8 @@ use crate::server::{served_routes, API_KEY_EXEMPT, DRAINING_LINE, READY_LINE, SI
 use crate::version::Version;
 
 /// The catalogue of `version` as JSON, in the shape `sglang_facts.py` prints:
-/// `{version, routes: {path: [methods]}, metrics: {family: type}, lines: {ready, sigterm,
+/// `{version, routes: {path: [methods]}, metrics: {family: type}, series: {family: {labels,
+/// buckets}}, lines: {ready, sigterm,
 /// draining}, api_key_exempt: [prefix], env: {name: default}, server_args: {name: default}}`.
 pub fn of(version: Version) -> Value {
     let flags = |extra: &[&str]| -> Vec<String> {
@@ -35,18 +36,27 @@ pub fn of(version: Version) -> Value {
     let routes: BTreeMap<&str, Vec<&str>> = served_routes(&cfg).into_iter().map(|(p, m)| (p, m.to_vec())).collect();
 
     // Every family a server of this profile exposes once it has served a request (a regular
-    // server publishes at its prefill batch; the PD queue gauges are published by both roles).
+    // server publishes at its prefill batch; the PD queue gauges are published by both roles),
+    // with the label names and buckets of the histograms.
     let mut metrics: BTreeMap<String, String> = BTreeMap::new();
     let engine = Engine::new(Arc::new(cfg.clone()));
     let t = engine.admit(8);
     engine.finish(t);
+    engine.observe_first_token(false, 0.05);
+    engine.observe_later_tokens(0.005, 1);
+    engine.observe_finished(false, 0.06);
+    let mut series: BTreeMap<String, Value> = BTreeMap::new();
+    let mut family = String::new();
     for line in engine.render_metrics(false).lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             if let Some((name, kind)) = rest.split_once(' ') {
                 // prometheus_client's text format names a counter's family with its `_total`.
                 let name = if kind == "counter" { name.strip_suffix("_total").unwrap_or(name) } else { name };
                 metrics.insert(name.to_string(), kind.to_string());
+                family = name.to_string();
             }
+        } else if !line.starts_with('#') {
+            note_series(series.entry(family.clone()).or_insert_with(|| json!({"labels": []})), line);
         }
     }
 
@@ -64,11 +74,41 @@ pub fn of(version: Version) -> Value {
         "version": version.to_string(),
         "routes": routes,
         "metrics": metrics,
+        "series": series,
         "lines": {"ready": READY_LINE, "sigterm": SIGTERM_LINE, "draining": DRAINING_LINE},
         "api_key_exempt": API_KEY_EXEMPT,
         "env": env,
         "server_args": server_args,
     })
+}
+
+/// The label names every series of a family has (`labels`: those beyond the collector's own,
+/// the ones `labelnames=[*labels.keys(), ...]` adds) and a histogram's finite bounds
+/// (`buckets`), from one sample line of the rendered text.
+fn note_series(entry: &mut Value, line: &str) {
+    const OWN: &[&str] = &["engine_type", "model_name", "moe_ep_rank", "pid", "pp_rank", "tp_rank", "le"];
+    let Some((_, rest)) = line.split_once('{') else { return };
+    let Some((labels, _)) = rest.rsplit_once('}') else { return };
+    for pair in labels.split(',') {
+        let Some((k, v)) = pair.split_once('=') else { continue };
+        let v = v.trim_matches('"');
+        if k == "le" {
+            if let Ok(b) = v.parse::<f64>() {
+                let list = entry.as_object_mut().map(|o| o.entry("buckets").or_insert_with(|| json!([])));
+                if let Some(Value::Array(a)) = list {
+                    if !a.iter().any(|x| x.as_f64() == Some(b)) && b.is_finite() {
+                        a.push(json!(b));
+                    }
+                }
+            }
+        } else if !OWN.contains(&k) {
+            if let Some(Value::Array(a)) = entry.get_mut("labels") {
+                if !a.iter().any(|x| x == k) {
+                    a.push(json!(k));
+                }
+            }
+        }
+    }
 }
 
 /// An integer where the value is one (`300`, not `300.0`), as Python's `EnvInt` default prints.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::args::{Mode, SimConfig};
 use crate::log;
+use crate::service::{streaming, Series, Service};
 
 /// SGLang's `--decode-log-interval` default: decode stats are published every 40 iterations.
 pub const DECODE_LOG_INTERVAL: u64 = 40;
@@ -50,7 +51,8 @@ struct State {
     decode_iters: u64,
     last_publish: Instant,
     published: Option<Published>,
-    requests_total: u64,
+    /// The tokenizer manager's histograms and request counter.
+    service: Service,
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
     aborted_total: u64,
@@ -90,7 +92,7 @@ impl Engine {
                 decode_iters: 0,
                 last_publish: Instant::now(),
                 published: None,
-                requests_total: 0,
+                service: Service::default(),
                 prompt_tokens_total: 0,
                 generation_tokens_total: 0,
                 aborted_total: 0,
@@ -127,6 +129,22 @@ impl Engine {
     /// A request ended by an abort (`sglang:num_aborted_requests_total`).
     pub fn count_abort(&self) {
         self.lock().aborted_total += 1;
+    }
+
+    /// A request's first output, `secs` after it arrived (never on a PD prefill: the caller
+    /// does not report one there).
+    pub fn observe_first_token(&self, stream: bool, secs: f64) {
+        self.lock().service.first_token(stream, secs);
+    }
+
+    /// `tokens` more output tokens, `secs` after the previous output.
+    pub fn observe_later_tokens(&self, secs: f64, tokens: u64) {
+        self.lock().service.later_tokens(secs, tokens);
+    }
+
+    /// A request finished (not aborted), `secs` after it arrived.
+    pub fn observe_finished(&self, stream: bool, secs: f64) {
+        self.lock().service.finished(stream, secs);
     }
 
     /// Mark warmup finished.
@@ -173,7 +191,6 @@ impl Engine {
         let max = self.max_total_tokens();
         let mut s = self.lock();
         s.running += 1;
-        s.requests_total += 1;
         s.prompt_tokens_total += prompt_tokens;
         let need = prompt_tokens.min(max);
         // Evict cached (finished) tokens when the free pool is short.
@@ -357,17 +374,7 @@ impl Engine {
                 }
             }
         }
-        if s.requests_total > 0 {
-            let labels = self.tokenizer_labels();
-            for (name, help, val) in [
-                ("sglang:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
-                ("sglang:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
-                ("sglang:num_requests", "The number of requests.", s.requests_total),
-                ("sglang:num_aborted_requests", "Number of requests aborted.", s.aborted_total),
-            ] {
-                fams.push(Family { name: name.to_string(), help: help.to_string(), kind: "counter", samples: vec![(labels.clone(), val as f64)] });
-            }
-        }
+        self.service_families(&s, &mut fams);
         drop(s);
         let mut out = String::new();
         for f in &fams {
@@ -377,6 +384,47 @@ impl Engine {
             out.push_str("# EOF\n");
         }
         out
+    }
+
+    /// The tokenizer manager's families: token and request counters, the three latency
+    /// histograms; each label set once it was observed, a family once it has a sample.
+    fn service_families(&self, s: &State, fams: &mut Vec<Family>) {
+        let labels = self.tokenizer_labels();
+        let with_stream = |stream: bool| {
+            let mut l = labels.clone();
+            l.push(("is_streaming".to_string(), streaming(stream).to_string()));
+            l.sort();
+            l
+        };
+        let mut push = |f: Family| {
+            if !f.samples.is_empty() {
+                fams.push(f);
+            }
+        };
+        let admitted = s.prompt_tokens_total > 0 || !s.service.requests.is_empty();
+        let once = |v: u64| if admitted { vec![(labels.clone(), v as f64)] } else { Vec::new() };
+        push(Family::counter("sglang:prompt_tokens", "Number of prefill tokens processed.", once(s.prompt_tokens_total)));
+        push(Family::counter("sglang:generation_tokens", "Number of generation tokens processed.", once(s.generation_tokens_total)));
+        let requests = s.service.requests.iter().map(|(st, n)| (with_stream(*st), *n as f64)).collect();
+        push(Family::counter("sglang:num_requests", "Number of requests processed.", requests));
+        push(Family::counter("sglang:num_aborted_requests", "Number of requests aborted.", once(s.aborted_total)));
+        let by_stream = |m: &'_ std::collections::BTreeMap<bool, Series>| -> Vec<(Vec<(String, String)>, Series)> {
+            m.iter().map(|(st, x)| (with_stream(*st), x.clone())).collect()
+        };
+        let ttft = by_stream(&s.service.ttft);
+        push(Family::histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            ttft.iter().map(|(l, x)| (l.clone(), x)).collect(),
+        ));
+        let itl: Vec<_> = s.service.itl.iter().map(|x| (labels.clone(), x)).collect();
+        push(Family::histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl));
+        let e2e = by_stream(&s.service.e2e);
+        push(Family::histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            e2e.iter().map(|(l, x)| (l.clone(), x)).collect(),
+        ));
     }
 
     /// Scheduler labels for a TP rank, sorted by name as the multiprocess collector does.
@@ -427,30 +475,48 @@ struct Family {
     name: String,
     help: String,
     kind: &'static str,
-    samples: Vec<(Vec<(String, String)>, f64)>,
+    /// `(sample suffix, labels, value)`: the suffix is `_bucket`, `_count` or `_sum` for a
+    /// histogram, empty otherwise (a counter's `_total` is added when written).
+    samples: Vec<(&'static str, Vec<(String, String)>, f64)>,
 }
 
 impl Family {
     fn gauge(name: &str, help: &str, samples: Vec<(Vec<(String, String)>, f64)>) -> Family {
-        Family { name: name.to_string(), help: help.to_string(), kind: "gauge", samples }
+        Family { name: name.to_string(), help: help.to_string(), kind: "gauge", samples: samples.into_iter().map(|(l, v)| ("", l, v)).collect() }
+    }
+
+    fn counter(name: &str, help: &str, samples: Vec<(Vec<(String, String)>, f64)>) -> Family {
+        Family { name: name.to_string(), help: help.to_string(), kind: "counter", samples: samples.into_iter().map(|(l, v)| ("", l, v)).collect() }
+    }
+
+    /// A histogram's series: for each label set, its cumulative buckets (`le` last among the
+    /// labels), `_count` and `_sum`.
+    fn histogram(name: &str, help: &str, series: Vec<(Vec<(String, String)>, &Series)>) -> Family {
+        let mut samples = Vec::new();
+        for (labels, s) in series {
+            let (buckets, count, sum) = s.cumulative();
+            for (le, c) in buckets {
+                let mut l = labels.clone();
+                l.push(("le".to_string(), py_float(le)));
+                samples.push(("_bucket", l, c as f64));
+            }
+            samples.push(("_count", labels.clone(), count as f64));
+            samples.push(("_sum", labels, sum));
+        }
+        Family { name: name.to_string(), help: help.to_string(), kind: "histogram", samples }
     }
 
     fn write(&self, out: &mut String, openmetrics: bool) {
         let is_counter = self.kind == "counter";
-        let (family, sample) = if openmetrics {
-            let base = self.name.replace(':', "_");
-            let sample = if is_counter { format!("{base}_total") } else { base.clone() };
-            (base, sample)
-        } else if is_counter {
-            let n = format!("{}_total", self.name);
-            (n.clone(), n)
-        } else {
-            (self.name.clone(), self.name.clone())
-        };
+        let base = if openmetrics { self.name.replace(':', "_") } else { self.name.clone() };
+        // prometheus_client's text format names a counter's family with its `_total`; OpenMetrics
+        // names the family without it.
+        let family = if is_counter && !openmetrics { format!("{base}_total") } else { base.clone() };
         let _ = writeln!(out, "# HELP {family} {}", escape_help(&self.help));
         let _ = writeln!(out, "# TYPE {family} {}", self.kind);
-        for (labels, value) in &self.samples {
-            out.push_str(&sample);
+        for (suffix, labels, value) in &self.samples {
+            out.push_str(&base);
+            out.push_str(if is_counter { "_total" } else { suffix });
             if !labels.is_empty() {
                 out.push('{');
                 for (i, (k, v)) in labels.iter().enumerate() {
@@ -612,11 +678,27 @@ mod tests {
         let e = engine("--model-path m");
         let t = e.admit(3);
         e.finish(t);
+        assert!(!e.render_metrics(false).contains("sglang:num_requests_total"), "counted when a request finishes, not when admitted");
+        e.observe_finished(false, 0.15);
         let text = e.render_metrics(true);
         assert!(text.contains("\nsglang_token_usage{"));
         assert!(!text.contains("sglang:"));
         assert!(text.contains("# TYPE sglang_num_requests counter\nsglang_num_requests_total{"));
+        assert!(text.contains("# TYPE sglang_e2e_request_latency_seconds histogram\n"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+        let text = e.render_metrics(false);
+        let labels = "engine_type=\"unified\",is_streaming=\"false\",model_name=\"m\"";
+        for line in [
+            format!("sglang:num_requests_total{{{labels}}} 1.0"),
+            format!("sglang:e2e_request_latency_seconds_bucket{{{labels},le=\"0.1\"}} 0.0"),
+            format!("sglang:e2e_request_latency_seconds_bucket{{{labels},le=\"0.2\"}} 1.0"),
+            format!("sglang:e2e_request_latency_seconds_bucket{{{labels},le=\"+Inf\"}} 1.0"),
+            format!("sglang:e2e_request_latency_seconds_count{{{labels}}} 1.0"),
+            format!("sglang:e2e_request_latency_seconds_sum{{{labels}}} 0.15"),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(!text.contains("time_to_first_token"), "nothing observed, no family");
     }
 
     #[test]

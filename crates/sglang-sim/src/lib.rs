@@ -13,4 +13,5 @@ pub mod ids;
 pub mod log;
 pub mod pd;
 pub mod server;
+pub mod service;
 pub mod version;

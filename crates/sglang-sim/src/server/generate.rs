@@ -22,6 +22,18 @@ pub(crate) struct Job {
     prompt_tokens: u64,
     max_new: u64,
     stream: bool,
+    /// When the request arrived (time to first token and end-to-end latency count from here).
+    arrived: Instant,
+}
+
+/// The answer of a request the `--sim-fail-fraction` fault failed.
+pub(crate) const FAILED: &str = "Internal server error (simulated: --sim-fail-fraction)";
+
+/// Whether this request is one the `--sim-fail-fraction` fault fails (only after the ready line:
+/// the fault is a change that started fine).
+fn fails_by_fault(app: &App) -> bool {
+    let p = app.engine.config().sim.fail_fraction;
+    p > 0.0 && app.ready_at.get().is_some() && ((crate::ids::rand_u128() % 1_000_000) as f64) < p * 1_000_000.0
 }
 
 pub(crate) fn log_request(kind: &str, body: &Value) {
@@ -73,13 +85,33 @@ pub(crate) async fn execute(
     mut on_token: impl FnMut(usize, &str) -> bool,
 ) -> Result<u64, String> {
     let engine = &app.engine;
+    if fails_by_fault(app) {
+        if let Some((_, b)) = hold {
+            app.pd.abort_room(b.room);
+        }
+        return Err(FAILED.into());
+    }
+    // The `--sim-slowdown` fault acts from the ready line on.
+    let factor = if app.ready_at.get().is_some() { engine.config().sim.slowdown } else { 1.0 };
+    let mode = engine.config().mode;
     let mut ticket = engine.admit(job.prompt_tokens);
+    if mode != Mode::Decode && !engine.config().sim.prefill.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(engine.config().sim.prefill.mul_f64(factor)) => {}
+            () = tracked.aborted() => {
+                engine.finish(ticket);
+                engine.count_abort();
+                return Err(ABORTED.into());
+            }
+        }
+    }
     // A PD prefill server only runs the prefill (and the first token).
-    let n = if engine.config().mode == Mode::Prefill { 1 } else { job.max_new };
+    let n = if mode == Mode::Prefill { 1 } else { job.max_new };
     let mut produced = 0;
-    let mut tick = tokio::time::interval(token_interval(engine.config()));
+    let mut tick = tokio::time::interval(token_interval(engine.config()).mul_f64(factor));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut last = Instant::now();
     for i in 0..n as usize {
         tokio::select! {
             _ = tick.tick() => {}
@@ -91,6 +123,15 @@ pub(crate) async fn execute(
         }
         engine.decode_step(&mut ticket);
         produced += 1;
+        // A PD prefill never observes time to first token (nor, then, inter-token latency).
+        if mode != Mode::Prefill {
+            if i == 0 {
+                engine.observe_first_token(job.stream, job.arrived.elapsed().as_secs_f64());
+            } else {
+                engine.observe_later_tokens(last.elapsed().as_secs_f64(), 1);
+            }
+            last = Instant::now();
+        }
         if !on_token(i, WORDS[i % WORDS.len()]) {
             break;
         }
@@ -99,6 +140,7 @@ pub(crate) async fn execute(
         Some((rid, b)) => app.pd.hold(rid, b, ticket).await?,
         None => engine.finish(ticket),
     }
+    engine.observe_finished(job.stream, job.arrived.elapsed().as_secs_f64());
     Ok(produced)
 }
 
@@ -138,6 +180,7 @@ pub(crate) fn failing(app: &App) -> Option<Response> {
 }
 
 pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
+    let arrived = Instant::now();
     let v = match parse_body(&body) {
         Ok(v) => v,
         Err(e) => return bad_request(&e),
@@ -155,7 +198,7 @@ pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
         _ => return bad_request("Either text or input_ids should be provided."),
     };
     let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
-    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", crate::ids::rand_u128()));
     let mut tracked = app.requests.track(&rid);
     let hold = match pd_before(&app, &v, &rid, &mut tracked).await {
@@ -209,6 +252,7 @@ pub(crate) async fn chat(State(app): State<App>, body: Bytes) -> Response {
 }
 
 pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
+    let arrived = Instant::now();
     let v = match parse_body(&body) {
         Ok(v) => v,
         Err(e) => return bad_request(&e),
@@ -226,7 +270,7 @@ pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
         }
     };
     let max_new = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(Value::as_u64).unwrap_or(16);
-    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false) };
+    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let model = app.engine.config().served_model_name.clone();
     let id = format!("{:032x}", crate::ids::rand_u128());
     let mut tracked = app.requests.track(&id);
