@@ -616,3 +616,71 @@ pub fn kill_and_wait(stack: &pdctl_sandbox::stack::Stack, unit: &str) {
         until(Duration::from_secs(20), Duration::from_millis(20), || stack.show(unit, "ActiveState").is_ok_and(|s| s != "active" && s != "deactivating"));
     assert!(gone, "{unit} is no longer active 20 s after SIGKILL");
 }
+
+/// Steady client traffic through a gateway: a request every `1/rate` s, each on its own task
+/// (a slow answer does not slow the next send), until [`Load::stop`]. Counts what was sent and
+/// what failed (non-2xx or no answer), so a test can say what clients saw.
+pub struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(u64, u64)>>,
+}
+
+impl Load {
+    /// Start sending `POST {router}/generate` (`max_new_tokens` tokens) at `rate` per second.
+    pub fn start(router: &str, rate: f64, max_new_tokens: u32) -> Load {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let url = format!("{router}/generate");
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let c = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+                let (sent, failed) = (std::sync::Arc::new(AtomicU64::new(0)), std::sync::Arc::new(AtomicU64::new(0)));
+                let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+                let mut tasks = Vec::new();
+                let mut n: u64 = 0;
+                while !flag.load(Ordering::SeqCst) {
+                    tick.tick().await;
+                    n += 1;
+                    let (c, url, sent, failed) = (c.clone(), url.clone(), sent.clone(), failed.clone());
+                    tasks.push(tokio::spawn(async move {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        // Prompts that share no prefix, as real traffic mostly does: smg's default
+                        // cache-aware policy sends prompts with a common prefix to one worker.
+                        let text = format!("{:016x} {n} asks about the capital of France", sglang_sim::ids::rand_u128() as u64);
+                        let body = serde_json::json!({"text": text, "sampling_params": {"max_new_tokens": max_new_tokens}});
+                        let ok = c.post(&url).json(&body).send().await.is_ok_and(|r| r.status().is_success());
+                        if !ok {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }));
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
+                (sent.load(Ordering::SeqCst), failed.load(Ordering::SeqCst))
+            })
+        });
+        Load { stop, thread: Some(thread) }
+    }
+
+    /// Stop sending, wait for the answers in flight; `(sent, failed)`.
+    pub fn stop(mut self) -> (u64, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or((0, 0))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Finished requests a worker has counted (`sglang:num_requests_total`, every series).
+pub async fn served_requests(worker_url: &str) -> f64 {
+    let Ok(r) = http().get(format!("{worker_url}/metrics")).send().await else { return 0.0 };
+    let text = r.text().await.unwrap_or_default();
+    text.lines().filter(|l| l.starts_with("sglang:num_requests_total")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}

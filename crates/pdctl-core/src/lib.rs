@@ -29,6 +29,7 @@ pub mod ports;
 pub mod real;
 pub mod revisions;
 pub mod sglang;
+pub mod slo;
 pub mod state_file;
 pub mod stop;
 pub mod url;

@@ -55,6 +55,9 @@ impl Cause {
             }
             Cause::PairBroken { prefill, decode, side, .. } => logs(if side == "decode" { decode } else { prefill }),
             Cause::RepairBlocked { decode, .. } => format!("`pdctl status`, then `pdctl restart --rolling --unit {decode} --allow-outage`"),
+            Cause::SloRegression { unit, .. } => format!(
+                "`pdctl rollout show ID` (the figures of both sides are in the soak's detail), compare {unit}'s change with its peers' (`systemctl cat {unit}`), then `pdctl rollout apply` with the change fixed or reverted"
+            ),
             Cause::StrandedKv { decode, .. } => {
                 format!(
                     "`pdctl status` (KV the prefills still hold for {decode}'s old process; they release it at their bootstrap timeout), then `pdctl check`"

@@ -334,6 +334,11 @@ pub trait Probes: Send + Sync {
     /// Whether this process may open a TCP connection to `url`'s host and port at all (a unit's
     /// IP sandbox, `IPAddressAllow=`, refuses with EPERM before anything is sent).
     fn reach(&self, url: &str) -> impl Future<Output = Reach> + Send;
+    /// A worker's service figures now (latency histograms, request counters; cumulative).
+    fn service(&self, url: &str) -> impl Future<Output = Result<pdctl_probe::service::ServiceScrape, MetricsError>> + Send;
+    /// The gateway's attempts to a worker, `(successes, failures)`, summed over the replicas that
+    /// export them (`None`: none does, or no metrics URL is configured).
+    fn gateway_outcomes(&self, url: &str) -> impl Future<Output = Option<(f64, f64)>> + Send;
 }
 
 /// What a worker said to a call its `--api-key` guards.

@@ -251,6 +251,20 @@ impl Probes for HttpProbes {
     async fn deregister(&self, r: usize, id: &str) -> Result<(), HttpFailure> {
         self.routers.get(r).ok_or_else(no_router)?.deregister(&self.http, id).await.map_err(failure)
     }
+    async fn service(&self, url: &str) -> Result<pdctl_probe::service::ServiceScrape, MetricsError> {
+        pdctl_probe::service_figures(&self.http, url).await.map_err(metrics_error)
+    }
+    async fn gateway_outcomes(&self, url: &str) -> Option<(f64, f64)> {
+        let mut sum: Option<(f64, f64)> = None;
+        for r in &self.routers {
+            if let Ok(Some((ok, failed))) = r.outcomes(&self.http, url).await {
+                let s = sum.get_or_insert((0.0, 0.0));
+                s.0 += ok;
+                s.1 += failed;
+            }
+        }
+        sum
+    }
     async fn cb_state(&self, r: usize, url: &str) -> Result<Option<f64>, MetricsError> {
         match self.routers.get(r) {
             Some(router) => router.cb_state(&self.http, url).await.map_err(metrics_error),

@@ -16,6 +16,8 @@ use pdctl_core::ports::{
     Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
     UnitsError, Watch,
 };
+use pdctl_probe::quantile::Histogram;
+use pdctl_probe::service::ServiceScrape;
 
 #[derive(Default)]
 struct World {
@@ -40,6 +42,9 @@ struct World {
     aborted: Vec<String>,
     /// What each read of a prefill's PD queues answers, in order (then nothing held).
     held: Vec<PdQueues>,
+    /// What each read of a worker's service figures answers, in order (the last one repeats;
+    /// none: `/metrics` unreadable).
+    served: HashMap<String, Vec<ServiceScrape>>,
 }
 
 /// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
@@ -255,6 +260,17 @@ impl Probes for FakeProbes {
     }
     async fn reach(&self, _url: &str) -> pdctl_core::ports::Reach {
         pdctl_core::ports::Reach::Open
+    }
+    async fn service(&self, url: &str) -> Result<ServiceScrape, MetricsError> {
+        let mut w = self.0.lock().unwrap();
+        match w.served.get_mut(url) {
+            Some(q) if q.len() > 1 => Ok(q.remove(0)),
+            Some(q) if q.len() == 1 => Ok(q[0].clone()),
+            _ => Err(MetricsError { diagnosis: pdctl_core::cause::MetricsDiagnosis::Unreachable, message: "no figures".into() }),
+        }
+    }
+    async fn gateway_outcomes(&self, _url: &str) -> Option<(f64, f64)> {
+        None
     }
     async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
         let mut w = self.0.lock().unwrap();
@@ -610,4 +626,58 @@ async fn the_stranded_kv_wait_covers_the_gauges_idle_publish_only_when_read_from
         // held rooms were read from the lagging gauges.
         assert_eq!(s["limit_ms"], limit_ms, "{s}");
     }
+}
+
+/// Service figures of `n` finished requests whose end-to-end latencies all lie in (lo, hi].
+fn served(n: f64, lo: f64, hi: f64) -> ServiceScrape {
+    let e2e = Histogram { buckets: vec![(lo, 0.0), (hi, n), (f64::INFINITY, n)], count: n, sum: 0.0 };
+    ServiceScrape { e2e: Some(e2e), requests: n, ..ServiceScrape::default() }
+}
+
+fn with_slo(extra: &str) -> Settings {
+    let text = format!(
+        "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n[verify]\nmetrics = \"off\"\n[verify.slo]\n{extra}"
+    );
+    load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
+}
+
+#[tokio::test]
+async fn alone_in_its_role_a_slower_worker_is_judged_against_its_own_figures_from_before_its_drain() {
+    let w = world();
+    // p's old process served 100 requests at 0.2-0.4 s; the new one starts at nothing and serves
+    // 40 at 0.8-1.0 s (a change 3x slower). d is unchanged (its old process: 50 at 0.2-0.4 s).
+    w.lock().unwrap().served.insert("http://p".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(40.0, 0.8, 1.0)]);
+    let (summary, events) = run(&w, with_slo("min_requests = 20\n")).await;
+    assert_eq!(summary.result, Outcome::Failed, "{summary:?}");
+    let f = summary.failed.unwrap();
+    assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Soak, "slo_regression"));
+    assert!(
+        f.cause.contains("its own figures from before its drain")
+            && f.cause.contains("end-to-end latency p50 0.90 s vs 0.30 s (×3.0, limit ×1.5)")
+            && f.cause.contains("over 40 and 100 requests"),
+        "{}",
+        f.cause
+    );
+    assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "no second unit after a failed gate");
+    let failed = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Soak && e.status == Status::Failed).unwrap();
+    assert_eq!(failed.detail["slo"]["verdict"], "breach");
+    assert_eq!(failed.detail["slo"]["figures"][0]["name"], "e2e_p50");
+}
+
+#[tokio::test]
+async fn too_little_traffic_is_said_not_judged_and_a_same_speed_worker_passes() {
+    let w = world();
+    w.lock().unwrap().served.insert("http://p".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(3.0, 0.8, 1.0)]);
+    w.lock().unwrap().served.insert("http://d".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(30.0, 0.2, 0.4)]);
+    let (summary, events) = run(&w, with_slo("min_requests = 20\nmax_wait = \"0s\"\n")).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let soak = |u: &str| events.iter().find(|e| e.unit == u && e.step == Step::Soak && e.status == Status::Passed).unwrap().detail.clone();
+    let p = soak("p.service");
+    assert_eq!(p["slo"]["verdict"], "not_judged");
+    assert_eq!(p["note"], "p.service's service was not judged: 3 requests on the restarted worker, fewer than min_requests = 20");
+    let d = soak("d.service");
+    assert_eq!((d["slo"]["verdict"].as_str(), d["slo"]["requests"].as_u64(), d["slo"]["baseline_requests"].as_u64()), (Some("pass"), Some(30), Some(100)));
+    assert!(d.get("note").is_none());
 }

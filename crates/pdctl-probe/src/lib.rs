@@ -7,6 +7,7 @@
 pub mod kv;
 pub mod prom;
 pub mod quantile;
+pub mod service;
 
 use std::time::Duration;
 
@@ -397,6 +398,14 @@ pub async fn kv_metrics(http: &Http, url: &str) -> Result<kv::KvReport, MetricsP
     kv::check(&e).map_err(MetricsProblem::Kv)
 }
 
+/// A worker's service figures (`GET /metrics`): latency histograms and request counters.
+pub async fn service_figures(http: &Http, url: &str) -> Result<service::ServiceScrape, MetricsProblem> {
+    let u = format!("{}/metrics", url.trim_end_matches('/'));
+    let text = fetch_metrics(http, &u).await?;
+    let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: u.clone(), err })?;
+    Ok(service::ServiceScrape::from_exposition(&e))
+}
+
 /// GET a metrics URL as plain text (0.0.4).
 pub async fn fetch_metrics(http: &Http, url: &str) -> Result<String, MetricsProblem> {
     match http.get(url, Some("text/plain; version=0.0.4")).await {
@@ -482,6 +491,27 @@ impl Router {
         let text = fetch_metrics(http, m).await?;
         let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
         Ok(e.samples.iter().find(|s| s.name == "smg_worker_cb_state" && s.label("worker") == Some(worker_url)).map(|s| s.value))
+    }
+
+    /// The gateway's request outcomes for one worker, `(successes, failures)`, summed over the
+    /// series of `smg_worker_cb_outcomes_total{worker=URL,outcome}` (smg 1.x; every attempt,
+    /// retries included; in PD mode an attempt's outcome is counted on both its prefill and its
+    /// decode). `None`: no metrics URL, or this gateway does not export it (0.3.2).
+    pub async fn outcomes(&self, http: &Http, worker_url: &str) -> Result<Option<(f64, f64)>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(None);
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        let of = |outcome: &str| {
+            e.samples
+                .iter()
+                .filter(|s| s.name == "smg_worker_cb_outcomes_total" && s.label("worker") == Some(worker_url) && s.label("outcome") == Some(outcome))
+                .map(|s| s.value)
+                .sum::<f64>()
+        };
+        let exported = e.types.contains_key("smg_worker_cb_outcomes_total") || e.samples.iter().any(|s| s.name == "smg_worker_cb_outcomes_total");
+        Ok(exported.then(|| (of("success"), of("failure"))))
     }
 
     /// `DELETE /workers/{id}` (drain: take the worker out of rotation).

@@ -66,6 +66,19 @@ impl Histogram {
         Some(Histogram { buckets, count: self.count - earlier.count, sum: self.sum - earlier.sum })
     }
 
+    /// Two histograms of the same family taken together (the buckets of both, summed by bound).
+    pub fn plus(&self, other: &Histogram) -> Histogram {
+        let mut buckets = self.buckets.clone();
+        for (le, c) in &other.buckets {
+            match buckets.iter_mut().find(|(b, _)| b == le) {
+                Some((_, x)) => *x += c,
+                None => buckets.push((*le, *c)),
+            }
+        }
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Histogram { buckets, count: self.count + other.count, sum: self.sum + other.sum }
+    }
+
     /// Observations in the window (the `+Inf` bucket's count, else `_count`).
     pub fn observations(&self) -> f64 {
         match self.buckets.last() {

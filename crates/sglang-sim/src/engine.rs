@@ -471,13 +471,16 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// One sample: its suffix, labels and value.
+type Line = (&'static str, Vec<(String, String)>, f64);
+
 struct Family {
     name: String,
     help: String,
     kind: &'static str,
     /// `(sample suffix, labels, value)`: the suffix is `_bucket`, `_count` or `_sum` for a
     /// histogram, empty otherwise (a counter's `_total` is added when written).
-    samples: Vec<(&'static str, Vec<(String, String)>, f64)>,
+    samples: Vec<Line>,
 }
 
 impl Family {

@@ -41,6 +41,7 @@ impl Cause {
             Cause::RepairBlocked { .. } => "repair_blocked",
             Cause::IncompatibleChange { .. } => "incompatible_change",
             Cause::StrandedKv { .. } => "stranded_kv",
+            Cause::SloRegression { .. } => "slo_regression",
             Cause::MetricsMissing { diagnosis, .. } => match diagnosis {
                 MetricsDiagnosis::Disabled => "metrics_disabled",
                 MetricsDiagnosis::Unreachable => "metrics_unreachable",
@@ -113,6 +114,7 @@ impl Cause {
             | Cause::RepairBlocked { .. }
             | Cause::IncompatibleChange { .. }
             | Cause::StrandedKv { .. }
+            | Cause::SloRegression { .. }
             | Cause::SlotTimeout { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. }

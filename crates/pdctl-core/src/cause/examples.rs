@@ -51,6 +51,13 @@ impl Cause {
             Cause::RepairBlocked { decode: "sglang-decode.service".into(), prefill: unit(), why: msg() },
             Cause::IncompatibleChange { unit: unit(), peer: "sglang-decode.service".into(), detail: "page_size 16 (new) vs 1 (running)".into() },
             Cause::StrandedKv { decode: "sglang-decode.service".into(), held: msg(), after: d },
+            Cause::SloRegression {
+                unit: "sglang-prefill.service".into(),
+                figure: "end-to-end latency p50 0.93 s vs 0.31 s (×3.0, limit ×1.5)".into(),
+                against: "its peer sglang-prefill-2.service".into(),
+                requests: 42,
+                baseline_requests: 80,
+            },
             Cause::ConfigInvalid { message: msg() },
             Cause::BadRequest { message: msg() },
             Cause::Busy { id: "r1764500000".into() },

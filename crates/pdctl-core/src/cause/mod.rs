@@ -338,6 +338,20 @@ pub enum Cause {
         /// The deadline.
         after: Duration,
     },
+    /// The service gate: a restarted worker serves worse than its baseline (`[verify.slo]`).
+    SloRegression {
+        /// The restarted worker.
+        unit: String,
+        /// The figure over its limit, as an operator reads it ("time to first token p50 0.93 s
+        /// vs 0.31 s (×3.0, limit ×1.5)").
+        figure: String,
+        /// What it was compared with ("its peer sglang-prefill-2.service").
+        against: String,
+        /// Requests the restarted worker served in the window.
+        requests: u64,
+        /// Requests the baseline served in its window.
+        baseline_requests: u64,
+    },
     // --- fleet ---
     /// The fleet's etcd cannot be reached before anything was touched.
     FleetUnreachable {

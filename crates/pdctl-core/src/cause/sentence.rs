@@ -83,6 +83,9 @@ impl Cause {
             Cause::IncompatibleChange { unit, peer, detail } => format!(
                 "the new ExecStart of {unit} cannot pair with the running {peer}: {detail}; nothing was touched — change both sides together (single_pair = \"together\"), or revert the change"
             ),
+            Cause::SloRegression { unit, figure, against, requests, baseline_requests } => format!(
+                "{unit} serves worse than {against} since its restart: {figure}, over {requests} and {baseline_requests} requests"
+            ),
             Cause::StrandedKv { decode, held, after } => format!(
                 "{} after {decode} restarted, prefills still hold KV for requests no decode will fetch: {held}; it is released at the prefill's bootstrap timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)",
                 dur(after)

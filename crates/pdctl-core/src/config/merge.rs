@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{line_of, line_of_key, parse_file, Dur, RawFleet, RawJournal, RawRollout, RawRouter, RawSystemd, RawVerify, RawWorker};
+use super::raw::{line_of, line_of_key, parse_file, Dur, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawSystemd, RawVerify, RawWorker};
 use super::settings::DURATION_BOUNDS;
 use super::ConfigError;
 
@@ -18,6 +18,8 @@ pub(super) struct Merged {
     pub(super) router: RawRouter,
     pub(super) rollout: RawRollout,
     pub(super) verify: RawVerify,
+    /// `[verify.slo]`, merged key by key; `None` when no file has the table.
+    pub(super) slo: Option<RawSlo>,
     pub(super) fleet: RawFleet,
     /// A `[fleet]` table was present (even an empty one).
     pub(super) fleet_seen: bool,
@@ -38,9 +40,12 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
     let mut m = Merged::default();
     let mut keys = BTreeMap::new();
     macro_rules! over {
-        ($path:expr, $text:expr, $sect:ident, $dst:expr, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
+        ($path:expr, $text:expr, $sect:ident, $dst:expr, $src:expr, $($f:ident),*) => {
+            over!(@in stringify!($sect), $path, $text, $dst, $src, $($f),*)
+        };
+        (@in $prefix:expr, $path:expr, $text:expr, $dst:expr, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
             $dst.$f = $src.$f;
-            keys.insert(format!("{}.{}", stringify!($sect), stringify!($f)), ($path.clone(), line_of_key($text, stringify!($f))));
+            keys.insert(format!("{}.{}", $prefix, stringify!($f)), ($path.clone(), line_of_key($text, stringify!($f))));
         } )* };
     }
     for (path, text) in texts {
@@ -85,7 +90,11 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 unknown_load
             );
         }
-        if let Some(s) = raw.verify {
+        if let Some(mut s) = raw.verify {
+            if let Some(slo) = s.slo.take() {
+                let dst = m.slo.get_or_insert_with(RawSlo::default);
+                over!(@in "verify.slo", path, text, dst, slo, ttft_ratio, itl_ratio, e2e_ratio, error_rate, min_requests, max_wait);
+            }
             over!(
                 path,
                 text,

@@ -20,7 +20,7 @@ pub use crate::url::{canonical_url, same_url};
 pub use raw::{BusKind, Dur};
 pub use settings::{
     parse_gpus, BusSetting, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings, Settings,
-    SinglePair, StrandedKv, UnknownLoad, Verify, Worker, DURATION_BOUNDS,
+    SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker, DURATION_BOUNDS,
 };
 
 /// Default location of the main file.
@@ -112,7 +112,7 @@ fn resolve(texts: &[(PathBuf, String)], hostname: Option<&str>) -> Result<Settin
     let (m, o) = merge::merge(texts)?;
     let workers = sections::workers(&o, m.workers)?;
     let router = sections::router(&o, m.router)?;
-    let verify = sections::verify(&o, m.verify, router.as_ref())?;
+    let verify = sections::verify(&o, m.verify, m.slo, router.as_ref())?;
     let rollout = sections::rollout(&o, m.rollout, m.ready_origin, &workers, &verify)?;
     let fleet = sections::fleet(&o, m.fleet, m.fleet_seen, hostname)?;
     let (bus, journal_directory, procfs) = sections::access(m.systemd, m.journal);
@@ -215,6 +215,33 @@ smoke_request = true
         let s = load(&p).unwrap();
         assert_eq!(s.workers.iter().map(|w| w.role).collect::<Vec<_>>(), vec![Role::Prefill, Role::Decode]);
         assert_eq!(s.router.unwrap().metrics_url.as_deref(), Some("http://127.0.0.1:29001/metrics"));
+        let slo = s.verify.slo.expect("the example shows the service gate on");
+        assert_eq!((slo.ttft_ratio, slo.error_rate, slo.min_requests, slo.max_wait), (1.5, 0.01, 20, Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn the_service_gate_is_off_without_its_table_and_checked_key_by_key() {
+        assert_eq!(one(BASE).unwrap().verify.slo, None);
+        let with = |slo: &str| format!("{BASE}\n[verify.slo]\n{slo}");
+        let s = one(&with("itl_ratio = 2.0\n")).unwrap().verify.slo.unwrap();
+        assert_eq!((s.ttft_ratio, s.itl_ratio, s.e2e_ratio, s.min_requests), (1.5, 2.0, 1.5, 20), "unset keys take their defaults");
+        for (bad, key, says) in [
+            ("ttft_ratio = 0.5", "verify.slo.ttft_ratio", "not a ratio of at least 1"),
+            ("error_rate = 2.0", "verify.slo.error_rate", "between 0 and 1"),
+            ("min_requests = 0", "verify.slo.min_requests", "at least 1"),
+            ("max_wait = \"2h\"", "verify.slo.max_wait", "outside 0s to 1h"),
+            ("p99_ratio = 2.0", "p99_ratio", "unknown field"),
+        ] {
+            let text = with(&format!("{bad}\n"));
+            let e = one(&text).unwrap_err();
+            assert_eq!(e.line, Some(text.lines().position(|l| l.starts_with(bad.split(' ').next().unwrap())).unwrap() + 1), "{e}");
+            assert!(e.msg.contains(key) && e.msg.contains(says), "{e}");
+        }
+        // A fragment overrides one key of the table and keeps the others.
+        let frag = "[verify.slo]\nerror_rate = 0.05\n";
+        let s = load_texts(&[(PathBuf::from("a.toml"), with("min_requests = 5\n")), (PathBuf::from("config.d/10.toml"), frag.into())]).unwrap();
+        let slo = s.verify.slo.unwrap();
+        assert_eq!((slo.min_requests, slo.error_rate), (5, 0.05));
     }
 
     #[test]

@@ -125,6 +125,19 @@ pub(super) struct RawVerify {
     pub(super) pair_timeout: Option<Dur>,
     pub(super) stranded_kv: Option<StrandedKv>,
     pub(super) stranded_kv_timeout: Option<Dur>,
+    pub(super) slo: Option<RawSlo>,
+}
+
+/// `[verify.slo]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSlo {
+    pub(super) ttft_ratio: Option<f64>,
+    pub(super) itl_ratio: Option<f64>,
+    pub(super) e2e_ratio: Option<f64>,
+    pub(super) error_rate: Option<f64>,
+    pub(super) min_requests: Option<u64>,
+    pub(super) max_wait: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]

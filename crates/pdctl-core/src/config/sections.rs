@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use super::merge::Origins;
-use super::raw::{BusKind, OneOrMany, RawFleet, RawJournal, RawRollout, RawRouter, RawSystemd, RawVerify, RawWorker};
+use super::raw::{BusKind, OneOrMany, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawSystemd, RawVerify, RawWorker};
 use super::settings::{
     d, parse_gpus, server_url, BusSetting, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings,
-    SinglePair, StrandedKv, UnknownLoad, Verify, Worker,
+    SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker,
 };
 use super::ConfigError;
 use crate::url::{canonical_url, same_url};
@@ -108,7 +108,7 @@ pub(super) fn router(o: &Origins, rt: RawRouter) -> Result<Option<RouterSettings
 }
 
 /// `[verify]`: the gates that need a router are off without one.
-pub(super) fn verify(o: &Origins, vf: RawVerify, router: Option<&RouterSettings>) -> Result<Verify, ConfigError> {
+pub(super) fn verify(o: &Origins, vf: RawVerify, slo: Option<RawSlo>, router: Option<&RouterSettings>) -> Result<Verify, ConfigError> {
     let availability_probe = match &vf.availability_probe {
         Some(r) => crate::availability::parse_rate(r).map_err(|why| o.at("verify.availability_probe", why))?,
         None => Some(2.0),
@@ -129,6 +129,36 @@ pub(super) fn verify(o: &Origins, vf: RawVerify, router: Option<&RouterSettings>
             Some(v) => Some(o.bounded("verify.stranded_kv_timeout", Some(v), d(0))?),
             None => None,
         },
+        slo: slo.map(|s| self::slo(o, s)).transpose()?,
+    })
+}
+
+/// `[verify.slo]`: ratios of at least 1, an error rate between 0 and 1, at least one request.
+fn slo(o: &Origins, s: RawSlo) -> Result<Slo, ConfigError> {
+    let ratio = |key: &str, v: Option<f64>| -> Result<f64, ConfigError> {
+        match v {
+            None => Ok(1.5),
+            Some(r) if r.is_finite() && r >= 1.0 => Ok(r),
+            Some(r) => Err(o.at(key, format!("{r} is not a ratio of at least 1 (1.5: the restarted worker's p50 may be 1.5 times its baseline's)"))),
+        }
+    };
+    let error_rate = match s.error_rate {
+        None => 0.01,
+        Some(r) if (0.0..=1.0).contains(&r) => r,
+        Some(r) => return Err(o.at("verify.slo.error_rate", format!("{r} is not a fraction between 0 and 1 (0.01: 1 % of requests may fail)"))),
+    };
+    let min_requests = match s.min_requests {
+        None => 20,
+        Some(0) => return Err(o.at("verify.slo.min_requests", "must be at least 1 (a figure over no request judges nothing)".into())),
+        Some(n) => n,
+    };
+    Ok(Slo {
+        ttft_ratio: ratio("verify.slo.ttft_ratio", s.ttft_ratio)?,
+        itl_ratio: ratio("verify.slo.itl_ratio", s.itl_ratio)?,
+        e2e_ratio: ratio("verify.slo.e2e_ratio", s.e2e_ratio)?,
+        error_rate,
+        min_requests,
+        max_wait: o.bounded("verify.slo.max_wait", s.max_wait, d(120))?,
     })
 }
 

@@ -263,6 +263,28 @@ pub struct Verify {
     /// How long prefills may take to release a restarted decode's rooms (`None`: the prefill
     /// unit's `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`, 300 s when unset, plus 10 s).
     pub stranded_kv_timeout: Option<Duration>,
+    /// The service gate (`[verify.slo]`; `None`: none).
+    pub slo: Option<Slo>,
+}
+
+/// `[verify.slo]`: the service gate at the end of the soak. A restarted worker's figures over the
+/// soak window are compared with its role's other workers over the same window — or, where it is
+/// the only worker of its role, with its own figures from before its drain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    /// Largest allowed ratio of time-to-first-token p50 (restarted ÷ baseline).
+    pub ttft_ratio: f64,
+    /// Largest allowed ratio of inter-token-latency p50.
+    pub itl_ratio: f64,
+    /// Largest allowed ratio of end-to-end latency p50.
+    pub e2e_ratio: f64,
+    /// Largest allowed fraction of the restarted worker's requests that failed.
+    pub error_rate: f64,
+    /// Requests the restarted worker (and its baseline) must have served for a figure to be
+    /// judged; fewer: "not judged", never a pass.
+    pub min_requests: u64,
+    /// How long the soak may wait beyond `min_healthy` for `min_requests`.
+    pub max_wait: Duration,
 }
 
 /// `[fleet]`: this host is one of many behind one gateway, coordinated through etcd v3.
@@ -367,6 +389,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ("pair_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
     ("stranded_kv_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
     ("slot_timeout", Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)),
+    ("slo.max_wait", Duration::from_secs(0), Duration::from_secs(3600)),
 ];
 
 /// A server's base URL: http(s), a host, an optional port, nothing after it.

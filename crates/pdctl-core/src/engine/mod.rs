@@ -112,11 +112,24 @@ struct Ctx<'a> {
     /// Abort what the worker still runs after the drain (a stale decode's requests can never
     /// finish and would hold its stop until SIGKILL).
     abort_in_flight: bool,
+    /// Notes for the summary from deep inside a worker's gates (a service not judged).
+    notes: Option<&'a std::sync::Mutex<Vec<String>>>,
 }
 
 impl Ctx<'_> {
     fn none(allow_outage: Option<bool>, load_changes: bool) -> Ctx<'static> {
-        Ctx { revisions: None, ledger: None, id: "", allow_outage, clients: None, together_with: None, load_changes, known: None, abort_in_flight: false }
+        Ctx {
+            revisions: None,
+            ledger: None,
+            id: "",
+            allow_outage,
+            clients: None,
+            together_with: None,
+            load_changes,
+            known: None,
+            abort_in_flight: false,
+            notes: None,
+        }
     }
 }
 

@@ -54,7 +54,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let slots = self.slot_step(&[d], &tx, ctx).await?;
                 let out_since = Instant::now();
                 let (watch, after, _) = self.restart_to_pair(d, &tx, ctx).await?;
-                self.restart_after_pair(d, &tx, ctx, watch, after, out_since).await?;
+                self.restart_after_pair(d, &tx, ctx, watch, after, out_since, None).await?;
                 self.release_slots(&d.unit, &slots, ctx).await;
                 Ok(())
             }

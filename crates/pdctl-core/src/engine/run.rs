@@ -46,6 +46,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         let clients = Clients::default();
+        let deep_notes = std::sync::Mutex::new(Vec::new());
         let probing = self.settings.verify.availability_probe.filter(|_| self.settings.verify.router);
         let ctx = Ctx {
             revisions: r.revisions,
@@ -57,6 +58,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             load_changes: r.load_changes,
             known: None,
             abort_in_flight: false,
+            notes: Some(&deep_notes),
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -89,6 +91,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 self.watch_clients(rate, &clients).await;
             }
         });
+        notes.extend(std::mem::take(&mut *lock(&deep_notes)));
         // The whole rollout's time: a resume's re-verification and a rollback included.
         summary.elapsed_ms = t0.elapsed().as_millis() as u64;
         let samples = std::mem::take(&mut *lock(&clients.samples));

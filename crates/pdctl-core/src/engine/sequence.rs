@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::step::{Fail, StepRun};
+use crate::engine::step::{lock, Fail, StepRun};
 use crate::engine::steps::{rule, NOT_REGISTERED};
 use crate::engine::{Ctx, Engine, Repaired, Stale};
 use crate::events::{Failure, Sink, Step};
@@ -42,6 +42,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Fleet: a slot of the role's semaphore before the drain (a pair restarted together
         // took both slots at once before).
         let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
+        // The service gate's baseline when it is alone in its role: its figures before the drain.
+        let before = self.slo_before(w).await;
         let out_since = Instant::now();
         let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
         let mut repaired = Vec::new();
@@ -56,7 +58,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             repaired.push((st.decode, w.unit.clone()));
         }
-        self.restart_after_pair(w, sink, ctx, watch, after, out_since).await?;
+        self.restart_after_pair(w, sink, ctx, watch, after, out_since, before).await?;
         // Verified: the slot goes back.
         self.release_slots(&w.unit, &slots, ctx).await;
         Ok(repaired)
@@ -92,7 +94,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// router, metrics, stranded KV (a decode), soak. `out_since`: when the worker left the
-    /// router (its drain began): the window out of the router is recorded at its re-admission.
+    /// router (its drain began): the window out of the router is recorded at its re-admission;
+    /// `before`: its service figures before the drain (see [`Engine::soak`]).
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::engine) async fn restart_after_pair(
         &self,
         w: &Worker,
@@ -101,6 +105,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         mut watch: U::W,
         after: UnitState,
         out_since: Instant,
+        before: Option<pdctl_probe::service::ServiceScrape>,
     ) -> Result<(), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.verify.router {
@@ -133,7 +138,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if w.role == Role::Decode {
             self.stranded_step(w, sink).await?;
         }
-        self.step(sink, unit, Step::Soak, async { self.soak(unit, &mut watch, &after).await.map(|d| (d, ())) }).await?;
+        let soaked = self
+            .step(sink, unit, Step::Soak, async {
+                self.soak(w, &mut watch, &after, before).await.map(|d| {
+                    let note = d["note"].as_str().map(String::from);
+                    (d, note)
+                })
+            })
+            .await?;
+        // "Not judged" is said in the summary, not hidden in a passed step.
+        if let (Some(note), Some(notes)) = (soaked, ctx.notes) {
+            lock(notes).push(note);
+        }
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::{MetricsMode, Rollout, Settings, StrandedKv, UnknownLoad};
+use crate::config::{MetricsMode, Rollout, Settings, StrandedKv, UnknownLoad, Verify};
 use crate::events::Step;
 
 /// How a step's failure counts.
@@ -39,8 +39,8 @@ pub const NOT_REGISTERED: &str = "not registered in the router";
 /// A rollback of a unit whose files are already its last good revision.
 pub const NOTHING_TO_RESTORE: &str = "nothing to restore: the unit's files are its last good revision";
 
-/// The step's deadline ([`StepRule::deadline`]) under `[rollout]` `r`.
-pub fn deadline(step: Step, r: &Rollout) -> Duration {
+/// The step's deadline ([`StepRule::deadline`]) under `[rollout]` `r` and `[verify]` `v`.
+pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
     let call = Duration::from_secs(30);
     call + match step {
         Step::Preflight => Duration::from_secs(120),
@@ -54,7 +54,9 @@ pub fn deadline(step: Step, r: &Rollout) -> Duration {
         Step::Health => r.health_timeout,
         Step::Router => r.router_timeout,
         Step::Metrics => r.metrics_timeout + call,
-        Step::Soak => r.min_healthy,
+        // The service gate waits up to its max_wait beyond the soak; its scrapes at the start
+        // and at each look are bounded by metrics_timeout each.
+        Step::Soak => r.min_healthy + v.slo.map_or(Duration::ZERO, |slo| slo.max_wait + 3 * r.metrics_timeout),
         Step::Reconcile => r.ready_timeout + r.router_timeout,
         // Restoring files and a reload; its gates are the unit's own steps.
         Step::Rollback => r.job_timeout,
@@ -90,7 +92,7 @@ pub fn rule(step: Step, s: &Settings) -> StepRule {
             StrandedKv::Warn => (Warn, None),
         },
     };
-    StepRule { deadline: deadline(step, &s.rollout), mode, off_because }
+    StepRule { deadline: deadline(step, &s.rollout, &s.verify), mode, off_because }
 }
 
 #[cfg(test)]

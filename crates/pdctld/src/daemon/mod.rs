@@ -40,7 +40,7 @@ struct Running {
     /// When the engine last emitted an event, and the step it is in.
     progress: Mutex<(std::time::Instant, Step)>,
     /// Its settings' deadlines (for the watchdog's progress check).
-    limits: Option<pdctl_core::config::Rollout>,
+    limits: Option<(pdctl_core::config::Rollout, pdctl_core::config::Verify)>,
 }
 
 /// Shared daemon state.
@@ -167,7 +167,7 @@ impl Daemon {
         let r = running.as_ref()?;
         let limits = r.limits.as_ref()?;
         let (since, step) = *lock(&r.progress);
-        let limit = pdctl_core::engine::steps::deadline(step, limits);
+        let limit = pdctl_core::engine::steps::deadline(step, &limits.0, &limits.1);
         (since.elapsed() > limit).then(|| format!("rollout {} has been in step {} for {:?}, past its limit {limit:?}", r.id, step.as_str(), since.elapsed()))
     }
 

@@ -69,7 +69,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
     let id2 = id.clone();
-    let limits = e.settings.rollout.clone();
+    let limits = (e.settings.rollout.clone(), e.settings.verify);
     let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, reverify).await });
     if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
         *lock(&r.task) = Some(task.abort_handle());

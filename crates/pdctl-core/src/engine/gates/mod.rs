@@ -7,5 +7,6 @@ mod pair;
 mod preflight;
 mod ready;
 mod router;
+mod slo;
 mod soak;
 mod stranded_kv;

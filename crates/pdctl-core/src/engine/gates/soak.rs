@@ -7,15 +7,26 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::cause::{Cause, Phase};
-use crate::config::Role;
+use pdctl_probe::service::ServiceScrape;
+
+use crate::config::{Role, Worker};
 use crate::engine::step::{lock, Fail};
 use crate::engine::{Clients, Engine};
 use crate::judge::crashed_since;
 use crate::ports::{Logs, Probes, UnitState, Units, Watch};
+use crate::slo::Verdict;
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    pub(in crate::engine) async fn soak(&self, unit: &str, watch: &mut U::W, after: &UnitState) -> Result<Value, Fail> {
+    /// The soak of a restarted worker: the same run for `min_healthy`, then (with `[verify.slo]`)
+    /// the service gate over the soak window; `before`: its figures from before its drain (the
+    /// service gate's baseline when it is the only worker of its role).
+    pub(in crate::engine) async fn soak(&self, w: &Worker, watch: &mut U::W, after: &UnitState, before: Option<ServiceScrape>) -> Result<Value, Fail> {
+        let unit = w.unit.as_str();
         let limit = self.settings.rollout.min_healthy;
+        let slo_start = match &self.settings.verify.slo {
+            Some(_) => Some(self.slo_start(w).await),
+            None => None,
+        };
         let crashed = |why: String| Fail::from(Cause::Crashed { unit: unit.to_string(), phase: Phase::Soak, why });
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
@@ -33,6 +44,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 _ = &mut deadline => break,
             }
         }
+        let slo = match (&self.settings.verify.slo, slo_start) {
+            (Some(slo), Some(start)) => Some(self.slo_judge(w, slo, start, before).await?),
+            _ => None,
+        };
         // Changes between signals are caught by comparing once more.
         let st = self.units.state(unit).await?;
         if let Some(why) = crashed_since(&st, after) {
@@ -41,7 +56,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if st.active_state != "active" {
             return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
         }
-        Ok(json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts }))
+        let mut d = json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts });
+        if let Some(r) = slo {
+            if let Verdict::NotJudged { why } = &r.verdict {
+                d["note"] = json!(format!("{unit}'s service was not judged: {why}"));
+            }
+            d["slo"] = json!(r);
+        }
+        Ok(d)
     }
 
     /// The availability probe: every `1/rate` s, one 1-token request through the router — unless a

@@ -1,0 +1,179 @@
+//! The service gate (`[verify.slo]`), part of the soak: the restarted worker's latency and error
+//! figures over the soak window against its role's other workers over the same window — or,
+//! when it is the only worker of its role, against its own figures from before its drain. The
+//! judgement itself is [`crate::slo::judge`]; this file takes the scrapes and waits (bounded) for
+//! enough traffic.
+
+use std::time::{Duration, Instant};
+
+use pdctl_probe::service::ServiceScrape;
+
+use crate::cause::Cause;
+use crate::config::{Slo, Worker};
+use crate::engine::step::Fail;
+use crate::engine::Engine;
+use crate::ports::{Logs, Probes, Units};
+use crate::slo::{judge, Baseline, Report, Verdict, Window};
+
+/// One worker's figures at the start of the window.
+#[derive(Debug, Clone)]
+struct Mark {
+    unit: String,
+    url: String,
+    service: ServiceScrape,
+    gateway: Option<(f64, f64)>,
+}
+
+/// The scrapes the window starts from (taken when the soak starts).
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct SloStart {
+    own: Result<Mark, String>,
+    peers: Vec<Mark>,
+    /// Peers whose figures could not be read (named in the report).
+    unread: Vec<String>,
+}
+
+/// How often the gate looks again while it waits for `min_requests`.
+const POLL: Duration = Duration::from_secs(1);
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// The same role's other workers of this host: the service gate's peers.
+    pub(in crate::engine) fn same_role(&self, w: &Worker) -> Vec<&Worker> {
+        self.settings.workers.iter().filter(|o| o.role == w.role && o.unit != w.unit).collect()
+    }
+
+    /// The worker's figures before its drain, when the service gate will need them (it is the
+    /// only worker of its role); `None` otherwise or when they cannot be read.
+    pub(in crate::engine) async fn slo_before(&self, w: &Worker) -> Option<ServiceScrape> {
+        if self.settings.verify.slo.is_none() || !self.same_role(w).is_empty() {
+            return None;
+        }
+        tokio::time::timeout(self.settings.rollout.metrics_timeout, self.probes.service(&w.url)).await.ok()?.ok()
+    }
+
+    async fn mark(&self, unit: &str, url: &str) -> Result<Mark, String> {
+        let limit = self.settings.rollout.metrics_timeout;
+        let service = match tokio::time::timeout(limit, self.probes.service(url)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("its /metrics did not answer within {}", humantime::format_duration(limit))),
+        };
+        let gateway = tokio::time::timeout(limit, self.probes.gateway_outcomes(url)).await.ok().flatten();
+        Ok(Mark { unit: unit.to_string(), url: url.to_string(), service, gateway })
+    }
+
+    /// The window's first scrapes (the soak's start), all within `metrics_timeout`.
+    pub(in crate::engine) async fn slo_start(&self, w: &Worker) -> SloStart {
+        let limit = self.settings.rollout.metrics_timeout;
+        let all = async {
+            let own = self.mark(&w.unit, &w.url).await;
+            let (mut peers, mut unread) = (Vec::new(), Vec::new());
+            for p in self.same_role(w) {
+                match self.mark(&p.unit, &p.url).await {
+                    Ok(m) => peers.push(m),
+                    Err(why) => unread.push(format!("{}: {why}", p.unit)),
+                }
+            }
+            SloStart { own, peers, unread }
+        };
+        match tokio::time::timeout(limit, all).await {
+            Ok(s) => s,
+            Err(_) => SloStart {
+                own: Err(format!("the figures were not all read within {}", humantime::format_duration(limit))),
+                peers: Vec::new(),
+                unread: Vec::new(),
+            },
+        }
+    }
+
+    /// The restarted worker's window and its baseline's now (all within `metrics_timeout`).
+    async fn windows(&self, own: &Mark, peers: &[Mark], before: Option<&ServiceScrape>) -> Result<(Window, Window), String> {
+        let mine = self.window_since(own).await?;
+        let base = match before {
+            Some(b) => Window { service: b.clone(), gateway: None },
+            None => {
+                let mut sum = Window::default();
+                for p in peers {
+                    if let Ok(x) = self.window_since(p).await {
+                        sum.service = sum.service.plus(&x.service);
+                        sum.gateway = match (sum.gateway, x.gateway) {
+                            (Some(a), Some(b)) => Some((a.0 + b.0, a.1 + b.1)),
+                            (a, b) => a.or(b),
+                        };
+                    }
+                }
+                sum
+            }
+        };
+        Ok((mine, base))
+    }
+
+    /// The window from `m` to now; `Err` when it cannot be read or the worker restarted.
+    async fn window_since(&self, m: &Mark) -> Result<Window, String> {
+        let now = self.mark(&m.unit, &m.url).await?;
+        let service = now.service.since(&m.service).ok_or_else(|| format!("{}'s counters went down: it restarted during the window", m.unit))?;
+        let gateway = match (now.gateway, m.gateway) {
+            (Some((ok, failed)), Some((ok0, failed0))) if ok >= ok0 && failed >= failed0 => Some((ok - ok0, failed - failed0)),
+            (Some(g), None) => Some(g),
+            _ => None,
+        };
+        Ok(Window { service, gateway })
+    }
+
+    /// Judge the window from `start` once the restarted worker (and its baseline) served
+    /// `min_requests`, or at `max_wait` with what there is. A breach is a failure naming the
+    /// figure; too little traffic is a report saying "not judged".
+    pub(in crate::engine) async fn slo_judge(&self, w: &Worker, slo: &Slo, start: SloStart, before: Option<ServiceScrape>) -> Result<Report, Fail> {
+        let not_judged = |why: String, against: Baseline| Report {
+            verdict: Verdict::NotJudged { why },
+            baseline: against,
+            requests: 0,
+            baseline_requests: 0,
+            figures: Vec::new(),
+            errors_from: None,
+        };
+        let own = match &start.own {
+            Ok(m) => m.clone(),
+            Err(why) => return Ok(not_judged(format!("its figures could not be read at the soak's start: {why}"), Baseline::OwnBeforeDrain)),
+        };
+        let against = if start.peers.is_empty() && start.unread.is_empty() {
+            Baseline::OwnBeforeDrain
+        } else {
+            Baseline::Peers { units: start.peers.iter().map(|p| p.unit.clone()).collect() }
+        };
+        if against == Baseline::OwnBeforeDrain && before.is_none() {
+            return Ok(not_judged("it is the only worker of its role and its figures from before its drain could not be read".into(), against));
+        }
+        if let Baseline::Peers { units } = &against {
+            if units.is_empty() {
+                return Ok(not_judged(format!("no peer's figures could be read ({})", start.unread.join("; ")), against));
+            }
+        }
+        let deadline = Instant::now() + slo.max_wait;
+        let limit = self.settings.rollout.metrics_timeout;
+        let own_before = before.as_ref().filter(|_| against == Baseline::OwnBeforeDrain);
+        loop {
+            let (mine, base) = match tokio::time::timeout(limit, self.windows(&own, &start.peers, own_before)).await {
+                Ok(Ok(x)) => x,
+                Ok(Err(why)) => return Ok(not_judged(why, against)),
+                Err(_) => return Ok(not_judged(format!("the figures were not all read within {}", humantime::format_duration(limit)), against)),
+            };
+            let report = judge(slo, &mine, &base, against.clone());
+            let enough = mine.requests() >= slo.min_requests && base.requests() >= slo.min_requests;
+            if enough || Instant::now() >= deadline {
+                if let Verdict::Breach { figure } = &report.verdict {
+                    let cause = Cause::SloRegression {
+                        unit: w.unit.clone(),
+                        figure: figure.sentence(),
+                        against: against.to_string(),
+                        requests: report.requests,
+                        baseline_requests: report.baseline_requests,
+                    };
+                    return Err(Fail { cause, detail: serde_json::json!({ "slo": report }), unit: None });
+                }
+                return Ok(report);
+            }
+            tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+        }
+    }
+}
