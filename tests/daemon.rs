@@ -328,3 +328,35 @@ fn a_config_other_than_pdctlds_is_refused_not_run_silently() {
     let (code, _, err) = run(&config, &["rollout", "diff"]);
     assert_eq!(code, Some(0), "pdctld's own config: {err}");
 }
+
+/// A decode that crashes after every start, brought back each time by systemd's `Restart=`:
+/// pdctld counts the restarts it did not make (`pdctl_self_restarts_total`), and once there are
+/// more than the storm rule allows (5 within 10 min on a single host) it refuses a new rollout
+/// with `restart_storm` (exit 4) naming the unit, touching nothing.
+#[test]
+fn a_restart_storm_refuses_a_new_rollout_with_exit_4_naming_the_unit() {
+    let (stack, config, d) = up();
+    let p0 = inv(&stack, P);
+    stack
+        .drop_in(
+            D,
+            "50-crash-loop",
+            "[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=SGLANG_SIM_CRASH_AFTER_READY=0.2\nRestart=always\nRestartSec=100ms\n",
+        )
+        .unwrap();
+    // The drop-in takes effect at the decode's next start (the first one is the operator's,
+    // outside any rollout: it counts too).
+    stack.sandbox.systemctl(&["restart", D]).unwrap();
+    let stormy =
+        pdctl_tests::until(Duration::from_secs(90), Duration::from_millis(500), || http_get(&d.metrics_url).lines().any(|l| l == "pdctl_restart_storm 1"));
+    let m = http_get(&d.metrics_url);
+    assert!(stormy, "pdctld saw the storm: {m}");
+    let restarts: f64 =
+        m.lines().filter(|l| l.starts_with("pdctl_self_restarts_total{") && l.contains(D)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum();
+    assert!(restarts > 5.0, "more than 5 self-restarts counted: {m}");
+    let r = cli(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(r.code, 4, "refused like a busy host: {:#?} {}", r.summary, r.stderr);
+    let text = format!("{} {}", r.summary, r.stderr);
+    assert!(text.contains("restart storm") && text.contains(&format!("{D} ×")), "the cause names the unit: {text}");
+    assert_eq!(inv(&stack, P), p0, "nothing was touched");
+}

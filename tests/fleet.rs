@@ -22,7 +22,12 @@ fn is(e: &Value, unit: &str, step: &str, status: &str) -> bool {
 
 /// A host of fleet `t` named `host`, using `etcd`.
 fn host(etcd: &str, host: &str) -> (Stack, PathBuf, Pdctld) {
-    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&StackOptions::default());
+    host_with(etcd, host, &StackOptions::default())
+}
+
+/// [`host`] with these stack options.
+fn host_with(etcd: &str, host: &str, opts: &StackOptions) -> (Stack, PathBuf, Pdctld) {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(opts);
     let frag = config.parent().expect("dir").join("config.d/30-fleet.toml");
     std::fs::write(
         &frag,
@@ -304,6 +309,102 @@ fn a_failed_canary_halts_the_fleet_rollout_before_any_other_host_starts() {
     assert_eq!((failed["unit"].as_str(), failed["step"].as_str()), (Some(P), Some("ready")), "the bad flag is rejected at start: {failed:#}");
     assert_eq!(b.show(P, "InvocationID").expect("b prefill"), b_prefill);
     assert_eq!(b.show(D, "InvocationID").expect("b decode"), b_decode);
+}
+
+/// Three hosts serving the same traffic; the canary's change makes its prefill 3× slower after a
+/// good start. Its soak judges it against the other hosts' prefills over the same window (read
+/// from their liveness keys): the canary halts on `slo_regression` and no other host starts.
+#[test]
+fn a_slow_canary_is_judged_against_the_other_hosts_and_stops_the_fleet_before_any_other_host() {
+    let etcd = Etcd::start().expect("etcd");
+    let opts = StackOptions { prefill_args: vec!["--sim-prefill-secs".into(), "0.3".into()], ..Default::default() };
+    let hosts: Vec<(Stack, PathBuf, Pdctld)> = ["gpu-node-a", "gpu-node-b", "gpu-node-c"].iter().map(|h| host_with(&etcd.url(), h, &opts)).collect();
+    for (_, c, _) in &hosts {
+        std::fs::write(
+            c.parent().expect("dir").join("config.d/32-slo.toml"),
+            "[rollout]\nmin_healthy = \"3s\"\n[verify.slo]\nmin_requests = 20\nmax_wait = \"60s\"\n",
+        )
+        .expect("slo");
+    }
+    let (a, ca, da) = &hosts[0];
+    std::fs::write(ca.parent().expect("dir").join("config.d/31-canary.toml"), "[fleet]\ncanary = \"gpu-node-a\"\n").expect("canary");
+    a.drop_in(P, "50-slow", "[Service]\nEnvironment=SGLANG_SIM_SLOWDOWN=3\n").expect("drop-in");
+    let before: Vec<(String, String)> =
+        hosts[1..].iter().map(|(s, _, _)| (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"))).collect();
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(ca);
+        ["gpu-node-a", "gpu-node-b", "gpu-node-c"].iter().all(|h| alive(&s, h))
+    }));
+    for (s, _, _) in &hosts {
+        assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
+    }
+    let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
+    let (code, lines, err) = fleet_restart(ca, da, &["--load-changes"]);
+    for l in loads {
+        l.stop();
+    }
+    assert_eq!(code, 1, "{lines:#?}\n{err}");
+    let last = lines.last().cloned().unwrap_or(Value::Null);
+    assert_eq!(last["result"], "failed", "{last:#}");
+    assert_eq!(
+        (last["hosts"]["gpu-node-a"].as_str(), last["hosts"]["gpu-node-b"].as_str(), last["hosts"]["gpu-node-c"].as_str()),
+        (Some("failed"), Some("not_started"), Some("not_started")),
+        "{last:#}"
+    );
+    let failed = lines.iter().find(|e| e["host"] == "gpu-node-a" && e["status"] == "failed").expect("a's failed step");
+    assert_eq!((failed["unit"].as_str(), failed["step"].as_str()), (Some(P), Some("soak")), "{failed:#}");
+    assert_eq!(failed["detail"]["cause_code"], "slo_regression", "{failed:#}");
+    let cause = failed["detail"]["cause"].as_str().expect("cause");
+    assert!(cause.contains("gpu-node-b/") && cause.contains("gpu-node-c/") && cause.contains("end-to-end latency p50"), "{cause}");
+    assert!(!lines.iter().any(|e| e["host"] == "gpu-node-b" || e["host"] == "gpu-node-c"), "no other host printed an event: none started");
+    for ((s, _, _), (p0, d0)) in hosts[1..].iter().zip(&before) {
+        assert_eq!((&s.show(P, "InvocationID").expect("p"), &s.show(D, "InvocationID").expect("d")), (p0, d0));
+    }
+}
+
+/// Five restarts pdctl did not make within a minute (a decode of host b crash-looping under
+/// `Restart=always`; the rule: more than 4 within 1m) pause the fleet — no slot is granted —
+/// and the pause says why, naming the host and unit. Once the loop is stopped an operator
+/// unpauses, and the same restarts do not pause it again.
+#[test]
+fn a_restart_storm_on_one_host_pauses_the_fleet_and_says_why() {
+    let etcd = Etcd::start().expect("etcd");
+    let (_a, ca, _da) = host(&etcd.url(), "gpu-node-a");
+    let (b, cb, _db) = host(&etcd.url(), "gpu-node-b");
+    for c in [&ca, &cb] {
+        std::fs::write(c.parent().expect("dir").join("config.d/33-storm.toml"), "[fleet.storm]\nrestarts = 4\nwithin = \"1m\"\n").expect("storm");
+    }
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(&ca);
+        alive(&s, "gpu-node-a") && alive(&s, "gpu-node-b") && s["paused"].is_null()
+    }));
+    let crash = b
+        .drop_in(
+            D,
+            "50-crash-loop",
+            "[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=SGLANG_SIM_CRASH_AFTER_READY=0.2\nRestart=always\nRestartSec=100ms\n",
+        )
+        .expect("drop-in");
+    b.sandbox.systemctl(&["restart", D]).expect("restart");
+    let mut status = Value::Null;
+    let paused = until(Duration::from_secs(90), || {
+        status = fleet_status(&ca);
+        !status["paused"].is_null()
+    });
+    assert!(paused, "the fleet was paused: {status:#}");
+    let reason = status["paused"]["reason"].as_str().unwrap_or("");
+    assert!(reason.starts_with("restart storm") && reason.contains(&format!("gpu-node-b/{D} ×")), "{reason}");
+    assert!(status["paused"]["by"].as_str().unwrap_or("").starts_with("pdctld on gpu-node-"), "{status:#}");
+    // The loop stopped (no new restart: a manual start would count as one), an operator
+    // unpauses; the same restarts do not pause it again.
+    std::fs::remove_file(&crash).expect("remove the drop-in");
+    b.sandbox.daemon_reload().expect("reload");
+    b.sandbox.systemctl(&["stop", D]).expect("stop");
+    let (code, out, err) = pdctl(&ca, &["fleet", "unpause"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // Two liveness periods (5 s each) of every host's pdctld.
+    let repaused = until(Duration::from_secs(12), || !fleet_status(&ca)["paused"].is_null());
+    assert!(!repaused, "not paused again for the restarts it was paused for");
 }
 
 #[test]

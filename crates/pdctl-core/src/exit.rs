@@ -18,7 +18,7 @@ pub enum Exit {
     /// 3: cannot reach systemd / the journal / the daemon / the router in preflight, or
     /// permission denied, or pdctld cannot write its records.
     Unreachable,
-    /// 4: another rollout is running.
+    /// 4: another rollout is running, or this host is in a restart storm.
     Busy,
     /// 5: aborted by an operator.
     Aborted,
@@ -51,7 +51,7 @@ impl Exit {
             Exit::GateFailed => "a gate failed; the rollout halted (or was rolled back); `pdctl status`: a worker is not serving",
             Exit::Usage => "bad usage, request or config",
             Exit::Unreachable => "cannot reach systemd / the journal / pdctld / the router in preflight, or permission denied",
-            Exit::Busy => "another rollout is running",
+            Exit::Busy => "another rollout is running, or this host is in a restart storm (`restart_storm`)",
             Exit::Aborted => "aborted by an operator",
             Exit::Detached => "detached by Ctrl-C; the rollout goes on in pdctld (`pdctl rollout watch ID` re-attaches)",
         }

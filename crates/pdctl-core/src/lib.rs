@@ -32,4 +32,5 @@ pub mod sglang;
 pub mod slo;
 pub mod state_file;
 pub mod stop;
+pub mod storm;
 pub mod url;

@@ -79,6 +79,9 @@ impl Cause {
             Cause::ConfigInvalid { .. } => "fix the config at the file, line and key named, then `pdctl check`".into(),
             Cause::BadRequest { .. } => "`pdctl --help`".into(),
             Cause::Busy { id } => format!("`pdctl rollout watch {id}`"),
+            Cause::RestartStorm { .. } => {
+                "`pdctl status` and `journalctl -u UNIT -n 200` (why the units restart by themselves); fix that first — the storm ends once the restarts fall out of the window — then retry".into()
+            }
             Cause::Reconciling { .. } => "`pdctl status` (pdctld is re-admitting the workers it had drained), then run this again".into(),
             Cause::DrainNotRestored { unit, .. } => format!("`pdctl status`, then {}", retry(unit)),
             Cause::RecordsFailing { .. } | Cause::RecordUnwritable { .. } => {

@@ -158,6 +158,7 @@ async fn main() {
     tokio::spawn(d.clone().reconcile_idle());
     tokio::spawn(d.clone().fleet_liveness());
     tokio::spawn(d.clone().fleet_rollouts());
+    tokio::spawn(d.clone().storm_watch());
     tokio::select! {
         _ = serve(listener, app) => {}
         _ = async {

@@ -32,6 +32,13 @@ pub struct FailureLabel {
     pub cause: String,
 }
 
+/// `unit` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UnitLabel {
+    /// A configured worker's unit.
+    pub unit: String,
+}
+
 /// Every metric pdctld exports.
 pub struct Metrics {
     registry: Registry,
@@ -63,6 +70,10 @@ pub struct Metrics {
     pub probes_failed: Counter,
     /// `pdctl_availability_longest_error_seconds`: the last rollout's longest error window.
     pub longest_error: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Restarts pdctl did not make (systemd's `Restart=`, or outside any rollout), by unit.
+    pub self_restarts: Family<UnitLabel, Counter>,
+    /// 1 while this host is in a restart storm (no rollout starts).
+    pub storm: Gauge,
 }
 
 impl Default for Metrics {
@@ -82,6 +93,8 @@ impl Default for Metrics {
         let probes = Counter::default();
         let probes_failed = Counter::default();
         let longest_error = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let self_restarts = Family::<UnitLabel, Counter>::default();
+        let storm = Gauge::default();
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
         registry.register("gate_failures", "Gates that failed, by step and cause code", gate_failures.clone());
@@ -96,6 +109,8 @@ impl Default for Metrics {
         registry.register("availability_probes", "Requests the availability probe sent through the router during rollouts", probes.clone());
         registry.register("availability_probes_failed", "Availability probe requests that did not answer 200", probes_failed.clone());
         registry.register("availability_longest_error_seconds", "The last rollout's longest window of errors as clients saw them", longest_error.clone());
+        registry.register("self_restarts", "Worker restarts pdctl did not make (systemd's Restart=, or outside any rollout), by unit", self_restarts.clone());
+        registry.register("restart_storm", "1 while this host's self-restarts exceed the storm rule (no rollout starts)", storm.clone());
         Metrics {
             registry,
             rollouts,
@@ -112,6 +127,8 @@ impl Default for Metrics {
             probes,
             probes_failed,
             longest_error,
+            self_restarts,
+            storm,
         }
     }
 }

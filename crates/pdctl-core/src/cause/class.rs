@@ -53,6 +53,7 @@ impl Cause {
             Cause::ConfigInvalid { .. } => "config_invalid",
             Cause::BadRequest { .. } => "bad_request",
             Cause::Busy { .. } => "busy",
+            Cause::RestartStorm { .. } => "restart_storm",
             Cause::Reconciling { .. } => "reconciling",
             Cause::DrainNotRestored { .. } => "drain_not_restored",
             Cause::RecordsFailing { .. } => "records_failing",
@@ -90,7 +91,7 @@ impl Cause {
             | Cause::JournalUnreadable { .. }
             | Cause::RouterUnreachable { .. }
             | Cause::RecordUnwritable { .. } => FailureKind::Access,
-            Cause::Busy { .. } | Cause::Reconciling { .. } => FailureKind::Busy,
+            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } => FailureKind::Busy,
             Cause::RecordsFailing { .. } => FailureKind::Access,
             Cause::SystemdRefused { .. }
             | Cause::EventSourceClosed { .. }

@@ -61,6 +61,7 @@ impl Cause {
             Cause::ConfigInvalid { message: msg() },
             Cause::BadRequest { message: msg() },
             Cause::Busy { id: "r1764500000".into() },
+            Cause::RestartStorm { who: "sglang-decode.service ×4, sglang-prefill.service ×2".into(), count: 6, limit: 5, within: Duration::from_secs(600) },
             Cause::Reconciling { units: vec![unit()] },
             Cause::DrainNotRestored { unit: unit(), why: msg() },
             Cause::RecordsFailing { error: msg() },

@@ -352,6 +352,17 @@ pub enum Cause {
         /// Requests the baseline served in its window.
         baseline_requests: u64,
     },
+    /// This host's workers restart by themselves (a restart storm): no rollout starts.
+    RestartStorm {
+        /// Who restarted and how often ("sglang-decode.service ×4").
+        who: String,
+        /// Self-restarts within the window.
+        count: u32,
+        /// The rule: more than this many…
+        limit: u32,
+        /// …within this window.
+        within: Duration,
+    },
     // --- fleet ---
     /// The fleet's etcd cannot be reached before anything was touched.
     FleetUnreachable {

@@ -96,6 +96,10 @@ impl Cause {
             },
             Cause::ConfigInvalid { message } => format!("config error: {message}"),
             Cause::BadRequest { message } => message.clone(),
+            Cause::RestartStorm { who, count, limit, within } => format!(
+                "this host is in a restart storm: {count} restarts pdctl did not make within {} (more than {limit}): {who}; a rollout now would add restarts to serving that is already falling over",
+                dur(within)
+            ),
             Cause::Busy { id } => format!("another rollout is running: {id} (pdctl rollout watch {id}; pdctl rollout abort {id})"),
             Cause::Reconciling { units } => format!(
                 "pdctld is re-admitting workers it had drained before it stopped ({}); retry when `pdctl status` no longer says reconciling",

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{line_of, line_of_key, parse_file, Dur, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawSystemd, RawVerify, RawWorker};
+use super::raw::{line_of, line_of_key, parse_file, Dur, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawStorm, RawSystemd, RawVerify, RawWorker};
 use super::settings::DURATION_BOUNDS;
 use super::ConfigError;
 
@@ -21,6 +21,8 @@ pub(super) struct Merged {
     /// `[verify.slo]`, merged key by key; `None` when no file has the table.
     pub(super) slo: Option<RawSlo>,
     pub(super) fleet: RawFleet,
+    /// `[fleet.storm]`, merged key by key.
+    pub(super) storm: RawStorm,
     /// A `[fleet]` table was present (even an empty one).
     pub(super) fleet_seen: bool,
     /// Each `[[worker]]` with its file and line.
@@ -112,8 +114,11 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 stranded_kv_timeout
             );
         }
-        if let Some(s) = raw.fleet {
+        if let Some(mut s) = raw.fleet {
             m.fleet_seen = true;
+            if let Some(st) = s.storm.take() {
+                over!(@in "fleet.storm", path, text, m.storm, st, restarts, within);
+            }
             over!(path, text, fleet, m.fleet, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary, ca_file, cert_file, key_file);
         }
         for w in raw.worker.unwrap_or_default() {

@@ -114,7 +114,7 @@ fn resolve(texts: &[(PathBuf, String)], hostname: Option<&str>) -> Result<Settin
     let router = sections::router(&o, m.router)?;
     let verify = sections::verify(&o, m.verify, m.slo, router.as_ref())?;
     let rollout = sections::rollout(&o, m.rollout, m.ready_origin, &workers, &verify)?;
-    let fleet = sections::fleet(&o, m.fleet, m.fleet_seen, hostname)?;
+    let fleet = sections::fleet(&o, m.fleet, m.storm, m.fleet_seen, hostname)?;
     let (bus, journal_directory, procfs) = sections::access(m.systemd, m.journal);
     Ok(Settings { bus, journal_directory, procfs, router, workers, rollout, verify, fleet, sources: texts.iter().map(|t| t.0.clone()).collect() })
 }
@@ -217,6 +217,19 @@ smoke_request = true
         assert_eq!(s.router.unwrap().metrics_url.as_deref(), Some("http://127.0.0.1:29001/metrics"));
         let slo = s.verify.slo.expect("the example shows the service gate on");
         assert_eq!((slo.ttft_ratio, slo.error_rate, slo.min_requests, slo.max_wait), (1.5, 0.01, 20, Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn the_storm_rule_has_defaults_and_bounds() {
+        let fleet = "[fleet]\netcd = [\"http://127.0.0.1:2379\"]\nname = \"t\"\nhost = \"a\"\n";
+        let s = one(&format!("{BASE}\n{fleet}")).unwrap();
+        assert_eq!(s.fleet.unwrap().storm, crate::storm::Storm::default());
+        let s = one(&format!("{BASE}\n{fleet}[fleet.storm]\nrestarts = 4\nwithin = \"1m\"\n")).unwrap();
+        assert_eq!(s.fleet.unwrap().storm, crate::storm::Storm { restarts: 4, within: Duration::from_secs(60) });
+        let text = format!("{BASE}\n{fleet}[fleet.storm]\nwithin = \"1s\"\n");
+        let e = one(&text).unwrap_err();
+        assert!(e.msg.contains("fleet.storm.within") && e.msg.contains("outside 10s to 1day"), "{e}");
+        assert_eq!(e.line, Some(text.lines().position(|l| l.starts_with("within")).unwrap() + 1));
     }
 
     #[test]

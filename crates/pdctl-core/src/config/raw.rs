@@ -128,6 +128,14 @@ pub(super) struct RawVerify {
     pub(super) slo: Option<RawSlo>,
 }
 
+/// `[fleet.storm]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStorm {
+    pub(super) restarts: Option<u32>,
+    pub(super) within: Option<Dur>,
+}
+
 /// `[verify.slo]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,6 +159,7 @@ pub(super) struct RawFleet {
     pub(super) user: Option<String>,
     pub(super) password_file: Option<PathBuf>,
     pub(super) canary: Option<String>,
+    pub(super) storm: Option<RawStorm>,
     pub(super) ca_file: Option<PathBuf>,
     pub(super) cert_file: Option<PathBuf>,
     pub(super) key_file: Option<PathBuf>,

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::merge::Origins;
-use super::raw::{BusKind, OneOrMany, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawSystemd, RawVerify, RawWorker};
+use super::raw::{BusKind, OneOrMany, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawStorm, RawSystemd, RawVerify, RawWorker};
 use super::settings::{
     d, parse_gpus, server_url, BusSetting, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings,
     SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker,
@@ -223,7 +223,7 @@ pub(super) fn rollout(
 
 /// `[fleet]` (`None` without the table): etcd endpoints, a key-safe name, this host's name
 /// (`hostname` when not set: the caller reads it), per-role limits, etcd credentials and TLS.
-pub(super) fn fleet(o: &Origins, fl: RawFleet, seen: bool, hostname: Option<&str>) -> Result<Option<FleetSettings>, ConfigError> {
+pub(super) fn fleet(o: &Origins, fl: RawFleet, storm: RawStorm, seen: bool, hostname: Option<&str>) -> Result<Option<FleetSettings>, ConfigError> {
     if !seen {
         return Ok(None);
     }
@@ -263,7 +263,10 @@ pub(super) fn fleet(o: &Origins, fl: RawFleet, seen: bool, hostname: Option<&str
         return Err(o.at("fleet.etcd", "https:// endpoints (or a client certificate) need ca_file: the CA that signed etcd's certificates".into()));
     }
     let slot_timeout = o.bounded("fleet.slot_timeout", fl.slot_timeout, d(30 * 60))?;
-    Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, tls }))
+    let default = crate::storm::Storm::default();
+    let storm =
+        crate::storm::Storm { restarts: storm.restarts.unwrap_or(default.restarts), within: o.bounded("fleet.storm.within", storm.within, default.within)? };
+    Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, storm, tls }))
 }
 
 /// `[systemd]` and `[journal]`: how this process reaches the manager, the journal and procfs.

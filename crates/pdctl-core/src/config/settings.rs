@@ -305,6 +305,8 @@ pub struct FleetSettings {
     pub user: Option<(String, PathBuf)>,
     /// A fleet rollout starts here first; the other hosts only once it succeeded.
     pub canary: Option<String>,
+    /// `[fleet.storm]`: self-restarts fleet-wide that pause the fleet.
+    pub storm: crate::storm::Storm,
     /// TLS to etcd (`https://` endpoints): the CA file, and this client's certificate and key
     /// files when the cluster requires client certificates.
     pub tls: Option<FleetTls>,
@@ -390,6 +392,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ("stranded_kv_timeout", Duration::from_secs(1), Duration::from_secs(3600)),
     ("slot_timeout", Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)),
     ("slo.max_wait", Duration::from_secs(0), Duration::from_secs(3600)),
+    ("storm.within", Duration::from_secs(10), Duration::from_secs(24 * 3600)),
 ];
 
 /// A server's base URL: http(s), a host, an optional port, nothing after it.

@@ -79,13 +79,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    /// Per role, the URLs the gateway lists but does not admit (down anyway: they count against
-    /// the fleet's budget).
+    /// Per role, the URLs the gateway lists but does not admit, and the workers any host reports
+    /// not running (a crash, a restart of their own): down anyway, whoever caused it, so they
+    /// count against the fleet's budget.
     pub(in crate::engine) async fn unhealthy_by_role(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         if let Ok(list) = self.probes.router_workers(0).await {
             for x in list.iter().filter(|x| !x.admitted() && !x.draining()) {
                 out.entry(x.worker_type.clone()).or_default().push(x.url.clone());
+            }
+        }
+        if let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) {
+            if let Ok(hosts) = crate::fleet::hosts(c.as_ref(), &f.name).await {
+                for (role, urls) in crate::fleet::down_workers(&hosts) {
+                    let known = out.entry(role).or_default();
+                    for u in urls {
+                        if !known.iter().any(|k| crate::url::same_url(k, &u)) {
+                            known.push(u);
+                        }
+                    }
+                }
             }
         }
         out

@@ -29,6 +29,12 @@ pub fn pause_key(name: &str) -> String {
     format!("{}paused", prefix(name))
 }
 
+/// When the last pause was lifted (seconds since the epoch): self-restarts before it do not
+/// make a storm again.
+pub fn storm_since_key(name: &str) -> String {
+    format!("{}storm_since", prefix(name))
+}
+
 /// The fleet-wide limits (in etcd; every host's config must agree).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -163,6 +169,9 @@ pub struct HostState {
     pub rollout: Option<String>,
     /// Its workers.
     pub workers: Vec<HostWorker>,
+    /// Its workers' restarts pdctl did not make, within the storm rule's window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub self_restarts: Vec<crate::storm::SelfRestart>,
     /// When this value was written (seconds since the epoch).
     pub updated_at: u64,
 }
@@ -182,6 +191,18 @@ pub struct HostWorker {
     pub state: String,
     /// KV usage (0..1), when its gauges are published.
     pub kv_usage: Option<f64>,
+}
+
+/// Per role, the URLs of the workers the hosts report not `active/running` (crashed, restarting
+/// by themselves, stopped): down whoever caused it, so they count against the role's budget.
+pub fn down_workers(hosts: &[HostState]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for w in hosts.iter().flat_map(|h| &h.workers) {
+        if w.state != "active/running" && !w.url.is_empty() {
+            out.entry(w.role.clone()).or_default().push(w.url.clone());
+        }
+    }
+    out
 }
 
 /// A fleet-wide pause: no new slot is granted while it is set.

@@ -16,7 +16,8 @@
 //! | `limits` | [`Limits`]: `max_unavailable` per role, written by the first pdctld; a host whose config disagrees refuses |
 //! | `slots/<role>` | [`Semaphore`]: the holders of that role's slots |
 //! | `hosts/<host>` | [`HostState`], bound to the host's lease (gone when its pdctld is) |
-//! | `paused` | [`Pause`] while no new slot is granted fleet-wide |
+//! | `paused` | [`Pause`] while no new slot is granted fleet-wide (an operator's, or a restart storm's) |
+//! | `storm_since` | when the last pause was lifted (seconds): self-restarts before it were that pause's, and make no storm again |
 //! | `requests/<id>` | [`FleetRollout`]: a fleet rollout every named host's pdctld runs its part of |
 //! | `rollouts/<id>/hosts/<host>/events/<seq>` | [`HostEvent`]: that host's events, in order |
 //! | `rollouts/<id>/hosts/<host>/summary` | [`HostSummary`]: how that host's part ended |
@@ -52,6 +53,41 @@ mod tests {
         assert!(matches!(s.decide(&b, 2, &["http://c:1".into()]), Decision::Wait { .. }));
         assert_eq!(s.decide(&b, 2, &["http://a:1".into()]), Decision::Grant);
         assert_eq!(s.decide(&b, 2, &["http://b:1".into()]), Decision::Grant);
+    }
+
+    #[test]
+    fn workers_a_host_reports_not_running_count_as_down_by_role() {
+        let w = |unit: &str, role: &str, state: &str| HostWorker {
+            unit: unit.into(),
+            url: format!("http://{unit}"),
+            role: role.into(),
+            state: state.into(),
+            kv_usage: None,
+        };
+        let h = HostState {
+            host: "b".into(),
+            version: "0".into(),
+            rollout: None,
+            workers: vec![w("p", "prefill", "active/running"), w("d", "decode", "activating/auto-restart"), w("d2", "decode", "failed/failed")],
+            self_restarts: Vec::new(),
+            updated_at: 0,
+        };
+        let down = down_workers(&[h]);
+        assert_eq!(down.get("decode"), Some(&vec!["http://d".to_string(), "http://d2".to_string()]));
+        assert_eq!(down.get("prefill"), None);
+    }
+
+    #[tokio::test]
+    async fn lifting_a_pause_records_when_so_its_restarts_make_no_storm_again() {
+        let c = Mem::default();
+        assert_eq!(storm_since(&c, "t").await.unwrap(), 0);
+        let p = Pause { by: "pdctld on b".into(), reason: "restart storm".into(), at: 1 };
+        set_pause(&c, "t", Some(&p)).await.unwrap();
+        assert_eq!(storm_since(&c, "t").await.unwrap(), 0, "setting a pause does not move it");
+        let before = now_secs();
+        set_pause(&c, "t", None).await.unwrap();
+        assert!(storm_since(&c, "t").await.unwrap() >= before);
+        assert_eq!(paused(&c, "t").await.unwrap(), None);
     }
 
     #[test]

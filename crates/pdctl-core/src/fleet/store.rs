@@ -156,19 +156,31 @@ pub async fn paused(c: &dyn Coordinator, name: &str) -> Result<Option<Pause>, Fl
     c.get(&pause_key(name)).await?.as_ref().map(decode).transpose()
 }
 
-/// Set (`Some`) or clear the fleet-wide pause.
+/// When the last pause was lifted (0: never).
+pub async fn storm_since(c: &dyn Coordinator, name: &str) -> Result<u64, FleetFailure> {
+    Ok(c.get(&storm_since_key(name)).await?.as_ref().map(decode::<u64>).transpose()?.unwrap_or(0))
+}
+
+/// Set (`Some`) or clear the fleet-wide pause; clearing it also writes when (`storm_since`), in
+/// the same transaction: the self-restarts it was set for make no storm again.
 pub async fn set_pause(c: &dyn Coordinator, name: &str, p: Option<&Pause>) -> Result<(), FleetFailure> {
     let key = pause_key(name);
+    let since = storm_since_key(name);
     for _ in 0..16 {
         let rev = c.get(&key).await?.map(|e| e.mod_revision).unwrap_or(0);
         if rev == 0 && p.is_none() {
             return Ok(());
         }
-        let write = match p {
-            Some(p) => Write::Put(encode(p)),
-            None => Write::Delete,
-        };
-        if c.cas(vec![CasChange { key: key.clone(), expect: rev, write }]).await? {
+        let mut changes = Vec::new();
+        match p {
+            Some(p) => changes.push(CasChange { key: key.clone(), expect: rev, write: Write::Put(encode(p)) }),
+            None => {
+                changes.push(CasChange { key: key.clone(), expect: rev, write: Write::Delete });
+                let since_rev = c.get(&since).await?.map(|e| e.mod_revision).unwrap_or(0);
+                changes.push(CasChange { key: since.clone(), expect: since_rev, write: Write::Put(encode(&now_secs())) });
+            }
+        }
+        if c.cas(changes).await? {
             return Ok(());
         }
     }

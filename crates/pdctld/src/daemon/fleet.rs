@@ -51,6 +51,7 @@ impl Daemon {
                 version: env!("CARGO_PKG_VERSION").into(),
                 rollout: self.running_id(),
                 workers,
+                self_restarts: self.self_restarts(&f.storm),
                 updated_at: pdctl_core::fleet::now_secs(),
             };
             *lock(&value) = serde_json::to_vec(&st).unwrap_or_default();
@@ -63,6 +64,8 @@ impl Daemon {
                     Err(err) => tracing::warn!("this host's fleet liveness key cannot be written: {err}"),
                 }
             }
+            // Every host's self-restarts, from their keys: a storm pauses the fleet.
+            self.fleet_storm().await;
             if self.running_id().is_none() && !self.reconciling.load(Ordering::SeqCst) {
                 for n in e.reconcile_slots(self.store.ledger(), None).await {
                     tracing::warn!("{n}");

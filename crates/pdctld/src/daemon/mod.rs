@@ -30,6 +30,7 @@ pub mod fleet;
 pub mod http;
 mod recovery;
 mod rollouts;
+pub mod storm;
 
 struct Running {
     id: String,
@@ -58,6 +59,10 @@ pub struct Daemon {
     record_error: Mutex<Option<String>>,
     /// Records whose latest state could not be written yet (retried; served from here).
     unsaved: Mutex<BTreeMap<String, Record>>,
+    /// Restarts pdctl did not make ([`storm`]).
+    storm: Mutex<storm::StormWatch>,
+    /// Rollouts begun by this process (the storm watch's "was it us?").
+    rollouts_begun: std::sync::atomic::AtomicU64,
 }
 
 /// The error response of `cause`: its HTTP status and the documented JSON body.
@@ -119,6 +124,8 @@ impl Daemon {
             reconciling: AtomicBool::new(false),
             record_error: Mutex::new(None),
             unsaved: Mutex::new(BTreeMap::new()),
+            storm: Mutex::new(storm::StormWatch::default()),
+            rollouts_begun: std::sync::atomic::AtomicU64::new(0),
         };
         let (records, corrupt) = d.store.all();
         for c in &corrupt {

@@ -42,6 +42,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     daemon.metrics.running.set(1);
     let mut guard = Slot { daemon: &daemon, armed: true };
     let e = engine(&daemon).await?;
+    daemon.storm_refusal(&e.settings)?;
     let p = match req {
         Request::Restart { units, allow_outage, load_changes, .. } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
@@ -64,6 +65,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
     guard.armed = false;
+    daemon.rollouts_begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let (kind, plan, reverify) = (p.kind, p.plan, p.reverify);
     notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));

@@ -62,16 +62,36 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Ok(Mark { unit: unit.to_string(), url: url.to_string(), service, gateway })
     }
 
+    /// In a fleet, the same role's workers of the other live hosts (`host/unit`, URL), from
+    /// their liveness keys: the canary host's soak is judged against the hosts that have not
+    /// changed yet. Nothing when the fleet cannot be read (the local peers still count).
+    async fn fleet_peers(&self, w: &Worker) -> Vec<(String, String)> {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return Vec::new();
+        };
+        let Ok(hosts) = crate::fleet::hosts(c.as_ref(), &f.name).await else {
+            return Vec::new();
+        };
+        hosts
+            .iter()
+            .filter(|h| h.host != f.host)
+            .flat_map(|h| {
+                h.workers.iter().filter(|x| x.role == w.role.as_str() && !x.url.is_empty()).map(move |x| (format!("{}/{}", h.host, x.unit), x.url.clone()))
+            })
+            .collect()
+    }
+
     /// The window's first scrapes (the soak's start), all within `metrics_timeout`.
     pub(in crate::engine) async fn slo_start(&self, w: &Worker) -> SloStart {
         let limit = self.settings.rollout.metrics_timeout;
         let all = async {
             let own = self.mark(&w.unit, &w.url).await;
             let (mut peers, mut unread) = (Vec::new(), Vec::new());
-            for p in self.same_role(w) {
-                match self.mark(&p.unit, &p.url).await {
+            let local = self.same_role(w).into_iter().map(|p| (p.unit.clone(), p.url.clone()));
+            for (unit, url) in local.chain(self.fleet_peers(w).await) {
+                match self.mark(&unit, &url).await {
                     Ok(m) => peers.push(m),
-                    Err(why) => unread.push(format!("{}: {why}", p.unit)),
+                    Err(why) => unread.push(format!("{unit}: {why}")),
                 }
             }
             SloStart { own, peers, unread }
