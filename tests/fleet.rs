@@ -395,6 +395,11 @@ fn a_restart_storm_on_one_host_pauses_the_fleet_and_says_why() {
     let reason = status["paused"]["reason"].as_str().unwrap_or("");
     assert!(reason.starts_with("restart storm") && reason.contains(&format!("gpu-node-b/{D} ×")), "{reason}");
     assert!(status["paused"]["by"].as_str().unwrap_or("").starts_with("pdctld on gpu-node-"), "{status:#}");
+    // The operator's view names them too.
+    let (code, out, _) = pdctl(&ca, &["fleet", "status"]);
+    assert_eq!(code, 0);
+    assert!(out.lines().any(|l| l.contains("restarts pdctl did not make") && l.contains(&format!("{D} ×"))), "{out}");
+    assert!(out.contains("PAUSED by pdctld on") && out.contains("restart storm"), "{out}");
     // The loop stopped (no new restart: a manual start would count as one), an operator
     // unpauses; the same restarts do not pause it again.
     std::fs::remove_file(&crash).expect("remove the drop-in");

@@ -52,6 +52,14 @@ pub async fn status(config: &Path, json: bool) -> Exit {
             .map(|w| format!("{} ({}, {}, KV {})", w.unit, w.role, w.state, w.kv_usage.map(|u| format!("{:.0}%", u * 100.0)).unwrap_or_else(|| "-".into())))
             .collect();
         println!("{:<24} {:<10} {:<14} {}", h.host, h.version, h.rollout.as_deref().unwrap_or("-"), workers.join("; "));
+        if !h.self_restarts.is_empty() {
+            let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+            for r in &h.self_restarts {
+                *by.entry(r.unit.as_str()).or_default() += 1;
+            }
+            let list: Vec<String> = by.iter().map(|(u, n)| format!("{u} ×{n}")).collect();
+            println!("{:<24} restarts pdctl did not make (within {}): {}", "", humantime::format_duration(f.storm.within), list.join(", "));
+        }
     }
     let alive = |holder: &str| hosts.iter().any(|h| holder.split('/').next() == Some(h.host.as_str()));
     for (role, sem) in &slots {
