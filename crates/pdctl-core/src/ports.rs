@@ -321,6 +321,8 @@ pub trait Probes: Send + Sync {
     fn deregister(&self, r: usize, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// Replica `r`'s circuit-breaker state of a worker (`None`: not exported).
     fn cb_state(&self, r: usize, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
+    /// Replica `r`'s workers whose circuit breaker is open (URLs; empty when not exported).
+    fn open_breakers(&self, r: usize) -> impl Future<Output = Result<Vec<String>, MetricsError>> + Send;
     /// One small request through replica `r`.
     fn smoke(&self, r: usize, max_new_tokens: u32) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// One PD request pair sent straight to a prefill and a decode, as the router sends it (the

@@ -265,6 +265,12 @@ impl Probes for HttpProbes {
         }
         sum
     }
+    async fn open_breakers(&self, r: usize) -> Result<Vec<String>, MetricsError> {
+        match self.routers.get(r) {
+            Some(router) => router.open_breakers(&self.http).await.map_err(metrics_error),
+            None => Ok(Vec::new()),
+        }
+    }
     async fn cb_state(&self, r: usize, url: &str) -> Result<Option<f64>, MetricsError> {
         match self.routers.get(r) {
             Some(router) => router.cb_state(&self.http, url).await.map_err(metrics_error),

@@ -232,6 +232,9 @@ impl Probes for FakeProbes {
     async fn cb_state(&self, _r: usize, _url: &str) -> Result<Option<f64>, MetricsError> {
         Ok(None)
     }
+    async fn open_breakers(&self, _r: usize) -> Result<Vec<String>, MetricsError> {
+        Ok(Vec::new())
+    }
     async fn smoke(&self, _r: usize, _n: u32) -> Result<(), HttpFailure> {
         match self.0.lock().unwrap().router.as_ref() {
             Some(r) if r.smoke_fails => Err(HttpFailure("503 No available decode workers".into())),

@@ -416,6 +416,12 @@ pub async fn fetch_metrics(http: &Http, url: &str) -> Result<String, MetricsProb
     }
 }
 
+/// The workers whose breaker is open in a gateway's exposition (`smg_worker_cb_state == 1`; 0 is
+/// closed, 2 half-open, -1 a removed worker's kept series).
+pub fn open_breakers_in(e: &prom::Exposition) -> Vec<String> {
+    e.samples.iter().filter(|s| s.name == "smg_worker_cb_state" && s.value == 1.0).filter_map(|s| s.label("worker").map(String::from)).collect()
+}
+
 /// One worker as the router lists it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RouterWorker {
@@ -493,6 +499,17 @@ impl Router {
         Ok(e.samples.iter().find(|s| s.name == "smg_worker_cb_state" && s.label("worker") == Some(worker_url)).map(|s| s.value))
     }
 
+    /// The workers whose circuit breaker is open now (`smg_worker_cb_state{worker=URL} == 1`),
+    /// from one scrape; empty without a metrics URL or on a gateway that does not export it.
+    pub async fn open_breakers(&self, http: &Http) -> Result<Vec<String>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(Vec::new());
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        Ok(open_breakers_in(&e))
+    }
+
     /// The gateway's request outcomes for one worker, `(successes, failures)`, summed over the
     /// series of `smg_worker_cb_outcomes_total{worker=URL,outcome}` (smg 1.x; every attempt,
     /// retries included; in PD mode an attempt's outcome is counted on both its prefill and its
@@ -542,6 +559,13 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_breakers_are_the_workers_whose_state_is_1() {
+        let text = "# TYPE smg_worker_cb_state gauge\nsmg_worker_cb_state{worker=\"http://a:1\"} 1\nsmg_worker_cb_state{worker=\"http://b:1\"} 0\n\
+                    smg_worker_cb_state{worker=\"http://c:1\"} 2\nsmg_worker_cb_state{worker=\"http://d:1\"} -1\n";
+        assert_eq!(open_breakers_in(&prom::parse(text).expect("parses")), vec!["http://a:1".to_string()]);
+    }
 
     #[test]
     fn api_keys_go_to_their_server_except_on_exempt_paths_and_never_show() {

@@ -79,13 +79,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    /// Per role, the URLs the gateway lists but does not admit, and the workers any host reports
-    /// not running (a crash, a restart of their own): down anyway, whoever caused it, so they
-    /// count against the fleet's budget.
+    /// Per role, the URLs the gateway lists but does not admit or whose breaker is open, and the
+    /// workers any host reports not running (a crash, a restart of their own): down anyway,
+    /// whoever caused it, so they count against the fleet's budget.
     pub(in crate::engine) async fn unhealthy_by_role(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         if let Ok(list) = self.probes.router_workers(0).await {
-            for x in list.iter().filter(|x| !x.admitted() && !x.draining()) {
+            let open = self.probes.open_breakers(0).await.unwrap_or_default();
+            let refused = |x: &crate::ports::RouterWorker| open.iter().any(|u| crate::url::same_url(u, &x.url));
+            for x in list.iter().filter(|x| (!x.admitted() || refused(x)) && !x.draining()) {
                 out.entry(x.worker_type.clone()).or_default().push(x.url.clone());
             }
         }
