@@ -10,7 +10,7 @@ use std::time::Duration;
 use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
 use pdctl_tests::{assert_recorded, pdctl_daemon, poll_until, record, served_requests, stack_with_pdctld_opts, JsonRun, Load, RouterWatch};
 
-const LIMIT: Duration = Duration::from_secs(240);
+const LIMIT: Duration = Duration::from_secs(300);
 
 /// Every prefill takes 0.3 s (SGLang's latency buckets start at 0.1 s: a faster simulated
 /// prefill would put every request in the first bucket, where no slowdown shows).
@@ -101,7 +101,9 @@ fn a_slower_prefill_halts_at_the_soak_naming_its_latency_and_is_rolled_back() {
 #[test]
 fn a_good_change_passes_with_its_figures_and_a_decode_failing_a_tenth_halts_on_errors() {
     let (stack, config, d) = stack_with_pdctld_opts(&opts(2));
-    fragment(&config, "40-slo.toml", "[rollout]\nmin_healthy = \"5s\"\nallow_outage = false\n[verify.slo]\nmin_requests = 30\nmax_wait = \"60s\"\n");
+    // 100 requests: the chance that a tenth failing shows at most 1 % (one failure or none) in the
+    // window is about 3 in 10,000; with 30 it was 3 %, and one run in CI saw none.
+    fragment(&config, "40-slo.toml", "[rollout]\nmin_healthy = \"5s\"\nallow_outage = false\n[verify.slo]\nmin_requests = 100\nmax_wait = \"90s\"\n");
     assert_eq!(stack.wait_router_healthy(4, Duration::from_secs(60)).unwrap(), 4);
     let workers: Vec<_> = stack.workers().into_iter().cloned().collect();
     let prefills: Vec<_> = workers.iter().filter(|w| w.role == "prefill").collect();
@@ -115,10 +117,13 @@ fn a_good_change_passes_with_its_figures_and_a_decode_failing_a_tenth_halts_on_e
     let run = rollout(&d, &config);
     let (sent, failed) = load.stop();
     eprintln!("clients: {sent} sent, {failed} failed; summary: {}", run.summary);
+    for e in run.events.iter().filter(|e| e["step"] == "soak" && e["status"] != "started") {
+        eprintln!("{} soak: {}", e["unit"], e["detail"]);
+    }
     for p in &prefills {
         let slo = &soak_of(&run, &p.unit, "passed")["slo"];
         assert_eq!(slo["verdict"], "pass", "{}: {slo:#}", p.unit);
-        assert!(slo["requests"].as_u64().unwrap() >= 30, "{slo:#}");
+        assert!(slo["requests"].as_u64().unwrap() >= 100, "{slo:#}");
         assert_eq!(slo["baseline"]["kind"], "peers", "{slo:#}");
         assert!(slo["figures"].as_array().unwrap().iter().any(|x| x["name"] == "e2e_p50"), "{slo:#}");
     }
