@@ -56,7 +56,7 @@ impl Cause {
             Cause::PairBroken { prefill, decode, side, .. } => logs(if side == "decode" { decode } else { prefill }),
             Cause::RepairBlocked { decode, .. } => format!("`pdctl status`, then `pdctl restart --rolling --unit {decode} --allow-outage`"),
             Cause::SloRegression { unit, .. } => format!(
-                "`pdctl rollout show ID` (the figures of both sides are in the soak's detail), compare {unit}'s change with its peers' (`systemctl cat {unit}`), then `pdctl rollout apply` with the change fixed or reverted"
+                "`pdctl rollout show ID` (each soak's figures against its baseline), compare {unit}'s change with its peers' (`systemctl cat {unit}`), then `pdctl rollout apply` with the change fixed or reverted"
             ),
             Cause::StrandedKv { decode, .. } => {
                 format!(

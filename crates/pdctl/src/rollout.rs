@@ -288,6 +288,25 @@ pub async fn history(client: &Client, json: bool) -> Exit {
     Exit::Ok
 }
 
+/// A soak's service gate in one cell: the verdict, each figure against its baseline, the sample
+/// sizes ("service pass: e2e_p50 0.30s vs 0.30s, error_rate 0.0% vs 0.0% (21 and 106 requests)").
+fn service_cell(slo: &serde_json::Value) -> Option<String> {
+    let verdict = slo.get("verdict")?.as_str()?;
+    if verdict == "not_judged" {
+        return Some(format!("service not judged: {}", slo.get("why").and_then(|w| w.as_str()).unwrap_or("too little traffic")));
+    }
+    let figures: Vec<String> = slo
+        .get("figures")?
+        .as_array()?
+        .iter()
+        .filter_map(|f| {
+            let (name, v, b) = (f.get("name")?.as_str()?, f.get("value")?.as_f64()?, f.get("baseline")?.as_f64()?);
+            Some(if name == "error_rate" { format!("{name} {:.1}% vs {:.1}%", v * 100.0, b * 100.0) } else { format!("{name} {v:.3}s vs {b:.3}s") })
+        })
+        .collect();
+    Some(format!("service {verdict}: {} ({} and {} requests)", figures.join(", "), slo.get("requests")?, slo.get("baseline_requests")?))
+}
+
 /// An event's detail in a table cell: the cause, reason or warning when there is one, else its
 /// first few plain facts (`key=value`), never an empty cell for an event that has any.
 fn event_detail(d: &serde_json::Value) -> String {
@@ -295,6 +314,9 @@ fn event_detail(d: &serde_json::Value) -> String {
         if let Some(t) = d.get(k).and_then(|v| v.as_str()) {
             return t.to_string();
         }
+    }
+    if let Some(cell) = d.get("slo").and_then(service_cell) {
+        return cell;
     }
     let Some(o) = d.as_object() else { return String::new() };
     o.iter()
@@ -375,4 +397,21 @@ fn lost_daemon(id: &str, e: &ClientError, json: bool) -> Exit {
         );
     }
     e.exit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_soaks_service_gate_reads_in_one_cell() {
+        let pass = json!({"held_ms": 5000, "slo": {"verdict": "pass", "requests": 21, "baseline_requests": 106,
+            "figures": [{"name": "e2e_p50", "value": 0.3, "baseline": 0.3}, {"name": "error_rate", "value": 0.0, "baseline": 0.0}]}});
+        assert_eq!(event_detail(&pass), "service pass: e2e_p50 0.300s vs 0.300s, error_rate 0.0% vs 0.0% (21 and 106 requests)");
+        let nj = json!({"note": "x", "slo": {"verdict": "not_judged", "why": "3 requests on the restarted worker, fewer than min_requests = 20"}});
+        assert_eq!(event_detail(&nj), "service not judged: 3 requests on the restarted worker, fewer than min_requests = 20");
+        // A failed soak says its cause, which names the figure already.
+        assert_eq!(event_detail(&json!({"cause": "slow", "slo": {"verdict": "breach"}})), "slow");
+    }
 }
