@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
+use pdctl_tests::pdctl_sandbox::Gateway;
 use pdctl_tests::{assert_recorded, pdctl_daemon, poll_until, record, served_requests, stack_with_pdctld_opts, JsonRun, Load, RouterWatch};
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -143,7 +144,18 @@ fn a_good_change_passes_with_its_figures_and_a_decode_failing_a_tenth_halts_on_e
 /// from before its drain (its old process served the same traffic).
 #[test]
 fn alone_in_its_role_a_slower_prefill_is_judged_against_its_own_figures_from_before_its_drain() {
-    let (stack, config, d) = stack_with_pdctld_opts(&opts(1));
+    alone_in_its_role(Gateway::Smg113);
+}
+
+/// The same behind sglang-router 0.3.2 (which exports the same per-worker outcomes,
+/// `smg_worker_cb_outcomes_total`: measured here, the error rate is read from it too).
+#[test]
+fn alone_in_its_role_a_slower_prefill_is_judged_the_same_behind_sglang_router_0_3_2() {
+    alone_in_its_role(Gateway::SglangRouter032);
+}
+
+fn alone_in_its_role(gateway: Gateway) {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { gateway, ..opts(1) });
     fragment(&config, "40-slo.toml", "[rollout]\nmin_healthy = \"3s\"\n[verify.slo]\nmin_requests = 20\nmax_wait = \"60s\"\n");
     assert_eq!(stack.wait_router_healthy(2, Duration::from_secs(60)).unwrap(), 2);
     let d0 = inv(&stack, &stack.decode.unit);
@@ -160,6 +172,8 @@ fn alone_in_its_role_a_slower_prefill_is_judged_against_its_own_figures_from_bef
     let f = &run.summary["failed"];
     assert_eq!((f["step"].as_str(), f["cause_code"].as_str()), (Some("soak"), Some("slo_regression")), "{f:#}");
     assert!(f["cause"].as_str().unwrap().contains("its own figures from before its drain"), "{f:#}");
+    let slo = &run.events.iter().find(|e| e["step"] == "soak" && e["status"] == "failed").unwrap()["detail"]["slo"];
+    assert_eq!(slo["errors_from"], "the gateway's failed attempts", "{}: {slo:#}", gateway.name());
     assert!(!run.touched(&stack.decode.unit));
     assert_eq!(inv(&stack, &stack.decode.unit), d0);
 }

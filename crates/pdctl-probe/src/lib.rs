@@ -511,9 +511,9 @@ impl Router {
     }
 
     /// The gateway's request outcomes for one worker, `(successes, failures)`, summed over the
-    /// series of `smg_worker_cb_outcomes_total{worker=URL,outcome}` (smg 1.x; every attempt,
-    /// retries included; in PD mode an attempt's outcome is counted on both its prefill and its
-    /// decode). `None`: no metrics URL, or this gateway does not export it (0.3.2).
+    /// series of `smg_worker_cb_outcomes_total{worker=URL,outcome}` (sglang-router 0.3.2 and
+    /// smg 1.x; every attempt, retries included; in PD mode an attempt's outcome is counted on
+    /// both its prefill and its decode). `None`: no metrics URL, or a gateway without it.
     pub async fn outcomes(&self, http: &Http, worker_url: &str) -> Result<Option<(f64, f64)>, MetricsProblem> {
         let Some(m) = &self.metrics_url else {
             return Ok(None);
