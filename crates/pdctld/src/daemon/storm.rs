@@ -13,7 +13,7 @@ use pdctl_core::cause::Cause;
 use pdctl_core::config::Settings;
 use pdctl_core::storm::{between, storm, Report, Seen, SelfRestart, Storm};
 
-use super::{config, engine, lock, Daemon};
+use super::{config, lock, Daemon};
 use crate::metrics::UnitLabel;
 
 /// What the watch remembers.
@@ -37,29 +37,44 @@ pub(super) fn rule(s: &Settings) -> Storm {
 }
 
 impl Daemon {
-    /// Look at every worker every 2 s and note the restarts pdctl did not make.
+    /// Look at every worker every 2 s and note the restarts pdctl did not make. One D-Bus
+    /// connection is kept (made again after a failed read or a change of `[systemd]`).
     pub async fn storm_watch(self: Arc<Self>) {
         let mut tick = tokio::time::interval(EVERY);
+        let mut conn: Option<(pdctl_core::config::BusSetting, pdctl_core::real::SystemdUnits)> = None;
         loop {
             tick.tick().await;
-            let Ok(e) = engine(&self).await else { continue };
+            let Ok(settings) = config(&self) else { continue };
+            if conn.as_ref().is_none_or(|(bus, _)| *bus != settings.bus) {
+                conn = match tokio::time::timeout(Duration::from_secs(5), pdctl_core::real::SystemdUnits::connect(&settings)).await {
+                    Ok(Ok(u)) => Some((settings.bus.clone(), u)),
+                    _ => None,
+                };
+            }
+            let Some((_, units)) = &conn else { continue };
             let begun = self.rollouts_begun.load(Ordering::SeqCst);
             let running = self.running_id().is_some();
             let mut states = Vec::new();
-            for w in &e.settings.workers {
-                if let Ok(Ok(st)) = tokio::time::timeout(Duration::from_secs(5), pdctl_core::ports::Units::state(&e.units, &w.unit)).await {
-                    states.push((w.unit.clone(), Seen { invocation_id: st.invocation_id, n_restarts: st.n_restarts }));
+            let mut failed = false;
+            for w in &settings.workers {
+                match tokio::time::timeout(Duration::from_secs(5), pdctl_core::ports::Units::state(units, &w.unit)).await {
+                    Ok(Ok(st)) => states.push((w.unit.clone(), Seen { invocation_id: st.invocation_id, n_restarts: st.n_restarts })),
+                    _ => failed = true,
                 }
             }
+            if failed {
+                conn = None;
+            }
+            let r = rule(&settings);
             let now = pdctl_core::fleet::now_secs();
-            let keep = rule(&e.settings).within.as_secs().max(3600);
+            let keep = r.within.as_secs().max(3600);
             let mut w = lock(&self.storm);
             let ours = running || begun != w.rollouts_at_last_look;
             w.rollouts_at_last_look = begun;
             for (unit, seen) in states {
                 if let Some(before) = w.seen.get(&unit) {
                     for by in between(before, &seen, ours) {
-                        tracing::warn!(pdctl_unit = %unit, "{unit} restarted without pdctl ({by}); more than {} such restarts within {} is a restart storm", rule(&e.settings).restarts, humantime::format_duration(rule(&e.settings).within));
+                        tracing::warn!(pdctl_unit = %unit, "{unit} restarted without pdctl ({by}); more than {} such restarts within {} is a restart storm", r.restarts, humantime::format_duration(r.within));
                         self.metrics.self_restarts.get_or_create(&UnitLabel { unit: unit.clone() }).inc();
                         w.events.push(SelfRestart { unit: unit.clone(), at: now, by: by.into() });
                     }
@@ -67,7 +82,7 @@ impl Daemon {
                 w.seen.insert(unit, seen);
             }
             w.events.retain(|x| x.at + keep >= now);
-            let in_storm = storm(w.events.iter().map(|x| (x.unit.clone(), x)), &rule(&e.settings), now).is_some();
+            let in_storm = storm(w.events.iter().map(|x| (x.unit.clone(), x)), &r, now).is_some();
             self.metrics.storm.set(i64::from(in_storm));
         }
     }
