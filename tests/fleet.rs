@@ -227,7 +227,7 @@ fn fleet_restart(config: &Path, d: &Pdctld, extra: &[&str]) -> (i32, Vec<Value>,
     let out = child.stdout.take().expect("stdout");
     let lines = pdctl_tests::line_reader(out, |l| serde_json::from_str::<Value>(&l).ok());
     let mut seen = Vec::new();
-    let end = Instant::now() + Duration::from_secs(300);
+    let end = Instant::now() + Duration::from_secs(420);
     while let Ok(v) = lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
         seen.push(v);
     }
@@ -359,6 +359,96 @@ fn a_slow_canary_is_judged_against_the_other_hosts_and_stops_the_fleet_before_an
     assert!(!lines.iter().any(|e| e["host"] == "gpu-node-b" || e["host"] == "gpu-node-c"), "no other host printed an event: none started");
     for ((s, _, _), (p0, d0)) in hosts[1..].iter().zip(&before) {
         assert_eq!((&s.show(P, "InvocationID").expect("p"), &s.show(D, "InvocationID").expect("d")), (p0, d0));
+    }
+}
+
+/// Three hosts under load; on every host a change makes the decode fail 30 % of its requests 45 s
+/// after a good start (`SGLANG_SIM_FAULTS_AFTER`): each soak passes — the service gate sees the
+/// change serve well — and the fleet rollout ends every host's part. The bake after the last
+/// host judges every changed worker against its own figures from before its drain, sees the
+/// breach, and reverts every changed host, the last to finish first, each through its gates:
+/// the drop-ins are moved aside, the decodes restarted, the prefills (unchanged) left alone.
+#[test]
+fn a_breach_during_the_bake_reverts_every_changed_host_the_last_first() {
+    let etcd = Etcd::start().expect("etcd");
+    let names = ["gpu-node-a", "gpu-node-b", "gpu-node-c"];
+    let hosts: Vec<(Stack, PathBuf, Pdctld)> = names.iter().map(|h| host(&etcd.url(), h)).collect();
+    for (s, c, _) in &hosts {
+        std::fs::write(
+            c.parent().expect("dir").join("config.d/32-slo.toml"),
+            "[rollout]\nmin_healthy = \"3s\"\n[verify.slo]\nmin_requests = 20\nmax_wait = \"60s\"\n[fleet]\nbake = \"60s\"\n",
+        )
+        .expect("slo and bake");
+        s.drop_in(D, "50-late-fail", "[Service]\nEnvironment=SGLANG_SIM_FAIL_FRACTION=0.3\nEnvironment=SGLANG_SIM_FAULTS_AFTER=45\n").expect("drop-in");
+    }
+    let (_, ca, da) = &hosts[0];
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(ca);
+        names.iter().all(|h| alive(&s, h))
+    }));
+    for (s, _, _) in &hosts {
+        assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
+    }
+    let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
+    let (code, lines, err) = fleet_restart(ca, da, &["--load-changes"]);
+    for l in loads {
+        l.stop();
+    }
+    assert_eq!(code, 1, "{lines:#?}\n{err}");
+    let last = lines.last().cloned().unwrap_or(Value::Null);
+    assert_eq!(last["result"], "rolled_back", "{last:#}");
+    for h in names {
+        assert_eq!(last["hosts"][h], "succeeded", "every part passed its gates: {last:#}");
+        assert_eq!(last["reverted"][h], "succeeded", "every changed host was reverted: {last:#}");
+        for u in [P, D] {
+            assert!(lines.iter().any(|e| e["host"] == h && is(e, u, "soak", "passed")), "{h} {u}: its soak passed before the fault set in");
+        }
+    }
+    let bake = last["bake"].as_str().unwrap_or("");
+    assert!(bake.starts_with("breach on gpu-node-") && bake.contains(D) && bake.contains("error rate"), "{bake}");
+    // The revert goes from the last host to finish to the first, each after the one before it.
+    let revert = lines.iter().find_map(|l| l.get("revert")).cloned().expect("the revert request");
+    let order: Vec<String> = revert["order"].as_array().expect("order").iter().filter_map(|h| h.as_str().map(String::from)).collect();
+    let finished: Vec<String> = lines.iter().filter_map(|l| l.get("reverted")).filter_map(|r| r["host"].as_str().map(String::from)).collect();
+    assert_eq!(finished, order, "reverts ended in the request's order");
+    assert_eq!(order.len(), 3);
+    let at = |f: &dyn Fn(&Value) -> bool| lines.iter().position(f).unwrap_or(usize::MAX);
+    for h in names {
+        // Each revert's own steps reach the fleet's watchers: its files put back, then its gates.
+        let restored = at(&|e: &Value| e["host"] == h && is(e, D, "rollback", "passed"));
+        let reverted = at(&|l: &Value| l["reverted"]["host"] == h);
+        assert!(at(&|l: &Value| l.get("revert").is_some()) < restored && restored < reverted, "{h}: the request, its restore, its end, in order");
+        assert!(lines[restored]["detail"]["restored"].as_array().is_some_and(|r| r.iter().any(|x| x.as_str().unwrap_or("").contains("50-late-fail.conf"))));
+    }
+    // An operator's view of the same rollout: the bake, the breach and the revert, then the
+    // outcome and what to do next.
+    let id = last["id"].as_str().expect("id");
+    let (code, out, _) = pdctl(ca, &["fleet", "watch", id]);
+    eprintln!("{out}");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.lines().any(|l| l.contains("bake breach:") && l.contains("error rate")), "{out}");
+    assert!(out.lines().any(|l| l.contains("bake breach on gpu-node-") && l.contains("reverting")), "{out}");
+    let end = out.lines().last().unwrap_or("");
+    assert!(
+        end.starts_with(&format!("pdctl: ✗ fleet rollout {id} rolled back: bake breach on gpu-node-")) && end.contains("next: pdctl fleet status"),
+        "{end}"
+    );
+    for (s, _, d) in &hosts {
+        // The decode runs its files from before: the drop-in is moved aside, the fault is gone.
+        let dir = s.sandbox.unit_dir().join(format!("{D}.d"));
+        assert!(!dir.join("50-late-fail.conf").exists(), "the change's drop-in is gone");
+        let aside =
+            std::fs::read_dir(&dir).expect("drop-in dir").flatten().any(|e| e.file_name().to_string_lossy().starts_with("50-late-fail.conf.pdctl-rejected-"));
+        assert!(aside, "moved aside, not deleted");
+        assert!(!s.show(D, "Environment").expect("env").contains("SGLANG_SIM_FAIL_FRACTION"));
+        // Its record: a revert of the fleet rollout's part, verified; only the decode restarted.
+        let (_, h) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
+        let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();
+        let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+        assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("revert"), Some("succeeded")), "{rec:#}");
+        assert_eq!(rec["plan"], serde_json::json!([D]), "the unchanged prefill is not restarted again: {rec:#}");
+        assert_eq!(rec["started_by"]["fleet_rollout"], last["id"]);
+        assert!(rec["started_by"]["reason"].as_str().unwrap_or("").contains("bake"), "{rec:#}");
     }
 }
 

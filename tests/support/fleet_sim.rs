@@ -83,6 +83,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
         max_unavailable: [("prefill".to_string(), spec.max_unavailable), ("decode".to_string(), spec.max_unavailable)].into(),
         user: None,
         canary: None,
+        bake: None,
         storm: Default::default(),
         tls: None,
     };

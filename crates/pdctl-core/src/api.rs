@@ -61,6 +61,16 @@ pub enum Request {
         /// The interrupted rollout.
         id: String,
     },
+    /// Put back what a finished rollout changed: each worker it restarted with changed files, in
+    /// reverse order, gets the files it ran before (kept when that rollout recorded the new ones)
+    /// and is restarted through every gate. Workers it restarted unchanged are left alone.
+    Revert {
+        /// The rollout to revert.
+        id: String,
+        /// Why (`--reason`; a fleet bake's breach says which figure).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 /// Which config a client or pdctld runs with: the main file's path and a digest of the contents of
@@ -159,6 +169,8 @@ pub enum RolloutKind {
     Apply,
     /// `pdctl rollout resume`.
     Resume,
+    /// `pdctl rollout revert` (also a fleet bake's breach).
+    Revert,
 }
 
 impl RolloutKind {
@@ -168,6 +180,7 @@ impl RolloutKind {
             RolloutKind::Restart => "restart",
             RolloutKind::Apply => "apply",
             RolloutKind::Resume => "resume",
+            RolloutKind::Revert => "revert",
         }
     }
 }

@@ -100,6 +100,7 @@ impl Cause {
             }
             Cause::UnitNotRunning { unit, .. } => format!("`journalctl -u {unit} -n 200`, start it (`systemctl start {unit}`), then `pdctl check`"),
             Cause::PeerRoleDown { role, .. } => format!("`pdctl status` (why no {role} worker serves), bring one back, then `pdctl check`"),
+            Cause::RestoreFailed { unit, .. } => format!("`systemctl cat {unit}` (its files now) and `pdctl rollout history` (this revert's record says what it had put back); fix the file, then revert again"),
             Cause::ConfigMismatch { .. } => "`pdctl status` (the config pdctld runs with), then run this again without --config".into(),
         }
     }

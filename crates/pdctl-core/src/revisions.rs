@@ -201,6 +201,28 @@ fn rev_path(dir: &Path, unit: &str) -> PathBuf {
     dir.join(format!("{}.json", unit.replace('/', "_")))
 }
 
+fn before_path(dir: &Path, rollout_id: &str, unit: &str) -> PathBuf {
+    dir.join("before").join(rollout_id.replace('/', "_")).join(format!("{}.json", unit.replace('/', "_")))
+}
+
+/// Keep `old`, the revision `old.unit` ran before rollout `rollout_id` replaced it: what a revert
+/// of that rollout (`Request::Revert`, a fleet bake's breach) restores. Kept per rollout, so a
+/// later rollout never overwrites it.
+pub fn save_before(dir: &Path, rollout_id: &str, old: &Revision) -> std::io::Result<()> {
+    let path = before_path(dir, rollout_id, &old.unit);
+    if let Some(parent) = path.parent() {
+        create_private_dir(parent)?;
+    }
+    let bytes = serde_json::to_vec_pretty(old).map_err(std::io::Error::other)?;
+    atomic_write(&path, &bytes, STATE_FILE_MODE)
+}
+
+/// The revision `unit` ran before rollout `rollout_id` changed its files (`None`: that rollout
+/// did not change them, or kept nothing).
+pub fn load_before(dir: &Path, rollout_id: &str, unit: &str) -> Option<Revision> {
+    serde_json::from_slice(&std::fs::read(before_path(dir, rollout_id, unit)).ok()?).ok()
+}
+
 /// The last good revision of `unit` in the revisions directory `dir`.
 pub fn load(dir: &Path, unit: &str) -> Option<Revision> {
     serde_json::from_slice(&std::fs::read(rev_path(dir, unit)).ok()?).ok()
@@ -307,6 +329,19 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_revision_before_a_rollout_is_kept_per_rollout() {
+        let dir = std::env::temp_dir().join(format!("pdctld-before-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rev = |tag: &str| Revision { unit: "x.service".into(), recorded_at: 1, why: tag.into(), files: Default::default() };
+        assert_eq!(load_before(&dir, "r1", "x.service"), None);
+        save_before(&dir, "r1", &rev("old")).unwrap();
+        save_before(&dir, "r2", &rev("newer")).unwrap();
+        assert_eq!(load_before(&dir, "r1", "x.service").unwrap().why, "old", "a later rollout's does not replace it");
+        assert_eq!(load_before(&dir, "r2", "x.service").unwrap().why, "newer");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_baseline_never_replaces_a_revision_written_meanwhile() {

@@ -10,7 +10,8 @@
 //! time to first token) is not a figure of that role.
 
 use pdctl_probe::quantile::Histogram;
-use pdctl_probe::service::ServiceScrape;
+/// A worker's service figures at one scrape (re-exported for the daemon's bake baselines).
+pub use pdctl_probe::service::ServiceScrape;
 use serde::Serialize;
 
 use crate::config::Slo;

@@ -58,6 +58,8 @@ fn check(ty: &str, text: &str) -> Result<(), String> {
         "FleetRollout" => round_trip::<pdctl_core::fleet::FleetRollout>(text),
         "Semaphore" => round_trip::<pdctl_core::fleet::Semaphore>(text),
         "HostState" => round_trip::<pdctl_core::fleet::HostState>(text),
+        "HostBake" => round_trip::<pdctl_core::fleet::HostBake>(text),
+        "FleetRevert" => round_trip::<pdctl_core::fleet::FleetRevert>(text),
         "Summary" => round_trip::<Summary>(text).and_then(|_| stream_line(text, |l| matches!(l, StreamLine::Summary(_)))),
         "InterruptedEnd" => round_trip::<InterruptedEnd>(text).and_then(|_| stream_line(text, |l| matches!(l, StreamLine::Interrupted(_)))),
         "" => Err("a ```json fence must name its API type (```json Request)".into()),

@@ -467,7 +467,17 @@ async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outag
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let abort = std::sync::atomic::AtomicBool::new(false);
-    let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: false, load_changes: false };
+    let run = RolloutRun {
+        plan: &plan,
+        resume: false,
+        abort: &abort,
+        revisions: None,
+        ledger: None,
+        id: "r1",
+        allow_outage: false,
+        load_changes: false,
+        restore: None,
+    };
     let f = engine.execute(run, &tx).await.summary.failed.expect("halted");
     assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "repair_blocked"));
     assert!(f.cause.contains("only decode worker") && f.cause.contains("--allow-outage"), "{}", f.cause);
@@ -492,7 +502,8 @@ async fn a_plain_restart_refuses_changes_it_would_load() {
         let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
-        let run = RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: true, load_changes };
+        let run =
+            RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: true, load_changes, restore: None };
         let summary = engine.execute(run, &tx).await.summary;
         let world = w.lock().unwrap();
         if load_changes {
@@ -683,4 +694,31 @@ async fn too_little_traffic_is_said_not_judged_and_a_same_speed_worker_passes() 
     let d = soak("d.service");
     assert_eq!((d["slo"]["verdict"].as_str(), d["slo"]["requests"].as_u64(), d["slo"]["baseline_requests"].as_u64()), (Some("pass"), Some(30), Some(100)));
     assert!(d.get("note").is_none());
+}
+
+/// The fleet bake's look (`Engine::bake_look`): each watched worker's window since the bake began
+/// against its own figures from before its drain — a slower one is a breach naming the figure and
+/// both sample sizes, one whose baseline was not kept is "not judged" (never a pass), and an
+/// unchanged one passes.
+#[tokio::test]
+async fn the_bakes_look_judges_each_changed_worker_against_its_own_figures_from_before_its_drain() {
+    let w = world();
+    // p: 3x slower since the bake began (40 more requests, at 0.8-1.0 s); d: same speed.
+    w.lock().unwrap().served.insert("http://p".into(), vec![served(100.0, 0.2, 0.4), served(100.0, 0.2, 0.4).plus(&served(40.0, 0.8, 1.0))]);
+    w.lock().unwrap().served.insert("http://d".into(), vec![served(50.0, 0.2, 0.4), served(90.0, 0.2, 0.4)]);
+    let s = with_slo("min_requests = 20\n");
+    let slo = s.verify.slo.expect("slo");
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+    let start = engine.bake_start(&["p.service".into(), "d.service".into()]).await;
+    let before: std::collections::BTreeMap<String, ServiceScrape> =
+        [("p.service".to_string(), served(500.0, 0.2, 0.4)), ("d.service".to_string(), served(300.0, 0.2, 0.4))].into();
+    let looks = engine.bake_look(&start, &before, &slo).await;
+    let by = |u: &str| looks.iter().find(|l| l.unit == u).expect("a look").clone();
+    let p = by("p.service");
+    assert!(matches!(p.report.verdict, pdctl_core::slo::Verdict::Breach { .. }), "{p:?}");
+    assert_eq!(p.sentence(), "p.service: end-to-end latency p50 0.90 s vs 0.30 s (×3.0, limit ×1.5) (40 requests vs 500 before its drain)");
+    assert_eq!(by("d.service").sentence(), "d.service: passed (40 requests vs 300 before its drain)");
+    // Without its figures from before the drain (pdctld restarted since): not judged, said why.
+    let looks = engine.bake_look(&start, &std::collections::BTreeMap::new(), &slo).await;
+    assert!(looks.iter().all(|l| l.sentence().contains("not judged: its figures from before its drain were not kept")), "{looks:?}");
 }

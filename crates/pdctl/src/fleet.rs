@@ -6,7 +6,7 @@ use std::path::Path;
 
 use pdctl_core::api::Exit;
 use pdctl_core::config::FleetSettings;
-use pdctl_core::fleet::{self, Pause};
+use pdctl_core::fleet::{self, HostSummary, Pause};
 use pdctl_core::real::EtcdCoordinator;
 use serde_json::json;
 
@@ -157,7 +157,7 @@ pub async fn restart(client: &crate::client::Client, config: &Path, req: pdctl_c
 /// `pdctl fleet watch ID`: every host's events as they are written to etcd (each with its
 /// `host`), then the fleet summary; the exit code of the worst host.
 pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
-    use pdctl_core::fleet::{FleetRollout, HostSummary};
+    use pdctl_core::fleet::FleetRollout;
     use pdctl_core::ports::Coordinator as _;
     let f = match fleet_of(config) {
         Ok(f) => f,
@@ -189,12 +189,15 @@ pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
             r.reason.as_ref().map(|x| format!(": {x}")).unwrap_or_default()
         );
     }
-    let prefix = fleet::rollout_hosts_prefix(&f.name, id);
-    let mut shown = std::collections::BTreeSet::new();
-    let mut summaries: std::collections::BTreeMap<String, HostSummary> = Default::default();
+    // Everything of the rollout: the hosts' lines and summaries, their bakes (updated as they
+    // go: shown at each new revision) and reverts, the revert request.
+    let prefix = fleet::rollout_prefix(&f.name, id);
+    let mut shown: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut view = fleet::FleetView::default();
     let mut failures = 0u32;
+    let (mut last_look, mut gone_since) = (std::time::Instant::now(), None::<std::time::Instant>);
     loop {
-        let entries = match c.get_prefix(&prefix).await {
+        let mut entries = match c.get_prefix(&prefix).await {
             Ok(e) => {
                 failures = 0;
                 e
@@ -208,36 +211,101 @@ pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
                 continue;
             }
         };
+        // In the order etcd took them (its revisions): the hosts' lines interleaved as they
+        // happened, also when a finished rollout is replayed.
+        entries.sort_by_key(|e| e.mod_revision);
         for e in entries {
-            if shown.insert(e.key.clone()) {
-                show_entry(&e, json, &mut summaries);
+            if shown.get(&e.key) != Some(&e.mod_revision) {
+                shown.insert(e.key.clone(), e.mod_revision);
+                show_entry(&e, json, &mut view);
             }
         }
-        if r.hosts.iter().all(|h| summaries.contains_key(h)) {
+        if view.ended(&r) {
             break;
+        }
+        // A bake or revert waited on whose host's pdctld is gone will never end: said, not
+        // waited for forever (three looks 10 s apart).
+        let waiting = view.waiting_on(&r);
+        if waiting.is_empty() {
+            gone_since = None;
+        } else if last_look.elapsed() >= std::time::Duration::from_secs(10) {
+            last_look = std::time::Instant::now();
+            let alive: Vec<String> = fleet::hosts(&c, &f.name).await.map(|h| h.into_iter().map(|h| h.host).collect()).unwrap_or_default();
+            let gone: Vec<&String> = waiting.iter().filter(|h| !alive.contains(h)).collect();
+            if gone.is_empty() {
+                gone_since = None;
+            } else if gone_since.get_or_insert_with(std::time::Instant::now).elapsed() >= std::time::Duration::from_secs(25) {
+                let hosts = gone.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", ");
+                eprintln!("pdctl: ✗ fleet rollout {id}: waiting on the bake or revert of {hosts}, whose pdctld is not alive: it will not end by itself; next: pdctl fleet status, then pdctl rollout history on {hosts}");
+                return Exit::Unreachable;
+            }
         }
         // etcd keeps the lines; a short poll reads each once, in order, without a gap.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
-    conclude(id, &r, &summaries, json)
+    conclude(id, &r, &view, json)
 }
 
-/// Show one key of a fleet rollout's hosts: an event line, or a host's summary (kept in
-/// `summaries`).
-fn show_entry(e: &pdctl_core::ports::KvEntry, json: bool, summaries: &mut std::collections::BTreeMap<String, pdctl_core::fleet::HostSummary>) {
-    use pdctl_core::fleet::{HostEvent, HostSummary};
+/// A host's summary (or revert) as one line: its result and why.
+fn host_line(s: &HostSummary) -> String {
+    let why = s
+        .why
+        .as_deref()
+        .map(|w| format!(": {w}"))
+        .or_else(|| s.summary.as_ref().and_then(|x| x.failed.as_ref()).map(|x| format!(": {} failed at {}: {}", x.unit, x.step.as_str(), x.cause)))
+        .unwrap_or_default();
+    format!("{}{why}", serde_json::to_value(s.result).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
+}
+
+/// Show one key of a fleet rollout: an event line, a host's summary, its bake, the revert
+/// request or a host's revert (each kept in `view`).
+fn show_entry(e: &pdctl_core::ports::KvEntry, json: bool, view: &mut fleet::FleetView) {
+    use pdctl_core::fleet::{FleetRevert, HostBake, HostEvent};
+    let say = |text: String, what: &str, v: serde_json::Value| {
+        if json {
+            println!("{}", json!({ what: v }));
+        } else {
+            println!("{text}");
+        }
+    };
     if e.key.ends_with("/summary") {
         if let Ok(s) = serde_json::from_slice::<HostSummary>(&e.value) {
             if !json {
-                let why = s
-                    .why
-                    .as_deref()
-                    .map(|w| format!(": {w}"))
-                    .or_else(|| s.summary.as_ref().and_then(|x| x.failed.as_ref()).map(|x| format!(": {} failed at {}: {}", x.unit, x.step.as_str(), x.cause)))
-                    .unwrap_or_default();
-                println!("  {:<20} {}{why}", s.host, serde_json::to_value(s.result).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default());
+                println!("  {:<20} {}", s.host, host_line(&s));
             }
-            summaries.insert(s.host.clone(), s);
+            view.summaries.insert(s.host.clone(), s);
+        }
+    } else if e.key.ends_with("/bake") {
+        if let Ok(b) = serde_json::from_slice::<HostBake>(&e.value) {
+            let text = match b.state {
+                pdctl_core::fleet::BakeState::Baking if b.figures.is_empty() => {
+                    format!("  {:<20} bake: watching {} until {}", b.host, b.units.join(", "), fleet::clock(b.ends_at))
+                }
+                state => {
+                    let why = b.why.as_deref().filter(|_| state != pdctl_core::fleet::BakeState::Baking);
+                    let figures = b.figures.join("; ");
+                    let text = match (figures.is_empty(), why) {
+                        (false, Some(w)) => format!("{figures} — {w}"),
+                        (false, None) => figures,
+                        (true, Some(w)) => w.to_string(),
+                        (true, None) => "no figure yet".into(),
+                    };
+                    format!("  {:<20} bake {}: {text}", b.host, state.as_str())
+                }
+            };
+            say(text, "bake", serde_json::to_value(&b).unwrap_or_default());
+            view.bakes.insert(b.host.clone(), b);
+        }
+    } else if e.key.ends_with("/revert") && e.key.contains("/hosts/") {
+        if let Ok(s) = serde_json::from_slice::<HostSummary>(&e.value) {
+            say(format!("  {:<20} revert {}", s.host, host_line(&s)), "reverted", serde_json::to_value(&s).unwrap_or_default());
+            view.reverted.insert(s.host.clone(), s);
+        }
+    } else if e.key.ends_with("/revert") {
+        if let Ok(rv) = serde_json::from_slice::<FleetRevert>(&e.value) {
+            let text = format!("pdctl: ✗ bake breach on {}: {}; reverting {} in that order", rv.by, rv.why, rv.order.join(", "));
+            say(text, "revert", serde_json::to_value(&rv).unwrap_or_default());
+            view.revert = Some(rv);
         }
     } else if let Ok(h) = serde_json::from_slice::<HostEvent>(&e.value) {
         if json {
@@ -253,28 +321,47 @@ fn show_entry(e: &pdctl_core::ports::KvEntry, json: bool, summaries: &mut std::c
 }
 
 /// The fleet rollout's last line (or its JSON summary) and the exit code.
-fn conclude(id: &str, r: &pdctl_core::fleet::FleetRollout, summaries: &std::collections::BTreeMap<String, pdctl_core::fleet::HostSummary>, json: bool) -> Exit {
+fn conclude(id: &str, r: &pdctl_core::fleet::FleetRollout, view: &fleet::FleetView, json: bool) -> Exit {
     use pdctl_core::api::{FleetSummary, HostResult};
-    let s: FleetSummary = fleet::fleet_summary(r, summaries);
-    let exit = summaries
-        .values()
-        .filter_map(|h| h.summary.as_ref())
-        .filter_map(|x| x.failed.as_ref())
-        .map(|x| x.kind.exit())
-        .next()
-        .unwrap_or(if s.hosts.values().all(|v| *v == HostResult::Succeeded) { Exit::Ok } else { Exit::Aborted });
+    use pdctl_core::events::Outcome;
+    let s: FleetSummary = fleet::fleet_summary(r, view);
+    let word = |v: &HostResult| serde_json::to_value(v).ok().and_then(|x| x.as_str().map(String::from)).unwrap_or_default();
+    let parts_ok = s.hosts.values().all(|v| *v == HostResult::Succeeded);
+    let exit = view.summaries.values().filter_map(|h| h.summary.as_ref()).filter_map(|x| x.failed.as_ref()).map(|x| x.kind.exit()).next().unwrap_or(
+        match (parts_ok, s.result) {
+            (true, Outcome::Succeeded) => Exit::Ok,
+            (true, _) => Exit::GateFailed,
+            (false, _) => Exit::Aborted,
+        },
+    );
     if json {
         println!("{}", serde_json::to_string(&s).unwrap_or_default());
-    } else if exit == Exit::Ok {
-        println!("pdctl: ✓ fleet rollout {id} succeeded on every host ({}); next: pdctl fleet status", s.hosts.len());
-    } else {
-        let bad: Vec<String> = s
-            .hosts
-            .iter()
-            .filter(|(_, v)| **v != HostResult::Succeeded)
-            .map(|(h, v)| format!("{h} {}", serde_json::to_value(v).ok().and_then(|x| x.as_str().map(String::from)).unwrap_or_default()))
-            .collect();
-        println!("pdctl: ✗ fleet rollout {id} halted: {}; next: pdctl fleet status, then pdctl rollout show on the failed host", bad.join(", "));
+        return exit;
+    }
+    match (&view.revert, s.result) {
+        (_, Outcome::Succeeded) => {
+            let bake = s.bake.as_ref().map(|b| format!("; bake {b}")).unwrap_or_default();
+            println!("pdctl: ✓ fleet rollout {id} succeeded on every host ({}){bake}; next: pdctl fleet status", s.hosts.len());
+        }
+        (Some(rv), Outcome::RolledBack) => println!(
+            "pdctl: ✗ fleet rollout {id} rolled back: bake breach on {}: {}; reverted {} to their files from before it, each through every gate; next: pdctl fleet status, then pdctl rollout history on a host",
+            rv.by,
+            rv.why,
+            rv.order.join(", ")
+        ),
+        (Some(rv), _) if parts_ok => {
+            let ends: Vec<String> = rv.order.iter().map(|h| format!("{h} {}", s.reverted.get(h).map(word).unwrap_or_default())).collect();
+            let failed = rv.order.iter().find_map(|h| view.reverted.get(h).filter(|x| x.result != HostResult::Succeeded && x.local_id.is_some()));
+            let next = match failed {
+                Some(x) => format!("pdctl rollout show {} on {}", x.local_id.as_deref().unwrap_or_default(), x.host),
+                None => "pdctl fleet status".into(),
+            };
+            println!("pdctl: ✗ fleet rollout {id}: bake breach on {}: {}; the revert halted ({}); next: {next}", rv.by, rv.why, ends.join(", "));
+        }
+        _ => {
+            let bad: Vec<String> = s.hosts.iter().filter(|(_, v)| **v != HostResult::Succeeded).map(|(h, v)| format!("{h} {}", word(v))).collect();
+            println!("pdctl: ✗ fleet rollout {id} halted: {}; next: pdctl fleet status, then pdctl rollout show on the failed host", bad.join(", "));
+        }
     }
     exit
 }

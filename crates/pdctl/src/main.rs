@@ -203,6 +203,19 @@ enum RolloutCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Put back what a finished rollout changed: each worker it restarted with changed files, the
+    /// last first, gets its files from before and is restarted through every gate.
+    Revert {
+        /// The rollout to revert.
+        #[arg(value_hint = clap::ValueHint::Other)]
+        id: String,
+        /// Why (kept in the record).
+        #[arg(long)]
+        reason: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Past rollouts.
     History(OutputArgs),
     /// One rollout's record: plan, state, every step with its time, the failure, notes.
@@ -322,6 +335,7 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
         RolloutCmd::Watch { id, json } => rollout::watch(client, config, &id, json).await,
         RolloutCmd::Abort { id } => rollout::abort(client, &id).await,
         RolloutCmd::Resume { id, json } => rollout::start(client, config, &Request::Resume { id }, json).await,
+        RolloutCmd::Revert { id, reason, json } => rollout::start(client, config, &Request::Revert { id, reason }, json).await,
         RolloutCmd::History(a) => rollout::history(client, a.json).await,
         RolloutCmd::Show { id, json } => rollout::show(client, &id, json).await,
     }
@@ -355,7 +369,7 @@ _pdctl_dynamic() {
         COMPREPLY=($(compgen -W "$(pdctl __complete units 2>/dev/null)" -- "$cur"))
         return 0
     fi
-    if [[ "${COMP_WORDS[1]}" == "rollout" && "$prev" =~ ^(watch|abort|resume|show)$ ]]; then
+    if [[ "${COMP_WORDS[1]}" == "rollout" && "$prev" =~ ^(watch|abort|resume|revert|show)$ ]]; then
         COMPREPLY=($(compgen -W "$(pdctl __complete rollouts 2>/dev/null)" -- "$cur"))
         return 0
     fi

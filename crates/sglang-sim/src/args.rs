@@ -169,6 +169,10 @@ pub struct SimKnobs {
     /// `--sim-fail-fraction P`: fault: from the ready line on, a fraction P (0..1) of generation
     /// requests fails with a 500 (SGLang's answer to a request the scheduler aborted).
     pub fail_fraction: f64,
+    /// `--sim-faults-after SECS`: the service faults (`--sim-slowdown`, `--sim-fail-fraction`)
+    /// set in SECS after the ready line instead of at it: a change that serves well at first and
+    /// badly later (a leak, a cache that fills), which only a bake sees.
+    pub faults_after: Duration,
     /// `--sim-pair-cache`: what a decode does with a prefill's cached bootstrap info after a
     /// transfer to it failed.
     pub pair_cache: PairCache,
@@ -207,6 +211,7 @@ impl Default for SimKnobs {
             prefill: Duration::ZERO,
             slowdown: 1.0,
             fail_fraction: 0.0,
+            faults_after: Duration::ZERO,
             pair_cache: PairCache::Refresh,
         }
     }
@@ -298,6 +303,7 @@ const SIM: &[(&str, Kind)] = &[
     ("prefill-secs", Kind::Value),
     ("slowdown", Kind::Value),
     ("fail-fraction", Kind::Value),
+    ("faults-after", Kind::Value),
 ];
 
 fn kind_of(flag: &str) -> Option<Kind> {
@@ -501,6 +507,9 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
         }
         k.fail_fraction = p;
     }
+    if let Some(d) = secs("faults-after")? {
+        k.faults_after = d;
+    }
     if let Some(v) = get("pair-cache") {
         k.pair_cache = match v.as_str() {
             "refresh" => PairCache::Refresh,
@@ -559,6 +568,9 @@ mod tests {
         let v: Vec<String> = "--model-path m --sim-fail-fraction 0.1 --sim-prefill-secs 0.25".split_whitespace().map(String::from).collect();
         let c = parse(&v, &env).unwrap();
         assert_eq!((c.sim.slowdown, c.sim.fail_fraction, c.sim.prefill), (3.0, 0.1, Duration::from_millis(250)));
+        assert_eq!(c.sim.faults_after, Duration::ZERO, "from the ready line on unless delayed");
+        let env = |k: &str| (k == "SGLANG_SIM_FAULTS_AFTER").then(|| "40".to_string());
+        assert_eq!(parse(&v, &env).unwrap().sim.faults_after, Duration::from_secs(40));
         assert!(p("--model-path m --sim-fail-fraction 1.5").unwrap_err().0.contains("between 0 and 1"));
     }
 }

@@ -67,6 +67,7 @@ impl Cause {
             Cause::StopSlow { .. } => "stop_slow",
             Cause::ApiKeyRejected { .. } => "api_key_rejected",
             Cause::PeerRoleDown { .. } => "peer_role_down",
+            Cause::RestoreFailed { .. } => "restore_failed",
         }
     }
 
@@ -90,7 +91,8 @@ impl Cause {
             | Cause::SystemdTimeout { .. }
             | Cause::JournalUnreadable { .. }
             | Cause::RouterUnreachable { .. }
-            | Cause::RecordUnwritable { .. } => FailureKind::Access,
+            | Cause::RecordUnwritable { .. }
+            | Cause::RestoreFailed { .. } => FailureKind::Access,
             Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } => FailureKind::Busy,
             Cause::RecordsFailing { .. } => FailureKind::Access,
             Cause::SystemdRefused { .. }

@@ -75,6 +75,7 @@ impl Cause {
             Cause::StopSlow { unit: unit(), why: msg() },
             Cause::ApiKeyRejected { endpoint: format!("{}/server_info", url()), status: 401, key: "no key: api_key_file is not set for this worker".into() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
+            Cause::RestoreFailed { unit: unit(), error: msg() },
         ];
         for diagnosis in [
             MetricsDiagnosis::Disabled,

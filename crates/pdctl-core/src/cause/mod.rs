@@ -517,6 +517,14 @@ pub enum Cause {
         /// The request's error.
         error: String,
     },
+    /// A revert could not put back the files a worker ran before the reverted rollout (or
+    /// reload them): that worker was not restarted, and the revert halted.
+    RestoreFailed {
+        /// The unit.
+        unit: String,
+        /// What failed (the file and the error).
+        error: String,
+    },
     /// The config the CLI was given is not the one pdctld runs with.
     ConfigMismatch {
         /// The CLI's config path and digest.

@@ -129,6 +129,9 @@ impl Cause {
             Cause::StopSlow { unit, why } => format!(
                 "{unit}: {why}; the requests it still ran were lost: raise its TimeoutStopSec, or lower drain_timeout and the requests' lengths"
             ),
+            Cause::RestoreFailed { unit, error } => format!(
+                "the files {unit} ran before cannot be put back ({error}): it was not restarted, and nothing after it was reverted"
+            ),
             Cause::UnitNotRunning { unit, state } => format!("{unit} is not running ({state}): it serves nothing and no gate can pass"),
             Cause::PeerRoleDown { url, role, error } => format!(
                 "{url} is admitted by the gateway, but no {role} worker is, so a request through the gateway fails ({error}): the {role} role is down, not this worker"

@@ -119,7 +119,25 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
             if let Some(st) = s.storm.take() {
                 over!(@in "fleet.storm", path, text, m.storm, st, restarts, within);
             }
-            over!(path, text, fleet, m.fleet, s, etcd, name, host, slot_timeout, max_unavailable, user, password_file, canary, ca_file, cert_file, key_file);
+            over!(
+                path,
+                text,
+                fleet,
+                m.fleet,
+                s,
+                etcd,
+                name,
+                host,
+                slot_timeout,
+                max_unavailable,
+                user,
+                password_file,
+                canary,
+                bake,
+                ca_file,
+                cert_file,
+                key_file
+            );
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);

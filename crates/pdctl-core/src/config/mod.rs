@@ -115,6 +115,13 @@ fn resolve(texts: &[(PathBuf, String)], hostname: Option<&str>) -> Result<Settin
     let verify = sections::verify(&o, m.verify, m.slo, router.as_ref())?;
     let rollout = sections::rollout(&o, m.rollout, m.ready_origin, &workers, &verify)?;
     let fleet = sections::fleet(&o, m.fleet, m.storm, m.fleet_seen, hostname)?;
+    // The bake judges with the service gate's tolerances.
+    if fleet.as_ref().is_some_and(|f| f.bake.is_some()) && verify.slo.is_none() {
+        return Err(o.at(
+            "fleet.bake",
+            "the bake judges the changed workers with [verify.slo]'s tolerances: add [verify.slo] (its defaults will do) or remove bake".into(),
+        ));
+    }
     let (bus, journal_directory, procfs) = sections::access(m.systemd, m.journal);
     Ok(Settings { bus, journal_directory, procfs, router, workers, rollout, verify, fleet, sources: texts.iter().map(|t| t.0.clone()).collect() })
 }
@@ -217,6 +224,19 @@ smoke_request = true
         assert_eq!(s.router.unwrap().metrics_url.as_deref(), Some("http://127.0.0.1:29001/metrics"));
         let slo = s.verify.slo.expect("the example shows the service gate on");
         assert_eq!((slo.ttft_ratio, slo.error_rate, slo.min_requests, slo.max_wait), (1.5, 0.01, 20, Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn the_bake_needs_the_service_gates_tolerances_and_has_bounds() {
+        let fleet = "[fleet]\netcd = [\"http://127.0.0.1:2379\"]\nname = \"t\"\nhost = \"a\"\n";
+        let s = one(&format!("{BASE}\n{fleet}")).unwrap();
+        assert_eq!(s.fleet.unwrap().bake, None, "no bake unless asked for");
+        let e = one(&format!("{BASE}\n{fleet}bake = \"10m\"\n")).unwrap_err();
+        assert!(e.msg.contains("[verify.slo]") && e.to_string().contains("fleet.bake"), "{e}");
+        let s = one(&format!("{BASE}\n[verify.slo]\n{fleet}bake = \"10m\"\n")).unwrap();
+        assert_eq!(s.fleet.unwrap().bake, Some(Duration::from_secs(600)));
+        let e = one(&format!("{BASE}\n[verify.slo]\n{fleet}bake = \"1s\"\n")).unwrap_err();
+        assert!(e.msg.contains("outside 10s to 1day"), "{e}");
     }
 
     #[test]

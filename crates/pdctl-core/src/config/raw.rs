@@ -159,6 +159,7 @@ pub(super) struct RawFleet {
     pub(super) user: Option<String>,
     pub(super) password_file: Option<PathBuf>,
     pub(super) canary: Option<String>,
+    pub(super) bake: Option<Dur>,
     pub(super) storm: Option<RawStorm>,
     pub(super) ca_file: Option<PathBuf>,
     pub(super) cert_file: Option<PathBuf>,

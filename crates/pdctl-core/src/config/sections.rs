@@ -266,7 +266,8 @@ pub(super) fn fleet(o: &Origins, fl: RawFleet, storm: RawStorm, seen: bool, host
     let default = crate::storm::Storm::default();
     let storm =
         crate::storm::Storm { restarts: storm.restarts.unwrap_or(default.restarts), within: o.bounded("fleet.storm.within", storm.within, default.within)? };
-    Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, storm, tls }))
+    let bake = fl.bake.map(|b| o.bounded("fleet.bake", Some(b), std::time::Duration::ZERO)).transpose()?;
+    Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, bake, storm, tls }))
 }
 
 /// `[systemd]` and `[journal]`: how this process reaches the manager, the journal and procfs.

@@ -305,6 +305,10 @@ pub struct FleetSettings {
     pub user: Option<(String, PathBuf)>,
     /// A fleet rollout starts here first; the other hosts only once it succeeded.
     pub canary: Option<String>,
+    /// `[fleet] bake`: after the last host of a fleet rollout, how long every changed worker's
+    /// service figures are watched (with `[verify.slo]`'s tolerances, against its own figures from
+    /// before its drain); a breach rolls the changed hosts back. `None`: no bake.
+    pub bake: Option<Duration>,
     /// `[fleet.storm]`: self-restarts fleet-wide that pause the fleet.
     pub storm: crate::storm::Storm,
     /// TLS to etcd (`https://` endpoints): the CA file, and this client's certificate and key
@@ -393,6 +397,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ("slot_timeout", Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)),
     ("slo.max_wait", Duration::from_secs(0), Duration::from_secs(3600)),
     ("storm.within", Duration::from_secs(10), Duration::from_secs(24 * 3600)),
+    ("bake", Duration::from_secs(10), Duration::from_secs(24 * 3600)),
 ];
 
 /// A server's base URL: http(s), a host, an optional port, nothing after it.

@@ -43,6 +43,7 @@ use crate::plan::Plan;
 
 use crate::revisions;
 
+pub use gates::{BakeLook, BakeMarks};
 pub use recovery::quarantine_clause;
 pub use step::sentence;
 
@@ -90,6 +91,9 @@ pub struct RolloutRun<'a> {
     /// Changes on disk that a worker does not run yet may be loaded by its restart (a config
     /// rollout, or `--load-changes`); else such a worker is refused in preflight.
     pub load_changes: bool,
+    /// A revert: unit → the revision it ran before the reverted rollout; each worker of the plan
+    /// gets its files back (step `rollback`) and is restarted through every gate, in plan order.
+    pub restore: Option<&'a std::collections::BTreeMap<String, revisions::Revision>>,
 }
 
 /// What a run writes to besides events.
@@ -114,6 +118,8 @@ struct Ctx<'a> {
     abort_in_flight: bool,
     /// Notes for the summary from deep inside a worker's gates (a service not judged).
     notes: Option<&'a std::sync::Mutex<Vec<String>>>,
+    /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
+    before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
 }
 
 impl Ctx<'_> {
@@ -129,6 +135,7 @@ impl Ctx<'_> {
             known: None,
             abort_in_flight: false,
             notes: None,
+            before: None,
         }
     }
 }
@@ -190,4 +197,7 @@ pub struct Finished {
     pub notes: Vec<String>,
     /// What clients saw during each unit's window (the availability probe).
     pub availability_by_unit: std::collections::BTreeMap<String, crate::availability::Availability>,
+    /// Each restarted worker's service figures from before its drain (taken with `[verify.slo]`
+    /// when the fleet bakes, or when it is the only worker of its role): the bake's baseline.
+    pub service_before: std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>,
 }

@@ -13,7 +13,7 @@ use crate::drains::{Drain, Ledger};
 use crate::engine::step::{within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
-use crate::events::{Outcome, Sink, Status, Step};
+use crate::events::{Outcome, Sink, Status, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Health, Logs, Probes, UnitState, Units, UnitsError};
 use crate::revisions;
@@ -25,14 +25,21 @@ pub fn quarantine_clause(q: &revisions::Quarantine) -> String {
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Record the files `w` was just verified with as its good revision — only those its running
-    /// process can have started with ([`revisions::baseline`]); returns the note.
-    pub(in crate::engine) async fn record_revision(&self, w: &Worker, dir: &Path) -> String {
+    /// process can have started with ([`revisions::baseline`]); returns the note. When rollout
+    /// `id` changed them, the revision they replace is kept as that rollout's "before"
+    /// ([`revisions::save_before`]): what a revert of it restores.
+    pub(in crate::engine) async fn record_revision(&self, w: &Worker, dir: &Path, id: &str) -> String {
         let (cfg, st) = match (self.units.config(&w.unit).await, self.units.state(&w.unit).await) {
             (Ok(c), Ok(s)) => (c, s),
             (Err(e), _) | (_, Err(e)) => return format!("could not record the revision of {}: {e}", w.unit),
         };
         let mut rev = revisions::baseline(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), st.exec_main_start_us);
         rev.why = "started".into();
+        if let Some(old) = revisions::load(dir, &w.unit).filter(|old| revisions::fingerprint(old) != revisions::fingerprint(&rev)) {
+            if let Err(er) = revisions::save_before(dir, id, &old) {
+                tracing::warn!(pdctl_unit = %w.unit, "cannot keep the revision {} ran before rollout {id}: {er}; a revert of it will not find it", w.unit);
+            }
+        }
         match revisions::save(dir, &rev) {
             Ok(()) => format!("recorded the revision {} runs with: {}", w.unit, rev.files.keys().cloned().collect::<Vec<_>>().join(", ")),
             Err(er) => format!("could not record the revision of {}: {er}", w.unit),
@@ -113,6 +120,69 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
         }
+    }
+
+    /// A revert (`Request::Revert`; a fleet bake's breach): each worker of the plan, in plan order,
+    /// gets back the files it ran before the reverted rollout (`befores`; step `rollback`: files
+    /// restored, the manager reloaded) and is restarted through every gate (and fleet slot) with
+    /// them. One worker's files are put back only when it is its turn, so no other worker restarts
+    /// on a change it was not meant to load; the first that fails halts the revert.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::engine) async fn revert(
+        &self,
+        plan: &Plan,
+        befores: &std::collections::BTreeMap<String, revisions::Revision>,
+        sink: &Sink,
+        abort: &AtomicBool,
+        ctx: Ctx<'_>,
+        notes: &mut Vec<String>,
+    ) -> Summary {
+        let t0 = Instant::now();
+        let mut done: Vec<String> = Vec::new();
+        let end = |result: Outcome, done: &[String], failed: Option<crate::events::Failure>| Summary {
+            id: None,
+            result,
+            elapsed_ms: t0.elapsed().as_millis() as u64,
+            units: done.to_vec(),
+            checked: Vec::new(),
+            repairs: Default::default(),
+            availability: None,
+            failed,
+        };
+        for w in &plan.workers {
+            if abort.load(std::sync::atomic::Ordering::SeqCst) {
+                return end(Outcome::Aborted, &done, None);
+            }
+            let Some(before) = befores.get(&w.unit) else { continue };
+            let step = StepRun::start(sink, &w.unit, Step::Rollback);
+            let restored = async {
+                let cfg = self.units.config(&w.unit).await.map_err(|er| er.to_string())?;
+                let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
+                let d = revisions::restore(before, &current, ctx.id).map_err(|er| format!("cannot restore the files: {er}"))?;
+                self.units.reload().await.map_err(|er| format!("the manager did not reload them: {er}"))?;
+                Ok::<_, String>(d)
+            };
+            let restored = match restored.await {
+                Ok(d) => d,
+                Err(error) => {
+                    let f = Fail::from(Cause::RestoreFailed { unit: w.unit.clone(), error });
+                    step.fail(&f);
+                    return end(Outcome::Failed, &done, Some(self.failure(&w.unit, Step::Rollback, f).await));
+                }
+            };
+            tracing::warn!(pdctl_unit = %w.unit, "{}: reverting to the revision it ran before (recorded {}): {}", w.unit, before.recorded_at, restored.join("; "));
+            step.pass(json!({ "revision_recorded_at": before.recorded_at, "restored": restored, "restart": true, "revert": true }));
+            notes.extend(restored);
+            // The restored files are what it ran before: loading them is the point.
+            let one = Plan { workers: vec![w.clone()] };
+            let s = self.run(&one, sink, Mode::Rollout, abort, Ctx { load_changes: true, ..ctx }, notes).await;
+            done.extend(s.units.iter().cloned());
+            if s.result != Outcome::Succeeded {
+                return end(s.result, &done, s.failed);
+            }
+            notes.push(format!("{} runs the revision it ran before (recorded {}) and passed every gate", w.unit, before.recorded_at));
+        }
+        end(Outcome::Succeeded, &done, None)
     }
 
     /// Undo a drain pdctl made (step `reconcile`): the worker is re-admitted to the router only

@@ -47,6 +47,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         let clients = Clients::default();
         let deep_notes = std::sync::Mutex::new(Vec::new());
+        let before = std::sync::Mutex::new(std::collections::BTreeMap::new());
         let probing = self.settings.verify.availability_probe.filter(|_| self.settings.verify.router);
         let ctx = Ctx {
             revisions: r.revisions,
@@ -59,6 +60,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             known: None,
             abort_in_flight: false,
             notes: Some(&deep_notes),
+            before: Some(&before),
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -67,7 +69,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // The probe watches the whole rollout, a rollback included: what clients saw while a
         // failed worker was out and put back is part of the figures.
         let run = async {
-            let mut summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+            let mut summary = match r.restore {
+                Some(befores) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
+                None => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
+            };
             if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
                 if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
                     notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
@@ -99,7 +104,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if probing.is_some() {
             summary.availability = Some(crate::availability::summarize(&samples, end));
         }
-        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end) }
+        let service_before = std::mem::take(&mut *lock(&before));
+        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before }
     }
 
     pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
@@ -148,14 +154,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             for (d, of) in repaired {
                 // Another host's decode records its revision there.
                 if let (Some(dir), true) = (ctx.revisions, self.settings.workers.iter().any(|x| x.unit == d.unit)) {
-                    notes.push(self.record_revision(&d, dir).await);
+                    notes.push(self.record_revision(&d, dir, ctx.id).await);
                 }
                 notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
                 t.done.push(d.unit.clone());
                 t.repairs.insert(d.unit.clone(), of);
             }
             if let (Mode::Rollout, Some(dir)) = (mode, ctx.revisions) {
-                notes.push(self.record_revision(w, dir).await);
+                notes.push(self.record_revision(w, dir, ctx.id).await);
             }
             t.done.push(w.unit.clone());
             // What clients saw is a gate too: no next unit after too many failed requests.
@@ -191,7 +197,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             match r {
                 Ok(_) => {
                     if let Some(dir) = ctx.revisions {
-                        notes.push(self.record_revision(w, dir).await);
+                        notes.push(self.record_revision(w, dir, ctx.id).await);
                     }
                     done.push(w.unit.clone());
                 }

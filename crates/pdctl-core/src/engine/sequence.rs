@@ -44,6 +44,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
         // The service gate's baseline when it is alone in its role: its figures before the drain.
         let before = self.slo_before(w).await;
+        if let (Some(b), Some(keep)) = (&before, ctx.before) {
+            crate::engine::step::lock(keep).insert(w.unit.clone(), b.clone());
+        }
         let out_since = Instant::now();
         let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
         let mut repaired = Vec::new();

@@ -265,6 +265,10 @@ pub struct FleetRollout {
     /// Each host's restart may load unit changes its workers do not run yet (`--load-changes`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub load_changes: bool,
+    /// After the last host: how long (seconds) every changed worker is watched, a breach
+    /// reverting the changed hosts (`[fleet] bake` of the host that wrote the request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_secs: Option<u64>,
 }
 
 /// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).
@@ -291,6 +295,9 @@ pub struct HostSummary {
     pub summary: Option<crate::events::Summary>,
     /// Why it did not start, or ended without a summary.
     pub why: Option<String>,
+    /// When it ended (seconds since the epoch): a revert goes from the last to have finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
 }
 
 /// Where fleet rollout requests are (every pdctld reads this prefix, so it holds only requests).
@@ -332,24 +339,4 @@ pub enum HostResult {
     Interrupted,
     /// It did not start: the canary or another host failed first, or it could not start.
     NotStarted,
-}
-
-/// The last line of `pdctl fleet watch`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetSummary {
-    /// The fleet rollout.
-    pub id: String,
-    /// `succeeded` when every host succeeded, else `failed`.
-    pub result: crate::events::Outcome,
-    /// Each host's result.
-    pub hosts: BTreeMap<String, HostResult>,
-}
-
-/// The fleet summary from the hosts' summaries (a host without one: not started).
-pub fn fleet_summary(r: &FleetRollout, summaries: &BTreeMap<String, HostSummary>) -> FleetSummary {
-    let hosts: BTreeMap<String, HostResult> =
-        r.hosts.iter().map(|h| (h.clone(), summaries.get(h).map(|s| s.result).unwrap_or(HostResult::NotStarted))).collect();
-    let ok = hosts.values().all(|v| *v == HostResult::Succeeded);
-    FleetSummary { id: r.id.clone(), result: if ok { crate::events::Outcome::Succeeded } else { crate::events::Outcome::Failed }, hosts }
 }

@@ -21,12 +21,19 @@
 //! | `requests/<id>` | [`FleetRollout`]: a fleet rollout every named host's pdctld runs its part of |
 //! | `rollouts/<id>/hosts/<host>/events/<seq>` | [`HostEvent`]: that host's events, in order |
 //! | `rollouts/<id>/hosts/<host>/summary` | [`HostSummary`]: how that host's part ended |
+//! | `rollouts/<id>/hosts/<host>/bake` | [`HostBake`]: that host's bake of its changed workers (`[fleet] bake`) |
+//! | `rollouts/<id>/revert` | [`FleetRevert`]: after a bake's breach, the hosts to revert, in order |
+//! | `rollouts/<id>/hosts/<host>/revert` | [`HostSummary`]: how that host's revert ended |
 
+pub mod bake;
 pub mod keys;
 pub mod store;
+pub mod view;
 
+pub use bake::*;
 pub use keys::*;
 pub use store::*;
+pub use view::*;
 
 #[cfg(test)]
 mod tests {

@@ -120,6 +120,7 @@ impl Daemon {
                         local_id: None,
                         summary: None,
                         why: Some("pdctld stopped during its part; resume the local rollout (pdctl rollout history) once checked".into()),
+                        finished_at: Some(pdctl_core::fleet::now_secs()),
                     };
                     let _ = fleet_put(&c, &mine, &s).await;
                     continue;
@@ -138,6 +139,7 @@ impl Daemon {
             local_id: None,
             summary: None,
             why: Some(why),
+            finished_at: Some(pdctl_core::fleet::now_secs()),
         };
         // The canary goes first; the others start only once it succeeded.
         if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host) {
@@ -171,34 +173,69 @@ impl Daemon {
                 return;
             }
         };
-        // Forward the local record's events as they come; stop the local part when another host
-        // fails.
         let mut sent = 0usize;
+        let s = self.follow(&c, &f, &r.id, &id, &mut sent, true).await;
+        let succeeded = s.result == HostResult::Succeeded;
+        // Written until etcd takes it: fleet watchers wait for it.
+        while fleet_put(&c, &summary_key, &s).await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        }
+        if let (true, Some(secs)) = (succeeded, r.bake_secs) {
+            self.bake_then_revert(&c, &f, &r, &id, std::time::Duration::from_secs(secs), sent).await;
+        }
+    }
+
+    /// Forward local rollout `id`'s events to fleet rollout `fleet_id`'s keys as they come — this
+    /// host's line numbers go on from `sent` (a revert's lines follow its part's), and `sent` is
+    /// left at the next — until it ends; with `halt_with_fleet`, stop it between units when
+    /// another host failed. Returns how it ended, for this host's summary.
+    pub(super) async fn follow(
+        &self,
+        c: &pdctl_core::real::EtcdCoordinator,
+        f: &pdctl_core::config::FleetSettings,
+        fleet_id: &str,
+        id: &str,
+        sent: &mut usize,
+        halt_with_fleet: bool,
+    ) -> pdctl_core::fleet::HostSummary {
+        let ended = |why: &str| pdctl_core::fleet::HostSummary {
+            host: f.host.clone(),
+            result: HostResult::Interrupted,
+            local_id: Some(id.to_string()),
+            summary: None,
+            why: Some(why.to_string()),
+            finished_at: Some(pdctl_core::fleet::now_secs()),
+        };
+        // Events of the local record forwarded so far.
+        let mut forwarded = 0usize;
         loop {
-            let rec = lock(&self.running).as_ref().filter(|x| x.id == id).map(|x| lock(&x.record).clone()).or_else(|| self.load(&id));
-            let Some(rec) = rec else { break };
-            for ev in rec.events.iter().skip(sent) {
+            let rec = lock(&self.running).as_ref().filter(|x| x.id == id).map(|x| lock(&x.record).clone()).or_else(|| self.load(id));
+            let Some(rec) = rec else { return ended("its local record cannot be read") };
+            for ev in rec.events.iter().skip(forwarded) {
                 let line = pdctl_core::fleet::HostEvent { host: f.host.clone(), event: ev.clone() };
-                if fleet_put(&c, &pdctl_core::fleet::host_event_key(&f.name, &r.id, &f.host, sent), &line).await.is_err() {
+                if fleet_put(c, &pdctl_core::fleet::host_event_key(&f.name, fleet_id, &f.host, *sent), &line).await.is_err() {
                     break;
                 }
-                sent += 1;
+                *sent += 1;
+                forwarded += 1;
             }
-            if rec.lifecycle.state() != pdctl_core::lifecycle::RolloutState::Running && sent >= rec.events.len() {
+            if rec.lifecycle.state() != pdctl_core::lifecycle::RolloutState::Running && forwarded >= rec.events.len() {
                 let result = match (rec.lifecycle.state(), rec.summary.as_ref().map(|s| s.result)) {
                     (_, Some(pdctl_core::events::Outcome::Succeeded)) => HostResult::Succeeded,
                     (_, Some(pdctl_core::events::Outcome::Aborted)) => HostResult::Aborted,
                     (pdctl_core::lifecycle::RolloutState::Interrupted, _) => HostResult::Interrupted,
                     _ => HostResult::Failed,
                 };
-                let s = pdctl_core::fleet::HostSummary { host: f.host.clone(), result, local_id: Some(id.clone()), summary: rec.summary.clone(), why: None };
-                // Written until etcd takes it: fleet watchers wait for it.
-                while fleet_put(&c, &summary_key, &s).await.is_err() {
-                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                }
-                return;
+                return pdctl_core::fleet::HostSummary {
+                    host: f.host.clone(),
+                    result,
+                    local_id: Some(id.to_string()),
+                    summary: rec.summary.clone(),
+                    why: None,
+                    finished_at: Some(pdctl_core::fleet::now_secs()),
+                };
             }
-            if fleet_summaries(&c, &f.name, &r.id).await.values().any(|s| s.result == HostResult::Failed) {
+            if halt_with_fleet && fleet_summaries(c, &f.name, fleet_id).await.values().any(|s| s.result == HostResult::Failed) {
                 if let Some(x) = lock(&self.running).as_ref().filter(|x| x.id == id) {
                     x.abort.store(true, Ordering::SeqCst);
                 }

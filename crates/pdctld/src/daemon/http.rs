@@ -40,7 +40,7 @@ pub(super) async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum
         Err(c) => return api_err(&c),
     };
     let reason = match &req {
-        Request::Restart { reason, .. } | Request::Apply { reason, .. } => reason.clone(),
+        Request::Restart { reason, .. } | Request::Apply { reason, .. } | Request::Revert { reason, .. } => reason.clone(),
         Request::Resume { .. } => None,
     };
     let by = StartedBy { uid: peer.and_then(|p| p.0.uid), reason, ..Default::default() };
@@ -90,6 +90,7 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
         units: Vec::new(),
         repair_of: None,
         load_changes: req.load_changes,
+        bake_secs: f.bake.map(|b| b.as_secs()),
     };
     let key = pdctl_core::fleet::rollout_key(&f.name, &r.id);
     let value = serde_json::to_vec(&r).unwrap_or_default();

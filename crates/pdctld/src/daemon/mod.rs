@@ -26,6 +26,7 @@ use tokio::sync::broadcast;
 use crate::metrics::{Metrics, ResultLabel};
 use crate::store::Store;
 
+pub mod bake;
 pub mod fleet;
 pub mod http;
 mod recovery;
@@ -63,6 +64,9 @@ pub struct Daemon {
     storm: Mutex<storm::StormWatch>,
     /// Rollouts begun by this process (the storm watch's "was it us?").
     rollouts_begun: std::sync::atomic::AtomicU64,
+    /// Rollout id → its restarted workers' service figures from before their drains: the fleet
+    /// bake's baseline ([`bake`]). In memory only: a pdctld that restarts cannot judge a bake.
+    baselines: Mutex<BTreeMap<String, BTreeMap<String, pdctl_core::slo::ServiceScrape>>>,
 }
 
 /// The error response of `cause`: its HTTP status and the documented JSON body.
@@ -126,6 +130,7 @@ impl Daemon {
             unsaved: Mutex::new(BTreeMap::new()),
             storm: Mutex::new(storm::StormWatch::default()),
             rollouts_begun: std::sync::atomic::AtomicU64::new(0),
+            baselines: Mutex::new(BTreeMap::new()),
         };
         let (records, corrupt) = d.store.all();
         for c in &corrupt {

@@ -46,7 +46,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     let p = match req {
         Request::Restart { units, allow_outage, load_changes, .. } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            Planned { kind: RolloutKind::Restart, plan, reasons: BTreeMap::new(), resumes: None, allow_outage, load_changes, reverify: true }
+            Planned { kind: RolloutKind::Restart, plan, reasons: BTreeMap::new(), resumes: None, allow_outage, load_changes, reverify: true, restore: None }
         }
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
         // the timer's sake).
@@ -55,6 +55,10 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Err(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         Request::Resume { id: old_id } => plan_resume(&daemon, &e, old_id, &id)?,
+        Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
+            Ok(p) => p,
+            Err(message) => return Ok(Started { id: None, message: Some(message) }),
+        },
     };
     {
         let mut r = lock(&record);
@@ -66,13 +70,13 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     }
     guard.armed = false;
     daemon.rollouts_begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let (kind, plan, reverify) = (p.kind, p.plan, p.reverify);
+    let (kind, plan, reverify, restore) = (p.kind, p.plan, p.reverify, p.restore);
     notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
     let id2 = id.clone();
     let limits = (e.settings.rollout.clone(), e.settings.verify);
-    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, reverify).await });
+    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, (reverify, restore)).await });
     if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
         *lock(&r.task) = Some(task.abort_handle());
         r.limits = Some(limits);
@@ -139,6 +143,8 @@ struct Planned {
     /// Re-verify the first unit before restarting it (a resumed rollout; not when it stopped
     /// waiting for a fleet slot).
     reverify: bool,
+    /// A revert: unit → the revision it ran before the reverted rollout.
+    restore: Option<BTreeMap<String, pdctl_core::revisions::Revision>>,
 }
 
 /// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
@@ -167,7 +173,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
         e.units.reload().await.map_err(|er| er.cause())?;
     }
     let reasons = stale.into_iter().map(|w| (w.unit, w.reasons)).collect();
-    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true }))
+    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true, restore: None }))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
@@ -191,7 +197,48 @@ fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Res
     old.lifecycle.resume(id).map_err(|_| wrong(old.lifecycle.state()))?;
     daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     lock(&daemon.unsaved).remove(&old_id);
-    Ok(Planned { kind: RolloutKind::Resume, plan, reasons: BTreeMap::new(), resumes: Some(old_id), allow_outage, load_changes, reverify })
+    Ok(Planned { kind: RolloutKind::Resume, plan, reasons: BTreeMap::new(), resumes: Some(old_id), allow_outage, load_changes, reverify, restore: None })
+}
+
+/// A revert's plan: the workers rollout `old_id` restarted with changed files (those whose
+/// revision from before it was kept), the last first, each with that revision. `Ok(Err(message))`:
+/// it changed no worker's files, so there is nothing to put back (no record).
+fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<Planned, String>, Cause> {
+    let old = daemon.load(old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.to_string() })?;
+    if old.lifecycle.state() == RolloutState::Running {
+        return Err(Cause::WrongState {
+            id: old_id.to_string(),
+            state: old.lifecycle.state().as_str().into(),
+            needs: "a running rollout cannot be reverted: abort it first (pdctl rollout abort)".into(),
+        });
+    }
+    let dir = daemon.store.revisions_dir();
+    let done = old.summary.as_ref().map(|s| s.units.clone()).unwrap_or_default();
+    let mut restore = BTreeMap::new();
+    let mut reasons = BTreeMap::new();
+    let mut units = Vec::new();
+    for u in done.iter().rev() {
+        if let Some(rev) = pdctl_core::revisions::load_before(&dir, old_id, u) {
+            reasons.insert(u.clone(), vec![format!("revert of rollout {old_id}: back to the files it ran before (recorded {})", rev.recorded_at)]);
+            restore.insert(u.clone(), rev);
+            units.push(u.clone());
+        }
+    }
+    if units.is_empty() {
+        return Ok(Err(format!("nothing to revert: rollout {old_id} changed no worker's files (its restarts loaded what the workers already had)")));
+    }
+    let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let plan = Plan { workers: units.iter().filter_map(|u| plan.workers.iter().find(|w| w.unit == *u).cloned()).collect() };
+    Ok(Ok(Planned {
+        kind: RolloutKind::Revert,
+        plan,
+        reasons,
+        resumes: None,
+        allow_outage: old.allow_outage,
+        load_changes: true,
+        reverify: false,
+        restore: Some(restore),
+    }))
 }
 
 /// Persist, broadcast, count and log one event.
@@ -244,7 +291,7 @@ pub(super) async fn run(
     record: Arc<Mutex<Record>>,
     tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
-    reverify: bool,
+    (reverify, restore): (bool, Option<BTreeMap<String, pdctl_core::revisions::Revision>>),
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let consumer = {
@@ -269,8 +316,10 @@ pub(super) async fn run(
         id: &id,
         allow_outage,
         load_changes,
+        restore: restore.as_ref(),
     };
     let mut finished = e.execute(run, &sink).await;
+    daemon.keep_baseline(&id, std::mem::take(&mut finished.service_before));
     drop(sink);
     let _ = consumer.await;
     finished.summary.id = Some(id.clone());

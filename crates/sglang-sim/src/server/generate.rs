@@ -29,11 +29,11 @@ pub(crate) struct Job {
 /// The answer of a request the `--sim-fail-fraction` fault failed.
 pub(crate) const FAILED: &str = "Internal server error (simulated: --sim-fail-fraction)";
 
-/// Whether this request is one the `--sim-fail-fraction` fault fails (only after the ready line:
-/// the fault is a change that started fine).
+/// Whether this request is one the `--sim-fail-fraction` fault fails (only after the ready line,
+/// and `--sim-faults-after` past it: the fault is a change that started fine).
 fn fails_by_fault(app: &App) -> bool {
     let p = app.engine.config().sim.fail_fraction;
-    p > 0.0 && app.ready_at.get().is_some() && ((crate::ids::rand_u128() % 1_000_000) as f64) < p * 1_000_000.0
+    p > 0.0 && app.service_faults_on() && ((crate::ids::rand_u128() % 1_000_000) as f64) < p * 1_000_000.0
 }
 
 pub(crate) fn log_request(kind: &str, body: &Value) {
@@ -91,8 +91,8 @@ pub(crate) async fn execute(
         }
         return Err(FAILED.into());
     }
-    // The `--sim-slowdown` fault acts from the ready line on.
-    let factor = if app.ready_at.get().is_some() { engine.config().sim.slowdown } else { 1.0 };
+    // The `--sim-slowdown` fault acts from the ready line (and `--sim-faults-after`) on.
+    let factor = if app.service_faults_on() { engine.config().sim.slowdown } else { 1.0 };
     let mode = engine.config().mode;
     let mut ticket = engine.admit(job.prompt_tokens);
     if mode != Mode::Decode && !engine.config().sim.prefill.is_zero() {

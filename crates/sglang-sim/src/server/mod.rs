@@ -41,6 +41,12 @@ pub(crate) struct App {
 }
 
 impl App {
+    /// The service faults (`--sim-slowdown`, `--sim-fail-fraction`) act: from the ready line
+    /// plus `--sim-faults-after` on (a change that started fine).
+    fn service_faults_on(&self) -> bool {
+        self.ready_at.get().is_some_and(|at| at.elapsed() >= self.engine.config().sim.faults_after)
+    }
+
     /// The `--sim-health-fail-after-ready` fault has set in: the server is UnHealthy.
     fn unhealthy(&self) -> bool {
         matches!((self.engine.config().sim.health_fail_after_ready, self.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after)

@@ -1,5 +1,7 @@
 //! The gates, one file each, in runbook order. Each is a typed method of [`super::Engine`].
 
+mod bake;
+pub use bake::{BakeLook, BakeMarks};
 mod drain;
 mod health;
 mod metrics;

@@ -17,7 +17,7 @@ use crate::slo::{judge, Baseline, Report, Verdict, Window};
 
 /// One worker's figures at the start of the window.
 #[derive(Debug, Clone)]
-struct Mark {
+pub(in crate::engine) struct Mark {
     unit: String,
     url: String,
     service: ServiceScrape,
@@ -43,15 +43,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// The worker's figures before its drain, when the service gate will need them (it is the
-    /// only worker of its role); `None` otherwise or when they cannot be read.
+    /// only worker of its role) or a fleet bake may (with `[fleet]`: every worker's, since the
+    /// host that asks for the fleet rollout decides whether it bakes); `None` otherwise or when
+    /// they cannot be read.
     pub(in crate::engine) async fn slo_before(&self, w: &Worker) -> Option<ServiceScrape> {
-        if self.settings.verify.slo.is_none() || !self.same_role(w).is_empty() {
+        if self.settings.verify.slo.is_none() || (self.settings.fleet.is_none() && !self.same_role(w).is_empty()) {
             return None;
         }
         tokio::time::timeout(self.settings.rollout.metrics_timeout, self.probes.service(&w.url)).await.ok()?.ok()
     }
 
-    async fn mark(&self, unit: &str, url: &str) -> Result<Mark, String> {
+    pub(in crate::engine) async fn mark(&self, unit: &str, url: &str) -> Result<Mark, String> {
         let limit = self.settings.rollout.metrics_timeout;
         let service = match tokio::time::timeout(limit, self.probes.service(url)).await {
             Ok(Ok(s)) => s,
@@ -129,7 +131,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// The window from `m` to now; `Err` when it cannot be read or the worker restarted.
-    async fn window_since(&self, m: &Mark) -> Result<Window, String> {
+    pub(in crate::engine) async fn window_since(&self, m: &Mark) -> Result<Window, String> {
         let now = self.mark(&m.unit, &m.url).await?;
         let service = now.service.since(&m.service).ok_or_else(|| format!("{}'s counters went down: it restarted during the window", m.unit))?;
         let gateway = match (now.gateway, m.gateway) {
