@@ -561,3 +561,53 @@ async fn load_of(p: &SimProc) -> u64 {
     };
     v.pointer("/loads/0/num_running_reqs").and_then(Value::as_u64).unwrap_or(0)
 }
+
+/// Weights without a restart, as 0.5.23: a pause makes `/ready` 503 and holds new requests at
+/// their admission until the continue; a load sets the model path, the served model name (to
+/// the path, as `_update_model_path_info` does) and the weight version; a failed load keeps the
+/// old weights and says why with 400 `success: false`.
+#[tokio::test]
+async fn weights_pause_continue_and_load_as_0_5_23() {
+    let mut sim = SimProc::spawn(&["--weight-version", "v1", "--sim-weights-load-secs", "0.3"]);
+    sim.wait_line("The server is fired up and ready to roll!", T).expect("ready line");
+    let info = |sim: &SimProc| {
+        let url = format!("{}/model_info", sim.url());
+        async move { http().get(url).send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    assert_eq!(info(&sim).await["weight_version"], "v1");
+    let post = |path: &str, body: Value| {
+        let url = format!("{}{path}", sim.url());
+        async move { http().post(url).json(&body).send().await.unwrap() }
+    };
+    assert_eq!(post("/pause_generation", json!({"mode": "retract"})).await.status(), 200);
+    assert_eq!(status(&format!("{}/ready", sim.url())).await, Some(503), "not ready while paused");
+    let held = tokio::spawn({
+        let s = sim.url();
+        async move {
+            let t = std::time::Instant::now();
+            let r = http().post(format!("{s}/generate")).json(&json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}})).send().await.unwrap();
+            (r.status().as_u16(), t.elapsed())
+        }
+    });
+    let r: Value = post("/update_weights_from_disk", json!({"model_path": "/models/v2", "weight_version": "v2"})).await.json().await.unwrap();
+    assert_eq!(r, json!({"success": true, "message": "Succeeded to update model weights. Weight version updated to v2.", "num_paused_requests": 0}));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "a request waits while paused");
+    assert_eq!(post("/continue_generation", json!({})).await.status(), 200);
+    let (code, waited) = held.await.unwrap();
+    assert_eq!(code, 200, "it is served after the continue");
+    assert!(waited >= Duration::from_millis(600), "{waited:?}");
+    let m = info(&sim).await;
+    assert_eq!((m["model_path"].as_str(), m["served_model_name"].as_str(), m["weight_version"].as_str()), (Some("/models/v2"), Some("/models/v2"), Some("v2")));
+    assert_eq!(status(&format!("{}/ready", sim.url())).await, Some(200));
+    // A missing model_path is FastAPI's 422; a failing load keeps the old weights.
+    assert_eq!(post("/update_weights_from_disk", json!({})).await.status(), 422);
+    let mut failing = SimProc::spawn(&["--sim-weights-fail", "--sim-weights-load-secs", "0.1"]);
+    failing.wait_line("The server is fired up and ready to roll!", T).expect("ready line");
+    let r = http().post(format!("{}/update_weights_from_disk", failing.url())).json(&json!({"model_path": "/models/v2"})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["success"], false);
+    assert!(v["message"].as_str().unwrap_or("").starts_with("Failed to get weights iterator"), "{v}");
+    assert_eq!(info(&failing).await["weight_version"], "default");
+}

@@ -61,6 +61,18 @@ pub enum Request {
         /// The interrupted rollout.
         id: String,
     },
+    /// New weights without a restart (`pdctl rollout weights`): every worker paused, loaded with
+    /// `model_path`, verified to serve it, continued; a failure puts the previous weights back.
+    Weights {
+        /// The checkpoint to load (`/update_weights_from_disk`'s `model_path`).
+        model_path: String,
+        /// Its version (`weight_version`), verified on every worker.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<String>,
+        /// Why.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// Put back what a finished rollout changed: each worker it restarted with changed files, in
     /// reverse order, gets the files it ran before (kept when that rollout recorded the new ones)
     /// and is restarted through every gate. Workers it restarted unchanged are left alone.
@@ -171,6 +183,8 @@ pub enum RolloutKind {
     Resume,
     /// `pdctl rollout revert` (also a fleet bake's breach).
     Revert,
+    /// `pdctl rollout weights`.
+    Weights,
 }
 
 impl RolloutKind {
@@ -181,6 +195,7 @@ impl RolloutKind {
             RolloutKind::Apply => "apply",
             RolloutKind::Resume => "resume",
             RolloutKind::Revert => "revert",
+            RolloutKind::Weights => "weights",
         }
     }
 }

@@ -41,13 +41,17 @@ pub enum Step {
     /// (after a failed gate, or when pdctld starts or stops with drains in its ledger).
     Reconcile,
     /// `on_failure = "rollback"`: the failed unit's last good revision is restored (files, a
-    /// reload); its own gates follow as the unit's usual steps.
+    /// reload); its own gates follow as the unit's usual steps. In a weights rollout: the
+    /// previous weights loaded again.
     Rollback,
+    /// `pdctl rollout weights`: the worker paused, its new weights loaded and verified
+    /// (`weight_version`, `model_path`), and continued — without a restart.
+    Weights,
 }
 
 impl Step {
     /// Every step, in runbook order.
-    pub const ALL: [Step; 13] = [
+    pub const ALL: [Step; 14] = [
         Step::Preflight,
         Step::Slot,
         Step::Drain,
@@ -61,6 +65,7 @@ impl Step {
         Step::Soak,
         Step::Reconcile,
         Step::Rollback,
+        Step::Weights,
     ];
 
     /// Lower-case name.
@@ -79,6 +84,7 @@ impl Step {
             Step::Soak => "soak",
             Step::Reconcile => "reconcile",
             Step::Rollback => "rollback",
+            Step::Weights => "weights",
         }
     }
 }

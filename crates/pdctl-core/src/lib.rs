@@ -11,6 +11,7 @@ pub mod api;
 pub mod availability;
 pub mod cause;
 pub mod clock;
+pub mod coherence;
 pub mod config;
 pub mod details;
 pub mod drains;

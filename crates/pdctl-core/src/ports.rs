@@ -341,6 +341,15 @@ pub trait Probes: Send + Sync {
     /// The gateway's attempts to a worker, `(successes, failures)`, summed over the replicas that
     /// export them (`None`: none does, or no metrics URL is configured).
     fn gateway_outcomes(&self, url: &str) -> impl Future<Output = Option<(f64, f64)>> + Send;
+    /// A worker's `/model_info`: `(model_path, weight_version)`.
+    fn model_info(&self, url: &str) -> impl Future<Output = Result<(String, String), HttpFailure>> + Send;
+    /// `POST /pause_generation {"mode": "retract"}`, within `limit`.
+    fn pause(&self, url: &str, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// `POST /continue_generation`, within `limit`.
+    fn resume(&self, url: &str, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// `POST /update_weights_from_disk` (`version`: its `weight_version`), within `limit`: the
+    /// server's message, or why it refused.
+    fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> impl Future<Output = Result<String, HttpFailure>> + Send;
 }
 
 /// What a worker said to a call its `--api-key` guards.

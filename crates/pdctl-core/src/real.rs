@@ -290,6 +290,18 @@ impl Probes for HttpProbes {
         };
         PairProbe { room: t.room, prefill: half(p), decode: half(d), took: t0.elapsed() }
     }
+    async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
+        pdctl_probe::weights::model_info(&self.http, url).await.map(|m| (m.model_path, m.weight_version)).map_err(failure)
+    }
+    async fn pause(&self, url: &str, limit: Duration) -> Result<(), HttpFailure> {
+        pdctl_probe::weights::pause(&self.http, url, "retract", limit).await.map_err(failure)
+    }
+    async fn resume(&self, url: &str, limit: Duration) -> Result<(), HttpFailure> {
+        pdctl_probe::weights::resume(&self.http, url, limit).await.map_err(failure)
+    }
+    async fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> Result<String, HttpFailure> {
+        pdctl_probe::weights::update_weights(&self.http, url, model_path, version, limit).await.map_err(failure)
+    }
     async fn server_info(&self, url: &str) -> Result<serde_json::Value, HttpFailure> {
         self.http.get_json(&format!("{}/server_info", url.trim_end_matches('/'))).await.map_err(failure)
     }

@@ -45,6 +45,12 @@ struct World {
     /// What each read of a worker's service figures answers, in order (the last one repeats;
     /// none: `/metrics` unreadable).
     served: HashMap<String, Vec<ServiceScrape>>,
+    /// Each worker's weights (URL → model path, weight version; absent: `m`, `default`).
+    weights: HashMap<String, (String, String)>,
+    /// Workers whose weight load fails.
+    weights_fail: Vec<String>,
+    /// Weight calls, in order: `pause URL`, `load URL PATH`, `continue URL`.
+    weight_log: Vec<String>,
 }
 
 /// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
@@ -275,6 +281,27 @@ impl Probes for FakeProbes {
     async fn gateway_outcomes(&self, _url: &str) -> Option<(f64, f64)> {
         None
     }
+    async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
+        Ok(self.0.lock().unwrap().weights.get(url).cloned().unwrap_or_else(|| ("m".into(), "default".into())))
+    }
+    async fn pause(&self, url: &str, _limit: Duration) -> Result<(), HttpFailure> {
+        self.0.lock().unwrap().weight_log.push(format!("pause {url}"));
+        Ok(())
+    }
+    async fn resume(&self, url: &str, _limit: Duration) -> Result<(), HttpFailure> {
+        self.0.lock().unwrap().weight_log.push(format!("continue {url}"));
+        Ok(())
+    }
+    async fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, _limit: Duration) -> Result<String, HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        w.weight_log.push(format!("load {url} {model_path}"));
+        if w.weights_fail.iter().any(|u| u == url) {
+            return Err(HttpFailure("400 Failed to get weights iterator".into()));
+        }
+        let v = version.map(String::from).unwrap_or_else(|| w.weights.get(url).map(|x| x.1.clone()).unwrap_or_else(|| "default".into()));
+        w.weights.insert(url.into(), (model_path.into(), v));
+        Ok("Succeeded to update model weights.".into())
+    }
     async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
         let mut w = self.0.lock().unwrap();
         Ok(if w.held.is_empty() { PdQueues { held_reqs: 0.0, used_tokens: 0.0, source: "/v1/loads" } } else { w.held.remove(0) })
@@ -477,6 +504,7 @@ async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outag
         allow_outage: false,
         load_changes: false,
         restore: None,
+        weights: None,
     };
     let f = engine.execute(run, &tx).await.summary.failed.expect("halted");
     assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "repair_blocked"));
@@ -502,8 +530,18 @@ async fn a_plain_restart_refuses_changes_it_would_load() {
         let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
-        let run =
-            RolloutRun { plan: &plan, resume: false, abort: &abort, revisions: None, ledger: None, id: "r1", allow_outage: true, load_changes, restore: None };
+        let run = RolloutRun {
+            plan: &plan,
+            resume: false,
+            abort: &abort,
+            revisions: None,
+            ledger: None,
+            id: "r1",
+            allow_outage: true,
+            load_changes,
+            restore: None,
+            weights: None,
+        };
         let summary = engine.execute(run, &tx).await.summary;
         let world = w.lock().unwrap();
         if load_changes {
@@ -721,4 +759,68 @@ async fn the_bakes_look_judges_each_changed_worker_against_its_own_figures_from_
     // Without its figures from before the drain (pdctld restarted since): not judged, said why.
     let looks = engine.bake_look(&start, &std::collections::BTreeMap::new(), &slo).await;
     assert!(looks.iter().all(|l| l.sentence().contains("not judged: its figures from before its drain were not kept")), "{looks:?}");
+}
+
+/// `pdctl rollout weights` on fakes: every worker is paused before any loads and continues only
+/// after every one serves the new weights (so no request runs while two versions exist), nothing
+/// restarts; a decode whose load fails puts the prefill back on its previous weights, and every
+/// worker continues.
+#[tokio::test]
+async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed_load_puts_all_back() {
+    use pdctl_core::engine::{RolloutRun, WeightsTarget};
+    for fail in [false, true] {
+        let w = world();
+        if fail {
+            w.lock().unwrap().weights_fail.push("http://d".into());
+        }
+        let s = settings();
+        let plan = Plan::new(&s, &[]).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let run = RolloutRun {
+            plan: &plan,
+            resume: false,
+            abort: &abort,
+            revisions: None,
+            ledger: None,
+            id: "r1",
+            allow_outage: true,
+            load_changes: false,
+            restore: None,
+            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2") }),
+        };
+        let summary = engine.execute(run, &tx).await.summary;
+        drop(tx);
+        let mut events = Vec::new();
+        while let Some(e) = rx.recv().await {
+            events.push(e);
+        }
+        let log = w.lock().unwrap().weight_log.clone();
+        let at = |p: &str| log.iter().position(|l| l.starts_with(p)).unwrap_or(usize::MAX);
+        let last = |p: &str| log.iter().rposition(|l| l.starts_with(p)).unwrap_or(0);
+        assert!(last("pause") < at("load"), "every worker paused before any loads: {log:?}");
+        assert_eq!(at("pause http://d"), 0, "the decode first: {log:?}");
+        assert!(w.lock().unwrap().restarted.is_empty(), "nothing restarted");
+        let weights = w.lock().unwrap().weights.clone();
+        if !fail {
+            assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+            assert!(last("load") < at("continue"), "no worker continues before every one loaded: {log:?}");
+            for u in ["http://p", "http://d"] {
+                assert_eq!(weights.get(u), Some(&("/models/v2".to_string(), "v2".to_string())), "{u}");
+            }
+            let p = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Weights && e.status == Status::Passed).expect("p's weights step");
+            assert_eq!((p.detail["from"]["weight_version"].as_str(), p.detail["to"]["weight_version"].as_str()), (Some("default"), Some("v2")));
+            assert!(events.iter().any(|e| e.unit == "p.service" && e.step == Step::Pair && e.status == Status::Passed), "the pair probed after the load");
+        } else {
+            let f = summary.failed.expect("failed");
+            assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("d.service", Step::Weights, "weights_failed"));
+            assert_eq!(weights.get("http://p"), Some(&("m".to_string(), "default".to_string())), "the prefill is back on its previous weights: {log:?}");
+            assert!(log.iter().any(|l| l == "load http://p m"), "{log:?}");
+            for u in ["http://p", "http://d"] {
+                assert!(log.iter().any(|l| *l == format!("continue {u}")), "{u} continues: {log:?}");
+            }
+            assert!(events.iter().any(|e| e.unit == "p.service" && e.step == Step::Rollback && e.status == Status::Passed));
+        }
+    }
 }

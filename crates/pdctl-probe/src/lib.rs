@@ -8,6 +8,7 @@ pub mod kv;
 pub mod prom;
 pub mod quantile;
 pub mod service;
+pub mod weights;
 
 use std::time::Duration;
 
@@ -180,7 +181,7 @@ fn split_base(url: &str) -> (&str, &str) {
     }
 }
 
-fn snippet(body: &str) -> String {
+pub(crate) fn snippet(body: &str) -> String {
     let b = body.trim();
     match b.char_indices().nth(200) {
         Some((i, _)) => format!("{}…", &b[..i]),

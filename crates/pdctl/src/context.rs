@@ -139,3 +139,62 @@ async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option
     }
     Exit::of(&summary)
 }
+
+/// `pdctl rollout weights --dry-run`: each worker's weights now (read-only `/model_info`) and
+/// what the rollout would do; touches nothing. Exit 1 when a worker's weights cannot be read (the
+/// rollout would refuse in its preflight), 2 with `[fleet]` (refused).
+pub async fn weights_dry_run(config: &Path, model_path: &str, version: Option<&str>, json: bool) -> Exit {
+    use pdctl_core::ports::Probes as _;
+    let s = match settings(config) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    if s.fleet.is_some() {
+        eprintln!("pdctl: ✗ rollout weights loads every worker of one host at once; with [fleet] other hosts' workers would pair with them across versions: not built yet; nothing was touched");
+        return Exit::Usage;
+    }
+    let probes = pdctl_core::real::probes(&s);
+    let mut rows = Vec::new();
+    let mut unreadable = 0;
+    for w in &s.workers {
+        let now = probes.model_info(&w.url).await;
+        if now.is_err() {
+            unreadable += 1;
+        }
+        rows.push((w, now));
+    }
+    let to = version.map(|v| format!("{model_path} (weight_version {v})")).unwrap_or_else(|| model_path.to_string());
+    if json {
+        let workers: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(w, now)| match now {
+                Ok((path, ver)) => serde_json::json!({ "unit": w.unit, "role": w.role.as_str(), "model_path": path, "weight_version": ver }),
+                Err(e) => serde_json::json!({ "unit": w.unit, "role": w.role.as_str(), "error": e.to_string() }),
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "dry_run": true, "model_path": model_path, "weight_version": version, "workers": workers, "capacity_during_load": 0 })
+        );
+    } else {
+        println!("pdctl: rollout weights would load {to} into every worker of this host at once, without a restart:");
+        for (w, now) in &rows {
+            match now {
+                Ok((path, ver)) => println!("  {:<32} {:<8} serves {path} (weight_version {ver})", w.unit, w.role.as_str()),
+                Err(e) => println!("  {:<32} {:<8} its weights cannot be read: {e}", w.unit, w.role.as_str()),
+            }
+        }
+        println!("capacity: every worker is paused for the load (requests wait at their admission, none fails unless the load outlives the clients' and the gateway's timeouts); then pair, health, router and metrics gates; a failure loads the previous weights back everywhere");
+    }
+    if unreadable > 0 {
+        println!("pdctl: ✗ dry run: {unreadable} worker(s) cannot say what they serve: the rollout would stop in its preflight; nothing was touched; next: pdctl check");
+        return Exit::GateFailed;
+    }
+    if !json {
+        println!(
+            "pdctl: ✓ dry run: nothing was touched; next: pdctl rollout weights --model-path {model_path}{}",
+            version.map(|v| format!(" --version {v}")).unwrap_or_default()
+        );
+    }
+    Exit::Ok
+}

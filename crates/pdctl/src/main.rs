@@ -203,6 +203,26 @@ enum RolloutCmd {
         #[arg(long)]
         json: bool,
     },
+    /// New weights without a restart: every worker paused, loaded with PATH, verified to serve
+    /// it (and --version), continued; then pair, health, router and metrics gates. Requests wait
+    /// for the load instead of failing; a failure puts the previous weights back everywhere.
+    Weights {
+        /// The checkpoint to load (the servers read it: a path on this host).
+        #[arg(long, value_hint = clap::ValueHint::AnyPath)]
+        model_path: String,
+        /// Its version (SGLang's weight_version), verified on every worker.
+        #[arg(long)]
+        version: Option<String>,
+        /// Why (kept in the record).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Print what would happen (each worker's weights now, the plan) and touch nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Put back what a finished rollout changed: each worker it restarted with changed files, the
     /// last first, gets its files from before and is restarted through every gate.
     Revert {
@@ -335,6 +355,12 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
         RolloutCmd::Watch { id, json } => rollout::watch(client, config, &id, json).await,
         RolloutCmd::Abort { id } => rollout::abort(client, &id).await,
         RolloutCmd::Resume { id, json } => rollout::start(client, config, &Request::Resume { id }, json).await,
+        RolloutCmd::Weights { model_path, version, reason, dry_run, json } => {
+            if dry_run {
+                return context::weights_dry_run(config, &model_path, version.as_deref(), json).await;
+            }
+            rollout::start(client, config, &Request::Weights { model_path, version, reason }, json).await
+        }
         RolloutCmd::Revert { id, reason, json } => rollout::start(client, config, &Request::Revert { id, reason }, json).await,
         RolloutCmd::History(a) => rollout::history(client, a.json).await,
         RolloutCmd::Show { id, json } => rollout::show(client, &id, json).await,

@@ -228,7 +228,18 @@ impl Renderer {
             }
         }
         let state = |u: &str| after.unit_state.as_ref().filter(|(x, _)| x == u).map(|(_, st)| format!("; {u} is now {st}")).unwrap_or_default();
+        let weights = after.kind == Some(pdctl_core::api::RolloutKind::Weights);
         let line = match (s.result, &s.failed, self.kind) {
+            (Outcome::Succeeded, _, Kind::Rollout) if weights => {
+                format!("✓ succeeded{id}: all {} worker(s) serve the new weights, verified, without a restart, in {took}", s.units.len())
+            }
+            (_, Some(f), Kind::Rollout) if weights => format!(
+                "✗ weights not taken{id}: {} failed at {} ({}); every worker that had loaded them serves its previous weights again unless a note above says otherwise, and every worker was continued; next: {}",
+                f.unit,
+                f.step.as_str(),
+                f.cause_code,
+                next_of(f)
+            ),
             (Outcome::Succeeded, _, Kind::Rollout) => format!("✓ succeeded{id}: all {} unit(s) restarted and verified in {took}", s.units.len()),
             (Outcome::Succeeded, _, Kind::DryRun) => format!("✓ preflight passed; nothing was touched ({took}); next: pdctl restart --rolling"),
             (Outcome::Succeeded, _, Kind::Check) => format!("✓ all {} unit(s) pass every gate ({took})", self.units),
@@ -274,6 +285,8 @@ fn next_of(f: &pdctl_core::events::Failure) -> String {
 /// restored, drains undone), the failed unit's state now, the rollout id.
 #[derive(Debug, Default, Clone)]
 pub struct Epilogue {
+    /// What started it (a weights rollout restarts nothing: its last line says so).
+    pub kind: Option<pdctl_core::api::RolloutKind>,
     /// Every unit of the plan, in order.
     pub plan: Vec<String>,
     /// The record's notes.

@@ -149,6 +149,7 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
                 _ => None,
             };
             let after = Epilogue {
+                kind: rec.as_ref().map(|r| r.kind),
                 plan: rec.as_ref().map(|r| r.plan.clone()).unwrap_or_default(),
                 notes: rec.map(|r| r.notes).unwrap_or_default(),
                 unit_state,

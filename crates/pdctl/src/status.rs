@@ -128,7 +128,9 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
     let mut errors: Vec<String> = Vec::new();
     let mut not_serving = false;
     let mut rows: Vec<Vec<String>> =
-        vec![["UNIT", "ROLE", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "HEALTHY", "KV USED", "RUNNING", "QUEUED"].map(String::from).to_vec()];
+        vec![["UNIT", "ROLE", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "HEALTHY", "KV USED", "RUNNING", "QUEUED", "WEIGHTS"]
+            .map(String::from)
+            .to_vec()];
     let mut json_rows = Vec::new();
     for w in &s.workers {
         let state = match &sd {
@@ -136,6 +138,8 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
             Err(e) => Err(e.to_string()),
         };
         let kv = probes.kv(&w.url).await.map_err(|e| e.to_string());
+        // What it serves (`/model_info`: its weight version, and the path after a weights rollout).
+        let weights = probes.model_info(&w.url).await.ok();
         let listed = match &router {
             None => None,
             Some(Err(e)) => Some(Err(e.clone())),
@@ -151,10 +155,16 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
             not_serving = true;
         }
         if json {
-            json_rows.push(json_row(w, &state, &listed, &kv, active && healthy_in_router));
+            let mut row = json_row(w, &state, &listed, &kv, active && healthy_in_router);
+            if let Some(o) = row.as_object_mut() {
+                o.insert("weights".into(), weights.map(|(path, version)| json!({ "model_path": path, "weight_version": version })).unwrap_or(Value::Null));
+            }
+            json_rows.push(row);
             continue;
         }
-        rows.push(text_row(w, &state, &listed, &kv, &mut errors));
+        let mut row = text_row(w, &state, &listed, &kv, &mut errors);
+        row.push(weights.map(|(_, version)| version).unwrap_or_else(|| "-".into()));
+        rows.push(row);
     }
     if !json {
         print_table(&rows, &[3, 9, 10]);

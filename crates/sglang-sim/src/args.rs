@@ -91,6 +91,9 @@ pub struct SimConfig {
     /// `--api-key`: every endpoint but `/health*`, `/ready*` and `/metrics*` needs
     /// `Authorization: Bearer KEY` (`srt/utils/auth.py`).
     pub api_key: Option<String>,
+    /// `--weight-version` (default `default`, as SGLang's `serving.py`): the version a server
+    /// reports in `/model_info` until `/update_weights_from_disk` sets another.
+    pub weight_version: String,
     /// Every flag as given, for the `server_args=` line and `/server_info`.
     pub given: BTreeMap<String, String>,
     /// Simulator-only settings.
@@ -169,6 +172,11 @@ pub struct SimKnobs {
     /// `--sim-fail-fraction P`: fault: from the ready line on, a fraction P (0..1) of generation
     /// requests fails with a 500 (SGLang's answer to a request the scheduler aborted).
     pub fail_fraction: f64,
+    /// `--sim-weights-load-secs`: how long `/update_weights_from_disk` takes to load (default 2).
+    pub weights_load: Duration,
+    /// `--sim-weights-fail`: fault: `/update_weights_from_disk` fails after its load time (the
+    /// old weights stay), as a path without a loadable checkpoint does.
+    pub weights_fail: bool,
     /// `--sim-faults-after SECS`: the service faults (`--sim-slowdown`, `--sim-fail-fraction`)
     /// set in SECS after the ready line instead of at it: a change that serves well at first and
     /// badly later (a leak, a cache that fills), which only a bake sees.
@@ -212,6 +220,8 @@ impl Default for SimKnobs {
             slowdown: 1.0,
             fail_fraction: 0.0,
             faults_after: Duration::ZERO,
+            weights_load: Duration::from_secs(2),
+            weights_fail: false,
             pair_cache: PairCache::Refresh,
         }
     }
@@ -253,6 +263,7 @@ const USED: &[(&str, Kind)] = &[
     ("--dp-size", Kind::Value),
     ("--dp", Kind::Value),
     ("--enable-dp-attention", Kind::Flag),
+    ("--weight-version", Kind::Value),
 ];
 
 /// Common SGLang flags that are accepted and have no effect on the simulation.
@@ -304,6 +315,8 @@ const SIM: &[(&str, Kind)] = &[
     ("slowdown", Kind::Value),
     ("fail-fraction", Kind::Value),
     ("faults-after", Kind::Value),
+    ("weights-load-secs", Kind::Value),
+    ("weights-fail", Kind::Flag),
 ];
 
 fn kind_of(flag: &str) -> Option<Kind> {
@@ -410,6 +423,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
             Some(_) => Some(int("--page-size", 1)?),
         },
         api_key: given.get("--api-key").cloned(),
+        weight_version: given.get("--weight-version").cloned().unwrap_or_else(|| "default".into()),
         given,
         sim,
     })
@@ -510,6 +524,10 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
     if let Some(d) = secs("faults-after")? {
         k.faults_after = d;
     }
+    if let Some(d) = secs("weights-load-secs")? {
+        k.weights_load = d;
+    }
+    k.weights_fail = flag("weights-fail");
     if let Some(v) = get("pair-cache") {
         k.pair_cache = match v.as_str() {
             "refresh" => PairCache::Refresh,

@@ -63,7 +63,42 @@ struct State {
     bootstrap_queue: u64,
     /// Decode: requests waiting before their transfer (`--sim-transfer-delay-secs`).
     prealloc_queue: u64,
+    /// The weights served now: model path, served model name, weight version (the flags', until
+    /// `/update_weights_from_disk` loads others).
+    weights: Weights,
+    /// Decode: PD requests whose KV was computed by a prefill of another weight version than
+    /// this decode's when it decoded them (a simulator-only figure).
+    mixed_versions: u64,
+    /// Decode: PD requests decoded at all (so that 0 mixed is a measurement, not a silence).
+    pd_decoded: u64,
+    /// `/continue_generation` after a `retract` pause: requests in flight then were recomputed
+    /// with the weights served from then on.
+    retractions: u64,
 }
+
+/// The weights a server serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weights {
+    /// `model_path` in `/model_info`.
+    pub model_path: String,
+    /// `served_model_name` in `/model_info` (0.5.23 sets it to the new path on a weight update).
+    pub served_model_name: String,
+    /// `weight_version` in `/model_info`.
+    pub version: String,
+}
+
+impl Weights {
+    /// Which model computes with these weights: the path and the version (a restart onto another
+    /// path is another model as much as a new weight version is).
+    pub fn identity(&self) -> String {
+        format!("{}@{}", self.model_path, self.version)
+    }
+}
+
+/// The simulator-only counter of mixed-version PD requests (not an SGLang metric: named apart).
+pub const MIXED_VERSIONS: &str = "sglang_sim_pd_mixed_version_requests";
+/// The simulator-only counter of PD requests a decode decoded.
+pub const PD_DECODED: &str = "sglang_sim_pd_decoded_requests";
 
 /// Shared simulator state; cheap to clone.
 #[derive(Debug, Clone)]
@@ -83,7 +118,6 @@ impl Engine {
     /// A scheduler whose KV pool was just allocated (constants are written now in ≥0.5.11).
     pub fn new(cfg: Arc<SimConfig>) -> Engine {
         Engine {
-            cfg,
             state: Arc::new(Mutex::new(State {
                 status: Status::Starting,
                 running: 0,
@@ -99,7 +133,49 @@ impl Engine {
                 last_decode_tps: 0.0,
                 bootstrap_queue: 0,
                 prealloc_queue: 0,
+                weights: Weights { model_path: cfg.model_path.clone(), served_model_name: cfg.served_model_name.clone(), version: cfg.weight_version.clone() },
+                mixed_versions: 0,
+                pd_decoded: 0,
+                retractions: 0,
             })),
+            cfg,
+        }
+    }
+
+    /// The weights served now.
+    pub fn weights(&self) -> Weights {
+        self.lock().weights.clone()
+    }
+
+    /// `/update_weights_from_disk` loaded `model_path` (and `version`, when given): 0.5.23's
+    /// `_update_model_path_info` sets the served model name to the path too.
+    pub fn load_weights(&self, model_path: &str, version: Option<&str>) {
+        let mut s = self.lock();
+        s.weights.model_path = model_path.to_string();
+        s.weights.served_model_name = model_path.to_string();
+        if let Some(v) = version {
+            s.weights.version = v.to_string();
+        }
+    }
+
+    /// How many `retract` pauses were continued (a request or room from before one was
+    /// recomputed with the weights served since).
+    pub fn retractions(&self) -> u64 {
+        self.lock().retractions
+    }
+
+    /// A `retract` pause was continued.
+    pub fn count_retraction(&self) {
+        self.lock().retractions += 1;
+    }
+
+    /// Decode: a PD request decoded from KV computed by the model `kv_model`
+    /// ([`Weights::identity`]); counted mixed when that is not this server's.
+    pub fn count_decoded(&self, kv_model: &str) {
+        let mut s = self.lock();
+        s.pd_decoded += 1;
+        if s.weights.identity() != kv_model {
+            s.mixed_versions += 1;
         }
     }
 
@@ -408,6 +484,16 @@ impl Engine {
         let requests = s.service.requests.iter().map(|(st, n)| (with_stream(*st), *n as f64)).collect();
         push(Family::counter("sglang:num_requests", "Number of requests processed.", requests));
         push(Family::counter("sglang:num_aborted_requests", "Number of requests aborted.", once(s.aborted_total)));
+        if self.cfg.mode == crate::args::Mode::Decode {
+            // Simulator-only (no SGLang server has them): a decode's PD requests and those whose
+            // KV came from a prefill of another weight version.
+            push(Family::counter(
+                MIXED_VERSIONS,
+                "sglang-sim only: PD requests whose prefill and decode weight versions differed.",
+                vec![(labels.clone(), s.mixed_versions as f64)],
+            ));
+            push(Family::counter(PD_DECODED, "sglang-sim only: PD requests decoded.", vec![(labels.clone(), s.pd_decoded as f64)]));
+        }
         let by_stream = |m: &'_ std::collections::BTreeMap<bool, Series>| -> Vec<(Vec<(String, String)>, Series)> {
             m.iter().map(|(st, x)| (with_stream(*st), x.clone())).collect()
         };

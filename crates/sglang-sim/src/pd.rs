@@ -77,6 +77,9 @@ enum Handoff {
 struct Held {
     ticket: Option<Ticket>,
     done: Option<tokio::sync::oneshot::Sender<Handoff>>,
+    /// The weight version its KV was computed with, and the engine's retraction count then (a
+    /// room retracted while held is recomputed with the weights of its continue).
+    computed: (String, u64),
 }
 
 struct Inner {
@@ -219,7 +222,8 @@ impl Pd {
     /// fetches the room or the bootstrap timeout passes. Returns the abort message on failure.
     pub async fn hold(&self, rid: &str, b: &Bootstrap, ticket: Ticket) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        lock(&self.inner.rooms).insert(b.room, Held { ticket: Some(ticket), done: Some(tx) });
+        let computed = (self.engine.weights().identity(), self.engine.retractions());
+        lock(&self.inner.rooms).insert(b.room, Held { ticket: Some(ticket), done: Some(tx), computed });
         self.engine.hold_room();
         self.inner.added.notify_waiters();
         // The scheduler owns the room, not the HTTP request: a client that goes away does not
@@ -262,8 +266,10 @@ impl Pd {
     }
 
     /// Decode: get the room's KV from the prefill named by `b` (through the cached bootstrap
-    /// info, fetched from `/route` when missing). Returns the abort message on failure.
-    pub async fn receive(&self, rid: &str, b: &Bootstrap) -> Result<(), String> {
+    /// info, fetched from `/route` when missing). Returns the weight version the KV was computed
+    /// with ([`crate::engine::Weights::identity`], a simulator-only field of the hand-off), or the
+    /// abort message on failure.
+    pub async fn receive(&self, rid: &str, b: &Bootstrap) -> Result<String, String> {
         let started = Instant::now();
         let cfg = self.cfg();
         let stall = *lock(&self.inner.stall_until);
@@ -308,7 +314,10 @@ impl Pd {
         let left = waiting.saturating_sub(started.elapsed());
         let answer = tokio::time::timeout(left, self.inner.http.post(&url).json(&body).send()).await;
         let stale = match answer {
-            Ok(Ok(r)) if r.status().is_success() => return Ok(()),
+            Ok(Ok(r)) if r.status().is_success() => {
+                let v: Value = r.json().await.unwrap_or_default();
+                return Ok(v.get("model").and_then(Value::as_str).unwrap_or_default().to_string());
+            }
             Ok(Ok(r)) if r.status() == reqwest::StatusCode::CONFLICT => {
                 // Rejected by the prefill (incompatible settings): at once, the entry stays.
                 let text = r.text().await.unwrap_or_default();
@@ -447,9 +456,20 @@ async fn fetch(State(pd): State<Pd>, Path(room): Path<u64>, axum::Json(body): ax
         }
     }
     // The prefill does not compare settings: the decode does, on first contact (`receive`).
-    let held = lock(&pd.inner.rooms).get_mut(&room).and_then(|h| h.done.take());
+    let (held, computed) = {
+        let mut rooms = lock(&pd.inner.rooms);
+        let h = rooms.get_mut(&room);
+        let computed = h.as_ref().map(|h| h.computed.clone());
+        (h.and_then(|h| h.done.take()), computed)
+    };
     if let Some(tx) = held {
         let _ = tx.send(Handoff::Fetched);
     }
-    axum::Json(json!({"room": room})).into_response()
+    // Retracted while held: recomputed at the continue, with the weights served since.
+    let version = match computed {
+        Some((v, at)) if at == pd.engine.retractions() => v,
+        _ => pd.engine.weights().identity(),
+    };
+    // Simulator-only: which model computed the KV (no SGLang hand-off says so).
+    axum::Json(json!({"room": room, "model": version})).into_response()
 }

@@ -68,6 +68,8 @@ impl Cause {
             Cause::ApiKeyRejected { .. } => "api_key_rejected",
             Cause::PeerRoleDown { .. } => "peer_role_down",
             Cause::RestoreFailed { .. } => "restore_failed",
+            Cause::WeightsFailed { .. } => "weights_failed",
+            Cause::MixedVersions { .. } => "mixed_versions",
         }
     }
 
@@ -83,6 +85,7 @@ impl Cause {
             | Cause::FleetLimits { .. }
             | Cause::ChangesPending { .. }
             | Cause::ConfigMismatch { .. }
+            | Cause::MixedVersions { .. }
             | Cause::ApiKeyRejected { .. }
             | Cause::AddressBlocked { .. } => FailureKind::Config,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
@@ -124,7 +127,8 @@ impl Cause {
             | Cause::UnitNotRunning { .. }
             | Cause::LoadUnknown { .. }
             | Cause::StopSlow { .. }
-            | Cause::PeerRoleDown { .. } => FailureKind::Gate,
+            | Cause::PeerRoleDown { .. }
+            | Cause::WeightsFailed { .. } => FailureKind::Gate,
         }
     }
 

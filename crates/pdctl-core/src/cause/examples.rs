@@ -76,6 +76,8 @@ impl Cause {
             Cause::ApiKeyRejected { endpoint: format!("{}/server_info", url()), status: 401, key: "no key: api_key_file is not set for this worker".into() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
             Cause::RestoreFailed { unit: unit(), error: msg() },
+            Cause::WeightsFailed { unit: unit(), why: msg() },
+            Cause::MixedVersions { unit: unit(), changes: "--model-path /models/a → /models/b".into(), peers: "sglang-decode.service".into() },
         ];
         for diagnosis in [
             MetricsDiagnosis::Disabled,

@@ -517,6 +517,25 @@ pub enum Cause {
         /// The request's error.
         error: String,
     },
+    /// A restart would change the model a PD worker computes with (`crate::coherence`) while
+    /// workers of the other role run the old one: a rolling restart would pair versions.
+    MixedVersions {
+        /// The unit.
+        unit: String,
+        /// The changes (`--model-path /m/a → /m/b`; …).
+        changes: String,
+        /// The other role's workers that would pair with it.
+        peers: String,
+    },
+    /// `pdctl rollout weights`: a worker did not take the new weights (its load failed, or it
+    /// does not report them), or a gate failed after they were loaded; every worker that loaded
+    /// them was given its previous weights again.
+    WeightsFailed {
+        /// The unit.
+        unit: String,
+        /// What failed.
+        why: String,
+    },
     /// A revert could not put back the files a worker ran before the reverted rollout (or
     /// reload them): that worker was not restarted, and the revert halted.
     RestoreFailed {

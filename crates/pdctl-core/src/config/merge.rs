@@ -86,6 +86,8 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 drain_timeout,
                 allow_outage,
                 single_pair,
+                coherent,
+                coherent_flags,
                 max_failed_probes,
                 on_stale_pair,
                 abort_after_drain_timeout,

@@ -19,8 +19,8 @@ mod settings;
 pub use crate::url::{canonical_url, same_url};
 pub use raw::{BusKind, Dur};
 pub use settings::{
-    parse_gpus, BusSetting, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings, Settings,
-    SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker, DURATION_BOUNDS,
+    parse_gpus, BusSetting, Coherent, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings,
+    Settings, SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker, DURATION_BOUNDS,
 };
 
 /// Default location of the main file.
@@ -224,6 +224,19 @@ smoke_request = true
         assert_eq!(s.router.unwrap().metrics_url.as_deref(), Some("http://127.0.0.1:29001/metrics"));
         let slo = s.verify.slo.expect("the example shows the service gate on");
         assert_eq!((slo.ttft_ratio, slo.error_rate, slo.min_requests, slo.max_wait), (1.5, 0.01, 20, Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn coherence_is_auto_by_default_and_extra_flags_must_be_flags() {
+        let s = one(BASE).unwrap();
+        assert_eq!((s.rollout.coherent, s.rollout.coherent_flags.len()), (crate::config::Coherent::Auto, 0));
+        let two = |frag: &str| {
+            load_texts(&[(PathBuf::from("/etc/pdctl/pdctl.toml"), BASE.to_string()), (PathBuf::from("/etc/pdctl/config.d/40.toml"), frag.to_string())])
+        };
+        let s = two("[rollout]\ncoherent = \"never\"\ncoherent_flags = [\"--chat-template\"]\n").unwrap();
+        assert_eq!((s.rollout.coherent, s.rollout.coherent_flags), (crate::config::Coherent::Never, vec!["--chat-template".to_string()]));
+        let e = two("[rollout]\ncoherent_flags = [\"chat-template\"]\n").unwrap_err();
+        assert!(e.to_string().contains("rollout.coherent_flags") && e.msg.contains("--flag-name"), "{e}");
     }
 
     #[test]

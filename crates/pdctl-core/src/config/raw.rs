@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::settings::{MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad};
+use super::settings::{Coherent, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad};
 use super::ConfigError;
 
 pub(super) fn line_of(text: &str, offset: usize) -> usize {
@@ -107,6 +107,8 @@ pub(super) struct RawRollout {
     pub(super) drain_timeout: Option<Dur>,
     pub(super) allow_outage: Option<bool>,
     pub(super) single_pair: Option<SinglePair>,
+    pub(super) coherent: Option<Coherent>,
+    pub(super) coherent_flags: Option<Vec<String>>,
     pub(super) max_failed_probes: Option<u64>,
     pub(super) on_stale_pair: Option<OnStalePair>,
     pub(super) abort_after_drain_timeout: Option<bool>,

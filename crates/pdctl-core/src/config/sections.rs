@@ -214,11 +214,22 @@ pub(super) fn rollout(
         drain_timeout: o.bounded("rollout.drain_timeout", ro.drain_timeout, d(120))?,
         allow_outage: ro.allow_outage.unwrap_or(false),
         single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
+        coherent: ro.coherent.unwrap_or(super::settings::Coherent::Auto),
+        coherent_flags: coherent_flags(o, ro.coherent_flags)?,
         max_failed_probes: ro.max_failed_probes,
         on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
         abort_after_drain_timeout: ro.abort_after_drain_timeout.unwrap_or(false),
         unknown_load: ro.unknown_load.unwrap_or(UnknownLoad::Halt),
     })
+}
+
+/// `[rollout] coherent_flags`: each an SGLang flag (`--chat-template`).
+fn coherent_flags(o: &Origins, flags: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+    let flags = flags.unwrap_or_default();
+    if let Some(bad) = flags.iter().find(|f| !f.starts_with("--") || f.len() < 3 || f.contains(['=', ' '])) {
+        return Err(o.at("rollout.coherent_flags", format!("{bad:?} is not a flag: write it as SGLang's --flag-name, without a value")));
+    }
+    Ok(flags)
 }
 
 /// `[fleet]` (`None` without the table): etcd endpoints, a key-safe name, this host's name

@@ -41,6 +41,20 @@ pub enum OnFailure {
     Rollback,
 }
 
+/// Which changes a rolling restart must roll coherently (`[rollout] coherent`): no PD request
+/// may pair a prefill and a decode of two model versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Coherent {
+    /// The changes of `crate::coherence::COHERENT_FLAGS` (model path, tokenizer, quantization,
+    /// dtype, served model name, revision, load format, weight version) and `coherent_flags`.
+    Auto,
+    /// Every setting a PD worker's new ExecStart gives that its running server reports.
+    Always,
+    /// None: today's order, prefills then decodes (the plan warns of mixed pairs).
+    Never,
+}
+
 /// How a host with one prefill and one decode worker restarts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -215,6 +229,10 @@ pub struct Rollout {
     pub allow_outage: bool,
     /// How a 1P1D pair is restarted.
     pub single_pair: SinglePair,
+    /// Which changes must not pair two versions.
+    pub coherent: Coherent,
+    /// More flags whose change breaks coherence (`coherent_flags`).
+    pub coherent_flags: Vec<String>,
     /// Halt when the availability probe sees more failed requests than this.
     pub max_failed_probes: Option<u64>,
     /// A decode found with a stale pairing after a prefill restart: repair it or halt.

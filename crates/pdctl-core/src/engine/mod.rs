@@ -32,6 +32,7 @@ mod sequence;
 mod slots;
 mod step;
 pub mod steps;
+mod weights;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -46,6 +47,7 @@ use crate::revisions;
 pub use gates::{BakeLook, BakeMarks};
 pub use recovery::quarantine_clause;
 pub use step::sentence;
+pub use weights::WeightsTarget;
 
 /// Lines of the unit's log attached to a failure.
 pub const LAST_LINES: usize = 20;
@@ -94,6 +96,9 @@ pub struct RolloutRun<'a> {
     /// A revert: unit → the revision it ran before the reverted rollout; each worker of the plan
     /// gets its files back (step `rollback`) and is restarted through every gate, in plan order.
     pub restore: Option<&'a std::collections::BTreeMap<String, revisions::Revision>>,
+    /// `pdctl rollout weights`: the new weights, loaded into every worker of the plan at once
+    /// without a restart.
+    pub weights: Option<WeightsTarget<'a>>,
 }
 
 /// What a run writes to besides events.

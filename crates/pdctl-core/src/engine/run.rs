@@ -69,11 +69,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // The probe watches the whole rollout, a rollback included: what clients saw while a
         // failed worker was out and put back is part of the figures.
         let run = async {
-            let mut summary = match r.restore {
-                Some(befores) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
-                None => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
+            let mut summary = match (r.restore, r.weights) {
+                (_, Some(to)) => self.update_weights(&plan, to, sink, &mut notes).await,
+                (Some(befores), None) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
+                (None, None) => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
             };
-            if let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) {
+            // A weights rollout changed no file: nothing to quarantine or roll back by revision.
+            if let (Outcome::Failed, Some(f), Some(dir), None) = (summary.result, &summary.failed, r.revisions, r.weights) {
                 if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
                     notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
                 }

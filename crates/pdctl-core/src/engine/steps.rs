@@ -60,6 +60,8 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
         Step::Reconcile => r.ready_timeout + r.router_timeout,
         // Restoring files and a reload; its gates are the unit's own steps.
         Step::Rollback => r.job_timeout,
+        // The pause, the load (bounded like a start: ready_timeout) and the continue.
+        Step::Weights => r.ready_timeout + 2 * r.health_timeout,
         // Each pair is probed at most twice, each probe bounded by the pair timeout (at most
         // 1h each); the stranded-KV wait is bounded by its timeout (at most 1h).
         Step::Pair | Step::StrandedKv => Duration::from_secs(3 * 3600),
@@ -70,7 +72,7 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
 pub fn rule(step: Step, s: &Settings) -> StepRule {
     use GateMode::{Off, Required, Warn};
     let (mode, off_because) = match step {
-        Step::Preflight | Step::Restart | Step::Ready | Step::Health | Step::Soak | Step::Reconcile | Step::Rollback => (Required, None),
+        Step::Preflight | Step::Restart | Step::Ready | Step::Health | Step::Soak | Step::Reconcile | Step::Rollback | Step::Weights => (Required, None),
         Step::Slot if s.fleet.is_some() => (Required, None),
         Step::Slot => (Off, Some("no [fleet] configured")),
         // The drain itself always runs; a load it cannot read halts or is a warning.

@@ -40,7 +40,7 @@ pub(super) async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum
         Err(c) => return api_err(&c),
     };
     let reason = match &req {
-        Request::Restart { reason, .. } | Request::Apply { reason, .. } | Request::Revert { reason, .. } => reason.clone(),
+        Request::Restart { reason, .. } | Request::Apply { reason, .. } | Request::Revert { reason, .. } | Request::Weights { reason, .. } => reason.clone(),
         Request::Resume { .. } => None,
     };
     let by = StartedBy { uid: peer.and_then(|p| p.0.uid), reason, ..Default::default() };

@@ -46,7 +46,17 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     let p = match req {
         Request::Restart { units, allow_outage, load_changes, .. } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            Planned { kind: RolloutKind::Restart, plan, reasons: BTreeMap::new(), resumes: None, allow_outage, load_changes, reverify: true, restore: None }
+            Planned {
+                kind: RolloutKind::Restart,
+                plan,
+                reasons: BTreeMap::new(),
+                resumes: None,
+                allow_outage,
+                load_changes,
+                reverify: true,
+                restore: None,
+                weights: None,
+            }
         }
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
         // the timer's sake).
@@ -55,6 +65,25 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Err(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         Request::Resume { id: old_id } => plan_resume(&daemon, &e, old_id, &id)?,
+        Request::Weights { model_path, version, .. } => {
+            if e.settings.fleet.is_some() {
+                return Err(Cause::BadRequest {
+                    message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions, and a fleet-wide weights rollout is not built yet: load them with a coherent restart instead".into(),
+                });
+            }
+            let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            Planned {
+                kind: RolloutKind::Weights,
+                plan,
+                reasons: BTreeMap::new(),
+                resumes: None,
+                allow_outage: true,
+                load_changes: false,
+                reverify: false,
+                restore: None,
+                weights: Some((model_path, version)),
+            }
+        }
         Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
             Ok(p) => p,
             Err(message) => return Ok(Started { id: None, message: Some(message) }),
@@ -70,13 +99,13 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     }
     guard.armed = false;
     daemon.rollouts_begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let (kind, plan, reverify, restore) = (p.kind, p.plan, p.reverify, p.restore);
+    let (kind, plan, reverify, restore, weights) = (p.kind, p.plan, p.reverify, p.restore, p.weights);
     notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
     let id2 = id.clone();
     let limits = (e.settings.rollout.clone(), e.settings.verify);
-    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, (reverify, restore)).await });
+    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, (reverify, restore, weights)).await });
     if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
         *lock(&r.task) = Some(task.abort_handle());
         r.limits = Some(limits);
@@ -130,6 +159,9 @@ fn take_slot(daemon: &Daemon) -> Result<Taken, Cause> {
     Ok((id, abort, tx, record))
 }
 
+/// A revert's revisions: unit → the revision it ran before the reverted rollout.
+type Restore = Option<BTreeMap<String, pdctl_core::revisions::Revision>>;
+
 /// What a start will run.
 struct Planned {
     kind: RolloutKind,
@@ -145,6 +177,8 @@ struct Planned {
     reverify: bool,
     /// A revert: unit → the revision it ran before the reverted rollout.
     restore: Option<BTreeMap<String, pdctl_core::revisions::Revision>>,
+    /// A weights rollout: the checkpoint and its version.
+    weights: Option<(String, Option<String>)>,
 }
 
 /// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
@@ -173,7 +207,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
         e.units.reload().await.map_err(|er| er.cause())?;
     }
     let reasons = stale.into_iter().map(|w| (w.unit, w.reasons)).collect();
-    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true, restore: None }))
+    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true, restore: None, weights: None }))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
@@ -197,7 +231,17 @@ fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Res
     old.lifecycle.resume(id).map_err(|_| wrong(old.lifecycle.state()))?;
     daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     lock(&daemon.unsaved).remove(&old_id);
-    Ok(Planned { kind: RolloutKind::Resume, plan, reasons: BTreeMap::new(), resumes: Some(old_id), allow_outage, load_changes, reverify, restore: None })
+    Ok(Planned {
+        kind: RolloutKind::Resume,
+        plan,
+        reasons: BTreeMap::new(),
+        resumes: Some(old_id),
+        allow_outage,
+        load_changes,
+        reverify,
+        restore: None,
+        weights: None,
+    })
 }
 
 /// A revert's plan: the workers rollout `old_id` restarted with changed files (those whose
@@ -238,6 +282,7 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
         load_changes: true,
         reverify: false,
         restore: Some(restore),
+        weights: None,
     }))
 }
 
@@ -291,7 +336,7 @@ pub(super) async fn run(
     record: Arc<Mutex<Record>>,
     tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
-    (reverify, restore): (bool, Option<BTreeMap<String, pdctl_core::revisions::Revision>>),
+    (reverify, restore, weights): (bool, Restore, Option<(String, Option<String>)>),
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let consumer = {
@@ -317,6 +362,7 @@ pub(super) async fn run(
         allow_outage,
         load_changes,
         restore: restore.as_ref(),
+        weights: weights.as_ref().map(|(model_path, version)| pdctl_core::engine::WeightsTarget { model_path, version: version.as_deref() }),
     };
     let mut finished = e.execute(run, &sink).await;
     daemon.keep_baseline(&id, std::mem::take(&mut finished.service_before));

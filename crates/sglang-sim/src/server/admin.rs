@@ -12,10 +12,10 @@ use crate::log;
 
 use super::{bad_request, parse_body, unix_now, App, ABORTED};
 
-/// `GET /ready` (0.5.23, `entrypoints/http_server.py`): 200 once up, 503 while starting (this
-/// simulator has no pause or shutdown state yet); no generate.
+/// `GET /ready` (0.5.23, `entrypoints/http_server.py`): 200 once up, 503 while starting, paused,
+/// shutting down or unhealthy (`is_ready`); no generate.
 pub(crate) async fn ready(State(app): State<App>) -> Response {
-    if app.engine.status() == Status::Starting || app.shutting_down.load(std::sync::atomic::Ordering::SeqCst) || app.unhealthy() {
+    if app.engine.status() == Status::Starting || app.shutting_down.load(std::sync::atomic::Ordering::SeqCst) || app.unhealthy() || app.control.is_paused() {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
     } else {
         StatusCode::OK.into_response()
@@ -60,6 +60,15 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
         return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
     }
     let generation = std::env::var("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION").map(|v| !matches!(v.to_lowercase().as_str(), "false" | "0")).unwrap_or(true);
+    // Paused: the health request waits at its admission like any other, up to
+    // SGLANG_HEALTH_CHECK_TIMEOUT (20 s), then fails.
+    if generation && app.control.is_paused() {
+        let limit = std::env::var("SGLANG_HEALTH_CHECK_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(20u64);
+        if tokio::time::timeout(std::time::Duration::from_secs(limit), app.control.hold_while_paused()).await.is_err() {
+            log::line(&format!("Health check failed. Server couldn't get a response from detokenizer for last {limit} seconds."));
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+    }
     if generation {
         app.engine.health_probe();
         tokio::time::sleep(cfg.sim.health_generate).await;
@@ -69,10 +78,12 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
 
 pub(crate) async fn server_info(State(app): State<App>) -> Response {
     let cfg = app.engine.config();
+    let w = app.engine.weights();
     let mut v = json!({
-        "model_path": cfg.model_path,
+        "model_path": w.model_path,
         "tokenizer_path": cfg.model_path,
-        "served_model_name": cfg.served_model_name,
+        "served_model_name": w.served_model_name,
+        "weight_version": w.version,
         "host": cfg.host,
         "port": cfg.port,
         "tp_size": cfg.tp_size,
@@ -106,13 +117,14 @@ pub(crate) async fn server_info(State(app): State<App>) -> Response {
 
 pub(crate) async fn model_info(State(app): State<App>) -> Response {
     let cfg = app.engine.config();
+    let w = app.engine.weights();
     axum::Json(json!({
-        "model_path": cfg.model_path,
+        "model_path": w.model_path,
         "tokenizer_path": cfg.model_path,
-        "served_model_name": cfg.served_model_name,
+        "served_model_name": w.served_model_name,
         "is_generation": true,
         "preferred_sampling_params": null,
-        "weight_version": "default",
+        "weight_version": w.version,
         "disaggregation_mode": cfg.mode.as_str(),
         "has_image_understanding": false,
         "has_audio_understanding": false,

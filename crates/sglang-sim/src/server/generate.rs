@@ -64,7 +64,13 @@ pub(crate) async fn pd_before(app: &App, v: &Value, rid: &str, tracked: &mut Tra
             Err(bad_request(&m))
         }
         (Mode::Decode, Some(b)) if !b.fake() => tokio::select! {
-            r = app.pd.receive(rid, &b) => r.map(|()| None).map_err(|m| pd::abort(&m)),
+            r = app.pd.receive(rid, &b) => match r {
+                Ok(kv) => {
+                    tracked.kv = Some((kv, app.engine.retractions()));
+                    Ok(None)
+                }
+                Err(m) => Err(pd::abort(&m)),
+            },
             () = tracked.aborted() => {
                 app.engine.count_abort();
                 Err(pd::abort(ABORTED))
@@ -113,6 +119,8 @@ pub(crate) async fn execute(
     tick.tick().await;
     let mut last = Instant::now();
     for i in 0..n as usize {
+        // Paused in place (or retracted): it stops here until the continue.
+        app.control.hold_while_paused().await;
         tokio::select! {
             _ = tick.tick() => {}
             () = tracked.aborted() => {
@@ -139,6 +147,11 @@ pub(crate) async fn execute(
     match hold {
         Some((rid, b)) => app.pd.hold(rid, b, ticket).await?,
         None => engine.finish(ticket),
+    }
+    if let Some((kv, at)) = &tracked.kv {
+        // Retracted meanwhile: the decode recomputed it with the weights it serves now.
+        let kv = if *at == engine.retractions() { kv.clone() } else { engine.weights().identity() };
+        engine.count_decoded(&kv);
     }
     engine.observe_finished(job.stream, job.arrived.elapsed().as_secs_f64());
     Ok(produced)
@@ -201,15 +214,17 @@ pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", crate::ids::rand_u128()));
     let mut tracked = app.requests.track(&rid);
+    app.control.admit(&mut tracked).await;
     let hold = match pd_before(&app, &v, &rid, &mut tracked).await {
         Ok(h) => h,
         Err(r) => return r,
     };
     let started = Instant::now();
     let meta_rid = rid.clone();
+    let version = app.engine.weights().version;
     let meta = move |n: u64, prompt: u64| {
         json!({"id": meta_rid, "finish_reason": {"type": "length", "length": n}, "prompt_tokens": prompt,
-               "completion_tokens": n, "cached_tokens": 0, "weight_version": "default",
+               "completion_tokens": n, "cached_tokens": 0, "weight_version": version,
                "e2e_latency": started.elapsed().as_secs_f64()})
     };
     if job.stream {
@@ -271,9 +286,10 @@ pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
     };
     let max_new = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(Value::as_u64).unwrap_or(16);
     let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
-    let model = app.engine.config().served_model_name.clone();
+    let model = app.engine.weights().served_model_name;
     let id = format!("{:032x}", crate::ids::rand_u128());
     let mut tracked = app.requests.track(&id);
+    app.control.admit(&mut tracked).await;
     let hold = match pd_before(&app, &v, &id, &mut tracked).await {
         Ok(h) => h,
         Err(r) => return r,

@@ -18,6 +18,7 @@ mod admin;
 mod generate;
 mod lifecycle;
 mod routes;
+mod weights;
 
 pub use lifecycle::run;
 pub use routes::{served_routes, API_KEY_EXEMPT};
@@ -38,6 +39,8 @@ pub(crate) struct App {
     requests: Requests,
     /// SIGTERM received (`gracefully_exit`): `/health` and `/ready` answer 503.
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    /// The pause and the model lock (weights without a restart).
+    control: weights::Control,
 }
 
 impl App {
@@ -68,6 +71,10 @@ pub(crate) struct Tracked {
     requests: Requests,
     key: u64,
     aborted: tokio::sync::watch::Receiver<bool>,
+    /// The model lock's read side, from its admission on.
+    model: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+    /// Decode: the weight version of the KV it received and the retractions then.
+    kv: Option<(String, u64)>,
 }
 
 impl Requests {
@@ -81,7 +88,7 @@ impl Requests {
         g.0 += 1;
         let key = g.0;
         g.1.insert(key, (rid.to_string(), tx));
-        Tracked { requests: self.clone(), key, aborted: rx }
+        Tracked { requests: self.clone(), key, aborted: rx, model: None, kv: None }
     }
 
     /// The rids in flight.

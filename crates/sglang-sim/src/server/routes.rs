@@ -33,6 +33,9 @@ pub fn served_routes(cfg: &SimConfig) -> Vec<(&'static str, &'static [&'static s
         ("/v1/completions", &["POST"]),
         ("/v1/chat/completions", &["POST"]),
         ("/abort_request", &["POST"]),
+        ("/update_weights_from_disk", &["POST"]),
+        ("/pause_generation", &["POST"]),
+        ("/continue_generation", &["POST"]),
     ];
     if cfg.enable_metrics {
         r.push(("/metrics", &["GET"]));
@@ -67,6 +70,9 @@ pub(crate) fn handler(path: &str, methods: &[&str]) -> Option<MethodRouter<App>>
         "/v1/completions" => on(f, completions),
         "/v1/chat/completions" => on(f, chat),
         "/abort_request" => on(f, abort_request),
+        "/update_weights_from_disk" => on(f, super::weights::update_weights_from_disk),
+        "/pause_generation" => on(f, super::weights::pause_generation),
+        "/continue_generation" => on(f, super::weights::continue_generation),
         "/metrics" => on(f, metrics),
         "/get_load" => on(f, get_load),
         "/ready" => on(f, ready),

@@ -145,7 +145,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         self.not_blocked(&w.unit, &w.url).await?;
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
-        let warnings = self.stop_and_pair_risks(w, &cfg);
+        let mut warnings = self.stop_and_pair_risks(w, &cfg);
+        warnings.extend(self.coherence_preflight(w, plan, &cfg, ctx).await?);
         let outage = self
             .outage_of(w, seen.fleet_view.as_deref(), ctx)
             .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
@@ -168,6 +169,60 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             api_key_check,
         };
         Ok(serde_json::to_value(&detail).unwrap_or_default())
+    }
+
+    /// Does this restart change the model a PD worker computes with ([`crate::coherence`])? While
+    /// workers of the other role run the old one, a rolling restart would pair the versions:
+    /// refused (`mixed_versions`), unless `coherent = "never"` (a warning then) or a 1P1D pair
+    /// is restarted together (both at once: no old worker serves while a new one does).
+    async fn coherence_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig, ctx: Ctx<'_>) -> Result<Option<String>, Fail> {
+        use crate::config::Coherent;
+        // `check` restarts nothing; a regular worker pairs with no one.
+        if ctx.allow_outage.is_none() || w.role == Role::Regular {
+            return Ok(None);
+        }
+        let Some(argv) = cfg.exec_start.first() else { return Ok(None) };
+        let peers = self.peers(w);
+        if peers.is_empty() {
+            return Ok(None);
+        }
+        // A server that does not answer runs nothing to compare with (its own gates say so).
+        let Ok(info) = self.probes.server_info(&w.url).await else { return Ok(None) };
+        let mut extra = self.settings.rollout.coherent_flags.clone();
+        if self.settings.rollout.coherent == Coherent::Always {
+            extra.extend(crate::coherence::given_flags(argv));
+        }
+        let changes = crate::coherence::changes(argv, &info, &extra);
+        if changes.is_empty() {
+            return Ok(None);
+        }
+        let said: Vec<String> = changes.iter().map(|c| c.sentence()).collect();
+        let names: Vec<&str> = peers.iter().map(|p| p.unit.as_str()).collect();
+        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together
+            && plan.workers.len() == 2
+            && peers.len() == 1
+            && plan.workers.iter().any(|x| x.unit == peers[0].unit);
+        if together {
+            return Ok(Some(format!(
+                "{} changes the model it computes with ({}); restarted together with {}, no request pairs the two versions",
+                w.unit,
+                said.join("; "),
+                names.join(", ")
+            )));
+        }
+        if self.settings.rollout.coherent == Coherent::Never {
+            return Ok(Some(format!(
+                "mixed versions (coherent = \"never\"): {} changes the model it computes with ({}); until {} are restarted too, PD requests pairing them decode KV their own model did not compute",
+                w.unit,
+                said.join("; "),
+                names.join(", ")
+            )));
+        }
+        Err(Fail {
+            cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
+            detail: serde_json::json!({ "changes": changes }),
+            unit: None,
+        })
     }
 
     /// Does the worker refuse pdctl's calls for want of its API key? A worker started with

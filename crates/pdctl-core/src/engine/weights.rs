@@ -1,0 +1,240 @@
+//! New weights without a restart (`pdctl rollout weights`), in runbook order: every worker of
+//! the plan is read (`/model_info`: what it serves now, to go back to) and must be healthy;
+//! all are paused — decodes first — with SGLang's `retract` mode (0.5.23 `scheduler.py`
+//! `pause_generation`: new requests wait at their admission, running ones stop and their KV is
+//! rebuilt under the weights served at the continue; a decode fetches it from its prefill
+//! again); all load the new weights (`/update_weights_from_disk`, at once: while paused no
+//! request runs anywhere); each must report them (`model_path`, and `weight_version` when one
+//! was given); all continue. Then each prefill/decode pair is probed straight, and each worker
+//! passes its health, router and metrics gates. No PD request can pair two versions — none
+//! runs between the pause and the continue — and requests wait instead of failing.
+//!
+//! A failure puts the previous weights back on every worker that loaded the new ones (step
+//! `rollback`, paused again when they had continued) and continues every paused worker; the
+//! rollout fails with `weights_failed` naming the worker.
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::cause::Cause;
+use crate::config::{Role, Worker};
+use crate::engine::step::{Fail, StepRun};
+use crate::engine::Engine;
+use crate::events::{Outcome, Sink, Step, Summary};
+use crate::plan::Plan;
+use crate::ports::{Health, Logs, Probes, Units};
+
+/// The weights to load.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightsTarget<'a> {
+    /// The checkpoint (`model_path` of `/update_weights_from_disk`).
+    pub model_path: &'a str,
+    /// Its version (`weight_version`), when given.
+    pub version: Option<&'a str>,
+}
+
+/// What a worker served before: `(model_path, weight_version)`.
+type Served = (String, String);
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// Load `to` into every worker of `plan` at once (see the module's documentation).
+    pub(in crate::engine) async fn update_weights(&self, plan: &Plan, to: WeightsTarget<'_>, sink: &Sink, notes: &mut Vec<String>) -> Summary {
+        let t0 = Instant::now();
+        let end = |result: Outcome, units: Vec<String>, failed| Summary {
+            id: None,
+            result,
+            elapsed_ms: t0.elapsed().as_millis() as u64,
+            units,
+            checked: Vec::new(),
+            repairs: Default::default(),
+            availability: None,
+            failed,
+        };
+        // Preflight: what each serves now, and that it serves.
+        let mut before: Vec<(&Worker, Served)> = Vec::new();
+        for w in &plan.workers {
+            let s = StepRun::start(sink, &w.unit, Step::Preflight);
+            match self.weights_preflight(w).await {
+                Ok(served) => {
+                    s.pass(json!({ "model_path": served.0, "weight_version": served.1 }));
+                    before.push((w, served));
+                }
+                Err(f) => {
+                    s.fail(&f);
+                    return end(Outcome::Failed, Vec::new(), Some(self.failure(&w.unit, Step::Preflight, f).await));
+                }
+            }
+        }
+        // Decodes first: nothing new reaches a prefill's KV hand-off while it pauses.
+        before.sort_by_key(|(w, _)| u8::from(w.role != Role::Decode));
+        let pause_limit = self.settings.rollout.health_timeout;
+        let mut paused: Vec<&Worker> = Vec::new();
+        let mut steps = Vec::new();
+        for (w, served) in &before {
+            let s = StepRun::start(sink, &w.unit, Step::Weights);
+            if let Err(e) = self.probes.pause(&w.url, pause_limit).await {
+                let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
+                s.fail(&f);
+                let _ = self.resume_all(&paused, notes).await;
+                return end(Outcome::Failed, Vec::new(), Some(self.failure(&w.unit, Step::Weights, f).await));
+            }
+            paused.push(*w);
+            steps.push((s, *w, served.clone()));
+        }
+        let paused_at = Instant::now();
+        // Every worker loads at once: each bounded like a start.
+        let limit = self.settings.rollout.ready_timeout;
+        let loads = futures_util::future::join_all(before.iter().map(|(w, _)| async move {
+            let t = Instant::now();
+            let r = self.probes.update_weights(&w.url, to.model_path, to.version, limit).await.map_err(|e| e.to_string());
+            let r = match r {
+                Ok(m) => self.probes.model_info(&w.url).await.map_err(|e| format!("it loaded ({m}) but its /model_info cannot be read: {e}")).and_then(
+                    |(path, version)| {
+                        let wrong_path = path != to.model_path;
+                        let wrong_version = to.version.is_some_and(|v| v != version);
+                        if wrong_path || wrong_version {
+                            Err(format!("it answered success but serves {path} (weight_version {version})"))
+                        } else {
+                            Ok((m, version))
+                        }
+                    },
+                ),
+                Err(e) => Err(e),
+            };
+            (t.elapsed().as_millis() as u64, r)
+        }))
+        .await;
+        let loaded: Vec<&Worker> = before.iter().zip(&loads).filter(|(_, (_, r))| r.is_ok()).map(|((w, _), _)| *w).collect();
+        if let Some(((w, _), (_, Err(why)))) = before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
+            let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: why.clone() };
+            let f = Fail::from(cause.clone());
+            let failure = self.failure(&w.unit, Step::Weights, Fail::from(cause)).await;
+            for (s, x, _) in steps {
+                if x.unit == w.unit {
+                    s.fail(&f);
+                } else {
+                    s.fail(&Fail::from(Cause::WeightsFailed { unit: x.unit.clone(), why: format!("not kept: {} did not take them", w.unit) }));
+                }
+            }
+            self.put_back(&before, &loaded, false, sink, notes).await;
+            let _ = self.resume_all(&paused, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
+        // Every worker serves the new weights: all continue.
+        let resumed = self.resume_all(&paused, notes).await;
+        let waited = paused_at.elapsed().as_millis() as u64;
+        for ((s, w, served), (load_ms, r)) in steps.into_iter().zip(&loads) {
+            let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
+            s.pass(json!({
+                "from": { "model_path": served.0, "weight_version": served.1 },
+                "to": { "model_path": to.model_path, "weight_version": version },
+                "load_ms": load_ms,
+                "paused_ms": waited,
+                "message": message,
+            }));
+            let _ = w;
+        }
+        notes.push(format!(
+            "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
+            to.model_path, to.model_path
+        ));
+        notes.push(format!(
+            "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
+            crate::cause::dur(&std::time::Duration::from_millis(waited))
+        ));
+        if let Err((w, f)) = resumed {
+            let failure = self.failure(&w, Step::Weights, f).await;
+            self.put_back(&before, &loaded, true, sink, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
+        // Verified as served: each pair straight, then each worker's own gates.
+        if let Err((unit, step, f)) = self.weights_verify(plan, sink).await {
+            let failure = self.failure(&unit, step, f).await;
+            self.put_back(&before, &loaded, true, sink, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
+        end(Outcome::Succeeded, plan.workers.iter().map(|w| w.unit.clone()).collect(), None)
+    }
+
+    /// A worker's weights before: it must serve (`/health` 200) and say what it serves.
+    async fn weights_preflight(&self, w: &Worker) -> Result<Served, Fail> {
+        if let Health::Unavailable(why) | Health::Down(why) = self.probes.health(&w.url).await {
+            return Err(Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it does not serve ({why}): nothing was paused") }));
+        }
+        self.probes
+            .model_info(&w.url)
+            .await
+            .map_err(|e| Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("its /model_info cannot be read ({e}): nothing was paused") }))
+    }
+
+    /// Continue every paused worker; the first that did not continue (all are tried).
+    async fn resume_all(&self, paused: &[&Worker], notes: &mut Vec<String>) -> Result<(), (String, Fail)> {
+        let mut first = None;
+        for w in paused {
+            if let Err(e) = self.probes.resume(&w.url, self.settings.rollout.health_timeout).await {
+                notes.push(format!("{} did not continue ({e}): continue it by hand (POST {}/continue_generation)", w.unit, w.url));
+                first.get_or_insert((w.unit.clone(), Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it did not continue: {e}") })));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The previous weights on every worker of `loaded` (paused again first when `running`),
+    /// each a `rollback` step; then every one of them continues.
+    async fn put_back(&self, before: &[(&Worker, Served)], loaded: &[&Worker], running: bool, sink: &Sink, notes: &mut Vec<String>) {
+        let mut paused = Vec::new();
+        for (w, (path, version)) in before.iter().filter(|(w, _)| loaded.iter().any(|l| l.unit == w.unit)) {
+            let s = StepRun::start(sink, &w.unit, Step::Rollback);
+            if running {
+                if let Err(e) = self.probes.pause(&w.url, self.settings.rollout.health_timeout).await {
+                    notes.push(format!("{} could not be paused to take its previous weights back ({e}): it still serves {}", w.unit, path));
+                }
+            }
+            paused.push(*w);
+            match self.probes.update_weights(&w.url, path, Some(version.as_str()), self.settings.rollout.ready_timeout).await {
+                Ok(m) => {
+                    s.pass(json!({ "model_path": path, "weight_version": version, "message": m }));
+                    notes.push(format!("{} serves its previous weights again ({path}, weight_version {version})", w.unit));
+                }
+                Err(e) => {
+                    let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("its previous weights did not load again: {e}") });
+                    s.fail(&f);
+                    notes.push(format!(
+                        "{} could not load its previous weights ({e}): it serves the new ones; restart it (pdctl restart --rolling --unit {})",
+                        w.unit, w.unit
+                    ));
+                }
+            }
+        }
+        let _ = self.resume_all(&paused, notes).await;
+    }
+
+    /// After the load: each prefill/decode pair probed straight, then each worker's health,
+    /// router and metrics gates.
+    async fn weights_verify(&self, plan: &Plan, sink: &Sink) -> Result<(), (String, Step, Fail)> {
+        let prefills: Vec<&Worker> = plan.workers.iter().filter(|w| w.role == Role::Prefill).collect();
+        let decodes: Vec<&Worker> = plan.workers.iter().filter(|w| w.role == Role::Decode).collect();
+        for p in &prefills {
+            let s = StepRun::start(sink, &p.unit, Step::Pair);
+            let mut pairs = Vec::new();
+            for d in &decodes {
+                let (verdict, _, _) = self.probe_pair(p, d).await;
+                if verdict != crate::pairing::Verdict::Paired {
+                    let f = Fail::from(Cause::WeightsFailed {
+                        unit: p.unit.clone(),
+                        why: format!("its pair probe with {} after the load: {}", d.unit, verdict.as_str()),
+                    });
+                    s.fail(&f);
+                    return Err((p.unit.clone(), Step::Pair, f));
+                }
+                pairs.push(json!({ "prefill": p.unit, "decode": d.unit, "result": "paired" }));
+            }
+            s.pass(json!({ "pairs": pairs }));
+        }
+        for w in &plan.workers {
+            self.check_one(w, sink).await.map_err(|(step, f)| (w.unit.clone(), step, f))?;
+        }
+        Ok(())
+    }
+}

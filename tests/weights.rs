@@ -1,0 +1,228 @@
+//! New weights without a restart (`pdctl rollout weights`) on the sandbox behind the real
+//! gateway, under load through it: every request answered (they wait for the load), no PD
+//! request decoded from KV of another weight version (the simulator's own counter, which the
+//! hazard test shows does count), nothing restarted; a load that fails on the decode puts the
+//! prefill back on its previous weights.
+
+use std::time::Duration;
+
+use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
+use serde_json::Value;
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn model_info(url: &str) -> Value {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async { pdctl_tests::http().get(format!("{url}/model_info")).send().await.expect("GET").json::<Value>().await.expect("JSON") })
+}
+
+/// `sglang_sim_pd_*_requests_total` on the decode: `(decoded, mixed)`.
+fn pd_counts(stack: &Stack) -> (f64, f64) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let text = rt.block_on(async { pdctl_tests::http().get(format!("{}/metrics", stack.decode.url)).send().await.expect("GET").text().await.expect("body") });
+    let value = |name: &str| {
+        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN)
+    };
+    (value("sglang_sim_pd_decoded_requests_total"), value("sglang_sim_pd_mixed_version_requests_total"))
+}
+
+fn runs(stack: &Stack) -> (String, String) {
+    (stack.show(P, "InvocationID").expect("p"), stack.show(D, "InvocationID").expect("d"))
+}
+
+#[test]
+fn new_weights_go_in_without_a_restart_with_no_failed_request_and_no_mixed_pair() {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld();
+    let before = runs(&stack);
+    let load = pdctl_tests::Load::start(&stack.router.as_ref().expect("router").url, 10.0, 8);
+    // Traffic before the change: the counter below is a measurement, not a silence.
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts(&stack).0 >= 10.0), "PD traffic flows");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--version", "ft-1127", "--json"], LIMIT);
+    let (sent, failed) = load.stop();
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(failed, 0, "every request was answered ({sent} sent): they waited for the load");
+    assert!(sent >= 30, "{sent}");
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        let m = model_info(url);
+        assert_eq!((m["model_path"].as_str(), m["weight_version"].as_str()), (Some("/models/dsv4-ft-1127"), Some("ft-1127")), "{m:#}");
+    }
+    assert_eq!(runs(&stack), before, "nothing was restarted");
+    let (decoded, mixed) = pd_counts(&stack);
+    assert_eq!(mixed, 0.0, "no PD request was decoded from KV of another version ({decoded} decoded)");
+    let step = r.events.iter().find(|e| e["unit"] == P && e["step"] == "weights" && e["status"] == "passed").expect("the prefill's weights step");
+    assert_eq!((step["detail"]["from"]["weight_version"].as_str(), step["detail"]["to"]["weight_version"].as_str()), (Some("default"), Some("ft-1127")));
+    let waited = step["detail"]["paused_ms"].as_u64().expect("paused_ms");
+    assert!(waited >= 2000, "the pause covers the load (2 s in the simulator): {waited} ms");
+    let id = r.summary["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("weights"), Some("succeeded")), "{rec:#}");
+    assert!(rec["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().unwrap_or("").starts_with("every worker was paused for"))), "{rec:#}");
+    // What an operator reads: the dry run touches nothing, the last line says what happened.
+    let (code, out) = human(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1201", "--dry-run"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("serves /models/dsv4-ft-1127 (weight_version ft-1127)")
+            && out.lines().last().unwrap_or("").starts_with("pdctl: ✓ dry run: nothing was touched"),
+        "{out}"
+    );
+    assert_eq!(model_info(&stack.decode.url)["weight_version"], "ft-1127", "the dry run loaded nothing");
+    let (code, out) = human(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1201", "--version", "ft-1201"]);
+    assert_eq!(code, 0, "{out}");
+    let last = out.lines().last().unwrap_or("");
+    assert!(last.starts_with("pdctl: ✓ succeeded (rollout ") && last.contains("all 2 worker(s) serve the new weights, verified, without a restart"), "{out}");
+    assert_eq!(runs(&stack), before, "still nothing restarted");
+}
+
+/// `pdctl ARGS --config C --socket S`, as an operator runs it: exit code and stdout.
+fn human(d: &pdctl_tests::pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let out = std::process::Command::new(bin).args(args).arg("--config").arg(config).arg("--socket").arg(&d.socket).output().expect("run pdctl");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The hazard is real in the simulator: loading the prefill alone (no pause, the decode left on
+/// its old weights) makes PD requests decode KV of another version, and the counter says so.
+#[test]
+fn loading_one_role_alone_pairs_versions_and_the_simulator_counts_them() {
+    let (stack, _config) = pdctl_tests::stack_with_config(&StackOptions::default());
+    let load = pdctl_tests::Load::start(&stack.router.as_ref().expect("router").url, 10.0, 8);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let r = rt.block_on(async {
+        let body = serde_json::json!({"model_path": "/models/dsv4-ft-1127", "weight_version": "ft-1127"});
+        pdctl_tests::http()
+            .post(format!("{}/update_weights_from_disk", stack.prefill.url))
+            .json(&body)
+            .send()
+            .await
+            .expect("POST")
+            .json::<Value>()
+            .await
+            .expect("JSON")
+    });
+    assert_eq!(r["success"], true, "{r:#}");
+    assert!(
+        pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts(&stack).1 >= 5.0),
+        "mixed pairs counted: {:?}",
+        pd_counts(&stack)
+    );
+    let _ = load.stop();
+}
+
+#[test]
+fn a_weights_load_that_fails_on_the_decode_puts_the_prefill_back_and_every_worker_continues() {
+    let opts = StackOptions { decode_args: vec!["--sim-weights-fail".into()], ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let load = pdctl_tests::Load::start(&stack.router.as_ref().expect("router").url, 10.0, 8);
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--version", "ft-1127", "--json"], LIMIT);
+    let (sent, failed) = load.stop();
+    assert_eq!(r.code, 1, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(D), Some("weights"), Some("weights_failed")), "{f:#}");
+    assert!(f["cause"].as_str().unwrap_or("").contains("simulated: --sim-weights-fail"), "SGLang's message: {f:#}");
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        let m = model_info(url);
+        assert_eq!(m["weight_version"], "default", "back on its previous weights: {m:#}");
+    }
+    assert!(r.events.iter().any(|e| e["unit"] == P && e["step"] == "rollback" && e["status"] == "passed"), "the prefill's previous weights loaded again");
+    assert_eq!(failed, 0, "every request was answered ({sent} sent)");
+    let (_, mixed) = pd_counts(&stack);
+    assert_eq!(mixed, 0.0);
+    // Serving after it: a request through the gateway.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let ok = rt.block_on(async {
+        let body = serde_json::json!({"text": "hello", "sampling_params": {"max_new_tokens": 4}});
+        pdctl_tests::http()
+            .post(format!("{}/generate", stack.router.as_ref().expect("router").url))
+            .json(&body)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    });
+    assert!(ok, "the stack serves after the failed load");
+}
+
+/// A restart that changes the decode's model path while the prefill serves the old one would pair
+/// versions: refused in preflight (`mixed_versions`, exit 2), nothing restarted. Restarted
+/// together with its prefill (`single_pair = "together"`, 1P1D) it passes: no old worker serves
+/// while a new one does.
+#[test]
+fn a_model_change_that_would_pair_versions_is_refused_and_passes_restarted_together() {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld();
+    let opts = StackOptions::default();
+    for (unit, w) in [(P, &stack.prefill), (D, &stack.decode)] {
+        let exec = stack.worker_unit(w, &opts, &["--model-path".into(), "/models/dsv4-ft-1127".into()]);
+        let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+        stack.drop_in(unit, "50-new-model", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
+    }
+    let before = runs(&stack);
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
+    assert_eq!(r.code, 2, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!((f["step"].as_str(), f["cause_code"].as_str()), (Some("preflight"), Some("mixed_versions")), "{f:#}");
+    assert!(f["cause"].as_str().unwrap_or("").contains("→ /models/dsv4-ft-1127"), "{f:#}");
+    assert_eq!(runs(&stack), before, "nothing was restarted");
+    std::fs::write(config.parent().expect("dir").join("config.d/40-together.toml"), "[rollout]\nsingle_pair = \"together\"\nallow_outage = true\n")
+        .expect("together");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        assert_eq!(model_info(url)["model_path"], "/models/dsv4-ft-1127");
+    }
+    let pre = r.events.iter().find(|e| e["unit"] == D && e["step"] == "preflight" && e["status"] == "passed").expect("the decode's preflight");
+    assert!(pre["detail"]["warnings"].as_array().is_some_and(|w| w.iter().any(|x| x.as_str().unwrap_or("").contains("restarted together"))), "{pre:#}");
+}
+
+/// The hazard of a plain rolling restart of a model change, proven in the simulator: with
+/// `coherent = "never"` (the warning instead of the refusal) the prefill restarts onto the new
+/// model first while the decode still runs the old one, and under load PD requests decode KV of
+/// the other model meanwhile — the counter says so.
+#[test]
+fn a_plain_rolling_restart_of_a_model_change_pairs_versions_as_coherent_never_warns() {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld();
+    std::fs::write(config.parent().expect("dir").join("config.d/40-never.toml"), "[rollout]\ncoherent = \"never\"\n").expect("never");
+    let opts = StackOptions::default();
+    for (unit, w) in [(P, &stack.prefill), (D, &stack.decode)] {
+        let exec = stack.worker_unit(w, &opts, &["--model-path".into(), "/models/dsv4-ft-1127".into()]);
+        let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+        stack.drop_in(unit, "50-new-model", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
+    }
+    // The old decode's counter dies with its process: watched while the rollout runs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, url) = (stop.clone(), stack.decode.url.clone());
+        std::thread::spawn(move || {
+            let mut most = 0.0f64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                most = most.max(mixed_at(&url));
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            most
+        })
+    };
+    let load = pdctl_tests::Load::start(&stack.router.as_ref().expect("router").url, 10.0, 8);
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
+    let _ = load.stop();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.join().expect("watcher");
+
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let pre = r.events.iter().find(|e| e["unit"] == P && e["step"] == "preflight" && e["status"] == "passed").expect("the prefill's preflight");
+    assert!(
+        pre["detail"]["warnings"].as_array().is_some_and(|w| w.iter().any(|x| x.as_str().unwrap_or("").starts_with("mixed versions (coherent = \"never\")"))),
+        "{pre:#}"
+    );
+    assert!(most >= 1.0, "PD requests decoded KV of the other model while the decode still ran the old one: {most} counted");
+}
+
+/// The decode's mixed-version counter now (0 when it cannot be read: it is restarting).
+fn mixed_at(url: &str) -> f64 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let text = rt.block_on(async { pdctl_tests::http().get(format!("{url}/metrics")).send().await.ok()?.text().await.ok() }).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("sglang_sim_pd_mixed_version_requests_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
