@@ -239,6 +239,32 @@ fn fleet_restart(config: &Path, d: &Pdctld, extra: &[&str]) -> (i32, Vec<Value>,
     (status.code().unwrap_or(-1), seen, err)
 }
 
+/// [`fleet_restart`] from the first host once every host is alive in etcd and its gateway lists
+/// both workers, with clients sending 8 requests a second through each host's gateway meanwhile.
+fn fleet_restart_under_load(hosts: &[(Stack, PathBuf, Pdctld)], extra: &[&str]) -> (i32, Vec<Value>, String) {
+    let (_, ca, da) = &hosts[0];
+    let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(ca);
+        names.iter().all(|h| alive(&s, h))
+    }));
+    for (s, _, _) in hosts {
+        assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
+    }
+    let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
+    let out = fleet_restart(ca, da, extra);
+    for l in loads {
+        l.stop();
+    }
+    out
+}
+
+/// The host name a host's config gives itself (`[fleet] host` in its fragment).
+fn host_of(config: &Path) -> String {
+    let frag = std::fs::read_to_string(config.parent().expect("dir").join("config.d/30-fleet.toml")).expect("fleet fragment");
+    frag.lines().find_map(|l| l.strip_prefix("host = \"")).and_then(|r| r.strip_suffix('"')).expect("host").to_string()
+}
+
 #[test]
 fn a_fleet_rollout_runs_every_hosts_part_serialized_by_slots_with_an_audit_trail() {
     let etcd = Etcd::start().expect("etcd");
@@ -326,23 +352,12 @@ fn a_slow_canary_is_judged_against_the_other_hosts_and_stops_the_fleet_before_an
         )
         .expect("slo");
     }
-    let (a, ca, da) = &hosts[0];
+    let (a, ca, _) = &hosts[0];
     std::fs::write(ca.parent().expect("dir").join("config.d/31-canary.toml"), "[fleet]\ncanary = \"gpu-node-a\"\n").expect("canary");
     a.drop_in(P, "50-slow", "[Service]\nEnvironment=SGLANG_SIM_SLOWDOWN=3\n").expect("drop-in");
     let before: Vec<(String, String)> =
         hosts[1..].iter().map(|(s, _, _)| (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"))).collect();
-    assert!(until(Duration::from_secs(30), || {
-        let s = fleet_status(ca);
-        ["gpu-node-a", "gpu-node-b", "gpu-node-c"].iter().all(|h| alive(&s, h))
-    }));
-    for (s, _, _) in &hosts {
-        assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
-    }
-    let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
-    let (code, lines, err) = fleet_restart(ca, da, &["--load-changes"]);
-    for l in loads {
-        l.stop();
-    }
+    let (code, lines, err) = fleet_restart_under_load(&hosts, &["--load-changes"]);
     assert_eq!(code, 1, "{lines:#?}\n{err}");
     let last = lines.last().cloned().unwrap_or(Value::Null);
     assert_eq!(last["result"], "failed", "{last:#}");
@@ -381,19 +396,8 @@ fn a_breach_during_the_bake_reverts_every_changed_host_the_last_first() {
         .expect("slo and bake");
         s.drop_in(D, "50-late-fail", "[Service]\nEnvironment=SGLANG_SIM_FAIL_FRACTION=0.3\nEnvironment=SGLANG_SIM_FAULTS_AFTER=45\n").expect("drop-in");
     }
-    let (_, ca, da) = &hosts[0];
-    assert!(until(Duration::from_secs(30), || {
-        let s = fleet_status(ca);
-        names.iter().all(|h| alive(&s, h))
-    }));
-    for (s, _, _) in &hosts {
-        assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
-    }
-    let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
-    let (code, lines, err) = fleet_restart(ca, da, &["--load-changes"]);
-    for l in loads {
-        l.stop();
-    }
+    let (_, ca, _) = &hosts[0];
+    let (code, lines, err) = fleet_restart_under_load(&hosts, &["--load-changes"]);
     assert_eq!(code, 1, "{lines:#?}\n{err}");
     let last = lines.last().cloned().unwrap_or(Value::Null);
     assert_eq!(last["result"], "rolled_back", "{last:#}");

@@ -315,6 +315,22 @@ fn settings() -> Settings {
     load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap()
 }
 
+/// A rollout of `plan` for `Engine::execute` (id `r1`), without revisions or a drain ledger.
+fn rollout_of<'a>(plan: &'a Plan, abort: &'a std::sync::atomic::AtomicBool, allow_outage: bool, load_changes: bool) -> pdctl_core::engine::RolloutRun<'a> {
+    pdctl_core::engine::RolloutRun {
+        plan,
+        resume: false,
+        abort,
+        revisions: None,
+        ledger: None,
+        id: "r1",
+        allow_outage,
+        load_changes,
+        restore: None,
+        weights: None,
+    }
+}
+
 fn world() -> W {
     let w = World { next_pid: 100, ..Default::default() };
     let w = Arc::new(Mutex::new(w));
@@ -480,7 +496,6 @@ async fn a_fixed_decode_needs_no_repair_and_the_pair_gate_probes_only_the_restar
 
 #[tokio::test]
 async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outage() {
-    use pdctl_core::engine::RolloutRun;
     let w = world();
     w.lock().unwrap().stale_cache = true;
     w.lock().unwrap().states.insert("p2.service".into(), state("old2", 30));
@@ -494,18 +509,7 @@ async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outag
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let abort = std::sync::atomic::AtomicBool::new(false);
-    let run = RolloutRun {
-        plan: &plan,
-        resume: false,
-        abort: &abort,
-        revisions: None,
-        ledger: None,
-        id: "r1",
-        allow_outage: false,
-        load_changes: false,
-        restore: None,
-        weights: None,
-    };
+    let run = rollout_of(&plan, &abort, false, false);
     let f = engine.execute(run, &tx).await.summary.failed.expect("halted");
     assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "repair_blocked"));
     assert!(f.cause.contains("only decode worker") && f.cause.contains("--allow-outage"), "{}", f.cause);
@@ -517,7 +521,6 @@ async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outag
 /// `load_changes` (a config rollout, or the flag) it reloads and restarts.
 #[tokio::test]
 async fn a_plain_restart_refuses_changes_it_would_load() {
-    use pdctl_core::engine::RolloutRun;
     for load_changes in [false, true] {
         let w = world();
         w.lock().unwrap().need_reload.push("p.service".into());
@@ -530,18 +533,7 @@ async fn a_plain_restart_refuses_changes_it_would_load() {
         let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
-        let run = RolloutRun {
-            plan: &plan,
-            resume: false,
-            abort: &abort,
-            revisions: None,
-            ledger: None,
-            id: "r1",
-            allow_outage: true,
-            load_changes,
-            restore: None,
-            weights: None,
-        };
+        let run = rollout_of(&plan, &abort, true, load_changes);
         let summary = engine.execute(run, &tx).await.summary;
         let world = w.lock().unwrap();
         if load_changes {
@@ -778,18 +770,7 @@ async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed
         let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
-        let run = RolloutRun {
-            plan: &plan,
-            resume: false,
-            abort: &abort,
-            revisions: None,
-            ledger: None,
-            id: "r1",
-            allow_outage: true,
-            load_changes: false,
-            restore: None,
-            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2") }),
-        };
+        let run = RolloutRun { weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2") }), ..rollout_of(&plan, &abort, true, false) };
         let summary = engine.execute(run, &tx).await.summary;
         drop(tx);
         let mut events = Vec::new();

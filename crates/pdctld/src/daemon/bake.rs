@@ -18,7 +18,7 @@ use pdctl_core::ports::{CasChange, Coordinator as _, Write};
 use pdctl_core::real::EtcdCoordinator;
 use pdctl_core::slo::{ServiceScrape, Verdict};
 
-use super::fleet::{fleet_put, fleet_summaries};
+use super::fleet::{fleet_put, fleet_summaries, per_host};
 use super::rollouts::start;
 use super::{engine, lock, Daemon};
 
@@ -277,28 +277,12 @@ async fn revert_of(c: &EtcdCoordinator, f: &FleetSettings, r: &FleetRollout) -> 
 
 /// Each host's bake of `r`.
 async fn bakes(c: &EtcdCoordinator, f: &FleetSettings, r: &FleetRollout) -> BTreeMap<String, HostBake> {
-    let p = pdctl_core::fleet::rollout_hosts_prefix(&f.name, &r.id);
-    c.get_prefix(&p)
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.key.ends_with("/bake"))
-        .filter_map(|e| serde_json::from_slice::<HostBake>(&e.value).ok())
-        .map(|b| (b.host.clone(), b))
-        .collect()
+    per_host(c, &f.name, &r.id, "/bake", |b: &HostBake| b.host.clone()).await
 }
 
 /// Each host's revert of `r`, as it ended.
 async fn reverts(c: &EtcdCoordinator, f: &FleetSettings, r: &FleetRollout) -> BTreeMap<String, HostSummary> {
-    let p = pdctl_core::fleet::rollout_hosts_prefix(&f.name, &r.id);
-    c.get_prefix(&p)
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.key.ends_with("/revert"))
-        .filter_map(|e| serde_json::from_slice::<HostSummary>(&e.value).ok())
-        .map(|s| (s.host.clone(), s))
-        .collect()
+    per_host(c, &f.name, &r.id, "/revert", |s: &HostSummary| s.host.clone()).await
 }
 
 /// Write `v` at `key` until etcd takes it (a bounded number of tries): fleet watchers wait for it.

@@ -252,14 +252,26 @@ pub(super) async fn fleet_put<T: serde::Serialize>(c: &pdctl_core::real::EtcdCoo
 }
 
 pub(super) async fn fleet_summaries(c: &pdctl_core::real::EtcdCoordinator, name: &str, id: &str) -> BTreeMap<String, pdctl_core::fleet::HostSummary> {
+    per_host(c, name, id, "/summary", |s: &pdctl_core::fleet::HostSummary| s.host.clone()).await
+}
+
+/// Every host's value under `rollouts/<id>/hosts/<host>/<suffix>` of fleet rollout `id`, by host
+/// (`host_of` names it; a value that does not read is left out).
+pub(super) async fn per_host<T: serde::de::DeserializeOwned>(
+    c: &pdctl_core::real::EtcdCoordinator,
+    name: &str,
+    id: &str,
+    suffix: &str,
+    host_of: impl Fn(&T) -> String,
+) -> BTreeMap<String, T> {
     use pdctl_core::ports::Coordinator as _;
     let p = pdctl_core::fleet::rollout_hosts_prefix(name, id);
     c.get_prefix(&p)
         .await
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.key.ends_with("/summary"))
-        .filter_map(|e| serde_json::from_slice::<pdctl_core::fleet::HostSummary>(&e.value).ok())
-        .map(|s| (s.host.clone(), s))
+        .filter(|e| e.key.ends_with(suffix))
+        .filter_map(|e| serde_json::from_slice::<T>(&e.value).ok())
+        .map(|v| (host_of(&v), v))
         .collect()
 }
