@@ -691,3 +691,80 @@ fn etcd_over_tls_with_client_certificates_and_refused_without_one() {
     assert_eq!(fleet_status(&with_cert)["paused"]["reason"], "tls works", "still paused");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `pdctl fleet weights` on three hosts under load: every host pauses, all load, all continue only
+/// once every host serves the new weights — no request failed, none decoded KV of another
+/// version (each decode's simulator counter), nothing restarted. A host whose decode cannot load
+/// them makes every host load its previous weights back.
+#[test]
+fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_back() {
+    for fail in [false, true] {
+        let etcd = Etcd::start().expect("etcd");
+        let hosts: Vec<(Stack, PathBuf, Pdctld)> = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
+            .iter()
+            .map(|h| {
+                let bad = fail && *h == "gpu-node-c";
+                let opts = StackOptions { decode_args: if bad { vec!["--sim-weights-fail".into()] } else { Vec::new() }, ..Default::default() };
+                host_with(&etcd.url(), h, &opts)
+            })
+            .collect();
+        let runs: Vec<(String, String)> =
+            hosts.iter().map(|(s, _, _)| (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"))).collect();
+        let (_, ca, da) = &hosts[0];
+        let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
+        assert!(until(Duration::from_secs(30), || {
+            let s = fleet_status(ca);
+            names.iter().all(|h| alive(&s, h))
+        }));
+        for (s, _, _) in &hosts {
+            assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
+        }
+        let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
+        let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+        let out = std::process::Command::new(bin)
+            .args(["fleet", "weights", "--model-path", "/models/dsv4-ft-1127", "--version", "ft-1127", "--json", "--socket"])
+            .arg(&da.socket)
+            .arg("--config")
+            .arg(ca)
+            .output()
+            .expect("run pdctl");
+        let mut failed = 0;
+        for l in loads {
+            failed += l.stop().1;
+        }
+        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let last = lines.last().cloned().unwrap_or(Value::Null);
+        assert_eq!(failed, 0, "every request was answered (fail = {fail})");
+        let expected = if fail { "default" } else { "ft-1127" };
+        for (i, (s, _, _)) in hosts.iter().enumerate() {
+            for url in [&s.prefill.url, &s.decode.url] {
+                let m = http_json(&format!("{url}/model_info"));
+                assert_eq!(m["weight_version"], expected, "{} {url} (fail = {fail}): {last:#}", names[i]);
+            }
+            let metrics = http_text(&format!("{}/metrics", s.decode.url));
+            let value =
+                |name: &str| metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok());
+            let (decoded, mixed) = (value("sglang_sim_pd_decoded_requests_total"), value("sglang_sim_pd_mixed_version_requests_total"));
+            assert!(decoded.is_some_and(|d| d >= 10.0), "{}: PD requests were decoded: {decoded:?}", names[i]);
+            assert_eq!(mixed, Some(0.0), "{}: no request decoded KV of another version", names[i]);
+            assert_eq!((s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d")), runs[i], "nothing restarted");
+        }
+        if fail {
+            assert_ne!(out.status.code(), Some(0), "{last:#}");
+            assert_eq!(last["hosts"]["gpu-node-c"], "failed", "{last:#}");
+            assert_eq!(last["result"], "failed", "{last:#}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{lines:#?}");
+            assert_eq!(last["result"], "succeeded", "{last:#}");
+        }
+    }
+}
+
+fn http_json(url: &str) -> Value {
+    serde_json::from_str(&http_text(url)).expect("JSON")
+}
+
+fn http_text(url: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async { pdctl_tests::http().get(url).send().await.expect("GET").text().await.expect("body") })
+}

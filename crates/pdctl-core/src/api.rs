@@ -72,6 +72,10 @@ pub enum Request {
         /// Why.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// This host's part of fleet rollout ID (`pdctl fleet weights`): every host pauses, loads
+        /// and continues in step, through etcd. Without it a host with `[fleet]` refuses.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fleet_rollout: Option<String>,
     },
     /// Put back what a finished rollout changed: each worker it restarted with changed files, in
     /// reverse order, gets the files it ran before (kept when that rollout recorded the new ones)
@@ -169,6 +173,9 @@ pub struct FleetRequest {
     /// Each host's restart may load unit changes its workers do not run yet (`--load-changes`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub load_changes: bool,
+    /// Not a restart: new weights into every worker of every host at once (`pdctl fleet weights`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<crate::fleet::FleetWeights>,
 }
 
 /// What kind of rollout a record is.

@@ -770,7 +770,10 @@ async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed
         let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
-        let run = RolloutRun { weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2") }), ..rollout_of(&plan, &abort, true, false) };
+        let run = RolloutRun {
+            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None }),
+            ..rollout_of(&plan, &abort, true, false)
+        };
         let summary = engine.execute(run, &tx).await.summary;
         drop(tx);
         let mut events = Vec::new();

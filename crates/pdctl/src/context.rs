@@ -150,7 +150,7 @@ pub async fn weights_dry_run(config: &Path, model_path: &str, version: Option<&s
         Err(e) => return e,
     };
     if s.fleet.is_some() {
-        eprintln!("pdctl: ✗ rollout weights loads every worker of one host at once; with [fleet] other hosts' workers would pair with them across versions: not built yet; nothing was touched");
+        eprintln!("pdctl: ✗ rollout weights loads every worker of one host at once; with [fleet] other hosts' workers would pair with them across versions; nothing was touched; next: pdctl fleet weights --model-path {model_path}");
         return Exit::Usage;
     }
     let probes = pdctl_core::real::probes(&s);

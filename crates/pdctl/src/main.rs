@@ -96,6 +96,27 @@ enum FleetCmd {
         #[arg(long)]
         json: bool,
     },
+    /// New weights into every worker of every host at once, without a restart: each host pauses
+    /// its workers, then all load PATH, then — once every host serves it — all continue (steps in
+    /// etcd); a host that fails makes every host load its previous weights back. Requests wait for
+    /// the load (fleet-wide) instead of failing; no request pairs two versions.
+    Weights {
+        /// The checkpoint (a path every host's servers read).
+        #[arg(long, value_hint = clap::ValueHint::AnyPath)]
+        model_path: String,
+        /// Its version (SGLang's weight_version), verified on every worker.
+        #[arg(long)]
+        version: Option<String>,
+        /// Only these hosts (repeatable; default: every host alive now).
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+        /// Why (kept with who started it).
+        #[arg(long)]
+        reason: Option<String>,
+        /// One JSON object per line (events with a `host` field, then the fleet summary).
+        #[arg(long)]
+        json: bool,
+    },
     /// Follow a fleet rollout: every host's events, then the fleet summary.
     Watch {
         /// The fleet rollout id.
@@ -359,7 +380,7 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
             if dry_run {
                 return context::weights_dry_run(config, &model_path, version.as_deref(), json).await;
             }
-            rollout::start(client, config, &Request::Weights { model_path, version, reason }, json).await
+            rollout::start(client, config, &Request::Weights { model_path, version, reason, fleet_rollout: None }, json).await
         }
         RolloutCmd::Revert { id, reason, json } => rollout::start(client, config, &Request::Revert { id, reason }, json).await,
         RolloutCmd::History(a) => rollout::history(client, a.json).await,
@@ -371,12 +392,16 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
 async fn fleet_cmd(f: FleetCmd, config: &std::path::Path, client: &client::Client) -> Exit {
     match f {
         FleetCmd::Status(a) => fleet::status(config, a.json).await,
+        FleetCmd::Weights { model_path, version, hosts, reason, json } => {
+            let weights = Some(pdctl_core::fleet::FleetWeights { model_path, version });
+            fleet::restart(client, config, pdctl_core::api::FleetRequest { hosts, allow_outage: false, reason, load_changes: false, weights }, json).await
+        }
         FleetCmd::Restart { rolling, hosts, allow_outage, load_changes, reason, json } => {
             if !rolling {
                 eprintln!("pdctl: fleet restart needs --rolling (pdctl only restarts one unit at a time per host, slots fleet-wide)");
                 Exit::Usage
             } else {
-                fleet::restart(client, config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason, load_changes }, json).await
+                fleet::restart(client, config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason, load_changes, weights: None }, json).await
             }
         }
         FleetCmd::Watch { id, json } => fleet::watch(config, &id, json).await,

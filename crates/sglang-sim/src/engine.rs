@@ -105,6 +105,9 @@ pub const PD_DECODED: &str = "sglang_sim_pd_decoded_requests";
 pub struct Engine {
     cfg: Arc<SimConfig>,
     state: Arc<Mutex<State>>,
+    /// `Some(mode)` while generation is paused (`/pause_generation`): the scheduler runs nothing,
+    /// a prefill sends no KV.
+    paused: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 /// Tokens a running request holds; returned to the pool with [`Engine::finish`].
@@ -118,6 +121,7 @@ impl Engine {
     /// A scheduler whose KV pool was just allocated (constants are written now in ≥0.5.11).
     pub fn new(cfg: Arc<SimConfig>) -> Engine {
         Engine {
+            paused: Arc::new(tokio::sync::watch::channel(None).0),
             state: Arc::new(Mutex::new(State {
                 status: Status::Starting,
                 running: 0,
@@ -140,6 +144,17 @@ impl Engine {
             })),
             cfg,
         }
+    }
+
+    /// The pause (`Some(mode)` while paused), shared by the HTTP side and the PD hand-off.
+    pub fn pause(&self) -> &Arc<tokio::sync::watch::Sender<Option<String>>> {
+        &self.paused
+    }
+
+    /// Wait while paused (a paused scheduler runs nothing).
+    pub async fn wait_unpaused(&self) {
+        let mut rx = self.paused.subscribe();
+        let _ = rx.wait_for(Option::is_none).await;
     }
 
     /// The weights served now.

@@ -455,6 +455,9 @@ async fn fetch(State(pd): State<Pd>, Path(room): Path<u64>, axum::Json(body): ax
             return (StatusCode::NOT_FOUND, "room not prefilled in time").into_response();
         }
     }
+    // A paused prefill's scheduler sends nothing: the hand-off waits for the continue (after a
+    // `retract` pause the room is recomputed then, with the weights served from then on).
+    pd.engine.wait_unpaused().await;
     // The prefill does not compare settings: the decode does, on first contact (`receive`).
     let (held, computed) = {
         let mut rooms = lock(&pd.inner.rooms);

@@ -95,6 +95,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             repair_of: Some(format!("{}/{}", f.host, p.unit)),
             load_changes: false,
             bake_secs: None,
+            weights: None,
         };
         let value = serde_json::to_vec(&r).unwrap_or_default();
         let s = StepRun::start(sink, &p.unit, Step::Pair);

@@ -22,6 +22,7 @@ use crate::config::{Role, Worker};
 use crate::engine::step::{Fail, StepRun};
 use crate::engine::Engine;
 use crate::events::{Outcome, Sink, Step, Summary};
+use crate::names::FLEET;
 use crate::plan::Plan;
 use crate::ports::{Health, Logs, Probes, Units};
 
@@ -32,6 +33,9 @@ pub struct WeightsTarget<'a> {
     pub model_path: &'a str,
     /// Its version (`weight_version`), when given.
     pub version: Option<&'a str>,
+    /// This host's part of fleet rollout ID (`pdctl fleet weights`): every host pauses, then
+    /// loads, then continues only once every host has loaded (a step in etcd per phase).
+    pub fleet_rollout: Option<&'a str>,
 }
 
 /// What a worker served before: `(model_path, weight_version)`.
@@ -82,6 +86,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             paused.push(*w);
             steps.push((s, *w, served.clone()));
         }
+        // In a fleet: every host paused before any loads.
+        if let Some(id) = to.fleet_rollout {
+            if let Err(why) = self.weights_step(id, "paused", Ok(())).await {
+                let f = Fail::from(Cause::WeightsFailed { unit: FLEET.into(), why: format!("not every host paused: {why}") });
+                for (s, _, _) in steps {
+                    s.fail(&f);
+                }
+                let _ = self.resume_all(&paused, notes).await;
+                return end(Outcome::Failed, Vec::new(), Some(self.failure(FLEET, Step::Weights, f).await));
+            }
+        }
         let paused_at = Instant::now();
         // Every worker loads at once: each bounded like a start.
         let limit = self.settings.rollout.ready_timeout;
@@ -106,6 +121,25 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }))
         .await;
         let loaded: Vec<&Worker> = before.iter().zip(&loads).filter(|(_, (_, r))| r.is_ok()).map(|((w, _), _)| *w).collect();
+        // In a fleet: no host continues before every host serves the new weights.
+        if let Some(id) = to.fleet_rollout {
+            let mine = match before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
+                Some(((w, _), (_, Err(why)))) => Err(format!("{}: {why}", w.unit)),
+                _ => Ok(()),
+            };
+            if let (Ok(()), Err(why)) = (&mine, self.weights_step(id, "loaded", mine.clone()).await) {
+                let f = Fail::from(Cause::WeightsFailed {
+                    unit: FLEET.into(),
+                    why: format!("another host did not take them ({why}): every host loads its previous weights again"),
+                });
+                for (s, _, _) in steps {
+                    s.fail(&f);
+                }
+                self.put_back(&before, &loaded, false, sink, notes).await;
+                let _ = self.resume_all(&paused, notes).await;
+                return end(Outcome::Failed, Vec::new(), Some(self.failure(FLEET, Step::Weights, f).await));
+            }
+        }
         if let Some(((w, _), (_, Err(why)))) = before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
             let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: why.clone() };
             let f = Fail::from(cause.clone());
@@ -155,6 +189,60 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return end(Outcome::Failed, Vec::new(), Some(failure));
         }
         end(Outcome::Succeeded, plan.workers.iter().map(|w| w.unit.clone()).collect(), None)
+    }
+
+    /// Fleet weights rollout `id`: write this host's `phase` (`mine`: whether it got there), then
+    /// wait (bounded) until every host of the rollout wrote it; `Err`: this host's failure, the
+    /// first other host's, or who did not get there in time.
+    async fn weights_step(&self, id: &str, phase: &str, mine: Result<(), String>) -> Result<(), String> {
+        use crate::fleet::{rollout_hosts_prefix, rollout_key, weights_phase_key, FleetRollout, WeightsPhase};
+        use crate::ports::{CasChange, Write};
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return mine };
+        let hosts = match c.get(&rollout_key(&f.name, id)).await {
+            Ok(Some(e)) => serde_json::from_slice::<FleetRollout>(&e.value).map(|r| r.hosts).map_err(|e| format!("fleet rollout {id} does not read: {e}"))?,
+            Ok(None) => return Err(format!("no fleet rollout {id} in etcd")),
+            Err(e) => return Err(format!("etcd: {e}")),
+        };
+        let key = weights_phase_key(&f.name, id, &f.host, phase);
+        let value = serde_json::to_vec(&WeightsPhase { host: f.host.clone(), ok: mine.is_ok(), why: mine.clone().err() }).unwrap_or_default();
+        let mut written = false;
+        for _ in 0..10 {
+            let expect = c.get(&key).await.ok().flatten().map(|e| e.mod_revision).unwrap_or(0);
+            if matches!(c.cas(vec![CasChange { key: key.clone(), expect, write: Write::Put(value.clone()) }]).await, Ok(true)) {
+                written = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        if !written {
+            return Err(format!("this host's '{phase}' could not be written to etcd"));
+        }
+        mine?;
+        let limit = self.settings.rollout.ready_timeout + std::time::Duration::from_secs(60);
+        let deadline = Instant::now() + limit;
+        let suffix = format!("/weights/{phase}");
+        loop {
+            let seen: Vec<WeightsPhase> = c
+                .get_prefix(&rollout_hosts_prefix(&f.name, id))
+                .await
+                .unwrap_or_default()
+                .iter()
+                .filter(|e| e.key.ends_with(&suffix))
+                .filter_map(|e| serde_json::from_slice(&e.value).ok())
+                .collect();
+            if let Some(bad) = seen.iter().find(|p| !p.ok) {
+                return Err(format!("{}: {}", bad.host, bad.why.clone().unwrap_or_default()));
+            }
+            let missing: Vec<&String> = hosts.iter().filter(|h| !seen.iter().any(|p| &p.host == *h)).collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let names: Vec<&str> = missing.iter().map(|h| h.as_str()).collect();
+                return Err(format!("{} did not get to '{phase}' within {}", names.join(", "), crate::cause::dur(&limit)));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
     }
 
     /// A worker's weights before: it must serve (`/health` 200) and say what it serves.

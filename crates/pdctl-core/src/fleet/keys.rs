@@ -269,6 +269,39 @@ pub struct FleetRollout {
     /// reverting the changed hosts (`[fleet] bake` of the host that wrote the request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bake_secs: Option<u64>,
+    /// Not a restart: new weights, every host's workers paused, loaded and continued in step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<FleetWeights>,
+}
+
+/// New weights for every host of a fleet rollout (`pdctl fleet weights`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetWeights {
+    /// The checkpoint (a path every host's servers read).
+    pub model_path: String,
+    /// Its version (`weight_version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// A host's step of a fleet weights rollout (`rollouts/<id>/hosts/<host>/weights/<phase>`):
+/// `paused` once all its workers are paused, `loaded` once each serves the new weights.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsPhase {
+    /// The host.
+    pub host: String,
+    /// Whether it got there (`false`: `why`).
+    pub ok: bool,
+    /// What failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// The key of `host`'s `phase` of fleet weights rollout `id`.
+pub fn weights_phase_key(name: &str, id: &str, host: &str, phase: &str) -> String {
+    format!("{}{host}/weights/{phase}", rollout_hosts_prefix(name, id))
 }
 
 /// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).

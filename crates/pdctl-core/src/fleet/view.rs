@@ -132,6 +132,7 @@ mod tests {
             repair_of: None,
             load_changes: true,
             bake_secs: bake,
+            weights: None,
         }
     }
 

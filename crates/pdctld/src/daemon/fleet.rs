@@ -141,8 +141,9 @@ impl Daemon {
             why: Some(why),
             finished_at: Some(pdctl_core::fleet::now_secs()),
         };
-        // The canary goes first; the others start only once it succeeded.
-        if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host) {
+        // The canary goes first; the others start only once it succeeded. (New weights go into
+        // every host at once, in step: no canary.)
+        if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host && r.weights.is_none()) {
             loop {
                 match fleet_summaries(&c, &f.name, &r.id).await.get(canary) {
                     Some(s) if s.result == HostResult::Succeeded => break,
@@ -159,12 +160,15 @@ impl Daemon {
             return;
         }
         let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
-        let started = start(
-            self.clone(),
-            Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: r.load_changes, config: None },
-            by,
-        )
-        .await;
+        let request = match &r.weights {
+            Some(w) => {
+                Request::Weights { model_path: w.model_path.clone(), version: w.version.clone(), reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()) }
+            }
+            None => {
+                Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: r.load_changes, config: None }
+            }
+        };
+        let started = start(self.clone(), request, by).await;
         let id = match started {
             Ok(Started { id: Some(id), .. }) => id,
             Ok(_) => return,

@@ -90,7 +90,9 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
         units: Vec::new(),
         repair_of: None,
         load_changes: req.load_changes,
-        bake_secs: f.bake.map(|b| b.as_secs()),
+        // New weights are all hosts at once: no bake of a restart's changes.
+        bake_secs: f.bake.map(|b| b.as_secs()).filter(|_| req.weights.is_none()),
+        weights: req.weights.clone(),
     };
     let key = pdctl_core::fleet::rollout_key(&f.name, &r.id);
     let value = serde_json::to_vec(&r).unwrap_or_default();

@@ -65,10 +65,10 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Err(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         Request::Resume { id: old_id } => plan_resume(&daemon, &e, old_id, &id)?,
-        Request::Weights { model_path, version, .. } => {
-            if e.settings.fleet.is_some() {
+        Request::Weights { model_path, version, fleet_rollout, .. } => {
+            if e.settings.fleet.is_some() && fleet_rollout.is_none() {
                 return Err(Cause::BadRequest {
-                    message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions, and a fleet-wide weights rollout is not built yet: load them with a coherent restart instead".into(),
+                    message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions: load the weights into every host in step with `pdctl fleet weights --model-path PATH`".into(),
                 });
             }
             let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
@@ -81,7 +81,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
                 load_changes: false,
                 reverify: false,
                 restore: None,
-                weights: Some((model_path, version)),
+                weights: Some((model_path, version, fleet_rollout)),
             }
         }
         Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
@@ -159,6 +159,9 @@ fn take_slot(daemon: &Daemon) -> Result<Taken, Cause> {
     Ok((id, abort, tx, record))
 }
 
+/// A weights rollout's checkpoint, version and fleet rollout.
+type Weights = (String, Option<String>, Option<String>);
+
 /// A revert's revisions: unit → the revision it ran before the reverted rollout.
 type Restore = Option<BTreeMap<String, pdctl_core::revisions::Revision>>;
 
@@ -177,8 +180,9 @@ struct Planned {
     reverify: bool,
     /// A revert: unit → the revision it ran before the reverted rollout.
     restore: Option<BTreeMap<String, pdctl_core::revisions::Revision>>,
-    /// A weights rollout: the checkpoint and its version.
-    weights: Option<(String, Option<String>)>,
+    /// A weights rollout: the checkpoint, its version, and the fleet rollout it is this host's
+    /// part of.
+    weights: Option<Weights>,
 }
 
 /// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
@@ -336,7 +340,7 @@ pub(super) async fn run(
     record: Arc<Mutex<Record>>,
     tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
-    (reverify, restore, weights): (bool, Restore, Option<(String, Option<String>)>),
+    (reverify, restore, weights): (bool, Restore, Option<Weights>),
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let consumer = {
@@ -362,7 +366,11 @@ pub(super) async fn run(
         allow_outage,
         load_changes,
         restore: restore.as_ref(),
-        weights: weights.as_ref().map(|(model_path, version)| pdctl_core::engine::WeightsTarget { model_path, version: version.as_deref() }),
+        weights: weights.as_ref().map(|(model_path, version, fleet)| pdctl_core::engine::WeightsTarget {
+            model_path,
+            version: version.as_deref(),
+            fleet_rollout: fleet.as_deref(),
+        }),
     };
     let mut finished = e.execute(run, &sink).await;
     daemon.keep_baseline(&id, std::mem::take(&mut finished.service_before));

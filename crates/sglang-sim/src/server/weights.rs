@@ -23,19 +23,18 @@ use crate::log;
 /// The pause and the model lock of one server.
 #[derive(Clone)]
 pub(crate) struct Control {
-    /// `Some(mode)` while paused.
+    /// `Some(mode)` while paused (the engine's: a paused prefill sends no KV either).
     paused: Arc<tokio::sync::watch::Sender<Option<String>>>,
     /// `model_update_lock`.
     model: Arc<tokio::sync::RwLock<()>>,
 }
 
-impl Default for Control {
-    fn default() -> Self {
-        Control { paused: Arc::new(tokio::sync::watch::channel(None).0), model: Arc::new(tokio::sync::RwLock::new(())) }
-    }
-}
-
 impl Control {
+    /// The control of the server whose scheduler is `engine`.
+    pub(crate) fn new(engine: &crate::engine::Engine) -> Control {
+        Control { paused: engine.pause().clone(), model: Arc::new(tokio::sync::RwLock::new(())) }
+    }
+
     /// Paused now (`/ready` is 503).
     pub(crate) fn is_paused(&self) -> bool {
         self.paused.borrow().is_some()
