@@ -226,3 +226,33 @@ fn mixed_at(url: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
 }
+
+/// pdctld SIGKILLed while a weights rollout holds every worker paused: the pause was on record
+/// (`paused.json`, written before it), so the pdctld that starts again continues them — none is
+/// left holding its requests — and the interrupted rollout is not resumed as a restart.
+#[test]
+fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
+    let slow = vec!["--sim-weights-load-secs".to_string(), "20".to_string()];
+    let opts = StackOptions { prefill_args: slow.clone(), decode_args: slow, ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let mut c = pdctl_tests::live_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"]);
+    c.wait_line(LIMIT, |e| e["unit"] == P && e["step"] == "weights" && e["status"] == "started").expect("the prefill is being paused");
+    let ready = |url: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async { pdctl_tests::http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
+    };
+    assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(100), || ready(&stack.prefill.url) == 503), "the prefill is paused");
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    let _ = c.finish(Duration::from_secs(20));
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    // The loads the killed rollout asked for still run (20 s); what matters is that no worker
+    // stays paused after them.
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        assert!(pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(200), || ready(url) == 200), "{url} was continued by the new pdctld");
+    }
+    let (_, h) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();
+    let (code, body) = pdctl_tests::raw_api(&d.socket, "POST", "/v1/rollouts", &format!("{{\"kind\":\"resume\",\"id\":\"{id}\"}}"));
+    assert_eq!(code, 409, "{body:#}");
+    assert!(body["error"].as_str().unwrap_or("").contains("weights rollout is not resumed"), "{body:#}");
+}

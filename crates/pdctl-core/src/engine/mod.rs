@@ -47,7 +47,7 @@ use crate::revisions;
 pub use gates::{BakeLook, BakeMarks};
 pub use recovery::quarantine_clause;
 pub use step::sentence;
-pub use weights::WeightsTarget;
+pub use weights::{paused_path, PausedWorker, WeightsTarget};
 
 /// Lines of the unit's log attached to a failure.
 pub const LAST_LINES: usize = 20;

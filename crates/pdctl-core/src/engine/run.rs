@@ -70,7 +70,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // failed worker was out and put back is part of the figures.
         let run = async {
             let mut summary = match (r.restore, r.weights) {
-                (_, Some(to)) => self.update_weights(&plan, to, sink, &mut notes).await,
+                (_, Some(to)) => self.update_weights_recorded(&plan, to, r.revisions, sink, &mut notes).await,
                 (Some(befores), None) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
                 (None, None) => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
             };

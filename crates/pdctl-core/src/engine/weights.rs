@@ -41,7 +41,63 @@ pub struct WeightsTarget<'a> {
 /// What a worker served before: `(model_path, weight_version)`.
 type Served = (String, String);
 
+/// One worker pdctl may have left paused (`paused.json` in pdctld's state directory).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PausedWorker {
+    /// The unit.
+    pub unit: String,
+    /// Its URL (where `/continue_generation` goes).
+    pub url: String,
+}
+
+/// Where a weights rollout records the workers it is about to pause (written before the first
+/// pause, removed when the rollout ends): what pdctld continues when it starts after a crash.
+pub fn paused_path(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("paused.json")
+}
+
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// [`Engine::update_weights`] with its side effect on record: the workers it pauses are
+    /// written to `dir` ([`paused_path`]) before the first pause and forgotten once the rollout
+    /// ended (every path of it continues them), so that a pdctld that died in between continues
+    /// them when it starts. Without `dir` (never from pdctld) nothing is recorded.
+    pub(in crate::engine) async fn update_weights_recorded(
+        &self,
+        plan: &Plan,
+        to: WeightsTarget<'_>,
+        dir: Option<&std::path::Path>,
+        sink: &Sink,
+        notes: &mut Vec<String>,
+    ) -> Summary {
+        if let Some(dir) = dir {
+            let paused: Vec<PausedWorker> = plan.workers.iter().map(|w| PausedWorker { unit: w.unit.clone(), url: w.url.clone() }).collect();
+            let bytes = serde_json::to_vec_pretty(&paused).unwrap_or_default();
+            if let Err(e) = crate::state_file::atomic_write(&paused_path(dir), &bytes, crate::state_file::STATE_FILE_MODE) {
+                let cause = Cause::RecordUnwritable { dir: dir.display().to_string(), error: e.to_string() };
+                // Nothing is paused unrecorded: the first worker's preflight fails, nothing touched.
+                let unit = plan.workers.first().map(|w| w.unit.as_str()).unwrap_or(FLEET);
+                let s = StepRun::start(sink, unit, Step::Preflight);
+                let f = Fail::from(cause.clone());
+                s.fail(&f);
+                return Summary {
+                    id: None,
+                    result: Outcome::Failed,
+                    elapsed_ms: 0,
+                    units: Vec::new(),
+                    checked: Vec::new(),
+                    repairs: Default::default(),
+                    availability: None,
+                    failed: Some(self.failure(unit, Step::Preflight, Fail::from(cause)).await),
+                };
+            }
+        }
+        let summary = self.update_weights(plan, to, sink, notes).await;
+        if let Some(dir) = dir {
+            let _ = std::fs::remove_file(paused_path(dir));
+        }
+        summary
+    }
+
     /// Load `to` into every worker of `plan` at once (see the module's documentation).
     pub(in crate::engine) async fn update_weights(&self, plan: &Plan, to: WeightsTarget<'_>, sink: &Sink, notes: &mut Vec<String>) -> Summary {
         let t0 = Instant::now();

@@ -58,6 +58,36 @@ impl Daemon {
     /// Undo the drains left in the ledger by a previous process, before any rollout starts:
     /// each worker is re-admitted once it serves (see `Engine::reconcile`), waiting up to
     /// `ready_timeout` for a worker that is starting.
+    /// Workers a weights rollout paused before this pdctld's predecessor died (on record in
+    /// `paused.json`, written before the pause): continued now, so that none is left holding its
+    /// requests; their weights are what `pdctl status` says (the rollout's record is interrupted).
+    async fn continue_paused(&self) {
+        use pdctl_core::ports::Probes as _;
+        let path = pdctl_core::engine::paused_path(&self.store.revisions_dir());
+        let Ok(bytes) = std::fs::read(&path) else { return };
+        let paused: Vec<pdctl_core::engine::PausedWorker> = serde_json::from_slice(&bytes).unwrap_or_default();
+        match engine(self).await {
+            Ok(e) => {
+                for w in &paused {
+                    match e.probes.resume(&w.url, e.settings.rollout.health_timeout).await {
+                        Ok(()) => {
+                            tracing::warn!(pdctl_unit = %w.unit, "{} was paused by a weights rollout when pdctld stopped: continued; check its weights (pdctl status)", w.unit)
+                        }
+                        Err(er) => {
+                            tracing::error!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout ({er}): continue it by hand (POST {}/continue_generation)", w.unit, w.url)
+                        }
+                    }
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(c) => tracing::error!(
+                "workers a weights rollout paused may still be paused ({}): {}",
+                paused.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "),
+                c.sentence()
+            ),
+        }
+    }
+
     pub async fn reconcile_at_start(self: Arc<Self>) {
         // Good revisions are recorded eagerly: what each worker's running process started with,
         // so that a rollback works from the first day.
@@ -66,6 +96,7 @@ impl Daemon {
                 tracing::warn!("cannot record the workers' revisions at start: {}", c.sentence());
             }
         }
+        self.continue_paused().await;
         let (drains, _) = self.store.ledger().all();
         if !drains.is_empty() {
             match engine(&self).await {

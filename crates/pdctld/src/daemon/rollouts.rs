@@ -226,6 +226,16 @@ fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Res
     if old.lifecycle.state() != RolloutState::Interrupted {
         return Err(wrong(old.lifecycle.state()));
     }
+    // Its workers were continued when pdctld started; its files or weights are not resumed
+    // as a rolling restart would take them.
+    let again = match old.kind {
+        RolloutKind::Weights => Some("an interrupted weights rollout is not resumed (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout weights again"),
+        RolloutKind::Revert => Some("an interrupted revert is not resumed: run pdctl rollout revert with the reverted rollout's id again (workers already put back are left as they are)"),
+        _ => None,
+    };
+    if let Some(needs) = again {
+        return Err(Cause::WrongState { id: old_id.clone(), state: old.lifecycle.state().as_str().into(), needs: needs.into() });
+    }
     let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
     // Stopped while waiting for a fleet slot: that unit was never touched, so it is restarted,
     // not re-verified.
