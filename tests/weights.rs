@@ -256,3 +256,102 @@ fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
     assert_eq!(code, 409, "{body:#}");
     assert!(body["error"].as_str().unwrap_or("").contains("weights rollout is not resumed"), "{body:#}");
 }
+
+/// The decodes' `(decoded, mixed)` counters summed (a 2P2D stack has two).
+fn pd_counts_of(urls: &[String]) -> (f64, f64) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let mut sum = (0.0, 0.0);
+    for url in urls {
+        let text = rt.block_on(async { pdctl_tests::http().get(format!("{url}/metrics")).send().await.ok()?.text().await.ok() }).unwrap_or_default();
+        let value = |name: &str| {
+            text.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        };
+        sum.0 += value("sglang_sim_pd_decoded_requests_total");
+        sum.1 += value("sglang_sim_pd_mixed_version_requests_total");
+    }
+    sum
+}
+
+/// 2P2D behind the real gateway, under load through it: a model-path change written to every
+/// worker's files is rolled out by `pdctl rollout apply` in place (the change is new weights
+/// only, the tokenizer pinned): 0 failed requests, 0 PD requests decoded from KV of the other
+/// version, nothing restarted, every worker on the new model, the files on record (nothing stale
+/// after), and a later restart is not refused (the coherence check reads `/model_info`, where
+/// 0.5.23 reports a weight update; `/server_info` keeps the startup values). Then the same kind
+/// of change rolled out the old way (`in_place = "never"`, `coherent = "never"`: a plain rolling
+/// restart) pairs versions: the hazard is real in the simulator.
+#[test]
+fn a_config_rollout_of_a_new_model_path_in_2p2d_loads_it_in_place_under_load_with_no_mixed_pair() {
+    let pin = vec!["--tokenizer-path".to_string(), "/models/dsv4-tokenizer".to_string()];
+    let opts = StackOptions { pairs: 2, prefill_args: pin.clone(), decode_args: pin.clone(), ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let workers: Vec<(String, String)> = stack.workers().iter().map(|w| (w.unit.clone(), w.url.clone())).collect();
+    let decodes: Vec<String> = stack.workers().iter().filter(|w| w.role == "decode").map(|w| w.url.clone()).collect();
+    assert_eq!((workers.len(), decodes.len()), (4, 2));
+    let invocations = || workers.iter().map(|(u, _)| stack.show(u, "InvocationID").expect("show")).collect::<Vec<_>>();
+    let change = |model: &str| {
+        for w in stack.workers() {
+            let mut extra = pin.clone();
+            extra.extend(["--model-path".to_string(), model.to_string()]);
+            let exec = stack.worker_unit(w, &opts, &extra);
+            let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+            stack.drop_in(&w.unit, "50-new-model", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
+        }
+    };
+    let before = invocations();
+    let router = stack.router.as_ref().expect("router").url.clone();
+    let load = pdctl_tests::Load::start(&router, 10.0, 8);
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts_of(&decodes).0 >= 10.0), "PD traffic flows");
+    change("/models/dsv4-ft-1201");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    let (sent, failed) = load.stop();
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(failed, 0, "every request was answered ({sent} sent)");
+    assert!(sent >= 30, "{sent}");
+    let (decoded, mixed) = pd_counts_of(&decodes);
+    assert_eq!(mixed, 0.0, "no PD request decoded KV of the other model ({decoded} decoded)");
+    assert_eq!(invocations(), before, "nothing was restarted");
+    for (unit, url) in &workers {
+        assert_eq!(model_info(url)["model_path"], "/models/dsv4-ft-1201", "{unit}");
+        assert!(r.events.iter().any(|e| e["unit"] == unit.as_str() && e["step"] == "weights" && e["status"] == "passed"), "{unit} loaded in place");
+    }
+    let id = r.summary["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!(
+        (rec["kind"].as_str(), rec["in_place"].as_bool(), rec["lifecycle"]["state"].as_str()),
+        (Some("apply"), Some(true), Some("succeeded")),
+        "{rec:#}"
+    );
+    // On record: nothing is stale now, and restarting a prefill is no model change.
+    let (code, out) = human(&d, &config, &["rollout", "apply"]);
+    assert!(code == 0 && out.contains("no worker is stale"), "{code}: {out}");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", &workers[0].0, "--json"], LIMIT);
+    assert_eq!(r.code, 0, "a restart after the load is not a model change: {:#}\n{}", r.summary, r.stderr);
+    assert_eq!(model_info(&workers[0].1)["model_path"], "/models/dsv4-ft-1201", "restarted from the new files");
+
+    // The old way: every worker restarted in turn while the others serve the other model.
+    std::fs::write(config.parent().expect("dir").join("config.d/40-old-way.toml"), "[rollout]\nin_place = \"never\"\ncoherent = \"never\"\n").expect("old way");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, urls) = (stop.clone(), decodes.clone());
+        std::thread::spawn(move || {
+            let mut most = [0.0f64; 2];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for (i, u) in urls.iter().enumerate() {
+                    most[i] = most[i].max(mixed_at(u));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            most[0] + most[1]
+        })
+    };
+    let load = pdctl_tests::Load::start(&router, 10.0, 8);
+    change("/models/dsv4-ft-1202");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    let _ = load.stop();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.join().expect("watcher");
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert!(!r.events.iter().any(|e| e["step"] == "weights"), "restarted, not loaded in place");
+    assert!(most >= 1.0, "a plain rolling restart pairs versions: {most} mixed PD requests counted");
+}

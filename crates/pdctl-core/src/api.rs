@@ -335,6 +335,10 @@ pub struct Record {
     /// Who started it, and why (the audit trail).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_by: Option<StartedBy>,
+    /// A config rollout whose change was new weights only, loaded into the running workers
+    /// without a restart (`[rollout] in_place`; false when it fell back to restarting them).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_place: bool,
 }
 
 impl Record {
@@ -357,6 +361,7 @@ impl Record {
             load_changes: false,
             availability_by_unit: BTreeMap::new(),
             started_by: None,
+            in_place: false,
         }
     }
 

@@ -20,6 +20,7 @@ pub mod events;
 pub mod exit;
 pub mod fleet;
 pub mod fuzzing;
+pub mod in_place;
 pub mod judge;
 pub mod lifecycle;
 pub mod names;

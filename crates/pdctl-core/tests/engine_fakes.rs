@@ -771,7 +771,7 @@ async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
         let run = RolloutRun {
-            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None }),
+            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None, config: false }),
             ..rollout_of(&plan, &abort, true, false)
         };
         let summary = engine.execute(run, &tx).await.summary;
@@ -806,5 +806,49 @@ async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed
             }
             assert!(events.iter().any(|e| e.unit == "p.service" && e.step == Step::Rollback && e.status == Status::Passed));
         }
+    }
+}
+
+/// A config rollout's new weights that a worker does not take in place: with
+/// `weights_fallback = "restart"` every worker first gets its previous weights back (and
+/// continues), then the change is rolled out by restarting both through every gate; with the
+/// default (`revert`) nothing restarts.
+#[tokio::test]
+async fn an_in_place_load_that_fails_falls_back_to_a_restart_only_when_configured() {
+    use pdctl_core::config::WeightsFallback;
+    use pdctl_core::engine::{RolloutRun, WeightsTarget};
+    for fallback in [WeightsFallback::Revert, WeightsFallback::Restart] {
+        let w = world();
+        w.lock().unwrap().weights_fail.push("http://d".into());
+        let mut s = settings();
+        s.rollout.weights_fallback = fallback;
+        let plan = Plan::new(&s, &[]).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let dir = std::env::temp_dir().join(format!("pdctl-in-place-{}-{fallback:?}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = RolloutRun {
+            weights: Some(WeightsTarget { model_path: "/models/v2", version: None, fleet_rollout: None, config: true }),
+            revisions: Some(&dir),
+            ..rollout_of(&plan, &abort, true, true)
+        };
+        let finished = engine.execute(run, &tx).await;
+        let weights = w.lock().unwrap().weights.clone();
+        assert_eq!(weights.get("http://p"), Some(&("m".to_string(), "default".to_string())), "the prefill's previous weights are back first");
+        let restarted = w.lock().unwrap().restarted.clone();
+        match fallback {
+            WeightsFallback::Revert => {
+                assert_eq!(finished.summary.failed.map(|f| f.cause_code), Some("weights_failed".to_string()));
+                assert!(restarted.is_empty() && finished.in_place, "{restarted:?}");
+            }
+            WeightsFallback::Restart => {
+                assert_eq!(finished.summary.result, Outcome::Succeeded, "{:?}", finished.summary);
+                assert_eq!(restarted, ["p.service", "d.service"], "restarted instead, in plan order");
+                assert!(!finished.in_place && finished.notes.iter().any(|n| n.contains("rolled out by restarting instead")), "{:?}", finished.notes);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -228,7 +228,7 @@ impl Renderer {
             }
         }
         let state = |u: &str| after.unit_state.as_ref().filter(|(x, _)| x == u).map(|(_, st)| format!("; {u} is now {st}")).unwrap_or_default();
-        let weights = after.kind == Some(pdctl_core::api::RolloutKind::Weights);
+        let weights = after.kind == Some(pdctl_core::api::RolloutKind::Weights) || after.in_place;
         let line = match (s.result, &s.failed, self.kind) {
             (Outcome::Succeeded, _, Kind::Rollout) if weights => {
                 format!("✓ succeeded{id}: all {} worker(s) serve the new weights, verified, without a restart, in {took}", s.units.len())
@@ -287,6 +287,8 @@ fn next_of(f: &pdctl_core::events::Failure) -> String {
 pub struct Epilogue {
     /// What started it (a weights rollout restarts nothing: its last line says so).
     pub kind: Option<pdctl_core::api::RolloutKind>,
+    /// A config rollout that loaded its new weights in place (it restarted nothing either).
+    pub in_place: bool,
     /// Every unit of the plan, in order.
     pub plan: Vec<String>,
     /// The record's notes.

@@ -150,6 +150,7 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
             };
             let after = Epilogue {
                 kind: rec.as_ref().map(|r| r.kind),
+                in_place: rec.as_ref().is_some_and(|r| r.in_place),
                 plan: rec.as_ref().map(|r| r.plan.clone()).unwrap_or_default(),
                 notes: rec.map(|r| r.notes).unwrap_or_default(),
                 unit_state,

@@ -88,6 +88,8 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 single_pair,
                 coherent,
                 coherent_flags,
+                in_place,
+                weights_fallback,
                 max_failed_probes,
                 on_stale_pair,
                 abort_after_drain_timeout,

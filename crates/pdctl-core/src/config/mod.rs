@@ -19,8 +19,8 @@ mod settings;
 pub use crate::url::{canonical_url, same_url};
 pub use raw::{BusKind, Dur};
 pub use settings::{
-    parse_gpus, BusSetting, Coherent, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings,
-    Settings, SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker, DURATION_BOUNDS,
+    parse_gpus, BusSetting, Coherent, FleetSettings, FleetTls, InPlace, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings,
+    Settings, SinglePair, Slo, StrandedKv, UnknownLoad, Verify, WeightsFallback, Worker, DURATION_BOUNDS,
 };
 
 /// Default location of the main file.
@@ -237,6 +237,20 @@ smoke_request = true
         assert_eq!((s.rollout.coherent, s.rollout.coherent_flags), (crate::config::Coherent::Never, vec!["--chat-template".to_string()]));
         let e = two("[rollout]\ncoherent_flags = [\"chat-template\"]\n").unwrap_err();
         assert!(e.to_string().contains("rollout.coherent_flags") && e.msg.contains("--flag-name"), "{e}");
+    }
+
+    #[test]
+    fn weights_load_in_place_by_default_and_a_failed_load_reverts_unless_told_to_restart() {
+        use crate::config::{InPlace, WeightsFallback};
+        let s = one(BASE).unwrap();
+        assert_eq!((s.rollout.in_place, s.rollout.weights_fallback), (InPlace::Auto, WeightsFallback::Revert));
+        let two = |frag: &str| {
+            load_texts(&[(PathBuf::from("/etc/pdctl/pdctl.toml"), BASE.to_string()), (PathBuf::from("/etc/pdctl/config.d/40.toml"), frag.to_string())])
+        };
+        let s = two("[rollout]\nin_place = \"never\"\nweights_fallback = \"restart\"\n").unwrap();
+        assert_eq!((s.rollout.in_place, s.rollout.weights_fallback), (InPlace::Never, WeightsFallback::Restart));
+        let e = two("[rollout]\nweights_fallback = \"reboot\"\n").unwrap_err();
+        assert!(e.to_string().contains("40.toml:2") && e.to_string().contains("expected `revert` or `restart`"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::settings::{Coherent, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad};
+use super::settings::{Coherent, InPlace, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad, WeightsFallback};
 use super::ConfigError;
 
 pub(super) fn line_of(text: &str, offset: usize) -> usize {
@@ -109,6 +109,8 @@ pub(super) struct RawRollout {
     pub(super) single_pair: Option<SinglePair>,
     pub(super) coherent: Option<Coherent>,
     pub(super) coherent_flags: Option<Vec<String>>,
+    pub(super) in_place: Option<InPlace>,
+    pub(super) weights_fallback: Option<WeightsFallback>,
     pub(super) max_failed_probes: Option<u64>,
     pub(super) on_stale_pair: Option<OnStalePair>,
     pub(super) abort_after_drain_timeout: Option<bool>,

@@ -216,6 +216,8 @@ pub(super) fn rollout(
         single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
         coherent: ro.coherent.unwrap_or(super::settings::Coherent::Auto),
         coherent_flags: coherent_flags(o, ro.coherent_flags)?,
+        in_place: ro.in_place.unwrap_or(super::settings::InPlace::Auto),
+        weights_fallback: ro.weights_fallback.unwrap_or(super::settings::WeightsFallback::Revert),
         max_failed_probes: ro.max_failed_probes,
         on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
         abort_after_drain_timeout: ro.abort_after_drain_timeout.unwrap_or(false),

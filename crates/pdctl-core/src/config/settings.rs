@@ -55,6 +55,33 @@ pub enum Coherent {
     Never,
 }
 
+/// Whether a config rollout whose only change is the weights may load them without a restart
+/// (`[rollout] in_place`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InPlace {
+    /// The default: when every PD worker's files change only in `--model-path` and/or
+    /// `--weight-version` (the same new values everywhere, no fleet), the rollout loads them
+    /// into the running servers as `pdctl rollout weights` does: requests wait, none fails,
+    /// none pairs two versions.
+    Auto,
+    /// Always restart (the change goes through the restart gates, and the coherence check).
+    Never,
+}
+
+/// What an in-place config rollout does when a worker does not take the new weights
+/// (`[rollout] weights_fallback`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightsFallback {
+    /// The default: every worker gets its previous weights back and continues; the rollout
+    /// fails with `weights_failed` (the change stays on disk, quarantined).
+    Revert,
+    /// After the previous weights are back, roll the change out by restarting the workers,
+    /// through every gate and the coherence check (which refuses what would pair versions).
+    Restart,
+}
+
 /// How a host with one prefill and one decode worker restarts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -233,6 +260,10 @@ pub struct Rollout {
     pub coherent: Coherent,
     /// More flags whose change breaks coherence (`coherent_flags`).
     pub coherent_flags: Vec<String>,
+    /// A config rollout of new weights only loads them without a restart.
+    pub in_place: InPlace,
+    /// What such a rollout does when a worker does not take them.
+    pub weights_fallback: WeightsFallback,
     /// Halt when the availability probe sees more failed requests than this.
     pub max_failed_probes: Option<u64>,
     /// A decode found with a stale pairing after a prefill restart: repair it or halt.

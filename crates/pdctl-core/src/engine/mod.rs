@@ -25,6 +25,7 @@
 //! rollout re-verifies the unit it stopped at and restarts it only if that fails.
 
 mod gates;
+mod in_place;
 mod recovery;
 mod repair;
 mod run;
@@ -205,4 +206,6 @@ pub struct Finished {
     /// Each restarted worker's service figures from before its drain (taken with `[verify.slo]`
     /// when the fleet bakes, or when it is the only worker of its role): the bake's baseline.
     pub service_before: std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>,
+    /// A config rollout's new weights were loaded in place (not restarted).
+    pub in_place: bool,
 }

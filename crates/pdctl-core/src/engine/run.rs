@@ -68,14 +68,40 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         // The probe watches the whole rollout, a rollback included: what clients saw while a
         // failed worker was out and put back is part of the figures.
+        let restarted = AtomicBool::new(false);
         let run = async {
             let mut summary = match (r.restore, r.weights) {
                 (_, Some(to)) => self.update_weights_recorded(&plan, to, r.revisions, sink, &mut notes).await,
                 (Some(befores), None) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
                 (None, None) => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
             };
+            // A config rollout loaded in place: on record as what runs, or (failed) restarted
+            // instead with `weights_fallback = "restart"`.
+            if let (Some(to), Some(dir)) = (r.weights.filter(|t| t.config), r.revisions) {
+                match (summary.result, &summary.failed) {
+                    (Outcome::Succeeded, _) => self.record_in_place(&plan, dir, &mut notes).await,
+                    (Outcome::Failed, Some(f))
+                        if f.step != Step::Preflight && self.settings.rollout.weights_fallback == crate::config::WeightsFallback::Restart =>
+                    {
+                        notes.push(format!(
+                            "{} did not take {} in place ({}): every worker serves its previous weights again; rolled out by restarting instead (weights_fallback = \"restart\")",
+                            f.unit,
+                            crate::in_place::show(&crate::in_place::Target { model_path: to.model_path.into(), version: to.version.map(String::from) }),
+                            f.cause_code
+                        ));
+                        summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
+                        restarted.store(true, Ordering::SeqCst);
+                    }
+                    (Outcome::Failed, Some(f)) if f.step != Step::Preflight && f.unit != FLEET => {
+                        notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
+                    }
+                    _ => {}
+                }
+            }
             // A weights rollout changed no file: nothing to quarantine or roll back by revision.
-            if let (Outcome::Failed, Some(f), Some(dir), None) = (summary.result, &summary.failed, r.revisions, r.weights) {
+            if let (Outcome::Failed, Some(f), Some(dir), true) =
+                (summary.result, &summary.failed, r.revisions, r.weights.is_none() || restarted.load(Ordering::SeqCst))
+            {
                 if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
                     notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
                 }
@@ -107,7 +133,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             summary.availability = Some(crate::availability::summarize(&samples, end));
         }
         let service_before = std::mem::take(&mut *lock(&before));
-        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before }
+        let in_place = r.weights.is_some_and(|t| t.config) && !restarted.load(Ordering::SeqCst);
+        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before, in_place }
     }
 
     pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {

@@ -36,6 +36,9 @@ pub struct WeightsTarget<'a> {
     /// This host's part of fleet rollout ID (`pdctl fleet weights`): every host pauses, then
     /// loads, then continues only once every host has loaded (a step in etcd per phase).
     pub fleet_rollout: Option<&'a str>,
+    /// A config rollout's change loaded in place ([`crate::in_place`]): the units' files already
+    /// name these weights (recorded as what each worker runs once they serve them).
+    pub config: bool,
 }
 
 /// What a worker served before: `(model_path, weight_version)`.
@@ -225,10 +228,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }));
             let _ = w;
         }
-        notes.push(format!(
-            "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
-            to.model_path, to.model_path
-        ));
+        if !to.config {
+            notes.push(format!(
+                "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
+                to.model_path, to.model_path
+            ));
+        }
         notes.push(format!(
             "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
             crate::cause::dur(&std::time::Duration::from_millis(waited))

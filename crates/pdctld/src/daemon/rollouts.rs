@@ -211,7 +211,18 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
         e.units.reload().await.map_err(|er| er.cause())?;
     }
     let reasons = stale.into_iter().map(|w| (w.unit, w.reasons)).collect();
-    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true, restore: None, weights: None }))
+    // New weights only: loaded into the running servers, not restarted (`[rollout] in_place`).
+    let weights = match e.in_place_target(dir, &chosen).await {
+        Ok(t) => {
+            tracing::info!("rollout apply: the change is new weights only ({}): loaded in place, nothing restarts", pdctl_core::in_place::show(&t));
+            Some((t.model_path, t.version, None))
+        }
+        Err(why) => {
+            tracing::info!("rollout apply restarts the workers (not loadable in place: {why})");
+            None
+        }
+    };
+    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true, restore: None, weights }))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
@@ -380,6 +391,7 @@ pub(super) async fn run(
             model_path,
             version: version.as_deref(),
             fleet_rollout: fleet.as_deref(),
+            config: kind == RolloutKind::Apply,
         }),
     };
     let mut finished = e.execute(run, &sink).await;
@@ -409,6 +421,7 @@ pub(super) async fn run(
         r.summary = Some(summary.clone());
         r.notes.extend(finished.notes);
         r.availability_by_unit = finished.availability_by_unit;
+        r.in_place = finished.in_place;
         daemon.save(&r);
     }
     daemon.metrics.drained.set(daemon.store.ledger().all().0.len() as i64);

@@ -76,14 +76,21 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
     StatusCode::OK.into_response()
 }
 
+/// The tokenizer's path: `--tokenizer-path`, else the model path it follows (0.5.23
+/// `server_args.py`).
+fn tokenizer_path(cfg: &crate::args::SimConfig) -> String {
+    cfg.given.get("--tokenizer-path").cloned().unwrap_or_else(|| cfg.model_path.clone())
+}
+
+/// `/server_info`: the startup configuration (0.5.23 builds it from `server_args`: a weight
+/// update since is reported by `/model_info` only).
 pub(crate) async fn server_info(State(app): State<App>) -> Response {
     let cfg = app.engine.config();
-    let w = app.engine.weights();
     let mut v = json!({
-        "model_path": w.model_path,
-        "tokenizer_path": cfg.model_path,
-        "served_model_name": w.served_model_name,
-        "weight_version": w.version,
+        "model_path": cfg.model_path,
+        "tokenizer_path": tokenizer_path(cfg),
+        "served_model_name": cfg.served_model_name,
+        "weight_version": cfg.weight_version,
         "host": cfg.host,
         "port": cfg.port,
         "tp_size": cfg.tp_size,
@@ -120,7 +127,7 @@ pub(crate) async fn model_info(State(app): State<App>) -> Response {
     let w = app.engine.weights();
     axum::Json(json!({
         "model_path": w.model_path,
-        "tokenizer_path": cfg.model_path,
+        "tokenizer_path": tokenizer_path(cfg),
         "served_model_name": w.served_model_name,
         "is_generation": true,
         "preferred_sampling_params": null,

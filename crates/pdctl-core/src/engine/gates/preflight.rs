@@ -187,7 +187,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Ok(None);
         }
         // A server that does not answer runs nothing to compare with (its own gates say so).
-        let Ok(info) = self.probes.server_info(&w.url).await else { return Ok(None) };
+        let Ok(mut info) = self.probes.server_info(&w.url).await else { return Ok(None) };
+        // `/server_info` keeps the startup values; what a weight update loaded since is in
+        // `/model_info` (0.5.23 `http_server.py`): compare with what the server computes with.
+        if let (Ok((path, version)), Some(obj)) = (self.probes.model_info(&w.url).await, info.as_object_mut()) {
+            for (key, now) in [("model_path", path), ("weight_version", version)] {
+                if let Some(v) = obj.get_mut(key) {
+                    *v = now.into();
+                }
+            }
+        }
         let mut extra = self.settings.rollout.coherent_flags.clone();
         if self.settings.rollout.coherent == Coherent::Always {
             extra.extend(crate::coherence::given_flags(argv));

@@ -1,0 +1,257 @@
+//! Whether a config rollout's change is new weights only, which SGLang can load into a running
+//! server (`POST /update_weights_from_disk`, 0.5.23 `entrypoints/http_server.py`) instead of a
+//! restart: every file of the worker is the same as in the revision it runs, but for its
+//! `ExecStart=` lines (a drop-in that only sets `ExecStart` may be new), and the command
+//! systemd runs from them differs only in the values of `--model-path` (`--model`) and
+//! `--weight-version`. Any other difference — another flag, an environment line, another
+//! setting — needs a restart. Pure.
+//!
+//! A new model path loads in place only with the tokenizer pinned (`--tokenizer-path`): SGLang
+//! loads weights, not a tokenizer, so one that follows the model path would stay the old one.
+//!
+//! What a successful in-place load leaves (0.5.23 `managers/tokenizer_manager.py`
+//! `_update_model_path_info`): `/model_info` reports the new `model_path` and `weight_version`
+//! (and the model path as `served_model_name`), `/server_info` keeps the startup values; a later
+//! restart starts from the new files, so the two agree again.
+
+use std::collections::BTreeMap;
+
+use crate::revisions::Revision;
+
+/// The flags an in-place load changes.
+pub const IN_PLACE_FLAGS: &[&str] = &["--model-path", "--model", "--weight-version"];
+
+/// The weights a worker's new files ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The new `--model-path`.
+    pub model_path: String,
+    /// The new `--weight-version`, when given.
+    pub version: Option<String>,
+}
+
+/// A file's logical lines: a line ending in `\` continues on the next (systemd's syntax).
+fn logical_lines(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        match line.strip_suffix('\\') {
+            Some(head) => {
+                cur.push_str(head);
+                cur.push(' ');
+            }
+            None => {
+                cur.push_str(line);
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// An `ExecStart=` line's words without the in-place flags and their values, and those values.
+fn split_exec(line: &str) -> Option<(Vec<String>, BTreeMap<String, String>)> {
+    let cmd = line.trim().strip_prefix("ExecStart=")?;
+    let mut rest = Vec::new();
+    let mut values = BTreeMap::new();
+    let mut words = cmd.split_whitespace();
+    while let Some(w) = words.next() {
+        let (name, inline) = match w.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (w, None),
+        };
+        if IN_PLACE_FLAGS.contains(&name) {
+            let key = if name == "--model" { "--model-path" } else { name };
+            let v = inline.or_else(|| words.next().map(String::from)).unwrap_or_default();
+            values.insert(key.to_string(), v);
+        } else {
+            rest.push(w.to_string());
+        }
+    }
+    Some((rest, values))
+}
+
+/// Each file's setting lines other than `ExecStart=`, by path.
+type SettingLines = BTreeMap<String, Vec<String>>;
+
+/// A revision read as systemd would: its effective `ExecStart=` (the unit file's, then each
+/// drop-in's in file-name order; an empty `ExecStart=` clears the list), and every other setting
+/// line of each file (section headers, blank lines and comments aside).
+fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), String> {
+    let name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
+    let mut units: Vec<(&String, &str)> = Vec::new();
+    let mut others = BTreeMap::new();
+    for (path, f) in &rev.files {
+        if f.sha256 == "absent" {
+            continue;
+        }
+        let Some(text) = f.contents.as_deref() else { return Err(format!("{path}'s contents are not on record")) };
+        let mut rest = Vec::new();
+        for line in logical_lines(text) {
+            let t = line.trim();
+            if t.is_empty() || t.starts_with('#') || t.starts_with(';') || t.starts_with('[') {
+                continue;
+            }
+            if t.starts_with("ExecStart=") {
+                units.push((path, text));
+            } else {
+                rest.push(t.to_string());
+            }
+        }
+        others.insert(path.clone(), rest);
+    }
+    // The unit file first (it has no `.d/` in its path), then the drop-ins by name.
+    let mut files: Vec<&String> = units.iter().map(|(p, _)| *p).collect();
+    files.dedup();
+    files.sort_by_key(|p| (p.contains(".d/"), name(p)));
+    let mut exec: Vec<String> = Vec::new();
+    for p in files {
+        let text = rev.files.get(p.as_str()).and_then(|f| f.contents.as_deref()).unwrap_or_default();
+        for line in logical_lines(text) {
+            if let Some(cmd) = line.trim().strip_prefix("ExecStart=") {
+                if cmd.trim().is_empty() {
+                    exec.clear();
+                } else {
+                    exec.push(format!("ExecStart={}", cmd.trim()));
+                }
+            }
+        }
+    }
+    Ok((exec, others))
+}
+
+/// What `new` asks a worker running `old` to load, when that is all that changes; `Err`: why it
+/// needs a restart (one sentence).
+pub fn target(old: &Revision, new: &Revision) -> Result<Target, String> {
+    let (old_exec, old_rest) = read(old)?;
+    let (new_exec, new_rest) = read(new)?;
+    let paths: std::collections::BTreeSet<&String> = old_rest.keys().chain(new_rest.keys()).collect();
+    for p in paths {
+        let (a, b) = (old_rest.get(p).cloned().unwrap_or_default(), new_rest.get(p).cloned().unwrap_or_default());
+        if a != b {
+            let changed = b.iter().find(|l| !a.contains(l)).or_else(|| a.iter().find(|l| !b.contains(l))).cloned().unwrap_or_default();
+            return Err(format!("{p} changes more than its ExecStart's weights ({changed})"));
+        }
+    }
+    let ([a], [b]) = (old_exec.as_slice(), new_exec.as_slice()) else {
+        return Err("its ExecStart is not one command line".into());
+    };
+    let (Some((ar, av)), Some((br, bv))) = (split_exec(a), split_exec(b)) else { return Err("its ExecStart does not read".into()) };
+    if ar != br {
+        return Err("its ExecStart changes more than --model-path and --weight-version".into());
+    }
+    if av == bv {
+        return Err("its ExecStart's weights do not change".into());
+    }
+    let Some(model_path) = bv.get("--model-path").filter(|p| !p.is_empty()).cloned() else {
+        return Err("its new ExecStart names no --model-path".into());
+    };
+    // SGLang loads weights in place, not a tokenizer: one that follows the model path would
+    // stay the old one until a restart.
+    let pinned = br.iter().any(|w| w == "--tokenizer-path" || w.starts_with("--tokenizer-path="));
+    if av.get("--model-path") != Some(&model_path) && !pinned {
+        return Err("its tokenizer follows --model-path (no --tokenizer-path): a load in place would keep the old one; give --tokenizer-path to load new weights in place".into());
+    }
+    Ok(Target { model_path, version: bv.get("--weight-version").cloned() })
+}
+
+/// One target for a whole plan: every worker's change loadable in place, all to the same
+/// weights; `Err`: why the plan restarts instead.
+pub fn one_target(per_worker: &[(String, Result<Target, String>)]) -> Result<Target, String> {
+    let mut first: Option<(&str, &Target)> = None;
+    for (unit, t) in per_worker {
+        let t = t.as_ref().map_err(|why| format!("{unit}: {why}"))?;
+        match first {
+            None => first = Some((unit, t)),
+            Some((u, f)) if f != t => {
+                return Err(format!("{unit} asks for {} but {u} for {}: one load serves every worker the same weights", show(t), show(f)))
+            }
+            Some(_) => {}
+        }
+    }
+    first.map(|(_, t)| t.clone()).ok_or_else(|| "no worker changes".to_string())
+}
+
+/// "/models/b (weight_version v2)".
+pub fn show(t: &Target) -> String {
+    match &t.version {
+        Some(v) => format!("{} (weight_version {v})", t.model_path),
+        None => t.model_path.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::revisions::FileRev;
+
+    fn rev(files: &[(&str, &str)]) -> Revision {
+        Revision {
+            unit: "u.service".into(),
+            recorded_at: 0,
+            why: "t".into(),
+            files: files
+                .iter()
+                .map(|(p, c)| {
+                    (
+                        p.to_string(),
+                        FileRev { sha256: format!("{:x}", c.len() * 31 + c.bytes().map(u64::from).sum::<u64>() as usize), contents: Some(c.to_string()) },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    const UNIT: &str = "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m/a --tokenizer-path /m/tok --port 1 --disaggregation-mode prefill\nRestart=no\n";
+
+    #[test]
+    fn a_new_model_path_and_version_in_a_drop_in_load_in_place() {
+        let old = rev(&[("/u", UNIT), ("/u.d/50.conf", "[Service]\nExecStart=\nExecStart=x --model-path /m/a --port 1 --tokenizer-path=/m/tok\n")]);
+        assert!(read(&old).is_ok());
+        let new =
+            rev(&[("/u", UNIT), ("/u.d/50.conf", "[Service]\nExecStart=\nExecStart=x --model=/m/b --port 1 --tokenizer-path=/m/tok --weight-version v2\n")]);
+        assert_eq!(target(&old, &new), Ok(Target { model_path: "/m/b".into(), version: Some("v2".into()) }));
+        // A new drop-in that only replaces ExecStart (what `systemctl edit` writes).
+        let new = rev(&[("/u", UNIT), ("/u.d/60.conf", "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m/b --tokenizer-path /m/tok --port 1 --disaggregation-mode prefill\n")]);
+        assert_eq!(target(&rev(&[("/u", UNIT)]), &new).map(|t| t.model_path), Ok("/m/b".to_string()));
+        // One that adds a second ExecStart (systemd would run both) is not one command.
+        let new = rev(&[("/u", UNIT), ("/u.d/60.conf", "[Service]\nExecStart=x --model-path /m/b\n")]);
+        assert!(target(&rev(&[("/u", UNIT)]), &new).unwrap_err().contains("not one command"));
+        // Across a continuation line too.
+        let cont = UNIT.replace(" --port 1", " \\\n  --port 1");
+        let new = rev(&[("/u", &cont.replace("/m/a", "/m/b"))]);
+        assert_eq!(target(&rev(&[("/u", &cont)]), &new).map(|t| t.model_path), Ok("/m/b".to_string()));
+    }
+
+    #[test]
+    fn any_other_change_needs_a_restart_and_says_which() {
+        let old = rev(&[("/u", UNIT)]);
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("--port 1", "--port 2").replace("/m/a", "/m/b"))])).unwrap_err();
+        assert!(e.contains("more than --model-path"), "{e}");
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("Restart=no", "Restart=on-failure"))])).unwrap_err();
+        assert!(e.contains("Restart=on-failure"), "{e}");
+        let e = target(&old, &rev(&[("/u", UNIT), ("/e", "A=1")])).unwrap_err();
+        assert!(e.contains("/e changes more") && e.contains("A=1"), "{e}");
+        assert!(target(&old, &old).unwrap_err().contains("do not change"));
+        // A tokenizer that follows the model path would stay the old one: restarted.
+        let free = UNIT.replace(" --tokenizer-path /m/tok", "");
+        let e = target(&rev(&[("/u", &free)]), &rev(&[("/u", &free.replace("/m/a", "/m/b"))])).unwrap_err();
+        assert!(e.contains("give --tokenizer-path"), "{e}");
+        // A new version of the same path needs no tokenizer pinned.
+        let v2 = free.replace("/m/a", "/m/a --weight-version v2");
+        assert_eq!(target(&rev(&[("/u", &free)]), &rev(&[("/u", &v2)])).map(|t| t.version), Ok(Some("v2".to_string())));
+    }
+
+    #[test]
+    fn one_plan_loads_one_target_or_restarts() {
+        let t = |p: &str| Ok(Target { model_path: p.into(), version: None });
+        assert_eq!(one_target(&[("p".into(), t("/m/b")), ("d".into(), t("/m/b"))]), t("/m/b"));
+        let e = one_target(&[("p".into(), t("/m/b")), ("d".into(), t("/m/c"))]).unwrap_err();
+        assert!(e.contains("d asks for /m/c but p for /m/b"), "{e}");
+        let e = one_target(&[("p".into(), t("/m/b")), ("d".into(), Err("x is new".into()))]).unwrap_err();
+        assert_eq!(e, "d: x is new");
+    }
+}
