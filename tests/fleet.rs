@@ -692,10 +692,12 @@ fn etcd_over_tls_with_client_certificates_and_refused_without_one() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `pdctl fleet weights` on three hosts under load: every host pauses, all load, all continue only
-/// once every host serves the new weights — no request failed, none decoded KV of another
-/// version (each decode's simulator counter), nothing restarted. A host whose decode cannot load
-/// them makes every host load its previous weights back.
+/// `pdctl fleet weights` on three hosts behind **one shared gateway** (host a's: every host's
+/// workers registered in it, every pdctld's `[router]` pointed at it, all load through it, so
+/// any prefill pairs with any host's decode) under load: every host pauses, all load, all
+/// continue only once every host serves the new weights — no request failed, none decoded KV of
+/// another version (each decode's simulator counter), nothing restarted. A host whose decode
+/// cannot load them makes every host load its previous weights back.
 #[test]
 fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_back() {
     for fail in [false, true] {
@@ -704,7 +706,11 @@ fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_ba
             .iter()
             .map(|h| {
                 let bad = fail && *h == "gpu-node-c";
-                let opts = StackOptions { decode_args: if bad { vec!["--sim-weights-fail".into()] } else { Vec::new() }, ..Default::default() };
+                // One model for the fleet: the same path on every host (the sandbox's own
+                // directory differs per host, and the simulator tells models apart by path).
+                let model = vec!["--model-path".to_string(), "/models/dsv4".to_string()];
+                let decode_args = if bad { [model.clone(), vec!["--sim-weights-fail".into()]].concat() } else { model.clone() };
+                let opts = StackOptions { prefill_args: model, decode_args, ..Default::default() };
                 host_with(&etcd.url(), h, &opts)
             })
             .collect();
@@ -716,10 +722,21 @@ fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_ba
             let s = fleet_status(ca);
             names.iter().all(|h| alive(&s, h))
         }));
-        for (s, _, _) in &hosts {
-            assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
+        // One gateway for the fleet: host a's, with every host's workers and every pdctld on it.
+        let shared = hosts[0].0.router.clone().expect("router");
+        for (s, c, _) in &hosts[1..] {
+            for w in [&s.prefill, &s.decode] {
+                let body = match w.bootstrap_port {
+                    Some(b) => serde_json::json!({"url": w.url, "worker_type": "prefill", "bootstrap_port": b}),
+                    None => serde_json::json!({"url": w.url, "worker_type": "decode"}),
+                };
+                http_post(&format!("{}/workers", shared.url), &body);
+            }
+            let frag = c.parent().expect("dir").join("config.d/35-shared-gateway.toml");
+            std::fs::write(frag, format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n", shared.url, shared.metrics_url)).expect("shared gateway");
         }
-        let loads: Vec<pdctl_tests::Load> = hosts.iter().map(|(s, _, _)| pdctl_tests::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
+        assert_eq!(hosts[0].0.wait_router_healthy(6, Duration::from_secs(60)).expect("router"), 6, "every host's workers in the shared gateway");
+        let loads: Vec<pdctl_tests::Load> = (0..3).map(|_| pdctl_tests::Load::start(&shared.url, 8.0, 4)).collect();
         let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
         let out = std::process::Command::new(bin)
             .args(["fleet", "weights", "--model-path", "/models/dsv4-ft-1127", "--version", "ft-1127", "--json", "--socket"])
@@ -758,6 +775,12 @@ fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_ba
             assert_eq!(last["result"], "succeeded", "{last:#}");
         }
     }
+}
+
+fn http_post(url: &str, body: &Value) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let status = rt.block_on(async { pdctl_tests::http().post(url).json(body).send().await.expect("POST").status() });
+    assert!(status.is_success(), "POST {url}: {status}");
 }
 
 fn http_json(url: &str) -> Value {

@@ -248,7 +248,14 @@ fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
     // The loads the killed rollout asked for still run (20 s); what matters is that no worker
     // stays paused after them.
     for url in [&stack.prefill.url, &stack.decode.url] {
-        assert!(pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(200), || ready(url) == 200), "{url} was continued by the new pdctld");
+        if !pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(200), || ready(url) == 200) {
+            let log = stack
+                .sandbox
+                .journalctl(&["-u", &d.unit, "-o", "cat", "--no-pager"])
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            panic!("{url} was not continued by the new pdctld; its journal:\n{log}");
+        }
     }
     let (_, h) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
     let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();

@@ -2,7 +2,11 @@
 //! and the orchestration overhead of a rolling restart, beside the seed's procedure
 //! (`journalctl --since "2 min ago"` polled every 20 s) in the same run, on the sandbox.
 //!
-//!     scripts/bench [RESTARTS] [SEED_RESTARTS] [ROLLOUTS]      (defaults 20, 3, 3)
+//! Then the ready line's way to the operator: `pdctl restart --rolling --json` against pdctld,
+//! each ready event timed when the CLI's line arrives, against the ready line's
+//! `__REALTIME_TIMESTAMP` (journald's receive time), beside pdctl's own `detect_ms`.
+//!
+//!     scripts/bench [RESTARTS] [SEED_RESTARTS] [ROLLOUTS] [E2E_READY_EVENTS]   (defaults 20, 3, 3, 200)
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -28,6 +32,7 @@ fn now_us() -> u64 {
 async fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n, n_seed, n_roll) = (args.first().copied().unwrap_or(20), args.get(1).copied().unwrap_or(3), args.get(2).copied().unwrap_or(3));
+    let n_e2e = args.get(3).copied().unwrap_or(200);
     let opts = StackOptions { load_secs: 0.3, warmup_secs: 0.1, ..Default::default() };
     let stack = tokio::task::block_in_place(|| Stack::boot(&opts)).expect("stack");
     tokio::task::block_in_place(|| stack.wait_ready(Duration::from_secs(60))).expect("ready");
@@ -123,7 +128,44 @@ async fn main() {
         }
     }
 
-    println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, sglang-router 0.3.2; debug build)");
+    // 4. The ready line at the operator: only the gates that wait on the server (no router,
+    //    metrics or pair gates, 1 s soak), so that many restarts fit in a run.
+    std::fs::write(
+        config.parent().unwrap().join("config.d/95-e2e.toml"),
+        "[rollout]\nmin_healthy = \"1s\"\ndrain = false\nallow_outage = true\n[verify]\nrouter = false\nmetrics = \"off\"\npair = false\nsmoke_request = false\n",
+    )
+    .expect("fragment");
+    let (mut e2e, mut own) = (Vec::new(), Vec::new());
+    while e2e.len() < n_e2e {
+        let mut child = std::process::Command::new(&pdctl)
+            .args(["restart", "--rolling", "--json", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("pdctl");
+        let out = child.stdout.take().expect("stdout");
+        // Each line timed as it arrives (a thread blocked on the pipe, not the async runtime).
+        let lines = std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            std::io::BufReader::new(out).lines().map_while(Result::ok).map(|l| (now_us(), l)).collect::<Vec<_>>()
+        });
+        let got = lines.join().expect("reader");
+        let status = child.wait().expect("pdctl exits");
+        assert!(status.success(), "rollout failed: {:?}", got.last());
+        for (at, l) in got {
+            let Ok(e) = serde_json::from_str::<serde_json::Value>(&l) else { continue };
+            if e["step"] == "ready" && e["status"] == "passed" {
+                let journald = e["detail"]["journal_realtime_us"].as_u64().expect("journal_realtime_us");
+                e2e.push(at.saturating_sub(journald) as f64 / 1000.0);
+                own.push(e["detail"]["detect_ms"].as_f64().expect("detect_ms"));
+            }
+        }
+    }
+
+    let build = if cfg!(debug_assertions) { "debug build" } else { "release build" };
+    println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, sglang-router 0.3.2; {build})");
     println!("ready detection = detection time − the ready line's __REALTIME_TIMESTAMP");
     println!(
         "  pdctl  (the engine's ready gate: libsystemd, sd_journal_wait 5 ms)  n={:<3} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
@@ -149,4 +191,20 @@ async fn main() {
         walls.iter().map(|w| (w * 10.0).round() / 10.0).collect::<Vec<_>>()
     );
     println!("  per step p50 (ms): {}", per_step.iter().map(|(k, v)| format!("{k} {:.0}", pct(v, 50.0))).collect::<Vec<_>>().join(", "));
+    println!(
+        "ready line → the CLI's printed event = the line's arrival at a reader of `pdctl restart --rolling --json` − the ready line's __REALTIME_TIMESTAMP"
+    );
+    println!(
+        "  end to end  n={:<3} p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms   (target p99 ≤ 10 ms)",
+        e2e.len(),
+        pct(&e2e, 50.0),
+        pct(&e2e, 99.0),
+        pct(&e2e, 100.0)
+    );
+    println!(
+        "  of which pdctl's own detect_ms  p50 {:>6.2} ms  p99 {:>6.2} ms;  delivery (pdctld → CLI) p50 ≈ {:.2} ms",
+        pct(&own, 50.0),
+        pct(&own, 99.0),
+        pct(&e2e, 50.0) - pct(&own, 50.0)
+    );
 }

@@ -65,26 +65,42 @@ impl Daemon {
         use pdctl_core::ports::Probes as _;
         let path = pdctl_core::engine::paused_path(&self.store.revisions_dir());
         let Ok(bytes) = std::fs::read(&path) else { return };
-        let paused: Vec<pdctl_core::engine::PausedWorker> = serde_json::from_slice(&bytes).unwrap_or_default();
-        match engine(self).await {
-            Ok(e) => {
-                for w in &paused {
-                    match e.probes.resume(&w.url, e.settings.rollout.health_timeout).await {
-                        Ok(()) => {
-                            tracing::warn!(pdctl_unit = %w.unit, "{} was paused by a weights rollout when pdctld stopped: continued; check its weights (pdctl status)", w.unit)
-                        }
-                        Err(er) => {
-                            tracing::error!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout ({er}): continue it by hand (POST {}/continue_generation)", w.unit, w.url)
+        let mut left: Vec<pdctl_core::engine::PausedWorker> = serde_json::from_slice(&bytes).unwrap_or_default();
+        // A worker left paused holds every request sent to it: tried again every second for up
+        // to two minutes (the engine or a worker may not answer yet while the host is busy).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            match engine(self).await {
+                Ok(e) => {
+                    let mut still = Vec::new();
+                    for w in left {
+                        match e.probes.resume(&w.url, std::time::Duration::from_secs(10)).await {
+                            Ok(()) => tracing::warn!(
+                                pdctl_unit = %w.unit,
+                                "{} was paused by a weights rollout when pdctld stopped: continued; check its weights (pdctl status)",
+                                w.unit
+                            ),
+                            Err(er) => {
+                                tracing::warn!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout ({er}): trying again", w.unit);
+                                still.push(w);
+                            }
                         }
                     }
+                    left = still;
                 }
-                let _ = std::fs::remove_file(&path);
+                Err(c) => tracing::warn!("workers a weights rollout paused are not continued yet ({}): trying again", c.sentence()),
             }
-            Err(c) => tracing::error!(
-                "workers a weights rollout paused may still be paused ({}): {}",
-                paused.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "),
-                c.sentence()
-            ),
+            if left.is_empty() {
+                let _ = std::fs::remove_file(&path);
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                for w in &left {
+                    tracing::error!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout: continue it by hand (POST {}/continue_generation)", w.unit, w.url);
+                }
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
     }
 

@@ -94,6 +94,8 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         *r = Record::new(&id, p.kind, p.plan.workers.iter().map(|w| w.unit.clone()).collect(), p.reasons, p.resumes);
         r.allow_outage = p.allow_outage;
         r.load_changes = p.load_changes;
+        // A config rollout loading in place says so from its start (a resume refuses it).
+        r.in_place = p.kind == RolloutKind::Apply && p.weights.is_some();
         r.started_by = Some(by);
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
@@ -242,6 +244,7 @@ fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Res
     let again = match old.kind {
         RolloutKind::Weights => Some("an interrupted weights rollout is not resumed (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout weights again"),
         RolloutKind::Revert => Some("an interrupted revert is not resumed: run pdctl rollout revert with the reverted rollout's id again (workers already put back are left as they are)"),
+        RolloutKind::Apply if old.in_place => Some("an interrupted config rollout that was loading new weights in place is not resumed as a restart (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout apply again"),
         _ => None,
     };
     if let Some(needs) = again {
@@ -316,6 +319,20 @@ pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &b
     if let Some(r) = lock(&daemon.running).as_ref().filter(|r| r.id == id) {
         *lock(&r.progress) = (std::time::Instant::now(), ev.step);
     }
+    {
+        let mut r = lock(record);
+        if ev.status == Status::Started {
+            if let Err(e) = r.lifecycle.enter(&ev.unit, ev.step) {
+                tracing::error!(pdctl_rollout_id = %id, "{e}");
+            }
+        }
+        r.events.push(ev.clone());
+        // The operator first: the event goes to every stream, then the record is written (an
+        // fsync'd rewrite of the whole record, milliseconds on a disk, was on the ready line's way
+        // to the CLI). Both under the record's lock, as a new stream reads its backlog under it.
+        let _ = tx.send(StreamLine::Event(ev.clone()));
+        daemon.save(&r);
+    }
     tracing::info!(pdctl_rollout_id = %id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
     match ev.status {
         Status::Passed => daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0),
@@ -340,15 +357,6 @@ pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &b
             Status::Skipped => "skipped",
         }
     ));
-    let mut r = lock(record);
-    if ev.status == Status::Started {
-        if let Err(e) = r.lifecycle.enter(&ev.unit, ev.step) {
-            tracing::error!(pdctl_rollout_id = %id, "{e}");
-        }
-    }
-    r.events.push(ev.clone());
-    daemon.save(&r);
-    let _ = tx.send(StreamLine::Event(ev));
 }
 
 #[allow(clippy::too_many_arguments)]
