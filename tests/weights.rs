@@ -310,6 +310,9 @@ fn a_config_rollout_of_a_new_model_path_in_2p2d_loads_it_in_place_under_load_wit
     let load = pdctl_tests::Load::start(&router, 10.0, 8);
     assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts_of(&decodes).0 >= 10.0), "PD traffic flows");
     change("/models/dsv4-ft-1201");
+    // The plan before anything starts: in place, every worker paused for the load.
+    let (code, out) = human(&d, &config, &["rollout", "diff"]);
+    assert!(code == 0 && out.contains("rollout apply loads /models/dsv4-ft-1201 in place into all 4 workers at once"), "{code}: {out}");
     let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
     let (sent, failed) = load.stop();
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
@@ -354,6 +357,8 @@ fn a_config_rollout_of_a_new_model_path_in_2p2d_loads_it_in_place_under_load_wit
     };
     let load = pdctl_tests::Load::start(&router, 10.0, 8);
     change("/models/dsv4-ft-1202");
+    let (_, out) = human(&d, &config, &["rollout", "diff"]);
+    assert!(out.contains("one at a time through every gate (not loadable in place: [rollout] in_place = \"never\")"), "{out}");
     let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
     let _ = load.stop();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

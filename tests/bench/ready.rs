@@ -165,7 +165,7 @@ async fn main() {
     }
 
     let build = if cfg!(debug_assertions) { "debug build" } else { "release build" };
-    println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, sglang-router 0.3.2; {build})");
+    println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, {}; {build})", opts.gateway.name());
     println!("ready detection = detection time − the ready line's __REALTIME_TIMESTAMP");
     println!(
         "  pdctl  (the engine's ready gate: libsystemd, sd_journal_wait 5 ms)  n={:<3} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",

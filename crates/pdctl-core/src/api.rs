@@ -460,6 +460,11 @@ pub struct DiffWorker {
 pub struct Diff {
     /// Every configured worker.
     pub workers: Vec<DiffWorker>,
+    /// What `pdctl rollout apply` would do with the stale workers, before anything starts: load
+    /// new weights in place (every worker paused for the load: requests wait) or restart them,
+    /// and why (one sentence; absent when nothing is stale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply: Option<String>,
 }
 
 /// The last rollout, in `GET /v1/status`.

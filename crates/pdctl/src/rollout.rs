@@ -356,6 +356,9 @@ pub async fn diff(client: &Client, json: bool) -> Exit {
             println!("{} runs its current config", w.unit);
         }
     }
+    if let Some(a) = &d.apply {
+        println!("{a}");
+    }
     Exit::Ok
 }
 

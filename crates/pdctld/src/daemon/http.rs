@@ -227,19 +227,32 @@ pub(super) async fn diff(State(d): State<Arc<Daemon>>) -> Response {
     };
     let dir = d.store.revisions_dir();
     match e.staleness(&dir).await {
-        Ok(s) => Json(Diff {
-            workers: s
-                .into_iter()
-                .map(|w| DiffWorker {
-                    timing: pdctl_core::revisions::last_start(&dir, &w.unit),
-                    unit: w.unit,
-                    stale: !w.reasons.is_empty(),
-                    reasons: w.reasons,
-                    quarantined: w.quarantined,
-                })
-                .collect(),
-        })
-        .into_response(),
+        Ok(s) => {
+            let chosen: Vec<String> = s.iter().filter(|w| !w.reasons.is_empty() && w.quarantined.is_none()).map(|w| w.unit.clone()).collect();
+            let apply = match (chosen.is_empty(), e.in_place_target(&dir, &chosen).await) {
+                (true, _) => None,
+                (false, Ok(t)) => Some(format!(
+                    "rollout apply loads {} in place into all {} workers at once, without a restart: every one is paused for the load (no worker computes meanwhile: requests wait, none fails, none pairs two versions)",
+                    pdctl_core::in_place::show(&t),
+                    chosen.len()
+                )),
+                (false, Err(why)) => Some(format!("rollout apply restarts {} one at a time through every gate (not loadable in place: {why})", chosen.join(", "))),
+            };
+            Json(Diff {
+                apply,
+                workers: s
+                    .into_iter()
+                    .map(|w| DiffWorker {
+                        timing: pdctl_core::revisions::last_start(&dir, &w.unit),
+                        unit: w.unit,
+                        stale: !w.reasons.is_empty(),
+                        reasons: w.reasons,
+                        quarantined: w.quarantined,
+                    })
+                    .collect(),
+            })
+            .into_response()
+        }
         Err(c) => api_err(&c),
     }
 }

@@ -328,10 +328,13 @@ pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &b
         }
         r.events.push(ev.clone());
         // The operator first: the event goes to every stream, then the record is written (an
-        // fsync'd rewrite of the whole record, milliseconds on a disk, was on the ready line's way
-        // to the CLI). Both under the record's lock, as a new stream reads its backlog under it.
+        // fsync'd rewrite of the whole record, milliseconds on a disk). Both under the record's
+        // lock, as a new stream reads its backlog under it. The write blocks this thread, so the
+        // runtime is told (`block_in_place`): the stream task the send just woke sits in this
+        // worker's queue and would otherwise wait for the write — measured: 14 ms of the ready
+        // line's 16.6 ms way to the CLI (p50, n = 200, release build).
         let _ = tx.send(StreamLine::Event(ev.clone()));
-        daemon.save(&r);
+        tokio::task::block_in_place(|| daemon.save(&r));
     }
     tracing::info!(pdctl_rollout_id = %id, pdctl_unit = %ev.unit, pdctl_step = ev.step.as_str(), "{}", pdctl_core::engine::sentence(&ev));
     match ev.status {
