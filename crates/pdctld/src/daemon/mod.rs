@@ -54,8 +54,12 @@ pub struct Daemon {
     /// Own metrics.
     pub metrics: Metrics,
     running: Mutex<Option<Running>>,
-    /// Drains from before this process are being undone: no rollout starts meanwhile.
+    /// Drains (or pauses) from before this process are being undone: no rollout starts meanwhile.
     reconciling: AtomicBool,
+    /// The workers a weights rollout of a previous process left paused (`paused.json` as this
+    /// process found it before serving): continued by [`Daemon::reconcile_at_start`]. Read here,
+    /// not later, so that the file a rollout of this process writes is never taken for one.
+    pub(super) paused_at_start: Mutex<Vec<pdctl_core::engine::PausedWorker>>,
     /// Why the last record write failed, while some record is unsaved.
     record_error: Mutex<Option<String>>,
     /// Records whose latest state could not be written yet (retried; served from here).
@@ -126,6 +130,7 @@ impl Daemon {
             metrics: Metrics::default(),
             running: Mutex::new(None),
             reconciling: AtomicBool::new(false),
+            paused_at_start: Mutex::new(Vec::new()),
             record_error: Mutex::new(None),
             unsaved: Mutex::new(BTreeMap::new()),
             storm: Mutex::new(storm::StormWatch::default()),
@@ -153,8 +158,15 @@ impl Daemon {
             tracing::error!("drain ledger file {} does not read ({}); check the router by hand", b.path.display(), b.error);
         }
         d.metrics.drained.set(drains.len() as i64);
-        d.reconciling.store(!drains.is_empty(), Ordering::SeqCst);
-        notify_status(if drains.is_empty() { "idle" } else { "re-admitting drained workers" });
+        let paused: Vec<pdctl_core::engine::PausedWorker> =
+            std::fs::read(pdctl_core::engine::paused_path(&d.store.revisions_dir())).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        d.reconciling.store(!drains.is_empty() || !paused.is_empty(), Ordering::SeqCst);
+        notify_status(match (drains.is_empty(), paused.is_empty()) {
+            (true, true) => "idle",
+            (false, _) => "re-admitting drained workers",
+            (true, false) => "continuing workers a weights rollout left paused",
+        });
+        *lock(&d.paused_at_start) = paused;
         d
     }
 

@@ -64,8 +64,12 @@ impl Daemon {
     async fn continue_paused(&self) {
         use pdctl_core::ports::Probes as _;
         let path = pdctl_core::engine::paused_path(&self.store.revisions_dir());
-        let Ok(bytes) = std::fs::read(&path) else { return };
-        let mut left: Vec<pdctl_core::engine::PausedWorker> = serde_json::from_slice(&bytes).unwrap_or_default();
+        // As found before this process served (no rollout of its own can have written it: none
+        // starts while `reconciling`).
+        let mut left = std::mem::take(&mut *lock(&self.paused_at_start));
+        if left.is_empty() {
+            return;
+        }
         // A worker left paused holds every request sent to it: tried again every second for up
         // to two minutes (the engine or a worker may not answer yet while the host is busy).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -107,12 +111,13 @@ impl Daemon {
     pub async fn reconcile_at_start(self: Arc<Self>) {
         // Good revisions are recorded eagerly: what each worker's running process started with,
         // so that a rollback works from the first day.
+        // First the workers a dead predecessor left paused: they hold every request meanwhile.
+        self.continue_paused().await;
         if let Ok(e) = engine(&self).await {
             if let Err(c) = e.staleness(&self.store.revisions_dir()).await {
                 tracing::warn!("cannot record the workers' revisions at start: {}", c.sentence());
             }
         }
-        self.continue_paused().await;
         let (drains, _) = self.store.ledger().all();
         if !drains.is_empty() {
             match engine(&self).await {
@@ -220,5 +225,33 @@ impl Daemon {
         if let Some(end) = rec.end_line() {
             let _ = r.tx.send(end);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The paused workers continued at start are those a previous process left: a `paused.json`
+    /// written after this process started — by a weights rollout of its own, about to pause —
+    /// is never taken for one (CI saw the startup reconcile continue the workers of the rollout
+    /// that had just begun, then nothing continue them after that pdctld was killed).
+    #[tokio::test]
+    async fn a_paused_file_written_after_start_is_this_process_own_and_is_left_alone() {
+        let dir = std::env::temp_dir().join(format!("pdctld-paused-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = crate::store::Store::open(&dir).unwrap();
+        let d = Daemon::new(dir.join("pdctl.toml"), store).await;
+        assert!(!d.reconciling.load(Ordering::SeqCst), "nothing to reconcile at start");
+        let path = pdctl_core::engine::paused_path(&d.store.revisions_dir());
+        let w = pdctl_core::engine::PausedWorker { unit: "p.service".into(), url: "http://127.0.0.1:9".into() };
+        std::fs::write(&path, serde_json::to_vec(&vec![w.clone()]).unwrap()).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), d.continue_paused()).await.expect("returns at once: nothing was left paused at start");
+        assert!(path.exists(), "the running rollout's record of its pause is kept");
+        // Found at start (a predecessor's): this process reconciles first.
+        let d2 = Daemon::new(dir.join("pdctl.toml"), crate::store::Store::open(&dir).unwrap()).await;
+        assert!(d2.reconciling.load(Ordering::SeqCst), "no rollout starts before the paused workers are continued");
+        assert_eq!(lock(&d2.paused_at_start).as_slice(), [w]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -140,7 +140,9 @@ fn take_slot(daemon: &Daemon) -> Result<Taken, Cause> {
         return Err(Cause::Busy { id: other.id.clone() });
     }
     if daemon.reconciling.load(Ordering::SeqCst) {
-        return Err(Cause::Reconciling { units: daemon.store.ledger().all().0.into_iter().map(|d| d.unit).collect() });
+        let mut units: Vec<String> = daemon.store.ledger().all().0.into_iter().map(|d| d.unit).collect();
+        units.extend(lock(&daemon.paused_at_start).iter().map(|w| w.unit.clone()));
+        return Err(Cause::Reconciling { units });
     }
     if let Some(error) = lock(&daemon.record_error).clone() {
         return Err(Cause::RecordsFailing { error });
