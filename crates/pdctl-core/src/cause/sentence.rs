@@ -102,7 +102,7 @@ impl Cause {
             ),
             Cause::Busy { id } => format!("another rollout is running: {id} (pdctl rollout watch {id}; pdctl rollout abort {id})"),
             Cause::Reconciling { units } => format!(
-                "pdctld is re-admitting workers it had drained before it stopped ({}); retry when `pdctl status` no longer says reconciling",
+                "pdctld is re-admitting workers it had drained before it stopped, or continuing workers a weights rollout left paused ({}); retry when `pdctl status` no longer says reconciling",
                 units.join(", ")
             ),
             Cause::DrainNotRestored { unit, why } => format!(

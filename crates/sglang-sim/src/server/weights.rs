@@ -105,10 +105,14 @@ pub(crate) async fn continue_generation(State(app): State<App>, body: Bytes) -> 
     if let Err(why) = body_of(&body) {
         return unprocessable(why);
     }
-    let was = app.control.paused.send_replace(None);
-    if was.as_deref() == Some("retract") {
+    // The retraction is counted before anything waiting on the pause wakes: a hand-off or a
+    // decode step woken by the continue must already see its KV as recomputed (counted after,
+    // a woken one could read the old count and pass old-weights KV on: a fleet test behind one
+    // gateway saw one such request counted mixed).
+    if app.control.paused.borrow().as_deref() == Some("retract") {
         app.engine.count_retraction();
     }
+    app.control.paused.send_replace(None);
     log::line("Generation continued.");
     axum::Json(json!({"message": "Generation continued successfully.", "status": "ok"})).into_response()
 }
