@@ -177,9 +177,14 @@ pub fn one_target(per_worker: &[(String, Result<Target, String>)]) -> Result<Tar
 
 /// "/models/b (weight_version v2)".
 pub fn show(t: &Target) -> String {
-    match &t.version {
-        Some(v) => format!("{} (weight_version {v})", t.model_path),
-        None => t.model_path.clone(),
+    show_parts(&t.model_path, t.version.as_deref())
+}
+
+/// [`show`] of a model path and an optional version.
+pub fn show_parts(model_path: &str, version: Option<&str>) -> String {
+    match version {
+        Some(v) => format!("{model_path} (weight_version {v})"),
+        None => model_path.to_string(),
     }
 }
 

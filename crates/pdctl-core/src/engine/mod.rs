@@ -194,6 +194,14 @@ pub struct Staleness {
     pub quarantined: Option<revisions::Quarantine>,
 }
 
+impl Staleness {
+    /// The workers `rollout apply` rolls out of `stale`: every stale one (`all`: every one) but
+    /// a quarantined change.
+    pub fn to_roll(stale: &[Staleness], all: bool) -> Vec<String> {
+        stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect()
+    }
+}
+
 /// How a rollout ended, and what was done besides the gates (revisions recorded, rollback).
 #[derive(Debug, Clone)]
 pub struct Finished {

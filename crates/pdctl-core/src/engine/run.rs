@@ -68,7 +68,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         // The probe watches the whole rollout, a rollback included: what clients saw while a
         // failed worker was out and put back is part of the figures.
-        let restarted = AtomicBool::new(false);
+        let mut restarted = false;
         let run = async {
             let mut summary = match (r.restore, r.weights) {
                 (_, Some(to)) => self.update_weights_recorded(&plan, to, r.revisions, sink, &mut notes).await,
@@ -86,11 +86,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         notes.push(format!(
                             "{} did not take {} in place ({}): every worker serves its previous weights again; rolled out by restarting instead (weights_fallback = \"restart\")",
                             f.unit,
-                            crate::in_place::show(&crate::in_place::Target { model_path: to.model_path.into(), version: to.version.map(String::from) }),
+                            crate::in_place::show_parts(to.model_path, to.version),
                             f.cause_code
                         ));
                         summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
-                        restarted.store(true, Ordering::SeqCst);
+                        restarted = true;
                     }
                     (Outcome::Failed, Some(f)) if f.step != Step::Preflight && f.unit != FLEET => {
                         notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
@@ -99,9 +99,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
             // A weights rollout changed no file: nothing to quarantine or roll back by revision.
-            if let (Outcome::Failed, Some(f), Some(dir), true) =
-                (summary.result, &summary.failed, r.revisions, r.weights.is_none() || restarted.load(Ordering::SeqCst))
-            {
+            if let (Outcome::Failed, Some(f), Some(dir), true) = (summary.result, &summary.failed, r.revisions, r.weights.is_none() || restarted) {
                 if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
                     notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
                 }
@@ -133,7 +131,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             summary.availability = Some(crate::availability::summarize(&samples, end));
         }
         let service_before = std::mem::take(&mut *lock(&before));
-        let in_place = r.weights.is_some_and(|t| t.config) && !restarted.load(Ordering::SeqCst);
+        let in_place = r.weights.is_some_and(|t| t.config) && !restarted;
         Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before, in_place }
     }
 

@@ -228,7 +228,7 @@ pub(super) async fn diff(State(d): State<Arc<Daemon>>) -> Response {
     let dir = d.store.revisions_dir();
     match e.staleness(&dir).await {
         Ok(s) => {
-            let chosen: Vec<String> = s.iter().filter(|w| !w.reasons.is_empty() && w.quarantined.is_none()).map(|w| w.unit.clone()).collect();
+            let chosen = pdctl_core::engine::Staleness::to_roll(&s, false);
             let apply = match (chosen.is_empty(), e.in_place_target(&dir, &chosen).await) {
                 (true, _) => None,
                 (false, Ok(t)) => Some(format!(

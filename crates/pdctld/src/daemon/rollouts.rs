@@ -200,7 +200,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
     for h in &held {
         tracing::warn!("not rolling out {h}; change its files to try again");
     }
-    let chosen: Vec<String> = stale.iter().filter(|w| w.quarantined.is_none() && (all || !w.reasons.is_empty())).map(|w| w.unit.clone()).collect();
+    let chosen = pdctl_core::engine::Staleness::to_roll(&stale, all);
     if chosen.is_empty() {
         return Ok(Err(if held.is_empty() {
             "no worker is stale; nothing to do".to_string()
