@@ -79,7 +79,8 @@ fn new_weights_go_in_without_a_restart_with_no_failed_request_and_no_mixed_pair(
 fn human(d: &pdctl_tests::pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> (i32, String) {
     let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
     let out = std::process::Command::new(bin).args(args).arg("--config").arg(config).arg("--socket").arg(&d.socket).output().expect("run pdctl");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    // Notes go to stderr, the progress and the last line to stdout: both, in that order.
+    (out.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout)))
 }
 
 /// The hazard is real in the simulator: loading the prefill alone (no pause, the decode left on
@@ -366,4 +367,86 @@ fn a_config_rollout_of_a_new_model_path_in_2p2d_loads_it_in_place_under_load_wit
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
     assert!(!r.events.iter().any(|e| e["step"] == "weights"), "restarted, not loaded in place");
     assert!(most >= 1.0, "a plain rolling restart pairs versions: {most} mixed PD requests counted");
+}
+
+/// 2P2D behind the real gateway, under load through it: a change that cannot be loaded in place
+/// (a quantization, in every worker's files) is rolled out as a coherent switch — the dry run
+/// states the plan and its capacity first; then one prefill and one decode restart onto the new
+/// model out of the gateway while the other two serve, the gateway switches from the old pair to
+/// the new one (the window without a routable pair measured and reported), and the old pair
+/// restarts and rejoins. No PD request decodes KV of the other model (each decode's counter,
+/// watched over the whole rollout: a restarted decode starts a new count), every worker runs the
+/// new quantization, and each was restarted once.
+#[test]
+fn a_quantization_change_in_2p2d_is_rolled_as_a_coherent_switch_with_no_mixed_pair() {
+    let opts = StackOptions { pairs: 2, ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let workers: Vec<(String, String)> = stack.workers().iter().map(|w| (w.unit.clone(), w.url.clone())).collect();
+    let decodes: Vec<String> = stack.workers().iter().filter(|w| w.role == "decode").map(|w| w.url.clone()).collect();
+    assert_eq!((workers.len(), decodes.len()), (4, 2));
+    let invocations = || workers.iter().map(|(u, _)| stack.show(u, "InvocationID").expect("show")).collect::<Vec<_>>();
+    let before = invocations();
+    for w in stack.workers() {
+        let exec = stack.worker_unit(w, &opts, &["--quantization".into(), "fp8".into()]);
+        let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+        stack.drop_in(&w.unit, "50-fp8", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
+    }
+    // The plan before anything starts: which group goes first, what serves meanwhile.
+    let (code, out) = human(&d, &config, &["restart", "--rolling", "--load-changes", "--dry-run"]);
+    assert!(code == 0 && out.contains("coherent switch:") && out.contains("(1 of 2 prefills, 1 of 2 decodes)"), "{code}: {out}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, urls) = (stop.clone(), decodes.clone());
+        std::thread::spawn(move || {
+            // Per decode, the largest count of each of its processes (a restart starts at 0).
+            let (mut most, mut last, mut sum) = ([0.0f64; 2], [0.0f64; 2], 0.0);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for (i, u) in urls.iter().enumerate() {
+                    let now = mixed_at(u);
+                    if now < last[i] {
+                        sum += most[i];
+                        most[i] = 0.0;
+                    }
+                    most[i] = most[i].max(now);
+                    last[i] = now;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            sum + most[0] + most[1]
+        })
+    };
+    let router = stack.router.as_ref().expect("router").url.clone();
+    let load = pdctl_tests::Load::start(&router, 10.0, 8);
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts_of(&decodes).0 >= 10.0), "PD traffic flows");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], Duration::from_secs(300));
+    let (sent, failed) = load.stop();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mixed = watcher.join().expect("watcher");
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let (decoded, mixed_now) = pd_counts_of(&decodes);
+    assert_eq!((mixed, mixed_now), (0.0, 0.0), "no PD request decoded KV of the other model ({decoded} decoded since the last restarts)");
+    assert!(decoded >= 1.0, "the new pairs decoded PD requests: {decoded}");
+    let after = invocations();
+    for (i, (unit, url)) in workers.iter().enumerate() {
+        assert_ne!(after[i], before[i], "{unit} was restarted");
+        let restarts = r.events.iter().filter(|e| e["unit"] == unit.as_str() && e["step"] == "restart" && e["status"] == "passed").count();
+        assert_eq!(restarts, 1, "{unit} restarted once");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let info: Value = rt.block_on(async { pdctl_tests::http().get(format!("{url}/server_info")).send().await.expect("GET").json().await.expect("JSON") });
+        assert_eq!(info["quantization"], "fp8", "{unit}");
+    }
+    let id = r.summary["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    let notes: Vec<&str> = rec["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
+    let switched = notes.iter().find(|n| n.starts_with("switched the gateway from")).unwrap_or_else(|| panic!("the switch is on record: {notes:#?}"));
+    let window: u64 = switched.split("for ").nth(1).and_then(|t| t.split(" ms").next()).and_then(|n| n.parse().ok()).expect("the window in ms");
+    // The new group's router gates run at the switch, after every restart of the new group and
+    // before any restart of the old one.
+    let at = |unit: &str, step: &str| r.events.iter().position(|e| e["unit"] == unit && e["step"] == step && e["status"] == "passed").expect("event");
+    let (p0, p1, d0, d1) = (&workers[0].0, &workers[1].0, &workers[2].0, &workers[3].0);
+    let roles: Vec<&str> = stack.workers().iter().map(|w| w.role).collect();
+    assert_eq!(roles, ["prefill", "prefill", "decode", "decode"], "the stack's order");
+    assert!(at(p0, "restart") < at(d0, "restart") && at(d0, "restart") < at(p0, "router"), "the new group restarts before it is admitted");
+    assert!(at(p0, "router") < at(d1, "restart") && at(d1, "restart") < at(p1, "restart"), "the old group restarts after the switch, its decode first");
+    println!("coherent switch: no PD pair routable for {window} ms; {failed} of {sent} requests failed through the gateway over the rollout");
 }

@@ -104,6 +104,10 @@ pub struct PreflightDetail {
     pub warnings: Vec<String>,
     /// Whether the worker accepts pdctl's API key (`None`: not checked).
     pub api_key_check: Option<String>,
+    /// How the rollout keeps PD pairs to one model when this restart changes the model it
+    /// computes with (the coherent switch's plan, said once: on the first worker that needs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coherence: Option<String>,
 }
 
 /// The slot step while it waits (a `started` event): who holds the role's slots, or the pause.
@@ -158,6 +162,7 @@ mod tests {
             timeout_stop_ms: None,
             warnings: vec![],
             api_key_check: None,
+            coherence: None,
         };
         assert_eq!(
             serde_json::to_value(&p).unwrap(),

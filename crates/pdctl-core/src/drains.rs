@@ -33,6 +33,26 @@ pub struct Drain {
     pub rollout_id: String,
     /// When (seconds since the epoch).
     pub drained_at: u64,
+    /// Held out of the gateway on purpose by a coherent switch: such a drain is not undone as a
+    /// plain one (re-admitting it could pair two models); see [`Hold`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+}
+
+/// Why a coherent switch keeps a worker out of the gateway (a rollout whose change alters the
+/// model the workers compute with, rolled so that no PD request pairs two models): what
+/// [`crate::engine::Engine::reconcile`] may do with it after a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hold {
+    /// In the new group, restarting onto the new model while the old group serves: it may only
+    /// come back with its whole group, at the switch (never next to the old group).
+    New,
+    /// In the new group, which passed every gate inside itself: the switch may admit it.
+    Verified,
+    /// In the old group, taken out at the switch (the new group serves): it still runs the old
+    /// model and comes back only restarted onto the new one.
+    Old,
 }
 
 /// The ledger directory.
@@ -145,6 +165,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pdctl-ledger-{}", std::process::id()));
         let l = Ledger::open(&dir).unwrap();
         let d = Drain {
+            hold: None,
             unit: "p.service".into(),
             url: "http://127.0.0.1:1".into(),
             role: Role::Prefill,

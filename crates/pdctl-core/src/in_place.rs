@@ -123,6 +123,15 @@ fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), String> {
     Ok((exec, others))
 }
 
+/// The command line a restart would run from the files of `rev` (the first effective
+/// `ExecStart=`'s words, split on whitespace as the flags pdctl reads need; systemd's quoting
+/// is not interpreted): what a dry run compares before the manager has loaded the files.
+/// `None`: no `ExecStart=`.
+pub fn effective_argv(rev: &Revision) -> Result<Option<Vec<String>>, String> {
+    let (exec, _) = read(rev)?;
+    Ok(exec.first().and_then(|l| l.strip_prefix("ExecStart=")).map(|cmd| cmd.split_whitespace().map(String::from).collect()))
+}
+
 /// What `new` asks a worker running `old` to load, when that is all that changes; `Err`: why it
 /// needs a restart (one sentence).
 pub fn target(old: &Revision, new: &Revision) -> Result<Target, String> {

@@ -429,6 +429,7 @@ async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
         router_id: "w1".into(),
         rollout_id: "r1".into(),
         drained_at: 0,
+        hold: None,
     };
     ledger.record(&d).unwrap();
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: settings(), coordinator: None };

@@ -108,6 +108,10 @@ impl Renderer {
         if let Some(o) = preflight.as_ref().and_then(|p| p.outage.as_deref()) {
             self.note(&format!("pdctl: ⚠ {o}"));
         }
+        // How PD pairs are kept to one model (the coherent switch's plan and capacity).
+        if let Some(c) = preflight.as_ref().and_then(|p| p.coherence.as_deref()) {
+            self.note(&format!("pdctl: {c}"));
+        }
         if (e.step, e.status) == (Step::Rollback, Status::Started) {
             self.note(&format!("pdctl: ↩ {}: rolling back to its last good revision, then through its gates again", e.unit));
         }

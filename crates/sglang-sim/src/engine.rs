@@ -85,13 +85,26 @@ pub struct Weights {
     pub served_model_name: String,
     /// `weight_version` in `/model_info`.
     pub version: String,
+    /// The startup flags besides the path that change what the model computes (a pinned
+    /// tokenizer, a quantization, a dtype, a revision, a load format), as `--flag=value`
+    /// joined; a weight update keeps them.
+    pub build: String,
 }
 
+/// The flags [`Weights::build`] is made of.
+const BUILD_FLAGS: &[&str] = &["--tokenizer-path", "--quantization", "--dtype", "--revision", "--load-format"];
+
 impl Weights {
-    /// Which model computes with these weights: the path and the version (a restart onto another
-    /// path is another model as much as a new weight version is).
+    /// Which model computes with these weights: the path, the version and the build flags (a
+    /// restart onto another path, tokenizer or quantization is another model as much as a new
+    /// weight version is).
     pub fn identity(&self) -> String {
-        format!("{}@{}", self.model_path, self.version)
+        format!("{}@{}{}", self.model_path, self.version, self.build)
+    }
+
+    /// The build flags of a configuration ([`Weights::build`]).
+    pub fn build_of(given: &std::collections::BTreeMap<String, String>) -> String {
+        BUILD_FLAGS.iter().filter_map(|f| given.get(*f).map(|v| format!(" {f}={v}"))).collect()
     }
 }
 
@@ -137,7 +150,12 @@ impl Engine {
                 last_decode_tps: 0.0,
                 bootstrap_queue: 0,
                 prealloc_queue: 0,
-                weights: Weights { model_path: cfg.model_path.clone(), served_model_name: cfg.served_model_name.clone(), version: cfg.weight_version.clone() },
+                weights: Weights {
+                    model_path: cfg.model_path.clone(),
+                    served_model_name: cfg.served_model_name.clone(),
+                    version: cfg.weight_version.clone(),
+                    build: Weights::build_of(&cfg.given),
+                },
                 mixed_versions: 0,
                 pd_decoded: 0,
                 retractions: 0,
@@ -674,6 +692,26 @@ mod tests {
     fn engine(flags: &str) -> Engine {
         let v: Vec<String> = flags.split_whitespace().map(String::from).collect();
         Engine::new(Arc::new(parse(&v, &|_| None).unwrap()))
+    }
+
+    #[test]
+    fn a_quantization_or_a_pinned_tokenizer_is_another_model_and_a_weight_update_keeps_them() {
+        let plain = engine("--model-path m");
+        let fp8 = engine("--model-path m --quantization fp8");
+        let tok = engine("--model-path m --tokenizer-path t --mem-fraction-static 0.8");
+        assert_ne!(plain.weights().identity(), fp8.weights().identity());
+        assert_ne!(plain.weights().identity(), tok.weights().identity());
+        assert_eq!(tok.weights().identity(), engine("--model-path m --tokenizer-path t").weights().identity(), "serving flags are not the model");
+        // A decode of the fp8 build counts KV of the plain build as mixed.
+        fp8.count_decoded(&plain.weights().identity());
+        fp8.count_decoded(&fp8.weights().identity());
+        let counts = {
+            let st = fp8.lock();
+            (st.pd_decoded, st.mixed_versions)
+        };
+        assert_eq!(counts, (2, 1));
+        fp8.load_weights("m2", Some("v2"));
+        assert!(fp8.weights().identity().ends_with(" --quantization=fp8"), "{}", fp8.weights().identity());
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod sequence;
 mod slots;
 mod step;
 pub mod steps;
+mod switch;
 mod weights;
 
 use std::path::Path;
@@ -40,7 +41,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::config::{Settings, Worker};
 use crate::drains::Ledger;
-use crate::events::Summary;
+use crate::events::{Failure, Outcome, Summary};
 use crate::plan::Plan;
 
 use crate::revisions;
@@ -126,6 +127,14 @@ struct Ctx<'a> {
     notes: Option<&'a std::sync::Mutex<Vec<String>>>,
     /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
     before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
+    /// A coherent switch's new group: its drains are written down as held and its router gate
+    /// waits for the switch ([`crate::drains::Hold`]).
+    hold: Option<crate::drains::Hold>,
+    /// The only peers the pair gate may pair with (a coherent switch's group); `None`: all.
+    pair_scope: Option<&'a [String]>,
+    /// The plan may be rolled as a coherent switch ([`switch::Groups`]): the coherence preflight
+    /// says a change needs it instead of refusing it.
+    switch: Option<&'a switch::SwitchPlan>,
 }
 
 impl Ctx<'_> {
@@ -142,6 +151,9 @@ impl Ctx<'_> {
             abort_in_flight: false,
             notes: None,
             before: None,
+            hold: None,
+            pair_scope: None,
+            switch: None,
         }
     }
 }
@@ -216,4 +228,29 @@ pub struct Finished {
     pub service_before: std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>,
     /// A config rollout's new weights were loaded in place (not restarted).
     pub in_place: bool,
+}
+
+/// What a run has done so far, and its summary.
+pub(in crate::engine) struct Tally {
+    /// When the run began.
+    pub(in crate::engine) t0: std::time::Instant,
+    /// Units restarted (or checked) and verified, in order.
+    pub(in crate::engine) done: Vec<String>,
+    /// Decode → the prefill whose restart needed its repair.
+    pub(in crate::engine) repairs: std::collections::BTreeMap<String, String>,
+}
+
+impl Tally {
+    pub(in crate::engine) fn summary(&self, result: Outcome, failed: Option<Failure>) -> Summary {
+        Summary {
+            availability: None,
+            id: None,
+            result,
+            elapsed_ms: self.t0.elapsed().as_millis() as u64,
+            units: self.done.clone(),
+            checked: Vec::new(),
+            repairs: self.repairs.clone(),
+            failed,
+        }
+    }
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drains::{Drain, Ledger};
+use crate::drains::{Drain, Hold, Ledger};
 use crate::engine::step::{within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
@@ -193,6 +193,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// the ledger and is reported. Returns a note for the record.
     pub async fn reconcile(&self, d: &Drain, ledger: &Ledger, budget: Duration, sink: &Sink) -> Result<String, Cause> {
         let s = StepRun::start(sink, &d.unit, Step::Reconcile);
+        if let Some(why) = held_out(d, &ledger.all().0) {
+            s.skip(&why);
+            return Ok(format!("{} stays out of the router: {why}", d.unit));
+        }
         let t0 = Instant::now();
         let w = self.settings.workers.iter().find(|w| w.unit == d.unit).cloned().unwrap_or_else(|| Worker {
             unit: d.unit.clone(),
@@ -342,5 +346,58 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             out.push(Staleness { unit: w.unit.clone(), reasons, quarantined });
         }
         Ok(out)
+    }
+}
+
+/// Why a drain a coherent switch made must stay out ([`Hold`]; `None`: it may be undone). Only
+/// the verified new group comes back by itself, and only once the switch had begun (the old
+/// group is out): anything else back in could pair two models behind the gateway.
+pub(in crate::engine) fn held_out(d: &Drain, ledger: &[Drain]) -> Option<String> {
+    let switched = ledger.iter().any(|o| o.rollout_id == d.rollout_id && o.hold == Some(Hold::Old));
+    let next = "`pdctl rollout apply` restarts what still runs the old model";
+    match d.hold? {
+        Hold::Verified if switched => None,
+        Hold::New | Hold::Verified => {
+            Some(format!("it runs the new model while the old group serves (the coherent switch of {} stopped before the switch); {next}", d.rollout_id))
+        }
+        Hold::Old => {
+            Some(format!("it still runs the old model and the new group serves (the coherent switch of {} stopped after the switch); {next}", d.rollout_id))
+        }
+    }
+}
+
+#[cfg(test)]
+mod held_tests {
+    use super::*;
+
+    fn drain(unit: &str, hold: Option<Hold>) -> Drain {
+        Drain {
+            unit: unit.into(),
+            url: format!("http://{unit}"),
+            role: crate::config::Role::Prefill,
+            bootstrap_port: None,
+            invocation_id: "i".into(),
+            router_id: "r".into(),
+            rollout_id: "r1".into(),
+            drained_at: 0,
+            hold,
+        }
+    }
+
+    #[test]
+    fn only_a_verified_new_group_comes_back_and_only_after_the_old_one_went_out() {
+        let plain = drain("a", None);
+        assert_eq!(held_out(&plain, std::slice::from_ref(&plain)), None, "a plain drain is undone");
+        let new = drain("p0", Some(Hold::Verified));
+        let old = drain("p1", Some(Hold::Old));
+        // Before the switch: the old group serves, the new one stays out.
+        assert!(held_out(&new, std::slice::from_ref(&new)).is_some_and(|w| w.contains("before the switch")));
+        assert!(held_out(&drain("p0", Some(Hold::New)), std::slice::from_ref(&old)).is_some(), "an unverified new worker never comes back by itself");
+        // During the switch: the verified new group comes back, the old group stays out.
+        assert_eq!(held_out(&new, &[new.clone(), old.clone()]), None);
+        assert!(held_out(&old, &[new.clone(), old.clone()]).is_some_and(|w| w.contains("old model")));
+        // Another rollout's old group does not count.
+        let other = Drain { rollout_id: "r2".into(), ..old };
+        assert!(held_out(&new, &[new.clone(), other]).is_some());
     }
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step::{lock, Fail, StepRun};
-use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, LAST_LINES};
+use crate::engine::switch::SwitchPlan;
+use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, Tally, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -61,6 +62,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             abort_in_flight: false,
             notes: Some(&deep_notes),
             before: Some(&before),
+            hold: None,
+            pair_scope: None,
+            switch: None,
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -137,6 +141,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
         let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
+        let switch_plan;
+        let ctx = match (mode, ctx.switch) {
+            (Mode::Rollout, None) => {
+                switch_plan = SwitchPlan { groups: self.switch_groups(plan), needed: AtomicBool::new(false) };
+                Ctx { switch: Some(&switch_plan), ..ctx }
+            }
+            _ => ctx,
+        };
         if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
             return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
         }
@@ -150,9 +162,48 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 };
             }
         }
-        for w in &plan.workers {
+        // A change of the model the workers compute with, on a host with two groups of both
+        // roles: the old group serves while the new one is restarted and verified, then the
+        // gateway switches (see `switch.rs`).
+        if let (Mode::Rollout, Some(sw)) = (mode, ctx.switch) {
+            if let (true, Ok(g)) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
+                return match self.run_switch(plan, g, sink, abort, ctx, notes, &mut t).await {
+                    Ok(()) => {
+                        let rest: Vec<&Worker> = plan.workers.iter().filter(|w| !t.done.contains(&w.unit)).collect();
+                        match self.roll_each(&rest, plan.workers.len(), sink, mode, abort, ctx, notes, &mut t).await {
+                            Ok(()) => t.summary(Outcome::Succeeded, None),
+                            Err(s) => s,
+                        }
+                    }
+                    Err(s) => s,
+                };
+            }
+        }
+        let all: Vec<&Worker> = plan.workers.iter().collect();
+        match self.roll_each(&all, plan.workers.len(), sink, mode, abort, ctx, notes, &mut t).await {
+            Ok(()) => t.summary(Outcome::Succeeded, None),
+            Err(s) => s,
+        }
+    }
+
+    /// Each of `workers` in turn through its restart (or check) sequence, halting at the first
+    /// failure (`Err`: the summary to return); `total`: the plan's size (no client gate after
+    /// its last unit).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::engine) async fn roll_each(
+        &self,
+        workers: &[&Worker],
+        total: usize,
+        sink: &Sink,
+        mode: Mode,
+        abort: &AtomicBool,
+        ctx: Ctx<'_>,
+        notes: &mut Vec<String>,
+        t: &mut Tally,
+    ) -> Result<(), Summary> {
+        for w in workers.iter().copied() {
             if abort.load(Ordering::SeqCst) {
-                return t.summary(Outcome::Aborted, None);
+                return Err(t.summary(Outcome::Aborted, None));
             }
             if t.done.contains(&w.unit) {
                 notes.push(format!(
@@ -175,7 +226,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
                     let failure = self.failure(&unit, step, f).await;
                     self.reconcile_this_runs_drains(&unit, step, ctx, sink, notes).await;
-                    return t.summary(Outcome::Failed, Some(failure));
+                    return Err(t.summary(Outcome::Failed, Some(failure)));
                 }
             };
             for (d, of) in repaired {
@@ -194,15 +245,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // What clients saw is a gate too: no next unit after too many failed requests.
             if let (Some(c), Some(max)) = (ctx.clients, self.settings.rollout.max_failed_probes) {
                 let failed = c.failed.load(Ordering::SeqCst);
-                if failed > max && t.done.len() < plan.workers.len() {
+                if failed > max && t.done.len() < total {
                     let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
                     StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
                     t.done.pop();
-                    return t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await));
+                    return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await)));
                 }
             }
         }
-        t.summary(Outcome::Succeeded, None)
+        Ok(())
     }
 
     /// A 1P1D pair restarted at once (`single_pair = "together"`), each through every gate; with
@@ -244,7 +295,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// After a failed step: a drain this run made is never left behind — each worker it drained
     /// (the one rolled, a decode being repaired) is re-admitted if it serves.
-    async fn reconcile_this_runs_drains(&self, unit: &str, step: Step, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
+    pub(in crate::engine) async fn reconcile_this_runs_drains(&self, unit: &str, step: Step, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
         let Some(l) = ctx.ledger else { return };
         for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.id) {
             let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
@@ -265,7 +316,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// pending changes and quarantines, where it could be asked.
     pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool, known: Option<&KnownChanges>) -> Summary {
         let t0 = Instant::now();
-        let ctx = Ctx { known, ..Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes) };
+        let switch_plan = SwitchPlan { groups: self.switch_groups(plan), needed: AtomicBool::new(false) };
+        let ctx = Ctx { known, switch: Some(&switch_plan), ..Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes) };
         let failed = match self.preflight(plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
@@ -278,30 +330,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             elapsed_ms: t0.elapsed().as_millis() as u64,
             units: Vec::new(),
             checked: Vec::new(),
-            failed,
-        }
-    }
-}
-
-/// What a run has done so far, and its summary.
-struct Tally {
-    t0: Instant,
-    /// Units restarted (or checked) and verified, in order.
-    done: Vec<String>,
-    /// Decode → the prefill whose restart needed its repair.
-    repairs: std::collections::BTreeMap<String, String>,
-}
-
-impl Tally {
-    fn summary(&self, result: Outcome, failed: Option<Failure>) -> Summary {
-        Summary {
-            availability: None,
-            id: None,
-            result,
-            elapsed_ms: self.t0.elapsed().as_millis() as u64,
-            units: self.done.clone(),
-            checked: Vec::new(),
-            repairs: self.repairs.clone(),
             failed,
         }
     }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::step::{lock, Fail, StepRun};
-use crate::engine::steps::{rule, NOT_REGISTERED};
+use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED};
 use crate::engine::{Ctx, Engine, Repaired, Stale};
 use crate::events::{Failure, Sink, Step};
 use crate::ports::{Logs, Probes, UnitState, Units};
@@ -70,6 +70,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// drain, restart, ready, health, pair: returns the unit's watch and state after the restart
     /// and the decodes found with a stale pairing (to be repaired).
     pub(in crate::engine) async fn restart_to_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Vec<Stale>), (Step, Fail)> {
+        let (watch, after) = self.restart_to_health(w, sink, ctx).await?;
+        // Still out of the router: a stale pair is found (and repaired) before the router's
+        // smoke request and breaker could fail on it, and before clients reach this worker.
+        let stale = self.pair_step(w, sink, ctx, &after).await?;
+        Ok((watch, after, stale))
+    }
+
+    /// drain, restart, ready, health: returns the unit's watch and its state after the restart.
+    pub(in crate::engine) async fn restart_to_health(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState), (Step, Fail)> {
         let unit = w.unit.as_str();
         if self.settings.rollout.drain {
             let s = StepRun::start(sink, unit, Step::Drain);
@@ -90,10 +99,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
-        // Still out of the router: a stale pair is found (and repaired) before the router's
-        // smoke request and breaker could fail on it, and before clients reach this worker.
-        let stale = self.pair_step(w, sink, ctx, &after).await?;
-        Ok((watch, after, stale))
+        Ok((watch, after))
     }
 
     /// router, metrics, stranded KV (a decode), soak. `out_since`: when the worker left the
@@ -111,7 +117,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         before: Option<pdctl_probe::service::ServiceScrape>,
     ) -> Result<(), (Step, Fail)> {
         let unit = w.unit.as_str();
-        if self.settings.verify.router {
+        if ctx.hold.is_some() {
+            // A coherent switch's new group stays out until the whole group is verified: it runs
+            // the new model while the old group serves (see `switch.rs`).
+            StepRun::start(sink, unit, Step::Router).skip(HELD_FOR_SWITCH);
+        } else if self.settings.verify.router {
             self.step(sink, unit, Step::Router, async {
                 // Every worker of the other PD role out of the router by this rollout's own drains
                 // (a decode repaired while its prefill waits drained): no request can pass the
@@ -137,7 +147,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         } else {
             StepRun::start(sink, unit, Step::Router).skip(rule(Step::Router, &self.settings).off_because.unwrap_or_default());
         }
-        self.metrics_step(w, sink, true).await?;
+        self.metrics_step(w, sink, true, ctx).await?;
         if w.role == Role::Decode {
             self.stranded_step(w, sink).await?;
         }
@@ -244,7 +254,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true, false).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
-        if self.metrics_step(w, sink, true).await.is_err() {
+        if self.metrics_step(w, sink, true, Ctx::none(Some(true), true)).await.is_err() {
             return false;
         }
         w.role != Role::Decode || self.stranded_step(w, sink).await.is_ok()
@@ -256,6 +266,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if self.settings.verify.router {
             self.step(sink, &w.unit, Step::Router, async { self.router(w, false, false).await.map(|d| (d, ())) }).await?;
         }
-        self.metrics_step(w, sink, false).await
+        self.metrics_step(w, sink, false, Ctx::none(None, false)).await
     }
 }

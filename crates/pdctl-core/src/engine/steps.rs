@@ -36,6 +36,8 @@ pub struct StepRule {
 pub const NO_OTHER_ROLE: &str = "no worker of the other PD role is configured";
 /// The router gate of a `check` on a worker the gateway does not list.
 pub const NOT_REGISTERED: &str = "not registered in the router";
+/// The router gate of a coherent switch's new group before the switch.
+pub const HELD_FOR_SWITCH: &str = "held out of the router until the coherent switch: it runs the new model while the old group serves";
 /// A rollback of a unit whose files are already its last good revision.
 pub const NOTHING_TO_RESTORE: &str = "nothing to restore: the unit's files are its last good revision";
 

@@ -112,11 +112,23 @@ pub(crate) async fn server_info(State(app): State<App>) -> Response {
         "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {"token_usage": app.engine.token_usage()}}],
         "version": cfg.sim.version.to_string(),
         "frontend": "python",
+        // The model-defining arguments with 0.5.23's defaults (`server_args.py`), reported as
+        // given when they are.
+        "quantization": null,
+        "dtype": "auto",
+        "load_format": "auto",
+        "revision": null,
     });
     if let Some(obj) = v.as_object_mut() {
         for (k, val) in &cfg.given {
             let key = k.trim_start_matches("--").replace('-', "_");
-            obj.entry(key).or_insert_with(|| json!(val));
+            match obj.get_mut(&key) {
+                Some(v) if v.is_null() || key == "dtype" || key == "load_format" => *v = json!(val),
+                Some(_) => {}
+                None => {
+                    obj.insert(key, json!(val));
+                }
+            }
         }
     }
     axum::Json(v).into_response()

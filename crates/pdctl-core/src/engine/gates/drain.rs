@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drains::{Drain, Ledger};
+use crate::drains::{Drain, Hold, Ledger};
 use crate::engine::step::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
@@ -25,12 +25,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         let Some((_, entry)) = entries.first().cloned() else {
+            // Taken out already by this rollout's coherent switch (all of a group at once, the
+            // ledger written first): its requests are still waited for before its stop.
+            if let Some(held) = ctx.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.id && d.hold.is_some()) {
+                let t0 = Instant::now();
+                let (at_start, left, unknown) = self.wait_in_flight(w, t0).await?;
+                return Ok(Some(json!({
+                    "taken_out": "by the coherent switch", "hold": held.hold, "removed_router_id": held.router_id,
+                    "warning": unknown.as_ref().map(Cause::sentence), "cause_code": unknown.as_ref().map(Cause::code),
+                    "in_flight_at_start": at_start, "in_flight_left": left, "waited_for_requests_ms": t0.elapsed().as_millis() as u64,
+                    "waited_ms": t0.elapsed().as_millis() as u64, "timed_out": left.is_some_and(|n| n > 0),
+                })));
+            }
             return Ok(None);
         };
         // Written down before the router is touched: whatever happens next (a failed gate, a
         // crash, SIGKILL), the drain is found and undone.
         if let Some(l) = ctx.ledger {
-            self.record_drain(l, w, &entry.id, ctx.id).await?;
+            self.record_drain(l, w, &entry.id, ctx.id, ctx.hold).await?;
         }
         for (r, e) in &entries {
             self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
@@ -72,8 +84,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
     /// `router_id`) out of the gateway — before the gateway is touched, so that whatever happens
-    /// next (a failed gate, a crash, SIGKILL) the drain is found and undone.
-    pub(in crate::engine) async fn record_drain(&self, ledger: &Ledger, w: &Worker, router_id: &str, rollout_id: &str) -> Result<(), Fail> {
+    /// next (a failed gate, a crash, SIGKILL) the drain is found and undone (`hold`: kept out
+    /// by a coherent switch, see [`Hold`]).
+    pub(in crate::engine) async fn record_drain(
+        &self,
+        ledger: &Ledger,
+        w: &Worker,
+        router_id: &str,
+        rollout_id: &str,
+        ctx_hold: Option<Hold>,
+    ) -> Result<(), Fail> {
         let st = self.units.state(&w.unit).await?;
         let d = Drain {
             unit: w.unit.clone(),
@@ -84,6 +104,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             router_id: router_id.to_string(),
             rollout_id: rollout_id.to_string(),
             drained_at: crate::lifecycle::now(),
+            hold: ctx_hold,
         };
         ledger.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))
     }

@@ -9,19 +9,19 @@ use crate::cause::{Cause, MetricsDiagnosis};
 use crate::config::{Role, Worker};
 use crate::engine::step::{within, Fail, StepRun, POLL};
 use crate::engine::steps::rule;
-use crate::engine::Engine;
+use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Step};
 use crate::ports::{Health, Logs, PairTarget, Probes, Units};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    pub(in crate::engine) async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool) -> Result<(), (Step, Fail)> {
+    pub(in crate::engine) async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
         let rule = rule(Step::Metrics, &self.settings);
         if let Some(why) = rule.off_because {
             StepRun::start(sink, &w.unit, Step::Metrics).skip(why);
             return Ok(());
         }
         let s = StepRun::start(sink, &w.unit, Step::Metrics);
-        match self.metrics(w, may_warm).await {
+        match self.metrics(w, may_warm, ctx).await {
             Ok(d) => {
                 s.pass(d);
                 Ok(())
@@ -36,7 +36,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    pub(in crate::engine) async fn metrics(&self, w: &Worker, may_warm: bool) -> Result<Value, Fail> {
+    pub(in crate::engine) async fn metrics(&self, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<Value, Fail> {
         let t0 = Instant::now();
         let limit = self.settings.rollout.metrics_timeout;
         let mut warmed = None;
@@ -63,7 +63,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
                 // A PD worker is warmed with a pair sent straight to it and a serving peer (it may
                 // be the only one of its role in the router, or its peers may be out of it).
-                let direct = if w.role == Role::Regular { None } else { self.warm_pair(w).await };
+                let direct = if w.role == Role::Regular { None } else { self.warm_pair(w, ctx).await };
                 let sent = match (direct, self.settings.verify.router, w.role) {
                     (Some(r), _, _) => r,
                     (None, true, _) => self.probes.smoke(0, 48).await.map(|_| "sent through the router".to_string()),
@@ -80,11 +80,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    /// A 48-token PD request sent straight to `w` and the first serving peer (`None`: no peer
-    /// serves).
-    pub(in crate::engine) async fn warm_pair(&self, w: &Worker) -> Option<Result<String, crate::ports::HttpFailure>> {
+    /// A 48-token PD request sent straight to `w` and the first serving peer of its model (`None`:
+    /// no peer serves; a coherent switch's other group is not one).
+    pub(in crate::engine) async fn warm_pair(&self, w: &Worker, ctx: Ctx<'_>) -> Option<Result<String, crate::ports::HttpFailure>> {
         for peer in self.peers(w) {
-            if self.probes.health(&peer.url).await != Health::Up {
+            if self.other_model(peer, ctx).is_some() || self.probes.health(&peer.url).await != Health::Up {
                 continue;
             }
             let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };

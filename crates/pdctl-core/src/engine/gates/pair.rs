@@ -51,6 +51,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut failed: Option<Fail> = None;
         for (peer, owner) in &peers {
             let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+            // A coherent switch pairs only workers of one model: a peer of the other group, or
+            // one held out still running the old model, is not paired (its KV is another model's).
+            if let Some(why) = self.other_model(peer, ctx) {
+                pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: "skipped".into(), why: Some(why), ..Default::default() });
+                continue;
+            }
             if let Err(why) = self.peer_serves(peer, ctx.together_with == Some(peer.unit.as_str())).await {
                 pairs.push(PairResult {
                     prefill: p.unit.clone(),
@@ -118,6 +124,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok(stale)
             }
         }
+    }
+
+    /// Why the pair gate does not pair with `peer` in a coherent switch: it is outside the
+    /// group being verified, or held out of the router still running the old model.
+    pub(in crate::engine) fn other_model(&self, peer: &Worker, ctx: Ctx<'_>) -> Option<String> {
+        if ctx.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
+            return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
+        }
+        let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::drains::Hold::Old));
+        held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
     }
 
     /// Whether a peer serves (`/health` 200). One restarting at the same time is waited for, up

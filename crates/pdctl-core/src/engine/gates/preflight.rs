@@ -146,7 +146,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
         let mut warnings = self.stop_and_pair_risks(w, &cfg);
-        warnings.extend(self.coherence_preflight(w, plan, &cfg, ctx).await?);
+        // A dry run does not reload the manager: the restart's command line is read from the files.
+        let disk_argv = if dry && needs_reload {
+            let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "dry run");
+            crate::in_place::effective_argv(&rev).ok().flatten()
+        } else {
+            None
+        };
+        let (said, coherence) = self.coherence_preflight(w, plan, &cfg, disk_argv.as_deref(), ctx).await?.unzip();
+        warnings.extend(said);
+        let coherence = coherence.flatten();
         let outage = self
             .outage_of(w, seen.fleet_view.as_deref(), ctx)
             .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
@@ -167,6 +176,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             timeout_stop_ms: cfg.timeout_stop.map(|d| d.as_millis() as u64),
             warnings,
             api_key_check,
+            coherence,
         };
         Ok(serde_json::to_value(&detail).unwrap_or_default())
     }
@@ -175,28 +185,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// workers of the other role run the old one, a rolling restart would pair the versions:
     /// refused (`mixed_versions`), unless `coherent = "never"` (a warning then) or a 1P1D pair
     /// is restarted together (both at once: no old worker serves while a new one does).
-    async fn coherence_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig, ctx: Ctx<'_>) -> Result<Option<String>, Fail> {
+    async fn coherence_preflight(
+        &self,
+        w: &Worker,
+        plan: &Plan,
+        cfg: &crate::ports::UnitConfig,
+        disk_argv: Option<&[String]>,
+        ctx: Ctx<'_>,
+    ) -> Result<Option<(String, Option<String>)>, Fail> {
         use crate::config::Coherent;
         // `check` restarts nothing; a regular worker pairs with no one.
         if ctx.allow_outage.is_none() || w.role == Role::Regular {
             return Ok(None);
         }
-        let Some(argv) = cfg.exec_start.first() else { return Ok(None) };
+        let Some(argv) = disk_argv.or(cfg.exec_start.first().map(Vec::as_slice)) else { return Ok(None) };
         let peers = self.peers(w);
         if peers.is_empty() {
             return Ok(None);
         }
         // A server that does not answer runs nothing to compare with (its own gates say so).
-        let Ok(mut info) = self.probes.server_info(&w.url).await else { return Ok(None) };
-        // `/server_info` keeps the startup values; what a weight update loaded since is in
-        // `/model_info` (0.5.23 `http_server.py`): compare with what the server computes with.
-        if let (Ok((path, version)), Some(obj)) = (self.probes.model_info(&w.url).await, info.as_object_mut()) {
-            for (key, now) in [("model_path", path), ("weight_version", version)] {
-                if let Some(v) = obj.get_mut(key) {
-                    *v = now.into();
-                }
-            }
-        }
+        let Some(info) = self.computes_with(&w.url).await else { return Ok(None) };
         let mut extra = self.settings.rollout.coherent_flags.clone();
         if self.settings.rollout.coherent == Coherent::Always {
             extra.extend(crate::coherence::given_flags(argv));
@@ -212,26 +220,71 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             && peers.len() == 1
             && plan.workers.iter().any(|x| x.unit == peers[0].unit);
         if together {
-            return Ok(Some(format!(
-                "{} changes the model it computes with ({}); restarted together with {}, no request pairs the two versions",
-                w.unit,
-                said.join("; "),
-                names.join(", ")
+            return Ok(Some((
+                format!(
+                    "{} changes the model it computes with ({}); restarted together with {}, no request pairs the two versions",
+                    w.unit,
+                    said.join("; "),
+                    names.join(", ")
+                ),
+                None,
+            )));
+        }
+        // The peers that serve next to it (not held out by a coherent switch) already run what
+        // it will: its restart joins them (the rest of an interrupted switch).
+        let held = |u: &str| ctx.ledger.and_then(|l| l.get(u)).is_some_and(|d| d.hold.is_some());
+        let serving: Vec<&&Worker> = peers.iter().filter(|p| !held(&p.unit)).collect();
+        let mut all_new = !serving.is_empty();
+        for p in &serving {
+            all_new &= self.computes_with(&p.url).await.is_some_and(|i| crate::coherence::changes(argv, &i, &extra).is_empty());
+        }
+        if all_new {
+            return Ok(Some((
+                format!(
+                    "{} changes the model it computes with ({}) to what {} already run: no request pairs two models",
+                    w.unit,
+                    said.join("; "),
+                    serving.iter().map(|p| p.unit.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+                None,
             )));
         }
         if self.settings.rollout.coherent == Coherent::Never {
-            return Ok(Some(format!(
+            return Ok(Some((format!(
                 "mixed versions (coherent = \"never\"): {} changes the model it computes with ({}); until {} are restarted too, PD requests pairing them decode KV their own model did not compute",
                 w.unit,
                 said.join("; "),
                 names.join(", ")
-            )));
+            ), None)));
         }
-        Err(Fail {
-            cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
-            detail: serde_json::json!({ "changes": changes }),
-            unit: None,
-        })
+        // The plan is said once, on the first worker that needs the switch.
+        let switch = ctx.switch.map(|sw| match &sw.groups {
+            Ok(g) => Ok((!sw.needed.swap(true, std::sync::atomic::Ordering::SeqCst)).then(|| g.sentence(&plan.workers.iter().collect::<Vec<_>>()))),
+            Err(why) => Err(why.clone()),
+        });
+        match switch {
+            Some(Ok(how)) => Ok(Some((format!("{} changes the model it computes with ({}): rolled as a coherent switch", w.unit, said.join("; ")), how))),
+            why_not => Err(Fail {
+                cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
+                detail: serde_json::json!({ "changes": changes, "switch_refused": why_not.and_then(Result::err) }),
+                unit: None,
+            }),
+        }
+    }
+
+    /// What a server computes with: its `/server_info`, whose startup values are corrected by
+    /// `/model_info` for a weight update loaded since (0.5.23 `http_server.py`); `None`: it
+    /// does not answer.
+    async fn computes_with(&self, url: &str) -> Option<serde_json::Value> {
+        let mut info = self.probes.server_info(url).await.ok()?;
+        if let (Ok((path, version)), Some(obj)) = (self.probes.model_info(url).await, info.as_object_mut()) {
+            for (key, now) in [("model_path", path), ("weight_version", version)] {
+                if let Some(v) = obj.get_mut(key) {
+                    *v = now.into();
+                }
+            }
+        }
+        Some(info)
     }
 
     /// Does the worker refuse pdctl's calls for want of its API key? A worker started with

@@ -1,0 +1,326 @@
+//! The coherent switch: a restart that changes the model PD workers compute with (a tokenizer, a
+//! quantization, a dtype — what cannot be loaded in place) on a host with at least two workers of
+//! each role. A plain rolling restart would pair a new prefill with an old decode behind the
+//! gateway (smg 1.13 picks the prefill and the decode independently; its `pd_pairing` label is the
+//! KV transfer protocol only and its model labels are not used in selection — measured). So:
+//!
+//! 1. **new group out**: half of each role (the new group) is drained — written down as held
+//!    ([`Hold::New`]) — restarted onto the new model and verified *inside the group* (its pair
+//!    probes go straight to the group's own workers), while the old group serves;
+//! 2. **switch**: the old group is taken out of the gateway ([`Hold::Old`], written first) and the
+//!    new group admitted, all at once; until the gateway admits the new group no PD pair is
+//!    routable — that window is measured (to the first request through the gateway that answers)
+//!    and reported;
+//! 3. **old group in**: each worker of the old group, decodes first (a prefill restarted later
+//!    finds the decodes that cached its old process and repairs them while the others serve),
+//!    through every gate, paired only with workers of the new model, and re-admitted.
+//!
+//! A crash leaves no pair of two models routable: held drains are not undone as plain ones
+//! ([`crate::engine::Engine::reconcile`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::cause::Cause;
+use crate::config::{Role, Worker};
+use crate::drains::Hold;
+use crate::engine::step::{Fail, StepRun};
+use crate::engine::{Ctx, Engine, Tally};
+use crate::events::{Outcome, Sink, Step, Summary};
+use crate::plan::Plan;
+use crate::ports::{Logs, Probes, Units};
+
+/// The two groups of a coherent switch, each holding both PD roles.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct Groups {
+    /// Restarted first, out of the gateway, then switched in.
+    pub(in crate::engine) new: Vec<Worker>,
+    /// Serves until the switch, then restarted and re-admitted one at a time.
+    pub(in crate::engine) old: Vec<Worker>,
+}
+
+/// Whether a plan may be rolled as a coherent switch, and whether its preflight found that it must.
+#[derive(Debug)]
+pub(in crate::engine) struct SwitchPlan {
+    /// The groups, or why the plan cannot be switched (said with `mixed_versions`).
+    pub(in crate::engine) groups: Result<Groups, String>,
+    /// Set by the coherence preflight: some worker's change breaks coherence.
+    pub(in crate::engine) needed: AtomicBool,
+}
+
+impl Groups {
+    fn units(ws: &[Worker]) -> Vec<String> {
+        ws.iter().map(|w| w.unit.clone()).collect()
+    }
+
+    /// What the plan does and the capacity at each phase, in one sentence (the dry run says it).
+    pub(in crate::engine) fn sentence(&self, all: &[&Worker]) -> String {
+        let count = |ws: &[Worker], r: Role| ws.iter().filter(|w| w.role == r).count();
+        let total = |r: Role| all.iter().filter(|w| w.role == r).count();
+        let (np, nd) = (total(Role::Prefill), total(Role::Decode));
+        format!(
+            "coherent switch: {new} restart onto the new model out of the router while {old} serve ({op} of {np} prefills, {od} of {nd} decodes); \
+             then the gateway switches from the old group to the new one (no PD pair is routable until it admits the new group: about 1 s behind smg 1.13 or sglang-router 0.3.2, measured and reported); \
+             then {old} restart and rejoin one at a time",
+            new = Self::units(&self.new).join(", "),
+            old = Self::units(&self.old).join(", "),
+            op = count(&self.old, Role::Prefill),
+            od = count(&self.old, Role::Decode),
+        )
+    }
+}
+
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+    /// The plan's groups for a coherent switch, or why it cannot be switched: one host's gateway
+    /// (no `[fleet]`), the router gate on, every PD worker of the host in the plan, at least two
+    /// of each role, and half of each role within `max_unavailable` (the new group is out before
+    /// the switch, the old one after it).
+    pub(in crate::engine) fn switch_groups(&self, plan: &Plan) -> Result<Groups, String> {
+        if self.settings.fleet.is_some() {
+            return Err("with [fleet] other hosts' workers serve beside this host's in the gateway: a switch of one host cannot keep them apart (new weights of the same model load in place: `pdctl rollout weights`)".into());
+        }
+        if !self.settings.verify.router {
+            return Err("a switch moves the gateway from one group to the other: it needs [router] and the router gate".into());
+        }
+        let pd: Vec<&Worker> = self.settings.workers.iter().filter(|w| w.role != Role::Regular).collect();
+        let left: Vec<&str> = pd.iter().filter(|w| !plan.workers.iter().any(|p| p.unit == w.unit)).map(|w| w.unit.as_str()).collect();
+        if !left.is_empty() {
+            return Err(format!("a switch moves every PD worker of the host and the plan leaves out {}", left.join(", ")));
+        }
+        let role = |r: Role| plan.workers.iter().filter(|w| w.role == r).cloned().collect::<Vec<_>>();
+        let (p, d) = (role(Role::Prefill), role(Role::Decode));
+        if p.len() < 2 || d.len() < 2 {
+            return Err(format!(
+                "a switch needs two workers of each role, one group serving while the other restarts ({} prefill(s), {} decode(s)); one of each restarts together with single_pair = \"together\"",
+                p.len(),
+                d.len()
+            ));
+        }
+        let half = |n: usize| n.div_ceil(2);
+        let need = half(p.len()).max(half(d.len()));
+        if need as u32 > self.settings.rollout.max_unavailable {
+            return Err(format!(
+                "a switch has half of each role out at once: it needs [rollout] max_unavailable = {need} (it is {})",
+                self.settings.rollout.max_unavailable
+            ));
+        }
+        let (pn, dn) = (half(p.len()), half(d.len()));
+        let new = p[..pn].iter().chain(&d[..dn]).cloned().collect();
+        let old = d[dn..].iter().chain(&p[pn..]).cloned().collect();
+        Ok(Groups { new, old })
+    }
+
+    /// The switch's three phases (module docs). `Err`: the summary of a halted run; the units
+    /// verified are in `t.done`.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::engine) async fn run_switch(
+        &self,
+        plan: &Plan,
+        g: &Groups,
+        sink: &Sink,
+        abort: &AtomicBool,
+        ctx: Ctx<'_>,
+        notes: &mut Vec<String>,
+        t: &mut Tally,
+    ) -> Result<(), Summary> {
+        let new_units = Groups::units(&g.new);
+        let held = Ctx { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx };
+        notes.push(g.sentence(&plan.workers.iter().collect::<Vec<_>>()));
+        // 1. The new group: out, restarted, verified inside itself (its prefills first: its
+        // decodes then start after them and cache no old prefill process).
+        let mut up = Vec::new();
+        for w in &g.new {
+            if abort.load(Ordering::SeqCst) {
+                self.halted_switch(held, sink, notes).await;
+                return Err(t.summary(Outcome::Aborted, None));
+            }
+            if let Some(c) = ctx.clients {
+                *crate::engine::step::lock(&c.current) = Some(w.unit.clone());
+            }
+            match self.restart_to_health(w, sink, held).await {
+                Ok((watch, after)) => up.push((w, watch, after, Instant::now())),
+                Err((step, f)) => return Err(self.switch_failed(w, step, f, held, sink, notes, t).await),
+            }
+        }
+        for (w, watch, after, out_since) in up {
+            let stale = match self.pair_step(w, sink, held, &after).await {
+                Ok(s) => s,
+                Err((step, f)) => return Err(self.switch_failed(w, step, f, held, sink, notes, t).await),
+            };
+            if let Some(s) = stale.first() {
+                let f = Fail::from(Cause::StalePair { decode: s.decode.unit.clone(), prefill: w.unit.clone() });
+                return Err(self.switch_failed(w, Step::Pair, f, held, sink, notes, t).await);
+            }
+            if let Err((step, f)) = self.restart_after_pair(w, sink, held, watch, after, out_since, None).await {
+                return Err(self.switch_failed(w, step, f, held, sink, notes, t).await);
+            }
+        }
+        if let Err(e) = self.hold_as(&g.new, Hold::Verified, ctx) {
+            let f = Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() });
+            return Err(self.switch_failed(&g.new[0], Step::Router, f, held, sink, notes, t).await);
+        }
+        // 2. The switch.
+        let t_out = Instant::now();
+        if let Err((w, f)) = self.take_out(&g.old, ctx).await {
+            return Err(self.switch_failed(w, Step::Drain, f, held, sink, notes, t).await);
+        }
+        let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
+        if let Some((w, f)) = admitted.into_iter().find_map(Result::err) {
+            notes.push(self.switch_back(g, ctx, sink).await);
+            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
+        }
+        let first_answer = self.first_answer(t_out).await;
+        let window_ms = first_answer.unwrap_or_else(|| t_out.elapsed().as_millis() as u64);
+        for w in &g.new {
+            if let Some(l) = ctx.ledger {
+                let _ = l.clear(&w.unit);
+            }
+            if let Some(dir) = ctx.revisions {
+                notes.push(self.record_revision(w, dir, ctx.id).await);
+            }
+            t.done.push(w.unit.clone());
+        }
+        notes.push(match first_answer {
+            Some(ms) => format!(
+                "switched the gateway from {} to {}: no PD pair was routable for {ms} ms (the old group out → the first request through the gateway answered by the new group)",
+                Groups::units(&g.old).join(", "),
+                new_units.join(", ")
+            ),
+            None => format!(
+                "switched the gateway from {} to {}: the new group is admitted but no request through the gateway answered within {window_ms} ms (the smoke request is off or failed)",
+                Groups::units(&g.old).join(", "),
+                new_units.join(", ")
+            ),
+        });
+        // 3. The old group, through every gate, decodes first.
+        let old: Vec<&Worker> = g.old.iter().collect();
+        self.roll_each(&old, plan.workers.len(), sink, crate::engine::Mode::Rollout, abort, ctx, notes, t).await
+    }
+
+    /// Rewrite the group's held drains as `hold`.
+    fn hold_as(&self, ws: &[Worker], hold: Hold, ctx: Ctx<'_>) -> std::io::Result<()> {
+        let Some(l) = ctx.ledger else { return Ok(()) };
+        for w in ws {
+            if let Some(mut d) = l.get(&w.unit) {
+                d.hold = Some(hold);
+                l.record(&d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The old group out of every replica at once, each written down first as held
+    /// ([`Hold::Old`]); its requests in flight finish meanwhile (its drain step waits for them
+    /// before its stop).
+    async fn take_out<'w>(&self, ws: &'w [Worker], ctx: Ctx<'_>) -> Result<(), (&'w Worker, Fail)> {
+        let mut lists = Vec::new();
+        for r in 0..self.probes.replicas() {
+            let list = self
+                .probes
+                .router_workers(r)
+                .await
+                .map_err(|e| (&ws[0], Fail::from(Cause::DrainFailed { unit: ws[0].unit.clone(), error: format!("the router does not answer: {e}") })))?;
+            lists.push((r, list));
+        }
+        for w in ws {
+            let entries: Vec<(usize, String)> = lists
+                .iter()
+                .flat_map(|(r, l)| l.iter().filter(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()).map(move |x| (*r, x.id.clone())))
+                .collect();
+            if let Some(l) = ctx.ledger {
+                let id = entries.first().map(|(_, id)| id.clone()).unwrap_or_default();
+                self.record_drain(l, w, &id, ctx.id, Some(Hold::Old)).await.map_err(|f| (w, f))?;
+            }
+            for (r, id) in &entries {
+                self.probes
+                    .deregister(*r, id)
+                    .await
+                    .map_err(|e| (w, Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error: format!("the router refused to remove {}: {e}", w.url) })))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One worker of the new group admitted at the switch (its router gate; no smoke request of
+    /// its own while the other role is not admitted yet: the switch sends one for the group).
+    async fn admit_at_switch<'w>(&self, w: &'w Worker, sink: &Sink, ctx: Ctx<'_>, t_out: Instant) -> Result<(), (&'w Worker, Fail)> {
+        let s = StepRun::start(sink, &w.unit, Step::Router);
+        match self.router_recorded(w, true, true, ctx.ledger.map(|l| (l, ctx.id))).await {
+            Ok(mut d) => {
+                d["switch"] = json!({ "admitted_after_ms": t_out.elapsed().as_millis() as u64 });
+                s.pass(d);
+                Ok(())
+            }
+            Err(f) => {
+                s.fail(&f);
+                Err((w, f))
+            }
+        }
+    }
+
+    /// Milliseconds from `t_out` to the first request through the gateway that answers 200
+    /// (tried every 10 ms, bounded by router_timeout); `None`: the smoke request is off, or none
+    /// answered.
+    async fn first_answer(&self, t_out: Instant) -> Option<u64> {
+        if !self.settings.verify.smoke_request {
+            return None;
+        }
+        while t_out.elapsed() < self.settings.rollout.router_timeout {
+            if self.probes.smoke(0, 1).await.is_ok() {
+                return Some(t_out.elapsed().as_millis() as u64);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        None
+    }
+
+    /// The new group could not be admitted: out again, and the old group (which still runs the
+    /// old model and passed its gates before) back in, so that the host serves as before.
+    async fn switch_back(&self, g: &Groups, ctx: Ctx<'_>, sink: &Sink) -> String {
+        for r in 0..self.probes.replicas() {
+            if let Ok(list) = self.probes.router_workers(r).await {
+                for x in list.iter().filter(|x| g.new.iter().any(|w| crate::config::same_url(&x.url, &w.url)) && !x.draining()) {
+                    let _ = self.probes.deregister(r, &x.id).await;
+                }
+            }
+        }
+        let _ = self.hold_as(&g.new, Hold::New, ctx);
+        let mut back = Vec::new();
+        for w in &g.old {
+            let s = StepRun::start(sink, &w.unit, Step::Reconcile);
+            match self.router(w, true, false).await {
+                Ok(d) => {
+                    s.pass(d);
+                    if let Some(l) = ctx.ledger {
+                        let _ = l.clear(&w.unit);
+                    }
+                    back.push(w.unit.clone());
+                }
+                Err(f) => s.fail(&f),
+            }
+        }
+        format!(
+            "the gateway did not admit the new group ({}): it is out again (held, on the new model) and {} serve(s) the old model again",
+            Groups::units(&g.new).join(", "),
+            if back.is_empty() { "nothing".to_string() } else { back.join(", ") }
+        )
+    }
+
+    /// A step of the new group failed before the switch: the rollout halts; what it holds out
+    /// stays out (the old group serves), said in the notes.
+    #[allow(clippy::too_many_arguments)]
+    async fn switch_failed(&self, w: &Worker, step: Step, f: Fail, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>, t: &mut Tally) -> Summary {
+        let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
+        let failure = self.failure(&unit, step, f).await;
+        self.halted_switch(ctx, sink, notes).await;
+        t.summary(Outcome::Failed, Some(failure))
+    }
+
+    /// What this rollout holds out, said (and left out: each runs another model than the group
+    /// serving).
+    async fn halted_switch(&self, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
+        self.reconcile_this_runs_drains("", Step::Drain, ctx, sink, notes).await;
+    }
+}
