@@ -512,8 +512,14 @@ fn thirty_simulated_hosts_with_lost_answers_and_an_etcd_restart_never_exceed_the
     let etcd = std::sync::Arc::new(std::sync::Mutex::new(Etcd::start().expect("etcd")));
     let url = etcd.lock().map(|e| e.url()).unwrap_or_default();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let spec =
-        SimSpec { hosts: 30, max_unavailable: 1, restart: Duration::from_millis(20), lose_every: 7, etcd_restart_after: Some(Duration::from_millis(200)) };
+    let spec = SimSpec {
+        hosts: 30,
+        max_unavailable: 1,
+        restart: Duration::from_millis(20),
+        lose_every: 7,
+        etcd_restart_after: Some(Duration::from_millis(200)),
+        poll: None,
+    };
     let e = etcd.clone();
     let r = rt.block_on(run(&spec, &url, move || {
         if let Ok(mut e) = e.lock() {
@@ -526,6 +532,10 @@ fn thirty_simulated_hosts_with_lost_answers_and_an_etcd_restart_never_exceed_the
     assert!(r.lost > 0, "answers were lost on purpose");
     assert_eq!(r.max_down.get("prefill"), Some(&1), "{:?}", r.max_down);
     assert_eq!(r.max_down.get("decode"), Some(&1), "{:?}", r.max_down);
+    // Waiting on the slots' watch, not polling: every wait was ended by a release it saw (one
+    // the watch missed would have waited out the 10 s fallback; etcd's restart ends watches,
+    // which are then made again from a new read, not waited out).
+    assert_eq!(r.fallbacks, 0, "no grant was missed: {r:?}");
 }
 
 /// The hardened pdctld.service allows loopback only; `pdctl unit-dropin` prints the drop-in that

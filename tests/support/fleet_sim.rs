@@ -27,6 +27,10 @@ pub struct SimSpec {
     pub lose_every: u64,
     /// Restart etcd once, this far into the run.
     pub etcd_restart_after: Option<Duration>,
+    /// How a host that must wait for a slot waits: `None`, as pdctl does (a watch on the slot
+    /// keys, [`fleet::wait_for_room`]); `Some(d)`, by sleeping `d` between tries (pdctl before
+    /// the watch: 1 s).
+    pub poll: Option<Duration>,
 }
 
 /// What the run measured.
@@ -42,6 +46,9 @@ pub struct SimReport {
     pub lost: u64,
     /// Calls that failed (etcd down), retried.
     pub failed_calls: u64,
+    /// Slot waits that ended at their fallback instead of by a change (with the watch: a grant
+    /// the watch missed would show here).
+    pub fallbacks: u64,
 }
 
 /// The real coordinator, with every `lose_every`-th successful transaction's answer dropped.
@@ -58,6 +65,12 @@ impl Coordinator for Lossy {
     }
     fn get_prefix<'a>(&'a self, prefix: &'a str) -> BoxFut<'a, Result<Vec<KvEntry>, FleetFailure>> {
         self.inner.get_prefix(prefix)
+    }
+    fn revision(&self) -> BoxFut<'_, Result<i64, FleetFailure>> {
+        self.inner.revision()
+    }
+    fn watch(&self, keys: Vec<(String, bool)>, after: i64) -> BoxFut<'_, Result<Box<dyn pdctl_core::ports::ChangeWatch>, FleetFailure>> {
+        self.inner.watch(keys, after)
     }
     fn cas(&self, changes: Vec<CasChange>) -> BoxFut<'_, Result<bool, FleetFailure>> {
         Box::pin(async move {
@@ -90,6 +103,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
     let c = Arc::new(Lossy { inner: pdctl_core::real::EtcdCoordinator::new(&settings), every: spec.lose_every, n: AtomicU64::new(0), lost: AtomicU64::new(0) });
     let limits = Limits { max_unavailable: settings.max_unavailable.clone() };
     let failed = Arc::new(AtomicU64::new(0));
+    let fallbacks = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     if let Some(after) = spec.etcd_restart_after {
         tokio::spawn(async move {
@@ -99,7 +113,8 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
     }
     let mut tasks = Vec::new();
     for h in 0..spec.hosts {
-        let (c, limits, name, failed, restart) = (c.clone(), limits.clone(), name.clone(), failed.clone(), spec.restart);
+        let (c, limits, name, failed, restart, poll, fallbacks) =
+            (c.clone(), limits.clone(), name.clone(), failed.clone(), spec.restart, spec.poll, fallbacks.clone());
         tasks.push(tokio::spawn(async move {
             let mut waits = Vec::new();
             for role in ["prefill", "decode"] {
@@ -111,8 +126,11 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
                     rollout: "sim".into(),
                 };
                 let asked = Instant::now();
+                let wants = [(role.to_string(), want.clone())];
                 loop {
-                    match fleet::try_acquire(c.as_ref(), &name, &limits, &[(role.to_string(), want.clone())], &BTreeMap::new()).await {
+                    // pdctl reads the revision the wait watches from; the old polling did not.
+                    let before = if poll.is_none() { c.revision().await.unwrap_or(0) } else { 0 };
+                    match fleet::try_acquire(c.as_ref(), &name, &limits, &wants, &BTreeMap::new()).await {
                         Ok(Acquired::Granted(held)) => {
                             // A retry after a lost answer finds its own hold: give back that one.
                             let hold = held.into_iter().next().map(|(_, h)| h).unwrap_or(want.clone());
@@ -131,7 +149,15 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
                             }
                             break;
                         }
-                        Ok(Acquired::Wait(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+                        Ok(Acquired::Wait(_)) => match poll {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => {
+                                let woken = fleet::wait_for_room(c.as_ref(), &name, &limits, &wants, &BTreeMap::new(), before, fleet::SLOT_FALLBACK).await;
+                                if woken == fleet::Woken::Fallback {
+                                    fallbacks.fetch_add(1, Ordering::SeqCst);
+                                }
+                            }
+                        },
                         Err(_) => {
                             failed.fetch_add(1, Ordering::SeqCst);
                             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -172,7 +198,133 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
             max_down.insert(role.to_string(), max);
         }
     }
-    SimReport { total, waits, max_down, lost: c.lost.load(Ordering::SeqCst), failed_calls: failed.load(Ordering::SeqCst) }
+    SimReport {
+        total,
+        waits,
+        max_down,
+        lost: c.lost.load(Ordering::SeqCst),
+        failed_calls: failed.load(Ordering::SeqCst),
+        fallbacks: fallbacks.load(Ordering::SeqCst),
+    }
+}
+
+/// etcd's counters of gRPC messages, summed over its methods: `(received, sent)` — every unary
+/// call is one received; a stream's every message counts (a watch's creation, a lease
+/// keep-alive; a watch's events are messages sent).
+pub async fn etcd_messages(etcd_url: &str) -> (f64, f64) {
+    let text = match reqwest::Client::new().get(format!("{etcd_url}/metrics")).timeout(Duration::from_secs(10)).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let sum = |name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum::<f64>()
+    };
+    (sum("grpc_server_msg_received_total"), sum("grpc_server_msg_sent_total"))
+}
+
+/// What an idle fleet asks of etcd, per second.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleReport {
+    /// Messages etcd received per second (calls, watch creations, keep-alives).
+    pub received_per_s: f64,
+    /// Messages etcd sent per second (answers, watch events).
+    pub sent_per_s: f64,
+}
+
+/// `hosts` idle hosts against the etcd at `etcd_url` for `window`, each with its own connection,
+/// doing what a host's pdctld does with etcd while no rollout runs: its liveness lease, its wait
+/// for fleet-rollout requests and the fleet-wide restart-storm check. `baseline`: as pdctld did
+/// before the watches (the requests listed every second, the storm check every 5 s, the liveness
+/// value rewritten at every keep-alive of a 10 s lease); else as it does now (the pdctl-core
+/// calls and constants pdctld uses: a watch on the requests with its fallback, the storm check at
+/// its fallback, a 30 s lease whose value is written only when it changes). Every host's
+/// periodic work starts at a random phase, so that a window shorter than a period sees its mean
+/// rate. The baseline keeps one connection per host (pdctld then made a new one every tick: what
+/// it sent was more, not less).
+pub async fn idle(hosts: usize, etcd_url: &str, baseline: bool, window: Duration) -> IdleReport {
+    let name = format!("idle{}", fleet::now_secs() % 100_000);
+    let settings = pdctl_core::config::FleetSettings {
+        etcd: vec![etcd_url.to_string()],
+        name: name.clone(),
+        host: "bench".into(),
+        slot_timeout: Duration::from_secs(3600),
+        max_unavailable: Default::default(),
+        user: None,
+        canary: None,
+        bake: None,
+        storm: Default::default(),
+        tls: None,
+    };
+    let phase = |period: Duration| Duration::from_millis(pdctl_core::pairing::room() % (period.as_millis() as u64).max(1));
+    let mut conns = Vec::new();
+    for _ in 0..hosts {
+        let c = Arc::new(pdctl_core::real::EtcdCoordinator::new(&settings));
+        let _ = c.revision().await; // connected before the window
+        conns.push(c);
+    }
+    let mut tasks = Vec::new();
+    for (h, c) in conns.into_iter().enumerate() {
+        let (name, period_req, period_storm, ttl) = if baseline {
+            (name.clone(), Duration::from_secs(1), Duration::from_secs(5), 10)
+        } else {
+            (name.clone(), fleet::REQUESTS_FALLBACK, fleet::STORM_FALLBACK, fleet::LIVENESS_TTL_SECS)
+        };
+        // Liveness: the production keep-alive; the baseline's value changed every time
+        // (its `updated_at`), now it changes once a minute.
+        let etcd = pdctl_fleet::Etcd::connect(&[etcd_url.to_string()], None, None, Duration::from_secs(5)).await;
+        let keep = etcd.ok().map(|e| {
+            let t0 = Instant::now().checked_sub(phase(Duration::from_secs(60))).unwrap_or_else(Instant::now);
+            let n = AtomicU64::new(0);
+            e.keep_alive(fleet::host_key(&name, &format!("host-{h:04}")), ttl, move || {
+                let v = if baseline { n.fetch_add(1, Ordering::SeqCst) } else { t0.elapsed().as_secs() / 60 };
+                format!("{{\"host\":\"host-{h:04}\",\"v\":{v}}}").into_bytes()
+            })
+        });
+        let p = fleet::requests_prefix(&name);
+        let (c2, name2) = (c.clone(), name.clone());
+        let requests = tokio::spawn(async move {
+            tokio::time::sleep(phase(period_req)).await;
+            loop {
+                if baseline {
+                    let _ = c2.get_prefix(&p).await;
+                    tokio::time::sleep(period_req).await;
+                } else {
+                    // As pdctld's loop: the revision, the list, the watch from that revision.
+                    let before = c2.revision().await.unwrap_or(0);
+                    let _ = c2.get_prefix(&p).await;
+                    fleet::wait_for_requests(c2.as_ref(), &p, before, period_req).await;
+                }
+            }
+        });
+        let storm = tokio::spawn(async move {
+            tokio::time::sleep(phase(period_storm)).await;
+            loop {
+                let _ = fleet::paused(c.as_ref(), &name2).await;
+                let _ = fleet::storm_since(c.as_ref(), &name2).await;
+                let _ = fleet::hosts(c.as_ref(), &name2).await;
+                tokio::time::sleep(period_storm).await;
+            }
+        });
+        tasks.push((requests, storm, keep));
+    }
+    // Every host's lease granted and first value written before the window.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (r0, s0) = etcd_messages(etcd_url).await;
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let (r1, s1) = etcd_messages(etcd_url).await;
+    let secs = t0.elapsed().as_secs_f64();
+    for (a, b, k) in tasks {
+        a.abort();
+        b.abort();
+        if let Some(k) = k {
+            k.abort();
+        }
+    }
+    IdleReport { received_per_s: (r1 - r0) / secs, sent_per_s: (s1 - s0) / secs }
 }
 
 /// The `p`-th percentile of sorted durations.

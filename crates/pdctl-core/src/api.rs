@@ -332,6 +332,9 @@ pub struct Record {
     /// What clients saw during each unit's window (the availability probe).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub availability_by_unit: BTreeMap<String, crate::availability::Availability>,
+    /// Each re-admitted unit's last window out of the router, step by step ([`crate::window`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub windows: BTreeMap<String, crate::window::Window>,
     /// Who started it, and why (the audit trail).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_by: Option<StartedBy>,
@@ -360,6 +363,7 @@ impl Record {
             allow_outage: false,
             load_changes: false,
             availability_by_unit: BTreeMap::new(),
+            windows: BTreeMap::new(),
             started_by: None,
             in_place: false,
         }

@@ -36,3 +36,4 @@ pub mod state_file;
 pub mod stop;
 pub mod storm;
 pub mod url;
+pub mod window;

@@ -453,4 +453,46 @@ pub trait Coordinator: Send + Sync {
     fn get_prefix<'a>(&'a self, prefix: &'a str) -> BoxFut<'a, Result<Vec<KvEntry>, FleetFailure>>;
     /// Apply all changes iff no key moved since it was read; whether they applied.
     fn cas(&self, changes: Vec<CasChange>) -> BoxFut<'_, Result<bool, FleetFailure>>;
+    /// The store's revision now: every change made after this call is newer. Without a store
+    /// that keeps revisions: 0 (and [`Coordinator::watch`] polls).
+    fn revision(&self) -> BoxFut<'_, Result<i64, FleetFailure>> {
+        Box::pin(async { Ok(0) })
+    }
+    /// Watch `keys` (`(key, true)`: every key under a prefix) for the changes made after
+    /// revision `after` (none is missed between a read at `after` and the watch). Without a
+    /// store that can watch: a [`Polling`] watch (it says nothing, after a second: read again).
+    fn watch(&self, keys: Vec<(String, bool)>, after: i64) -> BoxFut<'_, Result<Box<dyn ChangeWatch>, FleetFailure>> {
+        let _ = (keys, after);
+        Box::pin(async { Ok(Box::new(Polling) as Box<dyn ChangeWatch>) })
+    }
+}
+
+/// One change a [`ChangeWatch`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvChange {
+    /// The key.
+    pub key: String,
+    /// Its new value; `None`: deleted.
+    pub value: Option<Vec<u8>>,
+    /// The change's revision.
+    pub revision: i64,
+}
+
+/// A watch made by [`Coordinator::watch`].
+pub trait ChangeWatch: Send {
+    /// The next changes, or `None` when `limit` passed first (or the watch cannot tell: read
+    /// again). An error: the watch ended (read again, then watch again).
+    fn next(&mut self, limit: Duration) -> BoxFut<'_, Result<Option<Vec<KvChange>>, FleetFailure>>;
+}
+
+/// The watch of a store that cannot watch: every `next` waits up to a second and says nothing.
+pub struct Polling;
+
+impl ChangeWatch for Polling {
+    fn next(&mut self, limit: Duration) -> BoxFut<'_, Result<Option<Vec<KvChange>>, FleetFailure>> {
+        Box::pin(async move {
+            tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
+            Ok(None)
+        })
+    }
 }

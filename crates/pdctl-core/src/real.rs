@@ -437,6 +437,18 @@ impl EtcdCoordinator {
     }
 }
 
+/// An etcd watch behind the [`crate::ports::ChangeWatch`] port.
+struct EtcdWatch(pdctl_fleet::Watch);
+
+impl crate::ports::ChangeWatch for EtcdWatch {
+    fn next(&mut self, limit: Duration) -> crate::ports::BoxFut<'_, Result<Option<Vec<crate::ports::KvChange>>, crate::ports::FleetFailure>> {
+        Box::pin(async move {
+            let got = self.0.next(limit).await.map_err(fleet_failure)?;
+            Ok(got.map(|v| v.into_iter().map(|c| crate::ports::KvChange { key: c.key, value: c.value, revision: c.revision }).collect()))
+        })
+    }
+}
+
 /// Connect to the fleet's etcd (reading the password file when `[fleet] user` is set, and the
 /// TLS files when given).
 pub async fn etcd_connect(
@@ -497,6 +509,15 @@ impl crate::ports::Coordinator for EtcdCoordinator {
                 })
                 .collect();
             self.etcd().await?.cas(&changes).await.map_err(fleet_failure)
+        })
+    }
+    fn revision(&self) -> crate::ports::BoxFut<'_, Result<i64, crate::ports::FleetFailure>> {
+        Box::pin(async move { self.etcd().await?.revision().await.map_err(fleet_failure) })
+    }
+    fn watch(&self, keys: Vec<(String, bool)>, after: i64) -> crate::ports::BoxFut<'_, Result<Box<dyn crate::ports::ChangeWatch>, crate::ports::FleetFailure>> {
+        Box::pin(async move {
+            let w = self.etcd().await?.watch_from(&keys, after).await.map_err(fleet_failure)?;
+            Ok(Box::new(EtcdWatch(w)) as Box<dyn crate::ports::ChangeWatch>)
         })
     }
 }

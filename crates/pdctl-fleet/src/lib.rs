@@ -30,6 +30,14 @@ pub enum Error {
         /// The limit.
         after: Duration,
     },
+    /// A watch could not be made or was ended by etcd.
+    #[error("etcd at {endpoints}: a watch failed: {detail}")]
+    Watch {
+        /// The configured endpoints.
+        endpoints: String,
+        /// What happened.
+        detail: String,
+    },
 }
 
 /// One change of an all-or-nothing transaction.
@@ -181,7 +189,8 @@ impl Etcd {
 
     /// Keep `key` = `value()` alive on a lease of `ttl` seconds for as long as the returned
     /// task runs (the key disappears within `ttl` of the task's end or of this process's death).
-    /// The value is rewritten at every keep-alive, so it stays current; a lost connection is
+    /// The lease is kept alive every third of `ttl`; the value is looked at then and written only
+    /// when it changed (an idle host sends nothing but the keep-alive); a lost connection is
     /// retried with a new lease.
     pub fn keep_alive(&self, key: String, ttl: i64, value: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
@@ -198,8 +207,13 @@ impl Etcd {
         let lease = self.bounded(c.lease_grant(ttl, None)).await?.id();
         let (mut keeper, mut stream) = self.bounded(c.lease_keep_alive(lease)).await?;
         let every = Duration::from_secs((ttl as u64 / 3).max(1));
+        let mut written: Option<Vec<u8>> = None;
         loop {
-            self.bounded(c.put(key, value(), Some(PutOptions::new().with_lease(lease)))).await?;
+            let v = value();
+            if written.as_ref() != Some(&v) {
+                self.bounded(c.put(key, v.clone(), Some(PutOptions::new().with_lease(lease)))).await?;
+                written = Some(v);
+            }
             self.bounded(keeper.keep_alive()).await?;
             match self.bounded(stream.message()).await? {
                 Some(r) if r.ttl() > 0 => {}
@@ -229,6 +243,90 @@ impl Etcd {
                 if !on_change(&key, value) {
                     return Ok(());
                 }
+            }
+        }
+    }
+}
+
+impl Etcd {
+    /// Watch `ranges` (a key, or with `true` every key under it as a prefix) on one stream, for
+    /// every change after revision `after` — none made since that revision is missed, however
+    /// long after it the watch starts (within etcd's compaction window).
+    pub async fn watch_from(&self, ranges: &[(String, bool)], after: i64) -> Result<Watch, Error> {
+        let mut c = self.client.clone();
+        let opts = |prefix: bool| {
+            let o = WatchOptions::new().with_start_revision(after + 1);
+            if prefix {
+                o.with_prefix()
+            } else {
+                o
+            }
+        };
+        let Some(((first, fp), rest)) = ranges.split_first() else {
+            return Err(Error::Watch { endpoints: self.endpoints.clone(), detail: "nothing to watch".into() });
+        };
+        let mut stream = self.bounded(c.watch(first.as_str(), Some(opts(*fp)))).await?;
+        for (key, prefix) in rest {
+            self.bounded(stream.watch(key.as_str(), Some(opts(*prefix)))).await?;
+        }
+        Ok(Watch { stream, endpoints: self.endpoints.clone() })
+    }
+}
+
+/// One change a [`Watch`] saw: the key, its value (`None`: deleted) and the change's revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// The key.
+    pub key: String,
+    /// The new value; `None`: the key was deleted.
+    pub value: Option<Vec<u8>>,
+    /// The revision of the change.
+    pub revision: i64,
+}
+
+/// A watch made by [`Etcd::watch_from`].
+pub struct Watch {
+    stream: etcd_client::WatchStream,
+    endpoints: String,
+}
+
+impl Watch {
+    /// The next changes, in order, or `None` when `limit` passes first. A watch etcd cancels
+    /// (its start revision was compacted away, or the stream ended) is an error: read again.
+    pub async fn next(&mut self, limit: Duration) -> Result<Option<Vec<Changed>>, Error> {
+        let t0 = tokio::time::Instant::now();
+        loop {
+            let left = limit.saturating_sub(t0.elapsed());
+            let msg = match tokio::time::timeout(left, self.stream.message()).await {
+                Err(_) => return Ok(None),
+                Ok(m) => m.map_err(|e| Error::Watch { endpoints: self.endpoints.clone(), detail: e.to_string() })?,
+            };
+            let Some(msg) = msg else {
+                return Err(Error::Watch { endpoints: self.endpoints.clone(), detail: "the watch stream ended".into() });
+            };
+            if msg.canceled() || msg.compact_revision() > 0 {
+                let why =
+                    if msg.compact_revision() > 0 { format!("compacted at revision {}", msg.compact_revision()) } else { msg.cancel_reason().to_string() };
+                return Err(Error::Watch { endpoints: self.endpoints.clone(), detail: format!("etcd cancelled the watch: {why}") });
+            }
+            let out: Vec<Changed> = msg
+                .events()
+                .iter()
+                .filter_map(|ev| {
+                    let kv = ev.kv()?;
+                    Some(Changed {
+                        key: String::from_utf8_lossy(kv.key()).to_string(),
+                        value: match ev.event_type() {
+                            etcd_client::EventType::Put => Some(kv.value().to_vec()),
+                            etcd_client::EventType::Delete => None,
+                        },
+                        revision: kv.mod_revision(),
+                    })
+                })
+                .collect();
+            // A watch's `created` answer has no events.
+            if !out.is_empty() {
+                return Ok(Some(out));
             }
         }
     }

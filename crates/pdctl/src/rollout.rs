@@ -226,6 +226,9 @@ availability  {}",
             println!("  {u}: {}", a.sentence());
         }
     }
+    for (u, w) in &rec.windows {
+        println!("window    {u}: {}", w.sentence());
+    }
     if let Some(s) = &rec.summary {
         match &s.failed {
             Some(f) => println!("\nresult    {} — {} failed at {} ({}): {}", rec.lifecycle.state().as_str(), f.unit, f.step.as_str(), f.cause_code, f.cause),

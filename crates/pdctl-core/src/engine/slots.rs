@@ -1,7 +1,7 @@
 //! Fleet slots: a worker's slot of its role's fleet-wide budget, taken (and written to the ledger)
 //! before it is drained, released after its soak.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
 
@@ -46,6 +46,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut last = String::new();
         loop {
             let unhealthy = self.unhealthy_by_role().await;
+            // Read before the attempt: the wait below watches from here, so a slot given back
+            // between the attempt's reads and the watch is not missed.
+            let before = c.revision().await.unwrap_or(0);
             let fail = match fl::try_acquire(c.as_ref(), &f.name, &limits, &wants, &unhealthy).await {
                 Ok(Acquired::Granted(held)) => {
                     // A retry may have found an older hold of ours: that is the one to give back.
@@ -65,7 +68,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         s.emit(Status::Started, serde_json::to_value(crate::details::SlotWait { waiting: why.clone() }).unwrap_or_default());
                         last = why;
                     }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    // Woken by the slot keys' own changes; polling only as the bounded
+                    // fallback (a worker counted unhealthy may serve again: no key says so).
+                    let left = f.slot_timeout.saturating_sub(t0.elapsed());
+                    fl::wait_for_room(c.as_ref(), &f.name, &limits, &wants, &unhealthy, before, fl::SLOT_FALLBACK.min(left)).await;
                     continue;
                 }
                 Ok(Acquired::Wait(why)) => Fail::from(Cause::SlotTimeout { last: why, after: f.slot_timeout }),

@@ -96,6 +96,113 @@ pub async fn try_acquire(
     Ok(Acquired::Wait("the fleet's slots kept changing under concurrent hosts; trying again".into()))
 }
 
+/// How long a host's fleet-rollout loop waits on its watch of the requests before it lists them
+/// again (the bounded fallback: a new request wakes it at once).
+pub const REQUESTS_FALLBACK: std::time::Duration = std::time::Duration::from_secs(60);
+/// A host's liveness lease: its key disappears this long after its pdctld dies (the lease is
+/// kept alive every third of it).
+pub const LIVENESS_TTL_SECS: i64 = 30;
+/// The longest a host goes without the fleet-wide restart-storm check (it runs at once when
+/// the host's own restarts change).
+pub const STORM_FALLBACK: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// After listing the fleet's rollout requests (`prefix`) at revision `after` or later: wait
+/// until one is written or deleted (a watch from `after`: none written since is missed), at most
+/// `fallback`. Whether something changed (`false`: the fallback, or no watch could be made —
+/// then after a second).
+pub async fn wait_for_requests(c: &dyn Coordinator, prefix: &str, after: i64, fallback: std::time::Duration) -> bool {
+    match c.watch(vec![(prefix.to_string(), true)], after).await {
+        Ok(mut w) => matches!(w.next(fallback).await, Ok(Some(_))),
+        Err(_) => {
+            tokio::time::sleep(fallback.min(std::time::Duration::from_secs(1))).await;
+            false
+        }
+    }
+}
+
+/// The longest a slot wait goes without reading the slots again ([`wait_for_room`]: it is woken
+/// by their changes; this bounds what no key says, such as a worker the gateway counted
+/// unhealthy serving again).
+pub const SLOT_FALLBACK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How a wait for a slot ended ([`wait_for_room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// A change made room for every slot wanted (or ended the pause): try again now.
+    Room,
+    /// Nothing said so within the fallback: try again anyway (a worker the gateway counted
+    /// unhealthy may serve again, which no slot key says).
+    Fallback,
+    /// The watch could not be made or ended: try again (reading afresh).
+    WatchEnded,
+}
+
+/// Wait for room after an [`Acquired::Wait`]: a watch on the fleet's slot keys and its pause key
+/// from revision `after` (read before the attempt that had to wait: no release made since is
+/// missed), woken when a change of a wanted role's semaphore (or of the pause) leaves room for
+/// every hold in `wants` by [`Semaphore::decide`] — the value is in the change, so nothing is
+/// read meanwhile. A short random delay then lets the first waiter's grant reach the others
+/// first (they keep waiting instead of all trying at once). At most `fallback`.
+pub async fn wait_for_room(
+    c: &dyn Coordinator,
+    name: &str,
+    limits: &Limits,
+    wants: &[(String, Hold)],
+    unhealthy: &BTreeMap<String, Vec<String>>,
+    after: i64,
+    fallback: std::time::Duration,
+) -> Woken {
+    use std::time::{Duration, Instant};
+    let keys = vec![(format!("{}slots/", prefix(name)), true), (pause_key(name), false)];
+    let Ok(mut w) = c.watch(keys, after).await else { return Woken::WatchEnded };
+    let t0 = Instant::now();
+    let mut latest: BTreeMap<String, Semaphore> = BTreeMap::new();
+    let mut paused: Option<bool> = None;
+    let room = |latest: &BTreeMap<String, Semaphore>, paused: Option<bool>| {
+        paused != Some(true)
+            && wants.iter().all(|(role, want)| {
+                latest
+                    .get(role)
+                    .is_none_or(|s| !matches!(s.decide(want, limits.of(role), unhealthy.get(role).map(Vec::as_slice).unwrap_or(&[])), Decision::Wait { .. }))
+            })
+    };
+    // Until when a room seen is held back (the random delay), once one is seen.
+    let mut trying_at: Option<Instant> = None;
+    loop {
+        let until = trying_at.unwrap_or(t0 + fallback).min(t0 + fallback);
+        let left = until.saturating_duration_since(Instant::now());
+        let changes = match w.next(left).await {
+            Err(_) => return Woken::WatchEnded,
+            Ok(None) if trying_at.is_some() => return Woken::Room,
+            Ok(None) => return Woken::Fallback,
+            Ok(Some(ch)) => ch,
+        };
+        let mut relevant = false;
+        for ch in changes {
+            if ch.key == pause_key(name) {
+                paused = Some(ch.value.is_some());
+                relevant = true;
+            } else if let Some((role, _)) = wants.iter().find(|(r, _)| slot_key(name, r) == ch.key) {
+                let sem = ch.value.as_deref().map(|v| serde_json::from_slice::<Semaphore>(v).unwrap_or_default()).unwrap_or_default();
+                latest.insert(role.clone(), sem);
+                relevant = true;
+            }
+        }
+        if !relevant {
+            continue;
+        }
+        if room(&latest, paused) {
+            if trying_at.is_none() {
+                let jitter = Duration::from_millis(crate::pairing::room() % 200);
+                trying_at = Some(Instant::now() + jitter);
+            }
+        } else {
+            // Taken again meanwhile (another waiter was first): keep waiting.
+            trying_at = None;
+        }
+    }
+}
+
 /// Give back `holder`'s slot of `role` if it is still the hold with `token`; whether it was.
 pub async fn release(c: &dyn Coordinator, name: &str, role: &str, holder: &str, token: &str) -> Result<bool, FleetFailure> {
     let key = slot_key(name, role);

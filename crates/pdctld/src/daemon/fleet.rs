@@ -9,14 +9,28 @@ use pdctl_core::api::{HostResult, Request, Started, StartedBy};
 use super::rollouts::start;
 use super::{config, engine, lock, Daemon};
 
+/// The liveness value is rewritten when it changes, and at least this often (its `updated_at`).
+const LIVENESS_REWRITE_SECS: u64 = 60;
+/// The fleet-wide storm check runs when this host's own restarts change (and once more this
+/// long after), else at least every `pdctl_core::fleet::STORM_FALLBACK`.
+const STORM_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
+
 impl Daemon {
     /// With `[fleet]`: keep this host's liveness key in etcd (bound to a lease: it disappears
-    /// within 10 s of pdctld's death), refreshed every 5 s with the running rollout and each
-    /// worker's state and KV usage; and give back slots left on record once their workers serve.
+    /// within `LIVENESS_TTL_SECS` (30 s) of pdctld's death), looked at every 5 s and rewritten when
+    /// the running rollout, a worker's state or the host's own restarts change (each worker's
+    /// KV usage and `updated_at` at least every [`LIVENESS_REWRITE_SECS`]: an idle host writes
+    /// nothing else); check the fleet for a restart storm; and give back slots left on record
+    /// once their workers serve.
     pub async fn fleet_liveness(self: Arc<Self>) {
         let value: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new(Vec::new()));
         let mut alive: Option<(String, tokio::task::JoinHandle<()>)> = None;
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        // What was last written, without the figures that move by themselves, and when.
+        let mut written: Option<(pdctl_core::fleet::HostState, u64)> = None;
+        // When the fleet-wide storm check runs next, and this host's restarts it last saw.
+        let mut storm_at = std::time::Instant::now();
+        let mut own_restarts = 0usize;
         loop {
             tick.tick().await;
             let fleet = config(&self).ok().and_then(|s| s.fleet);
@@ -46,26 +60,51 @@ impl Daemon {
                     .map(|k| k.token_usage);
                 workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), url: w.url.clone(), role: w.role.as_str().into(), state, kv_usage });
             }
+            let now = pdctl_core::fleet::now_secs();
             let st = pdctl_core::fleet::HostState {
                 host: f.host.clone(),
                 version: env!("CARGO_PKG_VERSION").into(),
                 rollout: self.running_id(),
                 workers,
                 self_restarts: self.self_restarts(&f.storm),
-                updated_at: pdctl_core::fleet::now_secs(),
+                updated_at: now,
             };
-            *lock(&value) = serde_json::to_vec(&st).unwrap_or_default();
+            let steady = |s: &pdctl_core::fleet::HostState| {
+                let mut s = s.clone();
+                s.updated_at = 0;
+                s.workers.iter_mut().for_each(|w| w.kv_usage = None);
+                s
+            };
+            let due = match &written {
+                Some((last, at)) => *last != steady(&st) || now.saturating_sub(*at) >= LIVENESS_REWRITE_SECS,
+                None => true,
+            };
+            if due {
+                *lock(&value) = serde_json::to_vec(&st).unwrap_or_default();
+                written = Some((steady(&st), now));
+            }
             if alive.is_none() {
                 match pdctl_core::real::etcd_connect(&f.etcd, f.user.as_ref(), f.tls.as_ref()).await {
                     Ok(etcd) => {
                         let v = value.clone();
-                        alive = Some((key.clone(), etcd.keep_alive(key.clone(), 10, move || lock(&v).clone())));
+                        alive = Some((key.clone(), etcd.keep_alive(key.clone(), pdctl_core::fleet::LIVENESS_TTL_SECS, move || lock(&v).clone())));
                     }
                     Err(err) => tracing::warn!("this host's fleet liveness key cannot be written: {err}"),
                 }
             }
-            // Every host's self-restarts, from their keys: a storm pauses the fleet.
-            self.fleet_storm().await;
+            // Every host's self-restarts, from their keys: a storm pauses the fleet. A storm is
+            // made of restarts, each seen first by its own host: checked when this host's change
+            // (and once more a little later, for a restart on another host written meanwhile),
+            // else at the fallback's pace.
+            if st.self_restarts.len() != own_restarts {
+                own_restarts = st.self_restarts.len();
+                storm_at = std::time::Instant::now();
+            }
+            if std::time::Instant::now() >= storm_at {
+                self.fleet_storm(&self.coordinator(&f)).await;
+                let recheck = st.self_restarts.iter().any(|r| now.saturating_sub(r.at) < STORM_RECHECK.as_secs());
+                storm_at = std::time::Instant::now() + if recheck { STORM_RECHECK } else { pdctl_core::fleet::STORM_FALLBACK };
+            }
             if self.running_id().is_none() && !self.reconciling.load(Ordering::SeqCst) {
                 for n in e.reconcile_slots(self.store.ledger(), None).await {
                     tracing::warn!("{n}");
@@ -87,16 +126,28 @@ impl Daemon {
         let mut seen: std::collections::BTreeSet<String> = Default::default();
         // Requests older than this process were cut short by its predecessor's stop.
         let born = pdctl_core::fleet::now_secs();
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        let second = std::time::Duration::from_secs(1);
         loop {
-            tick.tick().await;
-            let Some(f) = config(&self).ok().and_then(|s| s.fleet) else { continue };
+            let Some(f) = config(&self).ok().and_then(|s| s.fleet) else {
+                tokio::time::sleep(second).await;
+                continue;
+            };
             if self.reconciling.load(Ordering::SeqCst) {
+                tokio::time::sleep(second).await;
                 continue;
             }
-            let c = pdctl_core::real::EtcdCoordinator::new(&f);
+            let c = self.coordinator(&f);
             let p = pdctl_core::fleet::requests_prefix(&f.name);
-            let Ok(entries) = c.get_prefix(&p).await else { continue };
+            // Read, then wait on a watch from the revision before the read (a request written
+            // between the two is not missed); listed again at least every REQUESTS_FALLBACK.
+            let Ok(before) = c.revision().await else {
+                tokio::time::sleep(second).await;
+                continue;
+            };
+            let Ok(entries) = c.get_prefix(&p).await else {
+                tokio::time::sleep(second).await;
+                continue;
+            };
             for e in entries {
                 let rest = e.key.trim_start_matches(&p);
                 if seen.contains(rest) {
@@ -126,6 +177,22 @@ impl Daemon {
                     continue;
                 }
                 tokio::spawn(self.clone().fleet_part(f.clone(), r));
+            }
+            pdctl_core::fleet::wait_for_requests(c.as_ref(), &p, before, pdctl_core::fleet::REQUESTS_FALLBACK).await;
+        }
+    }
+
+    /// The fleet's etcd for the idle loops: one connection, kept while `[fleet]`'s endpoints,
+    /// user and TLS stay the same.
+    pub(super) fn coordinator(&self, f: &pdctl_core::config::FleetSettings) -> Arc<pdctl_core::real::EtcdCoordinator> {
+        let key = format!("{:?}|{:?}|{:?}", f.etcd, f.user, f.tls);
+        let mut g = lock(&self.etcd);
+        match g.as_ref() {
+            Some((k, c)) if *k == key => c.clone(),
+            _ => {
+                let c = Arc::new(pdctl_core::real::EtcdCoordinator::new(f));
+                *g = Some((key, c.clone()));
+                c
             }
         }
     }

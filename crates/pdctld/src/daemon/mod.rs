@@ -71,6 +71,9 @@ pub struct Daemon {
     /// Rollout id → its restarted workers' service figures from before their drains: the fleet
     /// bake's baseline ([`bake`]). In memory only: a pdctld that restarts cannot judge a bake.
     baselines: Mutex<BTreeMap<String, BTreeMap<String, pdctl_core::slo::ServiceScrape>>>,
+    /// The fleet's etcd, one connection for the idle loops (by endpoints, user and TLS: a new
+    /// one when the config changes them).
+    etcd: Mutex<Option<(String, Arc<pdctl_core::real::EtcdCoordinator>)>>,
 }
 
 /// The error response of `cause`: its HTTP status and the documented JSON body.
@@ -136,6 +139,7 @@ impl Daemon {
             storm: Mutex::new(storm::StormWatch::default()),
             rollouts_begun: std::sync::atomic::AtomicU64::new(0),
             baselines: Mutex::new(BTreeMap::new()),
+            etcd: Mutex::new(None),
         };
         let (records, corrupt) = d.store.all();
         for c in &corrupt {

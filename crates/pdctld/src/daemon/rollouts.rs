@@ -434,6 +434,7 @@ pub(super) async fn run(
         r.summary = Some(summary.clone());
         r.notes.extend(finished.notes);
         r.availability_by_unit = finished.availability_by_unit;
+        r.windows = pdctl_core::window::windows(&r.events);
         r.in_place = finished.in_place;
         daemon.save(&r);
     }

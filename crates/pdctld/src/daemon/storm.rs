@@ -114,16 +114,15 @@ impl Daemon {
     /// sets the fleet-wide pause, naming the hosts and units. After a pause was lifted, only
     /// restarts from then on count (`storm_since`: those before were the pause's). Returns the pause's reason
     /// when it set one.
-    pub(super) async fn fleet_storm(&self) -> Option<String> {
+    pub(super) async fn fleet_storm(&self, c: &pdctl_core::real::EtcdCoordinator) -> Option<String> {
         let s = config(self).ok()?;
         let f = s.fleet.as_ref()?;
-        let c = pdctl_core::real::EtcdCoordinator::new(f);
         let now = pdctl_core::fleet::now_secs();
-        if pdctl_core::fleet::paused(&c, &f.name).await.ok()?.is_some() {
+        if pdctl_core::fleet::paused(c, &f.name).await.ok()?.is_some() {
             return None;
         }
-        let since = pdctl_core::fleet::storm_since(&c, &f.name).await.ok()?;
-        let hosts = pdctl_core::fleet::hosts(&c, &f.name).await.ok()?;
+        let since = pdctl_core::fleet::storm_since(c, &f.name).await.ok()?;
+        let hosts = pdctl_core::fleet::hosts(c, &f.name).await.ok()?;
         let events: Vec<(String, &SelfRestart)> =
             hosts.iter().flat_map(|h| h.self_restarts.iter().filter(|x| x.at > since).map(move |x| (format!("{}/{}", h.host, x.unit), x))).collect();
         let report = storm(events, &f.storm, now)?;
@@ -135,7 +134,7 @@ impl Daemon {
             report.who()
         );
         let p = pdctl_core::fleet::Pause { by: format!("pdctld on {}", f.host), reason: reason.clone(), at: now };
-        pdctl_core::fleet::set_pause(&c, &f.name, Some(&p)).await.ok()?;
+        pdctl_core::fleet::set_pause(c, &f.name, Some(&p)).await.ok()?;
         tracing::error!("fleet {} paused: {reason}; pdctl fleet unpause once the cause is fixed", f.name);
         Some(reason)
     }
