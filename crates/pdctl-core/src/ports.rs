@@ -418,7 +418,8 @@ pub struct KvEntry {
 pub struct CasChange {
     /// The key.
     pub key: String,
-    /// Its mod revision when read (0: absent); the whole transaction fails if it moved.
+    /// Its mod revision when read (0: absent); the whole transaction fails if it moved. A
+    /// negative value: not compared (a key written along, whatever its revision).
     pub expect: i64,
     /// What to write.
     pub write: Write,

@@ -46,6 +46,7 @@ pub struct Change {
     /// The key.
     pub key: String,
     /// Its mod revision when it was read (0: it did not exist); the transaction fails if it moved.
+    /// Negative: not compared (a key written along).
     pub expect: i64,
     /// The new value (`Some(None)`: delete the key; `None`: only compare it).
     pub value: Option<Option<Vec<u8>>>,
@@ -154,6 +155,7 @@ impl Etcd {
     pub async fn cas(&self, changes: &[Change]) -> Result<bool, Error> {
         let when: Vec<Compare> = changes
             .iter()
+            .filter(|c| c.expect >= 0)
             .map(|c| {
                 if c.expect == 0 {
                     Compare::version(c.key.clone(), CompareOp::Equal, 0)

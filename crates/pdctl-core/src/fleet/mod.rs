@@ -147,7 +147,7 @@ mod tests {
         }
         fn cas(&self, changes: Vec<CasChange>) -> crate::ports::BoxFut<'_, Result<bool, FleetFailure>> {
             let mut g = self.kv.lock().unwrap();
-            let ok = changes.iter().all(|c| g.1.get(&c.key).map(|(_, r)| *r).unwrap_or(0) == c.expect);
+            let ok = changes.iter().all(|c| c.expect < 0 || g.1.get(&c.key).map(|(_, r)| *r).unwrap_or(0) == c.expect);
             if ok {
                 g.0 += 1;
                 let rev = g.0;
