@@ -67,7 +67,7 @@ enum Procedure {
     Seed,
 }
 
-fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> String {
+fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> (String, f64) {
     let opts = StackOptions { gateway, pairs, ..Default::default() };
     let stack = Stack::boot(&opts).expect("stack");
     stack.wait_ready(Duration::from_secs(60)).expect("ready");
@@ -127,7 +127,7 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> String {
     let _ = h.join();
     let l = seen.lock().unwrap_or_else(|p| p.into_inner());
     let longest = l.bad_since.map(|t| l.longest.max(t.elapsed())).unwrap_or(l.longest);
-    format!(
+    let line = format!(
         "{:<20} {}P{}D {:<11} clients: {:>4} failed of {:>4} requests; longest error window {:>6.1} s; total {:>5.1} s  {probe}",
         gateway.name(),
         pairs,
@@ -137,15 +137,31 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> String {
         l.sent,
         longest.as_secs_f64(),
         t0.elapsed().as_secs_f64()
-    )
+    );
+    (line, longest.as_secs_f64())
 }
 
 fn main() {
     let rate: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10.0);
     println!("pdctl availability benchmark: a steady load of {rate} requests/s through the real router, its own client");
     for gateway in [Gateway::Smg113, Gateway::SglangRouter032] {
+        let mut windows = std::collections::BTreeMap::new();
         for (pairs, how) in [(1, Procedure::Sequential), (1, Procedure::Together), (1, Procedure::Seed), (2, Procedure::Sequential), (2, Procedure::Seed)] {
-            println!("{}", run(gateway, pairs, how, rate));
+            let (line, longest) = run(gateway, pairs, how, rate);
+            println!("{line}");
+            windows.insert((pairs, format!("{how:?}").to_lowercase()), longest);
         }
+        // Against the seed's own window in the same run (the bar: together ≤ seed,
+        // sequential ≤ 2 × seed, in 1P1D).
+        let w = |p: usize, h: &str| windows.get(&(p, h.to_string())).copied().unwrap_or(f64::NAN);
+        let seed = w(1, "seed");
+        println!(
+            "{:<20} 1P1D against the seed's window ({seed:.1} s): together {:.2}×, sequential (per unit) {:.2}×; 2P2D: sequential {:.1} s vs the seed's {:.1} s",
+            gateway.name(),
+            w(1, "together") / seed,
+            w(1, "sequential") / seed,
+            w(2, "sequential"),
+            w(2, "seed")
+        );
     }
 }
