@@ -164,11 +164,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // 2. The switch.
         let t_out = Instant::now();
         if let Err((w, f)) = self.take_out(&g.old, ctx).await {
-            return Err(self.switch_failed(w, Step::Drain, f, held, sink, notes, t).await);
+            // Part of the old group may be out already: it comes back (the new group stays out).
+            notes.push(self.switch_back(g, ctx, sink, "the old group could not be taken out of the gateway").await);
+            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Drain, f).await)));
         }
         let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
         if let Some((w, f)) = admitted.into_iter().find_map(Result::err) {
-            notes.push(self.switch_back(g, ctx, sink).await);
+            notes.push(self.switch_back(g, ctx, sink, "the gateway did not admit the new group").await);
             return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
         }
         let first_answer = self.first_answer(t_out).await;
@@ -276,9 +278,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         None
     }
 
-    /// The new group could not be admitted: out again, and the old group (which still runs the
-    /// old model and passed its gates before) back in, so that the host serves as before.
-    async fn switch_back(&self, g: &Groups, ctx: Ctx<'_>, sink: &Sink) -> String {
+    /// The switch could not be made (`why`): the new group out again, and the old group (which
+    /// still runs the old model and passed its gates before) back in, so that the host serves as
+    /// before.
+    async fn switch_back(&self, g: &Groups, ctx: Ctx<'_>, sink: &Sink, why: &str) -> String {
         for r in 0..self.probes.replicas() {
             if let Ok(list) = self.probes.router_workers(r).await {
                 for x in list.iter().filter(|x| g.new.iter().any(|w| crate::config::same_url(&x.url, &w.url)) && !x.draining()) {
@@ -302,7 +305,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         format!(
-            "the gateway did not admit the new group ({}): it is out again (held, on the new model) and {} serve(s) the old model again",
+            "{why} ({}): the new group is out again (held, on the new model) and {} serve(s) the old model again",
             Groups::units(&g.new).join(", "),
             if back.is_empty() { "nothing".to_string() } else { back.join(", ") }
         )
