@@ -152,7 +152,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
                         Ok(Acquired::Wait(_)) => match poll {
                             Some(d) => tokio::time::sleep(d).await,
                             None => {
-                                let woken = fleet::wait_for_room(c.as_ref(), &name, &limits, &wants, &BTreeMap::new(), before, fleet::SLOT_FALLBACK).await;
+                                let woken = fleet::wait_for_room(c.as_ref(), &name, &limits, &wants, before, fleet::SLOT_FALLBACK).await;
                                 if woken == fleet::Woken::Fallback {
                                     fallbacks.fetch_add(1, Ordering::SeqCst);
                                 }

@@ -71,7 +71,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     // Woken by the slot keys' own changes; polling only as the bounded
                     // fallback (a worker counted unhealthy may serve again: no key says so).
                     let left = f.slot_timeout.saturating_sub(t0.elapsed());
-                    fl::wait_for_room(c.as_ref(), &f.name, &limits, &wants, &unhealthy, before, fl::SLOT_FALLBACK.min(left)).await;
+                    fl::wait_for_room(c.as_ref(), &f.name, &limits, &wants, before, fl::SLOT_FALLBACK.min(left)).await;
                     continue;
                 }
                 Ok(Acquired::Wait(why)) => Fail::from(Cause::SlotTimeout { last: why, after: f.slot_timeout }),

@@ -151,17 +151,8 @@ pub enum Woken {
 /// for this wait: one left unread during the attempt that follows fills its connection's HTTP/2
 /// flow-control window with the fleet's changes, and the attempt's own answers wait behind it
 /// (measured: a simulation that kept it stalled for good).
-pub async fn wait_for_room(
-    c: &dyn Coordinator,
-    name: &str,
-    limits: &Limits,
-    wants: &[(String, Hold)],
-    unhealthy: &BTreeMap<String, Vec<String>>,
-    after: i64,
-    fallback: std::time::Duration,
-) -> Woken {
+pub async fn wait_for_room(c: &dyn Coordinator, name: &str, limits: &Limits, wants: &[(String, Hold)], after: i64, fallback: std::time::Duration) -> Woken {
     use std::time::{Duration, Instant};
-    let _ = unhealthy; // counted by the attempt itself: a wake may find it still full
     let keys = vec![(format!("{}held/", prefix(name)), true), (pause_key(name), false)];
     let Ok(mut w) = c.watch(keys, after).await else { return Woken::WatchEnded };
     let t0 = Instant::now();
