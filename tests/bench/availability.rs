@@ -7,7 +7,9 @@
 //!
 //! each behind both gateway generations (smg 1.13.0, sglang-router 0.3.2).
 //!
-//!     scripts/bench-availability [RATE_PER_S]        (default 10)
+//!     scripts/bench-availability [RATE_PER_S] [ONLY]    (default 10; ONLY: run only the cases
+//!                                                     whose "gateway layout procedure" contains it,
+//!                                                     e.g. "smg 1.13.0 1P1D together")
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -100,6 +102,17 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> (String, f6
             let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
             let v: serde_json::Value = serde_json::from_str(&last).unwrap_or_default();
             probe = format!("result {}; pdctl's probe: {}", v["result"], v["availability"]);
+            // Where each unit's time out of the router went (the record's `windows`).
+            if let Some(id) = v["id"].as_str() {
+                let shown = std::process::Command::new(pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl"))
+                    .args(["rollout", "show", id, "--socket"])
+                    .arg(&daemon.socket)
+                    .output()
+                    .expect("pdctl rollout show");
+                for l in String::from_utf8_lossy(&shown.stdout).lines().filter(|l| l.trim_start().starts_with("window")) {
+                    probe.push_str(&format!("\n    {}", l.trim()));
+                }
+            }
         }
         Procedure::Seed => {
             let units: Vec<String> = stack.workers().iter().map(|w| w.unit.clone()).collect();
@@ -143,10 +156,15 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> (String, f6
 
 fn main() {
     let rate: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10.0);
+    let only = std::env::args().nth(2).unwrap_or_default();
     println!("pdctl availability benchmark: a steady load of {rate} requests/s through the real router, its own client");
     for gateway in [Gateway::Smg113, Gateway::SglangRouter032] {
         let mut windows = std::collections::BTreeMap::new();
         for (pairs, how) in [(1, Procedure::Sequential), (1, Procedure::Together), (1, Procedure::Seed), (2, Procedure::Sequential), (2, Procedure::Seed)] {
+            let case = format!("{} {pairs}P{pairs}D {}", gateway.name(), format!("{how:?}").to_lowercase());
+            if !case.contains(&only) {
+                continue;
+            }
             let (line, longest) = run(gateway, pairs, how, rate);
             println!("{line}");
             windows.insert((pairs, format!("{how:?}").to_lowercase()), longest);
