@@ -92,7 +92,7 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> (String, f6
     match how {
         Procedure::Sequential | Procedure::Together => {
             let pdctl = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
-            let out = std::process::Command::new(pdctl)
+            let out = std::process::Command::new(&pdctl)
                 .args(["restart", "--rolling", "--json", "--config"])
                 .arg(&config)
                 .arg("--socket")
@@ -104,11 +104,8 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> (String, f6
             probe = format!("result {}; pdctl's probe: {}", v["result"], v["availability"]);
             // Where each unit's time out of the router went (the record's `windows`).
             if let Some(id) = v["id"].as_str() {
-                let shown = std::process::Command::new(pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl"))
-                    .args(["rollout", "show", id, "--socket"])
-                    .arg(&daemon.socket)
-                    .output()
-                    .expect("pdctl rollout show");
+                let shown =
+                    std::process::Command::new(&pdctl).args(["rollout", "show", id, "--socket"]).arg(&daemon.socket).output().expect("pdctl rollout show");
                 for l in String::from_utf8_lossy(&shown.stdout).lines().filter(|l| l.trim_start().starts_with("window")) {
                     probe.push_str(&format!("\n    {}", l.trim()));
                 }
@@ -161,13 +158,16 @@ fn main() {
     for gateway in [Gateway::Smg113, Gateway::SglangRouter032] {
         let mut windows = std::collections::BTreeMap::new();
         for (pairs, how) in [(1, Procedure::Sequential), (1, Procedure::Together), (1, Procedure::Seed), (2, Procedure::Sequential), (2, Procedure::Seed)] {
-            let case = format!("{} {pairs}P{pairs}D {}", gateway.name(), format!("{how:?}").to_lowercase());
-            if !case.contains(&only) {
+            let procedure = format!("{how:?}").to_lowercase();
+            if !format!("{} {pairs}P{pairs}D {procedure}", gateway.name()).contains(&only) {
                 continue;
             }
             let (line, longest) = run(gateway, pairs, how, rate);
             println!("{line}");
-            windows.insert((pairs, format!("{how:?}").to_lowercase()), longest);
+            windows.insert((pairs, procedure), longest);
+        }
+        if windows.is_empty() {
+            continue;
         }
         // Against the seed's own window in the same run (the bar: together ≤ seed,
         // sequential ≤ 2 × seed, in 1P1D).
