@@ -156,7 +156,7 @@ fn differences(wheel: &Value, sim: &Value, who: &str, relied: bool) -> Vec<Strin
     if sim["api_key_exempt"] != wheel["api_key_exempt"] {
         out.push(format!("paths exempt from --api-key: {who} {}, {upstream} {}", sim["api_key_exempt"], wheel["api_key_exempt"]));
     }
-    for section in ["env", "server_args"] {
+    for section in ["env", "server_args", "shutdown"] {
         for (name, value) in sim[section].as_object().into_iter().flatten() {
             match wheel[section].get(name) {
                 Some(w) if same_value(w, value) => {}
@@ -183,6 +183,10 @@ fn pdctl_facts(version: &Value) -> Value {
             sglang::HEARTBEAT_FAILURES_ENV: sglang::HEARTBEAT_FAILURES_DEFAULT,
         },
         "server_args": {"disaggregation_bootstrap_port": sglang::BOOTSTRAP_PORT_DEFAULT},
+        "shutdown": {
+            "serves_while_draining": pdctl_core::stop::SERVES_WHILE_DRAINING,
+            "watchdog_secs": pdctl_core::stop::WATCHDOG_PERIOD.as_secs(),
+        },
     })
 }
 
@@ -226,6 +230,8 @@ fn a_changed_simulator_fact_is_named() {
         (Box::new(|s| s["api_key_exempt"] = json!(["/health"])), "paths exempt from --api-key"),
         (Box::new(|s| s["env"]["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] = json!(30)), "SGLANG_DISAGGREGATION_WAITING_TIMEOUT: the simulator defaults to 30"),
         (Box::new(|s| s["server_args"]["kv_cache_dtype"] = json!("bf16")), "kv_cache_dtype: the simulator defaults to \"bf16\""),
+        (Box::new(|s| s["shutdown"]["serves_while_draining"] = json!(false)), "serves_while_draining: the simulator defaults to false"),
+        (Box::new(|s| s["shutdown"]["watchdog_secs"] = json!(1)), "watchdog_secs: the simulator defaults to 1"),
     ];
     assert!(changed(&|_| {}).is_empty(), "unchanged, the catalogue agrees");
     for (change, named) in cases {

@@ -20,6 +20,17 @@ fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
     pdctl_daemon(d, config, args, LIMIT)
 }
 
+/// When `unit` left the router in run `r`: at its drain's start, or — the only worker of its
+/// role, its drain deferred to its stop — when its restart took it out.
+fn out_of_router_since(r: &JsonRun, unit: &str) -> std::time::SystemTime {
+    let at = |step: &str, status: &str| humantime::parse_rfc3339(r.event(unit, step, status)["at"].as_str().unwrap()).unwrap();
+    let restart = r.events.iter().find(|e| e["unit"] == unit && e["step"] == "restart" && e["status"] != "started");
+    match restart.and_then(|e| e["detail"]["taken_out"]["after_ms"].as_u64()) {
+        Some(ms) => at("restart", "started") + Duration::from_millis(ms),
+        None => at("drain", "started"),
+    }
+}
+
 #[test]
 fn the_only_worker_of_a_role_is_refused_without_allow_outage_and_restarted_with_it() {
     let (stack, config, d) = up(StackOptions::default());
@@ -44,7 +55,7 @@ fn the_only_worker_of_a_role_is_refused_without_allow_outage_and_restarted_with_
     // names it as the interruption to expect — the window, not the start alone — and so does the
     // dry run, which asks pdctld.
     let at = |step: &str, status: &str| humantime::parse_rfc3339(ok.event(P, step, status)["at"].as_str().unwrap()).unwrap();
-    let window = at("router", "passed").duration_since(at("drain", "started")).unwrap();
+    let window = at("router", "passed").duration_since(out_of_router_since(&ok, P)).unwrap();
     let again = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
     assert_eq!(again.code, 2);
     let said_secs = |cause: &str| -> u64 {
@@ -94,12 +105,17 @@ fn re_registers_a_worker_the_router_dropped_on_sglang_router_0_3_2() {
 
 /// A request in flight through the router when the drain starts finishes before the restart.
 fn drain_under_load(gateway: Gateway) {
-    let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
-    // ~2 s of decoding at the simulator's 200 tokens/s, in flight before the rollout starts.
-    let load = request_in_flight(&stack, 400);
-    let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    // 2P2D: another decode serves meanwhile, so the drain takes this one out before its stop and
+    // waits for what it runs (the only worker of a role serves through its stop instead: below).
+    let (stack, config, d) = up(StackOptions { gateway, pairs: 2, ..Default::default() });
+    // ~8 s of decoding at the simulator's 200 tokens/s, in flight before the rollout starts: it
+    // outlasts smg's 5 s drain settle (the drain waits for the gateway to unlist the worker
+    // first), and ends within the test config's 10 s drain_timeout.
+    let (load, busy) = request_in_flight_on(&stack, 1600);
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", &busy, "--json"]);
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
-    let drain = &r.event(D, "drain", "passed")["detail"];
+    let drain = &r.event(&busy, "drain", "passed")["detail"];
+    assert_eq!(drain["taken_out"], serde_json::Value::Null, "another decode serves: taken out before the stop: {drain}");
     assert_eq!(drain["in_flight_left"], 0, "{drain}");
     assert!(drain["in_flight_at_start"].as_u64().is_some_and(|n| n >= 1), "the drain saw the request in flight (from /v1/loads): {drain}");
     assert!(drain["waited_for_requests_ms"].as_u64().unwrap() > 100, "the drain waited for the request: {drain}");
@@ -109,6 +125,13 @@ fn drain_under_load(gateway: Gateway) {
 /// A request through the gateway of `tokens` tokens (200 tokens/s in the simulator), on the decode
 /// before this returns. Returns the thread that ends with its status.
 fn request_in_flight(stack: &Stack, tokens: u32) -> std::thread::JoinHandle<Option<u16>> {
+    let (load, unit) = request_in_flight_on(stack, tokens);
+    assert_eq!(unit, stack.decode.unit, "1P1D: the one decode runs it");
+    load
+}
+
+/// [`request_in_flight`] with any number of decodes: also returns the unit of the decode that runs it.
+fn request_in_flight_on(stack: &Stack, tokens: u32) -> (std::thread::JoinHandle<Option<u16>>, String) {
     let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
     let load = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -124,14 +147,16 @@ fn request_in_flight(stack: &Stack, tokens: u32) -> std::thread::JoinHandle<Opti
     });
     let t0 = Instant::now();
     // SGLang 0.5.23 serves its load at /v1/loads only (no /get_load).
-    while pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/v1/loads", stack.decode.url))
-        .map(|(status, b)| status != 200 || b.contains("\"num_running_reqs\":0"))
-        .unwrap_or(true)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the request reached the decode");
+    let busy = |url: &str| {
+        pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{url}/v1/loads")).is_ok_and(|(status, b)| status == 200 && !b.contains("\"num_running_reqs\":0"))
+    };
+    loop {
+        if let Some(w) = stack.workers().into_iter().find(|w| w.role == "decode" && busy(&w.url)) {
+            return (load, w.unit.clone());
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the request reached a decode");
         std::thread::sleep(Duration::from_millis(20));
     }
-    load
 }
 
 /// A request that outlives the drain's wait (`drain_timeout` is 10 s in the test config; this
@@ -141,7 +166,10 @@ fn long_request(stack: &Stack) -> std::thread::JoinHandle<Option<u16>> {
 }
 
 /// SGLang 0.5.23's stop waits for the requests the drain left (its SIGTERM watchdog checks every
-/// 5 s): the restart job lasts that long, the request finishes, and the restart step says why.
+/// 5 s): the restart job lasts that long, the request finishes, and the restart step says why. The
+/// decode is the only one of its role, yet its drain is not deferred to the stop: it runs a
+/// request, and its TimeoutStopSec (10 s) alone would give it less time than drain_timeout (10 s)
+/// and then the stop.
 #[test]
 fn the_stop_waits_for_what_the_drain_left_and_the_restart_step_says_why() {
     let (stack, config, d) = up(StackOptions::default());
@@ -151,6 +179,7 @@ fn the_stop_waits_for_what_the_drain_left_and_the_restart_step_says_why() {
     let drain = &r.event(D, "drain", "passed")["detail"];
     assert_eq!(drain["timed_out"], true, "the drain's wait ended with the request still running: {drain}");
     assert_eq!(drain["aborted"], serde_json::Value::Null, "nothing aborted by default: {drain}");
+    assert_eq!(drain["taken_out"], serde_json::Value::Null, "taken out before the stop: {drain}");
     let restart = &r.event(D, "restart", "passed")["detail"];
     let stop = &restart["stop"];
     assert!(stop["requests_at_first_check"].as_u64().is_some_and(|n| n >= 1), "the server reported the request at its watchdog check: {restart:#}");
@@ -432,9 +461,10 @@ fn a_halt_keeps_the_error_window_open_to_the_end() {
     let a = &r.summary["availability"];
     assert_eq!(a["open_at_end"], true, "{a}");
     let at = |step: &str, status: &str| humantime::parse_rfc3339(r.event(P, step, status)["at"].as_str().unwrap()).unwrap();
-    let out = at("ready", "failed").duration_since(at("drain", "started")).unwrap();
-    // The first sample without an admitted prefill comes within one probe period (2/s) of the drain.
-    assert!(a["longest_error_ms"].as_u64().unwrap() + 500 >= out.as_millis() as u64, "the window covers drain → halt ({out:?}): {a}");
+    let out = at("ready", "failed").duration_since(out_of_router_since(&r, P)).unwrap();
+    // The first sample without an admitted prefill comes within one probe period (2/s) of its
+    // taking out.
+    assert!(a["longest_error_ms"].as_u64().unwrap() + 500 >= out.as_millis() as u64, "the window covers taken out → halt ({out:?}): {a}");
     assert!(a["p50_ms"].is_null() || a["p50_ms"].as_f64().unwrap() > 0.0, "{a}");
 }
 
@@ -464,4 +494,150 @@ fn an_unreadable_load_is_a_warning_by_the_setting() {
     assert_eq!(drain["cause_code"], "load_unknown", "{drain}");
     assert!(drain["warning"].as_str().unwrap_or("").contains("cannot tell how many requests"), "{drain}");
     assert_eq!(drain["in_flight_left"], serde_json::Value::Null, "not measured is not zero: {drain}");
+}
+
+/// The journal's `__REALTIME_TIMESTAMP` (µs) of `unit`'s first line containing `mark`.
+fn journal_time(stack: &Stack, unit: &str, mark: &str) -> Option<u64> {
+    let out = stack.sandbox.journalctl(&["-u", unit, "-o", "json", "--no-pager"]).ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["MESSAGE"].as_str().is_some_and(|m| m.contains(mark)))
+        .and_then(|e| e["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
+}
+
+/// The only decode (or prefill: 1P1D) serves through its stop's drain: its drain step writes the ledger and
+/// leaves it in the gateway (on smg 1.13 with `drain_settle_secs` set to 0 by `PATCH`), the
+/// restart takes it out at SGLang's first drain check, and requests through the gateway sent
+/// after its SIGTERM and before that check are answered.
+fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gateway, unit: &str) {
+    let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
+    let role = if unit == P { "prefill" } else { "decode" };
+    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (stop2, url2) = (stop.clone(), url.clone());
+    // (sent, answered, status), wall-clock µs: compared with the journal's timestamps.
+    let load = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let c = pdctl_tests::http();
+        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+        let mut seen = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+            let sent = now();
+            let status = rt.block_on(async {
+                c.post(&url2)
+                    .json(&serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            });
+            seen.push((sent, now(), status));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        seen
+    });
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", unit, "--json"]);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = load.join().unwrap();
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = &r.event(unit, "drain", "passed")["detail"];
+    assert!(drain["taken_out"].as_str().is_some_and(|t| t.starts_with(&format!("deferred: the only {role} worker"))), "{drain}");
+    if gateway == Gateway::Smg113 {
+        assert_eq!(drain["drain_settle_secs"], 0, "smg took the PATCH: {drain}");
+    }
+    let restart = &r.event(unit, "restart", "passed")["detail"];
+    let taken = &restart["taken_out"];
+    // At the drain check, or earlier when the gateway's own health checks (1 s apart on the
+    // sandbox) stopped routing to it first.
+    assert!(
+        taken["when"].as_str().is_some_and(|w| w.starts_with("at its server's first drain check") || w.starts_with("when the gateway's own health checks")),
+        "{restart:#}"
+    );
+    assert_eq!(taken["warning"], serde_json::Value::Null, "{restart:#}");
+    // The record's window starts at the taking out: the drain step is not in it.
+    let id = r.summary["id"].as_str().unwrap();
+    let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let shown = std::process::Command::new(pdctl).args(["rollout", "show", id, "--socket"]).arg(&d.socket).output().expect("pdctl rollout show");
+    let shown = String::from_utf8_lossy(&shown.stdout).to_string();
+    let line = shown.lines().find(|l| l.contains("out of the router:")).unwrap_or_else(|| panic!("a window line: {shown}")).to_string();
+    assert!(!line.contains("drain") && line.contains("stop"), "{line}");
+    // Served through its drain: every request sent after the SIGTERM line and answered before the
+    // drain check went through the gateway to this worker — until the gateway's own health
+    // checks see the 503 that SGLang's /health answers while it drains: 3 failed checks (both
+    // gateways' default failure threshold) one `--health-check-interval-secs` apart, so not
+    // before two intervals after the SIGTERM (in production, with smg's default 60 s interval,
+    // minutes).
+    let sigterm = journal_time(&stack, unit, "Draining requests and shutting down").expect("the worker logged its SIGTERM");
+    let check = journal_time(&stack, unit, "Gracefully exiting... Remaining number of requests").expect("the worker logged its drain check");
+    let interval_us = u64::from(StackOptions::default().router_health_interval_secs) * 1_000_000;
+    let horizon = check.min(sigterm + 2 * interval_us);
+    let during: Vec<_> = seen.iter().filter(|(sent, answered, _)| *sent > sigterm && *answered < horizon).collect();
+    if during.is_empty() {
+        eprintln!("could not observe serving during the stop: its drain check came {} ms after SIGTERM", (check - sigterm) / 1000);
+    } else {
+        assert!(during.iter().all(|(_, _, s)| *s == 200), "answered while the decode drained: {during:?}");
+        let after = seen.iter().filter(|(sent, _, s)| *sent > sigterm && *s == 200).count();
+        eprintln!(
+            "{} request(s) answered in the {} ms from the {role}'s SIGTERM to {}; {after} in all after its SIGTERM",
+            during.len(),
+            (horizon - sigterm) / 1000,
+            if horizon == check { "its drain check" } else { "the gateway's earliest health-check verdict" }
+        );
+    }
+}
+
+#[test]
+fn the_only_decode_serves_through_its_stop_until_its_drain_check_on_smg_1_13() {
+    the_only_worker_serves_through_its_stop_until_its_drain_check(Gateway::Smg113, D);
+}
+
+/// The prefill too: smg's `PATCH` rebuilds the entry, and PD requests during the drain still
+/// reach the prefill's bootstrap port (it keeps it).
+#[test]
+fn the_only_prefill_serves_through_its_stop_until_its_drain_check_on_smg_1_13() {
+    the_only_worker_serves_through_its_stop_until_its_drain_check(Gateway::Smg113, P);
+}
+
+#[test]
+fn the_only_decode_serves_through_its_stop_until_its_drain_check_on_sglang_router_0_3_2() {
+    the_only_worker_serves_through_its_stop_until_its_drain_check(Gateway::SglangRouter032, D);
+}
+
+/// smg 1.13 as installed (its source: `HealthCheckUpdate` in `crates/protocols/src/worker.rs`,
+/// `workflow/steps/local/update_worker_properties.rs` and `drain_workers.rs`): `PATCH
+/// /workers/{id}` `{"health": {"drain_settle_secs": 0}}`, sent as pdctl sends it right before a
+/// `DELETE` (an update smg queues as a job, `202`), is applied before that `DELETE`'s drain step:
+/// the prefill is removed at once, while the decode, left at the default 5 s and deleted right
+/// after it, is still listed `draining` when the prefill is gone. (That the rebuilt entry keeps
+/// the prefill's bootstrap port: PD requests through it while it drains are answered,
+/// `the_only_prefill_serves_through_its_stop_until_its_drain_check_on_smg_1_13`.)
+#[test]
+fn smg_1_13_removes_a_worker_patched_to_drain_settle_0_at_once() {
+    let (stack, _config) = pdctl_tests::stack_with_config(&StackOptions { gateway: Gateway::Smg113, ..Default::default() });
+    let r = stack.router.as_ref().unwrap().url.clone();
+    let list = || -> Vec<serde_json::Value> {
+        let (_, b) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{r}/workers")).expect("the gateway answers");
+        serde_json::from_str::<serde_json::Value>(&b).ok().and_then(|v| v["workers"].as_array().cloned()).unwrap_or_default()
+    };
+    let entry = |url: &str| list().into_iter().find(|w| w["url"] == url);
+    let id = |url: &str| entry(url).and_then(|w| w["id"].as_str().map(String::from)).expect("listed");
+    let (pid, did) = (id(&stack.prefill.url), id(&stack.decode.url));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let c = pdctl_tests::http();
+    let status = |req: reqwest::RequestBuilder| rt.block_on(async { req.send().await.map(|x| x.status().as_u16()).unwrap_or(0) });
+    let patched = status(c.patch(format!("{r}/workers/{pid}")).json(&serde_json::json!({"health": {"drain_settle_secs": 0}})));
+    assert_eq!(patched, 202, "smg queues the update as a job");
+    assert_eq!((status(c.delete(format!("{r}/workers/{pid}"))), status(c.delete(format!("{r}/workers/{did}")))), (202, 202));
+    let t0 = Instant::now();
+    while entry(&stack.prefill.url).is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the patched prefill is removed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let decode = entry(&stack.decode.url);
+    assert_eq!(
+        decode.as_ref().and_then(|w| w["status"].as_str()),
+        Some("draining"),
+        "the decode, deleted after it at the default settle, still drains: {decode:?}"
+    );
 }

@@ -91,7 +91,9 @@ fn reconcile_event(rec: &Value, unit: &str) -> Value {
 
 #[test]
 fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
-    let (stack, config, d) = stack_with_pdctld();
+    // 2P2D: the first prefill's drain takes it out before its stop (in 1P1D the only prefill's
+    // drain is deferred to its stop's drain check: nothing is out yet right after the drain).
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&StackOptions { pairs: 2, ..Default::default() });
     let watch = RouterWatch::start(&stack);
     let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
     c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill was drained");

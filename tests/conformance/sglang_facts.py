@@ -206,6 +206,32 @@ def server_args(z):
     return dict(sorted(out.items()))
 
 
+def sleeps_in(fn):
+    """The constant arguments of every `*.sleep(N)` call in a function, in source order."""
+    calls = [
+        n for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "sleep" and n.args and isinstance(n.args[0], ast.Constant)
+    ]
+    return [c.args[0].value for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset))]
+
+
+def shutdown(z):
+    """How a SIGTERM stop and `/health` behave: whether `TokenizerManager.generate_request`
+    looks at `gracefully_exit` (it does not: a draining server takes new requests), the
+    watchdog's period (`sigterm_watchdog`'s first sleep) and `health_generate`'s poll (its sleep
+    before it looks for the health request's answer)."""
+    out = {}
+    for fn in ast.walk(parse(z, "managers/tokenizer_manager.py")):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == "generate_request":
+            out["serves_while_draining"] = not any(isinstance(n, ast.Attribute) and n.attr == "gracefully_exit" for n in ast.walk(fn))
+        if isinstance(fn, ast.AsyncFunctionDef) and fn.name == "sigterm_watchdog":
+            out["watchdog_secs"] = next(iter(sleeps_in(fn)), None)
+    for fn in ast.walk(parse(z, "entrypoints/http_server.py")):
+        if isinstance(fn, ast.AsyncFunctionDef) and fn.name == "health_generate":
+            out["health_generate_poll_secs"] = next(iter(sleeps_in(fn)), None)
+    return dict(sorted(out.items()))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: sglang_facts.py WHEEL")
@@ -223,6 +249,7 @@ def main():
             "api_key_exempt": api_key_exempt(z),
             "env": env(z),
             "server_args": server_args(z),
+            "shutdown": shutdown(z),
         }
     json.dump(facts, sys.stdout, indent=1, sort_keys=True)
     print()

@@ -317,6 +317,9 @@ pub trait Probes: Send + Sync {
     fn router_workers(&self, r: usize) -> impl Future<Output = Result<Vec<RouterWorker>, HttpFailure>> + Send;
     /// Add a worker to replica `r`; returns its id there.
     fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpFailure>> + Send;
+    /// Replica `r` (smg 1.x) removes worker `id` at its next removal without keeping it listed
+    /// `draining` first (its `drain_settle_secs` set to 0).
+    fn settle_now(&self, r: usize, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// Remove a worker from replica `r` by its id there.
     fn deregister(&self, r: usize, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// Replica `r`'s circuit-breaker state of a worker (`None`: not exported).

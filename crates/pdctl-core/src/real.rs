@@ -248,6 +248,9 @@ impl Probes for HttpProbes {
     async fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
         self.routers.get(r).ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)
     }
+    async fn settle_now(&self, r: usize, id: &str) -> Result<(), HttpFailure> {
+        self.routers.get(r).ok_or_else(no_router)?.set_drain_settle(&self.http, id, 0).await.map_err(failure)
+    }
     async fn deregister(&self, r: usize, id: &str) -> Result<(), HttpFailure> {
         self.routers.get(r).ok_or_else(no_router)?.deregister(&self.http, id).await.map_err(failure)
     }

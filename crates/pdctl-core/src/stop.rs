@@ -17,6 +17,10 @@ use serde::Serialize;
 pub const SIGTERM_MARK: &str = "Draining requests and shutting down";
 /// The watchdog's line, followed by the number of requests left.
 pub const REMAINING_MARK: &str = "Gracefully exiting... Remaining number of requests ";
+/// SGLang 0.5.23 serves new requests while SIGTERM drains it (`generate_request` never looks at
+/// `gracefully_exit`): what lets the only worker of its role stay in the gateway until its first
+/// drain check (the deferred drain). Checked against the wheel by the conformance test.
+pub const SERVES_WHILE_DRAINING: bool = true;
 /// How often SGLang's watchdog checks (`asyncio.sleep(5)`): a stop with nothing in flight still
 /// takes up to this long.
 pub const WATCHDOG_PERIOD: Duration = Duration::from_secs(5);
@@ -58,11 +62,7 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
         Some(i) => &lines[i..],
         None => &[],
     };
-    let counts: Vec<u64> = ours
-        .iter()
-        .filter_map(|l| l.split(REMAINING_MARK).nth(1))
-        .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse().ok()))
-        .collect();
+    let counts: Vec<u64> = ours.iter().filter_map(|l| remaining_in(l)).collect();
     let killed = ours.iter().any(|l| KILLED_MARKS.iter().any(|m| l.contains(m))) || matches!((stop, timeout_stop), (Some(s), Some(t)) if s >= t);
     let ms = |d: Duration| d.as_millis() as u64;
     let took = stop.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or_else(|| "an unknown time".into());
@@ -88,6 +88,19 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
         }
     };
     StopReport { stop_ms: stop.map(ms), timeout_stop_ms: timeout_stop.map(ms), requests_at_first_check: first, checks: counts.len() as u32, killed, why }
+}
+
+/// The requests a watchdog line reports left (`None`: not such a line).
+pub fn remaining_in(line: &str) -> Option<u64> {
+    line.split(REMAINING_MARK).nth(1).and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok())
+}
+
+/// A watchdog line in a few words: "N request(s) left" ("a check" when unreadable).
+pub fn remaining_part(line: &str) -> String {
+    match remaining_in(line) {
+        Some(n) => format!("{n} request(s) left"),
+        None => "a check".into(),
+    }
 }
 
 /// The stop between two timestamps (µs since the epoch) of systemd: leaving `active` and then

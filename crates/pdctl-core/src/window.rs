@@ -1,5 +1,6 @@
-//! Where a unit's time out of the router went: each step from the start of its drain to its
-//! re-admission, read from the rollout's events — the restart split into the stop (SGLang's stop
+//! Where a unit's time out of the router went: each step from the start of its drain (or, for the
+//! only worker of its role, from when its restart took it out: `taken_out` in the restart's
+//! detail) to its re-admission, read from the rollout's events — the restart split into the stop (SGLang's stop
 //! waits for its requests and exits at a watchdog check, every 5 s) and the start — so that what
 //! pdctl's own steps add to an outage is on record beside what the server and the gateway take.
 //! Pure.
@@ -52,12 +53,19 @@ pub fn windows(events: &[Event]) -> BTreeMap<String, Window> {
             }
             Step::Restart => {
                 if let Some(parts) = open.get_mut(e.unit.as_str()) {
-                    match e.detail.pointer("/stop/stop_ms").and_then(serde_json::Value::as_u64).filter(|s| *s <= e.elapsed_ms) {
-                        Some(stop) => {
-                            parts.push(part("stop", stop));
+                    let stop = e.detail.pointer("/stop/stop_ms").and_then(serde_json::Value::as_u64).filter(|s| *s <= e.elapsed_ms);
+                    // A deferred drain: the worker served through its drain step and the stop's
+                    // first part; its window starts when the restart took it out.
+                    let taken_out = e.detail.pointer("/taken_out/after_ms").and_then(serde_json::Value::as_u64);
+                    if taken_out.is_some() {
+                        parts.clear();
+                    }
+                    match (stop, taken_out) {
+                        (Some(stop), t) => {
+                            parts.push(part("stop", stop.saturating_sub(t.unwrap_or(0))));
                             parts.push(part("start", e.elapsed_ms - stop));
                         }
-                        None => parts.push(part(Step::Restart.as_str(), e.elapsed_ms)),
+                        (None, t) => parts.push(part(Step::Restart.as_str(), e.elapsed_ms.saturating_sub(t.unwrap_or(0)))),
                     }
                 }
             }
@@ -110,5 +118,19 @@ mod tests {
         let steps: Vec<&str> = p.parts.iter().map(|x| x.step.as_str()).collect();
         assert_eq!(steps, ["drain", "stop", "start", "ready", "health", "pair", "router"]);
         assert_eq!(p.sentence(), "7.0 s out of the router: drain 0.0 s, stop 4.2 s, start 0.8 s, ready 0.9 s, health 0.0 s, pair 0.0 s, router 1.0 s");
+    }
+
+    #[test]
+    fn a_deferred_drain_starts_the_window_when_the_restart_took_the_worker_out() {
+        let events = vec![
+            ev("d", Step::Drain, Status::Passed, 15, json!({"taken_out": "deferred"})),
+            ev("d", Step::Restart, Status::Passed, 5000, json!({"stop": {"stop_ms": 4200}, "taken_out": {"after_ms": 4100}})),
+            ev("d", Step::Ready, Status::Passed, 900, json!(null)),
+            ev("d", Step::Router, Status::Passed, 1000, json!(null)),
+        ];
+        let d = &windows(&events)["d"];
+        let steps: Vec<&str> = d.parts.iter().map(|x| x.step.as_str()).collect();
+        assert_eq!(steps, ["stop", "start", "ready", "router"], "the drain step served: not in the window");
+        assert_eq!(d.total_ms, 100 + 800 + 900 + 1000);
     }
 }

@@ -228,10 +228,17 @@ impl Probes for FakeProbes {
         r.log.push(format!("register {u}"));
         Ok(r.add(u, t))
     }
-    async fn deregister(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
+    async fn settle_now(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
         let mut w = self.0.lock().unwrap();
         let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
-        r.log.push(format!("deregister {id}"));
+        r.log.push(format!("settle_now {id}"));
+        Ok(())
+    }
+    async fn deregister(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        let restarts = w.restarted.len();
+        let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
+        r.log.push(format!("deregister {id} after {restarts} restart(s)"));
         r.workers.retain(|x| x.id != id);
         Ok(())
     }
@@ -610,6 +617,24 @@ async fn a_worker_the_gateway_lists_failed_is_removed_and_re_added() {
     let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
     assert_eq!(log.iter().filter(|l| l.starts_with("register http://p")).count(), 2, "registered, removed, registered again: {log:?}");
     assert!(log.iter().any(|l| l.starts_with("deregister w3")), "the failed entry was removed: {log:?}");
+}
+
+#[tokio::test]
+async fn the_only_worker_of_its_role_is_taken_out_by_its_restart_not_before_it() {
+    let w = world();
+    let s = with_router(&w, true);
+    let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let passed = |step: Step| events.iter().find(|e| e.unit == "p.service" && e.step == step && e.status == Status::Passed).expect("passed").detail.clone();
+    let drain = passed(Step::Drain);
+    assert!(drain["taken_out"].as_str().is_some_and(|t| t.starts_with("deferred")), "{drain}");
+    let restart = passed(Step::Restart);
+    assert!(restart["taken_out"]["when"].as_str().is_some_and(|t| t.contains("restart job ended")), "no drain check in these logs: {restart}");
+    let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+    let at = |prefix: &str| log.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {log:?}"));
+    assert!(at("settle_now w1") < at("deregister w1 after 1 restart(s)"), "settle 0 set first, the removal during the restart: {log:?}");
+    // The drain was written down before anything touched the gateway, and undone at re-admission.
+    assert!(w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p"), "re-admitted");
 }
 
 #[tokio::test]

@@ -166,6 +166,11 @@ impl Http {
         self.send(url, self.auth(url, self.client.post(url).json(body))).await
     }
 
+    /// PATCH JSON, any status.
+    pub async fn patch_json(&self, url: &str, body: &Value) -> Result<(u16, String), HttpError> {
+        self.send(url, self.auth(url, self.client.patch(url).json(body))).await
+    }
+
     /// POST JSON with its own time limit (instead of the client's), any status.
     pub async fn post_json_within(&self, url: &str, body: &Value, timeout: Duration) -> Result<(u16, String), HttpError> {
         self.send_within(url, self.auth(url, self.client.post(url).json(body)), timeout).await
@@ -534,6 +539,22 @@ impl Router {
         };
         let exported = e.types.contains_key("smg_worker_cb_outcomes_total") || e.samples.iter().any(|s| s.name == "smg_worker_cb_outcomes_total");
         Ok(exported.then(|| (of("success"), of("failure"))))
+    }
+
+    /// smg 1.x: `PATCH /workers/{id}` `{"health": {"drain_settle_secs": secs}}` — how long its
+    /// next `DELETE` keeps the worker listed `draining` before removing it (5 s by default; a
+    /// partial health update, `HealthCheckUpdate` in smg's `crates/protocols/src/worker.rs`,
+    /// applied by the `update_worker_properties` workflow step, which keeps the worker's type,
+    /// bootstrap port and status). smg answers 202 and applies it as a job. sglang-router 0.3.2
+    /// has no such route and no settle.
+    pub async fn set_drain_settle(&self, http: &Http, id: &str, secs: u64) -> Result<(), HttpError> {
+        let u = format!("{}/workers/{id}", self.url.trim_end_matches('/'));
+        let (status, body) = http.patch_json(&u, &json!({"health": {"drain_settle_secs": secs}})).await?;
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(HttpError::Status { url: u, status, body: snippet(&body) })
+        }
     }
 
     /// `DELETE /workers/{id}` (drain: take the worker out of rotation).

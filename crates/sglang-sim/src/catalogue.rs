@@ -17,13 +17,14 @@ use serde_json::{json, Value};
 
 use crate::args::{parse, DISAGG_ENV};
 use crate::engine::Engine;
-use crate::server::{served_routes, API_KEY_EXEMPT, DRAINING_LINE, READY_LINE, SIGTERM_LINE};
+use crate::server::{served_routes, API_KEY_EXEMPT, DRAINING_LINE, READY_LINE, SERVES_WHILE_DRAINING, SIGTERM_LINE, WATCHDOG_PERIOD};
 use crate::version::Version;
 
 /// The catalogue of `version` as JSON, in the shape `sglang_facts.py` prints:
 /// `{version, routes: {path: [methods]}, metrics: {family: type}, series: {family: {labels,
 /// buckets}}, lines: {ready, sigterm,
-/// draining}, api_key_exempt: [prefix], env: {name: default}, server_args: {name: default}}`.
+/// draining}, api_key_exempt: [prefix], env: {name: default}, server_args: {name: default},
+/// shutdown: {serves_while_draining, watchdog_secs, health_generate_poll_secs}}`.
 pub fn of(version: Version) -> Value {
     let flags = |extra: &[&str]| -> Vec<String> {
         ["--model-path", "m", "--enable-metrics", "--sim-version", &version.to_string()].iter().chain(extra).map(|s| s.to_string()).collect()
@@ -79,6 +80,11 @@ pub fn of(version: Version) -> Value {
         "api_key_exempt": API_KEY_EXEMPT,
         "env": env,
         "server_args": server_args,
+        "shutdown": {
+            "serves_while_draining": SERVES_WHILE_DRAINING,
+            "watchdog_secs": WATCHDOG_PERIOD.as_secs(),
+            "health_generate_poll_secs": cfg.sim.health_generate.as_secs_f64(),
+        },
     })
 }
 

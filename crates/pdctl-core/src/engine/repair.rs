@@ -52,9 +52,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             let r = async {
                 let slots = self.slot_step(&[d], &tx, ctx).await?;
-                let out_since = Instant::now();
-                let (watch, after, _) = self.restart_to_pair(d, &tx, ctx).await?;
-                self.restart_after_pair(d, &tx, ctx, watch, after, out_since, None).await?;
+                let drain_began = Instant::now();
+                let (watch, after, _, taken_out) = self.restart_to_pair(d, &tx, ctx).await?;
+                self.restart_after_pair(d, &tx, ctx, watch, after, taken_out.unwrap_or(drain_began), None).await?;
                 self.release_slots(&d.unit, &slots, ctx).await;
                 Ok(())
             }

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::gates::Deferred;
 use crate::engine::step::{lock, Fail, StepRun};
 use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED};
 use crate::engine::{Ctx, Engine, Repaired, Stale};
@@ -47,8 +48,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if let (Some(b), Some(keep)) = (&before, ctx.before) {
             crate::engine::step::lock(keep).insert(w.unit.clone(), b.clone());
         }
-        let out_since = Instant::now();
-        let (watch, after, stale) = self.restart_to_pair(w, sink, ctx).await?;
+        let drain_began = Instant::now();
+        let (watch, after, stale, taken_out) = self.restart_to_pair(w, sink, ctx).await?;
+        // Out of the router since its drain — or since the restart took it out (deferred).
+        let out_since = taken_out.unwrap_or(drain_began);
         let mut repaired = Vec::new();
         for st in stale {
             if !may_repair {
@@ -67,23 +70,34 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         Ok(repaired)
     }
 
-    /// drain, restart, ready, health, pair: returns the unit's watch and state after the restart
-    /// and the decodes found with a stale pairing (to be repaired).
-    pub(in crate::engine) async fn restart_to_pair(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Vec<Stale>), (Step, Fail)> {
-        let (watch, after) = self.restart_to_health(w, sink, ctx).await?;
+    /// drain, restart, ready, health, pair: returns the unit's watch and state after the restart,
+    /// the decodes found with a stale pairing (to be repaired) and when the restart took the worker
+    /// out of the router (a deferred drain).
+    pub(in crate::engine) async fn restart_to_pair(
+        &self,
+        w: &Worker,
+        sink: &Sink,
+        ctx: Ctx<'_>,
+    ) -> Result<(U::W, UnitState, Vec<Stale>, Option<Instant>), (Step, Fail)> {
+        let (watch, after, taken_out) = self.restart_to_health(w, sink, ctx).await?;
         // Still out of the router: a stale pair is found (and repaired) before the router's
         // smoke request and breaker could fail on it, and before clients reach this worker.
         let stale = self.pair_step(w, sink, ctx, &after).await?;
-        Ok((watch, after, stale))
+        Ok((watch, after, stale, taken_out))
     }
 
-    /// drain, restart, ready, health: returns the unit's watch and its state after the restart.
-    pub(in crate::engine) async fn restart_to_health(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState), (Step, Fail)> {
+    /// drain, restart, ready, health: returns the unit's watch, its state after the restart and
+    /// when the restart took it out of the router (a deferred drain, see [`Deferred`]).
+    pub(in crate::engine) async fn restart_to_health(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Option<Instant>), (Step, Fail)> {
         let unit = w.unit.as_str();
+        let mut deferred = None;
         if self.settings.rollout.drain {
             let s = StepRun::start(sink, unit, Step::Drain);
             match self.drain(w, ctx).await {
-                Ok(Some(d)) => s.pass(d),
+                Ok(Some((d, later))) => {
+                    s.pass(d);
+                    deferred = later;
+                }
                 Ok(None) => s.skip(NOT_REGISTERED),
                 Err(f) => {
                     s.fail(&f);
@@ -91,15 +105,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
             }
         }
-        let (watch, after, started_in) = self.restart_and_ready(w, sink).await?;
+        let (watch, after, started_in, taken_out) = self.restart_and_ready(w, sink, deferred.as_ref()).await?;
         // How long this start took: the interruption to expect next time, if it is alone in its role.
         if let (Some(dir), Some(t)) = (ctx.revisions, started_in) {
             if let Err(e) = revisions::record_start(dir, unit, t.as_millis() as u64) {
                 tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
             }
         }
-        self.step(sink, unit, Step::Health, async { self.health(w, Some(&after)).await.map(|d| (d, ())) }).await?;
-        Ok((watch, after))
+        self.step(sink, unit, Step::Health, async { self.health(w, Some(&after), true).await.map(|d| (d, ())) }).await?;
+        Ok((watch, after, taken_out))
     }
 
     /// router, metrics, stranded KV (a decode), soak. `out_since`: when the worker left the
@@ -170,17 +184,23 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// to `sink`; the ready event's detail has `detect_ms`): for the benchmark, and for anyone who
     /// wants to time them. Returns the unit's state after the restart.
     pub async fn restart_until_ready(&self, w: &Worker, sink: &Sink) -> Result<UnitState, Failure> {
-        match self.restart_and_ready(w, sink).await {
-            Ok((_, after, _)) => Ok(after),
+        match self.restart_and_ready(w, sink, None).await {
+            Ok((_, after, _, _)) => Ok(after),
             Err((step, f)) => Err(self.failure(&w.unit, step, f).await),
         }
     }
 
-    /// The restart and ready gates; returns the unit's watch and its state after the restart (the
-    /// run the later gates hold it to).
-    pub(in crate::engine) async fn restart_and_ready(&self, w: &Worker, sink: &Sink) -> Result<(U::W, UnitState, Option<Duration>), (Step, Fail)> {
+    /// The restart and ready gates; returns the unit's watch, its state after the restart (the
+    /// run the later gates hold it to), how long its start took, and when it was taken out of the
+    /// router during its stop (`deferred`: a drain that left that to the restart).
+    pub(in crate::engine) async fn restart_and_ready(
+        &self,
+        w: &Worker,
+        sink: &Sink,
+        deferred: Option<&Deferred>,
+    ) -> Result<(U::W, UnitState, Option<Duration>, Option<Instant>), (Step, Fail)> {
         let unit = w.unit.as_str();
-        let (mut watch, cursor, after) = self
+        let (mut watch, cursor, after, taken_out) = self
             .step(sink, unit, Step::Restart, async {
                 let before = self.units.state(unit).await?;
                 // A unit systemd stopped for starting too often refuses a restart until its
@@ -196,7 +216,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // own): the job lasts the stop, bounded by TimeoutStopSec, plus the start.
                 let timeout_stop = self.units.config(unit).await?.timeout_stop;
                 let limit = crate::stop::job_limit(self.settings.rollout.job_timeout, timeout_stop);
-                let out = self.units.restart(unit, limit).await?;
+                let (out, taken_out) = match deferred {
+                    None => (self.units.restart(unit, limit).await?, None),
+                    Some(d) => {
+                        // On the heap: the follower and the job side by side make a future too
+                        // large for a worker thread's stack in a debug build (measured: overflow).
+                        let (out, taken) = Box::pin(self.restart_taking_out(w, d, cursor.clone(), &before.invocation_id, limit)).await;
+                        (out?, Some(taken))
+                    }
+                };
                 let took = crate::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
                 // The old process's last lines reach the journal through its own stream; a
                 // SIGTERM line without a watchdog check yet is read again (bounded) so the last
@@ -216,6 +244,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
                     "stop": stop,
                 });
+                if let Some(t) = &taken_out {
+                    detail["taken_out"] = t.detail();
+                }
                 if stop.killed {
                     let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
                     tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
@@ -226,7 +257,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
                     return Err(Fail { cause, detail, unit: None });
                 }
-                Ok((detail, (watch, cursor, out.state)))
+                Ok((detail, (watch, cursor, out.state, taken_out.map(|t| t.at))))
             })
             .await?;
         let ready_us = self
@@ -235,13 +266,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             })
             .await?;
         let started_in = Some(ready_us).filter(|_| after.exec_main_start_us > 0).map(|r| Duration::from_micros(r.saturating_sub(after.exec_main_start_us)));
-        Ok((watch, after, started_in))
+        Ok((watch, after, started_in, taken_out))
     }
 
     /// Re-verify a unit without restarting it: health, router (re-registering it if the router
     /// lost it), metrics.
     pub(in crate::engine) async fn verify(&self, w: &Worker, sink: &Sink) -> bool {
-        if self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await.is_err() {
+        if self.step(sink, &w.unit, Step::Health, async { self.health(w, None, true).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
         // Its pairs too: it may have stopped right after its restart, before the pair gate. A
@@ -262,7 +293,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// `check`: health, router, metrics — without changing anything.
     pub(in crate::engine) async fn check_one(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
-        self.step(sink, &w.unit, Step::Health, async { self.health(w, None).await.map(|d| (d, ())) }).await?;
+        self.step(sink, &w.unit, Step::Health, async { self.health(w, None, false).await.map(|d| (d, ())) }).await?;
         if self.settings.verify.router {
             self.step(sink, &w.unit, Step::Router, async { self.router(w, false, false).await.map(|d| (d, ())) }).await?;
         }

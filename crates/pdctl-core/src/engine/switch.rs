@@ -140,7 +140,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 *crate::engine::step::lock(&c.current) = Some(w.unit.clone());
             }
             match self.restart_to_health(w, sink, held).await {
-                Ok((watch, after)) => up.push((w, watch, after, Instant::now())),
+                // Held out (a switch's new group): its drain is never deferred.
+                Ok((watch, after, _)) => up.push((w, watch, after, Instant::now())),
                 Err((step, f)) => return Err(self.switch_failed(w, step, f, held, sink, notes, t).await),
             }
         }

@@ -1,7 +1,8 @@
 //! The drain: the worker out of the gateway (the ledger written first), then a bounded wait for its
-//! requests in flight.
+//! requests in flight — or, for the only worker of its role, the ledger written and its taking out
+//! deferred to its server's own drain check during the stop ([`Deferred`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -11,15 +12,76 @@ use crate::drains::{Drain, Hold, Ledger};
 use crate::engine::step::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
-use crate::ports::{Logs, Probes, RouterWorker, Units};
+use crate::ports::{Follow, JobOutcome, Logs, Probes, RouterWorker, Units, UnitsError};
+
+/// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
+/// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
+/// 0.5.23 keeps serving new requests while SIGTERM drains it (only `/health` and `/ready` answer
+/// 503; `generate_request` has no shutdown check) and looks for requests left only every 5 s
+/// from its start (`sigterm_watchdog`, `managers/tokenizer_manager.py:3508-3545`): 0-5 s of a
+/// stop that, taken out first, would all be outage. So the restart takes it out at the first
+/// `Gracefully exiting... Remaining number of requests N` line of the old process: with N = 0 the
+/// server exits now; with N > 0 the gateway stops sending and the next check, 5 s later, finds
+/// them done (the same wait a drain before the stop would have had, rounded up to a check). At
+/// the latest when the restart job ends. The ledger is written before the stop, as for any drain.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct Deferred {
+    /// Each replica that lists the worker, and the worker's id there.
+    pub(in crate::engine) entries: Vec<(usize, String)>,
+}
+
+/// How long the only worker of its role is looked at before its drain is deferred (how busy it
+/// is; then, for up to as long again, a moment with no request in flight; it serves meanwhile),
+/// and how often its load is read.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// Why a drain is deferred, and what its look at the worker's load saw.
+#[derive(Debug)]
+struct Deferral {
+    /// Why the requests it runs lose nothing by it.
+    why: String,
+    /// Requests in flight at the last look.
+    in_flight: Option<u64>,
+    /// Looks that found a request running, of all looks.
+    busy: (u32, u32),
+}
+
+/// When a deferred drain's worker left the gateway during its restart.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct TakenOut {
+    /// The moment.
+    pub(in crate::engine) at: Instant,
+    /// After the restart job began (its stop's SIGTERM).
+    pub(in crate::engine) after_ms: u64,
+    /// At what: the drain check's line, or the job's end.
+    pub(in crate::engine) when: String,
+    /// Replicas that refused the removal.
+    pub(in crate::engine) refused: Vec<String>,
+}
+
+impl TakenOut {
+    /// Its part of the restart step's detail (`taken_out`), which the record's window starts at.
+    pub(in crate::engine) fn detail(&self) -> Value {
+        json!({
+            "after_ms": self.after_ms, "when": self.when,
+            "warning": (!self.refused.is_empty()).then(|| self.refused.join("; ")),
+        })
+    }
+}
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    pub(in crate::engine) async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<Value>, Fail> {
+    /// The drain step: `None` when no replica lists the worker; the detail, and the taking out
+    /// left to the restart when it is deferred.
+    pub(in crate::engine) async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<(Value, Option<Deferred>)>, Fail> {
         let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
-        // Listed on which replicas (a gateway of several replicas: each is drained).
+        // Listed on which replicas (a gateway of several replicas: each is drained), and whether
+        // any replica admits another worker of its role (then it is not alone).
         let mut entries = Vec::new();
+        let mut another_serves = false;
         for r in 0..self.probes.replicas() {
             let list = self.probes.router_workers(r).await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
+            another_serves |= list.iter().any(|x| !crate::config::same_url(&x.url, &w.url) && x.worker_type == w.role.as_str() && x.admitted());
             if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
                 entries.push((r, entry));
             }
@@ -30,20 +92,31 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             if let Some(held) = ctx.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.id && d.hold.is_some()) {
                 let t0 = Instant::now();
                 let (at_start, left, unknown) = self.wait_in_flight(w, t0).await?;
-                return Ok(Some(json!({
-                    "taken_out": "by the coherent switch", "hold": held.hold, "removed_router_id": held.router_id,
-                    "warning": unknown.as_ref().map(Cause::sentence), "cause_code": unknown.as_ref().map(Cause::code),
-                    "in_flight_at_start": at_start, "in_flight_left": left, "waited_for_requests_ms": t0.elapsed().as_millis() as u64,
-                    "waited_ms": t0.elapsed().as_millis() as u64, "timed_out": left.is_some_and(|n| n > 0),
-                })));
+                return Ok(Some((
+                    json!({
+                        "taken_out": "by the coherent switch", "hold": held.hold, "removed_router_id": held.router_id,
+                        "warning": unknown.as_ref().map(Cause::sentence), "cause_code": unknown.as_ref().map(Cause::code),
+                        "in_flight_at_start": at_start, "in_flight_left": left, "waited_for_requests_ms": t0.elapsed().as_millis() as u64,
+                        "waited_ms": t0.elapsed().as_millis() as u64, "timed_out": left.is_some_and(|n| n > 0),
+                    }),
+                    None,
+                )));
             }
             return Ok(None);
         };
+        let deferral = if another_serves { Err(String::new()) } else { self.defers_take_out(w, ctx).await };
         // Written down before the router is touched: whatever happens next (a failed gate, a
         // crash, SIGKILL), the drain is found and undone.
         if let Some(l) = ctx.ledger {
             self.record_drain(l, w, &entry.id, ctx.id, ctx.hold).await?;
         }
+        let not_deferred = match deferral {
+            Ok(d) => return Ok(Some(self.defer(w, &entries, d).await)),
+            Err(why) => (!why.is_empty()).then_some(why),
+        };
+        // Alone in its role and drained before its stop all the same: the gateway's settle keeps
+        // nothing else serving; it only keeps the restarted worker from being registered again.
+        let settle = if another_serves { (None, Vec::new()) } else { self.settle_now(w, &entries).await };
         for (r, e) in &entries {
             self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
         }
@@ -69,17 +142,192 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             aborted = left;
             tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
         }
-        Ok(Some(json!({
-            "warning": unknown.as_ref().map(Cause::sentence),
-            "cause_code": unknown.as_ref().map(Cause::code),
-            "aborted": aborted,
-            "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
-            "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
-            "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
-            "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
-            "waited_ms": t0.elapsed().as_millis() as u64,
-            "timed_out": left.is_some_and(|n| n > 0),
-        })))
+        Ok(Some((
+            json!({
+                "warning": unknown.as_ref().map(Cause::sentence),
+                "cause_code": unknown.as_ref().map(Cause::code),
+                "aborted": aborted,
+                "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
+                "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
+                "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
+                "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
+                "drain_settle_secs": settle.0, "settle_warning": (!settle.1.is_empty()).then(|| settle.1.join("; ")),
+                "not_deferred": not_deferred,
+                "waited_ms": t0.elapsed().as_millis() as u64,
+                "timed_out": left.is_some_and(|n| n > 0),
+            }),
+            None,
+        )))
+    }
+
+    /// Whether this drain leaves the taking out to the restart ([`Deferred`]), given that no other
+    /// worker of its role serves; `Err`: why not (said in the drain's detail). Not for a coherent
+    /// switch's group (held out on purpose), nor when what is left after the drain is to be
+    /// aborted (a stale decode's requests, `abort_after_drain_timeout`): those need the worker out
+    /// and its requests counted first. Then only when it is expected to shorten the outage and
+    /// costs the requests it runs nothing:
+    /// - shorter: taken out at its first drain check, it exits at once when that check counts no
+    ///   request, and at the next one, 5 s later, when it counts one; drained before its stop,
+    ///   its first check comes 0-5 s after SIGTERM, 2.5 s on average. So it is deferred only when
+    ///   it runs requests less than half the time (its load read every 20 ms for 1 s, while it
+    ///   serves: [`IDLE_LOOK`]);
+    /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
+    ///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
+    ///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
+    ///   `drain_timeout` and two drain checks.
+    async fn defers_take_out(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
+        if ctx.hold.is_some() {
+            return Err("held out by the coherent switch".into());
+        }
+        if ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout {
+            return Err("what it runs after the drain is to be aborted".into());
+        }
+        let t0 = Instant::now();
+        let (mut samples, mut busy) = (0u32, 0u32);
+        let mut last = None;
+        while t0.elapsed() < IDLE_LOOK || (last.is_some_and(|n| n > 0) && t0.elapsed() < 2 * IDLE_LOOK) {
+            match self.probes.in_flight(&w.url).await {
+                Ok(n) => {
+                    if t0.elapsed() < IDLE_LOOK {
+                        samples += 1;
+                        busy += u32::from(n > 0);
+                    }
+                    last = Some(n);
+                }
+                Err(e) => return Err(format!("its load could not be read ({e})")),
+            }
+            tokio::time::sleep(IDLE_POLL).await;
+        }
+        let fraction = f64::from(busy) / f64::from(samples.max(1));
+        if samples == 0 || fraction >= 0.5 {
+            return Err(format!(
+                "it ran requests in {busy} of {samples} looks over {:.0} s: its first drain check would likely count one and wait 5 s more",
+                IDLE_LOOK.as_secs_f64()
+            ));
+        }
+        let stop_bound = self.units.config(&w.unit).await.ok().map(|c| c.timeout_stop);
+        let covers = |t: Option<Duration>| t.is_none_or(|t| t >= self.settings.rollout.drain_timeout + 2 * crate::stop::WATCHDOG_PERIOD);
+        let why = match (last, stop_bound) {
+            (Some(0), _) => "it runs no request now".to_string(),
+            (_, Some(t)) if covers(t) => format!(
+                "its TimeoutStopSec={} covers drain_timeout and two of SGLang's drain checks",
+                t.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
+            ),
+            _ => return Err("it still runs a request, and its TimeoutStopSec alone would give that less time than drain_timeout and the stop".into()),
+        };
+        Ok(Deferral { why, in_flight: last, busy: (busy, samples) })
+    }
+
+    /// The deferred drain's detail: nothing is taken out yet. On smg 1.x each entry's
+    /// `drain_settle_secs` is set to 0 first: the gateway then removes it at once when the
+    /// restart takes it out (the server has said it is done by then; the default 5 s would keep
+    /// the restarted worker from being registered again for what is left of them). Refused, it
+    /// is a warning: the router gate waits the settle out.
+    async fn defer(&self, w: &Worker, entries: &[(usize, RouterWorker)], d: Deferral) -> (Value, Option<Deferred>) {
+        let Deferral { why, in_flight, busy } = d;
+        let (settle, settle_warnings) = self.settle_now(w, entries).await;
+        let role = w.role.as_str();
+        let detail = json!({
+            "taken_out": format!("deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"),
+            "removed_router_id": entries.first().map(|(_, e)| e.id.clone()), "router_load": entries.first().map(|(_, e)| e.load),
+            "router_status": entries.first().and_then(|(_, e)| e.status.clone()), "replicas_drained": entries.len(),
+            "in_flight_at_start": in_flight, "busy_looks": busy.0, "looks": busy.1,
+            "drain_settle_secs": settle,
+            "warning": (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
+        });
+        (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect() }))
+    }
+
+    /// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
+    /// that its removal takes it out at once. Returns 0 when every such replica took it (`None`:
+    /// no replica has a settle, or one refused) and what the refusals said.
+    async fn settle_now(&self, w: &Worker, entries: &[(usize, RouterWorker)]) -> (Option<u64>, Vec<String>) {
+        let mut refused = Vec::new();
+        let mut set = false;
+        for (r, e) in entries.iter().filter(|(_, e)| e.status.is_some()) {
+            match self.probes.settle_now(*r, &e.id).await {
+                Ok(()) => set = true,
+                Err(er) => refused.push(format!("the gateway did not take drain_settle_secs = 0 for {}: {er}", w.url)),
+            }
+        }
+        ((set && refused.is_empty()).then_some(0), refused)
+    }
+
+    /// The restart job of a worker whose drain was deferred, taking it out of every replica at
+    /// the old process's first drain check (`old_invocation`'s `Gracefully exiting... Remaining
+    /// number of requests N` line, followed from `cursor`), or when the job ends if no check
+    /// was logged (an older server, a stop without one) or the journal cannot be followed.
+    pub(in crate::engine) async fn restart_taking_out(
+        &self,
+        w: &Worker,
+        d: &Deferred,
+        cursor: Option<String>,
+        old_invocation: &str,
+        limit: Duration,
+    ) -> (Result<JobOutcome, UnitsError>, TakenOut) {
+        let t0 = Instant::now();
+        let mut follow = self.logs.follow(cursor, &w.unit);
+        let check = async {
+            while let Some(Ok(e)) = follow.next().await {
+                let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
+                if of_old && e.message().contains(crate::stop::REMAINING_MARK) {
+                    return Some(e.message().to_string());
+                }
+            }
+            None
+        };
+        // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
+        // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
+        // nothing, so it is taken out then, and the outage on record starts there.
+        let gateway_gave_up = async {
+            loop {
+                tokio::time::sleep(POLL).await;
+                for (r, id) in &d.entries {
+                    if let Ok(list) = self.probes.router_workers(*r).await {
+                        match list.iter().find(|x| &x.id == id) {
+                            None => return format!("when the gateway no longer listed it (replica {r})"),
+                            Some(x) if !x.admitted() => {
+                                return format!(
+                                    "when the gateway's own health checks stopped routing to it (is_healthy: {}, status: {})",
+                                    x.is_healthy,
+                                    x.status.as_deref().unwrap_or("-")
+                                )
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                }
+            }
+        };
+        let mut restart = Box::pin(self.units.restart(&w.unit, limit));
+        let (done, when) = tokio::select! {
+            out = &mut restart => (Some(out), "when its restart job ended: no drain check was logged".to_string()),
+            line = check => (None, match line {
+                Some(l) => format!("at its server's first drain check: {}", crate::stop::remaining_part(&l)),
+                None => "when the journal could no longer be followed during its stop".to_string(),
+            }),
+            why = gateway_gave_up => (None, why),
+        };
+        let at = Instant::now();
+        let refused = self.take_out_deferred(w, d).await;
+        let taken = TakenOut { at, after_ms: at.duration_since(t0).as_millis() as u64, when, refused };
+        let out = match done {
+            Some(out) => out,
+            None => restart.await,
+        };
+        (out, taken)
+    }
+
+    /// Take a deferred drain's worker out of every replica now; what could not be removed is
+    /// returned (said as a warning: the router gate finds the old entry and deals with it).
+    async fn take_out_deferred(&self, w: &Worker, d: &Deferred) -> Vec<String> {
+        let mut refused = Vec::new();
+        for (r, id) in &d.entries {
+            if let Err(e) = self.probes.deregister(*r, id).await {
+                refused.push(format!("the router refused to remove {}: {e}", w.url));
+            }
+        }
+        refused
     }
 
     /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry

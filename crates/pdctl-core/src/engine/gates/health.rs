@@ -1,23 +1,45 @@
-//! The health gate: `/health` (and `/ready` where served) answers 200 for the same run.
+//! The health gate: `/health` (and `/ready` where served) answers 200 for the same run — or, for a
+//! PD worker whose pair gate follows, `/ready` alone where it is served.
 
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
 use crate::cause::{Cause, Phase};
-use crate::config::Worker;
+use crate::config::{Role, Worker};
 use crate::engine::step::{within, Fail, POLL};
 use crate::engine::Engine;
 use crate::judge::crashed_since;
 use crate::ports::{Health, Logs, Probes, UnitState, Units};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    pub(in crate::engine) async fn health(&self, w: &Worker, after: Option<&UnitState>) -> Result<Value, Fail> {
+    /// `pair_follows`: the pair gate runs next (a restart, a re-verification); `check` has none.
+    pub(in crate::engine) async fn health(&self, w: &Worker, after: Option<&UnitState>, pair_follows: bool) -> Result<Value, Fail> {
         let t0 = Instant::now();
         let limit = self.settings.rollout.health_timeout;
         let mut attempts = 0u32;
+        // A PD worker's pair gate sends it a real PD request next, which proves generation: its
+        // `/ready` (an instant answer) is enough here. SGLang 0.5.23's `/health` runs a generate
+        // and sleeps 1 s before it looks (`entrypoints/http_server.py:722-800`): a second of
+        // every PD restart's outage, measured. A server without `/ready` is asked `/health`.
+        let mut ready_served = pair_follows && w.role != Role::Regular && self.settings.verify.pair;
         loop {
             attempts += 1;
+            if ready_served {
+                let last = match within(t0, limit, self.probes.ready(&w.url)).await {
+                    Some(Some(Health::Up)) => {
+                        return Ok(json!({ "attempts": attempts, "checked": ["/ready"], "generate_proved_by": "the pair gate's PD request" }))
+                    }
+                    Some(None) => {
+                        ready_served = false;
+                        continue;
+                    }
+                    Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/ready: {s}"),
+                    None => "/ready did not answer".into(),
+                };
+                self.health_wait(w, after, t0, &last).await?;
+                continue;
+            }
             let last = match within(t0, limit, self.probes.health(&w.url)).await {
                 // Where the server serves `/ready` (0.5.23), it must say ready too: `/health` can
                 // answer 200 again after a failed PD warm-up, and a paused server is not serving.
@@ -31,16 +53,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Some(Health::Down(s)) => s,
                 None => "no answer".into(),
             };
-            if let Some(after) = after {
-                let st = self.units.state(&w.unit).await?;
-                if let Some(why) = crashed_since(&st, after) {
-                    return Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Health, why }.into());
-                }
-            }
-            if t0.elapsed() >= limit {
-                return Err(Cause::HealthTimeout { url: w.url.clone(), after: limit, last }.into());
-            }
-            tokio::time::sleep(POLL).await;
+            self.health_wait(w, after, t0, &last).await?;
         }
+    }
+
+    /// Between two attempts: `Err` when the unit crashed since `after` or the gate's time is
+    /// up (`last`: what the last attempt saw), else a pause.
+    async fn health_wait(&self, w: &Worker, after: Option<&UnitState>, t0: Instant, last: &str) -> Result<(), Fail> {
+        if let Some(after) = after {
+            let st = self.units.state(&w.unit).await?;
+            if let Some(why) = crashed_since(&st, after) {
+                return Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Health, why }.into());
+            }
+        }
+        let limit = self.settings.rollout.health_timeout;
+        if t0.elapsed() >= limit {
+            return Err(Cause::HealthTimeout { url: w.url.clone(), after: limit, last: last.to_string() }.into());
+        }
+        tokio::time::sleep(POLL).await;
+        Ok(())
     }
 }

@@ -3,6 +3,7 @@
 mod bake;
 pub use bake::{BakeLook, BakeMarks};
 mod drain;
+pub(in crate::engine) use drain::Deferred;
 mod health;
 mod metrics;
 mod pair;

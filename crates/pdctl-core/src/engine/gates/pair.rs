@@ -136,15 +136,25 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
     }
 
-    /// Whether a peer serves (`/health` 200). One restarting at the same time is waited for, up
-    /// to its ready and health timeouts.
+    /// Whether a peer serves: `/ready` 200 where the server serves it (SGLang 0.5.23: not
+    /// shutting down, not paused, its warm-up generate succeeded — an instant answer), else
+    /// `/health` 200 (0.5.23's `/health` runs a generate and sleeps 1 s before it looks,
+    /// `entrypoints/http_server.py:722-800`: a second per pair gate). The probe that follows
+    /// proves the pair itself. One restarting at the same time is waited for, up to its ready and
+    /// health timeouts.
     pub(in crate::engine) async fn peer_serves(&self, peer: &Worker, restarting: bool) -> Result<(), String> {
         let t0 = Instant::now();
         let limit = if restarting { self.settings.rollout.ready_timeout + self.settings.rollout.health_timeout } else { Duration::ZERO };
+        let cap = limit.max(Duration::from_secs(30));
         loop {
-            let why = match within(t0, limit.max(Duration::from_secs(30)), self.probes.health(&peer.url)).await {
-                Some(Health::Up) => return Ok(()),
-                Some(Health::Unavailable(s)) | Some(Health::Down(s)) => s,
+            let why = match within(t0, cap, self.probes.ready(&peer.url)).await {
+                Some(Some(Health::Up)) => return Ok(()),
+                Some(Some(Health::Unavailable(s) | Health::Down(s))) => s,
+                Some(None) => match within(t0, cap, self.probes.health(&peer.url)).await {
+                    Some(Health::Up) => return Ok(()),
+                    Some(Health::Unavailable(s)) | Some(Health::Down(s)) => s,
+                    None => "no answer".into(),
+                },
                 None => "no answer".into(),
             };
             if t0.elapsed() >= limit {
