@@ -11,7 +11,10 @@
 //!         (default 10; ONLY: run only the cases whose "gateway layout procedure" contains it,
 //!         e.g. "smg 1.13.0 1P1D together"; RUNS: each case that many times, the cases taking
 //!         turns so that a slow spell of the machine falls on all of them, and the ratios use
-//!         each case's median — the seed's window alone varies 4.6-8.1 s run to run)
+//!         each case's median — the seed's window alone varies 4.6-8.1 s run to run;
+//!         LOAD_SECS: the simulated servers' weight load, 1.5 s by default — past 10 s a restarted
+//!         prefill is gone long enough for a decode's heartbeat, 2 missed checks 5 s apart, to drop
+//!         its cached entry, as with a real 60-80 s start)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,8 +74,9 @@ enum Procedure {
     Seed,
 }
 
-fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64) -> (String, (f64, f64)) {
-    let opts = StackOptions { gateway, pairs, ..Default::default() };
+fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Option<f64>) -> (String, (f64, f64)) {
+    let defaults = StackOptions::default();
+    let opts = StackOptions { gateway, pairs, load_secs: load_secs.unwrap_or(defaults.load_secs), ..defaults };
     let stack = Stack::boot(&opts).expect("stack");
     stack.wait_ready(Duration::from_secs(60)).expect("ready");
     stack.wait_router_healthy(stack.workers().len(), Duration::from_secs(60)).expect("router admits all");
@@ -157,7 +161,11 @@ fn main() {
     let rate: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10.0);
     let only = std::env::args().nth(2).unwrap_or_default();
     let runs: usize = std::env::args().nth(3).and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
-    println!("pdctl availability benchmark: a steady load of {rate} requests/s through the real router, its own client; {runs} run(s) of each case");
+    let load_secs: Option<f64> = std::env::args().nth(4).and_then(|a| a.parse().ok());
+    println!(
+        "pdctl availability benchmark: a steady load of {rate} requests/s through the real router, its own client; {runs} run(s) of each case; the simulated weight load {}",
+        load_secs.map(|s| format!("{s} s")).unwrap_or_else(|| format!("{} s (the sandbox's)", StackOptions::default().load_secs))
+    );
     let median = |mut v: Vec<f64>| -> f64 {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
@@ -170,7 +178,7 @@ fn main() {
                 if !format!("{} {pairs}P{pairs}D {procedure}", gateway.name()).contains(&only) {
                     continue;
                 }
-                let (line, figures) = run(gateway, pairs, how, rate);
+                let (line, figures) = run(gateway, pairs, how, rate, load_secs);
                 println!("{line}");
                 all.entry((pairs, procedure)).or_default().push(figures);
             }
