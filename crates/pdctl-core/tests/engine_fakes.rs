@@ -51,6 +51,10 @@ struct World {
     weights_fail: Vec<String>,
     /// Weight calls, in order: `pause URL`, `load URL PATH`, `continue URL`.
     weight_log: Vec<String>,
+    /// Workers serve `/ready` (SGLang 0.5.23; by default they do not, as before 0.5.23).
+    ready_served: bool,
+    /// `/health` calls, by URL, in order.
+    health_asked: Vec<String>,
 }
 
 /// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
@@ -180,14 +184,17 @@ impl Logs for FakeLogs {
 struct FakeProbes(W);
 impl Probes for FakeProbes {
     async fn health(&self, url: &str) -> Health {
-        if self.0.lock().unwrap().unhealthy.iter().any(|u| u == url) {
+        let mut w = self.0.lock().unwrap();
+        w.health_asked.push(url.to_string());
+        if w.unhealthy.iter().any(|u| u == url) {
             Health::Unavailable("503".into())
         } else {
             Health::Up
         }
     }
-    async fn ready(&self, _url: &str) -> Option<Health> {
-        None
+    async fn ready(&self, url: &str) -> Option<Health> {
+        let w = self.0.lock().unwrap();
+        w.ready_served.then(|| if w.unhealthy.iter().any(|u| u == url) { Health::Unavailable("503".into()) } else { Health::Up })
     }
     async fn kv(&self, _url: &str) -> Result<KvReport, MetricsError> {
         Ok(KvReport {
@@ -635,6 +642,27 @@ async fn the_only_worker_of_its_role_is_taken_out_by_its_restart_not_before_it()
     assert!(at("settle_now w1") < at("deregister w1 after 1 restart(s)"), "settle 0 set first, the removal during the restart: {log:?}");
     // The drain was written down before anything touched the gateway, and undone at re-admission.
     assert!(w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p"), "re-admitted");
+}
+
+/// Where the servers serve `/ready` (0.5.23), a PD worker's health gate and its pair gate's
+/// check of the peer ask `/ready` alone: 0.5.23's `/health` sleeps 1 s in its generate, and the
+/// pair gate's PD request proves generation. Without `/ready` both ask `/health`, as before.
+#[tokio::test]
+async fn pd_health_and_the_pair_peer_check_ask_ready_where_it_is_served() {
+    let w = world();
+    w.lock().unwrap().ready_served = true;
+    let (summary, events) = run_only(&w, settings(), &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let health = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Health && e.status == Status::Passed).expect("health passed");
+    assert_eq!(health.detail["checked"], serde_json::json!(["/ready"]), "{}", health.detail);
+    assert!(w.lock().unwrap().pairs.iter().any(|(p, d)| p == "http://p" && d == "http://d"), "the pair was probed");
+    assert_eq!(w.lock().unwrap().health_asked, Vec::<String>::new(), "no /health: neither the worker's nor its peer's");
+
+    let w = world();
+    let (summary, _) = run_only(&w, settings(), &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let asked = w.lock().unwrap().health_asked.clone();
+    assert!(asked.iter().any(|u| u == "http://p") && asked.iter().any(|u| u == "http://d"), "without /ready: /health of both: {asked:?}");
 }
 
 #[tokio::test]
