@@ -114,6 +114,28 @@ fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
     assert_eq!(st["reconciling"], false);
 }
 
+/// 1P1D: the only prefill's drain is deferred — written to the ledger, the worker left in the
+/// gateway. pdctld SIGKILLed right then: the drain is found at the next start and reconciled (the
+/// prefill admitted and serving, whatever its restart had reached), the ledger empty again.
+#[test]
+fn sigkill_right_after_a_deferred_drain_is_reconciled_at_the_next_start() {
+    let (stack, config, d) = stack_with_pdctld();
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    let drained = c.wait_line(LIMIT, |e| is(e, P, "drain", "passed")).expect("the prefill's drain passed");
+    assert!(drained["detail"]["taken_out"].as_str().is_some_and(|t| t.starts_with("deferred")), "{drained}");
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    let _ = c.finish(Duration::from_secs(20));
+    let id = ledger_rollout(&d);
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    back_in_router(&stack);
+    let rec = record(&d, &id);
+    assert_eq!(rec["lifecycle"]["state"], "interrupted");
+    reconcile_event(&rec, P);
+    assert!(std::fs::read_dir(d.state.join("drains")).unwrap().next().is_none(), "the ledger is empty again");
+    let (_, st) = raw(&d.socket, "GET", "/v1/status", "");
+    assert_eq!(st["drained"], serde_json::json!([]), "{st}");
+}
+
 #[test]
 fn sigkill_while_the_drained_worker_restarts_re_admits_it_only_after_its_gates() {
     let (stack, config, d) = stack_with_pdctld();
