@@ -55,6 +55,10 @@ struct World {
     ready_served: bool,
     /// `/health` calls, by URL, in order.
     health_asked: Vec<String>,
+    /// Units' `TimeoutStopSec=` (absent: infinity).
+    timeout_stop: HashMap<String, Duration>,
+    /// A restart job takes this long, its old process gone at once (`None`: it ends at once).
+    restart_takes: Option<Duration>,
 }
 
 /// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
@@ -126,7 +130,14 @@ impl Units for FakeUnits {
         let w = self.0.lock().unwrap();
         let environment = w.env.get(unit).cloned().unwrap_or_default();
         let need_daemon_reload = w.need_reload.iter().any(|u| u == unit);
-        Ok(UnitConfig { exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]], environment, need_daemon_reload, ..Default::default() })
+        let timeout_stop = w.timeout_stop.get(unit).copied();
+        Ok(UnitConfig {
+            exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]],
+            environment,
+            need_daemon_reload,
+            timeout_stop,
+            ..Default::default()
+        })
     }
     async fn reload(&self) -> Result<(), UnitsError> {
         let mut w = self.0.lock().unwrap();
@@ -141,6 +152,13 @@ impl Units for FakeUnits {
         Ok(NoWatch)
     }
     async fn restart(&self, unit: &str, _t: Duration) -> Result<JobOutcome, UnitsError> {
+        let takes = self.0.lock().unwrap().restart_takes;
+        if let Some(t) = takes {
+            if let Some(st) = self.0.lock().unwrap().states.get_mut(unit) {
+                (st.main_pid, st.active_state, st.sub_state) = (0, "activating".into(), "start-pre".into());
+            }
+            tokio::time::sleep(t).await;
+        }
         let mut w = self.0.lock().unwrap();
         w.next_pid += 1;
         let st = state(&format!("inv{}", w.next_pid), w.next_pid);
@@ -642,6 +660,40 @@ async fn the_only_worker_of_its_role_is_taken_out_by_its_restart_not_before_it()
     assert!(at("settle_now w1") < at("deregister w1 after 1 restart(s)"), "settle 0 set first, the removal during the restart: {log:?}");
     // The drain was written down before anything touched the gateway, and undone at re-admission.
     assert!(w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p"), "re-admitted");
+}
+
+/// A deferred worker whose old process is gone before any drain check was logged (killed,
+/// crashed) serves nothing: it is taken out then, not when the restart job ends.
+#[tokio::test]
+async fn a_deferred_worker_whose_old_process_is_gone_is_taken_out_then() {
+    let w = world();
+    let s = with_router(&w, true);
+    w.lock().unwrap().restart_takes = Some(Duration::from_secs(2));
+    let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let restart =
+        events.iter().find(|e| e.unit == "p.service" && e.step == Step::Restart && e.status == Status::Passed).expect("restart passed").detail.clone();
+    assert!(restart["taken_out"]["when"].as_str().is_some_and(|t| t.contains("old process was gone")), "{restart}");
+    assert!(restart["taken_out"]["after_ms"].as_u64().is_some_and(|ms| ms < 2000), "before the job ended: {restart}");
+    let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+    assert!(log.iter().any(|l| l.starts_with("deregister w1 after 0 restart(s)")), "out while the restart job ran: {log:?}");
+}
+
+/// A stop that would SIGKILL the only worker of its role before SGLang's first drain check (5 s
+/// after SIGTERM) would kill it while the gateway still routes to it: its drain takes it out
+/// before the stop, as for any other worker, and says why it was not deferred.
+#[tokio::test]
+async fn the_only_worker_whose_stop_ends_before_the_first_drain_check_is_taken_out_before_it() {
+    let w = world();
+    let s = with_router(&w, true);
+    w.lock().unwrap().timeout_stop.insert("p.service".into(), Duration::from_secs(1));
+    let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+    assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+    let drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("drain passed").detail.clone();
+    assert!(drain["not_deferred"].as_str().is_some_and(|t| t.contains("TimeoutStopSec=1.0s")), "{drain}");
+    let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+    let at = |prefix: &str| log.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {log:?}"));
+    assert!(at("deregister w1 after 0 restart(s)") < at("register http://p"), "out before its restart: {log:?}");
 }
 
 /// Where the servers serve `/ready` (0.5.23), a PD worker's health gate and its pair gate's

@@ -36,6 +36,12 @@ pub(in crate::engine) struct Deferred {
 const IDLE_LOOK: Duration = Duration::from_secs(1);
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
+/// How much longer than SGLang's first drain check ([`crate::stop::WATCHDOG_PERIOD`] after
+/// SIGTERM) a deferred worker's `TimeoutStopSec=` must be: a stop that SIGKILLs it before that
+/// check kills it while the gateway still routes to it (every request sent then fails, and on smg
+/// each counts against the decode's breaker too).
+const FIRST_CHECK_MARGIN: Duration = Duration::from_secs(2);
+
 /// Why a drain is deferred, and what its look at the worker's load saw.
 #[derive(Debug)]
 struct Deferral {
@@ -174,13 +180,29 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
     ///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
     ///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
-    ///   `drain_timeout` and two drain checks.
+    ///   `drain_timeout` and two drain checks;
+    /// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
+    ///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
+    ///   requests.
     async fn defers_take_out(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
         if ctx.hold.is_some() {
             return Err("held out by the coherent switch".into());
         }
         if ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout {
             return Err("what it runs after the drain is to be aborted".into());
+        }
+        // `None`: TimeoutStopSec=infinity.
+        let stop_bound = match self.units.config(&w.unit).await {
+            Ok(c) => c.timeout_stop,
+            Err(e) => return Err(format!("its TimeoutStopSec could not be read ({e})")),
+        };
+        let first_check = crate::stop::WATCHDOG_PERIOD + FIRST_CHECK_MARGIN;
+        if let Some(t) = stop_bound.filter(|t| *t < first_check) {
+            return Err(format!(
+                "its TimeoutStopSec={:.1}s would SIGKILL it before SGLang's first drain check ({} s after SIGTERM), while the gateway still routes to it",
+                t.as_secs_f64(),
+                crate::stop::WATCHDOG_PERIOD.as_secs()
+            ));
         }
         let t0 = Instant::now();
         let (mut samples, mut busy) = (0u32, 0u32);
@@ -205,13 +227,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 IDLE_LOOK.as_secs_f64()
             ));
         }
-        let stop_bound = self.units.config(&w.unit).await.ok().map(|c| c.timeout_stop);
-        let covers = |t: Option<Duration>| t.is_none_or(|t| t >= self.settings.rollout.drain_timeout + 2 * crate::stop::WATCHDOG_PERIOD);
-        let why = match (last, stop_bound) {
-            (Some(0), _) => "it runs no request now".to_string(),
-            (_, Some(t)) if covers(t) => format!(
+        let covers = stop_bound.is_none_or(|t| t >= self.settings.rollout.drain_timeout + 2 * crate::stop::WATCHDOG_PERIOD);
+        let why = match last {
+            Some(0) => "it runs no request now".to_string(),
+            _ if covers => format!(
                 "its TimeoutStopSec={} covers drain_timeout and two of SGLang's drain checks",
-                t.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
+                stop_bound.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
             ),
             _ => return Err("it still runs a request, and its TimeoutStopSec alone would give that less time than drain_timeout and the stop".into()),
         };
@@ -279,9 +300,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
         // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
         // nothing, so it is taken out then, and the outage on record starts there.
-        let gateway_gave_up = async {
+        // Or its old process is gone (killed or crashed before a check was logged): nothing
+        // serves at its address until the new one is up.
+        let serves_no_more = async {
             loop {
                 tokio::time::sleep(POLL).await;
+                if let Ok(st) = self.units.state(&w.unit).await {
+                    if st.main_pid == 0 || (!old_invocation.is_empty() && st.invocation_id != old_invocation) {
+                        return format!("when its old process was gone before a drain check was logged ({}/{})", st.active_state, st.sub_state);
+                    }
+                }
                 for (r, id) in &d.entries {
                     if let Ok(list) = self.probes.router_workers(*r).await {
                         match list.iter().find(|x| &x.id == id) {
@@ -306,7 +334,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Some(l) => format!("at its server's first drain check: {}", crate::stop::remaining_part(&l)),
                 None => "when the journal could no longer be followed during its stop".to_string(),
             }),
-            why = gateway_gave_up => (None, why),
+            why = serves_no_more => (None, why),
         };
         let at = Instant::now();
         let refused = self.take_out_deferred(w, d).await;
