@@ -507,7 +507,7 @@ fn journal_time(stack: &Stack, unit: &str, mark: &str) -> Option<u64> {
 }
 
 /// The only decode (or prefill: 1P1D) serves through its stop's drain: its drain step writes the ledger and
-/// leaves it in the gateway (on smg 1.13 with `drain_settle_secs` set to 0 and its health checks off by `PATCH`), the
+/// leaves it in the gateway (on smg 1.13 with `drain_settle_secs` set to 0 by `PATCH`), the
 /// restart takes it out at SGLang's first drain check, and requests through the gateway sent
 /// after its SIGTERM and before that check are answered.
 fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gateway, unit: &str) {
@@ -543,20 +543,19 @@ fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gatewa
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let drain = &r.event(unit, "drain", "passed")["detail"];
     assert!(drain["taken_out"].as_str().is_some_and(|t| t.starts_with(&format!("deferred: the only {role} worker"))), "{drain}");
-    let smg = gateway == Gateway::Smg113;
-    if smg {
+    if gateway == Gateway::Smg113 {
         assert_eq!(drain["drain_settle_secs"], 0, "smg took the PATCH: {drain}");
-        assert!(drain["health_checks"].as_str().is_some_and(|t| t.starts_with("off until it is taken out")), "{drain}");
     }
     let restart = &r.event(unit, "restart", "passed")["detail"];
     let taken = &restart["taken_out"];
-    // At the drain check. On 0.3.2 (no per-worker health settings) also earlier, when the
-    // gateway's own health checks (1 s apart on the sandbox) stopped routing to it first; smg's
-    // are off for it until then.
+    // At the drain check, at its deadline before it (5 s × (1 − its busy share) after SIGTERM),
+    // or earlier when the gateway's own health checks (1 s apart on the sandbox) stopped routing
+    // to it first.
+    let by_ms = drain["take_out_by_ms"].as_u64().expect("a deadline");
     assert!(
-        taken["when"]
-            .as_str()
-            .is_some_and(|w| w.starts_with("at its server's first drain check") || (!smg && w.starts_with("when the gateway's own health checks"))),
+        taken["when"].as_str().is_some_and(|w| w.starts_with("at its server's first drain check")
+            || w.starts_with("when the gateway's own health checks")
+            || (w.contains("s after its SIGTERM, before its server's first drain check") && taken["after_ms"].as_u64().is_some_and(|ms| ms >= by_ms))),
         "{restart:#}"
     );
     assert_eq!(taken["warning"], serde_json::Value::Null, "{restart:#}");
@@ -568,15 +567,15 @@ fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gatewa
     let line = shown.lines().find(|l| l.contains("out of the router:")).unwrap_or_else(|| panic!("a window line: {shown}")).to_string();
     assert!(!line.contains("drain") && line.contains("stop"), "{line}");
     // Served through its drain: every request sent after the SIGTERM line and answered before the
-    // drain check went through the gateway to this worker. On smg up to the check itself (its
-    // health checks of the worker are off meanwhile); on 0.3.2 until its own health checks see
-    // the 503 that SGLang's /health answers while it drains: 3 failed checks (its default failure
-    // threshold) one `--health-check-interval-secs` apart, so not before two intervals after the
-    // SIGTERM (in production, with the default 60 s interval, minutes).
+    // drain check went through the gateway to this worker — until the gateway's own health
+    // checks see the 503 that SGLang's /health answers while it drains: 3 failed checks (both
+    // gateways' default failure threshold) one `--health-check-interval-secs` apart, so not
+    // before two intervals after the SIGTERM (in production, with smg's default 60 s interval,
+    // minutes).
     let sigterm = journal_time(&stack, unit, "Draining requests and shutting down").expect("the worker logged its SIGTERM");
     let check = journal_time(&stack, unit, "Gracefully exiting... Remaining number of requests").expect("the worker logged its drain check");
     let interval_us = u64::from(StackOptions::default().router_health_interval_secs) * 1_000_000;
-    let horizon = if smg { check } else { check.min(sigterm + 2 * interval_us) };
+    let horizon = check.min(sigterm + 2 * interval_us);
     let during: Vec<_> = seen.iter().filter(|(sent, answered, _)| *sent > sigterm && *answered < horizon).collect();
     if during.is_empty() {
         eprintln!("could not observe serving during the stop: its drain check came {} ms after SIGTERM", (check - sigterm) / 1000);

@@ -37,11 +37,6 @@ pub struct Drain {
     /// plain one (re-admitting it could pair two models); see [`Hold`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
-    /// The gateway's own health checks of it are off (smg 1.x, set by pdctl for the only worker
-    /// of its role while it serves through its stop's drain): whoever undoes this drain while
-    /// the gateway still lists that entry turns them on again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub health_checks_off: bool,
 }
 
 /// Why a coherent switch keeps a worker out of the gateway (a rollout whose change alters the
@@ -179,7 +174,6 @@ mod tests {
             router_id: "w1".into(),
             rollout_id: "r1".into(),
             drained_at: 1,
-            health_checks_off: false,
         };
         l.record(&d).unwrap();
         assert_eq!(l.get("p.service"), Some(d.clone()));

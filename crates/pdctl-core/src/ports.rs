@@ -209,18 +209,6 @@ impl MetricsError {
     }
 }
 
-/// A change to one worker's own health settings in a gateway that has them (smg 1.x, `PATCH
-/// /workers/{id}` `{"health": ...}`); `None` leaves a setting as it is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HealthOverride {
-    /// `drain_settle_secs`: how long a removal keeps it listed `draining` (smg's default 5 s);
-    /// 0 removes it at once.
-    pub drain_settle_secs: Option<u64>,
-    /// `disable_health_check`: `true` stops the gateway's own health checks of it (it stays
-    /// routable whatever its `/health` answers), `false` starts them again.
-    pub disable_health_check: Option<bool>,
-}
-
 /// One worker as the router lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RouterWorker {
@@ -329,9 +317,9 @@ pub trait Probes: Send + Sync {
     fn router_workers(&self, r: usize) -> impl Future<Output = Result<Vec<RouterWorker>, HttpFailure>> + Send;
     /// Add a worker to replica `r`; returns its id there.
     fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> impl Future<Output = Result<String, HttpFailure>> + Send;
-    /// Replica `r` (smg 1.x) changes worker `id`'s own health settings: only the fields of `o`
-    /// that are given.
-    fn set_health(&self, r: usize, id: &str, o: HealthOverride) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// Replica `r` (smg 1.x) removes worker `id` at its next removal without keeping it listed
+    /// `draining` first (its `drain_settle_secs` set to 0).
+    fn settle_now(&self, r: usize, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// Remove a worker from replica `r` by its id there.
     fn deregister(&self, r: usize, id: &str) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// Replica `r`'s circuit-breaker state of a worker (`None`: not exported).

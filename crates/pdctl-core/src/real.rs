@@ -14,8 +14,8 @@ use crate::config::{BusSetting, Settings};
 use crate::engine::Engine;
 use crate::pairing::{Half, PairProbe, PdQueues};
 use crate::ports::{
-    Auth, Follow, Health, HealthOverride, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker,
-    UnitConfig, UnitState, Units, UnitsError, Watch,
+    Auth, Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState,
+    Units, UnitsError, Watch,
 };
 
 fn units_error(e: pdctl_systemd::Error) -> UnitsError {
@@ -248,8 +248,8 @@ impl Probes for HttpProbes {
     async fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
         self.routers.get(r).ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)
     }
-    async fn set_health(&self, r: usize, id: &str, o: HealthOverride) -> Result<(), HttpFailure> {
-        self.routers.get(r).ok_or_else(no_router)?.set_health(&self.http, id, o.drain_settle_secs, o.disable_health_check).await.map_err(failure)
+    async fn settle_now(&self, r: usize, id: &str) -> Result<(), HttpFailure> {
+        self.routers.get(r).ok_or_else(no_router)?.set_drain_settle(&self.http, id, 0).await.map_err(failure)
     }
     async fn deregister(&self, r: usize, id: &str) -> Result<(), HttpFailure> {
         self.routers.get(r).ok_or_else(no_router)?.deregister(&self.http, id).await.map_err(failure)

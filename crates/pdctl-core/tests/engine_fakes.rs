@@ -13,8 +13,8 @@ use pdctl_core::events::{Event, Outcome, Status, Step};
 use pdctl_core::pairing::{Half, PairProbe, PdQueues};
 use pdctl_core::plan::Plan;
 use pdctl_core::ports::{
-    Follow, Health, HealthOverride, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig,
-    UnitState, Units, UnitsError, Watch,
+    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
+    UnitsError, Watch,
 };
 use pdctl_probe::quantile::Histogram;
 use pdctl_probe::service::ServiceScrape;
@@ -259,10 +259,10 @@ impl Probes for FakeProbes {
         r.log.push(format!("register {u}"));
         Ok(r.add(u, t))
     }
-    async fn set_health(&self, _r: usize, id: &str, o: HealthOverride) -> Result<(), HttpFailure> {
+    async fn settle_now(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
         let mut w = self.0.lock().unwrap();
         let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
-        r.log.push(format!("set_health {id} settle={:?} checks_off={:?}", o.drain_settle_secs, o.disable_health_check));
+        r.log.push(format!("settle_now {id}"));
         Ok(())
     }
     async fn deregister(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
@@ -468,7 +468,6 @@ async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
         rollout_id: "r1".into(),
         drained_at: 0,
         hold: None,
-        health_checks_off: false,
     };
     ledger.record(&d).unwrap();
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: settings(), coordinator: None };
@@ -481,43 +480,6 @@ async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
     assert!(cause.sentence().contains("auto-restart"), "{}", cause.sentence());
     assert!(ledger.get("p.service").is_some(), "the drain stays on record");
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A deferred drain turned the gateway's own health checks of its entry off; pdctld died before
-/// the restart took the entry out. Undoing that drain turns them on again before the worker is
-/// judged admitted (left off, the gateway would route to it whatever its `/health` said).
-#[tokio::test]
-async fn undoing_a_deferred_drain_turns_the_gateways_health_checks_on_again() {
-    use pdctl_core::drains::{Drain, Ledger};
-    for checks_off in [true, false] {
-        let w = world();
-        let s = with_router(&w, true);
-        let dir = std::env::temp_dir().join(format!("pdctl-fake-ledger-checks-{}-{checks_off}", std::process::id()));
-        let ledger = Ledger::open(&dir).unwrap();
-        let invocation_id = w.lock().unwrap().states["p.service"].invocation_id.clone();
-        let d = Drain {
-            unit: "p.service".into(),
-            url: "http://p".into(),
-            role: pdctl_core::config::Role::Prefill,
-            bootstrap_port: None,
-            invocation_id,
-            router_id: "w1".into(),
-            rollout_id: "r1".into(),
-            drained_at: 0,
-            hold: None,
-            health_checks_off: checks_off,
-        };
-        ledger.record(&d).unwrap();
-        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let note = tokio::time::timeout(Duration::from_secs(60), engine.reconcile(&d, &ledger, Duration::from_secs(30), &tx)).await.expect("bounded").unwrap();
-        assert!(note.contains("back in the router"), "{note}");
-        let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
-        let on_again = log.iter().any(|l| l == "set_health w1 settle=None checks_off=Some(false)");
-        assert_eq!(on_again, checks_off, "health checks turned on again only where they were turned off: {log:?}");
-        assert!(ledger.get("p.service").is_none(), "the drain is undone");
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 fn with(extra: &str) -> Settings {
@@ -701,11 +663,7 @@ async fn the_only_worker_of_its_role_is_taken_out_by_its_restart_not_before_it()
     assert!(restart["taken_out"]["when"].as_str().is_some_and(|t| t.contains("restart job ended")), "no drain check in these logs: {restart}");
     let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
     let at = |prefix: &str| log.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {log:?}"));
-    assert!(
-        at("set_health w1 settle=Some(0) checks_off=Some(true)") < at("deregister w1 after 1 restart(s)"),
-        "settle 0 and the gateway's health checks off first (SGLang's /health answers 503 while it drains, and it serves), the removal during the restart: {log:?}"
-    );
-    assert_eq!(drain["health_checks"].as_str().map(|t| t.starts_with("off until it is taken out")), Some(true), "{drain}");
+    assert!(at("settle_now w1") < at("deregister w1 after 1 restart(s)"), "settle 0 set first, the removal during the restart: {log:?}");
     // The drain was written down before anything touched the gateway, and undone at re-admission.
     assert!(w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p"), "re-admitted");
 }

@@ -541,24 +541,15 @@ impl Router {
         Ok(exported.then(|| (of("success"), of("failure"))))
     }
 
-    /// smg 1.x: `PATCH /workers/{id}` `{"health": {...}}` with the fields given — a partial
-    /// health update (`HealthCheckUpdate` in smg's `crates/protocols/src/worker.rs`), applied by
-    /// the `update_worker_properties` workflow step, which keeps the worker's type, bootstrap
-    /// port and status. `drain_settle_secs`: how long its next `DELETE` keeps the worker listed
-    /// `draining` before removing it (5 s by default); `disable_health_check`: whether the
-    /// gateway's own health checks judge it (a worker whose checks are off stays routable
-    /// whatever its `/health` says). smg answers 202 and applies it as a job. sglang-router
-    /// 0.3.2 has no such route.
-    pub async fn set_health(&self, http: &Http, id: &str, drain_settle_secs: Option<u64>, disable_health_check: Option<bool>) -> Result<(), HttpError> {
+    /// smg 1.x: `PATCH /workers/{id}` `{"health": {"drain_settle_secs": secs}}` — how long its
+    /// next `DELETE` keeps the worker listed `draining` before removing it (5 s by default; a
+    /// partial health update, `HealthCheckUpdate` in smg's `crates/protocols/src/worker.rs`,
+    /// applied by the `update_worker_properties` workflow step, which keeps the worker's type,
+    /// bootstrap port and status). smg answers 202 and applies it as a job. sglang-router 0.3.2
+    /// has no such route and no settle.
+    pub async fn set_drain_settle(&self, http: &Http, id: &str, secs: u64) -> Result<(), HttpError> {
         let u = format!("{}/workers/{id}", self.url.trim_end_matches('/'));
-        let mut health = serde_json::Map::new();
-        if let Some(s) = drain_settle_secs {
-            health.insert("drain_settle_secs".into(), json!(s));
-        }
-        if let Some(d) = disable_health_check {
-            health.insert("disable_health_check".into(), json!(d));
-        }
-        let (status, body) = http.patch_json(&u, &json!({ "health": health })).await?;
+        let (status, body) = http.patch_json(&u, &json!({"health": {"drain_settle_secs": secs}})).await?;
         if (200..300).contains(&status) {
             Ok(())
         } else {

@@ -227,8 +227,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 };
                 // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
                 // the rollout lock for the whole budget.
-                let gone =
-                    st.active_state == "failed" || st.sub_state == "auto-restart" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+                let gone = st.active_state == "failed" || st.sub_state == "auto-restart" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
                 if gone || t0.elapsed() >= budget {
                     return Err(Fail::from(Cause::DrainNotRestored {
                         unit: d.unit.clone(),
@@ -237,16 +236,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
                 tokio::time::sleep(POLL).await;
             }
-            // A deferred drain turned the gateway's own health checks of the entry off (smg 1.x):
-            // an entry still listed gets them back before it is judged admitted.
-            let checks = if d.health_checks_off { Some(self.checks_on_again(&w.url).await) } else { None };
             let admitted = self.router(&w, true, false).await?;
             ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
-            Ok(json!({
-                "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64,
-                "health_checks_on_again": checks.as_ref().map(|c| c.0),
-                "warning": checks.filter(|c| !c.1.is_empty()).map(|c| c.1.join("; ")),
-            }))
+            Ok(json!({ "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64 }))
         }
         .await;
         match r {
@@ -389,7 +381,6 @@ mod held_tests {
             rollout_id: "r1".into(),
             drained_at: 0,
             hold,
-            health_checks_off: false,
         }
     }
 

@@ -234,7 +234,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 .collect();
             if let Some(l) = ctx.ledger {
                 let id = entries.first().map(|(_, id)| id.clone()).unwrap_or_default();
-                self.record_drain(l, w, &id, ctx.id, Some(Hold::Old), false).await.map_err(|f| (w, f))?;
+                self.record_drain(l, w, &id, ctx.id, Some(Hold::Old)).await.map_err(|f| (w, f))?;
             }
             for (r, id) in &entries {
                 self.probes

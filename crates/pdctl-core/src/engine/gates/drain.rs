@@ -12,7 +12,7 @@ use crate::drains::{Drain, Hold, Ledger};
 use crate::engine::step::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
-use crate::ports::{Follow, HealthOverride, JobOutcome, Logs, Probes, RouterWorker, Units, UnitsError};
+use crate::ports::{Follow, JobOutcome, Logs, Probes, RouterWorker, Units, UnitsError};
 
 /// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
 /// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
@@ -25,16 +25,11 @@ use crate::ports::{Follow, HealthOverride, JobOutcome, Logs, Probes, RouterWorke
 /// them done (the same wait a drain before the stop would have had, rounded up to a check). Or
 /// before that check, at a deadline after SIGTERM set by how busy it was ([`take_out_by`]), so
 /// that a busy worker's requests end before the check instead of holding the stop 5 s more. At
-/// the latest when the restart job ends. The ledger is written before the stop, as for any drain;
-/// on smg 1.x the gateway's own health checks of it are off meanwhile (they would see SGLang's
-/// `/health` 503 during the drain and stop routing to it early, on their own clock).
+/// the latest when the restart job ends. The ledger is written before the stop, as for any drain.
 #[derive(Debug, Clone)]
 pub(in crate::engine) struct Deferred {
     /// Each replica that lists the worker, and the worker's id there.
     pub(in crate::engine) entries: Vec<(usize, String)>,
-    /// The gateway's own health checks of it were turned off for its drain (smg 1.x): turned on
-    /// again where its removal is refused.
-    checks_off: bool,
     /// Taken out this long after its SIGTERM at the latest, if no drain check came before
     /// ([`take_out_by`]).
     by: Duration,
@@ -43,10 +38,10 @@ pub(in crate::engine) struct Deferred {
 /// When, after its SIGTERM, a deferred worker that ran requests in a fraction `busy` of the
 /// looks at it is taken out of the gateway if its server's first drain check has not come yet.
 /// That check comes at a moment U spread evenly over the 5 s after SIGTERM (the watchdog wakes
-/// every 5 s from the server's start). Taken out at x before it, the outage starts U − x early
-/// and the check finds its requests done (they end within x); taken out at the check itself,
-/// the outage starts at U but the check counts a request with probability `busy`, and SGLang
-/// then waits 5 s more. The expected extra outage, (5 − x)²/10 + 5·busy·x/5, is least at
+/// every 5 s from the server's first request). Taken out at x before it, the outage starts U − x
+/// early and the check finds its requests done (they end within x); taken out at the check
+/// itself, the outage starts at U but the check counts a request with probability `busy`, and
+/// SGLang then waits 5 s more. The expected extra outage, (5 − x)²/10 + busy·x, is least at
 /// x = 5 s × (1 − busy): at the check alone for an idle worker, 2.5 s after SIGTERM for one busy
 /// half the time (the most the deferral takes).
 fn take_out_by(busy: (u32, u32)) -> Duration {
@@ -135,23 +130,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Ok(None);
         };
         let deferral = if another_serves { Err(String::new()) } else { self.defers_take_out(w, ctx).await };
-        // A deferred worker serves through its stop's drain: smg's own health checks would see
-        // the 503 SGLang's `/health` answers meanwhile and stop routing to it seconds before its
-        // drain check (3 failed checks), so they are turned off for it (smg 1.x, which has
-        // per-worker health settings) until the restart takes it out.
-        let checks_off = deferral.is_ok() && entries.iter().any(|(_, e)| e.status.is_some());
         // Written down before the router is touched: whatever happens next (a failed gate, a
         // crash, SIGKILL), the drain is found and undone.
         if let Some(l) = ctx.ledger {
-            self.record_drain(l, w, &entry.id, ctx.id, ctx.hold, checks_off).await?;
+            self.record_drain(l, w, &entry.id, ctx.id, ctx.hold).await?;
         }
         let not_deferred = match deferral {
-            Ok(d) => return Ok(Some(self.defer(w, &entries, d, checks_off).await)),
+            Ok(d) => return Ok(Some(self.defer(w, &entries, d).await)),
             Err(why) => (!why.is_empty()).then_some(why),
         };
         // Alone in its role and drained before its stop all the same: the gateway's settle keeps
         // nothing else serving; it only keeps the restarted worker from being registered again.
-        let settle = if another_serves { (None, Vec::new()) } else { self.settle_now(w, &entries, false).await };
+        let settle = if another_serves { (None, Vec::new()) } else { self.settle_now(w, &entries).await };
         for (r, e) in &entries {
             self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
         }
@@ -271,14 +261,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The deferred drain's detail: nothing is taken out yet. On smg 1.x each entry's
     /// `drain_settle_secs` is set to 0 first: the gateway then removes it at once when the
     /// restart takes it out (the server has said it is done by then; the default 5 s would keep
-    /// the restarted worker from being registered again for what is left of them); and with
-    /// `checks_off` its own health checks are turned off in the same update, so that the 503 of
-    /// SGLang's `/health` during the drain does not stop the gateway routing to it before its
-    /// drain check. Refused, it is a warning: the router gate waits the settle out, and the
-    /// gateway's checks take it out early as before.
-    async fn defer(&self, w: &Worker, entries: &[(usize, RouterWorker)], d: Deferral, checks_off: bool) -> (Value, Option<Deferred>) {
+    /// the restarted worker from being registered again for what is left of them). Refused, it
+    /// is a warning: the router gate waits the settle out.
+    async fn defer(&self, w: &Worker, entries: &[(usize, RouterWorker)], d: Deferral) -> (Value, Option<Deferred>) {
         let Deferral { why, in_flight, busy } = d;
-        let (settle, settle_warnings) = self.settle_now(w, entries, checks_off).await;
+        let (settle, settle_warnings) = self.settle_now(w, entries).await;
         let role = w.role.as_str();
         let by = take_out_by(busy);
         let detail = json!({
@@ -288,46 +275,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             "router_status": entries.first().and_then(|(_, e)| e.status.clone()), "replicas_drained": entries.len(),
             "in_flight_at_start": in_flight, "busy_looks": busy.0, "looks": busy.1,
             "drain_settle_secs": settle,
-            "health_checks": (checks_off && settle.is_some()).then_some("off until it is taken out: SGLang's /health answers 503 while it drains, and it still serves"),
             "warning": (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
         });
-        (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), checks_off, by }))
+        (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
     }
 
     /// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
-    /// that its removal takes it out at once, and with `checks_off` the gateway's own health
-    /// checks of it turned off (one update). Returns 0 when every such replica took it (`None`:
+    /// that its removal takes it out at once. Returns 0 when every such replica took it (`None`:
     /// no replica has a settle, or one refused) and what the refusals said.
-    async fn settle_now(&self, w: &Worker, entries: &[(usize, RouterWorker)], checks_off: bool) -> (Option<u64>, Vec<String>) {
+    async fn settle_now(&self, w: &Worker, entries: &[(usize, RouterWorker)]) -> (Option<u64>, Vec<String>) {
         let mut refused = Vec::new();
         let mut set = false;
-        let o = HealthOverride { drain_settle_secs: Some(0), disable_health_check: checks_off.then_some(true) };
-        let what = if checks_off { "drain_settle_secs = 0 and its health checks off" } else { "drain_settle_secs = 0" };
         for (r, e) in entries.iter().filter(|(_, e)| e.status.is_some()) {
-            match self.probes.set_health(*r, &e.id, o).await {
+            match self.probes.settle_now(*r, &e.id).await {
                 Ok(()) => set = true,
-                Err(er) => refused.push(format!("the gateway did not take {what} for {}: {er}", w.url)),
+                Err(er) => refused.push(format!("the gateway did not take drain_settle_secs = 0 for {}: {er}", w.url)),
             }
         }
         ((set && refused.is_empty()).then_some(0), refused)
-    }
-
-    /// Turn the gateway's own health checks of a worker on again (smg 1.x; they were turned off
-    /// for its deferred drain) on every replica that still lists `url` as serving: how many
-    /// entries took it, and what was refused.
-    pub(in crate::engine) async fn checks_on_again(&self, url: &str) -> (usize, Vec<String>) {
-        let (mut on_again, mut refused) = (0, Vec::new());
-        let on = HealthOverride { disable_health_check: Some(false), ..HealthOverride::default() };
-        for r in 0..self.probes.replicas() {
-            let Ok(list) = self.probes.router_workers(r).await else { continue };
-            for e in list.iter().filter(|x| crate::config::same_url(&x.url, url) && x.status.is_some() && !x.draining()) {
-                match self.probes.set_health(r, &e.id, on).await {
-                    Ok(()) => on_again += 1,
-                    Err(er) => refused.push(format!("the gateway did not turn its health checks of {url} on again: {er}")),
-                }
-            }
-        }
-        (on_again, refused)
     }
 
     /// The restart job of a worker whose drain was deferred, taking it out of every replica at
@@ -416,18 +381,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 refused.push(format!("the router refused to remove {}: {e}", w.url));
             }
         }
-        // An entry left listed gets the gateway's own health checks back.
-        if d.checks_off && !refused.is_empty() {
-            refused.extend(self.checks_on_again(&w.url).await.1);
-        }
         refused
     }
 
     /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
     /// `router_id`) out of the gateway — before the gateway is touched, so that whatever happens
     /// next (a failed gate, a crash, SIGKILL) the drain is found and undone (`hold`: kept out
-    /// by a coherent switch, see [`Hold`]; `health_checks_off`: the gateway's own health checks
-    /// of the entry are about to be turned off, see [`Drain::health_checks_off`]).
+    /// by a coherent switch, see [`Hold`]).
     pub(in crate::engine) async fn record_drain(
         &self,
         ledger: &Ledger,
@@ -435,7 +395,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         router_id: &str,
         rollout_id: &str,
         ctx_hold: Option<Hold>,
-        health_checks_off: bool,
     ) -> Result<(), Fail> {
         let st = self.units.state(&w.unit).await?;
         let d = Drain {
@@ -448,7 +407,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             rollout_id: rollout_id.to_string(),
             drained_at: crate::lifecycle::now(),
             hold: ctx_hold,
-            health_checks_off,
         };
         ledger.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))
     }

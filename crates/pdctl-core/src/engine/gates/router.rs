@@ -109,7 +109,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn remove_stuck_entry(&self, replica: usize, w: &Worker, x: &RouterWorker, status: &str, ledger: Option<(&Ledger, &str)>) -> Result<(), Fail> {
         tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
         if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
-            self.record_drain(l, w, &x.id, id, None, false).await?;
+            self.record_drain(l, w, &x.id, id, None).await?;
         }
         self.probes
             .deregister(replica, &x.id)
