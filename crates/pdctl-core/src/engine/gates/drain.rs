@@ -45,8 +45,12 @@ pub(in crate::engine) struct Deferred {
 /// x = 5 s × (1 − busy): at the check alone for an idle worker, 2.5 s after SIGTERM for one busy
 /// half the time (the most the deferral takes).
 fn take_out_by(busy: (u32, u32)) -> Duration {
-    let fraction = f64::from(busy.0) / f64::from(busy.1.max(1));
-    crate::stop::WATCHDOG_PERIOD.mul_f64((1.0 - fraction).clamp(0.0, 1.0))
+    crate::stop::WATCHDOG_PERIOD.mul_f64((1.0 - busy_share(busy)).clamp(0.0, 1.0))
+}
+
+/// The share of looks that found the worker running a request: `(busy, looks)`; 0 without a look.
+fn busy_share((busy, looks): (u32, u32)) -> f64 {
+    f64::from(busy) / f64::from(looks.max(1))
 }
 
 /// How long the only worker of its role is looked at before its drain is deferred (how busy it
@@ -239,7 +243,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             tokio::time::sleep(IDLE_POLL).await;
         }
-        let fraction = f64::from(busy) / f64::from(samples.max(1));
+        let fraction = busy_share((busy, samples));
         if samples == 0 || fraction >= 0.5 {
             return Err(format!(
                 "it ran requests in {busy} of {samples} looks over {:.0} s: its first drain check would likely count one and wait 5 s more",
