@@ -47,11 +47,14 @@ pub enum Step {
     /// `pdctl rollout weights`: the worker paused, its new weights loaded and verified
     /// (`weight_version`, `model_path`), and continued — without a restart.
     Weights,
+    /// A coherent fleet switch: this host's phase written to etcd and the wait for the other
+    /// hosts' (`verified`, `out`, `in`, `back`; unit `fleet`).
+    Switch,
 }
 
 impl Step {
     /// Every step, in runbook order.
-    pub const ALL: [Step; 14] = [
+    pub const ALL: [Step; 15] = [
         Step::Preflight,
         Step::Slot,
         Step::Drain,
@@ -66,6 +69,7 @@ impl Step {
         Step::Reconcile,
         Step::Rollback,
         Step::Weights,
+        Step::Switch,
     ];
 
     /// Lower-case name.
@@ -85,6 +89,7 @@ impl Step {
             Step::Reconcile => "reconcile",
             Step::Rollback => "rollback",
             Step::Weights => "weights",
+            Step::Switch => "switch",
         }
     }
 }

@@ -102,6 +102,7 @@ impl Cause {
             Cause::PeerRoleDown { role, .. } => format!("`pdctl status` (why no {role} worker serves), bring one back, then `pdctl check`"),
             Cause::MixedVersions { .. } => "for new weights of the same model, `pdctl rollout weights --model-path PATH` (no restart, all workers at once); otherwise restart both roles in one window (`single_pair = \"together\"` with one of each; two or more of each are switched as groups unless the preflight's `switch_refused` says why not), or accept mixed pairs with `[rollout] coherent = \"never\"`".into(),
             Cause::WeightsFailed { unit, .. } => format!("`journalctl -u {unit} -n 200` (the load's lines) and `pdctl status` (each worker's weight version), then `pdctl check`"),
+            Cause::SwitchFailed { .. } => "`pdctl fleet status` (each host's part), `pdctl rollout history` on the host the sentence names, and `pdctl status` on each host (what is held out of the gateway, and why)".into(),
             Cause::RestoreFailed { unit, .. } => format!("`systemctl cat {unit}` (its files now) and `pdctl rollout history` (this revert's record says what it had put back); fix the file, then revert again"),
             Cause::ConfigMismatch { .. } => "`pdctl status` (the config pdctld runs with), then run this again without --config".into(),
         }

@@ -366,6 +366,7 @@ fn rollout_of<'a>(plan: &'a Plan, abort: &'a std::sync::atomic::AtomicBool, allo
         load_changes,
         restore: None,
         weights: None,
+        fleet_rollout: None,
     }
 }
 

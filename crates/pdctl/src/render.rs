@@ -29,6 +29,8 @@ pub struct Renderer {
     live: Option<(MultiProgress, HashMap<String, Line>)>,
     kind: Kind,
     units: usize,
+    /// A dry run's preflight planned a coherent fleet switch: the next command is the fleet's.
+    fleet_switch: bool,
 }
 
 /// One unit's progress line.
@@ -73,7 +75,7 @@ impl Renderer {
             let order: Vec<&str> = units.iter().map(String::as_str).collect();
             println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
         }
-        Renderer { json, live, kind, units: units.len() }
+        Renderer { json, live, kind, units: units.len(), fleet_switch: false }
     }
 
     /// Redraw the live lines (the spinner and the current step's elapsed time advance).
@@ -110,6 +112,7 @@ impl Renderer {
         }
         // How PD pairs are kept to one model (the coherent switch's plan and capacity).
         if let Some(c) = preflight.as_ref().and_then(|p| p.coherence.as_deref()) {
+            self.fleet_switch |= c.starts_with("coherent fleet switch");
             self.note(&format!("pdctl: {c}"));
         }
         if (e.step, e.status) == (Step::Rollback, Status::Started) {
@@ -245,6 +248,9 @@ impl Renderer {
                 next_of(f)
             ),
             (Outcome::Succeeded, _, Kind::Rollout) => format!("✓ succeeded{id}: all {} unit(s) restarted and verified in {took}", s.units.len()),
+            (Outcome::Succeeded, _, Kind::DryRun) if self.fleet_switch => {
+                format!("✓ preflight passed; nothing was touched ({took}); next: pdctl fleet restart --rolling --load-changes (every host in step)")
+            }
             (Outcome::Succeeded, _, Kind::DryRun) => format!("✓ preflight passed; nothing was touched ({took}); next: pdctl restart --rolling"),
             (Outcome::Succeeded, _, Kind::Check) => format!("✓ all {} unit(s) pass every gate ({took})", self.units),
             (Outcome::Aborted, _, _) => format!(

@@ -69,6 +69,7 @@ impl Cause {
             Cause::PeerRoleDown { .. } => "peer_role_down",
             Cause::RestoreFailed { .. } => "restore_failed",
             Cause::WeightsFailed { .. } => "weights_failed",
+            Cause::SwitchFailed { .. } => "switch_failed",
             Cause::MixedVersions { .. } => "mixed_versions",
         }
     }
@@ -128,7 +129,8 @@ impl Cause {
             | Cause::LoadUnknown { .. }
             | Cause::StopSlow { .. }
             | Cause::PeerRoleDown { .. }
-            | Cause::WeightsFailed { .. } => FailureKind::Gate,
+            | Cause::WeightsFailed { .. }
+            | Cause::SwitchFailed { .. } => FailureKind::Gate,
         }
     }
 

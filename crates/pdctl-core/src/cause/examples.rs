@@ -77,6 +77,7 @@ impl Cause {
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
             Cause::RestoreFailed { unit: unit(), error: msg() },
             Cause::WeightsFailed { unit: unit(), why: msg() },
+            Cause::SwitchFailed { phase: "verified".into(), why: msg(), held: msg() },
             Cause::MixedVersions { unit: unit(), changes: "--model-path /models/a → /models/b".into(), peers: "sglang-decode.service".into() },
         ];
         for diagnosis in [

@@ -536,6 +536,18 @@ pub enum Cause {
         /// What failed.
         why: String,
     },
+    /// A coherent fleet switch did not get through one of its phases on every host (a host's
+    /// new workers not verified, its old ones not taken out, its new ones not admitted, or a host
+    /// that did not get there in time); each host put back what it could so that no PD pair of
+    /// two models is routable.
+    SwitchFailed {
+        /// The phase (`verified`, `out`, `in`).
+        phase: String,
+        /// The host that failed it, and why (or who did not get there in time).
+        why: String,
+        /// What this host holds out now (and why it stays out).
+        held: String,
+    },
     /// A revert could not put back the files a worker ran before the reverted rollout (or
     /// reload them): that worker was not restarted, and the revert halted.
     RestoreFailed {

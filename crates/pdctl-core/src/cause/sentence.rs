@@ -133,6 +133,9 @@ impl Cause {
                 "{unit}'s restart changes the model it computes with ({changes}) while {peers} of the other role run the old one: a rolling restart would pair the two versions, and such PD requests decode KV their own model did not compute, answered 200; nothing was touched"
             ),
             Cause::WeightsFailed { unit, why } => format!("{unit}: the new weights were not taken: {why}"),
+            Cause::SwitchFailed { phase, why, held } => {
+                format!("the coherent fleet switch did not get every host to '{phase}' ({why}); {held}")
+            }
             Cause::RestoreFailed { unit, error } => format!(
                 "the files {unit} ran before cannot be put back ({error}): it was not restarted, and nothing after it was reverted"
             ),

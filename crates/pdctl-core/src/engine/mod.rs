@@ -24,8 +24,10 @@
 //! last good revision is restored and run through the same gates ([`Engine::execute`]). A resumed
 //! rollout re-verifies the unit it stopped at and restarts it only if that fails.
 
+mod fleet_switch;
 mod gates;
 mod in_place;
+mod in_step;
 mod recovery;
 mod repair;
 mod run;
@@ -101,6 +103,9 @@ pub struct RolloutRun<'a> {
     /// `pdctl rollout weights`: the new weights, loaded into every worker of the plan at once
     /// without a restart.
     pub weights: Option<WeightsTarget<'a>>,
+    /// This host's part of fleet rollout ID (`pdctl fleet restart`): a change of the model the
+    /// workers compute with is then switched fleet-wide, hosts in step ([`fleet_switch`]).
+    pub fleet_rollout: Option<&'a str>,
 }
 
 /// What a run writes to besides events.
@@ -135,6 +140,8 @@ struct Ctx<'a> {
     /// The plan may be rolled as a coherent switch ([`switch::Groups`]): the coherence preflight
     /// says a change needs it instead of refusing it.
     switch: Option<&'a switch::SwitchPlan>,
+    /// This host's part of a fleet rollout (its id).
+    fleet_rollout: Option<&'a str>,
 }
 
 impl Ctx<'_> {
@@ -154,6 +161,7 @@ impl Ctx<'_> {
             hold: None,
             pair_scope: None,
             switch: None,
+            fleet_rollout: None,
         }
     }
 }

@@ -65,6 +65,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             hold: None,
             pair_scope: None,
             switch: None,
+            fleet_rollout: r.fleet_rollout,
         };
         if let Some(dir) = r.revisions {
             // Every unit about to restart has a revision to roll back to (recorded before the restart).
@@ -144,7 +145,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let switch_plan;
         let ctx = match (mode, ctx.switch) {
             (Mode::Rollout, None) => {
-                switch_plan = SwitchPlan { groups: self.switch_groups(plan), needed: AtomicBool::new(false) };
+                switch_plan = SwitchPlan { groups: self.switch_groups(plan, ctx.fleet_rollout, false).await, needed: AtomicBool::new(false) };
                 Ctx { switch: Some(&switch_plan), ..ctx }
             }
             _ => ctx,
@@ -152,19 +153,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
             return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
         }
-        // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
-        // interruption instead of two).
-        if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, self.settings.rollout.single_pair, plan.workers.as_slice()) {
-            if p.role == Role::Prefill && d.role == Role::Decode {
-                return match self.run_together(p, d, sink, ctx, notes, &mut t.done).await {
-                    Ok(()) => t.summary(Outcome::Succeeded, None),
-                    Err(failure) => t.summary(Outcome::Failed, Some(failure)),
-                };
-            }
-        }
         // A change of the model the workers compute with, on a host with two groups of both
-        // roles: the old group serves while the new one is restarted and verified, then the
-        // gateway switches (see `switch.rs`).
+        // roles (or, with [fleet], across the hosts behind the gateway): the old group serves
+        // while the new one is restarted and verified, then the gateway switches (see
+        // `switch.rs` and `fleet_switch.rs`). Before `single_pair = "together"`: with [fleet] a
+        // 1P1D host's pair restarted together would pair with other hosts' old workers.
         if let (Mode::Rollout, Some(sw)) = (mode, ctx.switch) {
             if let (true, Ok(g)) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
                 return match self.run_switch(plan, g, sink, abort, ctx, notes, &mut t).await {
@@ -176,6 +169,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         }
                     }
                     Err(s) => s,
+                };
+            }
+        }
+        // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
+        // interruption instead of two).
+        if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, self.settings.rollout.single_pair, plan.workers.as_slice()) {
+            if p.role == Role::Prefill && d.role == Role::Decode {
+                return match self.run_together(p, d, sink, ctx, notes, &mut t.done).await {
+                    Ok(()) => t.summary(Outcome::Succeeded, None),
+                    Err(failure) => t.summary(Outcome::Failed, Some(failure)),
                 };
             }
         }
@@ -316,7 +319,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// pending changes and quarantines, where it could be asked.
     pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool, known: Option<&KnownChanges>) -> Summary {
         let t0 = Instant::now();
-        let switch_plan = SwitchPlan { groups: self.switch_groups(plan), needed: AtomicBool::new(false) };
+        let switch_plan = SwitchPlan { groups: self.switch_groups(plan, None, true).await, needed: AtomicBool::new(false) };
         let ctx = Ctx { known, switch: Some(&switch_plan), ..Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes) };
         let failed = match self.preflight(plan, sink, true, ctx).await {
             Ok(()) => None,

@@ -64,6 +64,9 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
         Step::Rollback => r.job_timeout,
         // The pause, the load (bounded like a start: ready_timeout) and the continue.
         Step::Weights => r.ready_timeout + 2 * r.health_timeout,
+        // Each wait of a fleet switch is bounded by its own limit (the slowest: the fleet's
+        // slot_timeout, at most a week, and every restart of a host).
+        Step::Switch => Duration::from_secs(8 * 24 * 3600),
         // Each pair is probed at most twice, each probe bounded by the pair timeout (at most
         // 1h each); the stranded-KV wait is bounded by its timeout (at most 1h).
         Step::Pair | Step::StrandedKv => Duration::from_secs(3 * 3600),
@@ -74,7 +77,9 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
 pub fn rule(step: Step, s: &Settings) -> StepRule {
     use GateMode::{Off, Required, Warn};
     let (mode, off_because) = match step {
-        Step::Preflight | Step::Restart | Step::Ready | Step::Health | Step::Soak | Step::Reconcile | Step::Rollback | Step::Weights => (Required, None),
+        Step::Preflight | Step::Restart | Step::Ready | Step::Health | Step::Soak | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => {
+            (Required, None)
+        }
         Step::Slot if s.fleet.is_some() => (Required, None),
         Step::Slot => (Off, Some("no [fleet] configured")),
         // The drain itself always runs; a load it cannot read halts or is a warning.

@@ -19,7 +19,7 @@
 //! ([`crate::engine::Engine::reconcile`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -39,6 +39,27 @@ pub(in crate::engine) struct Groups {
     pub(in crate::engine) new: Vec<Worker>,
     /// Serves until the switch, then restarted and re-admitted one at a time.
     pub(in crate::engine) old: Vec<Worker>,
+    /// With `[fleet]`: the groups are hosts, moved in step (this host's workers are all in
+    /// `new` or all in `old`); see `fleet_switch.rs`.
+    pub(in crate::engine) fleet: Option<FleetGroups>,
+}
+
+/// A fleet switch's groups of hosts (see `fleet_switch.rs`; its plan and phases are there).
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct FleetGroups {
+    /// The fleet rollout (`None`: a dry run, as if every live host took part).
+    pub(in crate::engine) id: Option<String>,
+    /// Restarted first, out of the gateway, then switched in.
+    pub(in crate::engine) new_hosts: Vec<String>,
+    /// Serve until the switch, then restarted.
+    pub(in crate::engine) old_hosts: Vec<String>,
+    /// This host is in the new group.
+    pub(in crate::engine) mine_new: bool,
+    /// Prefills and decodes of the new group, then of the old one (fleet-wide).
+    pub(in crate::engine) counts: [(usize, usize); 2],
+    /// How long an old host waits for every new host to be `verified` (their slots, restarts
+    /// and gates).
+    pub(in crate::engine) verify_wait: Duration,
 }
 
 /// Whether a plan may be rolled as a coherent switch, and whether its preflight found that it must.
@@ -51,12 +72,15 @@ pub(in crate::engine) struct SwitchPlan {
 }
 
 impl Groups {
-    fn units(ws: &[Worker]) -> Vec<String> {
+    pub(in crate::engine) fn units(ws: &[Worker]) -> Vec<String> {
         ws.iter().map(|w| w.unit.clone()).collect()
     }
 
     /// What the plan does and the capacity at each phase, in one sentence (the dry run says it).
     pub(in crate::engine) fn sentence(&self, all: &[&Worker]) -> String {
+        if let Some(f) = &self.fleet {
+            return f.sentence();
+        }
         let count = |ws: &[Worker], r: Role| ws.iter().filter(|w| w.role == r).count();
         let total = |r: Role| all.iter().filter(|w| w.role == r).count();
         let (np, nd) = (total(Role::Prefill), total(Role::Decode));
@@ -77,10 +101,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// (no `[fleet]`), the router gate on, every PD worker of the host in the plan, at least two
     /// of each role, and half of each role within `max_unavailable` (the new group is out before
     /// the switch, the old one after it).
-    pub(in crate::engine) fn switch_groups(&self, plan: &Plan) -> Result<Groups, String> {
-        if self.settings.fleet.is_some() {
-            return Err("with [fleet] other hosts' workers serve beside this host's in the gateway: a switch of one host cannot keep them apart (new weights of the same model load in place: `pdctl rollout weights`)".into());
-        }
+    /// With `[fleet]` the groups are hosts ([`Engine::fleet_groups`]): `fleet_rollout` is this
+    /// host's part of one, `dry` a dry run (the groups it would have as a fleet rollout).
+    pub(in crate::engine) async fn switch_groups(&self, plan: &Plan, fleet_rollout: Option<&str>, dry: bool) -> Result<Groups, String> {
         if !self.settings.verify.router {
             return Err("a switch moves the gateway from one group to the other: it needs [router] and the router gate".into());
         }
@@ -88,6 +111,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let left: Vec<&str> = pd.iter().filter(|w| !plan.workers.iter().any(|p| p.unit == w.unit)).map(|w| w.unit.as_str()).collect();
         if !left.is_empty() {
             return Err(format!("a switch moves every PD worker of the host and the plan leaves out {}", left.join(", ")));
+        }
+        if self.settings.fleet.is_some() {
+            return match (fleet_rollout, dry) {
+                (Some(id), _) => self.fleet_groups(plan, Some(id)).await,
+                (None, true) => self.fleet_groups(plan, None).await,
+                (None, false) => Err("with [fleet] other hosts' workers serve beside this host's in the gateway: a model change is switched fleet-wide, hosts in step: `pdctl fleet restart --rolling --load-changes` (new weights of the same model load in place: `pdctl fleet weights`)".into()),
+            };
         }
         let role = |r: Role| plan.workers.iter().filter(|w| w.role == r).cloned().collect::<Vec<_>>();
         let (p, d) = (role(Role::Prefill), role(Role::Decode));
@@ -109,7 +139,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let (pn, dn) = (half(p.len()), half(d.len()));
         let new = p[..pn].iter().chain(&d[..dn]).cloned().collect();
         let old = d[dn..].iter().chain(&p[pn..]).cloned().collect();
-        Ok(Groups { new, old })
+        Ok(Groups { new, old, fleet: None })
     }
 
     /// The switch's three phases (module docs). `Err`: the summary of a halted run; the units
@@ -125,9 +155,43 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         notes: &mut Vec<String>,
         t: &mut Tally,
     ) -> Result<(), Summary> {
+        if let Some(f) = &g.fleet {
+            return Box::pin(self.run_fleet_switch(plan, g, f, sink, abort, ctx, notes, t)).await;
+        }
+        notes.push(g.sentence(&plan.workers.iter().collect::<Vec<_>>()));
+        self.restart_new_group(g, sink, abort, ctx, notes, t).await?;
+        // 2. The switch.
+        let t_out = Instant::now();
+        if let Err((w, f)) = self.take_out(&g.old, ctx).await {
+            // Part of the old group may be out already: it comes back (the new group stays out).
+            notes.push(self.switch_back(g, ctx, sink, "the old group could not be taken out of the gateway").await);
+            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Drain, f).await)));
+        }
+        let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
+        if let Some((w, f)) = admitted.into_iter().find_map(Result::err) {
+            notes.push(self.switch_back(g, ctx, sink, "the gateway did not admit the new group").await);
+            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
+        }
+        notes.extend(self.switched(g, t_out, ctx, t).await);
+        // 3. The old group, through every gate, decodes first.
+        let old: Vec<&Worker> = g.old.iter().collect();
+        self.roll_each(&old, plan.workers.len(), sink, crate::engine::Mode::Rollout, abort, ctx, notes, t).await
+    }
+
+    /// Phase 1: the new group out, restarted onto the new model and verified inside itself,
+    /// held out of the gateway (written down as [`Hold::Verified`] at the end). `Err`: the
+    /// summary of the halted run (what it holds out stays out, said in the notes).
+    pub(in crate::engine) async fn restart_new_group(
+        &self,
+        g: &Groups,
+        sink: &Sink,
+        abort: &AtomicBool,
+        ctx: Ctx<'_>,
+        notes: &mut Vec<String>,
+        t: &mut Tally,
+    ) -> Result<(), Summary> {
         let new_units = Groups::units(&g.new);
         let held = Ctx { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx };
-        notes.push(g.sentence(&plan.workers.iter().collect::<Vec<_>>()));
         // 1. The new group: out, restarted, verified inside itself (its prefills first: its
         // decodes then start after them and cache no old prefill process).
         let mut up = Vec::new();
@@ -162,48 +226,47 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let f = Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() });
             return Err(self.switch_failed(&g.new[0], Step::Router, f, held, sink, notes, t).await);
         }
-        // 2. The switch.
-        let t_out = Instant::now();
-        if let Err((w, f)) = self.take_out(&g.old, ctx).await {
-            // Part of the old group may be out already: it comes back (the new group stays out).
-            notes.push(self.switch_back(g, ctx, sink, "the old group could not be taken out of the gateway").await);
-            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Drain, f).await)));
-        }
-        let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
-        if let Some((w, f)) = admitted.into_iter().find_map(Result::err) {
-            notes.push(self.switch_back(g, ctx, sink, "the gateway did not admit the new group").await);
-            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
-        }
+        Ok(())
+    }
+
+    /// The new group admitted: its drains crossed off, its revisions recorded, counted done; the
+    /// notes (each revision recorded, then the sentence that says how long no PD pair was routable (from `t_out`, when the old group
+    /// began to go out, to the first request through the gateway that answered)).
+    pub(in crate::engine) async fn switched(&self, g: &Groups, t_out: Instant, ctx: Ctx<'_>, t: &mut Tally) -> Vec<String> {
+        let new_units = Groups::units(&g.new);
         let first_answer = self.first_answer(t_out).await;
         let window_ms = first_answer.unwrap_or_else(|| t_out.elapsed().as_millis() as u64);
+        let mut recorded = Vec::new();
         for w in &g.new {
             if let Some(l) = ctx.ledger {
                 let _ = l.clear(&w.unit);
             }
             if let Some(dir) = ctx.revisions {
-                notes.push(self.record_revision(w, dir, ctx.id).await);
+                recorded.push(self.record_revision(w, dir, ctx.id).await);
             }
             t.done.push(w.unit.clone());
         }
-        notes.push(match first_answer {
+        let old = if g.old.is_empty() {
+            g.fleet.as_ref().map(|f| format!("the old hosts' workers ({})", f.old_hosts.join(", "))).unwrap_or_default()
+        } else {
+            Groups::units(&g.old).join(", ")
+        };
+        let said = match first_answer {
             Some(ms) => format!(
-                "switched the gateway from {} to {}: no PD pair was routable for {ms} ms (the old group out → the first request through the gateway answered by the new group)",
-                Groups::units(&g.old).join(", "),
+                "switched the gateway from {old} to {}: no PD pair was routable for {ms} ms (the old group out → the first request through the gateway answered by the new group)",
                 new_units.join(", ")
             ),
             None => format!(
-                "switched the gateway from {} to {}: the new group is admitted but no request through the gateway answered within {window_ms} ms (the smoke request is off or failed)",
-                Groups::units(&g.old).join(", "),
+                "switched the gateway from {old} to {}: the new group is admitted but no request through the gateway answered within {window_ms} ms (the smoke request is off or failed)",
                 new_units.join(", ")
             ),
-        });
-        // 3. The old group, through every gate, decodes first.
-        let old: Vec<&Worker> = g.old.iter().collect();
-        self.roll_each(&old, plan.workers.len(), sink, crate::engine::Mode::Rollout, abort, ctx, notes, t).await
+        };
+        recorded.push(said);
+        recorded
     }
 
     /// Rewrite the group's held drains as `hold`.
-    fn hold_as(&self, ws: &[Worker], hold: Hold, ctx: Ctx<'_>) -> std::io::Result<()> {
+    pub(in crate::engine) fn hold_as(&self, ws: &[Worker], hold: Hold, ctx: Ctx<'_>) -> std::io::Result<()> {
         let Some(l) = ctx.ledger else { return Ok(()) };
         for w in ws {
             if let Some(mut d) = l.get(&w.unit) {
@@ -217,7 +280,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The old group out of every replica at once, each written down first as held
     /// ([`Hold::Old`]); its requests in flight finish meanwhile (its drain step waits for them
     /// before its stop).
-    async fn take_out<'w>(&self, ws: &'w [Worker], ctx: Ctx<'_>) -> Result<(), (&'w Worker, Fail)> {
+    pub(in crate::engine) async fn take_out<'w>(&self, ws: &'w [Worker], ctx: Ctx<'_>) -> Result<(), (&'w Worker, Fail)> {
         let mut lists = Vec::new();
         for r in 0..self.probes.replicas() {
             let list = self
@@ -248,7 +311,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// One worker of the new group admitted at the switch (its router gate; no smoke request of
     /// its own while the other role is not admitted yet: the switch sends one for the group).
-    async fn admit_at_switch<'w>(&self, w: &'w Worker, sink: &Sink, ctx: Ctx<'_>, t_out: Instant) -> Result<(), (&'w Worker, Fail)> {
+    pub(in crate::engine) async fn admit_at_switch<'w>(&self, w: &'w Worker, sink: &Sink, ctx: Ctx<'_>, t_out: Instant) -> Result<(), (&'w Worker, Fail)> {
         let s = StepRun::start(sink, &w.unit, Step::Router);
         match self.router_recorded(w, true, true, ctx.ledger.map(|l| (l, ctx.id))).await {
             Ok(mut d) => {
@@ -282,7 +345,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The switch could not be made (`why`): the new group out again, and the old group (which
     /// still runs the old model and passed its gates before) back in, so that the host serves as
     /// before.
-    async fn switch_back(&self, g: &Groups, ctx: Ctx<'_>, sink: &Sink, why: &str) -> String {
+    pub(in crate::engine) async fn switch_back(&self, g: &Groups, ctx: Ctx<'_>, sink: &Sink, why: &str) -> String {
         for r in 0..self.probes.replicas() {
             if let Ok(list) = self.probes.router_workers(r).await {
                 for x in list.iter().filter(|x| g.new.iter().any(|w| crate::config::same_url(&x.url, &w.url)) && !x.draining()) {

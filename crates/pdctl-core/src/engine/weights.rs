@@ -255,55 +255,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Fleet weights rollout `id`: write this host's `phase` (`mine`: whether it got there), then
     /// wait (bounded) until every host of the rollout wrote it; `Err`: this host's failure, the
     /// first other host's, or who did not get there in time.
-    async fn weights_step(&self, id: &str, phase: &str, mine: Result<(), String>) -> Result<(), String> {
-        use crate::fleet::{rollout_hosts_prefix, rollout_key, weights_phase_key, FleetRollout, WeightsPhase};
-        use crate::ports::{CasChange, Write};
-        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return mine };
-        let hosts = match c.get(&rollout_key(&f.name, id)).await {
-            Ok(Some(e)) => serde_json::from_slice::<FleetRollout>(&e.value).map(|r| r.hosts).map_err(|e| format!("fleet rollout {id} does not read: {e}"))?,
-            Ok(None) => return Err(format!("no fleet rollout {id} in etcd")),
-            Err(e) => return Err(format!("etcd: {e}")),
-        };
-        let key = weights_phase_key(&f.name, id, &f.host, phase);
-        let value = serde_json::to_vec(&WeightsPhase { host: f.host.clone(), ok: mine.is_ok(), why: mine.clone().err() }).unwrap_or_default();
-        let mut written = false;
-        for _ in 0..10 {
-            let expect = c.get(&key).await.ok().flatten().map(|e| e.mod_revision).unwrap_or(0);
-            if matches!(c.cas(vec![CasChange { key: key.clone(), expect, write: Write::Put(value.clone()) }]).await, Ok(true)) {
-                written = true;
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    async fn weights_step(&self, id: &str, phase: &'static str, mine: Result<(), String>) -> Result<(), String> {
+        if self.coordinator.is_none() || self.settings.fleet.is_none() {
+            return mine;
         }
-        if !written {
-            return Err(format!("this host's '{phase}' could not be written to etcd"));
-        }
+        let hosts = self.rollout_hosts(id).await?.hosts;
+        let step = crate::engine::in_step::Phase { id, kind: "weights", name: phase };
+        self.write_phase(step, &mine).await?;
         mine?;
         let limit = self.settings.rollout.ready_timeout + std::time::Duration::from_secs(60);
-        let deadline = Instant::now() + limit;
-        let suffix = format!("/weights/{phase}");
-        loop {
-            let seen: Vec<WeightsPhase> = c
-                .get_prefix(&rollout_hosts_prefix(&f.name, id))
-                .await
-                .unwrap_or_default()
-                .iter()
-                .filter(|e| e.key.ends_with(&suffix))
-                .filter_map(|e| serde_json::from_slice(&e.value).ok())
-                .collect();
-            if let Some(bad) = seen.iter().find(|p| !p.ok) {
-                return Err(format!("{}: {}", bad.host, bad.why.clone().unwrap_or_default()));
-            }
-            let missing: Vec<&String> = hosts.iter().filter(|h| !seen.iter().any(|p| &p.host == *h)).collect();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let names: Vec<&str> = missing.iter().map(|h| h.as_str()).collect();
-                return Err(format!("{} did not get to '{phase}' within {}", names.join(", "), crate::cause::dur(&limit)));
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        }
+        self.await_phase(step, &hosts, limit, None).await
     }
 
     /// A worker's weights before: it must serve (`/health` 200) and say what it serves.

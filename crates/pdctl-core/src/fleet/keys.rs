@@ -294,11 +294,14 @@ pub struct FleetWeights {
     pub version: Option<String>,
 }
 
-/// A host's step of a fleet weights rollout (`rollouts/<id>/hosts/<host>/weights/<phase>`):
-/// `paused` once all its workers are paused, `loaded` once each serves the new weights.
+/// A host's step of a fleet rollout that moves every host in step
+/// (`rollouts/<id>/hosts/<host>/<kind>/<phase>`): for new weights (`kind` `weights`), `paused`
+/// once all its workers are paused and `loaded` once each serves the new weights; for a
+/// coherent fleet switch (`kind` `switch`), `verified`, `out`, `in` and `back`
+/// (see `engine/fleet_switch.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WeightsPhase {
+pub struct HostPhase {
     /// The host.
     pub host: String,
     /// Whether it got there (`false`: `why`).
@@ -308,9 +311,9 @@ pub struct WeightsPhase {
     pub why: Option<String>,
 }
 
-/// The key of `host`'s `phase` of fleet weights rollout `id`.
-pub fn weights_phase_key(name: &str, id: &str, host: &str, phase: &str) -> String {
-    format!("{}{host}/weights/{phase}", rollout_hosts_prefix(name, id))
+/// The key of `host`'s `phase` of `kind` (`weights`, `switch`) in fleet rollout `id`.
+pub fn phase_key(name: &str, id: &str, host: &str, kind: &str, phase: &str) -> String {
+    format!("{}{host}/{kind}/{phase}", rollout_hosts_prefix(name, id))
 }
 
 /// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).

@@ -386,9 +386,9 @@ pub(super) async fn run(
         })
     };
     let dir = daemon.store.revisions_dir();
-    let (allow_outage, load_changes) = {
+    let (allow_outage, load_changes, fleet_rollout) = {
         let r = lock(&record);
-        (r.allow_outage, r.load_changes)
+        (r.allow_outage, r.load_changes, r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()))
     };
     let run = RolloutRun {
         plan: &plan,
@@ -406,6 +406,8 @@ pub(super) async fn run(
             fleet_rollout: fleet.as_deref(),
             config: kind == RolloutKind::Apply,
         }),
+        // A fleet rollout's own part (not a revert or a resume of it): its phases are its own.
+        fleet_rollout: fleet_rollout.as_deref().filter(|_| kind == RolloutKind::Restart),
     };
     let mut finished = e.execute(run, &sink).await;
     daemon.keep_baseline(&id, std::mem::take(&mut finished.service_before));

@@ -199,7 +199,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Ok(None);
         }
         let Some(argv) = disk_argv.or(cfg.exec_start.first().map(Vec::as_slice)) else { return Ok(None) };
-        let peers = self.peers(w);
+        // This host's peers, and with [fleet] the other hosts' the gateway lists: behind one
+        // gateway any prefill pairs with any decode.
+        let remote: Vec<Worker> = self.remote_peers(w).await.into_iter().map(|(p, _)| p).collect();
+        let peers: Vec<&Worker> = self.peers(w).into_iter().chain(remote.iter()).collect();
         if peers.is_empty() {
             return Ok(None);
         }
@@ -218,6 +221,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together
             && plan.workers.len() == 2
             && peers.len() == 1
+            && remote.is_empty()
             && plan.workers.iter().any(|x| x.unit == peers[0].unit);
         if together {
             return Ok(Some((
