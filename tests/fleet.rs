@@ -702,6 +702,42 @@ fn etcd_over_tls_with_client_certificates_and_refused_without_one() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Three hosts of one fleet behind **one shared gateway** (host a's: every host's workers
+/// registered in it, every pdctld's `[router]` pointed at it, so any prefill pairs with any
+/// host's decode), every worker on one model path (the sandbox's own directory differs per
+/// host, and the simulator tells models apart by path); `extra`: the decode's extra arguments
+/// of a host. Returns once every host is alive in etcd and the gateway admits all six workers.
+fn three_hosts_behind_one_gateway(etcd: &Etcd, decode_extra: impl Fn(&str) -> Vec<String>) -> Vec<(Stack, PathBuf, Pdctld)> {
+    let hosts: Vec<(Stack, PathBuf, Pdctld)> = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
+        .iter()
+        .map(|h| {
+            let model = vec!["--model-path".to_string(), "/models/dsv4".to_string()];
+            let opts = StackOptions { prefill_args: model.clone(), decode_args: [model, decode_extra(h)].concat(), ..Default::default() };
+            host_with(&etcd.url(), h, &opts)
+        })
+        .collect();
+    let (_, ca, _) = &hosts[0];
+    let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(ca);
+        names.iter().all(|h| alive(&s, h))
+    }));
+    let shared = hosts[0].0.router.clone().expect("router");
+    for (s, c, _) in &hosts[1..] {
+        for w in [&s.prefill, &s.decode] {
+            let body = match w.bootstrap_port {
+                Some(b) => serde_json::json!({"url": w.url, "worker_type": "prefill", "bootstrap_port": b}),
+                None => serde_json::json!({"url": w.url, "worker_type": "decode"}),
+            };
+            http_post(&format!("{}/workers", shared.url), &body);
+        }
+        let frag = c.parent().expect("dir").join("config.d/35-shared-gateway.toml");
+        std::fs::write(frag, format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n", shared.url, shared.metrics_url)).expect("shared gateway");
+    }
+    assert_eq!(hosts[0].0.wait_router_healthy(6, Duration::from_secs(60)).expect("router"), 6, "every host's workers in the shared gateway");
+    hosts
+}
+
 /// `pdctl fleet weights` on three hosts behind **one shared gateway** (host a's: every host's
 /// workers registered in it, every pdctld's `[router]` pointed at it, all load through it, so
 /// any prefill pairs with any host's decode) under load: every host pauses, all load, all
@@ -712,40 +748,12 @@ fn etcd_over_tls_with_client_certificates_and_refused_without_one() {
 fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_back() {
     for fail in [false, true] {
         let etcd = Etcd::start().expect("etcd");
-        let hosts: Vec<(Stack, PathBuf, Pdctld)> = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
-            .iter()
-            .map(|h| {
-                let bad = fail && *h == "gpu-node-c";
-                // One model for the fleet: the same path on every host (the sandbox's own
-                // directory differs per host, and the simulator tells models apart by path).
-                let model = vec!["--model-path".to_string(), "/models/dsv4".to_string()];
-                let decode_args = if bad { [model.clone(), vec!["--sim-weights-fail".into()]].concat() } else { model.clone() };
-                let opts = StackOptions { prefill_args: model, decode_args, ..Default::default() };
-                host_with(&etcd.url(), h, &opts)
-            })
-            .collect();
+        let hosts = three_hosts_behind_one_gateway(&etcd, |h| if fail && h == "gpu-node-c" { vec!["--sim-weights-fail".into()] } else { Vec::new() });
         let runs: Vec<(String, String)> =
             hosts.iter().map(|(s, _, _)| (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"))).collect();
         let (_, ca, da) = &hosts[0];
         let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
-        assert!(until(Duration::from_secs(30), || {
-            let s = fleet_status(ca);
-            names.iter().all(|h| alive(&s, h))
-        }));
-        // One gateway for the fleet: host a's, with every host's workers and every pdctld on it.
         let shared = hosts[0].0.router.clone().expect("router");
-        for (s, c, _) in &hosts[1..] {
-            for w in [&s.prefill, &s.decode] {
-                let body = match w.bootstrap_port {
-                    Some(b) => serde_json::json!({"url": w.url, "worker_type": "prefill", "bootstrap_port": b}),
-                    None => serde_json::json!({"url": w.url, "worker_type": "decode"}),
-                };
-                http_post(&format!("{}/workers", shared.url), &body);
-            }
-            let frag = c.parent().expect("dir").join("config.d/35-shared-gateway.toml");
-            std::fs::write(frag, format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n", shared.url, shared.metrics_url)).expect("shared gateway");
-        }
-        assert_eq!(hosts[0].0.wait_router_healthy(6, Duration::from_secs(60)).expect("router"), 6, "every host's workers in the shared gateway");
         let loads: Vec<pdctl_tests::Load> = (0..3).map(|_| pdctl_tests::Load::start(&shared.url, 8.0, 4)).collect();
         let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
         let out = std::process::Command::new(bin)
@@ -790,136 +798,132 @@ fn fleet_weights_go_into_every_host_in_step_and_a_failed_host_puts_every_host_ba
 /// Three hosts behind **one shared gateway** (as in the weights test), each 1P1D, every worker
 /// on one model; a change of the model the workers compute with (a quantization, in every
 /// host's files: not loadable in place) rolled out by `pdctl fleet restart --rolling
-/// --load-changes` under load through the gateway. The dry run states the fleet switch and its
-/// capacity first. Hosts a and b (the new group) restart theirs onto the new model out of the
-/// gateway while c serves, every host's phase goes through etcd, the gateway switches, then c
-/// restarts its own. No PD request decodes KV of the other model (every decode's simulator
-/// counter, watched over the whole rollout: a restart starts a new count), every worker runs
-/// fp8 and was restarted once, and the switch's window is on record. Without the switch (the
-/// same change on one host of the three, the others left as they were) the preflight refuses
-/// it, naming the other hosts' workers.
+/// --load-changes` under load through the gateway.
+///
+/// First the change on one host alone: refused in preflight, naming the other hosts' workers.
+/// Then on all three: the dry run states the fleet switch and its capacity; hosts a and b (the
+/// new group) restart theirs onto the new model out of the gateway while c serves, every host's
+/// phase goes through etcd, the gateway switches, then c restarts its own. No PD request decodes
+/// KV of the other model (every decode's simulator counter, watched over the whole rollout: a
+/// restart starts a new count), every worker runs fp8 and was restarted once, and the switch's
+/// window is on record.
+///
+/// Then the same with host b's new decode failing its start: b does not get to `verified`; c
+/// never takes its workers out and keeps serving the old model, untouched; a's verified workers
+/// stay out of the gateway (held, on the new model); every host's part fails, a's and c's with
+/// `switch_failed`; no request failed and none was decoded from KV of the other model.
 #[test]
 fn a_model_change_across_three_hosts_behind_one_gateway_is_switched_with_no_mixed_pair() {
-    let etcd = Etcd::start().expect("etcd");
-    let model = vec!["--model-path".to_string(), "/models/dsv4".to_string()];
-    let opts = StackOptions { prefill_args: model.clone(), decode_args: model, ..Default::default() };
-    let hosts: Vec<(Stack, PathBuf, Pdctld)> = ["gpu-node-a", "gpu-node-b", "gpu-node-c"]
-        .iter()
-        .map(|h| {
-            let host = host_with(&etcd.url(), h, &opts);
+    for fail in [false, true] {
+        let etcd = Etcd::start().expect("etcd");
+        let hosts = three_hosts_behind_one_gateway(&etcd, |_| Vec::new());
+        for (_, c, _) in &hosts {
             // A whole group of hosts is out at once: two of each role fleet-wide.
-            let frag = host.1.parent().expect("dir").join("config.d/36-switch-limits.toml");
+            let frag = c.parent().expect("dir").join("config.d/36-switch-limits.toml");
             std::fs::write(frag, "[fleet.max_unavailable]\nprefill = 2\ndecode = 2\n").expect("limits");
-            host
-        })
-        .collect();
-    let (_, ca, da) = &hosts[0];
-    let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
-    assert!(until(Duration::from_secs(30), || {
-        let s = fleet_status(ca);
-        names.iter().all(|h| alive(&s, h))
-    }));
-    let shared = hosts[0].0.router.clone().expect("router");
-    for (s, c, _) in &hosts[1..] {
-        for w in [&s.prefill, &s.decode] {
-            let body = match w.bootstrap_port {
-                Some(b) => serde_json::json!({"url": w.url, "worker_type": "prefill", "bootstrap_port": b}),
-                None => serde_json::json!({"url": w.url, "worker_type": "decode"}),
-            };
-            http_post(&format!("{}/workers", shared.url), &body);
         }
-        let frag = c.parent().expect("dir").join("config.d/35-shared-gateway.toml");
-        std::fs::write(frag, format!("[router]\nurl = \"{}\"\nmetrics_url = \"{}\"\n", shared.url, shared.metrics_url)).expect("shared gateway");
-    }
-    assert_eq!(hosts[0].0.wait_router_healthy(6, Duration::from_secs(60)).expect("router"), 6, "every host's workers in the shared gateway");
-    let change = |s: &Stack| {
-        for w in s.workers() {
-            // The unit as the stack wrote it (the fleet's one model path), on fp8.
-            let extra: Vec<String> = ["--model-path", "/models/dsv4", "--quantization", "fp8"].iter().map(|a| a.to_string()).collect();
-            let exec = s.worker_unit(w, &opts, &extra);
-            let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
-            s.drop_in(&w.unit, "50-fp8", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
-        }
-    };
-    // One host alone: refused, naming the other hosts' workers it would pair with.
-    change(&hosts[2].0);
-    let (_, cc, dc) = &hosts[2];
-    let r = pdctl_daemon(dc, cc, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
-    assert_eq!(r.code, 2, "{:#}", r.summary);
-    let f = &r.summary["failed"];
-    assert_eq!(f["cause_code"], "mixed_versions", "{f:#}");
-    assert!(f["cause"].as_str().is_some_and(|c| c.contains("gpu-node-a/")), "the other hosts' workers are named: {f:#}");
-    for (s, _, _) in &hosts[..2] {
-        change(s);
-    }
-    // The plan before anything starts.
-    let (code, out, err) = pdctl(ca, &["restart", "--rolling", "--load-changes", "--dry-run", "--socket", &da.socket.display().to_string()]);
-    assert!(
-        code == 0
-            && err.contains("coherent fleet switch")
-            && err.contains("gpu-node-a, gpu-node-b restart all their PD workers")
-            && err.contains("1 of 3 prefills")
-            && out.contains("next: pdctl fleet restart --rolling --load-changes"),
-        "{code}: {err}{out}"
-    );
-    let runs: Vec<(String, String)> = hosts.iter().map(|(s, _, _)| (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"))).collect();
-    let decodes: Vec<String> = hosts.iter().map(|(s, _, _)| s.decode.url.clone()).collect();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let (stop, urls) = (stop.clone(), decodes.clone());
-        std::thread::spawn(move || {
-            // Per decode, the largest count of each of its processes (a restart starts at 0).
-            let (mut most, mut last, mut sum) = (vec![0.0f64; urls.len()], vec![0.0f64; urls.len()], 0.0);
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                for (i, u) in urls.iter().enumerate() {
-                    let now = metric(u, "sglang_sim_pd_mixed_version_requests_total").unwrap_or(last[i]);
-                    if now < last[i] {
-                        sum += most[i];
-                        most[i] = 0.0;
-                    }
-                    most[i] = most[i].max(now);
-                    last[i] = now;
+        let (_, ca, da) = &hosts[0];
+        let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
+        let shared = hosts[0].0.router.clone().expect("router");
+        let change = |s: &Stack, host: &str| {
+            for w in s.workers() {
+                // The unit as the stack wrote it (the fleet's one model path), on fp8.
+                let mut extra: Vec<String> = ["--model-path", "/models/dsv4", "--quantization", "fp8"].iter().map(|a| a.to_string()).collect();
+                if fail && host == "gpu-node-b" && w.role == "decode" {
+                    extra.extend(["--sim-exit-code".to_string(), "1".to_string()]);
                 }
-                std::thread::sleep(Duration::from_millis(100));
+                let exec = s.worker_unit(w, &StackOptions::default(), &extra);
+                let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+                s.drop_in(&w.unit, "50-fp8", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
             }
-            sum + most.iter().sum::<f64>()
-        })
-    };
-    let load = pdctl_tests::Load::start(&shared.url, 10.0, 8);
-    let (code, lines, err) = fleet_restart(ca, da, &["--load-changes"]);
-    let (sent, failed) = load.stop();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let mixed = watcher.join().expect("watcher");
-    let last = lines.last().cloned().unwrap_or(Value::Null);
-    assert_eq!(code, 0, "{last:#}\n{err}");
-    assert_eq!(last["result"], "succeeded", "{last:#}");
-    assert_eq!(mixed, 0.0, "no PD request decoded KV of the other model");
-    let mut window = 0u64;
-    for (i, (s, _, d)) in hosts.iter().enumerate() {
-        assert_ne!(s.show(P, "InvocationID").expect("p"), runs[i].0, "{}: the prefill was restarted", names[i]);
-        assert_ne!(s.show(D, "InvocationID").expect("d"), runs[i].1, "{}: the decode was restarted", names[i]);
-        for url in [&s.prefill.url, &s.decode.url] {
-            assert_eq!(http_json(&format!("{url}/server_info"))["quantization"], "fp8", "{} {url}", names[i]);
+        };
+        if !fail {
+            // One host alone: refused, naming the other hosts' workers it would pair with.
+            change(&hosts[2].0, &names[2]);
+            let (_, cc, dc) = &hosts[2];
+            let r = pdctl_daemon(dc, cc, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
+            assert_eq!(r.code, 2, "{:#}", r.summary);
+            let f = &r.summary["failed"];
+            assert_eq!(f["cause_code"], "mixed_versions", "{f:#}");
+            assert!(f["cause"].as_str().is_some_and(|c| c.contains("gpu-node-a/")), "the other hosts' workers are named: {f:#}");
         }
-        let (_, list) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
-        let id = list["rollouts"]
-            .as_array()
-            .and_then(|a| a.iter().filter(|r| r["state"] == "succeeded").max_by_key(|r| r["created_at"].as_u64()))
-            .and_then(|r| r["id"].as_str())
-            .map(String::from)
-            .unwrap_or_else(|| panic!("{}: its part succeeded: {list:#}", names[i]));
-        let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
-        let restarts = |unit: &str| rec["events"].as_array().map_or(0, |a| a.iter().filter(|e| is(e, unit, "restart", "passed")).count());
-        assert_eq!((restarts(P), restarts(D)), (1, 1), "{}: each restarted once: {rec:#}", names[i]);
-        let notes: Vec<&str> = rec["notes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-        assert!(notes.iter().any(|n| n.starts_with("coherent fleet switch")), "{}: {notes:#?}", names[i]);
-        if i < 2 {
-            let switched = notes.iter().find(|n| n.starts_with("switched the gateway from the old hosts' workers (gpu-node-c)"));
-            let switched = switched.unwrap_or_else(|| panic!("{}: the window on record: {notes:#?}", names[i]));
-            window = window.max(switched.split("for ").nth(1).and_then(|t| t.split(" ms").next()).and_then(|n| n.parse().ok()).expect("the window in ms"));
+        for (i, (s, _, _)) in hosts.iter().enumerate() {
+            change(s, &names[i]);
         }
+        if !fail {
+            // The plan before anything starts.
+            let (code, out, err) = pdctl(ca, &["restart", "--rolling", "--load-changes", "--dry-run", "--socket", &da.socket.display().to_string()]);
+            assert!(
+                code == 0
+                    && err.contains("coherent fleet switch")
+                    && err.contains("gpu-node-a, gpu-node-b restart all their PD workers")
+                    && err.contains("1 of 3 prefills")
+                    && out.contains("next: pdctl fleet restart --rolling --load-changes"),
+                "{code}: {err}{out}"
+            );
+        }
+        let runs: Vec<(String, String)> =
+            hosts.iter().map(|(s, _, _)| (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"))).collect();
+        let decodes: Vec<String> = hosts.iter().map(|(s, _, _)| s.decode.url.clone()).collect();
+        let watch = pdctl_tests::MixedWatch::start(decodes);
+        let load = pdctl_tests::Load::start(&shared.url, 10.0, 8);
+        let (code, lines, err) = fleet_restart(ca, da, &["--load-changes"]);
+        let (sent, failed) = load.stop();
+        let mixed = watch.stop();
+        let last = lines.last().cloned().unwrap_or(Value::Null);
+        assert_eq!(mixed, 0.0, "no PD request decoded KV of the other model (fail = {fail})");
+        // Each host's local record of its part.
+        let record = |d: &Pdctld| {
+            let (_, list) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+            let id = list["rollouts"]
+                .as_array()
+                .and_then(|a| a.iter().filter(|r| r["state"] != "running").max_by_key(|r| r["created_at"].as_u64()))
+                .and_then(|r| r["id"].as_str())
+                .map(String::from)
+                .unwrap_or_else(|| panic!("a finished part: {list:#}"));
+            pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "").1
+        };
+        if fail {
+            assert_ne!(code, 0, "{last:#}");
+            assert_eq!(last["result"], "failed", "{last:#}");
+            assert_eq!(failed, 0, "c served throughout: every request was answered ({sent} sent)");
+            let (sc, _, dc) = &hosts[2];
+            assert_eq!((sc.show(P, "InvocationID").expect("p"), sc.show(D, "InvocationID").expect("d")), runs[2], "c was never restarted");
+            let healthy = healthy_on(&shared.url);
+            for (s, _, _) in &hosts[..2] {
+                assert!(!healthy.iter().any(|u| *u == s.prefill.url || *u == s.decode.url), "a's and b's workers are out of the gateway: {healthy:?}");
+            }
+            assert!(healthy.contains(&sc.prefill.url) && healthy.contains(&sc.decode.url), "c's workers serve: {healthy:?}");
+            for (d, why) in [(&hosts[0].2, "a waited for c to go out"), (dc, "c waited for b to be verified")] {
+                let rec = record(d);
+                assert_eq!(rec["summary"]["failed"]["cause_code"], "switch_failed", "{why}: {rec:#}");
+                assert!(rec["summary"]["failed"]["cause"].as_str().is_some_and(|c| c.contains("gpu-node-b")), "{why}: b is named: {rec:#}");
+            }
+            continue;
+        }
+        assert_eq!(code, 0, "{last:#}\n{err}");
+        assert_eq!(last["result"], "succeeded", "{last:#}");
+        let mut window = 0u64;
+        for (i, (s, _, d)) in hosts.iter().enumerate() {
+            assert_ne!(s.show(P, "InvocationID").expect("p"), runs[i].0, "{}: the prefill was restarted", names[i]);
+            assert_ne!(s.show(D, "InvocationID").expect("d"), runs[i].1, "{}: the decode was restarted", names[i]);
+            for url in [&s.prefill.url, &s.decode.url] {
+                assert_eq!(http_json(&format!("{url}/server_info"))["quantization"], "fp8", "{} {url}", names[i]);
+            }
+            let rec = record(d);
+            assert_eq!(rec["lifecycle"]["state"], "succeeded", "{}: {rec:#}", names[i]);
+            let restarts = |unit: &str| rec["events"].as_array().map_or(0, |a| a.iter().filter(|e| is(e, unit, "restart", "passed")).count());
+            assert_eq!((restarts(P), restarts(D)), (1, 1), "{}: each restarted once: {rec:#}", names[i]);
+            let notes: Vec<&str> = rec["notes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+            assert!(notes.iter().any(|n| n.starts_with("coherent fleet switch")), "{}: {notes:#?}", names[i]);
+            if i < 2 {
+                let switched = notes.iter().find(|n| n.starts_with("switched the gateway from the old hosts' workers (gpu-node-c)"));
+                let switched = switched.unwrap_or_else(|| panic!("{}: the window on record: {notes:#?}", names[i]));
+                window = window.max(switched.split("for ").nth(1).and_then(|t| t.split(" ms").next()).and_then(|n| n.parse().ok()).expect("the window in ms"));
+            }
+        }
+        println!("coherent fleet switch: no PD pair routable for {window} ms at most; {failed} of {sent} requests failed through the shared gateway over the rollout; {mixed} mixed");
     }
-    println!("coherent fleet switch: no PD pair routable for {window} ms at most; {failed} of {sent} requests failed through the shared gateway over the rollout; {mixed} mixed");
 }
 
 fn http_post(url: &str, body: &Value) {
@@ -935,11 +939,4 @@ fn http_json(url: &str) -> Value {
 fn http_text(url: &str) -> String {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async { pdctl_tests::http().get(url).send().await.expect("GET").text().await.expect("body") })
-}
-
-/// A counter's value on a server's /metrics (`None`: not read).
-fn metric(url: &str, name: &str) -> Option<f64> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-    let text = rt.block_on(async { pdctl_tests::http().get(format!("{url}/metrics")).send().await.ok()?.text().await.ok() })?;
-    text.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse().ok())
 }

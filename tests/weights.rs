@@ -394,34 +394,13 @@ fn a_quantization_change_in_2p2d_is_rolled_as_a_coherent_switch_with_no_mixed_pa
     // The plan before anything starts: which group goes first, what serves meanwhile.
     let (code, out) = human(&d, &config, &["restart", "--rolling", "--load-changes", "--dry-run"]);
     assert!(code == 0 && out.contains("coherent switch:") && out.contains("(1 of 2 prefills, 1 of 2 decodes)"), "{code}: {out}");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let (stop, urls) = (stop.clone(), decodes.clone());
-        std::thread::spawn(move || {
-            // Per decode, the largest count of each of its processes (a restart starts at 0).
-            let (mut most, mut last, mut sum) = ([0.0f64; 2], [0.0f64; 2], 0.0);
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                for (i, u) in urls.iter().enumerate() {
-                    let now = mixed_at(u);
-                    if now < last[i] {
-                        sum += most[i];
-                        most[i] = 0.0;
-                    }
-                    most[i] = most[i].max(now);
-                    last[i] = now;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            sum + most[0] + most[1]
-        })
-    };
+    let watch = pdctl_tests::MixedWatch::start(decodes.clone());
     let router = stack.router.as_ref().expect("router").url.clone();
     let load = pdctl_tests::Load::start(&router, 10.0, 8);
     assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts_of(&decodes).0 >= 10.0), "PD traffic flows");
     let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], Duration::from_secs(300));
     let (sent, failed) = load.stop();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let mixed = watcher.join().expect("watcher");
+    let mixed = watch.stop();
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
     let (decoded, mixed_now) = pd_counts_of(&decodes);
     assert_eq!((mixed, mixed_now), (0.0, 0.0), "no PD request decoded KV of the other model ({decoded} decoded since the last restarts)");

@@ -684,3 +684,51 @@ pub async fn served_requests(worker_url: &str) -> f64 {
     let text = r.text().await.unwrap_or_default();
     text.lines().filter(|l| l.starts_with("sglang:num_requests_total")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
+
+/// The simulator's count of PD requests whose decode continued from KV of another model
+/// (`sglang_sim_pd_mixed_version_requests_total`), summed over the given decodes and over each
+/// one's processes (a restart starts its count at 0), read every 100 ms until stopped.
+pub struct MixedWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<f64>,
+}
+
+impl MixedWatch {
+    /// Start watching the decodes at `urls`.
+    pub fn start(urls: Vec<String>) -> MixedWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let read = |url: &str| -> Option<f64> {
+                let text = rt.block_on(async { http().get(format!("{url}/metrics")).send().await.ok()?.text().await.ok() })?;
+                text.lines()
+                    .find(|l| l.starts_with("sglang_sim_pd_mixed_version_requests_total"))
+                    .and_then(|l| l.split_whitespace().last())
+                    .and_then(|v| v.parse().ok())
+            };
+            // Per decode, the largest count of each of its processes.
+            let (mut most, mut last, mut sum) = (vec![0.0f64; urls.len()], vec![0.0f64; urls.len()], 0.0);
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                for (i, u) in urls.iter().enumerate() {
+                    let now = read(u).unwrap_or(last[i]);
+                    if now < last[i] {
+                        sum += most[i];
+                        most[i] = 0.0;
+                    }
+                    most[i] = most[i].max(now);
+                    last[i] = now;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            sum + most.iter().sum::<f64>()
+        });
+        MixedWatch { stop, thread }
+    }
+
+    /// Stop; the mixed-version requests counted over the whole watch.
+    pub fn stop(self) -> f64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("mixed watch")
+    }
+}

@@ -61,6 +61,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let deadline = Instant::now() + limit;
         let prefix = rollout_hosts_prefix(&f.name, phase.id);
         let suffix = format!("/{}/{}", phase.kind, phase.name);
+        let mut aborted = false;
         loop {
             let before = c.revision().await.unwrap_or(0);
             let seen: Vec<HostPhase> = c
@@ -79,12 +80,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             if missing.is_empty() {
                 return Ok(());
             }
+            if aborted {
+                return Err(format!("the rollout was aborted while waiting for {} to get to '{}'", missing.join(", "), phase.name));
+            }
             // Woken by the phase keys' own changes; read again at least every REREAD.
             let reread = Instant::now() + REREAD;
             let mut watch = c.watch(vec![(prefix.clone(), true)], before).await.ok();
             loop {
+                // Aborted (another host failed): read once more, so that a host's failure
+                // written meanwhile is the one named.
                 if abort.is_some_and(|a| a.load(Ordering::SeqCst)) {
-                    return Err(format!("the rollout was aborted while waiting for {} to get to '{}'", missing.join(", "), phase.name));
+                    aborted = true;
+                    break;
                 }
                 if Instant::now() >= deadline {
                     return Err(format!("{} did not get to '{}' within {}", missing.join(", "), phase.name, crate::cause::dur(&limit)));
