@@ -296,7 +296,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         // The switch's window begins: the old hosts' workers out of the gateway (stated in the
         // plan; their slots follow, once the new hosts serve and gave theirs back).
-        let s = StepRun::start(sink, &g.old[0].unit, Step::Drain);
+        let s = StepRun::start(sink, g.old.first().map_or(FLEET, |w| w.unit.as_str()), Step::Drain);
         let mine = match self.take_out(&g.old, ctx).await {
             Ok(()) => {
                 s.pass(json!({ "switch": { "out": Self::names(&g.old) } }));
@@ -342,6 +342,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Boxed: the restart sequences' futures are large, and this one sits deep (a debug
         // build's worker thread overflowed its stack without it).
         Box::pin(self.roll_each(&old, plan.workers.len(), sink, crate::engine::Mode::Rollout, abort, ctx, notes, t)).await
+    }
+
+    /// This host's part of fleet rollout `f` changes no worker's model: said in etcd (the
+    /// `none` phase, as a failure of the switch's), so that hosts which do switch stop waiting
+    /// for it (they fail with `switch_failed` naming this host); a note when it cannot be said.
+    pub(in crate::engine) async fn no_fleet_switch(&self, f: &FleetGroups, notes: &mut Vec<String>) {
+        let Some(id) = f.id.as_deref() else { return };
+        let why = "its part changes no worker's model (are its unit files those of the new model?): it takes no part in a coherent switch".to_string();
+        if let Err(e) = self.write_phase(phase(id, crate::engine::in_step::NONE), &Err(why)).await {
+            notes.push(format!("that this host takes no part in a coherent fleet switch could not be written to etcd ({e}): a host that switches waits for it until its own limit"));
+        }
     }
 
     /// The hosts of `hosts` that wrote `phase` (whatever its outcome).

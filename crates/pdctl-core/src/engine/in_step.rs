@@ -15,6 +15,10 @@ use crate::ports::{CasChange, Logs, Probes, Units, Write};
 /// The longest a wait goes without reading the phases again (the watch's bounded fallback).
 const REREAD: Duration = Duration::from_secs(5);
 
+/// The phase a host writes (failed, with why) when it takes no part in the steps of its kind:
+/// a wait for that host ends at once.
+pub(in crate::engine) const NONE: &str = "none";
+
 /// One phase of a fleet rollout in step: which rollout, which kind of step, which phase.
 #[derive(Debug, Clone, Copy)]
 pub(in crate::engine) struct Phase<'a> {
@@ -61,6 +65,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let deadline = Instant::now() + limit;
         let prefix = rollout_hosts_prefix(&f.name, phase.id);
         let suffix = format!("/{}/{}", phase.kind, phase.name);
+        // A host that takes no part in this kind of step says so once (`none`, with why).
+        let none = format!("/{}/{NONE}", phase.kind);
         let mut aborted = false;
         loop {
             let before = c.revision().await.unwrap_or(0);
@@ -69,7 +75,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 .await
                 .unwrap_or_default()
                 .iter()
-                .filter(|e| e.key.ends_with(&suffix))
+                .filter(|e| e.key.ends_with(&suffix) || e.key.ends_with(&none))
                 .filter_map(|e| serde_json::from_slice(&e.value).ok())
                 .filter(|p: &HostPhase| hosts.contains(&p.host))
                 .collect();
@@ -103,7 +109,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let step = Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
                 match watch.as_mut() {
                     Some(w) => match w.next(step).await {
-                        Ok(Some(changes)) if changes.iter().any(|ch| ch.key.ends_with(&suffix)) => break,
+                        Ok(Some(changes)) if changes.iter().any(|ch| ch.key.ends_with(&suffix) || ch.key.ends_with(&none)) => break,
                         Ok(_) => {}
                         Err(_) => {
                             tokio::time::sleep(step).await;

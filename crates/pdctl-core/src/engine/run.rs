@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step::{lock, Fail, StepRun};
-use crate::engine::switch::SwitchPlan;
+use crate::engine::switch::{Groups, SwitchPlan};
 use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, Tally, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::names::{FLEET, ROUTER};
@@ -159,6 +159,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // `switch.rs` and `fleet_switch.rs`). Before `single_pair = "together"`: with [fleet] a
         // 1P1D host's pair restarted together would pair with other hosts' old workers.
         if let (Mode::Rollout, Some(sw)) = (mode, ctx.switch) {
+            // A fleet rollout's part that needs no switch here (no change of the model on this
+            // host) says so at once: hosts that do switch would otherwise wait for it in vain.
+            if let (false, Ok(Groups { fleet: Some(f), .. })) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
+                self.no_fleet_switch(f, notes).await;
+            }
             if let (true, Ok(g)) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
                 return match self.run_switch(plan, g, sink, abort, ctx, notes, &mut t).await {
                     Ok(()) => {
