@@ -213,3 +213,58 @@ fn in_2p2d_the_pair_gate_probes_every_pair_of_a_restarted_worker_and_no_other() 
     assert_eq!(all_pair_events, 2, "only the restarted workers ran a pair gate");
     assert!(!r.touched(P) && !r.touched(D));
 }
+
+/// SGLang 0.5.23 reports resolved settings in `/server_info` and what it was asked in
+/// `launch_command`: a pair asked for `mooncake_tcp` reports `mooncake`. An unchanged unit is
+/// compared by what it asks with what its peer was asked, and restarts.
+#[test]
+fn an_unchanged_mooncake_tcp_pair_restarts_although_server_info_reports_mooncake() {
+    let tcp = || vec!["--disaggregation-transfer-backend".to_string(), "mooncake_tcp".to_string()];
+    let (stack, config, d) = up(StackOptions { prefill_args: tcp(), decode_args: tcp(), ..Default::default() });
+    let info: Value = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async { http().get(format!("{}/server_info", stack.decode.url)).send().await.expect("server_info").json().await.expect("json") });
+    assert_eq!(info["disaggregation_transfer_backend"], "mooncake", "resolved, as 0.5.23 reports it");
+    assert!(info["launch_command"].as_str().is_some_and(|c| c.contains("--disaggregation-transfer-backend mooncake_tcp")), "{}", info["launch_command"]);
+    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let checked = &r.event(P, "preflight", "passed")["detail"]["pairing"][0];
+    assert_eq!((checked["peer"].as_str(), checked["compared"].as_bool()), (Some(D), Some(true)), "{checked:#}");
+    assert_eq!(checked["settings"]["transfer_backend"], "mooncake_tcp", "what was asked on both sides: {checked:#}");
+}
+
+/// SGLang 0.5.23 forces `page_size` 256 for a DeepSeek-V4 model whatever `--page-size` says
+/// (`arg_groups/model_overrides/deepseek_v4.py`; the simulator does too, from the model's
+/// `config.json`). Both units ask for 64 and run with 256: no change, a plain restart passes; a
+/// prefill that asks for 128 is refused, by what was asked.
+#[test]
+fn a_deepseek_v4_page_size_override_is_no_change_and_a_real_change_is_still_refused() {
+    let page = |n: &str| vec!["--page-size".to_string(), n.to_string()];
+    let opts = StackOptions {
+        model_config: Some(r#"{"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4"}"#.into()),
+        prefill_args: page("64"),
+        decode_args: page("64"),
+        ..Default::default()
+    };
+    let (stack, config, d) = up(opts.clone());
+    let info: Value = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async { http().get(format!("{}/server_info", stack.decode.url)).send().await.expect("server_info").json().await.expect("json") });
+    assert_eq!(info["page_size"], 256, "resolved by the model override");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    // A real change of what is asked is still refused before anything restarts.
+    let unit = stack.worker_unit(&stack.prefill, &opts, &page("128"));
+    let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart");
+    stack.drop_in(P, "50-page-size", &format!("[Service]\nExecStart=\n{exec}\n")).expect("drop-in");
+    let r = run(&d, &config, &["rollout", "apply", "--json"]);
+    assert_eq!(r.code, 1, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!(f["cause_code"], "incompatible_change", "{f:#}");
+    assert!(f["cause"].as_str().unwrap_or("").contains(&format!("page_size 128 ({P} new) vs 64 ({D} running)")), "{f:#}");
+    assert!(!r.touched(P) && !r.touched(D), "nothing restarted");
+}

@@ -100,6 +100,9 @@ pub struct PreflightDetail {
     pub pairing: Value,
     /// The unit's TimeoutStopSec, in ms.
     pub timeout_stop_ms: Option<u64>,
+    /// The unit's `KillMode=` (`mixed` lets SGLang drain on SIGTERM; `control-group` does not).
+    #[serde(default)]
+    pub kill_mode: Option<String>,
     /// What a stop or a pair may run into.
     pub warnings: Vec<String>,
     /// Whether the worker accepts pdctl's API key (`None`: not checked).
@@ -160,6 +163,7 @@ mod tests {
             gpus: Some("0,1".into()),
             pairing: json!({}),
             timeout_stop_ms: None,
+            kill_mode: Some("mixed".into()),
             warnings: vec![],
             api_key_check: None,
             coherence: None,
@@ -168,7 +172,7 @@ mod tests {
             serde_json::to_value(&p).unwrap(),
             json!({"outage": null, "active_state": "active", "sub_state": "running", "invocation_id": "i", "main_pid": 7, "fragment_path": "/u",
                    "drop_ins": [], "drop_ins_not_loaded": ["/d.conf"], "daemon_reload": true, "dry_run": false, "enable_metrics": true,
-                   "gpus": "0,1", "pairing": {}, "timeout_stop_ms": null, "warnings": [], "api_key_check": null})
+                   "gpus": "0,1", "pairing": {}, "timeout_stop_ms": null, "kill_mode": "mixed", "warnings": [], "api_key_check": null})
         );
         // The router's preflight detail is not a worker's.
         assert!(serde_json::from_value::<PreflightDetail>(json!({"workers": []})).is_err());

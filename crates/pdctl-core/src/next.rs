@@ -95,6 +95,9 @@ impl Cause {
             Cause::ApiKeyRejected { .. } => {
                 "compare the key in the unit's `--api-key` with the file its `api_key_file` names, `systemctl restart pdctld`, then `pdctl check`".into()
             }
+            Cause::KillModeUnsafe { unit, .. } => {
+                format!("`systemctl edit {unit}` (add `[Service]` `KillMode=mixed`), `systemctl daemon-reload`, then `pdctl check`")
+            }
             Cause::StopSlow { unit, .. } => {
                 format!("`systemctl show {unit} -p TimeoutStopUSec` and `journalctl -u {unit} -n 200` (the stop's lines), then `pdctl check`")
             }

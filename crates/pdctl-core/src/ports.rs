@@ -62,6 +62,9 @@ pub struct UnitConfig {
     /// `TimeoutStopSec=`: how long systemd lets a stop take before SIGKILL (`None`: infinity).
     /// SGLang's stop waits for its requests in flight, so this bounds a stop.
     pub timeout_stop: Option<Duration>,
+    /// `KillMode=` (`None`: not known). With systemd's default `control-group` the stop's
+    /// SIGTERM also reaches SGLang's scheduler process, which dies of it; see [`crate::stop`].
+    pub kill_mode: Option<String>,
 }
 
 /// How our restart job ended.

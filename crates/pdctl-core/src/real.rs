@@ -59,6 +59,7 @@ fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
         drop_in_paths: c.drop_in_paths,
         need_daemon_reload: c.need_daemon_reload,
         timeout_stop: (c.timeout_stop_us != u64::MAX).then(|| std::time::Duration::from_micros(c.timeout_stop_us)),
+        kill_mode: (!c.kill_mode.is_empty()).then_some(c.kill_mode),
     }
 }
 

@@ -6,6 +6,43 @@
 /// is printed through uvicorn's handler as `[…] INFO:     The server is fired up…`.
 pub const READY_LINE: &str = "The server is fired up and ready to roll!";
 
+/// What a running server was asked: `/server_info`'s `launch_command`, split into words. SGLang
+/// 0.5.23 reports its *resolved* settings in `/server_info` (`utils/common.py`
+/// `build_server_info` → `server_args.resolved_dict()`: `mooncake_tcp` is reported as `mooncake`,
+/// a DeepSeek-V4 model's `page_size` as 256 whatever was asked) and, beside them,
+/// `launch_command`: the command line without the program, joined with spaces
+/// (`server_args.py`). A new ExecStart is compared with this; resolved values only with another
+/// running server's. `None`: not reported (versions before it report only their settings).
+pub fn launch_argv(info: &serde_json::Value) -> Option<Vec<String>> {
+    info.get("launch_command")?.as_str().map(|s| s.split_whitespace().map(String::from).collect())
+}
+
+/// Flags whose value is a secret: never recorded from a `launch_command` (0.5.23 redacts only
+/// the watermark's).
+pub const SECRET_FLAGS: &[&str] = &["--api-key", "--admin-api-key"];
+
+/// `argv` with the values of [`SECRET_FLAGS`] replaced by `<redacted>`, for records and logs.
+pub fn redact(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut hide_next = false;
+    for a in argv {
+        if hide_next {
+            out.push("<redacted>".to_string());
+            hide_next = false;
+            continue;
+        }
+        match SECRET_FLAGS.iter().find(|f| a == *f || a.starts_with(&format!("{f}="))) {
+            Some(f) if a == f => {
+                out.push(a.clone());
+                hide_next = true;
+            }
+            Some(f) => out.push(format!("{f}=<redacted>")),
+            None => out.push(a.clone()),
+        }
+    }
+    out
+}
+
 /// Lines that mean this run failed, each with where SGLang prints it.
 pub const FATAL_PATTERNS: &[&str] = &[
     // `Initialization failed. warmup error: …` (entrypoints/http_server.py) and

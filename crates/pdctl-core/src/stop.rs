@@ -5,9 +5,20 @@
 //! `TimeoutStopSec=` (90 s by default) then bounds it with SIGKILL. So a restart job lasts the
 //! stop (0-5 s with nothing in flight, as long as the longest request otherwise) plus the start.
 //!
-//! This file decides how long pdctl waits for a restart job, reads why a stop took as long as it
-//! did from the unit's journal, and says in preflight when a stop could be SIGKILLed with work in
-//! flight.
+//! That drain happens only when SIGTERM reaches SGLang's main process alone. systemd's default
+//! `KillMode=control-group` sends it to every process of the unit: the scheduler subprocess dies
+//! of it at once, the main process's watchdog logs `Subprocess scheduler_0 (pid=…) crashed with
+//! exit code -15. Triggering SIGQUIT for cleanup...` (`utils/watchdog.py`), its SIGQUIT handler
+//! logs `SIGQUIT received… It usually means one child failed.`, sleeps 5 s "before crash
+//! diagnostics" and SIGKILLs its own tree (`managers/tokenizer_manager.py`): the unit ends
+//! `code=killed, status=9/KILL` ~5.5 s after the SIGTERM and whatever ran on the server is lost
+//! (measured on the real 0.5.23 server under systemd 252). `KillMode=mixed` (SIGTERM to the main
+//! process, SIGKILL to the rest only at `TimeoutStopSec=`) gives the drain: preflight refuses
+//! `control-group` ([`kill_mode_risk`]).
+//!
+//! This file decides how long pdctl waits for a restart job, reads what ended a stop and why it
+//! took as long as it did from the unit's journal, and says in preflight when a stop could be
+//! SIGKILLed with work in flight.
 
 use std::time::Duration;
 
@@ -27,6 +38,11 @@ pub const WATCHDOG_PERIOD: Duration = Duration::from_secs(5);
 /// systemd's own lines when a stop reached `TimeoutStopSec=` (`State 'stop-sigterm' timed out.
 /// Killing.`) and when it killed the process.
 const KILLED_MARKS: &[&str] = &["timed out. Killing", "with signal SIGKILL", "status=9/KILL"];
+/// SGLang's lines when a child process died and it takes its own process tree down
+/// (`utils/watchdog.py`, `managers/tokenizer_manager.py`).
+const TREE_KILL_MARKS: &[&str] = &["Triggering SIGQUIT for cleanup", "It usually means one child failed"];
+/// systemd's line when the stop reached `TimeoutStopSec=`.
+const TIMEOUT_MARK: &str = "timed out. Killing";
 /// The longest pdctl waits for a stop whose `TimeoutStopSec=` is infinity.
 pub const UNBOUNDED_STOP_WAIT: Duration = Duration::from_secs(3600);
 
@@ -50,6 +66,11 @@ pub struct StopReport {
     pub checks: u32,
     /// systemd killed it at `TimeoutStopSec=`.
     pub killed: bool,
+    /// What ended the process: `drained` (SGLang's own exit after its drain), `timeout_sigkill`
+    /// (systemd's SIGKILL at `TimeoutStopSec=`), `sglang_tree_kill` (a child process died — under
+    /// `KillMode=control-group`, of the stop's own SIGTERM — and SGLang SIGKILLed its whole tree:
+    /// nothing drained), `exited` (it exited without logging a drain).
+    pub ended_by: &'static str,
     /// Why the stop took that long, in one sentence.
     pub why: String,
 }
@@ -63,7 +84,9 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
         None => &[],
     };
     let counts: Vec<u64> = ours.iter().filter_map(|l| remaining_in(l)).collect();
-    let killed = ours.iter().any(|l| KILLED_MARKS.iter().any(|m| l.contains(m))) || matches!((stop, timeout_stop), (Some(s), Some(t)) if s >= t);
+    let tree_kill = ours.iter().any(|l| TREE_KILL_MARKS.iter().any(|m| l.contains(m)));
+    let timed_out = ours.iter().any(|l| l.contains(TIMEOUT_MARK)) || matches!((stop, timeout_stop), (Some(s), Some(t)) if s >= t);
+    let killed = timed_out || !tree_kill && ours.iter().any(|l| KILLED_MARKS.iter().any(|m| l.contains(m)));
     let ms = |d: Duration| d.as_millis() as u64;
     let took = stop.map(|d| format!("{:.1} s", d.as_secs_f64())).unwrap_or_else(|| "an unknown time".into());
     let first = counts.first().copied();
@@ -77,6 +100,14 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
                 _ => String::new(),
             }
         )
+    } else if tree_kill {
+        format!(
+            "the stop took {took} and was not a drain: a child process of SGLang died (under KillMode=control-group the stop's SIGTERM reaches its scheduler too) and SGLang SIGKILLed its own process tree{}; set KillMode=mixed on the unit",
+            match first {
+                Some(n) if n > 0 => format!(" with {n} request(s) in flight"),
+                _ => String::new(),
+            }
+        )
     } else if start.is_none() {
         format!("the stop took {took}; the server logged no SIGTERM drain (it exited without waiting for requests)")
     } else {
@@ -87,7 +118,21 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
             _ => format!("the stop took {took}: nothing was in flight; SGLang exits at its next {} s watchdog check", WATCHDOG_PERIOD.as_secs()),
         }
     };
-    StopReport { stop_ms: stop.map(ms), timeout_stop_ms: timeout_stop.map(ms), requests_at_first_check: first, checks: counts.len() as u32, killed, why }
+    let ended_by = match (killed, tree_kill, start.is_some()) {
+        (true, _, _) => "timeout_sigkill",
+        (false, true, _) => "sglang_tree_kill",
+        (false, false, true) => "drained",
+        (false, false, false) => "exited",
+    };
+    StopReport {
+        stop_ms: stop.map(ms),
+        timeout_stop_ms: timeout_stop.map(ms),
+        requests_at_first_check: first,
+        checks: counts.len() as u32,
+        killed,
+        ended_by,
+        why,
+    }
 }
 
 /// The requests a watchdog line reports left (`None`: not such a line).
@@ -142,6 +187,18 @@ pub fn risks(unit: &str, timeout_stop: Option<Duration>, drain_timeout: Duration
     out
 }
 
+/// Preflight: a `KillMode=` under which the stop cannot drain (`control-group`: systemd's SIGTERM
+/// reaches SGLang's scheduler, which dies of it, and SGLang then SIGKILLs its own tree). The
+/// sentence names the drop-in that fixes it, with a `TimeoutStopSec=` above the drain.
+pub fn kill_mode_risk(unit: &str, kill_mode: Option<&str>, drain_timeout: Duration) -> Option<String> {
+    (kill_mode == Some("control-group")).then(|| {
+        format!(
+            "{unit} has KillMode=control-group: systemd's SIGTERM also reaches SGLang's scheduler, which dies of it, and the server then SIGKILLs its own process tree about 5 s later, so nothing in flight on it finishes; add a drop-in (systemctl edit {unit}) with [Service] KillMode=mixed and TimeoutStopSec={}s, then systemctl daemon-reload",
+            (drain_timeout + Duration::from_secs(30)).as_secs()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +238,44 @@ mod tests {
         assert!(!idle.killed && idle.why.contains("nothing was in flight"), "{}", idle.why);
         let old = report(&[], Some(Duration::from_millis(200)), Some(Duration::from_secs(90)));
         assert!(old.why.contains("logged no SIGTERM drain"), "{}", old.why);
+    }
+
+    #[test]
+    fn a_stop_sglang_ended_by_killing_its_own_tree_is_not_called_a_timeout() {
+        // Measured on the real 0.5.23 server under KillMode=control-group: killed ~5.5 s after
+        // SIGTERM, far below TimeoutStopSec, by SGLang itself.
+        let l = lines(&[
+            "[t] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...",
+            "[t] Subprocess scheduler_0 (pid=42) crashed with exit code -15. Triggering SIGQUIT for cleanup...",
+            "[t] SIGQUIT received. signum=3, frame=None. It usually means one child failed.",
+            "[t] Sleeping 5 seconds before crash diagnostics to let GPU activity settle.",
+            "p.service: Main process exited, code=killed, status=9/KILL",
+            "p.service: Failed with result 'signal'.",
+        ]);
+        let r = report(&l, Some(Duration::from_millis(5600)), Some(Duration::from_secs(60)));
+        assert_eq!((r.killed, r.ended_by), (false, "sglang_tree_kill"));
+        assert!(r.why.contains("SIGKILLed its own process tree") && r.why.contains("KillMode=mixed"), "{}", r.why);
+        assert!(!r.why.contains("TimeoutStopSec"), "{}", r.why);
+        // The manager's own SIGKILL at the timeout is still that.
+        let t = report(
+            &lines(&["SIGTERM received. Draining requests and shutting down...", "p.service: State 'stop-sigterm' timed out. Killing.", "status=9/KILL"]),
+            Some(Duration::from_secs(60)),
+            Some(Duration::from_secs(60)),
+        );
+        assert_eq!((t.killed, t.ended_by), (true, "timeout_sigkill"));
+        let d =
+            report(&lines(&["SIGTERM received. Draining requests and shutting down...", "Gracefully exiting... Remaining number of requests 0."]), None, None);
+        assert_eq!(d.ended_by, "drained");
+        assert_eq!(report(&[], None, None).ended_by, "exited");
+    }
+
+    #[test]
+    fn only_control_group_is_a_kill_mode_risk() {
+        let r = kill_mode_risk("p.service", Some("control-group"), Duration::from_secs(60)).expect("a risk");
+        assert!(r.contains("KillMode=mixed") && r.contains("TimeoutStopSec=90s") && r.contains("systemctl edit p.service"), "{r}");
+        for m in [Some("mixed"), Some("process"), None] {
+            assert_eq!(kill_mode_risk("p.service", m, Duration::from_secs(60)), None);
+        }
     }
 
     #[test]

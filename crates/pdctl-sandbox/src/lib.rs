@@ -167,6 +167,36 @@ impl Gateway {
     }
 }
 
+/// The real SGLang server as `scripts/setup` installs it (`./.venv-sglang`, a link to a cache
+/// directory named by the hash of `scripts/real-sglang/`'s files): `sglang==0.5.23` on this CPU
+/// with a tiny model made locally. What each part is for: scripts/setup and docs/real-sglang.md.
+#[derive(Debug, Clone)]
+pub struct RealSglang {
+    /// The venv's Python.
+    pub python: PathBuf,
+    /// The directory holding the stand-in `libcuda.so.1` (the units' `LD_LIBRARY_PATH`).
+    pub lib: PathBuf,
+    /// The tiny model (config and tokenizer; run with `--load-format dummy`).
+    pub model: PathBuf,
+    /// The directory of `sitecustomize.py` (the units' `PYTHONPATH`).
+    pub site: PathBuf,
+}
+
+impl RealSglang {
+    /// Find it, or say that `scripts/setup` installs it.
+    pub fn find() -> Result<RealSglang> {
+        let root = repo_root();
+        let dir = std::env::var_os("PDCTL_REAL_SGLANG").map(PathBuf::from).unwrap_or_else(|| root.join(".venv-sglang"));
+        let r = RealSglang { python: dir.join("venv/bin/python"), lib: dir.join("lib"), model: dir.join("model"), site: root.join("scripts/real-sglang") };
+        for p in [&r.python, &r.lib.join("libcuda.so.1"), &r.model.join("config.json"), &r.site.join("sitecustomize.py"), &dir.join("ok")] {
+            if !p.exists() {
+                return Err(SandboxError::Missing(format!("the real SGLang server ({} is missing; run scripts/setup to install it)", p.display())));
+            }
+        }
+        Ok(r)
+    }
+}
+
 /// The real SGLang gateway's `smg` entry point: `$PDCTL_ROUTER_BIN`, else `gateway`'s in the
 /// repository's venvs (installed by `scripts/setup`).
 pub fn router_bin(gateway: Gateway) -> Result<PathBuf> {

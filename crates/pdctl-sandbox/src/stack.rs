@@ -8,14 +8,32 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::journal::field;
-use crate::{free_port, router_bin, workspace_bin, Gateway, Result, Sandbox, SandboxError};
+use crate::{free_port, router_bin, workspace_bin, Gateway, RealSglang, Result, Sandbox, SandboxError};
 
 /// SGLang's ready line.
 pub const READY_LINE: &str = "The server is fired up and ready to roll!";
 
+/// Which SGLang server the worker units run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// `sglang-sim` (fast; every scenario and fault).
+    Sim,
+    /// The released `sglang==0.5.23` on this CPU ([`RealSglang`]): a tiny model, PD over
+    /// mooncake's TCP transport, ~3 GB of memory and 15-30 s to its ready line per server.
+    Real,
+}
+
 /// What to vary in the stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
+    /// Which server the workers run (`Sim` unless a test asks for the real one).
+    pub server: Server,
+    /// `KillMode=` of the worker units: `mixed` (SIGTERM to the main process only: SGLang
+    /// drains), or systemd's default `control-group` to show what that does.
+    pub kill_mode: &'static str,
+    /// A `config.json` for the simulated model directory (e.g. a DeepSeek-V4 architecture,
+    /// whose page size SGLang 0.5.23 resolves to 256 whatever `--page-size` says).
+    pub model_config: Option<String>,
     /// Extra `sglang-sim` flags for the prefill unit (e.g. `--sim-version 0.5.6`).
     pub prefill_args: Vec<String>,
     /// Extra `sglang-sim` flags for the decode unit.
@@ -59,6 +77,9 @@ pub struct StackOptions {
 impl Default for StackOptions {
     fn default() -> Self {
         StackOptions {
+            server: Server::Sim,
+            kill_mode: "mixed",
+            model_config: None,
             prefill_args: Vec::new(),
             decode_args: Vec::new(),
             load_secs: 1.5,
@@ -142,6 +163,8 @@ pub struct Stack {
     pub sim_bin: PathBuf,
     /// The API key of the workers and the gateway ([`StackOptions::api_key`]).
     pub api_key: Option<String>,
+    /// The real SGLang server the workers run (`None`: `sglang-sim`).
+    pub real: Option<RealSglang>,
 }
 
 /// `0-3` → `0,1,2,3` (the form `CUDA_VISIBLE_DEVICES` takes).
@@ -162,8 +185,16 @@ fn q(s: &str) -> String {
 }
 
 impl Stack {
-    /// The unit file of a simulated worker.
+    /// The unit file of a worker: simulated, or the real server ([`StackOptions::server`]).
     pub fn worker_unit(&self, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
+        match &self.real {
+            Some(r) => real_worker_unit(r, w, opts, extra),
+            None => self.sim_worker_unit(w, opts, extra),
+        }
+    }
+
+    /// The unit file of a simulated worker.
+    fn sim_worker_unit(&self, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
         let model = self.sandbox.dir().join("models/dsv4");
         let mut args: Vec<String> = vec![
             "--model-path".into(),
@@ -200,7 +231,8 @@ impl Stack {
              [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
              Environment=SGLANG_SIM_LOAD_SECS={load} SGLANG_SIM_WARMUP_SECS={warm}\n\
              Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
-             ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\n",
+             ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\nKillMode={kill_mode}\n",
+            kill_mode = opts.kill_mode,
             role = w.role,
             gpus = w.gpus,
             cuda = cuda_list(w.gpus),
@@ -216,8 +248,16 @@ impl Stack {
     pub fn boot(opts: &StackOptions) -> Result<Stack> {
         let sim_bin = workspace_bin("sglang-sim", "PDCTL_SIM_BIN")?;
         let smg = if opts.router { Some(router_bin(opts.gateway)?) } else { None };
+        let real = match opts.server {
+            Server::Real => Some(RealSglang::find()?),
+            Server::Sim => None,
+        };
         let sandbox = Sandbox::start()?;
-        std::fs::create_dir_all(sandbox.dir().join("models/dsv4")).map_err(|e| SandboxError::Io { what: "create the model directory".into(), source: e })?;
+        let model_dir = sandbox.dir().join("models/dsv4");
+        std::fs::create_dir_all(&model_dir).map_err(|e| SandboxError::Io { what: "create the model directory".into(), source: e })?;
+        if let Some(c) = &opts.model_config {
+            std::fs::write(model_dir.join("config.json"), c).map_err(|e| SandboxError::Io { what: "write the model's config.json".into(), source: e })?;
+        }
         let two = opts.pairs >= 2;
         let worker = |unit: &str, role: &'static str, gpus: &'static str| -> Result<Worker> {
             let port = free_port()?;
@@ -231,7 +271,7 @@ impl Stack {
         } else {
             vec![]
         };
-        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, extra_routers: Vec::new(), sim_bin, api_key: opts.api_key.clone() };
+        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, extra_routers: Vec::new(), sim_bin, api_key: opts.api_key.clone(), real };
         let mut units = Vec::new();
         for w in stack.workers() {
             let args = if w.role == "prefill" { &opts.prefill_args } else { &opts.decode_args };
@@ -338,8 +378,11 @@ impl Stack {
             }
             t.push_str(&format!("gpus = \"{}\"\n\n", w.gpus));
         }
+        // The real server on this CPU: 15-30 s to its ready line (imports), longer under load.
+        let ready_timeout = if self.real.is_some() { "240s" } else { "60s" };
+        t.push_str(&format!("[rollout]\nready_timeout = \"{ready_timeout}\"\n"));
         t.push_str(
-            "[rollout]\norder = [\"prefill\", \"decode\"]\nready_timeout = \"60s\"\nhealth_timeout = \"30s\"\n\
+            "order = [\"prefill\", \"decode\"]\nhealth_timeout = \"30s\"\n\
              router_timeout = \"30s\"\nmetrics_timeout = \"40s\"\nmin_healthy = \"3s\"\ndrain_timeout = \"10s\"\n\
              # 1P1D: each restart interrupts serving (no other worker of its role); accepted here\n\
              allow_outage = true\n\n\
@@ -478,6 +521,75 @@ impl Stack {
         }
         Ok(out)
     }
+}
+
+/// The unit file of a real `sglang==0.5.23` worker on this CPU. Each flag and variable, and why:
+/// - `SGLANG_USE_CPU_ENGINE=1`, `--device cpu --attention-backend torch_native
+///   --disable-cuda-graph`: the CPU path that needs no CPU build of sglang-kernel (the default x86
+///   backend, `intel_amx`, does); `--max-total-tokens 8192 --mem-fraction-static 0.05`: a small
+///   KV pool; `OMP_NUM_THREADS=1`: two servers share two cores; `--sleep-on-idle`: an idle
+///   scheduler otherwise busy-polls most of a core;
+/// - `--load-format dummy` on the tiny model: random weights, the same in every process, nothing
+///   downloaded;
+/// - `--disaggregation-transfer-backend mooncake_tcp`: PD over mooncake's TCP transport (no RDMA
+///   here); `--disable-overlap-schedule` and, on a decode, `--disaggregation-decode-retraction-backup
+///   cpu_tensor`: 0.5.23's PD paths that otherwise call CUDA on a CPU-only machine;
+/// - `LD_LIBRARY_PATH` (the stand-in `libcuda.so.1`) and `PYTHONPATH` (`sitecustomize.py`):
+///   scripts/setup says why;
+/// - `KillMode=mixed`: the stop's SIGTERM reaches the main process only, which drains;
+///   `TimeoutStopSec=60`: above a drain (SGLang checks every 5 s; 8.5-11 s measured here).
+pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
+    let mut args: Vec<String> = vec!["-m".into(), "sglang.launch_server".into(), "--model-path".into(), r.model.display().to_string()];
+    for a in [
+        "--load-format",
+        "dummy",
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--disable-cuda-graph",
+        "--disable-overlap-schedule",
+        "--max-total-tokens",
+        "8192",
+        "--mem-fraction-static",
+        "0.05",
+        "--sleep-on-idle",
+        "--host",
+        "127.0.0.1",
+    ] {
+        args.push(a.into());
+    }
+    args.extend(["--port".into(), w.port.to_string(), "--disaggregation-mode".into(), w.role.into()]);
+    args.extend(["--disaggregation-transfer-backend".into(), "mooncake_tcp".into()]);
+    if w.role != "decode" || opts.decode_metrics {
+        args.push("--enable-metrics".into());
+    }
+    match w.bootstrap_port {
+        Some(b) => args.extend(["--disaggregation-bootstrap-port".into(), b.to_string()]),
+        None => args.extend(["--disaggregation-decode-retraction-backup".into(), "cpu_tensor".into()]),
+    }
+    if let Some(k) = &opts.api_key {
+        args.extend(["--api-key".into(), k.clone()]);
+    }
+    args.extend(extra.iter().cloned());
+    let exec = std::iter::once(r.python.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
+    format!(
+        "[Unit]\nDescription=SGLang {role} server (sglang 0.5.23 on the CPU) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
+         [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
+         Environment=SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1\n\
+         Environment=LD_LIBRARY_PATH={lib} PYTHONPATH={site}\n\
+         Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
+         ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStartSec=300\nTimeoutStopSec=60\nKillMode={kill_mode}\n",
+        kill_mode = opts.kill_mode,
+        role = w.role,
+        gpus = w.gpus,
+        cuda = cuda_list(w.gpus),
+        lib = q(&r.lib.display().to_string()),
+        site = q(&r.site.display().to_string()),
+        waiting = opts.waiting_timeout_secs,
+        bootstrap = opts.bootstrap_timeout_secs,
+        restart = opts.restart,
+    )
 }
 
 /// A blocking `GET` of a loopback `http://HOST:PORT/path` URL (HTTP/1.0, 5 s timeouts): status and

@@ -81,6 +81,8 @@ trait Service {
     fn timeout_stop_usec(&self) -> zbus::Result<u64>;
     #[zbus(property(emits_changed_signal = "const"))]
     fn environment_files(&self) -> zbus::Result<Vec<(String, bool)>>;
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn kill_mode(&self) -> zbus::Result<String>;
 }
 
 /// Which bus reaches the service manager.
@@ -240,6 +242,10 @@ pub struct UnitConfig {
     pub need_daemon_reload: bool,
     /// `TimeoutStopSec=` in µs (`u64::MAX`: infinity): how long a stop may take before SIGKILL.
     pub timeout_stop_us: u64,
+    /// `KillMode=`: `control-group` (systemd's default: SIGTERM to every process of the unit),
+    /// `mixed` (SIGTERM to the main process, SIGKILL to the rest only at the end), `process`,
+    /// `none`.
+    pub kill_mode: String,
 }
 
 /// How our restart job ended.
@@ -363,6 +369,7 @@ impl Systemd {
                 environment: s.environment().await.map_err(r("Environment"))?,
                 timeout_stop_us: s.timeout_stop_usec().await.map_err(r("TimeoutStopUSec"))?,
                 environment_files: s.environment_files().await.map_err(r("EnvironmentFiles"))?,
+                kill_mode: s.kill_mode().await.map_err(r("KillMode"))?,
                 fragment_path: u.fragment_path().await.map_err(r("FragmentPath"))?,
                 drop_in_paths: u.drop_in_paths().await.map_err(r("DropInPaths"))?,
                 need_daemon_reload: u.need_daemon_reload().await.map_err(r("NeedDaemonReload"))?,

@@ -395,6 +395,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         Some(other) => return Err(ArgError(format!("argument --disaggregation-mode: invalid choice: '{other}' (choose from 'null', 'prefill', 'decode')"))),
     };
     let sim = parse_knobs(&given, env)?;
+    let deepseek_v4 = architecture(&model_path).as_deref() == Some("DeepseekV4ForCausalLM");
     Ok(SimConfig {
         host: given.get("--host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
         port: port as u16,
@@ -406,9 +407,9 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         enable_metrics: given.contains_key("--enable-metrics"),
         skip_warmup: given.contains_key("--skip-server-warmup"),
         context_length: int("--context-length", 163_840)?,
-        page_size: int("--page-size", 1)?.max(1),
+        page_size: if deepseek_v4 { DEEPSEEK_V4_PAGE_SIZE } else { int("--page-size", 1)?.max(1) },
         kv_cache_dtype: given.get("--kv-cache-dtype").cloned().unwrap_or_else(|| "auto".into()),
-        transfer_backend: given.get("--disaggregation-transfer-backend").cloned().unwrap_or_else(|| "mooncake".into()),
+        transfer_backend: resolve_transfer_backend(given.get("--disaggregation-transfer-backend").map(String::as_str)),
         dp_size: int(if given.contains_key("--dp") { "--dp" } else { "--dp-size" }, 1)?.max(1),
         dp_attention: given.contains_key("--enable-dp-attention"),
         bootstrap_timeout: env_secs(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")?,
@@ -427,6 +428,28 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         given,
         sim,
     })
+}
+
+/// The page size SGLang 0.5.23 forces for a `DeepseekV4ForCausalLM` model on a GPU, whatever
+/// `--page-size` says (`arg_groups/model_overrides/deepseek_v4.py`): `/server_info` reports it,
+/// while `launch_command` keeps what was asked.
+pub const DEEPSEEK_V4_PAGE_SIZE: u64 = 256;
+
+/// The model's architecture: `architectures[0]` of `config.json` in the model directory (`None`:
+/// no such file, as in most simulated stacks).
+fn architecture(model_path: &str) -> Option<String> {
+    let text = std::fs::read_to_string(std::path::Path::new(model_path).join("config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("architectures")?.get(0)?.as_str().map(String::from)
+}
+
+/// The transfer backend as SGLang 0.5.23 resolves it (`arg_groups/pd_disaggregation_hook.py`):
+/// `mooncake_tcp` is mooncake with `MC_FORCE_TCP=1`, reported as `mooncake`; unset is `mooncake`.
+pub fn resolve_transfer_backend(given: Option<&str>) -> String {
+    match given {
+        None | Some("mooncake_tcp") => "mooncake".into(),
+        Some(other) => other.to_string(),
+    }
 }
 
 /// SGLang's disaggregation settings the simulator follows, with their defaults (upstream

@@ -65,6 +65,7 @@ impl Cause {
             Cause::UnitNotRunning { .. } => "unit_not_running",
             Cause::LoadUnknown { .. } => "load_unknown",
             Cause::StopSlow { .. } => "stop_slow",
+            Cause::KillModeUnsafe { .. } => "kill_mode_unsafe",
             Cause::ApiKeyRejected { .. } => "api_key_rejected",
             Cause::PeerRoleDown { .. } => "peer_role_down",
             Cause::RestoreFailed { .. } => "restore_failed",
@@ -88,6 +89,7 @@ impl Cause {
             | Cause::ConfigMismatch { .. }
             | Cause::MixedVersions { .. }
             | Cause::ApiKeyRejected { .. }
+            | Cause::KillModeUnsafe { .. }
             | Cause::AddressBlocked { .. } => FailureKind::Config,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
             Cause::SystemdUnreachable { .. }

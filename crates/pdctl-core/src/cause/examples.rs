@@ -73,6 +73,11 @@ impl Cause {
             Cause::UnitNotRunning { unit: unit(), state: "inactive/dead".into() },
             Cause::LoadUnknown { url: url(), error: msg() },
             Cause::StopSlow { unit: unit(), why: msg() },
+            Cause::KillModeUnsafe {
+                unit: unit(),
+                kill_mode: "control-group".into(),
+                fix: crate::stop::kill_mode_risk(&unit(), Some("control-group"), std::time::Duration::from_secs(60)).unwrap_or_default(),
+            },
             Cause::ApiKeyRejected { endpoint: format!("{}/server_info", url()), status: 401, key: "no key: api_key_file is not set for this worker".into() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },
             Cause::RestoreFailed { unit: unit(), error: msg() },

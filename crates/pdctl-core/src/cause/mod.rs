@@ -492,6 +492,18 @@ pub enum Cause {
         /// Which key pdctl sent, in words (never the key).
         key: String,
     },
+    /// The unit's `KillMode=` lets the stop's SIGTERM reach SGLang's scheduler process
+    /// (`control-group`, systemd's default): the scheduler dies of it and SGLang SIGKILLs its own
+    /// tree ~5 s later, so nothing drains. Refused in preflight unless `[rollout] kill_mode =
+    /// "warn"`.
+    KillModeUnsafe {
+        /// The unit.
+        unit: String,
+        /// Its `KillMode=`.
+        kill_mode: String,
+        /// The sentence with the drop-in that fixes it ([`crate::stop::kill_mode_risk`]).
+        fix: String,
+    },
     /// A stop that lasted until systemd's SIGKILL at `TimeoutStopSec=` (SGLang's stop waits for
     /// its requests in flight): requests were lost. Reported as a warning of the restart step.
     StopSlow {

@@ -93,7 +93,8 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 max_failed_probes,
                 on_stale_pair,
                 abort_after_drain_timeout,
-                unknown_load
+                unknown_load,
+                kill_mode
             );
         }
         if let Some(mut s) = raw.verify {

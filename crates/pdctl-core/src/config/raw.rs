@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::settings::{Coherent, InPlace, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad, WeightsFallback};
+use super::settings::{Coherent, InPlace, KillModePolicy, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad, WeightsFallback};
 use super::ConfigError;
 
 pub(super) fn line_of(text: &str, offset: usize) -> usize {
@@ -115,6 +115,7 @@ pub(super) struct RawRollout {
     pub(super) on_stale_pair: Option<OnStalePair>,
     pub(super) abort_after_drain_timeout: Option<bool>,
     pub(super) unknown_load: Option<UnknownLoad>,
+    pub(super) kill_mode: Option<KillModePolicy>,
 }
 
 #[derive(Debug, Default, Deserialize)]

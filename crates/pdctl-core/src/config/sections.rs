@@ -222,6 +222,7 @@ pub(super) fn rollout(
         on_stale_pair: ro.on_stale_pair.unwrap_or(OnStalePair::RestartDecode),
         abort_after_drain_timeout: ro.abort_after_drain_timeout.unwrap_or(false),
         unknown_load: ro.unknown_load.unwrap_or(UnknownLoad::Halt),
+        kill_mode: ro.kill_mode.unwrap_or(super::settings::KillModePolicy::Refuse),
     })
 }
 

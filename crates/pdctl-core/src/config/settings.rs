@@ -55,6 +55,18 @@ pub enum Coherent {
     Never,
 }
 
+/// What preflight does with a worker unit whose `KillMode=` lets the stop's SIGTERM reach
+/// SGLang's scheduler (`control-group`, systemd's default; `[rollout] kill_mode`): that stop is
+/// a crash, not a drain (see [`crate::stop`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KillModePolicy {
+    /// Refuse the restart before anything is touched (`kill_mode_unsafe`), naming the drop-in.
+    Refuse,
+    /// Restart it anyway, with the same sentence as a preflight warning.
+    Warn,
+}
+
 /// Whether a config rollout whose only change is the weights may load them without a restart
 /// (`[rollout] in_place`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -258,6 +270,8 @@ pub struct Rollout {
     pub single_pair: SinglePair,
     /// Which changes must not pair two versions.
     pub coherent: Coherent,
+    /// A worker unit with `KillMode=control-group`: refused or warned of.
+    pub kill_mode: KillModePolicy,
     /// More flags whose change breaks coherence (`coherent_flags`).
     pub coherent_flags: Vec<String>,
     /// A config rollout of new weights only loads them without a restart.

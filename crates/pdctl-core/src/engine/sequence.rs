@@ -233,7 +233,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 for _ in 0..5 {
                     let lines = self.logs.last_lines(unit, 300).await.unwrap_or_default();
                     stop = crate::stop::report(&lines, took, timeout_stop);
-                    if stop.checks > 0 || stop.killed || !lines.iter().any(|l| l.contains(crate::stop::SIGTERM_MARK)) {
+                    if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::stop::SIGTERM_MARK)) {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -252,6 +252,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
                     detail["warning"] = json!(c.sentence());
                     detail["cause_code"] = json!(c.code());
+                } else if stop.ended_by == "sglang_tree_kill" {
+                    // Not the manager's timeout: SGLang killed its own tree after a child died.
+                    let said = format!("{unit}: {}", stop.why);
+                    tracing::warn!(pdctl_unit = unit, "{said}");
+                    detail["warning"] = json!(said);
                 }
                 if out.job_result != "done" {
                     let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };

@@ -146,6 +146,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
         let mut warnings = self.stop_and_pair_risks(w, &cfg);
+        if let Some(fix) = crate::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), self.settings.rollout.drain_timeout) {
+            if self.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
+                let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
+                return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode, fix }));
+            }
+            tracing::warn!(pdctl_unit = %w.unit, "{fix}");
+            warnings.push(fix);
+        }
         // A dry run does not reload the manager: the restart's command line is read from the files.
         let disk_argv = if dry && needs_reload {
             let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "dry run");
@@ -174,6 +182,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             gpus: gpus.as_ref().map(fmt_set),
             pairing,
             timeout_stop_ms: cfg.timeout_stop.map(|d| d.as_millis() as u64),
+            kill_mode: cfg.kill_mode.clone(),
             warnings,
             api_key_check,
             coherence,
@@ -207,12 +216,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Ok(None);
         }
         // A server that does not answer runs nothing to compare with (its own gates say so).
-        let Some(info) = self.computes_with(&w.url).await else { return Ok(None) };
+        let Some(running) = self.computes_with(&w.url).await else { return Ok(None) };
         let mut extra = self.settings.rollout.coherent_flags.clone();
         if self.settings.rollout.coherent == Coherent::Always {
             extra.extend(crate::coherence::given_flags(argv));
+            extra.extend(running.asked.iter().flat_map(|a| crate::coherence::given_flags(a)));
         }
-        let changes = crate::coherence::changes(argv, &info, &extra);
+        let changes = crate::coherence::changes(argv, &running, &extra);
         if changes.is_empty() {
             return Ok(None);
         }
@@ -276,19 +286,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
-    /// What a server computes with: its `/server_info`, whose startup values are corrected by
-    /// `/model_info` for a weight update loaded since (0.5.23 `http_server.py`); `None`: it
-    /// does not answer.
-    async fn computes_with(&self, url: &str) -> Option<serde_json::Value> {
-        let mut info = self.probes.server_info(url).await.ok()?;
-        if let (Ok((path, version)), Some(obj)) = (self.probes.model_info(url).await, info.as_object_mut()) {
-            for (key, now) in [("model_path", path), ("weight_version", version)] {
-                if let Some(v) = obj.get_mut(key) {
-                    *v = now.into();
-                }
-            }
-        }
-        Some(info)
+    /// What a server computes with: what it was asked at its start (`/server_info`'s
+    /// `launch_command`), corrected by `/model_info` for a weight update loaded since (0.5.23
+    /// `http_server.py`); `None`: it does not answer.
+    async fn computes_with(&self, url: &str) -> Option<crate::coherence::Running> {
+        let info = self.probes.server_info(url).await.ok()?;
+        Some(crate::coherence::Running::new(info, self.probes.model_info(url).await.ok()))
     }
 
     /// Does the worker refuse pdctl's calls for want of its API key? A worker started with
@@ -433,9 +436,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// Preflight of a PD worker: the settings its ExecStart asks for are compared with what each
-    /// peer of the other role runs (`/server_info`; for a peer restarted together with it, the
-    /// peer's ExecStart), so that a change that would break every transfer is refused before
-    /// anything is touched.
+    /// peer of the other role was asked (`/server_info`'s `launch_command`, its reported values
+    /// where it has none; for a peer restarted together with it, the peer's ExecStart), so that a
+    /// change that would break every transfer is refused before anything is touched. Asked is
+    /// compared with asked: 0.5.23 reports resolved values (`mooncake_tcp` as `mooncake`), which
+    /// an unchanged ExecStart does not spell.
     pub(in crate::engine) async fn pairing_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig) -> Result<Value, Fail> {
         use crate::pairing::{compare, describe, settings_of_argv, settings_of_info};
         let Some(argv) = cfg.exec_start.first().filter(|_| self.settings.verify.pair && w.role != Role::Regular) else {
@@ -448,7 +453,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let theirs = if together && plan.workers.iter().any(|x| x.unit == peer.unit) {
                 self.units.config(&peer.unit).await.ok().and_then(|c| c.exec_start.first().map(|a| settings_of_argv(a)))
             } else {
-                self.probes.server_info(&peer.url).await.ok().map(|v| settings_of_info(&v))
+                // What the running peer was asked, read as our ExecStart is; its resolved values
+                // only where it does not report that.
+                self.probes.server_info(&peer.url).await.ok().map(|v| match crate::sglang::launch_argv(&v) {
+                    Some(asked) => settings_of_argv(&asked),
+                    None => settings_of_info(&v),
+                })
             };
             let Some(theirs) = theirs else {
                 checked.push(json!({"peer": peer.unit, "compared": false, "why": "its settings could not be read"}));
