@@ -31,7 +31,22 @@ const RELIED_ROUTES: &[&str] = &[
     "/v1/chat/completions",
     "/abort_request",
     "/flush_cache",
+    "/pause_generation",
+    "/continue_generation",
+    "/update_weights_from_disk",
     "/metrics",
+];
+
+/// The disaggregation settings pdctl's gates and the simulator's timing follow: each one the
+/// released server defines must be in the simulator's catalogue, with the same default.
+const RELIED_ENV: &[&str] = &[
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
+    "SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
 ];
 
 /// The Prometheus families pdctl reads (KV, queues, requests, the service gate's latencies): each one the released server
@@ -164,6 +179,21 @@ fn differences(wheel: &Value, sim: &Value, who: &str, relied: bool) -> Vec<Strin
             }
         }
     }
+    // The other way: a fact the released server has that the catalogue lacks.
+    if relied {
+        for name in RELIED_ENV {
+            if let (Some(w), None) = (wheel["env"].get(*name), sim["env"].get(*name)) {
+                out.push(format!("{name}: {upstream} defaults to {w}, {who} does not follow it"));
+            }
+        }
+        for section in ["server_args", "shutdown"] {
+            for (name, w) in wheel[section].as_object().into_iter().flatten() {
+                if sim[section].get(name).is_none() {
+                    out.push(format!("{name}: {upstream} has {w}, {who} says nothing of it"));
+                }
+            }
+        }
+    }
     out
 }
 
@@ -232,6 +262,12 @@ fn a_changed_simulator_fact_is_named() {
         (Box::new(|s| s["server_args"]["kv_cache_dtype"] = json!("bf16")), "kv_cache_dtype: the simulator defaults to \"bf16\""),
         (Box::new(|s| s["shutdown"]["serves_while_draining"] = json!(false)), "serves_while_draining: the simulator defaults to false"),
         (Box::new(|s| s["shutdown"]["watchdog_secs"] = json!(1)), "watchdog_secs: the simulator defaults to 1"),
+        (
+            Box::new(|s| drop(s["env"].as_object_mut().map(|o| o.remove("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE")))),
+            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE: SGLang 0.5.23 defaults to true, the simulator does not follow it",
+        ),
+        (Box::new(|s| drop(s["routes"].as_object_mut().map(|o| o.remove("/pause_generation")))), "route /pause_generation: SGLang 0.5.23 serves"),
+        (Box::new(|s| drop(s["shutdown"].as_object_mut().map(|o| o.remove("health_generate_poll_secs")))), "health_generate_poll_secs: SGLang 0.5.23 has 1"),
     ];
     assert!(changed(&|_| {}).is_empty(), "unchanged, the catalogue agrees");
     for (change, named) in cases {

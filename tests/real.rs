@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use pdctl_tests::pdctl_sandbox::stack::{Server, Stack, StackOptions};
-use pdctl_tests::{pdctl_daemon, stack_with_pdctld_opts, JsonRun, Load};
-use serde_json::Value;
+use pdctl_tests::pdctl_sandbox::stack::{http_get_with, Server, Stack, StackOptions};
+use pdctl_tests::{http, live_daemon, pdctl_daemon, raw_api, stack_with_pdctld_opts, until, JsonRun, Load};
+use serde_json::{json, Value};
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
@@ -98,4 +98,152 @@ fn a_unit_with_systemds_default_kill_mode_is_refused_before_anything_restarts() 
     assert_eq!(stack.show(P, "InvocationID").expect("InvocationID"), before, "the prefill was not restarted either");
     let next: Value = r.summary["failed"]["next"].clone();
     assert!(next.as_str().is_some_and(|n| n.contains("KillMode=mixed")), "{next}");
+}
+
+/// `n` requests of `tokens` tokens each through the gateway, sent now; each answers with its
+/// status and the tokens it completed.
+fn long_requests(stack: &Stack, n: usize, tokens: u32) -> Vec<std::thread::JoinHandle<(u16, u64)>> {
+    let url = format!("{}/generate", stack.router.as_ref().expect("router").url);
+    let key = stack.api_key.clone();
+    (0..n)
+        .map(|i| {
+            let (url, key) = (url.clone(), key.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                rt.block_on(async {
+                    let body = json!({"text": format!("{i} a long answer, please"), "sampling_params": {"max_new_tokens": tokens, "min_new_tokens": tokens, "temperature": 0}});
+                    let mut req = http().post(&url).json(&body).timeout(Duration::from_secs(300));
+                    if let Some(k) = &key {
+                        req = req.bearer_auth(k);
+                    }
+                    match req.send().await {
+                        Ok(r) => {
+                            let status = r.status().as_u16();
+                            let v: Value = r.json().await.unwrap_or(Value::Null);
+                            (status, v["meta_info"]["completion_tokens"].as_u64().unwrap_or(0))
+                        }
+                        Err(_) => (0, 0),
+                    }
+                })
+            })
+        })
+        .collect()
+}
+
+/// Requests the server runs now (`/v1/loads`: `num_running_reqs` + `num_waiting_reqs`).
+fn in_flight(stack: &Stack, url: &str) -> u64 {
+    http_get_with(&format!("{url}/v1/loads"), stack.api_key.as_deref())
+        .ok()
+        .and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
+        .and_then(|v| {
+            v["loads"].as_array().map(|l| l.iter().map(|x| x["num_running_reqs"].as_u64().unwrap_or(0) + x["num_waiting_reqs"].as_u64().unwrap_or(0)).sum())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_server_itself() {
+    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+    let cfg_dir = config.parent().expect("config dir").join("config.d");
+    std::fs::write(cfg_dir.join("20-drain.toml"), "[rollout]\ndrain_timeout = \"120s\"\n").expect("fragment");
+    // 1. pdctl's drain waits for two long requests before the decode's stop.
+    let reqs = long_requests(&stack, 2, 1500);
+    assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 2), "both requests run on the decode");
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    for (i, h) in reqs.into_iter().enumerate() {
+        let (status, tokens) = h.join().expect("request thread");
+        assert_eq!((status, tokens), (200, 1500), "long request {i} finished whole across the decode's restart\n{}", logs(&stack));
+    }
+    let drain = &r.event(D, "drain", "passed")["detail"];
+    println!("drain: {drain}");
+    let stop = &r.event(D, "restart", "passed")["detail"]["stop"];
+    println!("the stop after the drain: {stop}");
+    assert_eq!(stop["ended_by"], "drained", "{stop:#}");
+    // 2. Without pdctl's drain the server drains itself: SIGTERM reaches its main process only
+    // (KillMode=mixed), and the request in flight on it finishes.
+    std::fs::write(cfg_dir.join("30-no-drain.toml"), "[rollout]\ndrain = false\n").expect("fragment");
+    let reqs = long_requests(&stack, 1, 1500);
+    assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    let (status, tokens) = reqs.into_iter().next().expect("one").join().expect("request thread");
+    assert_eq!((status, tokens), (200, 1500), "the request in flight on the stopping server finished\n{}", logs(&stack));
+    let stop = &r.event(D, "restart", "passed")["detail"]["stop"];
+    println!("a stop with a request in flight on the server (KillMode=mixed): {stop}");
+    assert_eq!(stop["ended_by"], "drained", "{stop:#}");
+    assert!(stop["requests_at_first_check"].as_u64().is_some_and(|n| n >= 1), "SGLang waited for it: {stop:#}");
+}
+
+#[test]
+fn api_keys_on_both_servers_and_on_the_gateway() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { api_key: Some("real-s3cret".into()), ..real_opts() });
+    // The real server refuses its API without the key; /health, /ready and /metrics stay open.
+    let (status, _) = http_get_with(&format!("{}/v1/loads", stack.decode.url), None).expect("GET");
+    assert_eq!(status, 401);
+    assert_eq!(http_get_with(&format!("{}/health", stack.decode.url), None).expect("GET").0, 200);
+    let load = Load::start_with_key(&stack.router.as_ref().expect("router").url, 1.0, 4, stack.api_key.clone());
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], Duration::from_secs(900));
+    let (sent, failed) = load.stop();
+    println!("clients: {sent} sent, {failed} failed");
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    for unit in [P, D] {
+        assert_eq!(r.event(unit, "preflight", "passed")["detail"]["api_key_check"], "accepted");
+        r.event(unit, "pair", "passed");
+        r.event(unit, "router", "passed");
+    }
+}
+
+#[test]
+fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_rolls_out() {
+    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+    let exec_with = |extra: &[&str]| -> String {
+        let unit = stack.worker_unit(&stack.prefill, &real_opts(), &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        unit.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string()
+    };
+    let before = stack.show(P, "InvocationID").expect("InvocationID");
+    // A page size the running decode was not asked for: every transfer would fail.
+    let bad = stack.drop_in(P, "50-change", &format!("[Service]\nExecStart=\n{}\n", exec_with(&["--page-size", "16"]))).expect("drop-in");
+    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], Duration::from_secs(300));
+    assert_eq!(r.code, 1, "{}", explain(&stack, &r));
+    let f = &r.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("preflight"), Some("incompatible_change")), "{f:#}");
+    assert!(f["cause"].as_str().unwrap_or("").contains(&format!("page_size 16 ({P} new) vs 1 ({D} running)")), "{f:#}");
+    assert!(!r.touched(P) && !r.touched(D));
+    assert_eq!(stack.show(P, "InvocationID").expect("InvocationID"), before, "nothing restarted");
+    // A harmless flag instead: rolled out through every gate, and the server was asked for it.
+    std::fs::write(&bad, format!("[Service]\nExecStart=\n{}\n", exec_with(&["--max-running-requests", "64"]))).expect("drop-in");
+    stack.sandbox.daemon_reload().expect("reload");
+    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    for step in ["preflight", "restart", "ready", "health", "pair", "router", "metrics", "soak"] {
+        r.event(P, step, "passed");
+    }
+    let (_, body) = http_get_with(&format!("{}/server_info", stack.prefill.url), None).expect("server_info");
+    let info: Value = serde_json::from_str(&body).expect("json");
+    assert!(info["launch_command"].as_str().is_some_and(|c| c.contains("--max-running-requests 64")), "{}", info["launch_command"]);
+}
+
+#[test]
+fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
+    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+    let cfg_dir = config.parent().expect("config dir").join("config.d");
+    std::fs::write(cfg_dir.join("20-drain.toml"), "[rollout]\ndrain_timeout = \"120s\"\n").expect("fragment");
+    let reqs = long_requests(&stack, 1, 1500);
+    assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
+    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+    c.wait_line(Duration::from_secs(120), |e| e["unit"] == D && e["step"] == "drain" && e["status"] == "started").expect("the decode's drain started");
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    let _ = c.finish(Duration::from_secs(20));
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    // Reconciled: the decode serves behind the gateway, the ledger is empty, nothing is lost.
+    assert!(
+        until(Duration::from_secs(120), Duration::from_millis(200), || raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"] == false),
+        "pdctld finished reconciling"
+    );
+    let (_, st) = raw_api(&d.socket, "GET", "/v1/status", "");
+    assert_eq!(st["drained"], json!([]), "{st:#}");
+    stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(&stack)));
+    let (status, tokens) = reqs.into_iter().next().expect("one").join().expect("request thread");
+    assert_eq!((status, tokens), (200, 1500), "the request in flight finished\n{}", logs(&stack));
 }

@@ -631,6 +631,11 @@ pub struct Load {
 impl Load {
     /// Start sending `POST {router}/generate` (`max_new_tokens` tokens) at `rate` per second.
     pub fn start(router: &str, rate: f64, max_new_tokens: u32) -> Load {
+        Load::start_with_key(router, rate, max_new_tokens, None)
+    }
+
+    /// [`Load::start`] with `Authorization: Bearer KEY` on every request (a gateway with a key).
+    pub fn start_with_key(router: &str, rate: f64, max_new_tokens: u32, key: Option<String>) -> Load {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -646,14 +651,18 @@ impl Load {
                 while !flag.load(Ordering::SeqCst) {
                     tick.tick().await;
                     n += 1;
-                    let (c, url, sent, failed) = (c.clone(), url.clone(), sent.clone(), failed.clone());
+                    let (c, url, sent, failed, key) = (c.clone(), url.clone(), sent.clone(), failed.clone(), key.clone());
                     tasks.push(tokio::spawn(async move {
                         sent.fetch_add(1, Ordering::SeqCst);
                         // Prompts that share no prefix, as real traffic mostly does: smg's default
                         // cache-aware policy sends prompts with a common prefix to one worker.
                         let text = format!("{:016x} {n} asks about the capital of France", sglang_sim::ids::rand_u128() as u64);
                         let body = serde_json::json!({"text": text, "sampling_params": {"max_new_tokens": max_new_tokens}});
-                        let ok = c.post(&url).json(&body).send().await.is_ok_and(|r| r.status().is_success());
+                        let mut req = c.post(&url).json(&body);
+                        if let Some(k) = &key {
+                            req = req.bearer_auth(k);
+                        }
+                        let ok = req.send().await.is_ok_and(|r| r.status().is_success());
                         if !ok {
                             failed.fetch_add(1, Ordering::SeqCst);
                         }

@@ -356,6 +356,9 @@ pub trait Probes: Send + Sync {
     /// `POST /update_weights_from_disk` (`version`: its `weight_version`), within `limit`: the
     /// server's message, or why it refused.
     fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> impl Future<Output = Result<String, HttpFailure>> + Send;
+    /// `POST /flush_cache`, within `limit`: `true` flushed, `false` refused (requests still
+    /// running or waiting).
+    fn flush_cache(&self, url: &str, limit: Duration) -> impl Future<Output = Result<bool, HttpFailure>> + Send;
 }
 
 /// What a worker said to a call its `--api-key` guards.

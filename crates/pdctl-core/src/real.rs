@@ -306,6 +306,9 @@ impl Probes for HttpProbes {
     async fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> Result<String, HttpFailure> {
         pdctl_probe::weights::update_weights(&self.http, url, model_path, version, limit).await.map_err(failure)
     }
+    async fn flush_cache(&self, url: &str, limit: Duration) -> Result<bool, HttpFailure> {
+        pdctl_probe::weights::flush_cache(&self.http, url, limit).await.map_err(failure)
+    }
     async fn server_info(&self, url: &str) -> Result<serde_json::Value, HttpFailure> {
         self.http.get_json(&format!("{}/server_info", url.trim_end_matches('/'))).await.map_err(failure)
     }

@@ -330,6 +330,10 @@ impl Probes for FakeProbes {
         self.0.lock().unwrap().weight_log.push(format!("continue {url}"));
         Ok(())
     }
+    async fn flush_cache(&self, url: &str, _limit: Duration) -> Result<bool, HttpFailure> {
+        self.0.lock().unwrap().weight_log.push(format!("flush {url}"));
+        Ok(true)
+    }
     async fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, _limit: Duration) -> Result<String, HttpFailure> {
         let mut w = self.0.lock().unwrap();
         w.weight_log.push(format!("load {url} {model_path}"));

@@ -52,10 +52,16 @@ pub async fn resume(http: &Http, url: &str, limit: Duration) -> Result<(), HttpE
     post_ok(http, url, "/continue_generation", &json!({}), limit).await.map(|_| ())
 }
 
-/// `POST /update_weights_from_disk`: `Ok(message)` when the server says `success`; a refused
-/// load is `HttpError::Status` with the server's message.
+/// `POST /update_weights_from_disk` with `flush_cache: false`: `Ok(message)` when the server
+/// says `success`; a refused load is `HttpError::Status` with the server's message.
+///
+/// Why not the default flush: 0.5.23 flushes the cache after loading and, when the scheduler is
+/// busy (requests running, queued, retracted by a pause, or a decode's deferred KV release),
+/// refuses the flush and fails the call *after* the weights changed, while `/model_info` keeps
+/// the old path (`managers/scheduler_components/weight_updater.py`; seen on the real server with
+/// a request in flight, paused or not). The cache is flushed by [`flush_cache`] instead.
 pub async fn update_weights(http: &Http, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> Result<String, HttpError> {
-    let mut body = json!({ "model_path": model_path });
+    let mut body = json!({ "model_path": model_path, "flush_cache": false });
     if let Some(v) = version {
         body["weight_version"] = json!(v);
     }
@@ -66,5 +72,17 @@ pub async fn update_weights(http: &Http, url: &str, model_path: &str, version: O
     match (status, v.get("success").and_then(Value::as_bool)) {
         (200, Some(true)) => Ok(message),
         _ => Err(HttpError::Status { url: u, status, body: if message.is_empty() { snippet(&text) } else { message } }),
+    }
+}
+
+/// `POST /flush_cache`: `Ok(true)` flushed (200), `Ok(false)` refused because requests are still
+/// running or waiting (400, 0.5.23 `scheduler.py` `flush_cache` / `is_fully_idle`).
+pub async fn flush_cache(http: &Http, url: &str, limit: Duration) -> Result<bool, HttpError> {
+    let u = format!("{}/flush_cache", url.trim_end_matches('/'));
+    let (status, text) = http.post_json_within(&u, &json!({}), limit).await?;
+    match status {
+        200 => Ok(true),
+        400 => Ok(false),
+        _ => Err(HttpError::Status { url: u, status, body: snippet(&text) }),
     }
 }

@@ -84,6 +84,10 @@ pub struct SimConfig {
     /// `SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT` (seconds, default 1): how long a decode's send to
     /// a prefill's rank port may block before it counts as a failed send.
     pub send_timeout: Duration,
+    /// Decode: how long a request whose transfer failed keeps its KV allocation
+    /// (`SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE`, on by default, for
+    /// `SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`, 30 s); `None`: off.
+    pub deferred_release: Option<Duration>,
     /// `--dtype` (default `auto`: the model's, bfloat16 for the simulated model).
     pub dtype: String,
     /// `--page-size` as given (`None`: SGLang's default, resolved to 1 for the simulated backend).
@@ -290,6 +294,14 @@ const IGNORED: &[(&str, Kind)] = &[
     ("--random-seed", Kind::Value),
     ("--api-key", Kind::Value),
     ("--uvicorn-access-log-exclude-prefixes", Kind::Value),
+    // The real server's flags on a CPU (tests/differential.rs starts both with the same ones).
+    ("--load-format", Kind::Value),
+    ("--device", Kind::Value),
+    ("--disable-overlap-schedule", Kind::Flag),
+    ("--max-total-tokens", Kind::Value),
+    ("--sleep-on-idle", Kind::Flag),
+    ("--disaggregation-decode-retraction-backup", Kind::Value),
+    ("--revision", Kind::Value),
 ];
 
 /// Simulator knobs: flag name (without `--sim-`), kind.
@@ -418,6 +430,10 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         heartbeat_interval: env_secs(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL")?.max(Duration::from_secs(2)),
         heartbeat_failures: (env_secs(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE")?.as_secs_f64() as u32).max(1),
         send_timeout: env_secs(env, "SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT")?,
+        deferred_release: match env(DEFERRED_RELEASE_ENV).map(|v| v.trim().to_ascii_lowercase()) {
+            Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => None,
+            _ => Some(env_secs(env, "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT")?),
+        },
         dtype: given.get("--dtype").cloned().unwrap_or_else(|| "auto".into()),
         page_size_flag: match given.get("--page-size") {
             None => None,
@@ -460,7 +476,12 @@ pub const DISAGG_ENV: &[(&str, f64)] = &[
     ("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0),
     ("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2.0),
     ("SGLANG_DISAGGREGATION_ZMQ_SEND_TIMEOUT", 1.0),
+    ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0),
 ];
+
+/// Whether a decode keeps a failed request's KV allocation until the prefill acknowledges or the
+/// timeout passes (0.5.23 `environ.py`: on by default; `disaggregation/decode.py`).
+pub const DEFERRED_RELEASE_ENV: &str = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE";
 
 /// The default of one of [`DISAGG_ENV`].
 pub fn disagg_default(name: &str) -> f64 {

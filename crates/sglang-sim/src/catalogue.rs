@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::args::{parse, DISAGG_ENV};
+use crate::args::{parse, DEFERRED_RELEASE_ENV, DISAGG_ENV};
 use crate::engine::Engine;
 use crate::server::{served_routes, API_KEY_EXEMPT, DRAINING_LINE, READY_LINE, SERVES_WHILE_DRAINING, SIGTERM_LINE, WATCHDOG_PERIOD};
 use crate::version::Version;
@@ -43,6 +43,7 @@ pub fn of(version: Version) -> Value {
     let engine = Engine::new(Arc::new(cfg.clone()));
     let t = engine.admit(8);
     engine.finish(t);
+    engine.count_abort();
     engine.observe_first_token(false, 0.05);
     engine.observe_later_tokens(0.005, 1);
     engine.observe_finished(false, 0.06);
@@ -61,7 +62,8 @@ pub fn of(version: Version) -> Value {
         }
     }
 
-    let env: BTreeMap<&str, Value> = DISAGG_ENV.iter().map(|(n, v)| (*n, number(*v))).collect();
+    let mut env: BTreeMap<&str, Value> = DISAGG_ENV.iter().map(|(n, v)| (*n, number(*v))).collect();
+    env.insert(DEFERRED_RELEASE_ENV, json!(cfg.deferred_release.is_some()));
     let server_args = Some(&cfg).map(|d| {
         json!({
             "disaggregation_bootstrap_port": d.bootstrap_port,

@@ -40,6 +40,7 @@ struct Published {
     cache_hit_rate: f64,
     bootstrap_queue: u64,
     prealloc_queue: u64,
+    deferred_release: u64,
 }
 
 #[derive(Debug)]
@@ -63,6 +64,8 @@ struct State {
     bootstrap_queue: u64,
     /// Decode: requests waiting before their transfer (`--sim-transfer-delay-secs`).
     prealloc_queue: u64,
+    /// Decode: failed requests whose KV allocation is still held (the deferred release).
+    deferred_release: u64,
     /// The weights served now: model path, served model name, weight version (the flags', until
     /// `/update_weights_from_disk` loads others).
     weights: Weights,
@@ -89,6 +92,9 @@ pub struct Weights {
     /// tokenizer, a quantization, a dtype, a revision, a load format), as `--flag=value`
     /// joined; a weight update keeps them.
     pub build: String,
+    /// Weights loaded by an update whose cache flush was refused (0.5.23: the model runner
+    /// computes with them, `/model_info` still reports the ones before): what computes now.
+    pub unreported: Option<String>,
 }
 
 /// The flags [`Weights::build`] is made of.
@@ -99,7 +105,7 @@ impl Weights {
     /// restart onto another path, tokenizer or quantization is another model as much as a new
     /// weight version is).
     pub fn identity(&self) -> String {
-        format!("{}@{}{}", self.model_path, self.version, self.build)
+        self.unreported.clone().unwrap_or_else(|| format!("{}@{}{}", self.model_path, self.version, self.build))
     }
 
     /// The build flags of a configuration ([`Weights::build`]).
@@ -150,11 +156,13 @@ impl Engine {
                 last_decode_tps: 0.0,
                 bootstrap_queue: 0,
                 prealloc_queue: 0,
+                deferred_release: 0,
                 weights: Weights {
                     model_path: cfg.model_path.clone(),
                     served_model_name: cfg.served_model_name.clone(),
                     version: cfg.weight_version.clone(),
                     build: Weights::build_of(&cfg.given),
+                    unreported: None,
                 },
                 mixed_versions: 0,
                 pd_decoded: 0,
@@ -184,11 +192,27 @@ impl Engine {
     /// `_update_model_path_info` sets the served model name to the path too.
     pub fn load_weights(&self, model_path: &str, version: Option<&str>) {
         let mut s = self.lock();
+        s.weights.unreported = None;
         s.weights.model_path = model_path.to_string();
         s.weights.served_model_name = model_path.to_string();
         if let Some(v) = version {
             s.weights.version = v.to_string();
         }
+    }
+
+    /// A weight update whose cache flush was refused: the model computes with `model_path`
+    /// (`version`: the new one when given) while `/model_info` keeps reporting the weights before.
+    pub fn load_weights_unreported(&self, model_path: &str, version: Option<&str>) {
+        let mut s = self.lock();
+        let version = version.map(String::from).unwrap_or_else(|| s.weights.version.clone());
+        s.weights.unreported = Some(format!("{model_path}@{version}{}", s.weights.build));
+    }
+
+    /// Whether a flush would find the scheduler busy: requests running or waiting, rooms held in
+    /// a PD queue, a deferred KV release (0.5.23 `is_fully_idle`).
+    pub fn busy(&self) -> bool {
+        let s = self.lock();
+        s.running > 0 || s.bootstrap_queue > 0 || s.prealloc_queue > 0 || s.deferred_release > 0
     }
 
     /// How many `retract` pauses were continued (a request or room from before one was
@@ -290,6 +314,7 @@ impl Engine {
             cache_hit_rate: 0.0,
             bootstrap_queue: s.bootstrap_queue,
             prealloc_queue: s.prealloc_queue,
+            deferred_release: s.deferred_release,
         });
         s.last_publish = Instant::now();
     }
@@ -378,6 +403,13 @@ impl Engine {
         s.prealloc_queue = if add { s.prealloc_queue + 1 } else { s.prealloc_queue.saturating_sub(1) };
     }
 
+    /// Decode: a failed request's KV allocation is held (`add`) or released at last (the
+    /// deferred release). Published at the next batch report or idle publish.
+    pub fn deferred_release(&self, add: bool) {
+        let mut s = self.lock();
+        s.deferred_release = if add { s.deferred_release + 1 } else { s.deferred_release.saturating_sub(1) };
+    }
+
     /// A `/health` generate on an idle prefill-capable scheduler is a prefill batch.
     pub fn health_probe(&self) {
         let mut s = self.lock();
@@ -401,11 +433,11 @@ impl Engine {
         }
     }
 
-    /// `/flush_cache`: drop the radix cache unless requests are running or wait in a PD queue
-    /// (0.5.23 `is_fully_idle`).
+    /// `/flush_cache`: drop the radix cache unless requests are running, wait in a PD queue or
+    /// hold a deferred KV release (0.5.23 `is_fully_idle`).
     pub fn flush_cache(&self) -> bool {
         let mut s = self.lock();
-        if s.running > 0 || s.bootstrap_queue > 0 || s.prealloc_queue > 0 {
+        if s.running > 0 || s.bootstrap_queue > 0 || s.prealloc_queue > 0 || s.deferred_release > 0 {
             return false;
         }
         s.evictable = 0;
@@ -470,7 +502,7 @@ impl Engine {
                 stat(
                     "sglang:num_decode_deferred_kv_release_reqs",
                     "The number of failed decode requests whose KV allocations are held pending transfer drain acknowledgement or timeout.",
-                    0.0,
+                    p.deferred_release as f64,
                 );
             }
             if v.has_retracted() {
@@ -516,7 +548,10 @@ impl Engine {
         push(Family::counter("sglang:generation_tokens", "Number of generation tokens processed.", once(s.generation_tokens_total)));
         let requests = s.service.requests.iter().map(|(st, n)| (with_stream(*st), *n as f64)).collect();
         push(Family::counter("sglang:num_requests", "Number of requests processed.", requests));
-        push(Family::counter("sglang:num_aborted_requests", "Number of requests aborted.", once(s.aborted_total)));
+        // Created at the first abort (0.5.23 labels it per abort: no series before one).
+        if s.aborted_total > 0 {
+            push(Family::counter("sglang:num_aborted_requests", "Number of requests aborted.", once(s.aborted_total)));
+        }
         if self.cfg.mode == crate::args::Mode::Decode {
             // Simulator-only (no SGLang server has them): a decode's PD requests and those whose
             // KV came from a prefill of another weight version.

@@ -326,6 +326,7 @@ impl Pd {
                     b.room, b.room
                 );
                 log::line(&m);
+                self.defer_release();
                 return Err(m);
             }
             // The room never came (the prefill half was not sent): the prefill waited for it.
@@ -360,7 +361,21 @@ impl Pd {
             started.elapsed().as_secs_f64()
         );
         log::line(&m);
+        self.defer_release();
         Err(m)
+    }
+
+    /// Decode: a failed transfer's KV allocation stays held until the deferred release's timeout
+    /// (`SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`, 30 s; the prefill's
+    /// acknowledgement is not simulated): `/flush_cache` is refused meanwhile.
+    fn defer_release(&self) {
+        let Some(t) = self.cfg().deferred_release else { return };
+        self.engine.deferred_release(true);
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(t).await;
+            engine.deferred_release(false);
+        });
     }
 
     /// Prefill: the request of `room` failed here; its decode's fetch fails at once.

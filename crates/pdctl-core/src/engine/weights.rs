@@ -9,6 +9,15 @@
 //! passes its health, router and metrics gates. No PD request can pair two versions — none
 //! runs between the pause and the continue — and requests wait instead of failing.
 //!
+//! The load asks for no cache flush (`flush_cache: false`): 0.5.23's own flush after a load is
+//! refused whenever the scheduler is busy — requests running, waiting, retracted by the pause,
+//! a decode's deferred KV release — and then fails the call *after* the weights changed, with
+//! `/model_info` still naming the old ones (measured on the real server). pdctl flushes each
+//! worker's cache itself (`/flush_cache`): while paused where it is idle enough, else right after
+//! the continue, retried until it is (bounded by `health_timeout`); the step's detail says when,
+//! and a worker never flushed is named in the rollout's notes (its prefix cache may serve KV of
+//! the old weights until evicted).
+//!
 //! A failure puts the previous weights back on every worker that loaded the new ones (step
 //! `rollback`, paused again when they had continued) and continues every paused worker; the
 //! rollout fails with `weights_failed` naming the worker.
@@ -214,10 +223,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let _ = self.resume_all(&paused, notes).await;
             return end(Outcome::Failed, Vec::new(), Some(failure));
         }
-        // Every worker serves the new weights: all continue.
+        // Every worker serves the new weights: flush what the old ones cached while no request
+        // runs, where the scheduler lets it; then all continue.
+        let limit = self.settings.rollout.health_timeout;
+        let mut flushed: Vec<Option<String>> = Vec::new();
+        for (w, _) in &before {
+            flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
+        }
         let resumed = self.resume_all(&paused, notes).await;
         let waited = paused_at.elapsed().as_millis() as u64;
-        for ((s, w, served), (load_ms, r)) in steps.into_iter().zip(&loads) {
+        for ((w, _), f) in before.iter().zip(flushed.iter_mut()).filter(|(_, f)| f.is_none()) {
+            *f = Some(self.flush_when_idle(w, limit, notes).await);
+        }
+        for (((s, w, served), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
             let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
             s.pass(json!({
                 "from": { "model_path": served.0, "weight_version": served.1 },
@@ -225,6 +243,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 "load_ms": load_ms,
                 "paused_ms": waited,
                 "message": message,
+                "cache_flushed": cache,
             }));
             let _ = w;
         }
@@ -265,6 +284,28 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         mine?;
         let limit = self.settings.rollout.ready_timeout + std::time::Duration::from_secs(60);
         self.await_phase(step, &hosts, limit, None).await
+    }
+
+    /// Flush `w`'s cache once its scheduler lets it (requests it still runs keep it busy): tried
+    /// every 500 ms up to `limit`. Says when, or that it was not (named in the notes).
+    async fn flush_when_idle(&self, w: &Worker, limit: std::time::Duration, notes: &mut Vec<String>) -> String {
+        let t0 = Instant::now();
+        let mut last = String::from("refused: requests still running or waiting");
+        while t0.elapsed() < limit {
+            match self.probes.flush_cache(&w.url, limit).await {
+                Ok(true) => return format!("after the continue, {} ms later", t0.elapsed().as_millis()),
+                Ok(false) => {}
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        notes.push(format!(
+            "{}: its cache was not flushed within {} ({last}): prefixes it cached before the load may still be served from KV of the old weights until evicted; flush it when idle (POST {}/flush_cache)",
+            w.unit,
+            crate::cause::dur(&limit),
+            w.url
+        ));
+        format!("not flushed: {last}")
     }
 
     /// A worker's weights before: it must serve (`/health` 200) and say what it serves.

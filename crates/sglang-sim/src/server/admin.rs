@@ -6,7 +6,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::args::Mode;
 use crate::engine::Status;
 use crate::log;
 
@@ -151,8 +150,23 @@ pub(crate) async fn model_info(State(app): State<App>) -> Response {
         "has_audio_understanding": false,
         "model_type": "deepseek_v4",
         "architectures": ["DeepseekV4ForCausalLM"],
+        "load_format": w_load_format(cfg),
+        "reasoning_parser": null,
+        "tool_call_parser": null,
+        // A generation model's embedding section, as 0.5.23 reports it (`model_info`).
+        "embedding": {"family": "none", "task": "none", "execution": "none", "attention": "none", "pooling": "model_defined",
+            "normalize": false, "postprocessor": "none", "tokenizer_special_tokens": "model_default", "supports_dimensions": false,
+            "supports_token_embeddings": false, "supports_multimodal": false, "requires_embedding_flag": false,
+            "auto_enable_embedding": false, "bcg_eligibility": "disabled", "safe_disable_kv_cache": false,
+            "safe_disable_radix_cache": false, "safe_disable_chunked_prefill": false, "enabled": false, "matryoshka_dimensions": [],
+            "cache": {"kv_cache_disabled": false, "radix_cache_disabled": false, "chunked_prefill_disabled": false}},
     }))
     .into_response()
+}
+
+/// The load format `/model_info` reports: `--load-format` (default `auto`).
+fn w_load_format(cfg: &crate::args::SimConfig) -> String {
+    cfg.given.get("--load-format").cloned().unwrap_or_else(|| "auto".into())
 }
 
 pub(crate) async fn models(State(app): State<App>) -> Response {
@@ -187,12 +201,17 @@ pub(crate) async fn v1_loads(State(app): State<App>, axum::extract::Query(q): ax
     let (bootstrap, prealloc) = app.engine.pd_queue_sizes();
     let cfg = app.engine.config();
     let max = cfg.sim.max_total_tokens;
+    let usage = if max > 0 { used as f64 / max as f64 } else { 0.0 };
+    // The core fields as 0.5.23 names them (`managers/load_snapshot.py`); the simulator has no
+    // figures for the scheduler's busy time and decode moments: zeros of the same types.
     let mut load = json!({
         "timestamp": unix_now() as f64, "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
-        "num_used_tokens": used, "max_total_num_tokens": max,
-        "token_usage": if max > 0 { used as f64 / max as f64 } else { 0.0 },
+        "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used, "num_active_tokens": used,
+        "num_prealloc_ready_tokens": 0, "max_total_num_tokens": max, "max_running_requests": 2048,
+        "token_usage": usage, "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": usage,
+        "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
     });
-    if cfg.mode != Mode::Null && wants("disagg") {
+    if wants("disagg") {
         load["disaggregation"] = json!({
             "mode": cfg.mode.as_str(), "prefill_bootstrap_queue_reqs": bootstrap, "prefill_inflight_queue_reqs": 0,
             "decode_prealloc_queue_reqs": prealloc, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
@@ -206,8 +225,11 @@ pub(crate) async fn v1_loads(State(app): State<App>, axum::extract::Query(q): ax
         Some(r) if r != 0 => vec![],
         _ => vec![load],
     };
+    // The top-level timestamp is an ISO 8601 string with the UTC offset (`datetime.isoformat()`).
+    let iso = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+    let iso = iso.strip_suffix('Z').map(|t| format!("{t}+00:00")).unwrap_or(iso);
     axum::Json(json!({
-        "timestamp": unix_now(), "version": cfg.sim.version.to_string(), "accelerator": "cuda", "num_accelerators": 4,
+        "timestamp": iso, "version": cfg.sim.version.to_string(), "accelerator": "cuda", "num_accelerators": 4,
         "loads": loads,
     }))
     .into_response()

@@ -136,6 +136,10 @@ pub(crate) async fn update_weights_from_disk(State(app): State<App>, body: Bytes
     if v.get("abort_all_requests").and_then(Value::as_bool).unwrap_or(false) {
         app.requests.abort(None);
     }
+    // The cache flush after the load (default on) is refused when the scheduler was busy as the
+    // update came: measured on the real 0.5.23 server (tests/differential.rs), paused or not.
+    let flush = v.get("flush_cache").and_then(Value::as_bool).unwrap_or(true);
+    let busy = app.engine.busy() || app.requests.in_flight() > 0;
     // Not paused: wait for every request in flight, and hold new ones meanwhile.
     let _exclusive = if app.control.is_paused() { None } else { Some(app.control.model.clone().write_owned().await) };
     let sim = &app.engine.config().sim;
@@ -143,6 +147,15 @@ pub(crate) async fn update_weights_from_disk(State(app): State<App>, body: Bytes
     if sim.weights_fail {
         let message = format!("Failed to get weights iterator: {path} (simulated: --sim-weights-fail). Rollback to the old model weights.");
         log::line(&message);
+        return (StatusCode::BAD_REQUEST, axum::Json(json!({"success": false, "message": message, "num_paused_requests": 0}))).into_response();
+    }
+    if flush && busy {
+        // 0.5.23 `weight_updater.py`: the weights changed, the update call fails, and
+        // `/model_info` moves only on success.
+        app.engine.load_weights_unreported(&path, version.as_deref());
+        let message =
+            "Weights were updated, but the cache was not flushed because requests are still running or queued. Retract or finish them, then call /flush_cache.";
+        log::line(message);
         return (StatusCode::BAD_REQUEST, axum::Json(json!({"success": false, "message": message, "num_paused_requests": 0}))).into_response();
     }
     app.engine.load_weights(&path, version.as_deref());
