@@ -98,11 +98,24 @@ fn a_unit_with_systemds_default_kill_mode_is_refused_before_anything_restarts() 
     assert_eq!(stack.show(P, "InvocationID").expect("InvocationID"), before, "the prefill was not restarted either");
     let next: Value = r.summary["failed"]["next"].clone();
     assert!(next.as_str().is_some_and(|n| n.contains("KillMode=mixed")), "{next}");
+    // Restarted anyway (kill_mode = "warn"): the stop is SGLang killing its own tree after its
+    // scheduler died of the SIGTERM, and the restart step says so — not a TimeoutStopSec kill.
+    let cfg_dir = config.parent().expect("config dir").join("config.d");
+    std::fs::write(cfg_dir.join("20-kill-mode.toml"), "[rollout]\nkill_mode = \"warn\"\n").expect("fragment");
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    let pre = &r.event(D, "preflight", "passed")["detail"];
+    assert!(pre["warnings"].as_array().is_some_and(|w| w.iter().any(|x| x.as_str().is_some_and(|s| s.contains("KillMode=control-group")))), "{pre:#}");
+    let restart = &r.event(D, "restart", "passed")["detail"];
+    println!("a stop under KillMode=control-group: {}", restart["stop"]);
+    assert_eq!(restart["stop"]["ended_by"], "sglang_tree_kill", "{restart:#}\n{}", logs(&stack));
+    assert_eq!(restart["stop"]["killed"], false, "not the manager's SIGKILL at TimeoutStopSec: {restart:#}");
+    assert!(restart["warning"].as_str().is_some_and(|w| w.contains("SIGKILLed its own process tree")), "{restart:#}");
 }
 
 /// `n` requests of `tokens` tokens each through the gateway, sent now; each answers with its
-/// status and the tokens it completed.
-fn long_requests(stack: &Stack, n: usize, tokens: u32) -> Vec<std::thread::JoinHandle<(u16, u64)>> {
+/// status, the tokens it completed and when its answer came (µs since the epoch).
+fn long_requests(stack: &Stack, n: usize, tokens: u32) -> Vec<std::thread::JoinHandle<(u16, u64, u64)>> {
     let url = format!("{}/generate", stack.router.as_ref().expect("router").url);
     let key = stack.api_key.clone();
     (0..n)
@@ -116,18 +129,30 @@ fn long_requests(stack: &Stack, n: usize, tokens: u32) -> Vec<std::thread::JoinH
                     if let Some(k) = &key {
                         req = req.bearer_auth(k);
                     }
+                    let now_us = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
                     match req.send().await {
                         Ok(r) => {
                             let status = r.status().as_u16();
                             let v: Value = r.json().await.unwrap_or(Value::Null);
-                            (status, v["meta_info"]["completion_tokens"].as_u64().unwrap_or(0))
+                            (status, v["meta_info"]["completion_tokens"].as_u64().unwrap_or(0), now_us())
                         }
-                        Err(_) => (0, 0),
+                        Err(_) => (0, 0, now_us()),
                     }
                 })
             })
         })
         .collect()
+}
+
+/// When journald recorded `unit`'s last line containing `needle` (µs since the epoch).
+fn last_line_at(stack: &Stack, unit: &str, needle: &str) -> Option<u64> {
+    let out = stack.sandbox.journalctl(&["-u", unit, "-o", "json", "--no-pager"]).ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["MESSAGE"].as_str().is_some_and(|m| m.contains(needle)))
+        .filter_map(|e| e["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
+        .next_back()
 }
 
 /// Requests the server runs now (`/v1/loads`: `num_running_reqs` + `num_waiting_reqs`).
@@ -152,7 +177,7 @@ fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_ser
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
     for (i, h) in reqs.into_iter().enumerate() {
-        let (status, tokens) = h.join().expect("request thread");
+        let (status, tokens, _) = h.join().expect("request thread");
         assert_eq!((status, tokens), (200, 1500), "long request {i} finished whole across the decode's restart\n{}", logs(&stack));
     }
     let drain = &r.event(D, "drain", "passed")["detail"];
@@ -163,16 +188,19 @@ fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_ser
     // 2. Without pdctl's drain the server drains itself: SIGTERM reaches its main process only
     // (KillMode=mixed), and the request in flight on it finishes.
     std::fs::write(cfg_dir.join("30-no-drain.toml"), "[rollout]\ndrain = false\n").expect("fragment");
-    let reqs = long_requests(&stack, 1, 1500);
+    let reqs = long_requests(&stack, 1, 3000);
     assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
-    let (status, tokens) = reqs.into_iter().next().expect("one").join().expect("request thread");
-    assert_eq!((status, tokens), (200, 1500), "the request in flight on the stopping server finished\n{}", logs(&stack));
+    let (status, tokens, answered_us) = reqs.into_iter().next().expect("one").join().expect("request thread");
+    assert_eq!((status, tokens), (200, 3000), "the request in flight on the stopping server finished\n{}", logs(&stack));
     let stop = &r.event(D, "restart", "passed")["detail"]["stop"];
     println!("a stop with a request in flight on the server (KillMode=mixed): {stop}");
     assert_eq!(stop["ended_by"], "drained", "{stop:#}");
-    assert!(stop["requests_at_first_check"].as_u64().is_some_and(|n| n >= 1), "SGLang waited for it: {stop:#}");
+    // It spanned the stop: answered after the server logged its SIGTERM.
+    let sigterm_us = last_line_at(&stack, D, "Draining requests and shutting down").expect("the decode logged its SIGTERM");
+    assert!(answered_us > sigterm_us, "the request was answered {} ms after the SIGTERM", (answered_us as i64 - sigterm_us as i64) / 1000);
+    println!("answered {} ms after the decode's SIGTERM", (answered_us - sigterm_us) / 1000);
 }
 
 #[test]
@@ -244,6 +272,6 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
     let (_, st) = raw_api(&d.socket, "GET", "/v1/status", "");
     assert_eq!(st["drained"], json!([]), "{st:#}");
     stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(&stack)));
-    let (status, tokens) = reqs.into_iter().next().expect("one").join().expect("request thread");
+    let (status, tokens, _) = reqs.into_iter().next().expect("one").join().expect("request thread");
     assert_eq!((status, tokens), (200, 1500), "the request in flight finished\n{}", logs(&stack));
 }
