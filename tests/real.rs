@@ -275,3 +275,26 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
     let (status, tokens, _) = reqs.into_iter().next().expect("one").join().expect("request thread");
     assert_eq!((status, tokens), (200, 1500), "the request in flight finished\n{}", logs(&stack));
 }
+
+#[test]
+fn zz_investigate_prefill_restarts() {
+    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+    for i in 0..6 {
+        let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+        let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], Duration::from_secs(900));
+        let pair = r.index(P, "pair", "passed").map(|i| r.events[i]["detail"].clone()).unwrap_or(Value::Null);
+        let out = stack.sandbox.journalctl(&["-u", D, "-o", "json", "--no-pager"]).unwrap();
+        let reconnects: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["MESSAGE"].as_str().is_some_and(|m| m.contains("Attempting to reconnect")))
+            .filter_map(|e| e["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse::<u64>().ok()))
+            .filter(|t| *t > t0)
+            .collect();
+        let stop = r.index(P, "restart", "passed").map(|i| r.events[i]["detail"]["stop"].clone()).unwrap_or(Value::Null);
+        println!("run {i}: exit {} repairs {:?} reconnect lines {} stop {} pair took {:?} verdicts {:?}", r.code, r.summary["repairs"], reconnects.len(), stop["stop_ms"],
+            pair["pairs"][0]["probes"].as_array().map(|a| a.iter().map(|p| p["took"].clone()).collect::<Vec<_>>()),
+            pair["pairs"][0]["result"]);
+        if r.code != 0 { println!("{}", explain(&stack, &r)); }
+    }
+}

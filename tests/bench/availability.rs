@@ -14,7 +14,9 @@
 //!         each case's median — the seed's window alone varies 4.6-8.1 s run to run;
 //!         LOAD_SECS: the simulated servers' weight load, 1.5 s by default — past 10 s a restarted
 //!         prefill is gone long enough for a decode's heartbeat, 2 missed checks 5 s apart, to drop
-//!         its cached entry, as with a real 60-80 s start)
+//!         its cached entry, as with a real 60-80 s start;
+//!         REAL=1: the workers are the real sglang 0.5.23 on this CPU instead of the simulator —
+//!         docs/real-sglang.md; its start takes 15-30 s, so LOAD_SECS does not apply)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,9 +78,11 @@ enum Procedure {
 
 fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Option<f64>) -> (String, (f64, f64)) {
     let defaults = StackOptions::default();
-    let opts = StackOptions { gateway, pairs, load_secs: load_secs.unwrap_or(defaults.load_secs), ..defaults };
+    let real = std::env::var("REAL").is_ok_and(|v| v == "1");
+    let server = if real { pdctl_sandbox::stack::Server::Real } else { pdctl_sandbox::stack::Server::Sim };
+    let opts = StackOptions { gateway, pairs, server, load_secs: load_secs.unwrap_or(defaults.load_secs), ..defaults };
     let stack = Stack::boot(&opts).expect("stack");
-    stack.wait_ready(Duration::from_secs(60)).expect("ready");
+    stack.wait_ready(Duration::from_secs(if real { 300 } else { 60 })).expect("ready");
     stack.wait_router_healthy(stack.workers().len(), Duration::from_secs(60)).expect("router admits all");
     let config = stack.write_pdctl_config().expect("config");
     let dir = config.parent().expect("dir").join("config.d");
