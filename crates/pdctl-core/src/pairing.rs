@@ -311,25 +311,45 @@ pub fn room() -> u64 {
 /// heartbeat); a probe given up earlier cannot tell that from a decode that never heals.
 pub fn timing_risk(unit: &str, timing: &crate::sglang::DecodeTiming, pair_timeout: Duration) -> Option<String> {
     (pair_timeout < timing.waiting_timeout).then(|| {
+        let heals = second_probe_waits(pair_timeout, timing);
         format!(
-            "{unit}: [verify] pair_timeout ({}s) is shorter than its {}={}s: a pair probe stuck on a stale cached prefill is given up before this decode drops the entry by itself, so pdctl probes once more for up to the waiting timeout before calling the pair stale; set pair_timeout = \"{}s\" (or {}=20 on the decode) to judge within one probe",
+            "{unit}: [verify] pair_timeout ({}s) is shorter than its {}={}s: a pair probe stuck on a stale cached prefill is given up before this decode drops the entry by itself; {}; set {}=20 on the decode (or pair_timeout = \"{}s\") to judge within one probe",
             pair_timeout.as_secs(),
             crate::sglang::WAITING_TIMEOUT_ENV,
             timing.waiting_timeout.as_secs(),
-            timing.waiting_timeout.as_secs() + 10,
+            if heals {
+                "pdctl probes once more for up to the waiting timeout before calling the pair stale".to_string()
+            } else {
+                format!(
+                    "pdctl does not wait that out (more than twice pair_timeout): the pair is called stale after the first probe and the decode repaired, sooner than its {} s",
+                    timing.waiting_timeout.as_secs()
+                )
+            },
             crate::sglang::WAITING_TIMEOUT_ENV,
+            timing.waiting_timeout.as_secs() + 10,
         )
     })
 }
 
-/// How long the second pair probe may take: when the first one's decode half got no answer
-/// within `pair_timeout` and the decode's waiting timeout is longer, the decode may still heal by
-/// itself at that timeout — the second probe waits it out (plus 10 s); otherwise `pair_timeout`.
-pub fn second_probe_limit(first: &PairProbe, pair_timeout: Duration, timing: &crate::sglang::DecodeTiming) -> Duration {
+/// Whether a decode stuck on a stale cached prefill is waited out: its waiting timeout (when it
+/// heals by itself) comes within twice `pair_timeout`. Measured on the real 0.5.23 server: a
+/// prefill whose bootstrap server was back before the decode's second missed heartbeat (a quick
+/// stop and start) leaves the decode on the old process's ports; its first request then hangs
+/// until the waiting timeout — 300 s by default, longer than restarting the decode.
+fn second_probe_waits(pair_timeout: Duration, timing: &crate::sglang::DecodeTiming) -> bool {
+    timing.waiting_timeout <= pair_timeout * 2
+}
+
+/// How long the second pair probe may take, or `None`: no second probe, the first one's
+/// verdict stands. When the first probe's decode half got no answer within `pair_timeout`, the
+/// decode may heal by itself at its waiting timeout: the second probe waits it out (plus 10 s)
+/// when that is within twice `pair_timeout`, else there is none (the pair is stale now, and its
+/// repair is sooner). A failure that answered is probed once more within `pair_timeout`.
+pub fn second_probe_limit(first: &PairProbe, pair_timeout: Duration, timing: &crate::sglang::DecodeTiming) -> Option<Duration> {
     if first.decode == Half::NoAnswer && timing.waiting_timeout >= pair_timeout {
-        timing.waiting_timeout + Duration::from_secs(10)
+        second_probe_waits(pair_timeout, timing).then(|| timing.waiting_timeout + Duration::from_secs(10))
     } else {
-        pair_timeout
+        Some(pair_timeout)
     }
 }
 
@@ -396,12 +416,16 @@ mod tests {
         );
         let risk = timing_risk("d.service", &defaults, Duration::from_secs(30)).expect("30 s cannot cover 300 s");
         assert!(risk.contains("SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300s") && risk.contains("pair_timeout = \"310s\""), "{risk}");
+        assert!(risk.contains("does not wait that out"), "{risk}");
         assert_eq!(timing_risk("d.service", &quick, Duration::from_secs(30)), None);
         let silent = PairProbe { room: 1, prefill: Half::NoAnswer, decode: Half::NoAnswer, took: Duration::from_secs(30) };
-        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &defaults), Duration::from_secs(310), "waited out");
-        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &quick), Duration::from_secs(30));
+        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &defaults), None, "300 s is not waited out: stale now, repaired sooner");
+        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &quick), Some(Duration::from_secs(30)));
+        let forty = DecodeTiming::of(&["SGLANG_DISAGGREGATION_WAITING_TIMEOUT=40".into()]);
+        assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &forty), Some(Duration::from_secs(50)), "40 s is waited out");
+        assert!(timing_risk("d.service", &forty, Duration::from_secs(30)).is_some_and(|r| r.contains("probes once more")));
         let failed = PairProbe { decode: Half::Answered { status: 500, body: "x".into() }, ..silent };
-        assert_eq!(second_probe_limit(&failed, Duration::from_secs(30), &defaults), Duration::from_secs(30), "a failure that answered is not waited out");
+        assert_eq!(second_probe_limit(&failed, Duration::from_secs(30), &defaults), Some(Duration::from_secs(30)), "a failure that answered is not waited out");
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct StackOptions {
     /// KEY` (its worker key, which also guards the gateway itself); pdctl's config names a key
     /// file holding it ([`Stack::key_file`]) for each worker and the gateway.
     pub api_key: Option<String>,
+    /// More `KEY=value` environment of the decode units (e.g. SGLang's heartbeat settings).
+    pub decode_env: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -96,6 +98,7 @@ impl Default for StackOptions {
             waiting_timeout_secs: 3.0,
             bootstrap_timeout_secs: 8.0,
             api_key: None,
+            decode_env: Vec::new(),
         }
     }
 }
@@ -231,7 +234,8 @@ impl Stack {
              [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
              Environment=SGLANG_SIM_LOAD_SECS={load} SGLANG_SIM_WARMUP_SECS={warm}\n\
              Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
-             ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\nKillMode={kill_mode}\n",
+             {decode_env}ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\nKillMode={kill_mode}\n",
+            decode_env = decode_env(w, opts),
             kill_mode = opts.kill_mode,
             role = w.role,
             gpus = w.gpus,
@@ -523,6 +527,14 @@ impl Stack {
     }
 }
 
+/// `Environment=` lines of [`StackOptions::decode_env`] for a decode unit (none for others).
+fn decode_env(w: &Worker, opts: &StackOptions) -> String {
+    if w.role != "decode" || opts.decode_env.is_empty() {
+        return String::new();
+    }
+    format!("Environment={}\n", opts.decode_env.join(" "))
+}
+
 /// The unit file of a real `sglang==0.5.23` worker on this CPU. Each flag and variable, and why:
 /// - `SGLANG_USE_CPU_ENGINE=1`, `--device cpu --attention-backend torch_native
 ///   --disable-cuda-graph`: the CPU path that needs no CPU build of sglang-kernel (the default x86
@@ -579,7 +591,8 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
          Environment=SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1\n\
          Environment=LD_LIBRARY_PATH={lib} PYTHONPATH={site}\n\
          Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
-         ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStartSec=300\nTimeoutStopSec=60\nKillMode={kill_mode}\n",
+         {decode_env}ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStartSec=300\nTimeoutStopSec=60\nKillMode={kill_mode}\n",
+        decode_env = decode_env(w, opts),
         kill_mode = opts.kill_mode,
         role = w.role,
         gpus = w.gpus,

@@ -186,12 +186,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         // A decode that got no answer within pair_timeout may still be waiting on a stale cached
         // prefill that it drops by itself at its waiting timeout (SGLang 0.5.23): the second
-        // probe is given that long before the pair is called stale.
+        // probe is given that long when it is short; a longer one (300 s by default) is not
+        // waited out — the pair is stale now and its repair is sooner.
         let timing = match self.units.config(&d.unit).await {
             Ok(c) => crate::sglang::DecodeTiming::of(&c.environment),
             Err(_) => crate::sglang::DecodeTiming::of(&[]),
         };
-        let limit = crate::pairing::second_probe_limit(&first, limit, &timing);
+        let Some(limit) = crate::pairing::second_probe_limit(&first, limit, &timing) else {
+            return (v, false, vec![first]);
+        };
         let second = self.probes.pair(target(crate::pairing::room()), limit).await;
         let v2 = self.judge_pair(p, d, &second).await;
         let refreshed = v2 == Verdict::Paired;
