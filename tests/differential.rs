@@ -31,36 +31,11 @@ enum Which {
 }
 
 /// The flags both servers get: the real server's CPU flags (the simulator accepts and ignores
-/// those it has no use for).
-fn flags(model: &str, port: u16) -> Vec<String> {
-    let port = port.to_string();
-    [
-        "--model-path",
-        model,
-        "--load-format",
-        "dummy",
-        "--device",
-        "cpu",
-        "--attention-backend",
-        "torch_native",
-        "--disable-cuda-graph",
-        "--disable-overlap-schedule",
-        "--max-total-tokens",
-        "8192",
-        "--mem-fraction-static",
-        "0.05",
-        "--sleep-on-idle",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port,
-        "--enable-metrics",
-        "--api-key",
-        KEY,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// those it has no use for), the port, metrics and the API key.
+fn flags(real: &RealSglang, port: u16) -> Vec<String> {
+    let mut f = real.cpu_flags();
+    f.extend(["--port".to_string(), port.to_string(), "--enable-metrics".to_string(), "--api-key".to_string(), KEY.to_string()]);
+    f
 }
 
 struct Server {
@@ -78,14 +53,12 @@ impl Drop for Server {
 
 fn spawn(which: Which, real: &RealSglang) -> Server {
     let port = free_port().expect("port");
-    let model = real.model.display().to_string();
-    let args = flags(&model, port);
+    let args = flags(real, port);
     let mut cmd = match which {
         Which::Real => {
             let mut c = Command::new(&real.python);
             c.args(["-m", "sglang.launch_server"]).args(&args);
-            c.env("SGLANG_USE_CPU_ENGINE", "1").env("OMP_NUM_THREADS", "1").env("HF_HUB_OFFLINE", "1").env("PYTHONUNBUFFERED", "1");
-            c.env("LD_LIBRARY_PATH", &real.lib).env("PYTHONPATH", &real.site);
+            c.envs(real.env());
             c
         }
         Which::Sim => {

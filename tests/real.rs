@@ -21,6 +21,12 @@ fn real_opts() -> StackOptions {
     StackOptions { server: Server::Real, waiting_timeout_secs: 30.0, bootstrap_timeout_secs: 30.0, ..Default::default() }
 }
 
+/// Write a config fragment `name` beside the stack's pdctl config (read by the next `pdctl`).
+fn fragment(config: &std::path::Path, name: &str, text: &str) {
+    let dir = config.parent().expect("config dir").join("config.d");
+    std::fs::write(dir.join(format!("{name}.toml")), text).expect("fragment");
+}
+
 /// The last lines of each unit and of the gateway, for a failure report.
 fn logs(stack: &Stack) -> String {
     let mut units: Vec<String> = stack.workers().iter().map(|w| w.unit.clone()).collect();
@@ -100,8 +106,7 @@ fn a_unit_with_systemds_default_kill_mode_is_refused_before_anything_restarts() 
     assert!(next.as_str().is_some_and(|n| n.contains("KillMode=mixed")), "{next}");
     // Restarted anyway (kill_mode = "warn"): the stop is SGLang killing its own tree after its
     // scheduler died of the SIGTERM, and the restart step says so — not a TimeoutStopSec kill.
-    let cfg_dir = config.parent().expect("config dir").join("config.d");
-    std::fs::write(cfg_dir.join("20-kill-mode.toml"), "[rollout]\nkill_mode = \"warn\"\n").expect("fragment");
+    fragment(&config, "20-kill-mode", "[rollout]\nkill_mode = \"warn\"\n");
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
     let pre = &r.event(D, "preflight", "passed")["detail"];
@@ -169,8 +174,7 @@ fn in_flight(stack: &Stack, url: &str) -> u64 {
 #[test]
 fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_server_itself() {
     let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
-    let cfg_dir = config.parent().expect("config dir").join("config.d");
-    std::fs::write(cfg_dir.join("20-drain.toml"), "[rollout]\ndrain_timeout = \"120s\"\n").expect("fragment");
+    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
     // 1. pdctl's drain waits for two long requests before the decode's stop.
     let reqs = long_requests(&stack, 2, 1500);
     assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 2), "both requests run on the decode");
@@ -187,7 +191,7 @@ fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_ser
     assert_eq!(stop["ended_by"], "drained", "{stop:#}");
     // 2. Without pdctl's drain the server drains itself: SIGTERM reaches its main process only
     // (KillMode=mixed), and the request in flight on it finishes.
-    std::fs::write(cfg_dir.join("30-no-drain.toml"), "[rollout]\ndrain = false\n").expect("fragment");
+    fragment(&config, "30-no-drain", "[rollout]\ndrain = false\n");
     let reqs = long_requests(&stack, 1, 3000);
     assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
@@ -255,8 +259,7 @@ fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_roll
 #[test]
 fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
     let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
-    let cfg_dir = config.parent().expect("config dir").join("config.d");
-    std::fs::write(cfg_dir.join("20-drain.toml"), "[rollout]\ndrain_timeout = \"120s\"\n").expect("fragment");
+    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
     let reqs = long_requests(&stack, 1, 1500);
     assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
     let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
@@ -282,8 +285,7 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
 #[test]
 fn in_2p2d_a_rolling_restart_of_the_real_servers_loses_no_request() {
     let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, ..real_opts() });
-    let cfg_dir = config.parent().expect("config dir").join("config.d");
-    std::fs::write(cfg_dir.join("20-2p2d.toml"), "[rollout]\nallow_outage = false\ndrain_timeout = \"60s\"\n").expect("fragment");
+    fragment(&config, "20-2p2d", "[rollout]\nallow_outage = false\ndrain_timeout = \"60s\"\n");
     let load = Load::start(&stack.router.as_ref().expect("router").url, 2.0, 8);
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], Duration::from_secs(1500));
     let (sent, failed) = load.stop();
@@ -309,8 +311,7 @@ fn in_2p2d_a_rolling_restart_of_the_real_servers_loses_no_request() {
 fn a_decode_that_kept_the_old_prefills_ports_is_repaired_not_waited_out() {
     let opts = StackOptions { waiting_timeout_secs: 300.0, decode_env: vec!["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL=30".into()], ..real_opts() };
     let (stack, config, d) = stack_with_pdctld_opts(&opts);
-    let cfg_dir = config.parent().expect("config dir").join("config.d");
-    std::fs::write(cfg_dir.join("20-pair.toml"), "[verify]\npair_timeout = \"10s\"\n").expect("fragment");
+    fragment(&config, "20-pair", "[verify]\npair_timeout = \"10s\"\n");
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], Duration::from_secs(900));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
     let pair = &r.event(P, "pair", "passed")["detail"];

@@ -182,7 +182,50 @@ pub struct RealSglang {
     pub site: PathBuf,
 }
 
+/// The flags the real server runs with on this CPU, after `--model-path`: the CPU path that needs
+/// no CPU build of sglang-kernel, a small KV pool, dummy weights, no idle busy-polling, and the
+/// overlap scheduler off (its PD path calls CUDA). Why each: [`stack::real_worker_unit`].
+const CPU_FLAGS: &[&str] = &[
+    "--load-format",
+    "dummy",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--disable-overlap-schedule",
+    "--max-total-tokens",
+    "8192",
+    "--mem-fraction-static",
+    "0.05",
+    "--sleep-on-idle",
+    "--host",
+    "127.0.0.1",
+];
+
 impl RealSglang {
+    /// `--model-path MODEL` and the flags the real server runs with on this CPU (the port and the
+    /// role are the caller's).
+    pub fn cpu_flags(&self) -> Vec<String> {
+        let model = ["--model-path".to_string(), self.model.display().to_string()];
+        model.into_iter().chain(CPU_FLAGS.iter().map(|s| s.to_string())).collect()
+    }
+
+    /// The environment the real server needs on this CPU (`KEY`, `value`): the CPU engine, one
+    /// OpenMP thread, no model hub, unbuffered output, the stand-in `libcuda.so.1` and the import
+    /// hook.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let s = |k: &str, v: &str| (k.to_string(), v.to_string());
+        vec![
+            s("SGLANG_USE_CPU_ENGINE", "1"),
+            s("OMP_NUM_THREADS", "1"),
+            s("HF_HUB_OFFLINE", "1"),
+            s("PYTHONUNBUFFERED", "1"),
+            s("LD_LIBRARY_PATH", &self.lib.display().to_string()),
+            s("PYTHONPATH", &self.site.display().to_string()),
+        ]
+    }
+
     /// Find it, or say that `scripts/setup` installs it.
     pub fn find() -> Result<RealSglang> {
         let root = repo_root();

@@ -551,26 +551,8 @@ fn decode_env(w: &Worker, opts: &StackOptions) -> String {
 /// - `KillMode=mixed`: the stop's SIGTERM reaches the main process only, which drains;
 ///   `TimeoutStopSec=60`: above a drain (SGLang checks every 5 s; 8.5-11 s measured here).
 pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
-    let mut args: Vec<String> = vec!["-m".into(), "sglang.launch_server".into(), "--model-path".into(), r.model.display().to_string()];
-    for a in [
-        "--load-format",
-        "dummy",
-        "--device",
-        "cpu",
-        "--attention-backend",
-        "torch_native",
-        "--disable-cuda-graph",
-        "--disable-overlap-schedule",
-        "--max-total-tokens",
-        "8192",
-        "--mem-fraction-static",
-        "0.05",
-        "--sleep-on-idle",
-        "--host",
-        "127.0.0.1",
-    ] {
-        args.push(a.into());
-    }
+    let mut args: Vec<String> = vec!["-m".into(), "sglang.launch_server".into()];
+    args.extend(r.cpu_flags());
     args.extend(["--port".into(), w.port.to_string(), "--disaggregation-mode".into(), w.role.into()]);
     args.extend(["--disaggregation-transfer-backend".into(), "mooncake_tcp".into()]);
     if w.role != "decode" || opts.decode_metrics {
@@ -588,8 +570,7 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
     format!(
         "[Unit]\nDescription=SGLang {role} server (sglang 0.5.23 on the CPU) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
          [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
-         Environment=SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1\n\
-         Environment=LD_LIBRARY_PATH={lib} PYTHONPATH={site}\n\
+         Environment={env}\n\
          Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
          {decode_env}ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStartSec=300\nTimeoutStopSec=60\nKillMode={kill_mode}\n",
         decode_env = decode_env(w, opts),
@@ -597,8 +578,7 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
         role = w.role,
         gpus = w.gpus,
         cuda = cuda_list(w.gpus),
-        lib = q(&r.lib.display().to_string()),
-        site = q(&r.site.display().to_string()),
+        env = r.env().iter().map(|(k, v)| q(&format!("{k}={v}"))).collect::<Vec<_>>().join(" "),
         waiting = opts.waiting_timeout_secs,
         bootstrap = opts.bootstrap_timeout_secs,
         restart = opts.restart,

@@ -91,11 +91,6 @@ impl Requests {
         Tracked { requests: self.clone(), key, aborted: rx, model: None, kv: None }
     }
 
-    /// How many requests are in flight (admitted, waiting or held by a pause).
-    pub(crate) fn in_flight(&self) -> usize {
-        self.lock().1.len()
-    }
-
     /// The rids in flight.
     fn rids(&self) -> Vec<String> {
         self.lock().1.values().map(|(rid, _)| rid.clone()).collect()

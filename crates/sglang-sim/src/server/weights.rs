@@ -137,9 +137,10 @@ pub(crate) async fn update_weights_from_disk(State(app): State<App>, body: Bytes
         app.requests.abort(None);
     }
     // The cache flush after the load (default on) is refused when the scheduler was busy as the
-    // update came: measured on the real 0.5.23 server (tests/differential.rs), paused or not.
+    // update came: measured on the real 0.5.23 server (tests/differential.rs), paused or not. A
+    // request held at its admission by a pause has not reached the scheduler: not busy.
     let flush = v.get("flush_cache").and_then(Value::as_bool).unwrap_or(true);
-    let busy = app.engine.busy() || app.requests.in_flight() > 0;
+    let busy = app.engine.busy();
     // Not paused: wait for every request in flight, and hold new ones meanwhile.
     let _exclusive = if app.control.is_paused() { None } else { Some(app.control.model.clone().write_owned().await) };
     let sim = &app.engine.config().sim;
