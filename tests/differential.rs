@@ -166,11 +166,23 @@ impl Session {
         }
     }
 
+    /// The whole script, in order; what was seen.
     fn run(mut self, real: &RealSglang) -> Seen {
         let mut server = spawn(self.which, real);
         let url = server.url.clone();
+        self.start(&mut server);
+        self.auth(&url);
+        self.reads(&url, &server);
+        self.pause(&url);
+        self.weights(&url, real);
+        self.metrics(&url);
+        self.sigterm(&mut server);
+        self.seen
+    }
 
-        // The start: what /health and /ready answer before /ready says 200.
+    /// The start: what /health and /ready answer before /ready says 200.
+    fn start(&mut self, server: &mut Server) {
+        let url = server.url.clone();
         let (mut health, mut ready) = (BTreeSet::new(), BTreeSet::new());
         let end = Instant::now() + Duration::from_secs(300);
         loop {
@@ -192,8 +204,10 @@ impl Session {
         }
         self.note("start: /health statuses before ready", json!(health));
         self.note("start: /ready statuses before ready", json!(ready));
+    }
 
-        // The API key: which paths need it.
+    /// The API key: which paths need it.
+    fn auth(&mut self, url: &str) {
         for (method, path) in [
             ("GET", "/health"),
             ("GET", "/ready"),
@@ -209,8 +223,10 @@ impl Session {
             let (with, _) = self.call(method, &format!("{url}{path}"), body, true);
             self.note(&format!("auth: {method} {path} without the key, with it"), json!([without, with]));
         }
+    }
 
-        // /v1/loads as pdctl reads it.
+    /// `/v1/loads`, `/server_info` and `/model_info` as pdctl reads them.
+    fn reads(&mut self, url: &str, server: &Server) {
         let (s, v) = self.call("GET", &format!("{url}/v1/loads?include=core,disagg"), None, true);
         self.note("/v1/loads?include=core,disagg: status", json!(s));
         self.note("/v1/loads: keys", shape(&v));
@@ -247,15 +263,21 @@ impl Session {
         // /model_info: every field.
         let (_, mi) = self.call("GET", &format!("{url}/model_info"), None, true);
         self.note("/model_info: keys", shape(&mi));
+    }
 
-        // A pause and a continue.
+    /// A pause and a continue.
+    fn pause(&mut self, url: &str) {
         let (p, _) = self.call("POST", &format!("{url}/pause_generation"), Some(json!({"mode": "retract"})), true);
         let (r_paused, _) = self.call("GET", &format!("{url}/ready"), None, false);
         let (c, _) = self.call("POST", &format!("{url}/continue_generation"), Some(json!({})), true);
         let (r_after, _) = self.call("GET", &format!("{url}/ready"), None, false);
         self.note("pause retract, /ready paused, continue, /ready after", json!([p, r_paused, c, r_after]));
+    }
 
-        // A weight update (the same checkpoint) with a request in flight: not paused, then paused.
+    /// A weight update (the same checkpoint) with a request in flight: not paused, then paused;
+    /// then a flush when idle.
+    fn weights(&mut self, url: &str, real: &RealSglang) {
+        let url = url.to_string();
         let model = real.model.display().to_string();
         let update = json!({"model_path": model});
         let long = self.long_request(&url, 600);
@@ -276,8 +298,10 @@ impl Session {
         self.note("weights, paused: the request in flight", json!(s));
         let (s, v) = self.call("POST", &format!("{url}/flush_cache"), None, true);
         self.note("flush_cache when idle: status, body type", json!([s, type_of(&v)]));
+    }
 
-        // The metric families after a batch.
+    /// The metric families after a batch.
+    fn metrics(&mut self, url: &str) {
         let (_, text) = self.call("GET", &format!("{url}/metrics"), None, false);
         let families: BTreeMap<String, String> = text
             .as_str()
@@ -289,8 +313,11 @@ impl Session {
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect();
         self.note("metrics: families", json!(families));
+    }
 
-        // SIGTERM with a request in flight: the drain, as seen from outside.
+    /// SIGTERM with a request in flight: the drain, as seen from outside.
+    fn sigterm(&mut self, server: &mut Server) {
+        let url = server.url.clone();
         let long = self.long_request(&url, 1500);
         self.wait_running(&url);
         let t0 = Instant::now();
@@ -321,7 +348,6 @@ impl Session {
         // (6.1 s measured here after the request's end); compared coarsely.
         self.note("SIGTERM: exited within 12 s of the request's end", json!(status.is_some() && after <= Duration::from_secs(12)));
         eprintln!("{:?}: exited {:.1} s after the request in flight finished ({status:?})", self.which, after.as_secs_f64());
-        self.seen
     }
 }
 
