@@ -160,6 +160,14 @@ fn last_line_at(stack: &Stack, unit: &str, needle: &str) -> Option<u64> {
         .next_back()
 }
 
+/// [`long_requests`], once all `n` run on the decode (bounded: 60 s).
+fn long_requests_on_the_decode(stack: &Stack, n: usize, tokens: u32) -> Vec<std::thread::JoinHandle<(u16, u64, u64)>> {
+    let reqs = long_requests(stack, n, tokens);
+    let running = until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(stack, &stack.decode.url) >= n as u64);
+    assert!(running, "{n} long request(s) run on the decode\n{}", logs(stack));
+    reqs
+}
+
 /// Requests the server runs now (`/v1/loads`: `num_running_reqs` + `num_waiting_reqs`).
 fn in_flight(stack: &Stack, url: &str) -> u64 {
     http_get_with(&format!("{url}/v1/loads"), stack.api_key.as_deref())
@@ -176,8 +184,7 @@ fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_ser
     let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
     fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
     // 1. pdctl's drain waits for two long requests before the decode's stop.
-    let reqs = long_requests(&stack, 2, 1500);
-    assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 2), "both requests run on the decode");
+    let reqs = long_requests_on_the_decode(&stack, 2, 1500);
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
     for (i, h) in reqs.into_iter().enumerate() {
@@ -192,8 +199,7 @@ fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_ser
     // 2. Without pdctl's drain the server drains itself: SIGTERM reaches its main process only
     // (KillMode=mixed), and the request in flight on it finishes.
     fragment(&config, "30-no-drain", "[rollout]\ndrain = false\n");
-    let reqs = long_requests(&stack, 1, 3000);
-    assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
+    let reqs = long_requests_on_the_decode(&stack, 1, 3000);
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
     let (status, tokens, answered_us) = reqs.into_iter().next().expect("one").join().expect("request thread");
@@ -260,8 +266,7 @@ fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_roll
 fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
     let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
     fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
-    let reqs = long_requests(&stack, 1, 1500);
-    assert!(until(Duration::from_secs(60), Duration::from_millis(100), || in_flight(&stack, &stack.decode.url) >= 1), "the request runs on the decode");
+    let reqs = long_requests_on_the_decode(&stack, 1, 1500);
     let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
     c.wait_line(Duration::from_secs(120), |e| e["unit"] == D && e["step"] == "drain" && e["status"] == "started").expect("the decode's drain started");
     pdctl_tests::kill_and_wait(&stack, &d.unit);

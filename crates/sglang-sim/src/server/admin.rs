@@ -150,7 +150,7 @@ pub(crate) async fn model_info(State(app): State<App>) -> Response {
         "has_audio_understanding": false,
         "model_type": "deepseek_v4",
         "architectures": ["DeepseekV4ForCausalLM"],
-        "load_format": w_load_format(cfg),
+        "load_format": load_format_of(cfg),
         "reasoning_parser": null,
         "tool_call_parser": null,
         // A generation model's embedding section, as 0.5.23 reports it (`model_info`).
@@ -165,7 +165,7 @@ pub(crate) async fn model_info(State(app): State<App>) -> Response {
 }
 
 /// The load format `/model_info` reports: `--load-format` (default `auto`).
-fn w_load_format(cfg: &crate::args::SimConfig) -> String {
+fn load_format_of(cfg: &crate::args::SimConfig) -> String {
     cfg.given.get("--load-format").cloned().unwrap_or_else(|| "auto".into())
 }
 
