@@ -274,30 +274,41 @@ impl Session {
         self.note("pause retract, /ready paused, continue, /ready after", json!([p, r_paused, c, r_after]));
     }
 
-    /// A weight update (the same checkpoint) with a request in flight: not paused, then paused;
-    /// then a flush when idle.
+    /// Weight updates with a request in flight: not paused (the update waits for it), paused
+    /// with `retract` (the flush after the load ignores retracted requests), paused `in_place`
+    /// (the flush is refused after the load: the weights changed, `/model_info` did not); then a
+    /// flush when idle.
     fn weights(&mut self, url: &str, real: &RealSglang) {
         let url = url.to_string();
-        let model = real.model.display().to_string();
-        let update = json!({"model_path": model});
+        let v1 = real.model.display().to_string();
+        let v2 = real.model_v2.display().to_string();
         let long = self.long_request(&url, 600);
         self.wait_running(&url);
-        let (s, v) = self.call("POST", &format!("{url}/update_weights_from_disk"), Some(update.clone()), true);
-        self.note("weights, not paused, a request in flight: status, success", json!([s, v["success"]]));
-        let (s, _) = self.rt.block_on(long).unwrap_or((0, 0));
-        self.note("weights, not paused: the request in flight", json!(s));
-        let long = self.long_request(&url, 600);
-        self.wait_running(&url);
-        let (p, _) = self.call("POST", &format!("{url}/pause_generation"), Some(json!({"mode": "retract"})), true);
-        let (s, v) = self.call("POST", &format!("{url}/update_weights_from_disk"), Some(update), true);
-        let (_, mi_after) = self.call("GET", &format!("{url}/model_info"), None, true);
-        let (c, _) = self.call("POST", &format!("{url}/continue_generation"), Some(json!({})), true);
-        self.note("weights, paused (retract), a request in flight: pause, status, success, continue", json!([p, s, v["success"], c]));
-        self.note("weights, paused: /model_info's weight_version after", mi_after["weight_version"].clone());
-        let (s, _) = self.rt.block_on(long).unwrap_or((0, 0));
-        self.note("weights, paused: the request in flight", json!(s));
+        let (s, v) = self.call("POST", &format!("{url}/update_weights_from_disk"), Some(json!({"model_path": v2})), true);
+        let (done, _) = self.rt.block_on(long).unwrap_or((0, 0));
+        let moved = self.model_path(&url) == v2;
+        self.note("weights, not paused, a request in flight: status, success, the request, /model_info moved", json!([s, v["success"], done, moved]));
+        for (mode, to) in [("retract", &v1), ("in_place", &v2)] {
+            let long = self.long_request(&url, 600);
+            self.wait_running(&url);
+            let (p, _) = self.call("POST", &format!("{url}/pause_generation"), Some(json!({"mode": mode})), true);
+            let (s, v) = self.call("POST", &format!("{url}/update_weights_from_disk"), Some(json!({"model_path": to})), true);
+            let moved = self.model_path(&url) == *to;
+            let (c, _) = self.call("POST", &format!("{url}/continue_generation"), Some(json!({})), true);
+            let (done, _) = self.rt.block_on(long).unwrap_or((0, 0));
+            self.note(
+                &format!("weights, paused ({mode}), a request in flight: pause, status, success, /model_info moved, continue, the request"),
+                json!([p, s, v["success"], moved, c, done]),
+            );
+        }
         let (s, v) = self.call("POST", &format!("{url}/flush_cache"), None, true);
         self.note("flush_cache when idle: status, body type", json!([s, type_of(&v)]));
+    }
+
+    /// `/model_info`'s `model_path`.
+    fn model_path(&mut self, url: &str) -> String {
+        let (_, mi) = self.call("GET", &format!("{url}/model_info"), None, true);
+        mi["model_path"].as_str().unwrap_or_default().to_string()
     }
 
     /// The metric families after a batch.

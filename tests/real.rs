@@ -331,3 +331,57 @@ fn a_decode_that_kept_the_old_prefills_ports_is_repaired_not_waited_out() {
     }
     assert_eq!(r.summary["repairs"][D].as_str().map(|s| !s.is_empty()), Some(true), "{:#}", r.summary);
 }
+
+/// `/model_info` of a worker: `(model_path, weight_version)`.
+fn served(stack: &Stack, url: &str) -> (String, String) {
+    let (_, body) = http_get_with(&format!("{url}/model_info"), stack.api_key.as_deref()).expect("model_info");
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    (v["model_path"].as_str().unwrap_or("").to_string(), v["weight_version"].as_str().unwrap_or("").to_string())
+}
+
+#[test]
+fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
+    // Keys on both servers and smg. After a retract pause 0.5.23's decode asks the prefill to
+    // recompute its requests' KV through the prefill's /generate without the key: 401, each
+    // fails (smg may retry it from the start, which hides it from the client). pdctl pauses the
+    // decode in place instead.
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { api_key: Some("real-s3cret".into()), ..real_opts() });
+    let real = stack.real.clone().expect("the real server");
+    let v2 = real.model_v2.display().to_string();
+    let runs = || (stack.show(P, "InvocationID").expect("p"), stack.show(D, "InvocationID").expect("d"));
+    let before = runs();
+    let load = Load::start_with_key(&stack.router.as_ref().expect("router").url, 2.0, 8, stack.api_key.clone());
+    // Long requests on the decode when the pause comes: retracted, recomputed, answered.
+    let long = long_requests_on_the_decode(&stack, 2, 3000);
+    let r = pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", &v2, "--version", "v2", "--json"], Duration::from_secs(600));
+    let (sent, failed) = load.stop();
+    let long: Vec<(u16, u64, u64)> = long.into_iter().map(|h| h.join().expect("request thread")).collect();
+    println!("clients through smg during the rollout: {sent} sent, {failed} failed; the long requests: {long:?}");
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    for (unit, pause) in [(D, "in_place"), (P, "retract")] {
+        let step = &r.event(unit, "weights", "passed")["detail"];
+        assert_eq!(step["to"]["weight_version"], "v2", "{step:#}");
+        assert_eq!(step["pause"], pause, "{step:#}");
+        let flushed = step["cache_flushed"].as_str().unwrap_or("");
+        assert!(!flushed.is_empty() && !flushed.starts_with("not flushed"), "{unit}: the cache of the old weights was flushed: {step:#}");
+        println!("{unit}: paused {} ms, cache flushed {flushed}", step["paused_ms"]);
+    }
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        assert_eq!(served(&stack, url), (v2.clone(), "v2".to_string()), "{url} reports the weights it serves\n{}", logs(&stack));
+    }
+    assert_eq!(runs(), before, "nothing was restarted");
+    assert!(long.iter().all(|(s, n, _)| *s == 200 && *n == 3000), "every long request held by the pause finished: {long:?}\n{}", logs(&stack));
+    // They ran across the pause: answered after the decode's weights step started (its pause).
+    let at = r.event(D, "weights", "started")["at"].as_str().and_then(|t| humantime::parse_rfc3339(t).ok()).expect("the step's time");
+    let at_us = at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(u64::MAX);
+    assert!(long.iter().all(|(_, _, answered)| *answered > at_us), "the long requests ran across the pause (answered after {at:?}): {long:?}");
+    assert_eq!(failed, 0, "no client request failed ({sent} sent)\n{}", logs(&stack));
+    // Not even one the gateway retried: the decode never re-fetched KV through the prefill.
+    let out = stack.sandbox.journalctl(&["-u", D, "--no-pager", "-o", "cat"]).expect("journal");
+    let decode_log = String::from_utf8_lossy(&out.stdout);
+    assert!(!decode_log.contains("PD rebootstrap prefill failed"), "{}", logs(&stack));
+    // The record says why the decode was paused in place.
+    let id = r.summary["id"].as_str().expect("id");
+    let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert!(rec["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().is_some_and(|t| t.contains("paused in_place")))), "{rec:#}");
+}

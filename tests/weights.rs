@@ -429,3 +429,48 @@ fn a_quantization_change_in_2p2d_is_rolled_as_a_coherent_switch_with_no_mixed_pa
     assert!(at(p0, "router") < at(d1, "restart") && at(d1, "restart") < at(p1, "restart"), "the old group restarts after the switch, its decode first");
     println!("coherent switch: no PD pair routable for {window} ms; {failed} of {sent} requests failed through the gateway over the rollout");
 }
+
+/// The simulator does what the real server does (tests/real.rs shows it there): a request a
+/// `retract` pause took off a decode is recomputed at the continue through its prefill's
+/// `/generate`, sent without the API key — refused (401) by a prefill that has one, and the
+/// request fails on the decode (the gateway may retry it from the start). Without a key it is
+/// recomputed and nothing fails.
+#[test]
+fn a_request_retracted_on_a_decode_is_refetched_through_the_prefill_without_its_key() {
+    for key in [None, Some("s3cret")] {
+        let (stack, _config) = pdctl_tests::stack_with_config(&StackOptions { api_key: key.map(String::from), ..Default::default() });
+        let router = stack.router.as_ref().expect("router").url.clone();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let _entered = rt.enter();
+        let with_key = |r: reqwest::RequestBuilder| match key {
+            Some(k) => r.bearer_auth(k),
+            None => r,
+        };
+        let long = rt.spawn({
+            let req = with_key(pdctl_tests::http().post(format!("{router}/generate")))
+                .json(&serde_json::json!({"text": "a long answer", "sampling_params": {"max_new_tokens": 1200}}));
+            async move { req.timeout(Duration::from_secs(60)).send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+        });
+        let running = || {
+            let (_, body) = pdctl_tests::pdctl_sandbox::stack::http_get_with(&format!("{}/v1/loads", stack.decode.url), key).unwrap_or((0, String::new()));
+            serde_json::from_str::<Value>(&body).ok().and_then(|v| v["loads"][0]["num_running_reqs"].as_u64()).unwrap_or(0) > 0
+        };
+        assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(50), running), "the request runs on the decode");
+        for path in ["pause_generation", "continue_generation"] {
+            let body = if path == "pause_generation" { serde_json::json!({"mode": "retract"}) } else { serde_json::json!({}) };
+            let status = rt.block_on(with_key(pdctl_tests::http().post(format!("{}/{path}", stack.decode.url))).json(&body).send()).expect(path).status();
+            assert!(status.is_success(), "{path}: {status}");
+        }
+        let refused = || {
+            let out = stack.sandbox.journalctl(&["-u", D, "--no-pager", "-o", "cat"]).expect("journal");
+            String::from_utf8_lossy(&out.stdout).contains("PD rebootstrap prefill failed for rid=")
+        };
+        let status = rt.block_on(long).expect("request task");
+        if key.is_some() {
+            assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(100), refused), "the decode's re-fetch was refused (401)");
+        } else {
+            assert_eq!(status, 200);
+            assert!(!refused(), "without a key the prefill recomputed it");
+        }
+    }
+}

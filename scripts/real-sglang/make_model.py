@@ -1,9 +1,13 @@
 """Writes a tiny Llama model directory for the real SGLang server on a CPU: nothing is downloaded.
 
-    python make_model.py DIR
+    python make_model.py DIR [SEED]
 
-- config.json: a 2-layer LlamaForCausalLM (hidden 128, 4 heads, 2 KV heads, head_dim 32);
-  the server runs it with --load-format dummy (random weights, the same in every process).
+- config.json: a 2-layer LlamaForCausalLM (hidden 128, 4 heads, 2 KV heads, head_dim 32).
+- model.safetensors: its weights, random from SEED (default 0) with transformers' own
+  initialisation, ~0.7 MB. Real files, not --load-format dummy: SGLang 0.5.23 refuses
+  /update_weights_from_disk on a server started with dummy weights ("Failed to get model
+  loader: DummyModelLoader"), and pdctl's in-place weights rollout is tested on the real
+  server. Two SEEDs give two versions of the same model.
 - tokenizer.json + tokenizer_config.json: a byte-level BPE tokenizer built with the
   `tokenizers` library (the 256 byte tokens and three specials, no merges).
 vocab_size equals the tokenizer's size: a larger one lets the model emit ids that decode to
@@ -43,7 +47,22 @@ def write(path, text):
     os.replace(tmp, path)
 
 
-def main(out):
+def weights(out, config, seed):
+    """model.safetensors for `config`, random from `seed` (the same bytes on every run)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    tmp = os.path.join(out, "model.safetensors.tmp")
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, os.path.join(out, "model.safetensors"))
+
+
+def main(out, seed):
     os.makedirs(out, exist_ok=True)
     tok, size = tokenizer()
     write(os.path.join(out, "tokenizer.json"), tok.to_str())
@@ -82,9 +101,10 @@ def main(out):
     }
     write(os.path.join(out, "config.json"), json.dumps(config, indent=1))
     write(os.path.join(out, "generation_config.json"), json.dumps({"bos_token_id": 0, "eos_token_id": 1}, indent=1))
+    weights(out, config, seed)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: make_model.py DIR")
-    main(sys.argv[1])
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: make_model.py DIR [SEED]")
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 0)

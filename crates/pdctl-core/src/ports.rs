@@ -245,6 +245,28 @@ impl RouterWorker {
     }
 }
 
+/// How `/pause_generation` stops the requests in flight (0.5.23 `scheduler.py`
+/// `pause_generation`; new requests wait at their admission either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Stop them and rebuild their KV under the weights served at the continue (a decode asks
+    /// its prefill to recompute it).
+    Retract,
+    /// Stop them where they are: they finish with the KV they have, computed by the weights
+    /// served before.
+    InPlace,
+}
+
+impl PauseMode {
+    /// The `mode` SGLang takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Retract => "retract",
+            PauseMode::InPlace => "in_place",
+        }
+    }
+}
+
 /// An HTTP call failed (the probe's sentence).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpFailure(pub String);
@@ -349,8 +371,8 @@ pub trait Probes: Send + Sync {
     fn gateway_outcomes(&self, url: &str) -> impl Future<Output = Option<(f64, f64)>> + Send;
     /// A worker's `/model_info`: `(model_path, weight_version)`.
     fn model_info(&self, url: &str) -> impl Future<Output = Result<(String, String), HttpFailure>> + Send;
-    /// `POST /pause_generation {"mode": "retract"}`, within `limit`.
-    fn pause(&self, url: &str, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
+    /// `POST /pause_generation {"mode": mode}`, within `limit`.
+    fn pause(&self, url: &str, mode: PauseMode, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// `POST /continue_generation`, within `limit`.
     fn resume(&self, url: &str, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// `POST /update_weights_from_disk` (`version`: its `weight_version`), within `limit`: the

@@ -297,8 +297,8 @@ impl Probes for HttpProbes {
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         pdctl_probe::weights::model_info(&self.http, url).await.map(|m| (m.model_path, m.weight_version)).map_err(failure)
     }
-    async fn pause(&self, url: &str, limit: Duration) -> Result<(), HttpFailure> {
-        pdctl_probe::weights::pause(&self.http, url, "retract", limit).await.map_err(failure)
+    async fn pause(&self, url: &str, mode: crate::ports::PauseMode, limit: Duration) -> Result<(), HttpFailure> {
+        pdctl_probe::weights::pause(&self.http, url, mode.as_str(), limit).await.map_err(failure)
     }
     async fn resume(&self, url: &str, limit: Duration) -> Result<(), HttpFailure> {
         pdctl_probe::weights::resume(&self.http, url, limit).await.map_err(failure)

@@ -322,8 +322,9 @@ impl Probes for FakeProbes {
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         Ok(self.0.lock().unwrap().weights.get(url).cloned().unwrap_or_else(|| ("m".into(), "default".into())))
     }
-    async fn pause(&self, url: &str, _limit: Duration) -> Result<(), HttpFailure> {
-        self.0.lock().unwrap().weight_log.push(format!("pause {url}"));
+    async fn pause(&self, url: &str, mode: pdctl_core::ports::PauseMode, _limit: Duration) -> Result<(), HttpFailure> {
+        let mode = if mode == pdctl_core::ports::PauseMode::Retract { String::new() } else { format!("{} ", mode.as_str()) };
+        self.0.lock().unwrap().weight_log.push(format!("pause {mode}{url}"));
         Ok(())
     }
     async fn resume(&self, url: &str, _limit: Duration) -> Result<(), HttpFailure> {
@@ -988,5 +989,37 @@ async fn an_in_place_load_that_fails_falls_back_to_a_restart_only_when_configure
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A prefill with an API key: decodes are paused `in_place`, not `retract` (0.5.23's decode
+/// re-fetches a retracted request's KV through the prefill's `/generate` without the key, and
+/// each would fail with 401); prefills are still retracted, and the record says why.
+#[tokio::test]
+async fn with_a_key_on_a_prefill_decodes_are_paused_in_place_and_the_notes_say_why() {
+    use pdctl_core::engine::{RolloutRun, WeightsTarget};
+    for keyed in [false, true] {
+        let w = world();
+        let mut s = settings();
+        if keyed {
+            for x in s.workers.iter_mut().filter(|x| x.role == pdctl_core::config::Role::Prefill) {
+                x.api_key = Some(pdctl_core::config::KeySource::File("/etc/pdctl/prefill.key".into()));
+            }
+        }
+        let plan = Plan::new(&s, &[]).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let run = RolloutRun {
+            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None, config: false }),
+            ..rollout_of(&plan, &abort, true, false)
+        };
+        let out = engine.execute(run, &tx).await;
+        assert_eq!(out.summary.result, Outcome::Succeeded, "{:?}", out.summary);
+        let log = w.lock().unwrap().weight_log.clone();
+        let decode = if keyed { "pause in_place http://d" } else { "pause http://d" };
+        assert!(log.iter().any(|l| l == decode), "{keyed}: {log:?}");
+        assert!(log.iter().any(|l| l == "pause http://p"), "a prefill is retracted either way: {log:?}");
+        assert_eq!(out.notes.iter().any(|n| n.contains("paused in_place")), keyed, "{:?}", out.notes);
     }
 }

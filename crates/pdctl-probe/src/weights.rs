@@ -42,7 +42,8 @@ async fn post_ok(http: &Http, url: &str, path: &str, body: &Value, limit: Durati
 
 /// `POST /pause_generation {"mode": mode}`: new requests wait at their admission; `retract`
 /// stops the ones in flight and rebuilds their KV under the weights served at the continue (a
-/// decode fetches it from its prefill again).
+/// decode asks its prefill to recompute it, through the prefill's `/generate`); `in_place`
+/// stops them where they are.
 pub async fn pause(http: &Http, url: &str, mode: &str, limit: Duration) -> Result<(), HttpError> {
     post_ok(http, url, "/pause_generation", &json!({ "mode": mode }), limit).await.map(|_| ())
 }
@@ -56,10 +57,12 @@ pub async fn resume(http: &Http, url: &str, limit: Duration) -> Result<(), HttpE
 /// says `success`; a refused load is `HttpError::Status` with the server's message.
 ///
 /// Why not the default flush: 0.5.23 flushes the cache after loading and, when the scheduler is
-/// busy (requests running, queued, retracted by a pause, or a decode's deferred KV release),
-/// refuses the flush and fails the call *after* the weights changed, while `/model_info` keeps
-/// the old path (`managers/scheduler_components/weight_updater.py`; seen on the real server with
-/// a request in flight, paused or not). The cache is flushed by [`flush_cache`] instead.
+/// busy then, refuses the flush and fails the call *after* the weights changed, while
+/// `/model_info` keeps the old path (`managers/scheduler_components/weight_updater.py`). Busy,
+/// measured on the real server: paused `in_place` with a request in flight, or a PD queue
+/// holding a room (`scheduler.py` `is_fully_idle`; a `retract` pause's requests do not count, and
+/// without a pause the update first waits for every request in flight). The cache is flushed by
+/// [`flush_cache`] instead.
 pub async fn update_weights(http: &Http, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> Result<String, HttpError> {
     let mut body = json!({ "model_path": model_path, "flush_cache": false });
     if let Some(v) = version {

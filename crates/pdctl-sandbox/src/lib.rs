@@ -176,18 +176,19 @@ pub struct RealSglang {
     pub python: PathBuf,
     /// The directory holding the stand-in `libcuda.so.1` (the units' `LD_LIBRARY_PATH`).
     pub lib: PathBuf,
-    /// The tiny model (config and tokenizer; run with `--load-format dummy`).
+    /// The tiny model: config, tokenizer and real weight files (random from seed 0).
     pub model: PathBuf,
+    /// The same model with other weights (seed 1): the target of an in-place weights update.
+    pub model_v2: PathBuf,
     /// The directory of `sitecustomize.py` (the units' `PYTHONPATH`).
     pub site: PathBuf,
 }
 
 /// The flags the real server runs with on this CPU, after `--model-path`: the CPU path that needs
-/// no CPU build of sglang-kernel, a small KV pool, dummy weights, no idle busy-polling, and the
-/// overlap scheduler off (its PD path calls CUDA). Why each: [`stack::real_worker_unit`].
+/// no CPU build of sglang-kernel, a small KV pool, no idle busy-polling, and the overlap scheduler
+/// off (its PD path calls CUDA). Why each: [`stack::real_worker_unit`]. The weights are real files
+/// (not `--load-format dummy`): 0.5.23 refuses `/update_weights_from_disk` on a dummy-loaded server.
 const CPU_FLAGS: &[&str] = &[
-    "--load-format",
-    "dummy",
     "--device",
     "cpu",
     "--attention-backend",
@@ -230,8 +231,22 @@ impl RealSglang {
     pub fn find() -> Result<RealSglang> {
         let root = repo_root();
         let dir = std::env::var_os("PDCTL_REAL_SGLANG").map(PathBuf::from).unwrap_or_else(|| root.join(".venv-sglang"));
-        let r = RealSglang { python: dir.join("venv/bin/python"), lib: dir.join("lib"), model: dir.join("model"), site: root.join("scripts/real-sglang") };
-        for p in [&r.python, &r.lib.join("libcuda.so.1"), &r.model.join("config.json"), &r.site.join("sitecustomize.py"), &dir.join("ok")] {
+        let r = RealSglang {
+            python: dir.join("venv/bin/python"),
+            lib: dir.join("lib"),
+            model: dir.join("model"),
+            model_v2: dir.join("model-v2"),
+            site: root.join("scripts/real-sglang"),
+        };
+        let needed = [
+            r.python.clone(),
+            r.lib.join("libcuda.so.1"),
+            r.model.join("model.safetensors"),
+            r.model_v2.join("model.safetensors"),
+            r.site.join("sitecustomize.py"),
+            dir.join("ok"),
+        ];
+        for p in &needed {
             if !p.exists() {
                 return Err(SandboxError::Missing(format!("the real SGLang server ({} is missing; run scripts/setup to install it)", p.display())));
             }

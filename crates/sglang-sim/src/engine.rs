@@ -208,11 +208,18 @@ impl Engine {
         s.weights.unreported = Some(format!("{model_path}@{version}{}", s.weights.build));
     }
 
-    /// Whether a flush would find the scheduler busy: requests running or waiting, rooms held in
-    /// a PD queue, a deferred KV release (0.5.23 `is_fully_idle`).
+    /// Whether a cache flush now would find the scheduler busy (0.5.23 `scheduler.py`
+    /// `flush_cache` → `is_fully_idle(ignore_waiting=paused)`): rooms in a PD queue or a deferred
+    /// KV release always count; requests in flight count unless a `retract` pause took them out
+    /// of the running batch — back to the waiting queue, which a paused flush ignores, or on a
+    /// decode to the prealloc queue's held rebootstraps (`hold_rebootstrap`, kept out of the
+    /// queue so that the flush after a weight update passes). An `in_place` pause leaves them
+    /// running. Measured on the real server (tests/differential.rs, tests/real.rs).
     pub fn busy(&self) -> bool {
         let s = self.lock();
-        s.running > 0 || s.bootstrap_queue > 0 || s.prealloc_queue > 0 || s.deferred_release > 0
+        let queues = s.bootstrap_queue > 0 || s.prealloc_queue > 0 || s.deferred_release > 0;
+        let retracted = self.paused.borrow().as_deref() == Some("retract");
+        queues || (!retracted && s.running > 0)
     }
 
     /// How many `retract` pauses were continued (a request or room from before one was
@@ -433,14 +440,12 @@ impl Engine {
         }
     }
 
-    /// `/flush_cache`: drop the radix cache unless requests are running, wait in a PD queue or
-    /// hold a deferred KV release (0.5.23 `is_fully_idle`).
+    /// `/flush_cache`: drop the radix cache unless the scheduler is [`Engine::busy`].
     pub fn flush_cache(&self) -> bool {
-        let mut s = self.lock();
-        if s.running > 0 || s.bootstrap_queue > 0 || s.prealloc_queue > 0 || s.deferred_release > 0 {
+        if self.busy() {
             return false;
         }
-        s.evictable = 0;
+        self.lock().evictable = 0;
         true
     }
 

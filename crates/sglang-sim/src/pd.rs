@@ -65,6 +65,9 @@ struct Route {
     rank_port: u16,
     page_size: Option<u64>,
     kv_cache_dtype: Option<String>,
+    /// The prefill's HTTP port (`PrefillServerInfo.prefill_http_port`): where a decode sends a
+    /// retracted request's rebootstrap.
+    http_port: Option<u16>,
 }
 
 /// How a held room ended.
@@ -391,6 +394,50 @@ impl Pd {
         log::line(&format!("simulated fault: KV transfers wait {secs} s in the prealloc queue"));
     }
 
+    /// Decode: a request held by a `retract` pause is rebootstrapped at the continue — 0.5.23's
+    /// decode asks its prefill to recompute the prefix KV under the weights served now by
+    /// POSTing `/generate` to the prefill's HTTP port (learned from its bootstrap server) with
+    /// *no* `Authorization` header (`disaggregation/common/conn.py` `_run_prefill_recompute`):
+    /// against a prefill started with `--api-key` it gets 401, and the request fails. Measured on
+    /// the real server (tests/real.rs); the gateway may retry it elsewhere, from the start.
+    pub async fn rebootstrap(&self, rid: &str, b: &Bootstrap) -> Result<(), String> {
+        let key = format!("{}:{}", b.host, b.port);
+        let port = lock(&self.inner.cache).get(&key).and_then(|r| r.http_port);
+        let fail = |why: String| {
+            let m = format!(
+                "Decode transfer failed for request rank=0 decode_req.req.rid='{rid}' decode_req.req.bootstrap_room={} with exception KVTransferError(bootstrap_room={}): {why}",
+                b.room, b.room
+            );
+            log::line(&m);
+            m
+        };
+        let Some(port) = port else {
+            log::line(&format!(
+                "PD retract rebootstrap could not resolve the prefill /generate URL from bootstrap info (rid={rid} bootstrap_room={} bootstrap_addr={key}).",
+                b.room
+            ));
+            return Err(fail("PD retract rebootstrap could not resolve the prefill /generate URL from bootstrap info.".into()));
+        };
+        // The recompute itself is the prefill's business; the simulator sends a one-token
+        // request with SGLang's fake bootstrap host (no room is held for it).
+        let body = json!({"rid": format!("{rid}-rebootstrap"), "text": "rebootstrap", "sampling_params": {"max_new_tokens": 1},
+            "bootstrap_host": FAKE_BOOTSTRAP_HOST, "bootstrap_port": b.port, "bootstrap_room": b.room});
+        let url = format!("http://{}:{port}/generate", b.host);
+        match self.inner.http.post(&url).json(&body).timeout(self.cfg().waiting_timeout).send().await {
+            Ok(r) if r.status().as_u16() < 400 => Ok(()),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let text: String = r.text().await.unwrap_or_default().chars().take(512).collect();
+                log::line(&format!("PD rebootstrap prefill failed for rid={rid} status={status} body={text}"));
+                Err(fail(format!("PD retract rebootstrap /generate failed for rid={rid} (status={status}).")))
+            }
+            Err(_) => {
+                log::line(&format!("PD rebootstrap prefill request failed for rid={rid}"));
+                Err(fail(format!("PD retract rebootstrap /generate request errored for rid={rid}.")))
+            }
+        }
+    }
+
     async fn fetch_route(&self, host: &str, port: u16) -> Result<Route, String> {
         let url = format!("http://{host}:{port}/route?engine_rank=0&target_dp_group=0");
         let r = self.inner.http.get(&url).timeout(Duration::from_secs(5)).send().await.map_err(|e| e.to_string())?;
@@ -406,6 +453,7 @@ impl Pd {
             rank_port: v.get("rank_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()).unwrap_or(0),
             page_size: v.get("page_size").and_then(Value::as_u64),
             kv_cache_dtype: s("kv_cache_dtype"),
+            http_port: v.get("prefill_http_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()),
         })
         .filter(|r| r.rank_port != 0)
         .ok_or_else(|| format!("{url} gave no rank port"))
@@ -444,6 +492,7 @@ async fn route(State(pd): State<Pd>) -> Response {
         "dp_size": cfg.dp_size,
         "page_size": cfg.page_size,
         "kv_cache_dtype": cfg.resolved_kv_cache_dtype(),
+        "prefill_http_port": cfg.port,
     }))
     .into_response()
 }

@@ -2,16 +2,16 @@
 //! the plan is read (`/model_info`: what it serves now, to go back to) and must be healthy;
 //! all are paused — decodes first — with SGLang's `retract` mode (0.5.23 `scheduler.py`
 //! `pause_generation`: new requests wait at their admission, running ones stop and their KV is
-//! rebuilt under the weights served at the continue; a decode fetches it from its prefill
-//! again); all load the new weights (`/update_weights_from_disk`, at once: while paused no
+//! rebuilt under the weights served at the continue; a decode asks its prefill to recompute it)
+//! — decodes `in_place` when a prefill has an API key ([`IN_PLACE_NOTE`]); all load the new weights (`/update_weights_from_disk`, at once: while paused no
 //! request runs anywhere); each must report them (`model_path`, and `weight_version` when one
 //! was given); all continue. Then each prefill/decode pair is probed straight, and each worker
 //! passes its health, router and metrics gates. No PD request can pair two versions — none
 //! runs between the pause and the continue — and requests wait instead of failing.
 //!
 //! The load asks for no cache flush (`flush_cache: false`): 0.5.23's own flush after a load is
-//! refused whenever the scheduler is busy — requests running, waiting, retracted by the pause,
-//! a decode's deferred KV release — and then fails the call *after* the weights changed, with
+//! refused when the scheduler is busy — requests running in place, rooms in a decode's PD
+//! queues, a deferred KV release — and then fails the call *after* the weights changed, with
 //! `/model_info` still naming the old ones (measured on the real server). pdctl flushes each
 //! worker's cache itself (`/flush_cache`): while paused where it is idle enough, else right after
 //! the continue, retried until it is (bounded by `health_timeout`); the step's detail says when,
@@ -33,6 +33,7 @@ use crate::engine::Engine;
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;
 use crate::plan::Plan;
+use crate::ports::PauseMode;
 use crate::ports::{Health, Logs, Probes, Units};
 
 /// The weights to load.
@@ -52,6 +53,14 @@ pub struct WeightsTarget<'a> {
 
 /// What a worker served before: `(model_path, weight_version)`.
 type Served = (String, String);
+
+/// Why decodes were paused `in_place`, for the rollout's notes. After a `retract` pause, 0.5.23's
+/// decode asks the prefill to recompute each retracted request's KV by POSTing the prefill's
+/// `/generate` *without* an `Authorization` header (`disaggregation/common/conn.py`
+/// `_run_prefill_recompute`): against a prefill started with `--api-key` every request running on
+/// a decode at the pause fails with 401 at the continue (measured on the real server; a gateway
+/// may then retry it from the start).
+pub const IN_PLACE_NOTE: &str = "decodes were paused in_place, not retract: a prefill has an API key, and SGLang 0.5.23's decode re-fetches a retracted request's KV through the prefill's /generate without it (each would fail with 401); the requests running on a decode at the pause finished with KV computed by the previous weights";
 
 /// One worker pdctl may have left paused (`paused.json` in pdctld's state directory).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -141,24 +150,29 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Decodes first: nothing new reaches a prefill's KV hand-off while it pauses.
         before.sort_by_key(|(w, _)| u8::from(w.role != Role::Decode));
         let pause_limit = self.settings.rollout.health_timeout;
+        let decode_pause = self.decode_pause_mode();
+        if decode_pause == PauseMode::InPlace && before.iter().any(|(w, _)| w.role == Role::Decode) {
+            notes.push(IN_PLACE_NOTE.to_string());
+        }
         let mut paused: Vec<&Worker> = Vec::new();
         let mut steps = Vec::new();
         for (w, served) in &before {
             let s = StepRun::start(sink, &w.unit, Step::Weights);
-            if let Err(e) = self.probes.pause(&w.url, pause_limit).await {
+            let mode = if w.role == Role::Decode { decode_pause } else { PauseMode::Retract };
+            if let Err(e) = self.probes.pause(&w.url, mode, pause_limit).await {
                 let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
                 s.fail(&f);
                 let _ = self.resume_all(&paused, notes).await;
                 return end(Outcome::Failed, Vec::new(), Some(self.failure(&w.unit, Step::Weights, f).await));
             }
             paused.push(*w);
-            steps.push((s, *w, served.clone()));
+            steps.push((s, *w, served.clone(), mode));
         }
         // In a fleet: every host paused before any loads.
         if let Some(id) = to.fleet_rollout {
             if let Err(why) = self.weights_step(id, "paused", Ok(())).await {
                 let f = Fail::from(Cause::WeightsFailed { unit: FLEET.into(), why: format!("not every host paused: {why}") });
-                for (s, _, _) in steps {
+                for (s, ..) in steps {
                     s.fail(&f);
                 }
                 let _ = self.resume_all(&paused, notes).await;
@@ -200,7 +214,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     unit: FLEET.into(),
                     why: format!("another host did not take them ({why}): every host loads its previous weights again"),
                 });
-                for (s, _, _) in steps {
+                for (s, ..) in steps {
                     s.fail(&f);
                 }
                 self.put_back(&before, &loaded, false, sink, notes).await;
@@ -212,7 +226,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: why.clone() };
             let f = Fail::from(cause.clone());
             let failure = self.failure(&w.unit, Step::Weights, Fail::from(cause)).await;
-            for (s, x, _) in steps {
+            for (s, x, ..) in steps {
                 if x.unit == w.unit {
                     s.fail(&f);
                 } else {
@@ -235,12 +249,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         for ((w, _), f) in before.iter().zip(flushed.iter_mut()).filter(|(_, f)| f.is_none()) {
             *f = Some(self.flush_when_idle(w, limit, notes).await);
         }
-        for (((s, w, served), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
+        for (((s, w, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
             let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
             s.pass(json!({
                 "from": { "model_path": served.0, "weight_version": served.1 },
                 "to": { "model_path": to.model_path, "weight_version": version },
                 "load_ms": load_ms,
+                "pause": mode.as_str(),
                 "paused_ms": waited,
                 "message": message,
                 "cache_flushed": cache,
@@ -319,6 +334,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             .map_err(|e| Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("its /model_info cannot be read ({e}): nothing was paused") }))
     }
 
+    /// How decodes are paused: `retract` (their requests in flight are recomputed under the new
+    /// weights), unless a prefill has an API key — then `in_place` (see [`IN_PLACE_NOTE`]).
+    fn decode_pause_mode(&self) -> PauseMode {
+        if self.settings.workers.iter().any(|w| w.role == Role::Prefill && w.api_key.is_some()) {
+            PauseMode::InPlace
+        } else {
+            PauseMode::Retract
+        }
+    }
+
     /// Continue every paused worker; the first that did not continue (all are tried).
     async fn resume_all(&self, paused: &[&Worker], notes: &mut Vec<String>) -> Result<(), (String, Fail)> {
         let mut first = None;
@@ -338,7 +363,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         for (w, (path, version)) in before.iter().filter(|(w, _)| loaded.iter().any(|l| l.unit == w.unit)) {
             let s = StepRun::start(sink, &w.unit, Step::Rollback);
             if running {
-                if let Err(e) = self.probes.pause(&w.url, self.settings.rollout.health_timeout).await {
+                let mode = if w.role == Role::Decode { self.decode_pause_mode() } else { PauseMode::Retract };
+                if let Err(e) = self.probes.pause(&w.url, mode, self.settings.rollout.health_timeout).await {
                     notes.push(format!("{} could not be paused to take its previous weights back ({e}): it still serves {}", w.unit, path));
                 }
             }

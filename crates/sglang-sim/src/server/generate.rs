@@ -19,6 +19,8 @@ use super::{approx_tokens, bad_request, parse_body, unix_now, App, Tracked, ABOR
 
 /// What one request asks for, whatever API it came through.
 pub(crate) struct Job {
+    /// The request's id.
+    rid: String,
     prompt_tokens: u64,
     max_new: u64,
     stream: bool,
@@ -67,6 +69,7 @@ pub(crate) async fn pd_before(app: &App, v: &Value, rid: &str, tracked: &mut Tra
             r = app.pd.receive(rid, &b) => match r {
                 Ok(kv) => {
                     tracked.kv = Some((kv, app.engine.retractions()));
+                    tracked.bootstrap = Some(b);
                     Ok(None)
                 }
                 Err(m) => Err(pd::abort(&m)),
@@ -118,9 +121,23 @@ pub(crate) async fn execute(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut last = Instant::now();
+    // Decode: the retractions counted when its KV came (each later one rebootstraps it).
+    let mut retractions_seen = tracked.kv.as_ref().map(|(_, at)| *at);
     for i in 0..n as usize {
-        // Paused in place (or retracted): it stops here until the continue.
+        // Paused in place (or retracted): it stops here until the continue. A decode's request
+        // retracted by a pause (however short: the real scheduler retracts at the pause) is
+        // rebootstrapped through its prefill then.
         app.control.hold_while_paused().await;
+        if let (Some(b), Some(seen)) = (&tracked.bootstrap, retractions_seen.as_mut()) {
+            let now = engine.retractions();
+            if *seen != now {
+                *seen = now;
+                if let Err(m) = app.pd.rebootstrap(&job.rid, b).await {
+                    engine.finish(ticket);
+                    return Err(m);
+                }
+            }
+        }
         tokio::select! {
             _ = tick.tick() => {}
             () = tracked.aborted() => {
@@ -211,8 +228,8 @@ pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
         _ => return bad_request("Either text or input_ids should be provided."),
     };
     let max_new = v.pointer("/sampling_params/max_new_tokens").and_then(Value::as_u64).unwrap_or(128);
-    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let rid = v.get("rid").and_then(Value::as_str).map(String::from).unwrap_or_else(|| format!("{:032x}", crate::ids::rand_u128()));
+    let job = Job { rid: rid.clone(), prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let mut tracked = app.requests.track(&rid);
     app.control.admit(&mut tracked).await;
     let hold = match pd_before(&app, &v, &rid, &mut tracked).await {
@@ -285,9 +302,9 @@ pub(crate) async fn openai(app: App, body: Bytes, chat: bool) -> Response {
         }
     };
     let max_new = v.get("max_completion_tokens").or_else(|| v.get("max_tokens")).and_then(Value::as_u64).unwrap_or(16);
-    let job = Job { prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let model = app.engine.weights().served_model_name;
     let id = format!("{:032x}", crate::ids::rand_u128());
+    let job = Job { rid: id.clone(), prompt_tokens, max_new, stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false), arrived };
     let mut tracked = app.requests.track(&id);
     app.control.admit(&mut tracked).await;
     let hold = match pd_before(&app, &v, &id, &mut tracked).await {

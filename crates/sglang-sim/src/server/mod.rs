@@ -75,6 +75,8 @@ pub(crate) struct Tracked {
     model: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
     /// Decode: the weight version of the KV it received and the retractions then.
     kv: Option<(String, u64)>,
+    /// Decode: the bootstrap of its KV (a `retract` pause rebootstraps it there).
+    bootstrap: Option<crate::pd::Bootstrap>,
 }
 
 impl Requests {
@@ -88,7 +90,7 @@ impl Requests {
         g.0 += 1;
         let key = g.0;
         g.1.insert(key, (rid.to_string(), tx));
-        Tracked { requests: self.clone(), key, aborted: rx, model: None, kv: None }
+        Tracked { requests: self.clone(), key, aborted: rx, model: None, kv: None, bootstrap: None }
     }
 
     /// The rids in flight.

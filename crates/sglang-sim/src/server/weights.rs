@@ -48,12 +48,13 @@ impl Control {
         t.model = Some(self.model.clone().read_owned().await);
     }
 
-    /// A request in flight stops here while paused in place or retracted.
-    pub(crate) async fn hold_while_paused(&self) {
-        if self.is_paused() {
-            let mut rx = self.paused.subscribe();
-            let _ = rx.wait_for(Option::is_none).await;
-        }
+    /// A request in flight stops here while paused in place or retracted; the mode of the pause
+    /// it waited out, if any.
+    pub(crate) async fn hold_while_paused(&self) -> Option<String> {
+        let mode = self.paused.borrow().clone()?;
+        let mut rx = self.paused.subscribe();
+        let _ = rx.wait_for(Option::is_none).await;
+        Some(mode)
     }
 }
 
@@ -136,15 +137,17 @@ pub(crate) async fn update_weights_from_disk(State(app): State<App>, body: Bytes
     if v.get("abort_all_requests").and_then(Value::as_bool).unwrap_or(false) {
         app.requests.abort(None);
     }
-    // The cache flush after the load (default on) is refused when the scheduler was busy as the
-    // update came: measured on the real 0.5.23 server (tests/differential.rs), paused or not. A
-    // request held at its admission by a pause has not reached the scheduler: not busy.
     let flush = v.get("flush_cache").and_then(Value::as_bool).unwrap_or(true);
-    let busy = app.engine.busy();
-    // Not paused: wait for every request in flight, and hold new ones meanwhile.
+    // Not paused: wait for every request in flight, and hold new ones meanwhile (measured on the
+    // real server: the update's load starts once the request in flight has answered).
     let _exclusive = if app.control.is_paused() { None } else { Some(app.control.model.clone().write_owned().await) };
     let sim = &app.engine.config().sim;
     tokio::time::sleep(sim.weights_load).await;
+    // The flush after the load (default on) is refused when the scheduler is busy then: while
+    // paused in place, on a decode with retracted requests, with rooms in a PD queue or a
+    // deferred KV release (`Engine::busy`). A request held at its admission by a pause has not
+    // reached the scheduler: not busy.
+    let busy = app.engine.busy();
     if sim.weights_fail {
         let message = format!("Failed to get weights iterator: {path} (simulated: --sim-weights-fail). Rollback to the old model weights.");
         log::line(&message);
