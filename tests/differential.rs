@@ -19,6 +19,10 @@ use pdctl_tests::pdctl_sandbox::{free_port, workspace_bin, RealSglang};
 use serde_json::{json, Value};
 
 const KEY: &str = "diff-s3cret";
+/// The servers' `--admin-api-key`: SGLang's admin routes take it instead of [`KEY`].
+const ADMIN_KEY: &str = "diff-adm1n";
+/// The admin routes the session calls (0.5.23 `@auth_level(AuthLevel.ADMIN_OPTIONAL)`).
+const ADMIN: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
 
 /// What one session saw: a name per observation, its value.
 type Seen = BTreeMap<String, Value>;
@@ -34,7 +38,15 @@ enum Which {
 /// those it has no use for), the port, metrics and the API key.
 fn flags(real: &RealSglang, port: u16) -> Vec<String> {
     let mut f = real.cpu_flags();
-    f.extend(["--port".to_string(), port.to_string(), "--enable-metrics".to_string(), "--api-key".to_string(), KEY.to_string()]);
+    f.extend([
+        "--port".to_string(),
+        port.to_string(),
+        "--enable-metrics".to_string(),
+        "--api-key".to_string(),
+        KEY.to_string(),
+        "--admin-api-key".to_string(),
+        ADMIN_KEY.to_string(),
+    ]);
     f
 }
 
@@ -119,7 +131,8 @@ impl Session {
             _ => self.http.get(url),
         };
         if key {
-            r = r.bearer_auth(KEY);
+            let path = url.split("://").nth(1).and_then(|x| x.find('/').map(|i| &x[i..])).unwrap_or("");
+            r = r.bearer_auth(if ADMIN.contains(&path.split('?').next().unwrap_or(path)) { ADMIN_KEY } else { KEY });
         }
         self.rt.block_on(async {
             match r.send().await {
@@ -223,6 +236,16 @@ impl Session {
             let (with, _) = self.call(method, &format!("{url}{path}"), body, true);
             self.note(&format!("auth: {method} {path} without the key, with it"), json!([without, with]));
         }
+        // An admin route refuses the API key when the server has an admin key; the admin key is
+        // not the API key elsewhere. (A flush when idle: no side effect worth undoing.)
+        let status = |rq: reqwest::RequestBuilder| self.rt.block_on(async move { rq.send().await.map(|r| r.status().as_u16()).unwrap_or(0) });
+        let with_api_key = status(self.rt.block_on(async { self.http.post(format!("{url}/flush_cache")).bearer_auth(KEY) }));
+        let admin_elsewhere = status(self.rt.block_on(async { self.http.get(format!("{url}/model_info")).bearer_auth(ADMIN_KEY) }));
+        let (with_admin, _) = self.call("POST", &format!("{url}/flush_cache"), None, true);
+        self.note(
+            "auth: POST /flush_cache with the API key, with the admin key; GET /model_info with the admin key",
+            json!([with_api_key, with_admin, admin_elsewhere]),
+        );
     }
 
     /// `/v1/loads`, `/server_info` and `/model_info` as pdctl reads them.

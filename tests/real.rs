@@ -341,11 +341,13 @@ fn served(stack: &Stack, url: &str) -> (String, String) {
 
 #[test]
 fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
-    // Keys on both servers and smg. After a retract pause 0.5.23's decode asks the prefill to
+    // API keys on both servers and smg, admin keys on both servers. After a retract pause 0.5.23's decode asks the prefill to
     // recompute its requests' KV through the prefill's /generate without the key: 401, each
     // fails (smg may retry it from the start, which hides it from the client). pdctl pauses the
     // decode in place instead.
-    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { api_key: Some("real-s3cret".into()), ..real_opts() });
+    // And an admin key: pause, continue, the load and the flush take it, not the API key.
+    let keys = StackOptions { api_key: Some("real-s3cret".into()), admin_api_key: Some("real-adm1n".into()), ..real_opts() };
+    let (stack, config, d) = stack_with_pdctld_opts(&keys);
     let real = stack.real.clone().expect("the real server");
     let v2 = real.model_v2.display().to_string();
     let runs = || (stack.show(P, "InvocationID").expect("p"), stack.show(D, "InvocationID").expect("d"));

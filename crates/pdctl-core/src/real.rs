@@ -155,6 +155,17 @@ fn failure(e: HttpError) -> HttpFailure {
     HttpFailure(e.to_string())
 }
 
+/// [`failure`] of a call to one of SGLang's admin routes ([`crate::sglang::ADMIN_ROUTES`]): a
+/// refusal (401/403) says which key the route takes.
+fn admin_failure(e: HttpError) -> HttpFailure {
+    match &e {
+        HttpError::Status { status: 401 | 403, .. } => HttpFailure(format!(
+            "{e} — SGLang guards this route with --admin-api-key when the server has one (else with --api-key): set the worker's admin_api_key_file (or api_key_file) to the key the server was started with"
+        )),
+        _ => failure(e),
+    }
+}
+
 fn no_router() -> HttpFailure {
     HttpFailure("no [router] url is configured".into())
 }
@@ -222,7 +233,7 @@ impl Probes for HttpProbes {
         }
     }
     async fn abort_all(&self, url: &str) -> Result<(), HttpFailure> {
-        pdctl_probe::abort_all(&self.http, url).await.map_err(failure)
+        pdctl_probe::abort_all(&self.http, url).await.map_err(admin_failure)
     }
     async fn warm_worker(&self, url: &str) -> Result<(), HttpFailure> {
         pdctl_probe::warm_worker(&self.http, url).await.map_err(failure)
@@ -298,16 +309,16 @@ impl Probes for HttpProbes {
         pdctl_probe::weights::model_info(&self.http, url).await.map(|m| (m.model_path, m.weight_version)).map_err(failure)
     }
     async fn pause(&self, url: &str, mode: crate::ports::PauseMode, limit: Duration) -> Result<(), HttpFailure> {
-        pdctl_probe::weights::pause(&self.http, url, mode.as_str(), limit).await.map_err(failure)
+        pdctl_probe::weights::pause(&self.http, url, mode.as_str(), limit).await.map_err(admin_failure)
     }
     async fn resume(&self, url: &str, limit: Duration) -> Result<(), HttpFailure> {
-        pdctl_probe::weights::resume(&self.http, url, limit).await.map_err(failure)
+        pdctl_probe::weights::resume(&self.http, url, limit).await.map_err(admin_failure)
     }
     async fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, limit: Duration) -> Result<String, HttpFailure> {
-        pdctl_probe::weights::update_weights(&self.http, url, model_path, version, limit).await.map_err(failure)
+        pdctl_probe::weights::update_weights(&self.http, url, model_path, version, limit).await.map_err(admin_failure)
     }
     async fn flush_cache(&self, url: &str, limit: Duration) -> Result<bool, HttpFailure> {
-        pdctl_probe::weights::flush_cache(&self.http, url, limit).await.map_err(failure)
+        pdctl_probe::weights::flush_cache(&self.http, url, limit).await.map_err(admin_failure)
     }
     async fn server_info(&self, url: &str) -> Result<serde_json::Value, HttpFailure> {
         self.http.get_json(&format!("{}/server_info", url.trim_end_matches('/'))).await.map_err(failure)
@@ -379,7 +390,7 @@ pub fn probes(settings: &Settings) -> HttpProbes {
         let Some(src) = &w.api_key else { continue };
         match src.read() {
             Ok(key) => {
-                keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: crate::sglang::API_KEY_EXEMPT });
+                keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: crate::sglang::API_KEY_EXEMPT, only: None });
                 key_notes.insert(w.url.clone(), format!("the key from {}", src.describe()));
             }
             Err(why) => {
@@ -389,10 +400,17 @@ pub fn probes(settings: &Settings) -> HttpProbes {
             }
         }
     }
+    for w in &settings.workers {
+        let Some(src) = &w.admin_api_key else { continue };
+        match src.read() {
+            Ok(key) => keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: &[], only: Some(crate::sglang::ADMIN_ROUTES) }),
+            Err(why) => tracing::info!(pdctl_unit = %w.unit, "the admin API key of {} cannot be read: {why}", w.unit),
+        }
+    }
     if let Some(r) = &settings.router {
         if let Some(src) = &r.api_key {
             match src.read() {
-                Ok(key) => keys.extend(r.replicas.iter().map(|x| pdctl_probe::ApiKey { base: x.url.clone(), key: key.clone(), exempt: &[] })),
+                Ok(key) => keys.extend(r.replicas.iter().map(|x| pdctl_probe::ApiKey { base: x.url.clone(), key: key.clone(), exempt: &[], only: None })),
                 Err(why) => tracing::info!("the gateway's API key cannot be read: {why}"),
             }
         }

@@ -172,6 +172,12 @@ pub const HEARTBEAT_FAILURES_DEFAULT: u32 = 2;
 /// in `srt/utils/auth.py`): pdctl sends the key on every other call.
 pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
 
+/// The routes pdctl calls that SGLang marks `ADMIN_OPTIONAL` (0.5.23
+/// `entrypoints/http_server.py` `@auth_level(AuthLevel.ADMIN_OPTIONAL)`; `utils/auth.py`
+/// `decide_request_auth`): on a server started with `--admin-api-key` they take that key and
+/// refuse the `--api-key` one (401); without it, the API key as any other route.
+pub const ADMIN_ROUTES: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
+
 /// Whether a call to `path` needs the worker's API key.
 pub fn needs_api_key(path: &str) -> bool {
     !API_KEY_EXEMPT.iter().any(|p| path.starts_with(p))

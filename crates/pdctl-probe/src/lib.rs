@@ -76,11 +76,14 @@ pub struct ApiKey {
     pub key: String,
     /// Path prefixes sent without it.
     pub exempt: &'static [&'static str],
+    /// `Some(paths)`: an admin key (SGLang's `--admin-api-key`), sent instead of the server's
+    /// API key on these paths only (query aside); `None`: the server's API key.
+    pub only: Option<&'static [&'static str]>,
 }
 
 impl std::fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKey").field("base", &self.base).field("key", &"<redacted>").field("exempt", &self.exempt).finish()
+        f.debug_struct("ApiKey").field("base", &self.base).field("key", &"<redacted>").field("exempt", &self.exempt).field("only", &self.only).finish()
     }
 }
 
@@ -97,17 +100,29 @@ impl Http {
         self
     }
 
-    /// The key of the server `url` belongs to, if one is configured (for the path or not).
+    /// The API key of the server `url` belongs to, if one is configured (for the path or not;
+    /// never its admin key).
     pub fn key_of(&self, url: &str) -> Option<&str> {
         let (base, _) = split_base(url);
-        self.keys.iter().find(|k| k.base.trim_end_matches('/') == base).map(|k| k.key.as_str())
+        self.keys.iter().find(|k| k.only.is_none() && k.base.trim_end_matches('/') == base).map(|k| k.key.as_str())
+    }
+
+    /// The key a request to `url` carries: the server's admin key on its admin paths, else its
+    /// API key unless the path is exempt.
+    fn key_for(&self, url: &str) -> Option<&str> {
+        let (base, path) = split_base(url);
+        let route = path.split('?').next().unwrap_or(path);
+        let mine = || self.keys.iter().filter(|k| k.base.trim_end_matches('/') == base);
+        if let Some(admin) = mine().find(|k| k.only.is_some_and(|o| o.contains(&route))) {
+            return Some(&admin.key);
+        }
+        mine().find(|k| k.only.is_none() && !k.exempt.iter().any(|p| path.starts_with(p))).map(|k| k.key.as_str())
     }
 
     fn auth(&self, url: &str, rq: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let (base, path) = split_base(url);
-        match self.keys.iter().find(|k| k.base.trim_end_matches('/') == base) {
-            Some(k) if !k.exempt.iter().any(|p| path.starts_with(p)) => rq.bearer_auth(&k.key),
-            _ => rq,
+        match self.key_for(url) {
+            Some(k) => rq.bearer_auth(k),
+            None => rq,
         }
     }
 
@@ -599,6 +614,7 @@ mod tests {
             base: "http://127.0.0.1:30003".into(),
             key: "s3cret".into(),
             exempt: &["/health", "/ready", "/metrics"],
+            only: None,
         }]);
         let auth = |url: &str| {
             http.auth(url, http.client.get(url)).build().ok().and_then(|r| r.headers().get("authorization").map(|v| v.to_str().unwrap_or("").to_string()))
@@ -610,5 +626,25 @@ mod tests {
         assert_eq!(auth("http://127.0.0.1:30002/server_info"), None, "another server gets no key");
         assert_eq!(http.key_of("http://127.0.0.1:30003"), Some("s3cret"));
         assert!(!format!("{http:?}").contains("s3cret"), "Debug never shows a key");
+    }
+
+    #[test]
+    fn an_admin_key_goes_only_to_its_paths_and_is_never_the_key_of_the_server() {
+        let admin = |base: &str| ApiKey { base: base.into(), key: "adm1n".into(), exempt: &[], only: Some(&["/pause_generation", "/flush_cache"]) };
+        let normal = ApiKey { base: "http://a:1".into(), key: "s3cret".into(), exempt: &["/health"], only: None };
+        let http = Http::new(Duration::from_secs(1)).with_keys(vec![admin("http://a:1"), normal, admin("http://b:1")]);
+        let auth = |url: &str| {
+            http.auth(url, http.client.get(url)).build().ok().and_then(|r| r.headers().get("authorization").map(|v| v.to_str().unwrap_or("").to_string()))
+        };
+        assert_eq!(auth("http://a:1/pause_generation").as_deref(), Some("Bearer adm1n"));
+        assert_eq!(auth("http://a:1/flush_cache?timeout=0").as_deref(), Some("Bearer adm1n"));
+        assert_eq!(auth("http://a:1/model_info").as_deref(), Some("Bearer s3cret"));
+        assert_eq!(auth("http://a:1/health"), None);
+        // An admin key alone (no --api-key): other paths go without a key.
+        assert_eq!(auth("http://b:1/flush_cache").as_deref(), Some("Bearer adm1n"));
+        assert_eq!(auth("http://b:1/v1/loads"), None);
+        assert_eq!(http.key_of("http://a:1"), Some("s3cret"));
+        assert_eq!(http.key_of("http://b:1"), None, "the gateway is never handed an admin key");
+        assert!(!format!("{http:?}").contains("adm1n"));
     }
 }

@@ -72,6 +72,10 @@ pub struct StackOptions {
     /// KEY` (its worker key, which also guards the gateway itself); pdctl's config names a key
     /// file holding it ([`Stack::key_file`]) for each worker and the gateway.
     pub api_key: Option<String>,
+    /// Every worker also runs with SGLang's `--admin-api-key KEY` (its admin routes — pause,
+    /// continue, weight updates, flush, abort — take it instead of the API key); pdctl's config
+    /// names a file holding it ([`Stack::admin_key_file`]).
+    pub admin_api_key: Option<String>,
     /// More `KEY=value` environment of the decode units (e.g. SGLang's heartbeat settings).
     pub decode_env: Vec<String>,
 }
@@ -98,6 +102,7 @@ impl Default for StackOptions {
             waiting_timeout_secs: 3.0,
             bootstrap_timeout_secs: 8.0,
             api_key: None,
+            admin_api_key: None,
             decode_env: Vec::new(),
         }
     }
@@ -166,6 +171,8 @@ pub struct Stack {
     pub sim_bin: PathBuf,
     /// The API key of the workers and the gateway ([`StackOptions::api_key`]).
     pub api_key: Option<String>,
+    /// The workers' admin key ([`StackOptions::admin_api_key`]).
+    pub admin_api_key: Option<String>,
     /// The real SGLang server the workers run (`None`: `sglang-sim`).
     pub real: Option<RealSglang>,
 }
@@ -227,6 +234,9 @@ impl Stack {
             args.push("--api-key".into());
             args.push(k.clone());
         }
+        if let Some(k) = &opts.admin_api_key {
+            args.extend(["--admin-api-key".into(), k.clone()]);
+        }
         args.extend(extra.iter().cloned());
         let exec = std::iter::once(self.sim_bin.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
         format!(
@@ -275,7 +285,18 @@ impl Stack {
         } else {
             vec![]
         };
-        let mut stack = Stack { sandbox, prefill, decode, extra, router: None, extra_routers: Vec::new(), sim_bin, api_key: opts.api_key.clone(), real };
+        let mut stack = Stack {
+            sandbox,
+            prefill,
+            decode,
+            extra,
+            router: None,
+            extra_routers: Vec::new(),
+            sim_bin,
+            api_key: opts.api_key.clone(),
+            admin_api_key: opts.admin_api_key.clone(),
+            real,
+        };
         let mut units = Vec::new();
         for w in stack.workers() {
             let args = if w.role == "prefill" { &opts.prefill_args } else { &opts.decode_args };
@@ -380,6 +401,9 @@ impl Stack {
             if self.api_key.is_some() {
                 t.push_str(&format!("api_key_file = \"{}\"\n", self.key_file().display()));
             }
+            if self.admin_api_key.is_some() {
+                t.push_str(&format!("admin_api_key_file = \"{}\"\n", self.admin_key_file().display()));
+            }
             t.push_str(&format!("gpus = \"{}\"\n\n", w.gpus));
         }
         // The real server on this CPU: 15-30 s to its ready line (imports), longer under load.
@@ -401,16 +425,23 @@ impl Stack {
         self.sandbox.dir().join("pdctl/api.key")
     }
 
+    /// Where pdctl's config says the admin key is (`<sandbox>/pdctl/admin.key`, mode 0600).
+    pub fn admin_key_file(&self) -> PathBuf {
+        self.sandbox.dir().join("pdctl/admin.key")
+    }
+
     /// Write [`Stack::pdctl_config`] to `<sandbox>/pdctl/pdctl.toml` (fragments may go in
     /// `<sandbox>/pdctl/config.d/`) and return its path.
     pub fn write_pdctl_config(&self) -> Result<PathBuf> {
         let dir = self.sandbox.dir().join("pdctl");
         let io = |e| SandboxError::Io { what: format!("write {}", dir.display()), source: e };
         std::fs::create_dir_all(dir.join("config.d")).map_err(io)?;
-        if let Some(k) = &self.api_key {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(self.key_file()).map_err(io)?;
-            std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes()).map_err(io)?;
+        for (key, file) in [(&self.api_key, self.key_file()), (&self.admin_api_key, self.admin_key_file())] {
+            if let Some(k) = key {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(file).map_err(io)?;
+                std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes()).map_err(io)?;
+            }
         }
         let p = dir.join("pdctl.toml");
         std::fs::write(&p, self.pdctl_config()).map_err(io)?;
@@ -564,6 +595,9 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
     }
     if let Some(k) = &opts.api_key {
         args.extend(["--api-key".into(), k.clone()]);
+    }
+    if let Some(k) = &opts.admin_api_key {
+        args.extend(["--admin-api-key".into(), k.clone()]);
     }
     args.extend(extra.iter().cloned());
     let exec = std::iter::once(r.python.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");

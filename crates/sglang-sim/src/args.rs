@@ -95,6 +95,8 @@ pub struct SimConfig {
     /// `--api-key`: every endpoint but `/health*`, `/ready*` and `/metrics*` needs
     /// `Authorization: Bearer KEY` (`srt/utils/auth.py`).
     pub api_key: Option<String>,
+    /// `--admin-api-key`: the key of the admin routes ([`crate::server::ADMIN_ROUTES`]).
+    pub admin_api_key: Option<String>,
     /// `--weight-version` (default `default`, as SGLang's `serving.py`): the version a server
     /// reports in `/model_info` until `/update_weights_from_disk` sets another.
     pub weight_version: String,
@@ -293,6 +295,7 @@ const IGNORED: &[(&str, Kind)] = &[
     ("--quantization", Kind::Value),
     ("--random-seed", Kind::Value),
     ("--api-key", Kind::Value),
+    ("--admin-api-key", Kind::Value),
     ("--uvicorn-access-log-exclude-prefixes", Kind::Value),
     // The real server's flags on a CPU (tests/differential.rs starts both with the same ones).
     ("--load-format", Kind::Value),
@@ -440,6 +443,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
             Some(_) => Some(int("--page-size", 1)?),
         },
         api_key: given.get("--api-key").cloned(),
+        admin_api_key: given.get("--admin-api-key").cloned(),
         weight_version: given.get("--weight-version").cloned().unwrap_or_else(|| "default".into()),
         given,
         sim,

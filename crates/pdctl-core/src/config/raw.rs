@@ -87,6 +87,7 @@ pub(super) struct RawWorker {
     #[serde(default)]
     pub(super) watch_files: Vec<PathBuf>,
     pub(super) api_key_file: Option<Spanned<String>>,
+    pub(super) admin_api_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

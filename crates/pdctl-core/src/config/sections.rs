@@ -65,14 +65,27 @@ fn worker(o: &Origins, path: &std::path::Path, line: usize, w: RawWorker, before
             Some(set)
         }
     };
-    let api_key = match w.api_key_file {
-        None => None,
-        Some(k) => {
-            let kl = line_at(k.span().start);
-            Some(KeySource::parse(k.get_ref()).map_err(|why| o.err(path, Some(kl), format!("worker.api_key_file of {unit}: {why}")))?)
+    let key = |k: Option<toml::Spanned<String>>, name: &str| -> Result<Option<KeySource>, ConfigError> {
+        match k {
+            None => Ok(None),
+            Some(k) => {
+                let kl = line_at(k.span().start);
+                Ok(Some(KeySource::parse(k.get_ref()).map_err(|why| o.err(path, Some(kl), format!("worker.{name} of {unit}: {why}")))?))
+            }
         }
     };
-    Ok(Worker { unit, role: w.role, url: url.trim_end_matches('/').to_string(), bootstrap_port: w.bootstrap_port, gpus, watch_files: w.watch_files, api_key })
+    let api_key = key(w.api_key_file, "api_key_file")?;
+    let admin_api_key = key(w.admin_api_key_file, "admin_api_key_file")?;
+    Ok(Worker {
+        unit: unit.clone(),
+        role: w.role,
+        url: url.trim_end_matches('/').to_string(),
+        bootstrap_port: w.bootstrap_port,
+        gpus,
+        watch_files: w.watch_files,
+        api_key,
+        admin_api_key,
+    })
 }
 
 /// `[router]`: one URL or one per replica, each a server's base URL, with as many metrics URLs.

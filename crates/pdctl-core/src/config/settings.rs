@@ -155,6 +155,10 @@ pub struct Worker {
     /// Where its `--api-key` is (`api_key_file`): pdctl sends it on every call SGLang guards and
     /// gives it to the gateway when it registers the worker. Never the key itself.
     pub api_key: Option<KeySource>,
+    /// Where its `--admin-api-key` is (`admin_api_key_file`): pdctl sends it instead of the API
+    /// key on the routes SGLang guards with it ([`crate::sglang::ADMIN_ROUTES`]: pause,
+    /// continue, weight updates, cache flush, abort).
+    pub admin_api_key: Option<KeySource>,
 }
 
 /// Where an API key is read from: a file readable by pdctld only, or a systemd credential

@@ -206,6 +206,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             gpus: None,
             watch_files: Vec::new(),
             api_key: None,
+            admin_api_key: None,
         });
         let r = async {
             let st = self.units.state(&d.unit).await?;

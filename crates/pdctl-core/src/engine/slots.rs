@@ -158,7 +158,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let owner =
                     hosts.iter().find_map(|h| h.workers.iter().find(|hw| crate::config::same_url(&hw.url, &x.url)).map(|hw| (h.host.clone(), hw.unit.clone())));
                 let unit = owner.as_ref().map(|(h, u)| format!("{h}/{u}")).unwrap_or_else(|| x.url.clone());
-                (Worker { unit, role: other, url: x.url, bootstrap_port: x.bootstrap_port, gpus: None, watch_files: Vec::new(), api_key: None }, owner)
+                (
+                    Worker {
+                        unit,
+                        role: other,
+                        url: x.url,
+                        bootstrap_port: x.bootstrap_port,
+                        gpus: None,
+                        watch_files: Vec::new(),
+                        api_key: None,
+                        admin_api_key: None,
+                    },
+                    owner,
+                )
             })
             .collect()
     }

@@ -21,7 +21,7 @@ mod routes;
 mod weights;
 
 pub use lifecycle::run;
-pub use routes::{served_routes, API_KEY_EXEMPT};
+pub use routes::{served_routes, ADMIN_ROUTES, API_KEY_EXEMPT};
 
 /// SGLang's ready line.
 pub const READY_LINE: &str = "The server is fired up and ready to roll!";

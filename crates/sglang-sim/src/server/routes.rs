@@ -98,16 +98,27 @@ pub(crate) fn routes(app: App) -> Router {
 /// Kubernetes probes and Prometheus scrapes carry no secret); matched as prefixes.
 pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
 
-/// `--api-key`: every other path needs `Authorization: Bearer KEY`, else 401
-/// `{"error": "Unauthorized"}` (`srt/utils/auth.py`). The `/sim/…` knobs are the test's own.
+/// The routes of the simulator's that 0.5.23 marks `ADMIN_OPTIONAL`
+/// (`entrypoints/http_server.py` `@auth_level(AuthLevel.ADMIN_OPTIONAL)`).
+pub const ADMIN_ROUTES: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
+
+/// `--api-key` and `--admin-api-key` as 0.5.23's `decide_request_auth` (`srt/utils/auth.py`):
+/// the exempt paths are open; an admin route takes the admin key when there is one (the API key
+/// is refused there), else the API key; every other path needs the API key when there is one.
+/// A refusal is 401 `{"error": "Unauthorized"}`. The `/sim/…` knobs are the test's own.
 pub(crate) async fn api_key(State(app): State<App>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let Some(key) = app.engine.config().api_key.as_deref() else {
-        return next.run(req).await;
-    };
+    let cfg = app.engine.config();
     let path = req.uri().path();
     if req.method() == axum::http::Method::OPTIONS || path.starts_with("/sim/") || API_KEY_EXEMPT.iter().any(|p| path.starts_with(p)) {
         return next.run(req).await;
     }
+    let expected = match cfg.admin_api_key.as_deref() {
+        Some(admin) if ADMIN_ROUTES.contains(&path) => Some(admin),
+        _ => cfg.api_key.as_deref(),
+    };
+    let Some(key) = expected else {
+        return next.run(req).await;
+    };
     let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' '));
     match given {
         Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && token == key => next.run(req).await,
