@@ -511,3 +511,27 @@ fn an_admin_key_is_sent_to_sglangs_admin_routes_and_a_missing_one_is_named() {
         assert_eq!(v["weight_version"], "ft-1127", "{url}");
     }
 }
+
+/// A model path that cannot be right is refused before anything pauses: empty or relative, by
+/// the CLI (exit 2, the flag named) and by pdctld's API (400 `bad_request`, no record), and the
+/// workers serve what they served, never paused.
+#[test]
+fn an_empty_or_relative_model_path_is_refused_before_anything_pauses() {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld();
+    for bad in ["", "models/dsv4-ft-1127"] {
+        let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", bad, "--json"], LIMIT);
+        assert_eq!(r.code, 2, "{bad:?}: {}", r.stderr);
+        assert!(r.stderr.contains("--model-path") && r.stderr.contains("nothing was touched"), "{}", r.stderr);
+        let body = serde_json::json!({"kind": "weights", "model_path": bad}).to_string();
+        let (code, v) = pdctl_tests::raw_api(&d.socket, "POST", "/v1/rollouts", &body);
+        assert_eq!((code, v["cause_code"].as_str(), v["exit_code"].as_i64()), (400, Some("bad_request"), Some(2)), "{v:#}");
+    }
+    let (_, history) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    assert!(history.to_string().matches("\"weights\"").count() == 0, "no weights record: {history:#}");
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        let m = model_info(url);
+        assert_eq!(m["weight_version"], "default", "{m:#}");
+        let out = stack.sandbox.journalctl(&["-u", P, "-u", D, "--no-pager", "-o", "cat"]).expect("journal");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("Generation paused"), "nothing was paused");
+    }
+}

@@ -178,6 +178,25 @@ pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
 /// refuse the `--api-key` one (401); without it, the API key as any other route.
 pub const ADMIN_ROUTES: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
 
+/// Why `path` cannot be the `--model-path` of a weights rollout, if it cannot: SGLang's
+/// `/update_weights_from_disk` takes any string and reports the load as done (an empty path
+/// "loaded" fine on the simulator and left `/model_info` empty), and a relative path is resolved
+/// against each server's own working directory (or read as a model hub id). pdctl takes an
+/// absolute path, without control characters.
+pub fn model_path_problem(path: &str) -> Option<String> {
+    if path.trim().is_empty() {
+        Some("the model path is empty: give --model-path the absolute path of the checkpoint directory the servers load".into())
+    } else if path.chars().any(char::is_control) {
+        Some(format!("the model path {path:?} contains a control character: give the absolute path of the checkpoint directory"))
+    } else if !path.starts_with('/') {
+        Some(format!(
+            "the model path {path:?} is relative: each server would resolve it against its own working directory (or read it as a model hub id); give the absolute path of the checkpoint directory"
+        ))
+    } else {
+        None
+    }
+}
+
 /// Whether a call to `path` needs the worker's API key.
 pub fn needs_api_key(path: &str) -> bool {
     !API_KEY_EXEMPT.iter().any(|p| path.starts_with(p))
@@ -227,4 +246,19 @@ pub const BOOTSTRAP_PORT_DEFAULT: u16 = 8998;
 /// or unreadable).
 pub fn bootstrap_timeout(env: &[String]) -> std::time::Duration {
     env_number(env, BOOTSTRAP_TIMEOUT_ENV).filter(|s| s.is_finite() && *s >= 0.0).map(std::time::Duration::from_secs_f64).unwrap_or(BOOTSTRAP_TIMEOUT_DEFAULT)
+}
+
+#[cfg(test)]
+mod model_path_tests {
+    use super::model_path_problem;
+
+    #[test]
+    fn an_empty_relative_or_control_character_path_is_refused_and_an_absolute_one_taken() {
+        for bad in ["", "  ", "models/ft", "deepseek-ai/DeepSeek-V4", "/models/ft\n"] {
+            assert!(model_path_problem(bad).is_some(), "{bad:?}");
+        }
+        assert!(model_path_problem("").is_some_and(|w| w.contains("empty")));
+        assert!(model_path_problem("models/ft").is_some_and(|w| w.contains("relative")));
+        assert_eq!(model_path_problem("/models/dsv4-ft-1127"), None);
+    }
 }

@@ -101,8 +101,8 @@ enum FleetCmd {
     /// etcd); a host that fails makes every host load its previous weights back. Requests wait for
     /// the load (fleet-wide) instead of failing; no request pairs two versions.
     Weights {
-        /// The checkpoint (a path every host's servers read).
-        #[arg(long, value_hint = clap::ValueHint::AnyPath)]
+        /// The checkpoint (an absolute path every host's servers read).
+        #[arg(long, value_hint = clap::ValueHint::AnyPath, value_parser = model_path_arg)]
         model_path: String,
         /// Its version (SGLang's weight_version), verified on every worker.
         #[arg(long)]
@@ -228,8 +228,8 @@ enum RolloutCmd {
     /// it (and --version), continued; then pair, health, router and metrics gates. Requests wait
     /// for the load instead of failing; a failure puts the previous weights back everywhere.
     Weights {
-        /// The checkpoint to load (the servers read it: a path on this host).
-        #[arg(long, value_hint = clap::ValueHint::AnyPath)]
+        /// The checkpoint to load (the servers read it: an absolute path on this host).
+        #[arg(long, value_hint = clap::ValueHint::AnyPath, value_parser = model_path_arg)]
         model_path: String,
         /// Its version (SGLang's weight_version), verified on every worker.
         #[arg(long)]
@@ -385,6 +385,15 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
         RolloutCmd::Revert { id, reason, json } => rollout::start(client, config, &Request::Revert { id, reason }, json).await,
         RolloutCmd::History(a) => rollout::history(client, a.json).await,
         RolloutCmd::Show { id, json } => rollout::show(client, &id, json).await,
+    }
+}
+
+/// `--model-path` of a weights rollout: an absolute path ([`pdctl_core::sglang::model_path_problem`];
+/// clap then exits 2 naming the flag, before anything is asked of pdctld).
+fn model_path_arg(v: &str) -> Result<String, String> {
+    match pdctl_core::sglang::model_path_problem(v) {
+        Some(why) => Err(format!("{why}; nothing was touched")),
+        None => Ok(v.to_string()),
     }
 }
 

@@ -58,6 +58,9 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
         Ok(r) => r,
         Err(c) => return api_err(&c),
     };
+    if let Some(why) = req.weights.as_ref().and_then(|w| pdctl_core::sglang::model_path_problem(&w.model_path)) {
+        return api_err(&Cause::BadRequest { message: format!("{why}; nothing was touched") });
+    }
     let s = match config(&d) {
         Ok(s) => s,
         Err(c) => return api_err(&c),

@@ -66,6 +66,9 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         },
         Request::Resume { id: old_id } => plan_resume(&daemon, &e, old_id, &id)?,
         Request::Weights { model_path, version, fleet_rollout, .. } => {
+            if let Some(why) = pdctl_core::sglang::model_path_problem(&model_path) {
+                return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
+            }
             if e.settings.fleet.is_some() && fleet_rollout.is_none() {
                 return Err(Cause::BadRequest {
                     message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions: load the weights into every host in step with `pdctl fleet weights --model-path PATH`".into(),
