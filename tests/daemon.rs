@@ -294,8 +294,9 @@ fn shipped_units_are_valid_and_pdctld_is_hardened() {
     }
 }
 
-/// The CLI plans with the config it is given; pdctld rolls out its own. When they differ the real
-/// run is refused (exit 2, both paths named), never run on pdctld's silently; an invalid
+/// The CLI plans with the config it is given; pdctld rolls out its own. When they differ every
+/// verb that acts is refused (exit 2, both paths named), never run on pdctld's silently — a
+/// weights rollout would otherwise pause every worker; an invalid
 /// `--config` is a config error for `rollout diff` too.
 #[test]
 fn a_config_other_than_pdctlds_is_refused_not_run_silently() {
@@ -313,7 +314,17 @@ fn a_config_other_than_pdctlds_is_refused_not_run_silently() {
     // The same but for one setting (a comment or the bus address would not count).
     std::fs::write(&other, text.replace("min_healthy = \"3s\"", "min_healthy = \"4s\"")).unwrap();
     assert_ne!(std::fs::read_to_string(&other).unwrap(), text);
-    for args in [&["restart", "--rolling"][..], &["rollout", "apply"], &["rollout", "diff"]] {
+    // Every command that asks pdctld to act: weights, revert and resume too (the ids need not
+    // exist: the config is checked first).
+    let verbs: [&[&str]; 6] = [
+        &["restart", "--rolling"],
+        &["rollout", "apply"],
+        &["rollout", "diff"],
+        &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127"],
+        &["rollout", "revert", "20261203-000000-aaaa"],
+        &["rollout", "resume", "20261203-000000-aaaa"],
+    ];
+    for args in verbs {
         let (code, out, err) = run(&other, args);
         assert_eq!(code, Some(2), "{args:?}: {out} {err}");
         let theirs = config.parent().unwrap().join("inside.toml");

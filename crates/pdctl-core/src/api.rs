@@ -60,6 +60,9 @@ pub enum Request {
     Resume {
         /// The interrupted rollout.
         id: String,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
     },
     /// New weights without a restart (`pdctl rollout weights`): every worker paused, loaded with
     /// `model_path`, verified to serve it, continued; a failure puts the previous weights back.
@@ -76,6 +79,9 @@ pub enum Request {
         /// and continues in step, through etcd. Without it a host with `[fleet]` refuses.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fleet_rollout: Option<String>,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
     },
     /// Put back what a finished rollout changed: each worker it restarted with changed files, in
     /// reverse order, gets the files it ran before (kept when that rollout recorded the new ones)
@@ -86,6 +92,9 @@ pub enum Request {
         /// Why (`--reason`; a fleet bake's breach says which figure).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
     },
 }
 

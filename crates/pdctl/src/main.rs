@@ -375,14 +375,30 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
         }
         RolloutCmd::Watch { id, json } => rollout::watch(client, config, &id, json).await,
         RolloutCmd::Abort { id } => rollout::abort(client, &id).await,
-        RolloutCmd::Resume { id, json } => rollout::start(client, config, &Request::Resume { id }, json).await,
+        RolloutCmd::Resume { id, json } => {
+            let identity = match rollout::same_config(client, config, json).await {
+                Ok(i) => i,
+                Err(c) => return c,
+            };
+            rollout::start(client, config, &Request::Resume { id, config: identity }, json).await
+        }
         RolloutCmd::Weights { model_path, version, reason, dry_run, json } => {
             if dry_run {
                 return context::weights_dry_run(config, &model_path, version.as_deref(), json).await;
             }
-            rollout::start(client, config, &Request::Weights { model_path, version, reason, fleet_rollout: None }, json).await
+            let identity = match rollout::same_config(client, config, json).await {
+                Ok(i) => i,
+                Err(c) => return c,
+            };
+            rollout::start(client, config, &Request::Weights { model_path, version, reason, fleet_rollout: None, config: identity }, json).await
         }
-        RolloutCmd::Revert { id, reason, json } => rollout::start(client, config, &Request::Revert { id, reason }, json).await,
+        RolloutCmd::Revert { id, reason, json } => {
+            let identity = match rollout::same_config(client, config, json).await {
+                Ok(i) => i,
+                Err(c) => return c,
+            };
+            rollout::start(client, config, &Request::Revert { id, reason, config: identity }, json).await
+        }
         RolloutCmd::History(a) => rollout::history(client, a.json).await,
         RolloutCmd::Show { id, json } => rollout::show(client, &id, json).await,
     }

@@ -228,9 +228,13 @@ impl Daemon {
         }
         let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()) };
         let request = match &r.weights {
-            Some(w) => {
-                Request::Weights { model_path: w.model_path.clone(), version: w.version.clone(), reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()) }
-            }
+            Some(w) => Request::Weights {
+                model_path: w.model_path.clone(),
+                version: w.version.clone(),
+                reason: r.reason.clone(),
+                fleet_rollout: Some(r.id.clone()),
+                config: None,
+            },
             None => {
                 Request::Restart { units: r.units.clone(), allow_outage: r.allow_outage, reason: r.reason.clone(), load_changes: r.load_changes, config: None }
             }

@@ -64,7 +64,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Ok(p) => p,
             Err(message) => return Ok(Started { id: None, message: Some(message) }),
         },
-        Request::Resume { id: old_id } => plan_resume(&daemon, &e, old_id, &id)?,
+        Request::Resume { id: old_id, .. } => plan_resume(&daemon, &e, old_id, &id)?,
         Request::Weights { model_path, version, fleet_rollout, .. } => {
             if let Some(why) = pdctl_core::sglang::model_path_problem(&model_path) {
                 return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
@@ -120,7 +120,12 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
 
 /// The client planned with its config: a rollout of another one is refused, never run silently.
 fn same_config(daemon: &Daemon, req: &Request) -> Result<(), Cause> {
-    if let Request::Restart { config: Some(given), .. } | Request::Apply { config: Some(given), .. } = req {
+    if let Request::Restart { config: Some(given), .. }
+    | Request::Apply { config: Some(given), .. }
+    | Request::Resume { config: Some(given), .. }
+    | Request::Weights { config: Some(given), .. }
+    | Request::Revert { config: Some(given), .. } = req
+    {
         let ours = ConfigIdentity::of(&daemon.config);
         if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
             return Err(Cause::ConfigMismatch {
