@@ -375,7 +375,8 @@ fn a_restart_storm_refuses_a_new_rollout_with_exit_4_naming_the_unit() {
 /// `pdctl rollout revert ID`: a rollout that loaded a drop-in on the decode is put back — the
 /// drop-in moved aside (never deleted), the decode restarted through every gate on its files from
 /// before, the prefill (restarted by that rollout, but unchanged) left alone; the record's kind is
-/// `revert`. A rollout that changed no file has nothing to put back: exit 0 and no record.
+/// `revert`. A rollout that changed no file has nothing to put back: exit 0 and no record; nor
+/// has one already reverted (the answer names the revert).
 #[test]
 fn rollout_revert_puts_back_only_what_the_rollout_changed_through_every_gate() {
     let (stack, config, d) = up();
@@ -412,4 +413,18 @@ fn rollout_revert_puts_back_only_what_the_rollout_changed_through_every_gate() {
     );
     let (_, after) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
     assert_eq!(before["rollouts"].as_array().map(Vec::len), after["rollouts"].as_array().map(Vec::len), "no record for nothing");
+    // The change reverted again: the decode already runs the files from before — nothing
+    // restarted, no record, and the answer names the revert that did it.
+    let d1 = stack.show(D, "InvocationID").expect("d");
+    let again = cli(&d, &config, &["rollout", "revert", &change_id, "--json"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let message = again.summary["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with(&format!("nothing to revert: {D} already running the files")) && message.contains(&format!("rollout {id} reverted it")),
+        "{:#}",
+        again.summary
+    );
+    assert_eq!(stack.show(D, "InvocationID").expect("d"), d1, "the decode was not restarted again");
+    let (_, last) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    assert_eq!(after["rollouts"].as_array().map(Vec::len), last["rollouts"].as_array().map(Vec::len), "no record for nothing");
 }

@@ -331,6 +331,9 @@ pub struct Record {
     /// The rollout this one resumes.
     #[serde(default)]
     pub resumes: Option<String>,
+    /// The rollout this one reverts (`pdctl rollout revert ID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverts: Option<String>,
     /// It was allowed to take the only worker of a role down (a resume inherits it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub allow_outage: bool,
@@ -369,6 +372,7 @@ impl Record {
             reasons,
             notes: vec![],
             resumes,
+            reverts: None,
             allow_outage: false,
             load_changes: false,
             availability_by_unit: BTreeMap::new(),

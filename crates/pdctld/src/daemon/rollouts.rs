@@ -38,6 +38,10 @@ impl Drop for Slot<'_> {
 /// config, plan, and hand over to a task. `Ok` with the id, or the cause.
 pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> Result<Started, Cause> {
     same_config(&daemon, &req)?;
+    let reverts = match &req {
+        Request::Revert { id, .. } => Some(id.clone()),
+        _ => None,
+    };
     let (id, abort, tx, record) = take_slot(&daemon)?;
     daemon.metrics.running.set(1);
     let mut guard = Slot { daemon: &daemon, armed: true };
@@ -97,6 +101,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         *r = Record::new(&id, p.kind, p.plan.workers.iter().map(|w| w.unit.clone()).collect(), p.reasons, p.resumes);
         r.allow_outage = p.allow_outage;
         r.load_changes = p.load_changes;
+        r.reverts = reverts;
         // A config rollout loading in place says so from its start (a resume refuses it).
         r.in_place = p.kind == RolloutKind::Apply && p.weights.is_some();
         r.started_by = Some(by);
@@ -299,12 +304,30 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
     let mut restore = BTreeMap::new();
     let mut reasons = BTreeMap::new();
     let mut units = Vec::new();
+    // A worker whose running process was started (and verified) with the files the rollout
+    // replaced has nothing to revert: a second revert is a no-op, not another restart.
+    let mut already = Vec::new();
     for u in done.iter().rev() {
         if let Some(rev) = pdctl_core::revisions::load_before(&dir, old_id, u) {
+            let running = pdctl_core::revisions::load(&dir, u);
+            if running.is_some_and(|r| pdctl_core::revisions::fingerprint(&r) == pdctl_core::revisions::fingerprint(&rev)) {
+                already.push(u.clone());
+                continue;
+            }
             reasons.insert(u.clone(), vec![format!("revert of rollout {old_id}: back to the files it ran before (recorded {})", rev.recorded_at)]);
             restore.insert(u.clone(), rev);
             units.push(u.clone());
         }
+    }
+    if units.is_empty() && !already.is_empty() {
+        let by = super::http::records(daemon)
+            .0
+            .into_iter()
+            .filter(|r| r.reverts.as_deref() == Some(old_id) && r.lifecycle.state() == RolloutState::Succeeded)
+            .max_by_key(|r| r.created_at)
+            .map(|r| format!(" (rollout {} reverted it)", r.id))
+            .unwrap_or_default();
+        return Ok(Err(format!("nothing to revert: {} already running the files rollout {old_id} replaced{by}", already.join(", "))));
     }
     if units.is_empty() {
         return Ok(Err(format!("nothing to revert: rollout {old_id} changed no worker's files (its restarts loaded what the workers already had)")));
