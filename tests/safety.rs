@@ -517,8 +517,10 @@ fn each_bad_config_value_is_exit_2_naming_file_line_and_key() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A change refused in preflight is a refusal: even under `on_failure = "rollback"` it is left
+/// where it is (never moved aside, nothing reloaded or restarted), and the output says so.
 #[test]
-fn a_change_refused_in_preflight_is_taken_back_without_a_restart() {
+fn a_change_refused_in_preflight_is_left_in_place_and_nothing_restarts() {
     let (stack, config, d) = stack_with_pdctld();
     rollback_policy(&config);
     let p0 = stack.show(P, "InvocationID").unwrap();
@@ -531,11 +533,10 @@ fn a_change_refused_in_preflight_is_taken_back_without_a_restart() {
     std::fs::write(&bad, format!("[Service]\nExecStart=\n{exec}\n")).unwrap();
     let (code, out, err) = human(&d, &config, &["rollout", "apply", "--if-changed"]);
     assert_eq!(code, 1, "{out:?} {err}");
-    assert!(!bad.exists(), "the refused drop-in was moved aside");
-    assert!(out.iter().any(|l| l.contains("was not restarted")), "{out:?}");
-    assert!(out.last().unwrap().contains("rolled back"), "{out:?}");
+    assert!(bad.exists(), "the refused drop-in is where the operator put it");
+    assert!(out.iter().any(|l| l.contains("moved no file")), "{out:?}");
+    assert!(!out.last().unwrap().contains("rolled back"), "{out:?}");
     assert_eq!(stack.show(P, "InvocationID").unwrap(), p0, "nothing was restarted");
-    assert!(stack.show(P, "ExecStart").unwrap().contains("--enable-metrics"), "the manager has the old command line loaded again");
 }
 
 /// A drain left behind when the gateway went away mid-rollout is cleared, and written in the
@@ -565,4 +566,65 @@ fn a_drain_the_gateway_undid_is_reconciled_without_a_restart() {
     let rec = pdctl_tests::record(&d.socket, &id);
     assert!(rec["notes"].to_string().contains("reconciled: the gateway lists"), "{rec:#}");
     assert_eq!(stack.show(P, "InvocationID").unwrap(), p1, "nothing was restarted for it");
+}
+
+/// With `on_failure = "rollback"`, a refusal before any worker is restarted touches nothing: a
+/// plain restart refused for the unloaded drop-in (`changes_pending`) and a config rollout refused
+/// for the only worker of its role (`only_worker_of_role`) leave every file where it was, reload
+/// nothing, restart nothing, and the record is not `rolled_back`.
+#[test]
+fn a_refusal_under_the_rollback_policy_moves_no_file_and_restarts_nothing() {
+    let (stack, config, d) = stack_with_pdctld();
+    rollback_policy(&config);
+    let (p0, d0) = (stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap());
+    let bad = bad_flag_drop_in(&stack);
+    let (code, out, err) = human(&d, &config, &["restart", "--rolling"]);
+    assert_eq!(code, 2, "{out:?} {err}");
+    assert!(format!("{out:?} {err}").contains("changes_pending"), "{out:?} {err}");
+    assert!(bad.exists(), "the drop-in was left where it was: {out:?}");
+    // A valid change, refused: the prefill is the only worker of its role.
+    std::fs::remove_file(&bad).unwrap();
+    let good = stack.drop_in(P, "60-env", "[Service]\nEnvironment=SGLANG_SIM_TOKENS_PER_SEC=210\n").unwrap();
+    std::fs::write(config.parent().unwrap().join("config.d/20-no-outage.toml"), "[rollout]\nallow_outage = false\n").unwrap();
+    std::fs::write(d.config.parent().unwrap().join("config.d/20-no-outage.toml"), "[rollout]\nallow_outage = false\n").unwrap();
+    let (code, out, err) = human(&d, &config, &["rollout", "apply"]);
+    assert_eq!(code, 2, "{out:?} {err}");
+    assert!(format!("{out:?} {err}").contains("only_worker_of_role"), "{out:?} {err}");
+    assert!(good.exists(), "a valid drop-in was left where it was: {out:?}");
+    assert!(!out.iter().any(|l| l.contains(" aside to ") || l.contains("rolling back") || l.contains("↩ rolled back")), "{out:?}");
+    assert!(out.iter().any(|l| l.contains("moved no file")), "the record says the policy did nothing: {out:?}");
+    let (_, h) = raw(&d.socket, "GET", "/v1/rollouts", "");
+    assert!(h["rollouts"].as_array().unwrap().iter().all(|r| r["state"] != "rolled_back"), "{h:#}");
+    assert_eq!((stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap()), (p0, d0), "nothing restarted");
+}
+
+/// With the decode stopped, a restart of the prefill could not pass its pair gate: the dry run
+/// and the real run refuse it in preflight (`peer_role_down`, naming the stopped decode), nothing
+/// is restarted — not even by the rollback policy, which has nothing to restore.
+#[test]
+fn a_stopped_peer_fails_preflight_and_nothing_restarts() {
+    let (stack, config, d) = stack_with_pdctld();
+    rollback_policy(&config);
+    stack.sandbox.systemctl(&["stop", D]).unwrap();
+    let p0 = stack.show(P, "InvocationID").unwrap();
+    for args in [&["restart", "--rolling", "--dry-run", "--json"][..], &["restart", "--rolling", "--json"]] {
+        let r = pdctl_tests::pdctl_daemon(&d, &config, args, LIMIT);
+        assert_ne!(r.code, 0, "{args:?}: {:#}", r.summary);
+        let f = &r.summary["failed"];
+        assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("preflight"), Some("peer_role_down")), "{args:?}: {f:#}");
+        assert!(f["cause"].as_str().is_some_and(|c| c.contains(D) && c.contains("nothing touched")), "{f:#}");
+        assert!(!r.touched(P) && !r.touched(D), "{args:?}: a refusal touches nothing");
+        assert!(!r.events.iter().any(|e| e["step"] == "rollback" && e["status"] == "passed"), "nothing rolled back: {:#?}", r.events);
+    }
+    assert_eq!(stack.show(P, "InvocationID").unwrap(), p0, "the prefill was not restarted");
+    assert_eq!(stack.show(D, "ActiveState").unwrap(), "inactive", "the decode was left as the operator left it");
+    // As the sentence says: the decode brought back, the same restart passes its preflight.
+    stack.sandbox.systemctl(&["start", D]).unwrap();
+    assert!(
+        pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || http_get(&format!("{}/health", stack.decode.url))
+            .is_ok_and(|(s, _)| s == 200)),
+        "the decode serves"
+    );
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--dry-run", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
 }

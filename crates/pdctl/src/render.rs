@@ -256,10 +256,6 @@ impl Renderer {
             (Outcome::Aborted, _, _) => format!(
                 "■ aborted by an operator{id} after {took}: verified {verified}; not started: {not_started}; next: pdctl restart --rolling --unit UNIT for the rest"
             ),
-            (Outcome::RolledBack, Some(f), _) if f.step == pdctl_core::events::Step::Preflight => format!(
-                "↩ rolled back{id}: the change of {} was refused in preflight ({}); its files are restored (notes above) and nothing was restarted; next: pdctl rollout diff, fix the change",
-                f.unit, f.cause_code
-            ),
             (Outcome::RolledBack, Some(f), _) => format!(
                 "↩ rolled back{id}: {} failed at {} ({}) and runs its last good revision again, verified (restored: see the notes above); not started: {not_started}; next: pdctl rollout diff, fix the change (the failed one is quarantined until its files change)",
                 f.unit,

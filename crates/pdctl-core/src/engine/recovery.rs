@@ -69,19 +69,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         })
     }
 
-    /// Restore `unit`'s last good revision, reload, and — when it was restarted (`restart`) — run
-    /// it through the same gates. A preflight failure restarted nothing: the running process still
-    /// has its old files, so the change is only taken back (files restored, manager reloaded).
-    /// `Ok(false)`: there was nothing to take back.
-    pub(in crate::engine) async fn rollback(
-        &self,
-        unit: &str,
-        ctx: Ctx<'_>,
-        dir: &Path,
-        restart: bool,
-        sink: &Sink,
-        notes: &mut Vec<String>,
-    ) -> Result<bool, String> {
+    /// Restore `unit`'s last good revision, reload, and run it through the same gates. Only
+    /// after a restart (a refusal is never rolled back: it changed nothing). `Ok(false)`: there
+    /// was nothing to take back — the unit has the files of its last good revision — and nothing
+    /// is restarted for it (the same files again would be a retry, not a rollback).
+    pub(in crate::engine) async fn rollback(&self, unit: &str, ctx: Ctx<'_>, dir: &Path, sink: &Sink, notes: &mut Vec<String>) -> Result<bool, String> {
         let w = self.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
         let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
         let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
@@ -95,8 +87,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 return Err(why);
             }
         };
-        if !restart && done.is_empty() {
+        if done.is_empty() {
             step.skip(NOTHING_TO_RESTORE);
+            notes.push(format!("{unit} already has the files of its last good revision: nothing to roll back, so it was not restarted again"));
             return Ok(false);
         }
         tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
@@ -104,12 +97,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             step.emit(Status::Failed, json!({ "cause": er.to_string(), "restored": done }));
             return Err(er.to_string());
         }
-        step.pass(json!({ "revision_recorded_at": last.recorded_at, "restored": done, "restart": restart }));
+        step.pass(json!({ "revision_recorded_at": last.recorded_at, "restored": done }));
         notes.extend(done);
-        if !restart {
-            notes.push(format!("{unit} was not restarted (preflight refused the change): its files are back to what it runs, and the manager reloaded them"));
-            return Ok(true);
-        }
         let plan = Plan { workers: vec![w.clone()] };
         // The restored files are what it ran last: loading them is the point.
         let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;

@@ -108,11 +108,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
                     notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
                 }
-                // A slot never granted changed nothing to roll back.
-                if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && f.step != Step::Slot {
+                // A refusal touches nothing: a slot never granted, or a preflight that refused
+                // before the unit was restarted, leaves every file where it is (the change was
+                // never tried; the operator or the next `rollout apply` decides).
+                let refused = matches!(f.step, Step::Slot | Step::Preflight);
+                if self.settings.rollout.on_failure == OnFailure::Rollback && refused && f.unit != ROUTER && f.unit != FLEET {
+                    notes.push(format!(
+                        "{} was refused before anything restarted ({}): on_failure = \"rollback\" moved no file and reloaded nothing",
+                        f.unit, f.cause_code
+                    ));
+                }
+                if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && !refused {
                     let unit = f.unit.clone();
-                    let restart = f.step != Step::Preflight;
-                    match self.rollback(&unit, ctx, dir, restart, sink, &mut notes).await {
+                    match self.rollback(&unit, ctx, dir, sink, &mut notes).await {
                         Ok(true) => summary.result = Outcome::RolledBack,
                         Ok(false) => {}
                         Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),

@@ -92,6 +92,47 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         self.preflight_router(sink).await
     }
 
+    /// A PD worker's restart needs a worker of the other role serving: without one its pair gate
+    /// cannot pass and the restart would only add an outage (then a rollback, another). Refused
+    /// here (`peer_role_down`, nothing touched) unless a peer of the plan is restarted first or
+    /// with it (`together`), which brings it back. With `[fleet]` the other hosts' workers may
+    /// serve: the gateway's gates judge.
+    async fn a_peer_serves(&self, w: &Worker, plan: &Plan) -> Result<(), Fail> {
+        let peers = self.peers(w);
+        if peers.is_empty() || self.settings.fleet.is_some() {
+            return Ok(());
+        }
+        let mine = plan.workers.iter().position(|x| x.unit == w.unit).unwrap_or(usize::MAX);
+        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together;
+        if peers.iter().any(|p| plan.workers.iter().position(|x| x.unit == p.unit).is_some_and(|i| i < mine || together)) {
+            return Ok(());
+        }
+        let mut down = Vec::new();
+        for p in &peers {
+            let st = self.units.state(&p.unit).await?;
+            let health = if st.active_state == "active" {
+                self.probes.health(&p.url).await
+            } else {
+                crate::ports::Health::Down(format!("{}/{}", st.active_state, st.sub_state))
+            };
+            match health {
+                crate::ports::Health::Up => return Ok(()),
+                crate::ports::Health::Unavailable(why) | crate::ports::Health::Down(why) => down.push(format!("{} {why}", p.unit)),
+            }
+        }
+        let role = if w.role == Role::Prefill { "decode" } else { "prefill" };
+        Err(Fail::from(Cause::PeerRoleDown {
+            url: w.url.clone(),
+            role: role.into(),
+            error: format!(
+                "no {role} worker serves: {}; refused in preflight, nothing touched — restarting {} now could not pass its pair gate; bring the {role} back first (systemctl start {}), then run this again",
+                down.join("; "),
+                w.unit,
+                peers[0].unit
+            ),
+        }))
+    }
+
     /// One worker's preflight: its state and files (a reload when systemd has not loaded them),
     /// metrics flag, GPUs, reachability, API key, pairing, stop and pair timing, and whether it
     /// is the only worker of its role.
@@ -143,6 +184,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             seen.gpu_sets.push((w.unit.clone(), g.clone()));
         }
         self.not_blocked(&w.unit, &w.url).await?;
+        if ctx.allow_outage.is_some() {
+            self.a_peer_serves(w, plan).await?;
+        }
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
         let mut warnings = self.stop_and_pair_risks(w, &cfg);
