@@ -310,6 +310,25 @@ fn rollback_policy(config: &Path) {
     std::fs::write(config.parent().unwrap().join("config.d/10-rollback.toml"), "[rollout]\non_failure = \"rollback\"\n").unwrap();
 }
 
+/// Run the command after "next: " in `line` as printed (up to a `;`, `,` or " (" that ends it),
+/// against this pdctld (its socket added; its config when the command names none): exit code and
+/// everything it printed.
+fn run_next(line: &str, config: &Path, d: &Pdctld) -> (i32, String) {
+    let next = line.split("next: ").nth(1).unwrap_or_else(|| panic!("no next in {line}"));
+    let cmd = next.split([';', ',']).next().unwrap_or(next).split(" (").next().unwrap_or(next).trim();
+    let mut words = cmd.split_whitespace();
+    assert_eq!(words.next(), Some("pdctl"), "{cmd}");
+    let args: Vec<&str> = words.collect();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let mut c = std::process::Command::new(bin);
+    c.args(&args).args(["--socket", &s(&d.socket)]);
+    if !args.contains(&"--config") {
+        c.args(["--config", &s(config)]);
+    }
+    let o = c.output().unwrap();
+    (o.status.code().unwrap_or(-1), format!("{cmd}\n{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+}
+
 /// pdctl's CLI as an operator runs it (human output): exit code and stdout lines.
 fn human(d: &Pdctld, config: &Path, args: &[&str]) -> (i32, Vec<String>, String) {
     let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
@@ -478,6 +497,10 @@ fn abort_summary_says_what_was_not_started_and_status_ends_quietly_on_a_closed_p
     assert!(last.contains("aborted") && last.contains(&format!("not started: {D}")) && last.contains(&format!("verified {P}")), "{last}");
     assert!(!text.contains("all 1 unit(s) restarted and verified"), "an abort is not a success: {text}");
     assert_eq!(stack.show(D, "InvocationID").unwrap(), d0);
+    // Its `next` runs as printed: the rest of the plan, by name.
+    let (code, out) = run_next(last, &config, &d);
+    assert_eq!(code, 0, "{last}\n{out}");
+    assert_ne!(stack.show(D, "InvocationID").unwrap(), d0, "the rest was restarted: {out}");
     // `pdctl status | head -1`: no panic, no error on the closed pipe.
     let o = std::process::Command::new("sh")
         .arg("-c")
@@ -627,4 +650,22 @@ fn a_stopped_peer_fails_preflight_and_nothing_restarts() {
     );
     let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--dry-run", "--json"], LIMIT);
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+}
+
+/// A dry run that passes names the command that does what it previewed, with the same flags: a
+/// pending change previewed with --load-changes is rolled out by the `next` it prints, as
+/// printed (it was `pdctl restart --rolling`, which then refused the change).
+#[test]
+fn a_dry_runs_next_keeps_its_flags_and_runs_as_printed() {
+    let (stack, config, d) = stack_with_pdctld();
+    stack.drop_in(D, "60-env", "[Service]\nEnvironment=SGLANG_SIM_TOKENS_PER_SEC=210\n").unwrap();
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    let (code, out, err) = human(&d, &config, &["restart", "--rolling", "--unit", D, "--dry-run", "--load-changes"]);
+    assert_eq!(code, 0, "{out:?} {err}");
+    let last = out.last().unwrap();
+    assert!(last.contains("✓ preflight passed") && last.contains(&format!("--unit {D}")) && last.contains("--load-changes"), "{last}");
+    let (code, said) = run_next(last, &config, &d);
+    assert_eq!(code, 0, "{said}");
+    assert_ne!(stack.show(D, "InvocationID").unwrap(), d0, "it restarted the decode: {said}");
+    assert!(stack.show(D, "Environment").unwrap().contains("SGLANG_SIM_TOKENS_PER_SEC=210"), "with the change");
 }

@@ -263,6 +263,20 @@ fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
     let (code, body) = pdctl_tests::raw_api(&d.socket, "POST", "/v1/rollouts", &format!("{{\"kind\":\"resume\",\"id\":\"{id}\"}}"));
     assert_eq!(code, 409, "{body:#}");
     assert!(body["error"].as_str().unwrap_or("").contains("weights rollout is not resumed"), "{body:#}");
+    // What `rollout show` suggests instead runs: `pdctl status` (each worker's weights).
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(&bin)
+            .args(args)
+            .args(["--config", &config.display().to_string(), "--socket", &d.socket.display().to_string()])
+            .output()
+            .expect("pdctl");
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let (_, shown) = run(&["rollout", "show", &id]);
+    let next = shown.lines().find_map(|l| l.split("next: ").nth(1)).unwrap_or_else(|| panic!("{shown}"));
+    assert!(next.starts_with("pdctl status") && !next.contains("resume"), "{next}");
+    assert_eq!(run(&["status"]).0, Some(0));
 }
 
 /// The decodes' `(decoded, mixed)` counters summed (a 2P2D stack has two).

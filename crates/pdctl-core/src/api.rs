@@ -357,6 +357,26 @@ pub struct Record {
 }
 
 impl Record {
+    /// What an operator runs after this rollout was interrupted: a resume for a restart or
+    /// config rollout; what pdctld refuses to resume is started again instead — a weights
+    /// rollout (pdctld continued its workers at its start: `pdctl status` shows each one's
+    /// weights), a config rollout loading weights in place, a revert (of the same rollout).
+    pub fn next_after_interruption(&self) -> String {
+        match self.kind {
+            RolloutKind::Weights => {
+                "pdctl status (each worker's weights; pdctld continued every paused worker when it started), then pdctl rollout weights again".into()
+            }
+            RolloutKind::Apply if self.in_place => {
+                "pdctl rollout apply (the weights it was loading are loaded again; pdctld continued every paused worker)".into()
+            }
+            RolloutKind::Revert => match &self.reverts {
+                Some(old) => format!("pdctl rollout revert {old}"),
+                None => "pdctl rollout history".into(),
+            },
+            _ => format!("pdctl rollout resume {}", self.id),
+        }
+    }
+
     /// A new, running record.
     pub fn new(id: &str, kind: RolloutKind, plan: Vec<String>, reasons: BTreeMap<String, Vec<String>>, resumes: Option<String>) -> Record {
         Record {

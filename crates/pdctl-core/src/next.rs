@@ -88,6 +88,11 @@ impl Cause {
                 "free space or fix the permissions of pdctld's state directory (/var/lib/pdctl), then `pdctl status`".into()
             }
             Cause::NoSuchRollout { .. } | Cause::WrongState { .. } => "`pdctl rollout history`".into(),
+            // A quarantined change is not rolled out by `rollout apply` (it answers "nothing to
+            // do: quarantined"): only an explicit --load-changes takes it, or a fix of the files.
+            Cause::ChangesPending { unit, quarantined: Some(_), .. } => {
+                format!("`pdctl rollout diff`, then fix the change, or `pdctl restart --rolling --unit {unit} --load-changes` to restart with it anyway")
+            }
             Cause::ChangesPending { unit, .. } => {
                 format!("`pdctl rollout diff`, then `pdctl rollout apply` to roll the change out, or `pdctl restart --rolling --unit {unit} --load-changes`")
             }
@@ -103,7 +108,7 @@ impl Cause {
             }
             Cause::UnitNotRunning { unit, .. } => format!("`journalctl -u {unit} -n 200`, start it (`systemctl start {unit}`), then `pdctl check`"),
             Cause::PeerRoleDown { role, .. } => format!("`pdctl status` (why no {role} worker serves), bring one back, then `pdctl check`"),
-            Cause::MixedVersions { .. } => "for new weights of the same model, `pdctl rollout weights --model-path PATH` (no restart, all workers at once); otherwise restart both roles in one window (`single_pair = \"together\"` with one of each; two or more of each are switched as groups unless the preflight's `switch_refused` says why not), or accept mixed pairs with `[rollout] coherent = \"never\"`".into(),
+            Cause::MixedVersions { .. } => "for new weights of the same model, `pdctl rollout weights --model-path /path/of/the/new/checkpoint` (no restart, all workers at once); otherwise restart both roles in one window (`single_pair = \"together\"` with one of each; two or more of each are switched as groups unless the preflight's `switch_refused` says why not), or accept mixed pairs with `[rollout] coherent = \"never\"`".into(),
             Cause::WeightsFailed { unit, .. } => format!("`journalctl -u {unit} -n 200` (the load's lines) and `pdctl status` (each worker's weight version), then `pdctl check`"),
             Cause::SwitchFailed { .. } => "`pdctl fleet status` (each host's part), `pdctl rollout history` on the host the sentence names, and `pdctl status` on each host (what is held out of the gateway, and why)".into(),
             Cause::RestoreFailed { unit, .. } => format!("`systemctl cat {unit}` (its files now) and `pdctl rollout history` (this revert's record says what it had put back); fix the file, then revert again"),

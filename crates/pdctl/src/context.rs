@@ -90,7 +90,24 @@ pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Opt
 pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool, load_changes: bool, client: &crate::client::Client) -> Exit {
     let known = known_changes(client, config).await;
     match prepare(config, only).await {
-        Ok((engine, plan)) => run_read_only(&engine, &plan, json, Some(DryRun { allow_outage, load_changes, known })).await,
+        Ok((engine, plan)) => {
+            // The command that does what this previewed: the same units, flags and config.
+            let mut next = String::from("pdctl restart --rolling");
+            for u in only {
+                next.push_str(&format!(" --unit {u}"));
+            }
+            if allow_outage {
+                next.push_str(" --allow-outage");
+            }
+            if load_changes {
+                next.push_str(" --load-changes");
+            }
+            let given = config.display().to_string();
+            if given != "/etc/pdctl/pdctl.toml" && std::env::var("PDCTL_CONFIG").ok().as_deref() != Some(given.as_str()) {
+                next.push_str(&format!(" --config {given}"));
+            }
+            run_read_only(&engine, &plan, json, Some(DryRun { allow_outage, load_changes, known, next })).await
+        }
         Err(c) => c,
     }
 }
@@ -100,6 +117,8 @@ struct DryRun {
     allow_outage: bool,
     load_changes: bool,
     known: Option<KnownChanges>,
+    /// The command a passed dry run leads to.
+    next: String,
 }
 
 /// `pdctl check`.
@@ -126,6 +145,10 @@ pub async fn check(config: &Path, json: bool, client: &crate::client::Client) ->
 async fn run_read_only(engine: &RealEngine, plan: &Plan, json: bool, dry: Option<DryRun>) -> Exit {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let renderer = Renderer::new(json, plan, if dry.is_some() { Kind::DryRun } else { Kind::Check });
+    let renderer = match &dry {
+        Some(d) => renderer.with_next(d.next.clone()),
+        None => renderer,
+    };
     let printer = tokio::spawn(renderer.run(rx));
     let summary = match dry {
         Some(d) => engine.dry_run(plan, &tx, d.allow_outage, d.load_changes, d.known.as_ref()).await,

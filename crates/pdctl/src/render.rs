@@ -31,6 +31,8 @@ pub struct Renderer {
     units: usize,
     /// A dry run's preflight planned a coherent fleet switch: the next command is the fleet's.
     fleet_switch: bool,
+    /// A dry run: the command that does what it previewed, with the same flags.
+    next: Option<String>,
 }
 
 /// One unit's progress line.
@@ -45,6 +47,12 @@ fn secs(ms: u64) -> String {
 }
 
 impl Renderer {
+    /// The same renderer, naming `next` as the command a passed dry run leads to.
+    pub fn with_next(mut self, next: String) -> Renderer {
+        self.next = Some(next);
+        self
+    }
+
     /// A renderer for `plan`.
     pub fn new(json: bool, plan: &Plan, kind: Kind) -> Renderer {
         let units: Vec<String> = plan.workers.iter().map(|w| w.unit.clone()).collect();
@@ -75,7 +83,7 @@ impl Renderer {
             let order: Vec<&str> = units.iter().map(String::as_str).collect();
             println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
         }
-        Renderer { json, live, kind, units: units.len(), fleet_switch: false }
+        Renderer { json, live, kind, units: units.len(), fleet_switch: false, next: None }
     }
 
     /// Redraw the live lines (the spinner and the current step's elapsed time advance).
@@ -251,11 +259,30 @@ impl Renderer {
             (Outcome::Succeeded, _, Kind::DryRun) if self.fleet_switch => {
                 format!("✓ preflight passed; nothing was touched ({took}); next: pdctl fleet restart --rolling --load-changes (every host in step)")
             }
-            (Outcome::Succeeded, _, Kind::DryRun) => format!("✓ preflight passed; nothing was touched ({took}); next: pdctl restart --rolling"),
+            (Outcome::Succeeded, _, Kind::DryRun) => {
+                format!("✓ preflight passed; nothing was touched ({took}); next: {}", self.next.as_deref().unwrap_or("pdctl restart --rolling"))
+            }
             (Outcome::Succeeded, _, Kind::Check) => format!("✓ all {} unit(s) pass every gate ({took})", self.units),
-            (Outcome::Aborted, _, _) => format!(
-                "■ aborted by an operator{id} after {took}: verified {verified}; not started: {not_started}; next: pdctl restart --rolling --unit UNIT for the rest"
-            ),
+            (Outcome::Aborted, _, _) => {
+                let rest: Vec<&str> =
+                    after.plan.iter().map(String::as_str).filter(|u| !s.units.iter().any(|d| d == u) && s.failed.as_ref().is_none_or(|f| f.unit != *u)).collect();
+                let next = if rest.is_empty() {
+                    "pdctl status".to_string()
+                } else {
+                    let mut n = String::from("pdctl restart --rolling");
+                    for u in &rest {
+                        n.push_str(&format!(" --unit {u}"));
+                    }
+                    if after.allow_outage {
+                        n.push_str(" --allow-outage");
+                    }
+                    if after.load_changes {
+                        n.push_str(" --load-changes");
+                    }
+                    n
+                };
+                format!("■ aborted by an operator{id} after {took}: verified {verified}; not started: {not_started}; next: {next}")
+            }
             (Outcome::RolledBack, Some(f), _) => format!(
                 "↩ rolled back{id}: {} failed at {} ({}) and runs its last good revision again, verified (restored: see the notes above); not started: {not_started}; next: pdctl rollout diff, fix the change (the failed one is quarantined until its files change)",
                 f.unit,
@@ -303,4 +330,8 @@ pub struct Epilogue {
     pub unit_state: Option<(String, String)>,
     /// pdctld's rollout id.
     pub id: Option<String>,
+    /// The record's `--load-changes` and `--allow-outage` (a command for the rest keeps them).
+    pub load_changes: bool,
+    /// See `load_changes`.
+    pub allow_outage: bool,
 }

@@ -149,6 +149,8 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
                 _ => None,
             };
             let after = Epilogue {
+                load_changes: rec.as_ref().is_some_and(|r| r.load_changes),
+                allow_outage: rec.as_ref().is_some_and(|r| r.allow_outage),
                 kind: rec.as_ref().map(|r| r.kind),
                 in_place: rec.as_ref().is_some_and(|r| r.in_place),
                 plan: rec.as_ref().map(|r| r.plan.clone()).unwrap_or_default(),
@@ -159,7 +161,11 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
             renderer.summary(&s, &after);
             code
         }
-        Some(StreamLine::Interrupted(end)) => interrupted(id, &end, json),
+        Some(StreamLine::Interrupted(end)) => {
+            let rec: Option<Record> = ask(client, "GET", &format!("/v1/rollouts/{id}"), None::<&()>).await.ok();
+            let next = rec.map(|r| r.next_after_interruption()).unwrap_or_else(|| format!("pdctl rollout resume {id}"));
+            interrupted(id, &end, &next, json)
+        }
         Some(StreamLine::Event(_)) | None => {
             eprintln!("pdctl: the event stream of {id} ended without a summary; next: pdctl rollout show {id}");
             Exit::Unreachable
@@ -237,10 +243,10 @@ availability  {}",
     }
     if let Some(i) = &rec.interrupted {
         println!(
-            "\ninterrupted at {} ({}); next: pdctl rollout resume {}",
+            "\ninterrupted at {} ({}); next: {}",
             i.unit.as_deref().unwrap_or("its start"),
             i.step.map(|s| s.as_str()).unwrap_or("-"),
-            rec.id
+            rec.next_after_interruption()
         );
     }
     for n in &rec.notes {
@@ -366,7 +372,7 @@ pub async fn diff(client: &Client, json: bool) -> Exit {
 }
 
 /// The stream ended with pdctld stopping while the rollout ran: say where and what to do.
-fn interrupted(id: &str, end: &pdctl_core::api::InterruptedEnd, json: bool) -> Exit {
+fn interrupted(id: &str, end: &pdctl_core::api::InterruptedEnd, next: &str, json: bool) -> Exit {
     if json {
         println!("{}", serde_json::to_string(end).unwrap_or_default());
     } else {
@@ -386,7 +392,7 @@ fn interrupted(id: &str, end: &pdctl_core::api::InterruptedEnd, json: bool) -> E
             i.step.map(|s| s.as_str()).unwrap_or("-"),
             units.join(", ")
         );
-        println!("pdctl: ✗ interrupted; nothing resumes by itself; next: pdctl rollout resume {id}");
+        println!("pdctl: ✗ interrupted (rollout {id}); nothing resumes by itself; next: {next}");
     }
     Exit::GateFailed
 }

@@ -116,9 +116,11 @@ impl Cause {
             Cause::RecordUnwritable { dir, error } => {
                 format!("cannot write the rollout record in {dir}: {error}; check the state directory's space and permissions")
             }
-            Cause::ChangesPending { unit, changes, quarantined } => format!(
-                "{unit} has changes on disk that its running process does not run ({changes}){}: a plain restart would load them; roll them out with `pdctl rollout apply` (gated, recorded, rolled back on failure), or pass --load-changes to restart with them",
-                quarantined.as_ref().map(|q| format!("; this change already failed ({q}) and is quarantined")).unwrap_or_default()
+            Cause::ChangesPending { unit, changes, quarantined: None } => format!(
+                "{unit} has changes on disk that its running process does not run ({changes}): a plain restart would load them; roll them out with `pdctl rollout apply` (gated, recorded, rolled back on failure), or pass --load-changes to restart with them"
+            ),
+            Cause::ChangesPending { unit, changes, quarantined: Some(q) } => format!(
+                "{unit} has changes on disk that its running process does not run ({changes}); this change already failed ({q}) and is quarantined: `pdctl rollout apply` leaves it alone until its files change; fix it, or pass --load-changes to restart with it anyway"
             ),
             Cause::LoadUnknown { url, error } => format!(
                 "cannot tell how many requests {url} still runs ({error}): the drain would restart it blind; check that the server is SGLang and serves GET /v1/loads (or /get_load before 0.5.13)"

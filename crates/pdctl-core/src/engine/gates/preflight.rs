@@ -110,14 +110,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut down = Vec::new();
         for p in &peers {
             let st = self.units.state(&p.unit).await?;
-            let health = if st.active_state == "active" {
-                self.probes.health(&p.url).await
-            } else {
-                crate::ports::Health::Down(format!("{}/{}", st.active_state, st.sub_state))
-            };
-            match health {
-                crate::ports::Health::Up => return Ok(()),
-                crate::ports::Health::Unavailable(why) | crate::ports::Health::Down(why) => down.push(format!("{} {why}", p.unit)),
+            if st.active_state != "active" {
+                down.push(format!("{} is {}/{}", p.unit, st.active_state, st.sub_state));
+                continue;
+            }
+            match self.peer_serves(p, false).await {
+                Ok(()) => return Ok(()),
+                Err(why) => down.push(format!("{} does not serve ({why})", p.unit)),
             }
         }
         let role = if w.role == Role::Prefill { "decode" } else { "prefill" };
