@@ -112,6 +112,16 @@ fn sigkill_right_after_a_drain_is_undone_at_the_next_start() {
     let (_, st) = raw(&d.socket, "GET", "/v1/status", "");
     assert_eq!(st["drained"], serde_json::json!([]), "{st}");
     assert_eq!(st["reconciling"], false);
+    // The outage is on record: the interrupted rollout holds the prefill's window, from its
+    // drain to the re-admission by the next pdctld (at least what was seen after that start).
+    let window = rec["windows"][P]["total_ms"].as_u64().unwrap_or_else(|| panic!("the interrupted record has the window: {rec:#}"));
+    assert!(window >= took.as_millis() as u64, "{window} ms against {took:?} seen after pdctld's start");
+    assert!(rec["notes"].to_string().contains("pdctld re-admitted it at its start"), "{rec:#}");
+    // And its resume's record says so too.
+    let r = pdctl_daemon(&d, &config, &["rollout", "resume", &id, "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let resumed = record(&d, r.summary["id"].as_str().expect("id"));
+    assert!(resumed["notes"].to_string().contains(&format!("in the interrupted rollout {id}: {P} was")), "{resumed:#}");
 }
 
 /// 1P1D: the only prefill's drain is deferred — written to the ledger, the worker left in the

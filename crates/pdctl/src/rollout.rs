@@ -231,6 +231,8 @@ availability  {}",
         for (u, a) in &rec.availability_by_unit {
             println!("  {u}: {}", a.sentence());
         }
+    } else if rec.interrupted.is_some() {
+        println!("\navailability  not measured: pdctld stopped while it ran (its probe with it); the windows below are from the events and the ledger");
     }
     for (u, w) in &rec.windows {
         println!("window    {u}: {}", w.sentence());

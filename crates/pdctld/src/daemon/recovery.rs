@@ -13,6 +13,28 @@ use crate::metrics::ResultLabel;
 
 use super::{engine, lock, notify_status, snapshot, Daemon};
 
+/// From `d`'s drain to now: from the start of its drain step in the rollout's events (`drain`
+/// passed: its time less its length, to the millisecond), else the ledger's `drained_at`
+/// (seconds); the re-admission's own steps are `events` (this reconcile's).
+fn out_until_now(d: &Drain, before: &[Event], events: &[Event]) -> pdctl_core::window::Window {
+    let ms_of = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map(|x| x.as_millis() as u64).unwrap_or(0);
+    let now_ms = ms_of(std::time::SystemTime::now());
+    let drained_ms = before
+        .iter()
+        .rev()
+        .find(|e| e.unit == d.unit && e.step == pdctl_core::events::Step::Drain && e.status == pdctl_core::events::Status::Passed)
+        .and_then(|e| humantime::parse_rfc3339_weak(&e.at).ok().map(|t| ms_of(t).saturating_sub(e.elapsed_ms)))
+        .unwrap_or(d.drained_at.saturating_mul(1000));
+    let total_ms = now_ms.saturating_sub(drained_ms);
+    let readmit: u64 =
+        events.iter().filter(|e| e.unit == d.unit && e.status == pdctl_core::events::Status::Passed).map(|e| e.elapsed_ms).sum::<u64>().min(total_ms);
+    let parts = vec![
+        pdctl_core::window::WindowPart { step: "until pdctld came back".into(), ms: total_ms - readmit },
+        pdctl_core::window::WindowPart { step: "re-admission".into(), ms: readmit },
+    ];
+    pdctl_core::window::Window { total_ms, parts }
+}
+
 impl Daemon {
     /// Undo one drain (events in the record of the rollout that made it, metrics, journal).
     pub(super) async fn reconcile_one(&self, e: &RealEngine, d: &Drain, budget: std::time::Duration, record: Option<&Mutex<Record>>) {
@@ -35,9 +57,17 @@ impl Daemon {
                 c.sentence()
             }
         };
+        // The window this drain kept the worker out of the gateway — from the drain to this
+        // re-admission, pdctld's own downtime included — belongs to the rollout that drained it.
+        let ok = result.is_ok();
         let apply = |r: &mut Record| {
+            let window = ok.then(|| out_until_now(d, &r.events, &events));
             r.events.extend(events.iter().cloned());
             r.notes.push(note.clone());
+            if let Some(w) = &window {
+                r.notes.push(format!("{} was {} (pdctld re-admitted it at its start)", d.unit, w.sentence()));
+                r.windows.insert(d.unit.clone(), w.clone());
+            }
         };
         match record {
             Some(m) => {

@@ -102,6 +102,12 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         r.allow_outage = p.allow_outage;
         r.load_changes = p.load_changes;
         r.reverts = reverts;
+        // A resume's record carries the windows its interrupted rollout kept workers out.
+        if let Some(old) = r.resumes.clone().and_then(|o| daemon.load(&o)) {
+            for (u, w) in &old.windows {
+                r.notes.push(format!("in the interrupted rollout {}: {u} was {}", old.id, w.sentence()));
+            }
+        }
         // A config rollout loading in place says so from its start (a resume refuses it).
         r.in_place = p.kind == RolloutKind::Apply && p.weights.is_some();
         r.started_by = Some(by);
