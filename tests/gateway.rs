@@ -645,3 +645,31 @@ fn smg_1_13_removes_a_worker_patched_to_drain_settle_0_at_once() {
         "the decode, deleted after it at the default settle, still drains: {decode:?}"
     );
 }
+
+/// `single_pair = "together"`: pdctld killed once the decode's restart passed (both restart at
+/// once). The resume re-verifies what this rollout already restarted — the decode's run is still
+/// the one its restart started — and restarts nothing again.
+#[test]
+fn a_resumed_together_rollout_does_not_restart_what_it_already_restarted() {
+    let (stack, config, d) = up(StackOptions::default());
+    std::fs::write(config.parent().unwrap().join("config.d/50-together.toml"), "[rollout]\nsingle_pair = \"together\"\n").unwrap();
+    let mut c = pdctl_tests::live_daemon(&d, &config, &["restart", "--rolling", "--json"]);
+    c.wait_line(LIMIT, |e| e["unit"] == D && e["step"] == "restart" && e["status"] == "passed").expect("the decode restarted");
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    let _ = c.finish(Duration::from_secs(20));
+    let d1 = stack.show(D, "InvocationID").unwrap();
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    let settled = || {
+        let (_, st) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "");
+        st["reconciling"] == false && st["drained"] == serde_json::json!([])
+    };
+    assert!(pdctl_tests::until(Duration::from_secs(120), Duration::from_millis(200), settled), "pdctld re-admitted what it had drained");
+    let (_, h) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("the rollout").to_string();
+    let r = run(&d, &config, &["rollout", "resume", &id, "--json"]);
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    assert!(!r.touched(D) || r.index(D, "restart", "started").is_none(), "the decode was not restarted again: {:#?}", r.events);
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d1, "the decode runs the run its restart started");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{}", r.summary["id"].as_str().expect("id")), "");
+    assert!(rec["notes"].to_string().contains(&format!("{D} passed its gates again without a restart")), "{rec:#}");
+}

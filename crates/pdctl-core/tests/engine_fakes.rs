@@ -362,7 +362,7 @@ fn settings() -> Settings {
 fn rollout_of<'a>(plan: &'a Plan, abort: &'a std::sync::atomic::AtomicBool, allow_outage: bool, load_changes: bool) -> pdctl_core::engine::RolloutRun<'a> {
     pdctl_core::engine::RolloutRun {
         plan,
-        resume: false,
+        resume: 0,
         abort,
         revisions: None,
         ledger: None,

@@ -81,8 +81,9 @@ enum Mode {
 pub struct RolloutRun<'a> {
     /// The workers, in order.
     pub plan: &'a Plan,
-    /// Continue an interrupted rollout: the first unit is re-verified and restarted only if that fails.
-    pub resume: bool,
+    /// Continue an interrupted rollout: the first `resume` units are re-verified, each restarted
+    /// only if that fails (the unit it stopped at, and those it had already restarted).
+    pub resume: usize,
     /// Set by an operator: stop between units.
     pub abort: &'a AtomicBool,
     /// Where good revisions live (pdctld's state directory); `None`: no revisions, no rollback.

@@ -38,12 +38,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let t0 = Instant::now();
         let mut notes = Vec::new();
         let mut plan = r.plan.clone();
-        if r.resume {
-            if let Some(first) = plan.workers.first().cloned() {
-                if self.verify(&first, sink).await {
-                    plan.workers.remove(0);
-                    notes.push(format!("{} passed its gates again without a restart", first.unit));
-                }
+        let lead: Vec<_> = plan.workers.iter().take(r.resume).cloned().collect();
+        for w in lead {
+            if self.verify(&w, sink).await {
+                plan.workers.retain(|x| x.unit != w.unit);
+                notes.push(format!("{} passed its gates again without a restart", w.unit));
             }
         }
         let clients = Clients::default();

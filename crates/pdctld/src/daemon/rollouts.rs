@@ -57,7 +57,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
                 resumes: None,
                 allow_outage,
                 load_changes,
-                reverify: true,
+                reverify: 0,
                 restore: None,
                 weights: None,
             }
@@ -68,7 +68,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Ok(p) => p,
             Err(message) => return Ok(Started { id: None, message: Some(message) }),
         },
-        Request::Resume { id: old_id, .. } => plan_resume(&daemon, &e, old_id, &id)?,
+        Request::Resume { id: old_id, .. } => plan_resume(&daemon, &e, old_id, &id).await?,
         Request::Weights { model_path, version, fleet_rollout, .. } => {
             if let Some(why) = pdctl_core::sglang::model_path_problem(&model_path) {
                 return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
@@ -86,7 +86,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
                 resumes: None,
                 allow_outage: true,
                 load_changes: false,
-                reverify: false,
+                reverify: 0,
                 restore: None,
                 weights: Some((model_path, version, fleet_rollout)),
             }
@@ -198,9 +198,10 @@ struct Planned {
     resumes: Option<String>,
     allow_outage: bool,
     load_changes: bool,
-    /// Re-verify the first unit before restarting it (a resumed rollout; not when it stopped
-    /// waiting for a fleet slot).
-    reverify: bool,
+    /// A resume: how many leading units of the plan are re-verified before (instead of) a
+    /// restart — the one it stopped at (not when it stopped waiting for a fleet slot: untouched)
+    /// and those it had already restarted (this same run still serving).
+    reverify: usize,
     /// A revert: unit → the revision it ran before the reverted rollout.
     restore: Option<BTreeMap<String, pdctl_core::revisions::Revision>>,
     /// A weights rollout: the checkpoint, its version, and the fleet rollout it is this host's
@@ -245,12 +246,12 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
             None
         }
     };
-    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: true, restore: None, weights }))
+    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: 0, restore: None, weights }))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
 /// record says it was resumed by `id`).
-fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Result<Planned, Cause> {
+async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Result<Planned, Cause> {
     let mut old = daemon.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
     let wrong = |state: RolloutState| Cause::WrongState {
         id: old_id.clone(),
@@ -274,8 +275,30 @@ fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Res
     let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
     // Stopped while waiting for a fleet slot: that unit was never touched, so it is restarted,
     // not re-verified.
-    let reverify = !old.lifecycle.position().is_some_and(|p| p.step == Step::Slot);
-    let plan = Plan::new(&e.settings, &old.plan[from..]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let first = usize::from(!old.lifecycle.position().is_some_and(|p| p.step == Step::Slot));
+    // A unit after it that this rollout already restarted (`single_pair = "together"` restarts
+    // both at once) and whose run is still that one is re-verified too, not restarted again:
+    // its InvocationID now is the one its restart recorded.
+    let mut lead: Vec<String> = old.plan.get(from).cloned().into_iter().collect();
+    let mut rest = Vec::new();
+    for u in old.plan.iter().skip(from + 1) {
+        let restarted_as = old
+            .events
+            .iter()
+            .rev()
+            .find(|ev| ev.unit == *u && ev.step == Step::Restart && ev.status == pdctl_core::events::Status::Passed)
+            .and_then(|ev| ev.detail.get("invocation_id").and_then(|v| v.as_str()).map(String::from));
+        let now = e.units.state(u).await.ok().map(|s| s.invocation_id);
+        if first == 1 && restarted_as.is_some() && restarted_as == now {
+            lead.push(u.clone());
+        } else {
+            rest.push(u.clone());
+        }
+    }
+    let reverify = if first == 1 { lead.len() } else { 0 };
+    let order: Vec<String> = lead.into_iter().chain(rest).collect();
+    let all = Plan::new(&e.settings, &order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let plan = Plan { workers: order.iter().filter_map(|u| all.workers.iter().find(|w| w.unit == *u).cloned()).collect() };
     let (allow_outage, load_changes) = (old.allow_outage, old.load_changes);
     old.lifecycle.resume(id).map_err(|_| wrong(old.lifecycle.state()))?;
     daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
@@ -347,7 +370,7 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
         resumes: None,
         allow_outage: old.allow_outage,
         load_changes: true,
-        reverify: false,
+        reverify: 0,
         restore: Some(restore),
         weights: None,
     }))
@@ -411,7 +434,7 @@ pub(super) async fn run(
     record: Arc<Mutex<Record>>,
     tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
-    (reverify, restore, weights): (bool, Restore, Option<Weights>),
+    (reverify, restore, weights): (usize, Restore, Option<Weights>),
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let consumer = {
@@ -429,7 +452,7 @@ pub(super) async fn run(
     };
     let run = RolloutRun {
         plan: &plan,
-        resume: kind == RolloutKind::Resume && reverify,
+        resume: if kind == RolloutKind::Resume { reverify } else { 0 },
         abort: &abort,
         revisions: Some(&dir),
         ledger: Some(daemon.store.ledger()),
