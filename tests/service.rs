@@ -181,12 +181,13 @@ fn alone_in_its_role(gateway: Gateway) {
     assert_eq!(inv(&stack, &stack.decode.unit), d0);
 }
 
-/// Too little traffic to judge (only pdctl's own probe, far below `min_requests`): the rollout
-/// succeeds, and both the soak and the record say "not judged" — never a pass in disguise.
+/// Too little traffic to judge (only pdctl's own probe, far below `min_requests`), with
+/// `unjudged = "pass"`: the rollout succeeds, and both the soak and the record say "not judged"
+/// — never a pass in disguise.
 #[test]
 fn too_little_traffic_is_said_not_judged() {
     let (stack, config, d) = stack_with_pdctld_opts(&opts(1));
-    fragment(&config, "40-slo.toml", "[verify.slo]\nmin_requests = 1000\nmax_wait = \"1s\"\n");
+    fragment(&config, "40-slo.toml", "[verify.slo]\nmin_requests = 1000\nmax_wait = \"1s\"\nunjudged = \"pass\"\n");
     assert_eq!(stack.wait_router_healthy(2, Duration::from_secs(60)).unwrap(), 2);
     let run = rollout(&d, &config);
     assert_eq!(run.code, 0, "{:#?} {}", run.summary, run.stderr);
@@ -194,6 +195,49 @@ fn too_little_traffic_is_said_not_judged() {
     assert_eq!(soak["slo"]["verdict"], "not_judged", "{soak:#}");
     let note = soak["note"].as_str().unwrap();
     assert!(note.contains("not judged") && note.contains("fewer than min_requests = 1000"), "{note}");
+    assert_eq!(soak["slo"]["judged_by"], "not_judged_passed", "{soak:#}");
     let rec = record(&d.socket, run.summary["id"].as_str().unwrap());
     assert!(rec["notes"].to_string().contains("was not judged"), "the record's notes say so: {}", rec["notes"]);
+    // With `unjudged = "fail"` the same is a failed soak, and nothing after it restarts.
+    fragment(&config, "41-fail.toml", "[verify.slo]\nunjudged = \"fail\"\n");
+    let d0 = inv(&stack, &stack.decode.unit);
+    let run = rollout(&d, &config);
+    assert_eq!(run.code, 1, "{:#?} {}", run.summary, run.stderr);
+    let f = &run.summary["failed"];
+    assert_eq!(
+        (f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()),
+        (Some(stack.prefill.unit.as_str()), Some("soak"), Some("slo_not_judged")),
+        "{f:#}"
+    );
+    assert!(!run.touched(&stack.decode.unit));
+    assert_eq!(inv(&stack, &stack.decode.unit), d0);
+}
+
+/// 2P2D, the gateway's traffic too thin to judge (no client; `min_requests` out of its reach in
+/// `max_wait`), a drop-in that makes the first prefill 3× slower: with the default `unjudged =
+/// "probe"` pdctl judges with its own sample — PD pairs sent straight to the restarted prefill
+/// and to its peer, with the same decode — and halts on its end-to-end latency; nothing else is
+/// restarted. A canary that saw no traffic is no pass.
+#[test]
+fn thin_traffic_is_judged_by_pdctls_own_sample_and_a_slow_prefill_halts() {
+    let (stack, config, d) = stack_with_pdctld_opts(&opts(2));
+    fragment(&config, "40-slo.toml", "[rollout]\nmin_healthy = \"3s\"\nallow_outage = false\n[verify.slo]\nmin_requests = 10\nmax_wait = \"2s\"\n");
+    assert_eq!(stack.wait_router_healthy(4, Duration::from_secs(60)).unwrap(), 4);
+    let workers: Vec<_> = stack.workers().into_iter().cloned().collect();
+    let (p, p2) = (&workers[0], &workers[1]);
+    let others: Vec<(String, String)> = workers[1..].iter().map(|w| (w.unit.clone(), inv(&stack, &w.unit))).collect();
+    stack.drop_in(&p.unit, "50-slow", "[Service]\nEnvironment=SGLANG_SIM_SLOWDOWN=3\n").unwrap();
+    let run = rollout(&d, &config);
+    assert_eq!(run.code, 1, "{:#?} {}", run.summary, run.stderr);
+    let f = &run.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(p.unit.as_str()), Some("soak"), Some("slo_regression")), "{f:#}");
+    let cause = f["cause"].as_str().unwrap();
+    assert!(cause.contains("pdctl's own sample") && cause.contains(&format!("its peer {}", p2.unit)), "{cause}");
+    let slo = &run.events.iter().find(|e| e["unit"] == p.unit.as_str() && e["step"] == "soak" && e["status"] == "failed").unwrap()["detail"]["slo"];
+    assert_eq!(slo["judged_by"], "pdctl_sample", "{slo:#}");
+    assert_eq!(slo["requests"], 10, "{slo:#}");
+    for (unit, before) in &others {
+        assert!(!run.touched(unit), "{unit} was touched");
+        assert_eq!(&inv(&stack, unit), before, "{unit} kept its run");
+    }
 }

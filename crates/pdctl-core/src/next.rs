@@ -58,6 +58,9 @@ impl Cause {
             Cause::SloRegression { unit, .. } => format!(
                 "`pdctl rollout show ID` (each soak's figures against its baseline), compare {unit}'s change with its peers' (`systemctl cat {unit}`), then `pdctl rollout apply` with the change fixed or reverted"
             ),
+            Cause::SloNotJudged { unit, .. } => format!(
+                "`pdctl rollout show ID` (the soak's figures and why pdctl's own sample was not sent), then send {unit} traffic (or lower [verify.slo] min_requests) and `pdctl check`"
+            ),
             Cause::StrandedKv { decode, .. } => {
                 format!(
                     "`pdctl status` (KV the prefills still hold for {decode}'s old process; they release it at their bootstrap timeout), then `pdctl check`"

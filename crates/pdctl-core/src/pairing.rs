@@ -68,6 +68,13 @@ pub struct PairProbe {
     pub took: Duration,
 }
 
+impl PairProbe {
+    /// Both halves answered 200.
+    pub fn answered(&self) -> bool {
+        self.prefill.ok() && self.decode.ok()
+    }
+}
+
 fn ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_millis() as u64)
 }

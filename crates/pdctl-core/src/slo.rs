@@ -146,6 +146,45 @@ pub struct Report {
     /// Where the error rate was read (absent: not measured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors_from: Option<&'static str>,
+    /// What the figures are: `gateway_traffic` (the clients' requests over the soak), or
+    /// `pdctl_sample` (the gateway sent too little: pdctl's own requests, `[verify.slo] unjudged
+    /// = "probe"`); with `not_judged_passed` when too little traffic passed by setting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judged_by: Option<&'static str>,
+}
+
+/// Judge pdctl's own sample (`[verify.slo] unjudged = "probe"`): the end-to-end time of each
+/// request sent to the restarted worker (`mine`; `None`: it failed) against the same sample sent
+/// to a peer (`base`), by the same tolerances — e2e p50 within `e2e_ratio`, failures within
+/// `error_rate` of the peer's.
+pub fn judge_sample(slo: &Slo, mine: &[Option<f64>], base: &[Option<f64>], against: Baseline) -> Report {
+    let p50 = |xs: &[Option<f64>]| {
+        let mut v: Vec<f64> = xs.iter().flatten().copied().filter(|x| x.is_finite()).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        (!v.is_empty()).then(|| v[(v.len() - 1) / 2])
+    };
+    let fails = |xs: &[Option<f64>]| if xs.is_empty() { 0.0 } else { xs.iter().filter(|x| x.is_none()).count() as f64 / xs.len() as f64 };
+    let mut figures = Vec::new();
+    if let (Some(value), Some(b)) = (p50(mine), p50(base)) {
+        let limit = slo.e2e_ratio * b;
+        figures.push(Figure { name: "e2e_p50", value, baseline: b, limit, breach: value > limit && value > 0.0 });
+    }
+    let (value, b) = (fails(mine), fails(base));
+    figures.push(Figure { name: "error_rate", value, baseline: b, limit: b + slo.error_rate, breach: value > b + slo.error_rate });
+    let verdict = match figures.iter().find(|f| f.breach) {
+        Some(f) => Verdict::Breach { figure: f.clone() },
+        None if p50(mine).is_none() || p50(base).is_none() => Verdict::NotJudged { why: "no request of pdctl's sample was answered on one side".into() },
+        None => Verdict::Pass,
+    };
+    Report {
+        verdict,
+        baseline: against,
+        requests: mine.len() as u64,
+        baseline_requests: base.len() as u64,
+        figures,
+        errors_from: Some("pdctl_sample"),
+        judged_by: Some("pdctl_sample"),
+    }
 }
 
 /// A latency figure: its name, where its histogram is, and its allowed ratio.
@@ -181,7 +220,7 @@ pub fn judge(slo: &Slo, restarted: &Window, baseline: &Window, against: Baseline
             None => Verdict::Pass,
         }
     };
-    Report { verdict, baseline: against, requests: n, baseline_requests: nb, figures, errors_from }
+    Report { verdict, baseline: against, requests: n, baseline_requests: nb, figures, errors_from, judged_by: Some("gateway_traffic") }
 }
 
 #[cfg(test)]
@@ -189,7 +228,15 @@ mod tests {
     use super::*;
 
     fn slo() -> Slo {
-        Slo { ttft_ratio: 1.5, itl_ratio: 1.5, e2e_ratio: 1.5, error_rate: 0.01, min_requests: 20, max_wait: std::time::Duration::from_secs(120) }
+        Slo {
+            ttft_ratio: 1.5,
+            itl_ratio: 1.5,
+            e2e_ratio: 1.5,
+            error_rate: 0.01,
+            min_requests: 20,
+            max_wait: std::time::Duration::from_secs(120),
+            unjudged: crate::config::Unjudged::Probe,
+        }
     }
 
     /// A window of `n` requests whose end-to-end latencies all lie in (lo, hi].

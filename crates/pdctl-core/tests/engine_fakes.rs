@@ -849,12 +849,24 @@ async fn alone_in_its_role_a_slower_worker_is_judged_against_its_own_figures_fro
     assert_eq!(failed.detail["slo"]["figures"][0]["name"], "e2e_p50");
 }
 
+/// Too little traffic, by each `[verify.slo] unjudged`: `pass` says "not judged" and passes;
+/// `fail` fails the soak (`slo_not_judged`); `probe` (the default) on a 1P1D host has no peer of
+/// the role to sample against and fails the same, saying why — never a pass.
 #[tokio::test]
 async fn too_little_traffic_is_said_not_judged_and_a_same_speed_worker_passes() {
+    for unjudged in ["fail", "probe"] {
+        let w = world();
+        w.lock().unwrap().served.insert("http://p".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(3.0, 0.8, 1.0)]);
+        let (summary, _) = run(&w, with_slo(&format!("min_requests = 20\nmax_wait = \"0s\"\nunjudged = \"{unjudged}\"\n"))).await;
+        let f = summary.failed.unwrap_or_else(|| panic!("{unjudged}: not judged is no pass"));
+        assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Soak, "slo_not_judged"), "{unjudged}");
+        assert_eq!(f.cause.contains("pdctl's own sample could not be sent: no other prefill worker serves"), unjudged == "probe", "{}", f.cause);
+        assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "no second unit after a failed gate");
+    }
     let w = world();
     w.lock().unwrap().served.insert("http://p".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(3.0, 0.8, 1.0)]);
     w.lock().unwrap().served.insert("http://d".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(30.0, 0.2, 0.4)]);
-    let (summary, events) = run(&w, with_slo("min_requests = 20\nmax_wait = \"0s\"\n")).await;
+    let (summary, events) = run(&w, with_slo("min_requests = 20\nmax_wait = \"0s\"\nunjudged = \"pass\"\n")).await;
     assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
     let soak = |u: &str| events.iter().find(|e| e.unit == u && e.step == Step::Soak && e.status == Status::Passed).unwrap().detail.clone();
     let p = soak("p.service");

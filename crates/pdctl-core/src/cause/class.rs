@@ -42,6 +42,7 @@ impl Cause {
             Cause::IncompatibleChange { .. } => "incompatible_change",
             Cause::StrandedKv { .. } => "stranded_kv",
             Cause::SloRegression { .. } => "slo_regression",
+            Cause::SloNotJudged { .. } => "slo_not_judged",
             Cause::MetricsMissing { diagnosis, .. } => match diagnosis {
                 MetricsDiagnosis::Disabled => "metrics_disabled",
                 MetricsDiagnosis::Unreachable => "metrics_unreachable",
@@ -124,6 +125,7 @@ impl Cause {
             | Cause::IncompatibleChange { .. }
             | Cause::StrandedKv { .. }
             | Cause::SloRegression { .. }
+            | Cause::SloNotJudged { .. }
             | Cause::SlotTimeout { .. }
             | Cause::MetricsMissing { .. }
             | Cause::DrainNotRestored { .. }

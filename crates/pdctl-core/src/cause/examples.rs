@@ -58,6 +58,7 @@ impl Cause {
                 requests: 42,
                 baseline_requests: 80,
             },
+            Cause::SloNotJudged { unit: "sglang-prefill.service".into(), why: "2 requests on the restarted worker, fewer than min_requests = 10".into() },
             Cause::ConfigInvalid { message: msg() },
             Cause::BadRequest { message: msg() },
             Cause::Busy { id: "r1764500000".into() },

@@ -352,6 +352,15 @@ pub enum Cause {
         /// Requests the baseline served in its window.
         baseline_requests: u64,
     },
+    /// The service gate could not judge the restarted worker (too little traffic from the
+    /// gateway, and `[verify.slo] unjudged` is `fail`, or `probe` could not send its own
+    /// sample): a canary that saw no traffic is no pass.
+    SloNotJudged {
+        /// The restarted worker.
+        unit: String,
+        /// Why it was not judged.
+        why: String,
+    },
     /// This host's workers restart by themselves (a restart storm): no rollout starts.
     RestartStorm {
         /// Who restarted and how often ("sglang-decode.service ×4").

@@ -86,6 +86,9 @@ impl Cause {
             Cause::SloRegression { unit, figure, against, requests, baseline_requests } => format!(
                 "{unit} serves worse than {against} since its restart: {figure}, over {requests} and {baseline_requests} requests"
             ),
+            Cause::SloNotJudged { unit, why } => {
+                format!("{unit}'s service could not be judged ({why}): a restarted worker that saw too little traffic is not taken as a pass")
+            }
             Cause::StrandedKv { decode, held, after } => format!(
                 "{} after {decode} restarted, prefills still hold KV for requests no decode will fetch: {held}; it is released at the prefill's bootstrap timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)",
                 dur(after)

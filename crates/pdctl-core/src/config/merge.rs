@@ -100,7 +100,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
         if let Some(mut s) = raw.verify {
             if let Some(slo) = s.slo.take() {
                 let dst = m.slo.get_or_insert_with(RawSlo::default);
-                over!(@in "verify.slo", path, text, dst, slo, ttft_ratio, itl_ratio, e2e_ratio, error_rate, min_requests, max_wait);
+                over!(@in "verify.slo", path, text, dst, slo, ttft_ratio, itl_ratio, e2e_ratio, error_rate, min_requests, max_wait, unjudged);
             }
             over!(
                 path,

@@ -20,7 +20,7 @@ pub use crate::url::{canonical_url, same_url};
 pub use raw::{BusKind, Dur};
 pub use settings::{
     parse_gpus, BusSetting, Coherent, FleetSettings, FleetTls, InPlace, KeySource, KillModePolicy, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout,
-    RouterSettings, Settings, SinglePair, Slo, StrandedKv, UnknownLoad, Verify, WeightsFallback, Worker, DURATION_BOUNDS,
+    RouterSettings, Settings, SinglePair, Slo, StrandedKv, Unjudged, UnknownLoad, Verify, WeightsFallback, Worker, DURATION_BOUNDS,
 };
 
 /// Default location of the main file.

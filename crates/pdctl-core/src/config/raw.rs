@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::settings::{Coherent, InPlace, KillModePolicy, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, UnknownLoad, WeightsFallback};
+use super::settings::{
+    Coherent, InPlace, KillModePolicy, MetricsMode, OnFailure, OnStalePair, Role, SinglePair, StrandedKv, Unjudged, UnknownLoad, WeightsFallback,
+};
 use super::ConfigError;
 
 pub(super) fn line_of(text: &str, offset: usize) -> usize {
@@ -152,6 +154,7 @@ pub(super) struct RawSlo {
     pub(super) error_rate: Option<f64>,
     pub(super) min_requests: Option<u64>,
     pub(super) max_wait: Option<Dur>,
+    pub(super) unjudged: Option<Unjudged>,
 }
 
 #[derive(Debug, Default, Deserialize)]

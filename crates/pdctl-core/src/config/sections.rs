@@ -172,6 +172,7 @@ fn slo(o: &Origins, s: RawSlo) -> Result<Slo, ConfigError> {
         error_rate,
         min_requests,
         max_wait: o.bounded("verify.slo.max_wait", s.max_wait, d(120))?,
+        unjudged: s.unjudged.unwrap_or(super::settings::Unjudged::Probe),
     })
 }
 

@@ -67,6 +67,22 @@ pub enum KillModePolicy {
     Warn,
 }
 
+/// What the service gate does when the gateway sent the restarted worker (or its baseline) too
+/// little traffic to judge (`[verify.slo] unjudged`): a canary that saw no traffic is no pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unjudged {
+    /// pdctl judges with its own sample: `min_requests` PD request pairs sent straight to the
+    /// restarted worker (with a serving worker of the other role) and the same to a peer of its
+    /// role, compared by end-to-end p50 and error rate with the same tolerances. Where no such
+    /// sample can be sent (a regular worker, no peer of its role, no serving other role) it fails.
+    Probe,
+    /// Fail the soak (`slo_not_judged`).
+    Fail,
+    /// Pass, saying it was not judged (the behaviour before this setting).
+    Pass,
+}
+
 /// Whether a config rollout whose only change is the weights may load them without a restart
 /// (`[rollout] in_place`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -352,6 +368,8 @@ pub struct Slo {
     pub min_requests: u64,
     /// How long the soak may wait beyond `min_healthy` for `min_requests`.
     pub max_wait: Duration,
+    /// What too little traffic leads to ([`Unjudged`]; default `probe`).
+    pub unjudged: Unjudged,
 }
 
 /// `[fleet]`: this host is one of many behind one gateway, coordinated through etcd v3.

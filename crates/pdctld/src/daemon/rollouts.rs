@@ -349,7 +349,9 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
         }
     }
     if units.is_empty() && !already.is_empty() {
-        let by = super::http::records(daemon)
+        let by = daemon
+            .store
+            .all()
             .0
             .into_iter()
             .filter(|r| r.reverts.as_deref() == Some(old_id) && r.lifecycle.state() == RolloutState::Succeeded)

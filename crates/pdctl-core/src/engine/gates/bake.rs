@@ -69,6 +69,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 baseline_requests: 0,
                 figures: Vec::new(),
                 errors_from: None,
+                judged_by: None,
             },
         };
         let mut out = Vec::new();

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use pdctl_probe::service::ServiceScrape;
 
 use crate::cause::Cause;
-use crate::config::{Slo, Worker};
+use crate::config::{Role, Slo, Unjudged, Worker};
 use crate::engine::step::Fail;
 use crate::engine::Engine;
+use crate::ports::PairTarget;
 use crate::ports::{Logs, Probes, Units};
-use crate::slo::{judge, Baseline, Report, Verdict, Window};
+use crate::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
 
 /// One worker's figures at the start of the window.
 #[derive(Debug, Clone)]
@@ -153,6 +154,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             baseline_requests: 0,
             figures: Vec::new(),
             errors_from: None,
+            judged_by: None,
         };
         let own = match &start.own {
             Ok(m) => m.clone(),
@@ -197,5 +199,86 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
         }
+    }
+
+    /// Too little traffic to judge (`report` is not judged): `[verify.slo] unjudged` decides —
+    /// `pass` keeps the report, `fail` fails the soak (`slo_not_judged`), `probe` judges with
+    /// pdctl's own sample ([`Engine::slo_sample`]) and fails when it cannot send one.
+    pub(in crate::engine) async fn slo_when_unjudged(&self, w: &Worker, slo: &Slo, report: Report) -> Result<Report, Fail> {
+        let Verdict::NotJudged { why } = &report.verdict else { return Ok(report) };
+        let why = why.clone();
+        let not_judged = |why: String| Fail::from(Cause::SloNotJudged { unit: w.unit.clone(), why });
+        match slo.unjudged {
+            Unjudged::Pass => Ok(Report { judged_by: Some("not_judged_passed"), ..report }),
+            Unjudged::Fail => Err(not_judged(why)),
+            Unjudged::Probe => {
+                let sample = self.slo_sample(w, slo).await.map_err(|e| not_judged(format!("{why}; pdctl's own sample could not be sent: {e}")))?;
+                match &sample.verdict {
+                    Verdict::Breach { figure } => Err(Fail {
+                        cause: Cause::SloRegression {
+                            unit: w.unit.clone(),
+                            figure: format!("{} (pdctl's own sample: {why})", figure.sentence()),
+                            against: sample.baseline.to_string(),
+                            requests: sample.requests,
+                            baseline_requests: sample.baseline_requests,
+                        },
+                        detail: serde_json::json!({ "slo": sample }),
+                        unit: None,
+                    }),
+                    Verdict::NotJudged { why: w2 } => Err(not_judged(format!("{why}; and pdctl's own sample: {w2}"))),
+                    Verdict::Pass => Ok(sample),
+                }
+            }
+        }
+    }
+
+    /// pdctl's own sample for the service gate: `min_requests` (at most 50) PD request pairs of
+    /// 16 tokens, each sent straight to the restarted worker with a serving worker of the other
+    /// role, alternating with the same sent to a serving peer of its role with that same worker
+    /// — both sides under the same load at the same time. `Err`: no such sample can be sent.
+    pub(in crate::engine) async fn slo_sample(&self, w: &Worker, slo: &Slo) -> Result<Report, String> {
+        if w.role == Role::Regular {
+            return Err("a regular worker: the sample is sent through a PD pair".into());
+        }
+        let mut peer = None;
+        for p in self.same_role(w) {
+            if self.peer_serves(p, false).await.is_ok() {
+                peer = Some(p);
+                break;
+            }
+        }
+        let peer = peer.ok_or_else(|| format!("no other {} worker serves to compare with", w.role.as_str()))?;
+        let mut partner = None;
+        for p in self.peers(w) {
+            if self.peer_serves(p, false).await.is_ok() {
+                partner = Some(p);
+                break;
+            }
+        }
+        let partner = partner.ok_or_else(|| "no worker of the other role serves".to_string())?;
+        let n = slo.min_requests.min(50);
+        let (mut mine, mut base) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            mine.push(self.sample_one(w, partner).await);
+            base.push(self.sample_one(peer, partner).await);
+        }
+        Ok(judge_sample(slo, &mine, &base, Baseline::Peers { units: vec![peer.unit.clone()] }))
+    }
+
+    /// One request of the sample: a 16-token PD pair of `x` and `partner` (the other role),
+    /// straight to both; its end-to-end seconds, `None` when it failed.
+    async fn sample_one(&self, x: &Worker, partner: &Worker) -> Option<f64> {
+        let (p, d) = if x.role == Role::Prefill { (x, partner) } else { (partner, x) };
+        let host = crate::pairing::bootstrap_host(&p.url);
+        let t = PairTarget {
+            prefill_url: &p.url,
+            bootstrap_host: &host,
+            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+            decode_url: &d.url,
+            room: crate::pairing::room(),
+            max_new_tokens: 16,
+        };
+        let probe = self.probes.pair(t, self.settings.verify.pair_timeout).await;
+        probe.answered().then(|| probe.took.as_secs_f64())
     }
 }

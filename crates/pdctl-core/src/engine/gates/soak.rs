@@ -45,7 +45,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         let slo = match (&self.settings.verify.slo, slo_start) {
-            (Some(slo), Some(start)) => Some(self.slo_judge(w, slo, start, before).await?),
+            (Some(slo), Some(start)) => {
+                let report = self.slo_judge(w, slo, start, before).await?;
+                Some(self.slo_when_unjudged(w, slo, report).await?)
+            }
             _ => None,
         };
         // Changes between signals are caught by comparing once more.
