@@ -279,6 +279,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             max_new_tokens: 16,
         };
         let probe = self.probes.pair(t, self.settings.verify.pair_timeout).await;
-        probe.answered().then(|| probe.took.as_secs_f64())
+        probe.answered().then_some(probe.took.as_secs_f64())
     }
 }
