@@ -673,3 +673,27 @@ fn a_resumed_together_rollout_does_not_restart_what_it_already_restarted() {
     let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{}", r.summary["id"].as_str().expect("id")), "");
     assert!(rec["notes"].to_string().contains(&format!("{D} passed its gates again without a restart")), "{rec:#}");
 }
+
+/// 1P1D behind smg 1.13 under client load: each restart leaves a role without a worker, so the
+/// probe sends nothing then — that time is reported as not probed, every window is counted with
+/// their total, and smg's own count of its 5xx answers to every client is beside the probe's
+/// (at least the clients' own failures: they all went through it).
+#[test]
+fn availability_counts_every_window_the_unprobed_time_and_the_gateways_own_failures() {
+    let (stack, config, d) = up(StackOptions::default());
+    let load = pdctl_tests::Load::start(&stack.router.as_ref().unwrap().url, 5.0, 4);
+    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    let (sent, failed) = load.stop();
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let a = &r.summary["availability"];
+    eprintln!("clients: {sent} sent, {failed} failed; availability: {a}");
+    assert!(a["unprobed_ms"].as_u64().unwrap() > 0, "the only prefill's and decode's windows were not probed: {a}");
+    let windows = a["error_windows"].as_u64().unwrap();
+    assert!(windows >= 2 && a["error_ms_total"].as_u64().unwrap() >= a["longest_error_ms"].as_u64().unwrap(), "{a}");
+    let g = &a["gateway"];
+    let (answered, gw_failed) = (g["answered"].as_u64().expect("smg 1.13 exports its answers"), g["failed"].as_u64().unwrap());
+    assert!(
+        answered >= sent && gw_failed >= failed && gw_failed > 0,
+        "the gateway's own count covers every client's: {g} against {sent} sent, {failed} failed"
+    );
+}

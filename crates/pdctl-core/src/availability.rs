@@ -45,6 +45,31 @@ pub struct Availability {
     /// the rollout ended: the outage outlasted it (a halted rollout's worker still out).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub open_at_end: bool,
+    /// How many error windows there were (failing probes, or time without an admitted worker
+    /// of a role, each until the next good probe).
+    #[serde(default)]
+    pub error_windows: u64,
+    /// All error windows together.
+    #[serde(default)]
+    pub error_ms_total: u64,
+    /// Time the probe sent nothing (a role had no admitted worker): not measured by the probe —
+    /// every client request through the gateway failed then.
+    #[serde(default)]
+    pub unprobed_ms: u64,
+    /// The gateway's own count of its answers to clients over the rollout (smg 1.x
+    /// `smg_http_responses_total`; `None`: not exported — not measured, never 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayAnswers>,
+}
+
+/// The gateway's own answers to every client (pdctl's probe included) during a rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayAnswers {
+    /// Requests it answered.
+    pub answered: u64,
+    /// Of those, answered with a 5xx (no worker to take it, a worker's failure, …).
+    pub failed: u64,
 }
 
 impl Availability {
@@ -52,11 +77,28 @@ impl Availability {
     pub fn sentence(&self) -> String {
         let lat = |v: Option<f64>| v.map(|x| format!("{x} ms")).unwrap_or_else(|| "not measured".into());
         let window = if self.open_at_end { format!("{} ms and still open at the end", self.longest_error_ms) } else { format!("{} ms", self.longest_error_ms) };
+        let windows = match self.error_windows {
+            0 => "no error window".to_string(),
+            1 => format!("1 error window of {window}"),
+            n => format!("{n} error windows, {} ms in all, the longest {window}", self.error_ms_total),
+        };
+        let unprobed = if self.unprobed_ms > 0 {
+            format!(
+                "; {} ms not probed (a role had no admitted worker: the probe sent nothing, and every client request through the gateway failed then)",
+                self.unprobed_ms
+            )
+        } else {
+            String::new()
+        };
+        let gateway = match self.gateway {
+            Some(g) => format!("; the gateway itself answered {} of {} requests with a 5xx", g.failed, g.answered),
+            None => "; the gateway's own count: not exported".into(),
+        };
         if self.probes == 0 {
-            format!("no probe request could be sent (a role had no admitted worker the whole time); longest error window {window}; latency not measured")
+            format!("no probe request could be sent (a role had no admitted worker the whole time); {windows}{unprobed}; latency not measured{gateway}")
         } else {
             format!(
-                "{} failed of {} probe requests through the router; longest error window {window}; p50 {}, p99 {}",
+                "{} failed of {} probe requests through the router; {windows}{unprobed}; p50 {}, p99 {}{gateway}",
                 self.failed,
                 self.probes,
                 lat(self.p50_ms),
@@ -82,12 +124,15 @@ pub fn summarize(samples: &[Sample], end: Instant) -> Availability {
     let failed = samples.iter().filter(|s| s.sent && !s.ok).count() as u64;
     let lat: Vec<f64> = samples.iter().filter_map(|s| s.latency).map(|l| l.as_secs_f64() * 1000.0).collect();
     let mut longest = Duration::ZERO;
+    let (mut windows, mut total) = (0u64, Duration::ZERO);
     let mut bad_since: Option<Instant> = None;
     for s in samples {
         match (s.ok, bad_since) {
             (false, None) => bad_since = Some(s.at),
             (true, Some(t)) => {
                 longest = longest.max(s.at.duration_since(t));
+                windows += 1;
+                total += s.at.duration_since(t);
                 bad_since = None;
             }
             _ => {}
@@ -95,7 +140,12 @@ pub fn summarize(samples: &[Sample], end: Instant) -> Availability {
     }
     if let Some(t) = bad_since {
         longest = longest.max(end.saturating_duration_since(t));
+        windows += 1;
+        total += end.saturating_duration_since(t);
     }
+    // Each unsent tick stands for the time until the next tick (or the end).
+    let unprobed: Duration =
+        samples.iter().enumerate().filter(|(_, s)| !s.sent).map(|(i, s)| samples.get(i + 1).map_or(end, |n| n.at).saturating_duration_since(s.at)).sum();
     Availability {
         probes: sent,
         failed,
@@ -103,6 +153,10 @@ pub fn summarize(samples: &[Sample], end: Instant) -> Availability {
         p50_ms: pct(&lat, 50.0),
         p99_ms: pct(&lat, 99.0),
         open_at_end: bad_since.is_some(),
+        error_windows: windows,
+        error_ms_total: total.as_millis() as u64,
+        unprobed_ms: unprobed.as_millis() as u64,
+        gateway: None,
     }
 }
 
@@ -160,6 +214,10 @@ mod tests {
         ];
         let a = summarize(&samples, at(3000));
         assert_eq!((a.probes, a.failed, a.longest_error_ms), (4, 1, 1000), "{a:?}");
+        // Every window and their total; the unsent ticks' time is not probed.
+        assert_eq!((a.error_windows, a.error_ms_total, a.unprobed_ms), (2, 1500, 1000), "{a:?}");
+        assert!(a.sentence().contains("2 error windows, 1500 ms in all") && a.sentence().contains("1000 ms not probed"), "{}", a.sentence());
+        assert!(a.sentence().contains("the gateway's own count: not exported"), "not measured, never 0: {}", a.sentence());
         assert_eq!(a.p50_ms, Some(4.0));
         assert!(!a.open_at_end);
         // Nothing answered: latency not measured, never zero; a window still open says so.

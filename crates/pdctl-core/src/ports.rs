@@ -369,6 +369,9 @@ pub trait Probes: Send + Sync {
     /// The gateway's attempts to a worker, `(successes, failures)`, summed over the replicas that
     /// export them (`None`: none does, or no metrics URL is configured).
     fn gateway_outcomes(&self, url: &str) -> impl Future<Output = Option<(f64, f64)>> + Send;
+    /// The gateway's own answers to clients, `(answered, failed with a 5xx)`, summed over the
+    /// replicas that export them (`None`: none does, or no metrics URL is configured).
+    fn gateway_responses(&self) -> impl Future<Output = Option<(f64, f64)>> + Send;
     /// A worker's `/model_info`: `(model_path, weight_version)`.
     fn model_info(&self, url: &str) -> impl Future<Output = Result<(String, String), HttpFailure>> + Send;
     /// `POST /pause_generation {"mode": mode}`, within `limit`.

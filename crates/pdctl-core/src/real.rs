@@ -280,6 +280,17 @@ impl Probes for HttpProbes {
         }
         sum
     }
+    async fn gateway_responses(&self) -> Option<(f64, f64)> {
+        let mut sum: Option<(f64, f64)> = None;
+        for r in &self.routers {
+            if let Ok(Some((all, failed))) = r.responses(&self.http).await {
+                let s = sum.get_or_insert((0.0, 0.0));
+                s.0 += all;
+                s.1 += failed;
+            }
+        }
+        sum
+    }
     async fn open_breakers(&self, r: usize) -> Result<Vec<String>, MetricsError> {
         match self.routers.get(r) {
             Some(router) => router.open_breakers(&self.http).await.map_err(metrics_error),

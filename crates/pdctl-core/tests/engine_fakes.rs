@@ -319,6 +319,9 @@ impl Probes for FakeProbes {
     async fn gateway_outcomes(&self, _url: &str) -> Option<(f64, f64)> {
         None
     }
+    async fn gateway_responses(&self) -> Option<(f64, f64)> {
+        None
+    }
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         Ok(self.0.lock().unwrap().weights.get(url).cloned().unwrap_or_else(|| ("m".into(), "default".into())))
     }

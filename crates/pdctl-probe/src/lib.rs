@@ -437,6 +437,19 @@ pub async fn fetch_metrics(http: &Http, url: &str) -> Result<String, MetricsProb
     }
 }
 
+/// [`Router::responses`] of one scrape.
+pub fn responses_in(e: &prom::Exposition) -> Option<(f64, f64)> {
+    const NAME: &str = "smg_http_responses_total";
+    // Clients' inference requests only: not the control plane (`/workers`, `/health`, …).
+    let inference = |s: &&prom::Sample| s.label("path").is_some_and(|p| p == "/generate" || p.starts_with("/v1/"));
+    let series: Vec<&prom::Sample> = e.samples.iter().filter(|s| s.name == NAME).filter(inference).collect();
+    if series.is_empty() && !e.types.contains_key(NAME) {
+        return None;
+    }
+    let failed = series.iter().filter(|s| s.label("status_code").is_some_and(|c| c.starts_with('5'))).map(|s| s.value).sum();
+    Some((series.iter().map(|s| s.value).sum(), failed))
+}
+
 /// The workers whose breaker is open in a gateway's exposition (`smg_worker_cb_state == 1`; 0 is
 /// closed, 2 half-open, -1 a removed worker's kept series).
 pub fn open_breakers_in(e: &prom::Exposition) -> Vec<String> {
@@ -535,6 +548,21 @@ impl Router {
         Ok(open_breakers_in(&e))
     }
 
+    /// The gateway's own count of its answers to clients, `(answered, failed)`: every series of
+    /// `smg_http_responses_total{path,status_code,error_code}` whose path is an inference route
+    /// (`/generate`, `/v1/…`; not its control plane) (smg 1.x; measured on 1.13: a
+    /// request with no worker to take it is `status_code="503",error_code="no_available_workers"`)
+    /// summed, and those with a 5xx status. `None`: no metrics URL, or a gateway without it
+    /// (sglang-router 0.3.2).
+    pub async fn responses(&self, http: &Http) -> Result<Option<(f64, f64)>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(None);
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        Ok(responses_in(&e))
+    }
+
     /// The gateway's request outcomes for one worker, `(successes, failures)`, summed over the
     /// series of `smg_worker_cb_outcomes_total{worker=URL,outcome}` (sglang-router 0.3.2 and
     /// smg 1.x; every attempt, retries included; in PD mode an attempt's outcome is counted on
@@ -600,6 +628,18 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gateways_answers_are_counted_and_its_5xx_are_the_failed_ones() {
+        // Scraped from smg 1.13 with no worker behind it (two requests, both refused).
+        let text = "smg_http_responses_total{path=\"/v1/completions\",status_code=\"503\",error_code=\"no_available_workers\"} 1\n\
+                    smg_http_responses_total{path=\"/generate\",status_code=\"503\",error_code=\"no_available_workers\"} 1\n\
+                    smg_http_responses_total{path=\"/generate\",status_code=\"200\",error_code=\"\"} 7\n\
+                    smg_http_responses_total{path=\"/generate\",status_code=\"400\",error_code=\"bad_request\"} 1\n\
+                    smg_http_responses_total{path=\"/workers\",status_code=\"500\",error_code=\"x\"} 3\n";
+        assert_eq!(responses_in(&prom::parse(text).expect("parses")), Some((10.0, 2.0)), "clients' requests only, not /workers");
+        assert_eq!(responses_in(&prom::parse("smg_worker_cb_state{worker=\"a\"} 0\n").expect("parses")), None, "not exported: not measured");
+    }
 
     #[test]
     fn open_breakers_are_the_workers_whose_state_is_1() {

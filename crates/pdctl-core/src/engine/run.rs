@@ -49,6 +49,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let deep_notes = std::sync::Mutex::new(Vec::new());
         let before = std::sync::Mutex::new(std::collections::BTreeMap::new());
         let probing = self.settings.verify.availability_probe.filter(|_| self.settings.verify.router);
+        // The gateway's own count of its answers, beside the probe's (where it exports one).
+        let gateway_before = if probing.is_some() { self.probes.gateway_responses().await } else { None };
         let ctx = Ctx {
             revisions: r.revisions,
             ledger: r.ledger,
@@ -140,7 +142,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let samples = std::mem::take(&mut *lock(&clients.samples));
         let end = Instant::now();
         if probing.is_some() {
-            summary.availability = Some(crate::availability::summarize(&samples, end));
+            let mut a = crate::availability::summarize(&samples, end);
+            a.gateway = match (gateway_before, self.probes.gateway_responses().await) {
+                (Some((all0, failed0)), Some((all, failed))) if all >= all0 && failed >= failed0 => {
+                    Some(crate::availability::GatewayAnswers { answered: (all - all0) as u64, failed: (failed - failed0) as u64 })
+                }
+                _ => None,
+            };
+            summary.availability = Some(a);
         }
         let service_before = std::mem::take(&mut *lock(&before));
         let in_place = r.weights.is_some_and(|t| t.config) && !restarted;
