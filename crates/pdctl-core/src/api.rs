@@ -419,7 +419,7 @@ impl Record {
     /// The last line of its event stream, once it has ended.
     pub fn end_line(&self) -> Option<StreamLine> {
         match (&self.summary, &self.interrupted) {
-            (Some(s), _) => Some(StreamLine::Summary(s.clone())),
+            (Some(s), _) => Some(StreamLine::Summary(Box::new(s.clone()))),
             (None, Some(i)) => Some(StreamLine::Interrupted(InterruptedEnd { result: InterruptedResult::Interrupted, interrupted: i.clone() })),
             (None, None) => None,
         }
@@ -613,8 +613,8 @@ pub struct InterruptedEnd {
 pub enum StreamLine {
     /// A step transition.
     Event(Event),
-    /// The last line of a finished rollout.
-    Summary(Summary),
+    /// The last line of a finished rollout (boxed: it is far larger than an event line).
+    Summary(Box<Summary>),
     /// The last line of an interrupted rollout.
     Interrupted(InterruptedEnd),
 }

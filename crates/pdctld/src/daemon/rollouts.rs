@@ -504,7 +504,7 @@ pub(super) async fn run(
     }
     daemon.metrics.drained.set(daemon.store.ledger().all().0.len() as i64);
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} finished: {}", state.as_str());
-    let _ = tx.send(StreamLine::Summary(summary));
+    let _ = tx.send(StreamLine::Summary(Box::new(summary)));
     {
         let mut slot = lock(&daemon.running);
         if slot.as_ref().is_some_and(|r| r.id == id) {
