@@ -11,7 +11,7 @@ use crate::engine::step::{within, Fail, StepRun, POLL};
 use crate::engine::steps::rule;
 use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Step};
-use crate::ports::{Health, Logs, PairTarget, Probes, Units};
+use crate::ports::{Health, Logs, Probes, Units};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
@@ -88,16 +88,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 continue;
             }
             let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
-            let host = crate::pairing::bootstrap_host(&p.url);
-            let t = PairTarget {
-                prefill_url: &p.url,
-                bootstrap_host: &host,
-                bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
-                decode_url: &d.url,
-                room: crate::pairing::room(),
-                max_new_tokens: 48,
-            };
-            let probe = self.probes.pair(t, self.settings.verify.pair_timeout).await;
+            let probe = self.pair_request(w, peer, 48).await;
             return Some(match probe.decode {
                 crate::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
                 other => Err(crate::ports::HttpFailure(format!("the pair {} + {} answered: {}", p.unit, d.unit, other.describe()))),

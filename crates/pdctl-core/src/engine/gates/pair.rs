@@ -164,6 +164,22 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
     }
 
+    /// One PD request of `max_new_tokens` sent straight to `x` and `other` (the other role, in
+    /// either order) under a fresh room, bounded by `pair_timeout`.
+    pub(in crate::engine) async fn pair_request(&self, x: &Worker, other: &Worker, max_new_tokens: u32) -> crate::pairing::PairProbe {
+        let (p, d) = if x.role == Role::Prefill { (x, other) } else { (other, x) };
+        let host = crate::pairing::bootstrap_host(&p.url);
+        let t = PairTarget {
+            prefill_url: &p.url,
+            bootstrap_host: &host,
+            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+            decode_url: &d.url,
+            room: crate::pairing::room(),
+            max_new_tokens,
+        };
+        self.probes.pair(t, self.settings.verify.pair_timeout).await
+    }
+
     /// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
     /// 36029 drops the stale entry on the failed request) is probed once more. Returns the
     /// verdict, whether the second probe found it refreshed, and the probes.

@@ -12,7 +12,6 @@ use crate::cause::Cause;
 use crate::config::{Role, Slo, Unjudged, Worker};
 use crate::engine::step::Fail;
 use crate::engine::Engine;
-use crate::ports::PairTarget;
 use crate::ports::{Logs, Probes, Units};
 use crate::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
 
@@ -268,17 +267,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// One request of the sample: a 16-token PD pair of `x` and `partner` (the other role),
     /// straight to both; its end-to-end seconds, `None` when it failed.
     async fn sample_one(&self, x: &Worker, partner: &Worker) -> Option<f64> {
-        let (p, d) = if x.role == Role::Prefill { (x, partner) } else { (partner, x) };
-        let host = crate::pairing::bootstrap_host(&p.url);
-        let t = PairTarget {
-            prefill_url: &p.url,
-            bootstrap_host: &host,
-            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
-            decode_url: &d.url,
-            room: crate::pairing::room(),
-            max_new_tokens: 16,
-        };
-        let probe = self.probes.pair(t, self.settings.verify.pair_timeout).await;
+        let probe = self.pair_request(x, partner, 16).await;
         probe.answered().then_some(probe.took.as_secs_f64())
     }
 }
