@@ -346,6 +346,7 @@ fn every_rollout_reports_what_clients_saw_and_the_probe_opens_no_breaker() {
     let id = r.summary["id"].as_str().unwrap();
     let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
     let o = std::process::Command::new(bin).args(["rollout", "show", id, "--json", "--socket", d.socket.to_str().unwrap()]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1, "one object on one line, as every --json");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["availability_by_unit"][P]["probes"].is_u64() && v["availability_by_unit"][D]["probes"].is_u64(), "{}", v["availability_by_unit"]);
     for (k, v) in breakers(&stack) {

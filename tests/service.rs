@@ -233,6 +233,9 @@ fn thin_traffic_is_judged_by_pdctls_own_sample_and_a_slow_prefill_halts() {
     assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(p.unit.as_str()), Some("soak"), Some("slo_regression")), "{f:#}");
     let cause = f["cause"].as_str().unwrap();
     assert!(cause.contains("pdctl's own sample") && cause.contains(&format!("its peer {}", p2.unit)), "{cause}");
+    // Its next names this rollout, runnable as printed.
+    let id = run.summary["id"].as_str().unwrap();
+    assert!(f["next"].as_str().unwrap().contains(&format!("`pdctl rollout show {id}`")), "{f:#}");
     let slo = &run.events.iter().find(|e| e["unit"] == p.unit.as_str() && e["step"] == "soak" && e["status"] == "failed").unwrap()["detail"]["slo"];
     assert_eq!(slo["judged_by"], "pdctl_sample", "{slo:#}");
     assert_eq!(slo["requests"], 10, "{slo:#}");

@@ -202,8 +202,8 @@ enum RolloutCmd {
     },
     /// Follow a rollout from its first event (re-attach after Ctrl-C).
     Watch {
-        /// The rollout id.
-        #[arg(value_hint = clap::ValueHint::Other)]
+        /// The rollout id (`r` and digits, as `rollout history` lists them).
+        #[arg(value_hint = clap::ValueHint::Other, value_parser = rollout_id_arg)]
         id: String,
         /// One JSON object per line.
         #[arg(long)]
@@ -261,8 +261,8 @@ enum RolloutCmd {
     History(OutputArgs),
     /// One rollout's record: plan, state, every step with its time, the failure, notes.
     Show {
-        /// The rollout id.
-        #[arg(value_hint = clap::ValueHint::Other)]
+        /// The rollout id (`r` and digits, as `rollout history` lists them).
+        #[arg(value_hint = clap::ValueHint::Other, value_parser = rollout_id_arg)]
         id: String,
         /// The record as JSON.
         #[arg(long)]
@@ -404,6 +404,17 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
     }
 }
 
+/// A rollout id as pdctld makes them (`r` + seconds since the epoch, maybe `-N`): anything else
+/// — a path, `../..` — is exit 2 here, named, instead of an HTTP route pdctld does not have.
+fn rollout_id_arg(v: &str) -> Result<String, String> {
+    let rest = v.strip_prefix('r').unwrap_or("");
+    if !rest.is_empty() && rest.starts_with(|c: char| c.is_ascii_digit()) && rest.chars().all(|c| c.is_ascii_digit() || c == '-') {
+        Ok(v.to_string())
+    } else {
+        Err(format!("{v:?} is not a rollout id (like r1764500000): `pdctl rollout history` lists them"))
+    }
+}
+
 /// `--model-path` of a weights rollout: an absolute path ([`pdctl_core::sglang::model_path_problem`];
 /// clap then exits 2 naming the flag, before anything is asked of pdctld).
 fn model_path_arg(v: &str) -> Result<String, String> {
@@ -523,13 +534,26 @@ fn exit_status_roff() -> String {
 mod next_steps {
     use clap::Parser as _;
 
+    /// A rollout id is pdctld's form; a path is refused by the CLI, naming it (exit 2).
+    #[test]
+    fn a_rollout_id_is_pdctlds_form_and_a_path_is_refused() {
+        assert!(super::rollout_id_arg("r1764500000").is_ok() && super::rollout_id_arg("r1764500000-2").is_ok());
+        for bad in ["../../etc/passwd", "r", "r-1", "1764500000", "r17645/../x"] {
+            assert!(super::rollout_id_arg(bad).is_err(), "{bad}");
+        }
+        let e = super::Cli::try_parse_from(["pdctl", "rollout", "show", "../../etc/passwd"]).err().expect("refused");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("is not a rollout id"), "{e}");
+    }
+
     /// Every `pdctl …` command that a cause's next step suggests is one this CLI parses.
     #[test]
     fn every_suggested_command_parses() {
         let mut seen = 0;
         for cause in pdctl_core::cause::Cause::examples() {
             for unit in ["sglang-prefill.service", "router", "fleet", ""] {
-                let next = cause.next_step(unit);
+                // pdctld puts the rollout's id in place of `ID` (a cause is written without one).
+                let next = cause.next_step(unit).replace("pdctl rollout show ID", "pdctl rollout show r1764500000");
                 for cmd in pdctl_core::next::pdctl_commands(&next) {
                     let args: Vec<&str> = cmd.split_whitespace().collect();
                     match super::Cli::try_parse_from(&args) {

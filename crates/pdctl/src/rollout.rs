@@ -184,7 +184,8 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
         Err(c) => return c,
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&rec).unwrap_or_default());
+        // One object on one line, as every other command's --json.
+        println!("{}", serde_json::to_string(&rec).unwrap_or_default());
         return Exit::Ok;
     }
     let when = |t: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(t)).to_string();

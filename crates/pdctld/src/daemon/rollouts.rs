@@ -476,6 +476,10 @@ pub(super) async fn run(
     drop(sink);
     let _ = consumer.await;
     finished.summary.id = Some(id.clone());
+    // A cause's next step names "the rollout" as `ID` (it is written without one): this one.
+    if let Some(f) = finished.summary.failed.as_mut() {
+        f.next = f.next.replace("pdctl rollout show ID", &format!("pdctl rollout show {id}"));
+    }
     let summary = finished.summary;
     let state = RolloutState::of(summary.result);
     // Refused before anything was touched (preflight): not a failed rollout in the metrics.
