@@ -72,6 +72,10 @@ fn new_weights_go_in_without_a_restart_with_no_failed_request_and_no_mixed_pair(
     assert_eq!(code, 0, "{out}");
     let last = out.lines().last().unwrap_or("");
     assert!(last.starts_with("pdctl: ✓ succeeded (rollout ") && last.contains("all 2 worker(s) serve the new weights, verified, without a restart"), "{out}");
+    assert!(
+        out.contains("pdctl: weights rollout, every worker at once, without a restart (run by pdctld)") && !out.contains("rolling restart"),
+        "the header says what runs: {out}"
+    );
     assert_eq!(runs(&stack), before, "still nothing restarted");
 }
 

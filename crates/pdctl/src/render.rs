@@ -61,6 +61,12 @@ impl Renderer {
 
     /// A renderer for these units, in order.
     pub fn for_units(json: bool, units: &[String], kind: Kind) -> Renderer {
+        Renderer::for_units_as(json, units, kind, None)
+    }
+
+    /// [`Renderer::for_units`] whose header names what runs (`what`: "revert (run by pdctld)", …;
+    /// `None`: by `kind`).
+    pub fn for_units_as(json: bool, units: &[String], kind: Kind, what: Option<&str>) -> Renderer {
         let live = (!json && std::io::stdout().is_terminal()).then(|| {
             let mp = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
             let style = ProgressStyle::with_template("{prefix:.bold} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner());
@@ -75,11 +81,11 @@ impl Renderer {
             (mp, lines)
         });
         if !json {
-            let what = match kind {
+            let what = what.unwrap_or(match kind {
                 Kind::Rollout => "rolling restart (run by pdctld)",
                 Kind::DryRun => "dry run (preflight only, nothing is touched) of a rolling restart",
                 Kind::Check => "check (every gate but restart and soak; nothing is changed)",
-            };
+            });
             let order: Vec<&str> = units.iter().map(String::as_str).collect();
             println!("pdctl: {what} of {} unit(s), in order: {}", order.len(), order.join(" → "));
         }

@@ -99,7 +99,15 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
         Ok(r) => r,
         Err(c) => return c,
     };
-    let r = Arc::new(Mutex::new(Renderer::for_units(json, &rec.plan, Kind::Rollout)));
+    let what = match rec.kind {
+        pdctl_core::api::RolloutKind::Restart => "rolling restart (run by pdctld)",
+        pdctl_core::api::RolloutKind::Apply if rec.in_place => "config rollout of new weights, loaded in place (run by pdctld)",
+        pdctl_core::api::RolloutKind::Apply => "config rollout (run by pdctld)",
+        pdctl_core::api::RolloutKind::Resume => "resumed rollout (run by pdctld)",
+        pdctl_core::api::RolloutKind::Revert => "revert (run by pdctld)",
+        pdctl_core::api::RolloutKind::Weights => "weights rollout, every worker at once, without a restart (run by pdctld)",
+    };
+    let r = Arc::new(Mutex::new(Renderer::for_units_as(json, &rec.plan, Kind::Rollout, Some(what))));
     lock(&r).note(&format!("pdctl: rollout {id} runs in pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}"));
     let mut last: Option<StreamLine> = None;
     let path = format!("/v1/rollouts/{id}/events");
