@@ -192,11 +192,48 @@ pub(super) fn line_of_key(text: &str, key: &str) -> Option<usize> {
     text.lines().position(|l| l.trim_start().strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('='))).map(|i| i + 1)
 }
 
+/// The key set on line `line` of `text` (1-based), with its table: `rollout.drain_timeout` for
+/// `drain_timeout = 3` under `[rollout]` (`worker.url` under `[[worker]]`); `None` when the line
+/// sets no key.
+pub(super) fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let key = key.trim();
+    if key.is_empty() || key.starts_with('[') || key.contains(char::is_whitespace) {
+        return None;
+    }
+    let table = lines[..line - 1].iter().rev().map(|l| l.trim()).find(|l| l.starts_with('[')).map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
 pub(super) fn parse_file(path: &Path, text: &str) -> Result<RawFile, ConfigError> {
     toml::from_str::<RawFile>(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
         let msg = e.message().trim().to_string();
-        // toml names the table path in its message for type errors; unknown keys name the key.
+        // Unknown keys name the key; a wrong type or value does not: the key is named here.
+        let msg = match line.and_then(|l| key_at(text, l)) {
+            Some(k) if !msg.contains(k.rsplit('.').next().unwrap_or(&k)) => format!("{k}: {msg}"),
+            _ => msg,
+        };
         ConfigError { file: path.display().to_string(), line, msg }
     })
+}
+
+#[cfg(test)]
+mod key_tests {
+    #[test]
+    fn a_type_error_names_its_key_and_table() {
+        let text = "[[worker]]\nunit = \"p.service\"\nrole = \"regular\"\nurl = \"http://127.0.0.1:9\"\n[rollout]\ndrain_timeout = 3\n[verify.slo]\nunjudged = \"bogus\"\n";
+        assert_eq!(super::key_at(text, 6).as_deref(), Some("rollout.drain_timeout"));
+        assert_eq!(super::key_at(text, 2).as_deref(), Some("worker.unit"));
+        assert_eq!(super::key_at(text, 5), None);
+        let e = super::parse_file(std::path::Path::new("c.toml"), text).err().expect("invalid");
+        assert_eq!(e.line, Some(6));
+        assert!(e.msg.starts_with("rollout.drain_timeout: invalid type"), "{}", e.msg);
+        let e = super::parse_file(std::path::Path::new("c.toml"), &text.replace("drain_timeout = 3", "drain_timeout = \"3s\"")).err().expect("invalid");
+        assert!(e.msg.starts_with("verify.slo.unjudged: unknown variant `bogus`"), "{}", e.msg);
+    }
 }
