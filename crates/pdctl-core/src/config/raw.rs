@@ -230,10 +230,10 @@ mod key_tests {
         assert_eq!(super::key_at(text, 6).as_deref(), Some("rollout.drain_timeout"));
         assert_eq!(super::key_at(text, 2).as_deref(), Some("worker.unit"));
         assert_eq!(super::key_at(text, 5), None);
-        let e = super::parse_file(std::path::Path::new("c.toml"), text).err().expect("invalid");
+        let e = super::parse_file(std::path::Path::new("c.toml"), text).expect_err("invalid");
         assert_eq!(e.line, Some(6));
         assert!(e.msg.starts_with("rollout.drain_timeout: invalid type"), "{}", e.msg);
-        let e = super::parse_file(std::path::Path::new("c.toml"), &text.replace("drain_timeout = 3", "drain_timeout = \"3s\"")).err().expect("invalid");
+        let e = super::parse_file(std::path::Path::new("c.toml"), &text.replace("drain_timeout = 3", "drain_timeout = \"3s\"")).expect_err("invalid");
         assert!(e.msg.starts_with("verify.slo.unjudged: unknown variant `bogus`"), "{}", e.msg);
     }
 }
