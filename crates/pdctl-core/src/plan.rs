@@ -51,6 +51,13 @@ impl Plan {
         }
         Ok(Plan { workers })
     }
+
+    /// These units in this order (a resume's or a revert's, not the config's role order); an
+    /// unknown unit is an error, as for [`Plan::new`].
+    pub fn in_order(settings: &Settings, units: &[String]) -> Result<Plan, PlanError> {
+        let all = Plan::new(settings, units)?;
+        Ok(Plan { workers: units.iter().filter_map(|u| all.workers.iter().find(|w| w.unit == unit_name(u)).cloned()).collect() })
+    }
 }
 
 #[cfg(test)]

@@ -113,13 +113,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // before the unit was restarted, leaves every file where it is (the change was
                 // never tried; the operator or the next `rollout apply` decides).
                 let refused = matches!(f.step, Step::Slot | Step::Preflight);
-                if self.settings.rollout.on_failure == OnFailure::Rollback && refused && f.unit != ROUTER && f.unit != FLEET {
+                let rolls_back = self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET;
+                if rolls_back && refused {
                     notes.push(format!(
                         "{} was refused before anything restarted ({}): on_failure = \"rollback\" moved no file and reloaded nothing",
                         f.unit, f.cause_code
                     ));
-                }
-                if self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET && !refused {
+                } else if rolls_back {
                     let unit = f.unit.clone();
                     match self.rollback(&unit, ctx, dir, sink, &mut notes).await {
                         Ok(true) => summary.result = Outcome::RolledBack,

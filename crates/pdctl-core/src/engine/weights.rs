@@ -3,7 +3,8 @@
 //! all are paused — decodes first — with SGLang's `retract` mode (0.5.23 `scheduler.py`
 //! `pause_generation`: new requests wait at their admission, running ones stop and their KV is
 //! rebuilt under the weights served at the continue; a decode asks its prefill to recompute it)
-//! — decodes `in_place` when a prefill has an API key ([`IN_PLACE_NOTE`]); all load the new weights (`/update_weights_from_disk`, at once: while paused no
+//! — decodes `in_place` when a prefill has an API key ([`IN_PLACE_NOTE`]); all load the new
+//! weights (`/update_weights_from_disk`, at once: while paused no
 //! request runs anywhere); each must report them (`model_path`, and `weight_version` when one
 //! was given); all continue. Then each prefill/decode pair is probed straight, and each worker
 //! passes its health, router and metrics gates. No PD request can pair two versions — none
@@ -150,15 +151,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Decodes first: nothing new reaches a prefill's KV hand-off while it pauses.
         before.sort_by_key(|(w, _)| u8::from(w.role != Role::Decode));
         let pause_limit = self.settings.rollout.health_timeout;
-        let decode_pause = self.decode_pause_mode();
-        if decode_pause == PauseMode::InPlace && before.iter().any(|(w, _)| w.role == Role::Decode) {
+        if before.iter().any(|(w, _)| self.pause_mode(w) == PauseMode::InPlace) {
             notes.push(IN_PLACE_NOTE.to_string());
         }
         let mut paused: Vec<&Worker> = Vec::new();
         let mut steps = Vec::new();
         for (w, served) in &before {
             let s = StepRun::start(sink, &w.unit, Step::Weights);
-            let mode = if w.role == Role::Decode { decode_pause } else { PauseMode::Retract };
+            let mode = self.pause_mode(w);
             if let Err(e) = self.probes.pause(&w.url, mode, pause_limit).await {
                 let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
                 s.fail(&f);
@@ -334,10 +334,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             .map_err(|e| Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("its /model_info cannot be read ({e}): nothing was paused") }))
     }
 
-    /// How decodes are paused: `retract` (their requests in flight are recomputed under the new
-    /// weights), unless a prefill has an API key — then `in_place` (see [`IN_PLACE_NOTE`]).
-    fn decode_pause_mode(&self) -> PauseMode {
-        if self.settings.workers.iter().any(|w| w.role == Role::Prefill && w.api_key.is_some()) {
+    /// How `w` is paused: `retract` (its requests in flight are recomputed under the new
+    /// weights), except a decode when a prefill has an API key — then `in_place` (see
+    /// [`IN_PLACE_NOTE`]).
+    fn pause_mode(&self, w: &Worker) -> PauseMode {
+        if w.role == Role::Decode && self.settings.workers.iter().any(|p| p.role == Role::Prefill && p.api_key.is_some()) {
             PauseMode::InPlace
         } else {
             PauseMode::Retract
@@ -363,8 +364,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         for (w, (path, version)) in before.iter().filter(|(w, _)| loaded.iter().any(|l| l.unit == w.unit)) {
             let s = StepRun::start(sink, &w.unit, Step::Rollback);
             if running {
-                let mode = if w.role == Role::Decode { self.decode_pause_mode() } else { PauseMode::Retract };
-                if let Err(e) = self.probes.pause(&w.url, mode, self.settings.rollout.health_timeout).await {
+                if let Err(e) = self.probes.pause(&w.url, self.pause_mode(w), self.settings.rollout.health_timeout).await {
                     notes.push(format!("{} could not be paused to take its previous weights back ({e}): it still serves {}", w.unit, path));
                 }
             }

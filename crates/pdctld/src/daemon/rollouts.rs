@@ -297,8 +297,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
     }
     let reverify = if first == 1 { lead.len() } else { 0 };
     let order: Vec<String> = lead.into_iter().chain(rest).collect();
-    let all = Plan::new(&e.settings, &order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    let plan = Plan { workers: order.iter().filter_map(|u| all.workers.iter().find(|w| w.unit == *u).cloned()).collect() };
+    let plan = Plan::in_order(&e.settings, &order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
     let (allow_outage, load_changes) = (old.allow_outage, old.load_changes);
     old.lifecycle.resume(id).map_err(|_| wrong(old.lifecycle.state()))?;
     daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
@@ -363,8 +362,7 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
     if units.is_empty() {
         return Ok(Err(format!("nothing to revert: rollout {old_id} changed no worker's files (its restarts loaded what the workers already had)")));
     }
-    let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    let plan = Plan { workers: units.iter().filter_map(|u| plan.workers.iter().find(|w| w.unit == *u).cloned()).collect() };
+    let plan = Plan::in_order(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
     Ok(Ok(Planned {
         kind: RolloutKind::Revert,
         plan,
