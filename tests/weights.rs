@@ -553,3 +553,88 @@ fn an_empty_or_relative_model_path_is_refused_before_anything_pauses() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("Generation paused"), "nothing was paused");
     }
 }
+
+/// The runbook's config rollout of a new checkpoint on a 1P1D host (the servers started without
+/// `--tokenizer-path`): SGLang loads weights in place, not a tokenizer, so a drop-in that moves
+/// `--model-path` loads in place only when the tokenizer it resolves is the one the servers run.
+/// A checkpoint with another vocabulary: the diff and the refusal (`mixed_versions`, exit 2,
+/// nothing restarted) name the tokenizer, and the record says how to keep it. The same drop-in
+/// with the running tokenizer pinned (the runbook's way): loaded in place, nothing restarted.
+/// A checkpoint saved with the same tokenizer files, unpinned: loaded in place too; a later
+/// restart of the prefill from those files is no model change (the tokenizer files are the same)
+/// and no PD request decodes KV of another model after it (the simulator tells tokenizers by
+/// their files as well).
+#[test]
+fn a_new_checkpoint_in_the_units_loads_in_place_when_its_tokenizer_stays_and_the_refusal_names_it_when_not() {
+    let vocab = |v: u32| vec![("tokenizer.json".to_string(), format!("{{\"vocab\":{v}}}")), ("tokenizer_config.json".to_string(), "{}".to_string())];
+    let opts = StackOptions { model_files: vocab(1), ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let models = stack.sandbox.dir().join("models");
+    let start = models.join("dsv4").display().to_string();
+    let checkpoint = |name: &str, v: u32| {
+        let dir = models.join(name);
+        std::fs::create_dir_all(&dir).expect("checkpoint");
+        for (f, c) in vocab(v) {
+            std::fs::write(dir.join(f), c).expect("tokenizer file");
+        }
+        std::fs::write(dir.join("model.safetensors"), name).expect("weights");
+        dir.display().to_string()
+    };
+    let (other_vocab, fine_tune) = (checkpoint("dsv4-v2", 2), checkpoint("dsv4-ft-1127", 1));
+    let change = |extra: &[&str]| {
+        for (unit, w) in [(P, &stack.prefill), (D, &stack.decode)] {
+            let exec = stack.worker_unit(w, &opts, &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+            let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+            stack.drop_in(unit, "50-new-model", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
+        }
+    };
+    let before = runs(&stack);
+
+    // Another vocabulary under the new path: a restart of a model change, refused on 1P1D.
+    change(&["--model-path", &other_vocab]);
+    let (code, out) = human(&d, &config, &["rollout", "diff"]);
+    assert!(
+        code == 0
+            && out.contains(&format!("its tokenizer (no --tokenizer-path: it follows --model-path) changes {start} → {other_vocab} (tokenizer.json differ")),
+        "{code}: {out}"
+    );
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    assert_eq!(r.code, 2, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!(f["cause_code"].as_str(), Some("mixed_versions"), "{f:#}");
+    assert!(f["cause"].as_str().unwrap_or("").contains(&format!("--tokenizer-path {start} → {other_vocab}")), "the flag is named: {f:#}");
+    let id = r.summary["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    let notes = rec["notes"].to_string();
+    assert!(notes.contains(&format!("keep the tokenizer it runs (--tokenizer-path {start})")), "{rec:#}");
+    assert_eq!(runs(&stack), before, "nothing was restarted");
+
+    // The runbook's way: the running tokenizer pinned in the same drop-in.
+    change(&["--model-path", &other_vocab, "--tokenizer-path", &start]);
+    let (code, out) = human(&d, &config, &["rollout", "diff"]);
+    assert!(code == 0 && out.contains(&format!("rollout apply loads {other_vocab} in place into all 2 workers at once")), "{code}: {out}");
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(runs(&stack), before, "loaded in place, nothing restarted");
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        assert_eq!(model_info(url)["model_path"], other_vocab.as_str());
+    }
+
+    // A checkpoint saved with the same tokenizer files, unpinned: in place too.
+    change(&["--model-path", &fine_tune]);
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert!(r.events.iter().any(|e| e["step"] == "weights" && e["status"] == "passed"), "loaded in place");
+    assert_eq!(runs(&stack), before, "nothing restarted");
+    // Restarted from those files, the prefill computes with what the decode runs.
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], LIMIT);
+    assert_eq!(r.code, 0, "the same tokenizer under another path is no model change: {:#}\n{}", r.summary, r.stderr);
+    assert_eq!(model_info(&stack.prefill.url)["model_path"], fine_tune.as_str());
+    let router = stack.router.as_ref().expect("router").url.clone();
+    let (decoded, _) = pd_counts(&stack);
+    let load = pdctl_tests::Load::start(&router, 10.0, 4);
+    let flowed = pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pd_counts(&stack).0 >= decoded + 10.0);
+    let (sent, failed) = load.stop();
+    assert!(flowed, "PD requests decoded after the restart ({sent} sent, {failed} failed)");
+    assert_eq!(pd_counts(&stack).1, 0.0, "no PD request decoded KV of another model");
+}

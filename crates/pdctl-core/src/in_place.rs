@@ -3,11 +3,17 @@
 //! restart: every file of the worker is the same as in the revision it runs, but for its
 //! `ExecStart=` lines (a drop-in that only sets `ExecStart` may be new), and the command
 //! systemd runs from them differs only in the values of `--model-path` (`--model`) and
-//! `--weight-version`. Any other difference — another flag, an environment line, another
-//! setting — needs a restart. Pure.
+//! `--weight-version` — and in how its tokenizer is named, as long as it stays the same one. Any
+//! other difference — another flag, an environment line, another setting — needs a restart, and
+//! the reason names it. Pure: whether two tokenizer paths hold the same tokenizer is asked of the
+//! caller ([`crate::tokenizer::same`] on the host).
 //!
-//! A new model path loads in place only with the tokenizer pinned (`--tokenizer-path`): SGLang
-//! loads weights, not a tokenizer, so one that follows the model path would stay the old one.
+//! The tokenizer: SGLang loads weights in place, not a tokenizer, so a load keeps the one the
+//! server started with — `--tokenizer-path`, or else its start's `--model-path`. The new files
+//! may leave it unpinned (it then follows the new `--model-path`) or pin it
+//! (`--tokenizer-path`); either loads in place when the tokenizer they resolve is the one that
+//! runs: the same path, or the same tokenizer files. Otherwise the change is a new tokenizer:
+//! a restart, rolled as any model change is (a coherent switch, or refused as `mixed_versions`).
 //!
 //! What a successful in-place load leaves (0.5.23 `managers/tokenizer_manager.py`
 //! `_update_model_path_info`): `/model_info` reports the new `model_path` and `weight_version`
@@ -18,8 +24,9 @@ use std::collections::BTreeMap;
 
 use crate::revisions::Revision;
 
-/// The flags an in-place load changes.
-pub const IN_PLACE_FLAGS: &[&str] = &["--model-path", "--model", "--weight-version"];
+/// The flags an in-place load changes, and the tokenizer's (which may be named otherwise as long
+/// as it resolves the same).
+pub const IN_PLACE_FLAGS: &[&str] = &["--model-path", "--model", "--weight-version", "--tokenizer-path"];
 
 /// The weights a worker's new files ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,9 +139,52 @@ pub fn effective_argv(rev: &Revision) -> Result<Option<Vec<String>>, String> {
     Ok(exec.first().and_then(|l| l.strip_prefix("ExecStart=")).map(|cmd| cmd.split_whitespace().map(String::from).collect()))
 }
 
+/// The flags of a command line's words with their values (`--flag value`, `--flag=value`; a
+/// flag followed by another flag, or last, has none), in order; words before the first flag (the
+/// program) under "".
+fn flags(words: &[String]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut it = words.iter().peekable();
+    while let Some(w) = it.next() {
+        if let Some((n, v)) = w.split_once('=').filter(|(n, _)| n.starts_with("--")) {
+            out.push((n.to_string(), v.to_string()));
+        } else if w.starts_with("--") {
+            let v = it.next_if(|n| !n.starts_with("--")).cloned().unwrap_or_default();
+            out.push((w.clone(), v));
+        } else {
+            match out.last_mut() {
+                Some(last) => last.1 = format!("{} {w}", last.1).trim().to_string(),
+                None => out.push((String::new(), w.clone())),
+            }
+        }
+    }
+    out
+}
+
+/// The first flag that differs between two command lines, said as a change
+/// ("--dtype bfloat16 → float16", "--quantization fp8 added", "--program changes").
+fn first_change(old: &[String], new: &[String]) -> String {
+    let (a, b) = (flags(old), flags(new));
+    let show = |v: &str| if v.is_empty() { String::new() } else { format!(" {v}") };
+    for (n, v) in &b {
+        match a.iter().find(|(m, _)| m == n) {
+            None if n.is_empty() => return format!("its program ({v})"),
+            None => return format!("{n}{} added", show(v)),
+            Some((_, w)) if w != v && n.is_empty() => return format!("its program ({w} → {v})"),
+            Some((_, w)) if w != v => return format!("{n}{} →{}", show(w), show(v)),
+            Some(_) => {}
+        }
+    }
+    match a.iter().find(|(m, _)| !b.iter().any(|(n, _)| n == m)) {
+        Some((n, v)) => format!("{n}{} removed", show(v)),
+        None => "the order of its flags".into(),
+    }
+}
+
 /// What `new` asks a worker running `old` to load, when that is all that changes; `Err`: why it
-/// needs a restart (one sentence).
-pub fn target(old: &Revision, new: &Revision) -> Result<Target, String> {
+/// needs a restart (one sentence that names the flag or line). `same_tokenizer(a, b)` tells
+/// whether two tokenizer paths hold the same tokenizer (`Err`: why not).
+pub fn target(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str) -> Result<(), String>) -> Result<Target, String> {
     let (old_exec, old_rest) = read(old)?;
     let (new_exec, new_rest) = read(new)?;
     let paths: std::collections::BTreeSet<&String> = old_rest.keys().chain(new_rest.keys()).collect();
@@ -150,19 +200,23 @@ pub fn target(old: &Revision, new: &Revision) -> Result<Target, String> {
     };
     let (Some((ar, av)), Some((br, bv))) = (split_exec(a), split_exec(b)) else { return Err("its ExecStart does not read".into()) };
     if ar != br {
-        return Err("its ExecStart changes more than --model-path and --weight-version".into());
-    }
-    if av == bv {
-        return Err("its ExecStart's weights do not change".into());
+        return Err(format!("its ExecStart changes {} besides --model-path and --weight-version: only new weights load in place", first_change(&ar, &br)));
     }
     let Some(model_path) = bv.get("--model-path").filter(|p| !p.is_empty()).cloned() else {
         return Err("its new ExecStart names no --model-path".into());
     };
-    // SGLang loads weights in place, not a tokenizer: one that follows the model path would
-    // stay the old one until a restart.
-    let pinned = br.iter().any(|w| w == "--tokenizer-path" || w.starts_with("--tokenizer-path="));
-    if av.get("--model-path") != Some(&model_path) && !pinned {
-        return Err("its tokenizer follows --model-path (no --tokenizer-path): a load in place would keep the old one; give --tokenizer-path to load new weights in place".into());
+    let weights = |v: &BTreeMap<String, String>| (v.get("--model-path").cloned(), v.get("--weight-version").cloned());
+    if weights(&av) == weights(&bv) {
+        return Err("its ExecStart's weights do not change".into());
+    }
+    // The tokenizer the server runs (it keeps its start's) and the one the new files resolve.
+    let tokenizer = |v: &BTreeMap<String, String>| v.get("--tokenizer-path").or(v.get("--model-path")).cloned().unwrap_or_default();
+    let (running, asked) = (tokenizer(&av), tokenizer(&bv));
+    if let Err(why) = same_tokenizer(&running, &asked) {
+        let named = if bv.contains_key("--tokenizer-path") { "--tokenizer-path" } else { "its tokenizer (no --tokenizer-path: it follows --model-path)" };
+        return Err(format!(
+            "{named} changes {running} → {asked} ({why}): SGLang loads weights in place, not a tokenizer, so this is a restart; to load in place keep the tokenizer it runs (--tokenizer-path {running})"
+        ));
     }
     Ok(Target { model_path, version: bv.get("--weight-version").cloned() })
 }
@@ -227,36 +281,70 @@ mod tests {
         assert!(read(&old).is_ok());
         let new =
             rev(&[("/u", UNIT), ("/u.d/50.conf", "[Service]\nExecStart=\nExecStart=x --model=/m/b --port 1 --tokenizer-path=/m/tok --weight-version v2\n")]);
-        assert_eq!(target(&old, &new), Ok(Target { model_path: "/m/b".into(), version: Some("v2".into()) }));
+        assert_eq!(target(&old, &new, by_path), Ok(Target { model_path: "/m/b".into(), version: Some("v2".into()) }));
         // A new drop-in that only replaces ExecStart (what `systemctl edit` writes).
         let new = rev(&[("/u", UNIT), ("/u.d/60.conf", "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m/b --tokenizer-path /m/tok --port 1 --disaggregation-mode prefill\n")]);
-        assert_eq!(target(&rev(&[("/u", UNIT)]), &new).map(|t| t.model_path), Ok("/m/b".to_string()));
+        assert_eq!(target(&rev(&[("/u", UNIT)]), &new, by_path).map(|t| t.model_path), Ok("/m/b".to_string()));
         // One that adds a second ExecStart (systemd would run both) is not one command.
         let new = rev(&[("/u", UNIT), ("/u.d/60.conf", "[Service]\nExecStart=x --model-path /m/b\n")]);
-        assert!(target(&rev(&[("/u", UNIT)]), &new).unwrap_err().contains("not one command"));
+        assert!(target(&rev(&[("/u", UNIT)]), &new, by_path).unwrap_err().contains("not one command"));
         // Across a continuation line too.
         let cont = UNIT.replace(" --port 1", " \\\n  --port 1");
         let new = rev(&[("/u", &cont.replace("/m/a", "/m/b"))]);
-        assert_eq!(target(&rev(&[("/u", &cont)]), &new).map(|t| t.model_path), Ok("/m/b".to_string()));
+        assert_eq!(target(&rev(&[("/u", &cont)]), &new, by_path).map(|t| t.model_path), Ok("/m/b".to_string()));
+    }
+
+    /// Tokenizers judged by path alone (the host's files are [`crate::tokenizer::same`]'s).
+    fn by_path(a: &str, b: &str) -> Result<(), String> {
+        if a == b {
+            Ok(())
+        } else {
+            Err("other files".into())
+        }
     }
 
     #[test]
-    fn any_other_change_needs_a_restart_and_says_which() {
+    fn any_other_change_needs_a_restart_and_names_the_flag() {
         let old = rev(&[("/u", UNIT)]);
-        let e = target(&old, &rev(&[("/u", &UNIT.replace("--port 1", "--port 2").replace("/m/a", "/m/b"))])).unwrap_err();
-        assert!(e.contains("more than --model-path"), "{e}");
-        let e = target(&old, &rev(&[("/u", &UNIT.replace("Restart=no", "Restart=on-failure"))])).unwrap_err();
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("--port 1", "--port 2").replace("/m/a", "/m/b"))]), by_path).unwrap_err();
+        assert!(e.contains("changes --port 1 → 2 besides --model-path"), "{e}");
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("/m/a", "/m/b --dtype float16"))]), by_path).unwrap_err();
+        assert!(e.contains("--dtype float16 added"), "{e}");
+        let e = target(&old, &rev(&[("/u", &UNIT.replace(" --disaggregation-mode prefill", ""))]), by_path).unwrap_err();
+        assert!(e.contains("--disaggregation-mode prefill removed"), "{e}");
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("Restart=no", "Restart=on-failure"))]), by_path).unwrap_err();
         assert!(e.contains("Restart=on-failure"), "{e}");
-        let e = target(&old, &rev(&[("/u", UNIT), ("/e", "A=1")])).unwrap_err();
+        let e = target(&old, &rev(&[("/u", UNIT), ("/e", "A=1")]), by_path).unwrap_err();
         assert!(e.contains("/e changes more") && e.contains("A=1"), "{e}");
-        assert!(target(&old, &old).unwrap_err().contains("do not change"));
-        // A tokenizer that follows the model path would stay the old one: restarted.
+        assert!(target(&old, &old, by_path).unwrap_err().contains("do not change"));
+        // A new version of the same path: the tokenizer stays.
         let free = UNIT.replace(" --tokenizer-path /m/tok", "");
-        let e = target(&rev(&[("/u", &free)]), &rev(&[("/u", &free.replace("/m/a", "/m/b"))])).unwrap_err();
-        assert!(e.contains("give --tokenizer-path"), "{e}");
-        // A new version of the same path needs no tokenizer pinned.
         let v2 = free.replace("/m/a", "/m/a --weight-version v2");
-        assert_eq!(target(&rev(&[("/u", &free)]), &rev(&[("/u", &v2)])).map(|t| t.version), Ok(Some("v2".to_string())));
+        assert_eq!(target(&rev(&[("/u", &free)]), &rev(&[("/u", &v2)]), by_path).map(|t| t.version), Ok(Some("v2".to_string())));
+    }
+
+    #[test]
+    fn a_new_path_loads_in_place_when_its_tokenizer_resolves_to_the_one_that_runs() {
+        let free = UNIT.replace(" --tokenizer-path /m/tok", "");
+        let old = rev(&[("/u", &free)]);
+        // Unpinned, it follows the new path: in place when that path holds the same tokenizer.
+        let moved = rev(&[("/u", &free.replace("/m/a", "/m/b"))]);
+        let same_files = |_: &str, _: &str| Ok(());
+        assert_eq!(target(&old, &moved, same_files).map(|t| t.model_path), Ok("/m/b".to_string()));
+        let e = target(&old, &moved, by_path).unwrap_err();
+        assert!(e.starts_with("its tokenizer (no --tokenizer-path: it follows --model-path) changes /m/a → /m/b (other files)"), "{e}");
+        assert!(e.contains("keep the tokenizer it runs (--tokenizer-path /m/a)"), "{e}");
+        // The runbook's way: the new files pin the tokenizer the server started with.
+        let pinned = rev(&[("/u", &free.replace("--model-path /m/a", "--model-path /m/b --tokenizer-path /m/a"))]);
+        assert_eq!(target(&old, &pinned, by_path).map(|t| t.model_path), Ok("/m/b".to_string()));
+        // Pinned to another tokenizer: a restart, and the flag is named.
+        let other = rev(&[("/u", &UNIT.replace("/m/a", "/m/b").replace("/m/tok", "/m/tok2"))]);
+        let e = target(&rev(&[("/u", UNIT)]), &other, by_path).unwrap_err();
+        assert!(e.starts_with("--tokenizer-path changes /m/tok → /m/tok2"), "{e}");
+        // A pinned tokenizer dropped while it is the model path's: the same tokenizer.
+        let unpin = rev(&[("/u", &UNIT.replace("/m/tok", "/m/a").replace("--model-path /m/a", "--model-path /m/a --weight-version v3"))]);
+        let back = rev(&[("/u", &free.replace("--model-path /m/a", "--model-path /m/a --weight-version v4"))]);
+        assert_eq!(target(&unpin, &back, by_path).map(|t| t.version), Ok(Some("v4".to_string())));
     }
 
     #[test]

@@ -35,5 +35,6 @@ pub mod slo;
 pub mod state_file;
 pub mod stop;
 pub mod storm;
+pub mod tokenizer;
 pub mod url;
 pub mod window;

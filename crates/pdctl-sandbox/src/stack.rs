@@ -34,6 +34,9 @@ pub struct StackOptions {
     /// A `config.json` for the simulated model directory (e.g. a DeepSeek-V4 architecture,
     /// whose page size SGLang 0.5.23 resolves to 256 whatever `--page-size` says).
     pub model_config: Option<String>,
+    /// Files written into the model directory before the servers start (name, contents): a
+    /// tokenizer's files, for a test of which tokenizer a path resolves to.
+    pub model_files: Vec<(String, String)>,
     /// Extra `sglang-sim` flags for the prefill unit (e.g. `--sim-version 0.5.6`).
     pub prefill_args: Vec<String>,
     /// Extra `sglang-sim` flags for the decode unit.
@@ -86,6 +89,7 @@ impl Default for StackOptions {
             server: Server::Sim,
             kill_mode: "mixed",
             model_config: None,
+            model_files: Vec::new(),
             prefill_args: Vec::new(),
             decode_args: Vec::new(),
             load_secs: 1.5,
@@ -269,6 +273,9 @@ impl Stack {
         let sandbox = Sandbox::start()?;
         let model_dir = sandbox.dir().join("models/dsv4");
         std::fs::create_dir_all(&model_dir).map_err(|e| SandboxError::Io { what: "create the model directory".into(), source: e })?;
+        for (name, contents) in &opts.model_files {
+            std::fs::write(model_dir.join(name), contents).map_err(|e| SandboxError::Io { what: format!("write the model's {name}"), source: e })?;
+        }
         if let Some(c) = &opts.model_config {
             std::fs::write(model_dir.join("config.json"), c).map_err(|e| SandboxError::Io { what: "write the model's config.json".into(), source: e })?;
         }

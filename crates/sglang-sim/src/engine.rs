@@ -88,9 +88,10 @@ pub struct Weights {
     pub served_model_name: String,
     /// `weight_version` in `/model_info`.
     pub version: String,
-    /// The startup flags besides the path that change what the model computes (a pinned
-    /// tokenizer, a quantization, a dtype, a revision, a load format), as `--flag=value`
-    /// joined; a weight update keeps them.
+    /// What besides the path changes what the model computes, fixed at start: its tokenizer
+    /// (`--tokenizer-path`, else the start's model path — a weight update keeps it; identified
+    /// by its tokenizer files where the path holds any, so the same tokenizer under another path
+    /// is the same), then a quantization, a dtype, a revision, a load format as `--flag=value`.
     pub build: String,
     /// Weights loaded by an update whose cache flush was refused (0.5.23: the model runner
     /// computes with them, `/model_info` still reports the ones before): what computes now.
@@ -98,7 +99,20 @@ pub struct Weights {
 }
 
 /// The flags [`Weights::build`] is made of.
-const BUILD_FLAGS: &[&str] = &["--tokenizer-path", "--quantization", "--dtype", "--revision", "--load-format"];
+const BUILD_FLAGS: &[&str] = &["--quantization", "--dtype", "--revision", "--load-format"];
+
+/// The tokenizer files compared (the ones `AutoTokenizer.from_pretrained` reads).
+const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+];
 
 impl Weights {
     /// Which model computes with these weights: the path, the version and the build flags (a
@@ -109,8 +123,28 @@ impl Weights {
     }
 
     /// The build flags of a configuration ([`Weights::build`]).
-    pub fn build_of(given: &std::collections::BTreeMap<String, String>) -> String {
-        BUILD_FLAGS.iter().filter_map(|f| given.get(*f).map(|v| format!(" {f}={v}"))).collect()
+    pub fn build_of(given: &std::collections::BTreeMap<String, String>, model_path: &str) -> String {
+        let tokenizer = given.get("--tokenizer-path").map_or(model_path, String::as_str);
+        let flags: String = BUILD_FLAGS.iter().filter_map(|f| given.get(*f).map(|v| format!(" {f}={v}"))).collect();
+        format!(" tokenizer={}{flags}", Self::tokenizer_identity(tokenizer))
+    }
+
+    /// A tokenizer by its files' contents where `path` holds any, else by its path.
+    fn tokenizer_identity(path: &str) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut any = false;
+        for name in TOKENIZER_FILES {
+            if let Ok(bytes) = std::fs::read(std::path::Path::new(path).join(name)) {
+                (name, bytes).hash(&mut h);
+                any = true;
+            }
+        }
+        if any {
+            format!("files:{:016x}", h.finish())
+        } else {
+            path.trim_end_matches('/').to_string()
+        }
     }
 }
 
@@ -161,7 +195,7 @@ impl Engine {
                     model_path: cfg.model_path.clone(),
                     served_model_name: cfg.served_model_name.clone(),
                     version: cfg.weight_version.clone(),
-                    build: Weights::build_of(&cfg.given),
+                    build: Weights::build_of(&cfg.given, &cfg.model_path),
                     unreported: None,
                 },
                 mixed_versions: 0,
@@ -752,6 +786,26 @@ mod tests {
         assert_eq!(counts, (2, 1));
         fp8.load_weights("m2", Some("v2"));
         assert!(fp8.weights().identity().ends_with(" --quantization=fp8"), "{}", fp8.weights().identity());
+    }
+
+    #[test]
+    fn a_load_keeps_the_tokenizer_and_the_same_tokenizer_files_under_another_path_are_the_same_model() {
+        let root = std::env::temp_dir().join(format!("sim-tok-{}", std::process::id()));
+        let dir = |name: &str, vocab: &str| {
+            let d = root.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("tokenizer.json"), vocab).unwrap();
+            d.display().to_string()
+        };
+        let (a, b, c) = (dir("a", "v1"), dir("b", "v1"), dir("c", "v2"));
+        // Started on a, loaded b in place: computes with b's weights and a's tokenizer.
+        let loaded = engine(&format!("--model-path {a}"));
+        loaded.load_weights(&b, None);
+        let restarted = |flags: &str| engine(flags).weights().identity();
+        assert_eq!(loaded.weights().identity(), restarted(&format!("--model-path {b}")), "b's tokenizer files are a's");
+        assert_eq!(loaded.weights().identity(), restarted(&format!("--model-path {b} --tokenizer-path {a}")), "pinned to the one it runs");
+        assert_ne!(loaded.weights().identity(), restarted(&format!("--model-path {b} --tokenizer-path {c}")), "another vocabulary");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

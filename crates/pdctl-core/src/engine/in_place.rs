@@ -37,7 +37,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let t = match (self.units.config(unit).await, revisions::load(dir, unit)) {
                 (Ok(cfg), Some(last)) => {
                     let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
-                    target(&last, &current)
+                    // The tokenizer files are read off the async threads.
+                    tokio::task::spawn_blocking(move || target(&last, &current, crate::tokenizer::same))
+                        .await
+                        .unwrap_or_else(|e| Err(format!("its files could not be compared ({e})")))
                 }
                 (Err(e), _) => Err(format!("its unit cannot be read ({e})")),
                 (_, None) => Err("the files it runs are not on record".into()),

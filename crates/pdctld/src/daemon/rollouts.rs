@@ -60,6 +60,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
                 reverify: 0,
                 restore: None,
                 weights: None,
+                notes: Vec::new(),
             }
         }
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
@@ -89,6 +90,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
                 reverify: 0,
                 restore: None,
                 weights: Some((model_path, version, fleet_rollout)),
+                notes: Vec::new(),
             }
         }
         Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
@@ -111,6 +113,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         // A config rollout loading in place says so from its start (a resume refuses it).
         r.in_place = p.kind == RolloutKind::Apply && p.weights.is_some();
         r.started_by = Some(by);
+        r.notes.extend(p.notes.iter().cloned());
         daemon.store.save(&r).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     }
     guard.armed = false;
@@ -207,6 +210,8 @@ struct Planned {
     /// A weights rollout: the checkpoint, its version, and the fleet rollout it is this host's
     /// part of.
     weights: Option<Weights>,
+    /// Said in the record from its start (a config rollout: why it restarts rather than loads).
+    notes: Vec<String>,
 }
 
 /// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
@@ -236,6 +241,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
     }
     let reasons = stale.into_iter().map(|w| (w.unit, w.reasons)).collect();
     // New weights only: loaded into the running servers, not restarted (`[rollout] in_place`).
+    let mut notes = Vec::new();
     let weights = match e.in_place_target(dir, &chosen).await {
         Ok(t) => {
             tracing::info!("rollout apply: the change is new weights only ({}): loaded in place, nothing restarts", pdctl_core::in_place::show(&t));
@@ -243,10 +249,16 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
         }
         Err(why) => {
             tracing::info!("rollout apply restarts the workers (not loadable in place: {why})");
+            // Why a PD change restarts is said on the record (a refusal that follows, such as
+            // mixed_versions, then shows what would have let it load in place).
+            let pd = plan.workers.iter().any(|w| w.role != pdctl_core::config::Role::Regular);
+            if pd && e.settings.rollout.in_place != pdctl_core::config::InPlace::Never {
+                notes.push(format!("restarted, not loaded in place: {why}"));
+            }
             None
         }
     };
-    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: 0, restore: None, weights }))
+    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: 0, restore: None, weights, notes }))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
@@ -312,6 +324,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
         reverify,
         restore: None,
         weights: None,
+        notes: Vec::new(),
     })
 }
 
@@ -373,6 +386,7 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
         reverify: 0,
         restore: Some(restore),
         weights: None,
+        notes: Vec::new(),
     }))
 }
 

@@ -265,7 +265,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             extra.extend(crate::coherence::given_flags(argv));
             extra.extend(running.asked.iter().flat_map(|a| crate::coherence::given_flags(a)));
         }
-        let changes = crate::coherence::changes(argv, &running, &extra);
+        let changes = model_changes(argv, &running, &extra).await;
         if changes.is_empty() {
             return Ok(None);
         }
@@ -293,7 +293,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let serving: Vec<&&Worker> = peers.iter().filter(|p| !held(&p.unit)).collect();
         let mut all_new = !serving.is_empty();
         for p in &serving {
-            all_new &= self.computes_with(&p.url).await.is_some_and(|i| crate::coherence::changes(argv, &i, &extra).is_empty());
+            all_new &= match self.computes_with(&p.url).await {
+                Some(i) => model_changes(argv, &i, &extra).await.is_empty(),
+                None => false,
+            };
         }
         if all_new {
             return Ok(Some((
@@ -523,4 +526,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         Ok(json!(checked))
     }
+}
+
+/// [`crate::coherence::changes`], less a tokenizer named by another path that holds the same
+/// tokenizer files ([`crate::tokenizer::same`], read off the async threads): after new weights
+/// were loaded in place with the tokenizer unpinned, the files name the new path's tokenizer
+/// while the server runs its start's — the same one when the files are the same.
+async fn model_changes(argv: &[String], running: &crate::coherence::Running, extra: &[String]) -> Vec<crate::coherence::FlagChange> {
+    let mut out = crate::coherence::changes(argv, running, extra);
+    if let Some(i) = out.iter().position(|c| c.flag == "--tokenizer-path") {
+        let (a, b) = (out[i].running.clone(), out[i].new.clone());
+        if tokio::task::spawn_blocking(move || crate::tokenizer::same(&a, &b)).await.is_ok_and(|r| r.is_ok()) {
+            out.remove(i);
+        }
+    }
+    out
 }
