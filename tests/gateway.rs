@@ -377,6 +377,13 @@ fn together_restarts_a_1p1d_pair_at_once_and_verifies_both() {
     let (stack, config, d) = up(StackOptions::default());
     std::fs::write(config.parent().unwrap().join("config.d/50-together.toml"), "[rollout]\nsingle_pair = \"together\"\n").unwrap();
     let (p0, d0) = (stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap());
+    // The human dry run says how: both at once, one interruption.
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let out =
+        std::process::Command::new(bin).args(["restart", "--rolling", "--dry-run", "--config"]).arg(&config).arg("--socket").arg(&d.socket).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    assert!(text.contains(&format!("{P} is the only prefill worker: restarted together with {D} (single_pair = \"together\"): serving stops once")), "{text}");
+    assert!(!text.contains('\u{1b}'), "no colour codes into a pipe: {text:?}");
     let r = run(&d, &config, &["restart", "--rolling", "--json"]);
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     for u in [P, D] {
@@ -697,4 +704,38 @@ fn availability_counts_every_window_the_unprobed_time_and_the_gateways_own_failu
         answered >= sent && gw_failed >= failed && gw_failed > 0,
         "the gateway's own count covers every client's: {g} against {sent} sent, {failed} failed"
     );
+}
+
+/// `single_pair = "together"` under a load of long requests (2 s of decoding each, 4 per second:
+/// the decode always busy, so its drain waits for its requests; the prefill, idle between
+/// prefills, has its drain deferred to its stop). Neither half stops before the other's drain
+/// ended: a prefill stopped while its decode still drains would cut the requests whose KV it
+/// serves, and the decode's drain would count them until `drain_timeout`. Both restart, the
+/// decode's drain ends with nothing left, in time.
+#[test]
+fn together_stops_neither_half_while_the_other_still_drains() {
+    let (stack, config, d) = up(StackOptions::default());
+    std::fs::write(config.parent().unwrap().join("config.d/50-together.toml"), "[rollout]\nsingle_pair = \"together\"\n").unwrap();
+    let router = stack.router.as_ref().unwrap().url.clone();
+    let load = pdctl_tests::Load::start(&router, 4.0, 400);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let running = || {
+        rt.block_on(async {
+            let v: serde_json::Value = pdctl_tests::http().get(format!("{}/v1/loads", stack.decode.url)).send().await.ok()?.json().await.ok()?;
+            v["loads"][0]["num_running_reqs"].as_u64()
+        })
+    };
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(100), || running().is_some_and(|n| n >= 4)), "the decode runs the load");
+    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    let _ = load.stop();
+    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
+    let drain = r.events.iter().find(|e| e["unit"] == D && e["step"] == "drain" && e["status"] == "passed").expect("the decode's drain");
+    assert!(
+        drain["detail"]["in_flight_at_start"].as_u64().is_some_and(|n| n > 0),
+        "the decode was drained before its stop, with requests to wait for (else this test observes nothing): {drain:#}"
+    );
+    assert_eq!((drain["detail"]["in_flight_left"].as_u64(), drain["detail"]["timed_out"].as_bool()), (Some(0), Some(false)), "{drain:#}");
+    for (a, b) in [(P, D), (D, P)] {
+        assert!(r.index(a, "restart", "started").unwrap() > r.index(b, "drain", "passed").unwrap(), "{a} stopped only after {b}'s drain ended");
+    }
 }

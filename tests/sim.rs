@@ -210,6 +210,26 @@ async fn gauges_are_lazy_and_kv_accounting_holds_with_requests_in_flight() {
     assert_eq!(val("sglang:kv_used_tokens") + val("sglang:kv_available_tokens") + val("sglang:kv_evictable_tokens"), 10000.0);
 }
 
+/// A request whose client goes away midway leaves the running batch (SGLang aborts a disconnected
+/// request), instead of being counted in `/v1/loads` until the server stops: a drain that reads
+/// the load would otherwise wait for a request nobody waits for.
+#[tokio::test]
+async fn a_request_whose_client_went_away_is_no_longer_counted_in_flight() {
+    let mut sim = SimProc::spawn(&["--skip-server-warmup", "--sim-tokens-per-sec", "50"]);
+    sim.wait_line("fired up", T).expect("ready");
+    let url = sim.url();
+    let running = || async {
+        let v: Value = http().get(format!("{}/v1/loads", sim.url())).send().await.ok()?.json().await.ok()?;
+        v["loads"][0]["num_running_reqs"].as_u64()
+    };
+    // 1,000 tokens at 50/s: 20 s; the client gives up after it has started.
+    let client = reqwest::Client::builder().timeout(Duration::from_millis(1500)).build().expect("client");
+    let gone = client.post(format!("{url}/generate")).json(&json!({"text": "hi", "sampling_params": {"max_new_tokens": 1000}})).send().await;
+    assert!(gone.is_err(), "the client timed out: {gone:?}");
+    let left = poll_until(T, Duration::from_millis(50), || async { running().await.filter(|n| *n == 0) }).await;
+    assert_eq!(left, Some(0), "the abandoned request left the running batch");
+}
+
 #[tokio::test]
 async fn decode_publishes_on_the_idle_path() {
     let mut sim = SimProc::spawn(&["--enable-metrics", "--disaggregation-mode", "decode", "--sim-idle-publish-secs", "1"]);

@@ -164,8 +164,10 @@ pub fn risks(unit: &str, timeout_stop: Option<Duration>, drain_timeout: Duration
     let mut out = Vec::new();
     if let Some(b) = bootstrap_timeout.filter(|b| *b + WATCHDOG_PERIOD > t) {
         out.push(format!(
-            "{unit}: a stop waits for rooms held for a decode up to SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={}, longer than TimeoutStopSec={}: if a decode dies with rooms held, systemd SIGKILLs this prefill with work in flight; set TimeoutStopSec={} or a shorter bootstrap timeout",
+            "{unit}: a stop waits for rooms held for a decode up to SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={} and then SGLang's next {} s drain check ({} in all), longer than TimeoutStopSec={}: if a decode dies with rooms held, systemd SIGKILLs this prefill with work in flight; set TimeoutStopSec={} or a shorter bootstrap timeout",
             secs(b),
+            WATCHDOG_PERIOD.as_secs(),
+            secs(b + WATCHDOG_PERIOD),
             secs(t),
             secs(b + WATCHDOG_PERIOD + Duration::from_secs(5))
         ));
@@ -285,10 +287,15 @@ mod tests {
         let r = risks("p.service", Some(Duration::from_secs(90)), Duration::from_secs(60), Some(Duration::from_secs(300)));
         assert_eq!(r.len(), 1, "{r:?}");
         assert!(
-            r[0].contains("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300s, longer than TimeoutStopSec=90s") && r[0].contains("TimeoutStopSec=310s"),
+            r[0].contains("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300s and then SGLang's next 5 s drain check (305s in all), longer than TimeoutStopSec=90s")
+                && r[0].contains("TimeoutStopSec=310s"),
             "{}",
             r[0]
         );
+        // 8 s of bootstrap timeout is shorter than a 10 s stop, but not with the drain check
+        // after it: the sentence says the sum it compares, never "8s, longer than 10s".
+        let r = risks("p.service", Some(Duration::from_secs(10)), Duration::from_secs(5), Some(Duration::from_secs(8)));
+        assert!(r[0].contains("(13s in all), longer than TimeoutStopSec=10s"), "{}", r[0]);
         assert!(risks("d.service", Some(Duration::from_secs(90)), Duration::from_secs(60), None).is_empty());
         assert!(risks("d.service", Some(Duration::from_secs(3)), Duration::from_secs(60), None)[0].contains("watchdog"));
         assert!(risks("d.service", Some(Duration::from_secs(30)), Duration::from_secs(60), None)[0].contains("drain_timeout (60s)"));

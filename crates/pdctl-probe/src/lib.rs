@@ -439,15 +439,28 @@ pub async fn fetch_metrics(http: &Http, url: &str) -> Result<String, MetricsProb
 
 /// [`Router::responses`] of one scrape.
 pub fn responses_in(e: &prom::Exposition) -> Option<(f64, f64)> {
-    const NAME: &str = "smg_http_responses_total";
+    const RESPONSES: &str = "smg_http_responses_total";
+    const REQUESTS: &str = "smg_http_requests_total";
     // Clients' inference requests only: not the control plane (`/workers`, `/health`, …).
-    let inference = |s: &&prom::Sample| s.label("path").is_some_and(|p| p == "/generate" || p.starts_with("/v1/"));
-    let series: Vec<&prom::Sample> = e.samples.iter().filter(|s| s.name == NAME).filter(inference).collect();
-    if series.is_empty() && !e.types.contains_key(NAME) {
+    fn inference(s: &prom::Sample) -> bool {
+        s.label("path").is_some_and(|p| p == "/generate" || p.starts_with("/v1/"))
+    }
+    fn five(s: &prom::Sample) -> bool {
+        s.label("status_code").is_some_and(|c| c.starts_with('5'))
+    }
+    let family: Vec<&prom::Sample> = e.samples.iter().filter(|s| s.name == RESPONSES).collect();
+    if family.is_empty() && !e.types.contains_key(RESPONSES) {
         return None;
     }
-    let failed = series.iter().filter(|s| s.label("status_code").is_some_and(|c| c.starts_with('5'))).map(|s| s.value).sum();
-    Some((series.iter().map(|s| s.value).sum(), failed))
+    if family.is_empty() || family.iter().any(|s| s.label("path").is_some()) {
+        let series: Vec<&prom::Sample> = family.iter().copied().filter(|s| inference(s)).collect();
+        return Some((series.iter().map(|s| s.value).sum(), series.iter().filter(|s| five(s)).map(|s| s.value).sum()));
+    }
+    // sglang-router 0.3.2: its responses carry no path (`{status_code, error_code}` only; measured),
+    // its requests do: the answered are the inference requests counted, the failed every 5xx it
+    // answered (its control plane's included: pdctl's own calls there rarely fail with a 5xx).
+    let answered: f64 = e.samples.iter().filter(|s| s.name == REQUESTS && inference(s)).map(|s| s.value).sum();
+    Some((answered, family.iter().filter(|s| five(s)).map(|s| s.value).sum()))
 }
 
 /// The workers whose breaker is open in a gateway's exposition (`smg_worker_cb_state == 1`; 0 is
@@ -552,8 +565,9 @@ impl Router {
     /// `smg_http_responses_total{path,status_code,error_code}` whose path is an inference route
     /// (`/generate`, `/v1/…`; not its control plane) (smg 1.x; measured on 1.13: a
     /// request with no worker to take it is `status_code="503",error_code="no_available_workers"`)
-    /// summed, and those with a 5xx status. `None`: no metrics URL, or a gateway without it
-    /// (sglang-router 0.3.2).
+    /// summed, and those with a 5xx status; sglang-router 0.3.2's responses have no `path`, so
+    /// there the inference requests of `smg_http_requests_total` and every 5xx answer.
+    /// `None`: no metrics URL, or a gateway without either.
     pub async fn responses(&self, http: &Http) -> Result<Option<(f64, f64)>, MetricsProblem> {
         let Some(m) = &self.metrics_url else {
             return Ok(None);
@@ -639,6 +653,14 @@ mod tests {
                     smg_http_responses_total{path=\"/workers\",status_code=\"500\",error_code=\"x\"} 3\n";
         assert_eq!(responses_in(&prom::parse(text).expect("parses")), Some((10.0, 2.0)), "clients' requests only, not /workers");
         assert_eq!(responses_in(&prom::parse("smg_worker_cb_state{worker=\"a\"} 0\n").expect("parses")), None, "not exported: not measured");
+        // Scraped from sglang-router 0.3.2 (no worker behind it, two requests refused): its
+        // responses have no path label — read as zero requests, they were a "0 failed" untrue.
+        let old = "smg_http_responses_total{status_code=\"503\",error_code=\"server_selection_failed\"} 2\n\
+                   smg_http_responses_total{status_code=\"200\",error_code=\"\"} 5\n\
+                   smg_http_requests_total{method=\"POST\",path=\"/generate\"} 1\n\
+                   smg_http_requests_total{method=\"POST\",path=\"/v1/completions\"} 1\n\
+                   smg_http_requests_total{method=\"GET\",path=\"/workers\"} 5\n";
+        assert_eq!(responses_in(&prom::parse(old).expect("parses")), Some((2.0, 2.0)), "0.3.2: the inference requests, and its 5xx");
     }
 
     #[test]

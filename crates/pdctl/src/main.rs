@@ -302,9 +302,15 @@ fn main() {
         Command::Man { dir } => man_pages(dir).exit_process(),
         _ => {}
     }
+    // The engine's own warnings reach the screen as the events that carry them (a preflight's
+    // `warnings`), rendered: its log lines are for pdctld's journal (PDCTL_LOG shows them here).
+    // No colour codes where stderr is not a terminal.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,pdctl_core=error")),
+        )
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

@@ -124,6 +124,11 @@ impl Renderer {
         if let Some(o) = preflight.as_ref().and_then(|p| p.outage.as_deref()) {
             self.note(&format!("pdctl: ⚠ {o}"));
         }
+        // What the preflight found risky but not refused (a stop that could be SIGKILLed, a
+        // timing that could fail the pair gate, a model change restarted together).
+        for w in preflight.iter().flat_map(|p| &p.warnings) {
+            self.note(&format!("pdctl: ⚠ {w}"));
+        }
         // How PD pairs are kept to one model (the coherent switch's plan and capacity).
         if let Some(c) = preflight.as_ref().and_then(|p| p.coherence.as_deref()) {
             self.fleet_switch |= c.starts_with("coherent fleet switch");

@@ -109,6 +109,21 @@ pub struct RolloutRun<'a> {
     pub fleet_rollout: Option<&'a str>,
 }
 
+/// The other half of a 1P1D pair restarted at once (`single_pair = "together"`), and the point
+/// both pass between their drain and their stop. A decode's request waits for its KV from the
+/// prefill (and a prefill's request for its decode to take the KV): a prefill stopped while its
+/// decode still drains cuts that request, which then waits on the decode until its waiting
+/// timeout — the decode's drain counts it for all of `drain_timeout` — or fails. So each waits for
+/// the other's drain (its wait for requests in flight, or its deferral) before its stop; both stop
+/// together, and the window is no longer than the longer drain plus the slower start.
+#[derive(Clone, Copy)]
+struct Together<'a> {
+    /// The other unit.
+    unit: &'a str,
+    /// Passed by both once their drains ended (failed or not: neither waits for ever).
+    drained: &'a tokio::sync::Barrier,
+}
+
 /// What a run writes to besides events.
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
@@ -120,8 +135,8 @@ struct Ctx<'a> {
     /// The availability probe's view, when it runs.
     clients: Option<&'a Clients>,
     /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
-    /// waits for it to serve instead of skipping it.
-    together_with: Option<&'a str>,
+    /// waits for it to serve instead of skipping it, and neither stops before both drains ended.
+    together_with: Option<Together<'a>>,
     /// Changes a worker does not run yet may be loaded ([`RolloutRun::load_changes`]).
     load_changes: bool,
     /// Without the revisions directory (a dry run outside pdctld): what pdctld said is pending.

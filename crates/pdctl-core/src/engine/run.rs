@@ -290,7 +290,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             Ok(s) => s,
             Err((step, f)) => return Err(self.failure(&p.unit, step, f).await),
         };
-        let (cp, cd) = (Ctx { together_with: Some(&d.unit), ..ctx }, Ctx { together_with: Some(&p.unit), ..ctx });
+        let drained = tokio::sync::Barrier::new(2);
+        let (tp, td) = (crate::engine::Together { unit: &d.unit, drained: &drained }, crate::engine::Together { unit: &p.unit, drained: &drained });
+        let (cp, cd) = (Ctx { together_with: Some(tp), ..ctx }, Ctx { together_with: Some(td), ..ctx });
         let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
         if rp.is_ok() && rd.is_ok() {
             self.release_slots(&p.unit, &slots, ctx).await;

@@ -91,6 +91,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn restart_to_health(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(U::W, UnitState, Option<Instant>), (Step, Fail)> {
         let unit = w.unit.as_str();
         let mut deferred = None;
+        let mut drained = Ok(());
         if self.settings.rollout.drain {
             let s = StepRun::start(sink, unit, Step::Drain);
             match self.drain(w, ctx).await {
@@ -101,10 +102,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Ok(None) => s.skip(NOT_REGISTERED),
                 Err(f) => {
                     s.fail(&f);
-                    return Err((Step::Drain, f));
+                    drained = Err((Step::Drain, f));
                 }
             }
         }
+        // Restarted together: neither stops while the other still drains (`Together`).
+        if let Some(t) = ctx.together_with {
+            t.drained.wait().await;
+        }
+        drained?;
         let (watch, after, started_in, taken_out) = self.restart_and_ready(w, sink, deferred.as_ref()).await?;
         // How long this start took: the interruption to expect next time, if it is alone in its role.
         if let (Some(dir), Some(t)) = (ctx.revisions, started_in) {

@@ -84,6 +84,34 @@ pub(crate) async fn pd_before(app: &App, v: &Value, rid: &str, tracked: &mut Tra
     }
 }
 
+/// A request's place in the running batch. One whose HTTP exchange is dropped midway (the client
+/// or the gateway went away: hyper drops the handler) leaves it, as SGLang 0.5.23 aborts a
+/// request whose client disconnected (`managers/tokenizer_manager.py`: `is_disconnected()` →
+/// `abort_request`, noticed within its 4 s wait for a non-streaming request) — instead of being
+/// counted as running, in `/v1/loads`, until the server stops.
+struct InBatch<'a> {
+    engine: &'a crate::engine::Engine,
+    ticket: Option<crate::engine::Ticket>,
+}
+
+impl InBatch<'_> {
+    /// Finished (or aborted and counted by the caller): its tokens go back now.
+    fn finish(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.engine.finish(t);
+        }
+    }
+}
+
+impl Drop for InBatch<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.engine.finish(t);
+            self.engine.count_abort();
+        }
+    }
+}
+
 /// Run a request through the engine; `on_token` sees each generated piece. A PD prefill holds
 /// the room's KV for its decode (`hold`) instead of finishing; `Err` is the abort message.
 pub(crate) async fn execute(
@@ -103,12 +131,12 @@ pub(crate) async fn execute(
     // The `--sim-slowdown` fault acts from the ready line (and `--sim-faults-after`) on.
     let factor = if app.service_faults_on() { engine.config().sim.slowdown } else { 1.0 };
     let mode = engine.config().mode;
-    let mut ticket = engine.admit(job.prompt_tokens);
+    let mut ticket = InBatch { engine, ticket: Some(engine.admit(job.prompt_tokens)) };
     if mode != Mode::Decode && !engine.config().sim.prefill.is_zero() {
         tokio::select! {
             _ = tokio::time::sleep(engine.config().sim.prefill.mul_f64(factor)) => {}
             () = tracked.aborted() => {
-                engine.finish(ticket);
+                ticket.finish();
                 engine.count_abort();
                 return Err(ABORTED.into());
             }
@@ -133,7 +161,7 @@ pub(crate) async fn execute(
             if *seen != now {
                 *seen = now;
                 if let Err(m) = app.pd.rebootstrap(&job.rid, b).await {
-                    engine.finish(ticket);
+                    ticket.finish();
                     return Err(m);
                 }
             }
@@ -141,12 +169,14 @@ pub(crate) async fn execute(
         tokio::select! {
             _ = tick.tick() => {}
             () = tracked.aborted() => {
-                engine.finish(ticket);
+                ticket.finish();
                 engine.count_abort();
                 return Err(ABORTED.into());
             }
         }
-        engine.decode_step(&mut ticket);
+        if let Some(t) = ticket.ticket.as_mut() {
+            engine.decode_step(t);
+        }
         produced += 1;
         // A PD prefill never observes time to first token (nor, then, inter-token latency).
         if mode != Mode::Prefill {
@@ -161,9 +191,13 @@ pub(crate) async fn execute(
             break;
         }
     }
-    match hold {
-        Some((rid, b)) => app.pd.hold(rid, b, ticket).await?,
-        None => engine.finish(ticket),
+    match (hold, ticket.ticket.take()) {
+        (Some((rid, b)), Some(t)) => app.pd.hold(rid, b, t).await?,
+        (_, t) => {
+            if let Some(t) = t {
+                engine.finish(t);
+            }
+        }
     }
     if let Some((kv, at)) = &tracked.kv {
         // Retracted meanwhile: the decode recomputed it with the weights it serves now.

@@ -57,7 +57,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: "skipped".into(), why: Some(why), ..Default::default() });
                 continue;
             }
-            if let Err(why) = self.peer_serves(peer, ctx.together_with == Some(peer.unit.as_str())).await {
+            if let Err(why) = self.peer_serves(peer, ctx.together_with.is_some_and(|t| t.unit == peer.unit)).await {
                 pairs.push(PairResult {
                     prefill: p.unit.clone(),
                     decode: d.unit.clone(),

@@ -208,7 +208,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         warnings.extend(said);
         let coherence = coherence.flatten();
         let outage = self
-            .outage_of(w, seen.fleet_view.as_deref(), ctx)
+            .outage_of(w, plan, seen.fleet_view.as_deref(), ctx)
             .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
         let detail = PreflightDetail {
             outage,
@@ -374,6 +374,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     fn outage_of(
         &self,
         w: &Worker,
+        plan: &Plan,
         fleet_view: Option<&[crate::ports::RouterWorker]>,
         ctx: Ctx<'_>,
     ) -> Result<Option<String>, Option<crate::clock::StartTime>> {
@@ -390,12 +391,23 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if !allowed {
             return Err(expected);
         }
-        Ok(Some(format!(
-            "{} is the only {} worker: serving stops while it restarts, for {} (accepted: allow_outage)",
-            w.unit,
-            w.role.as_str(),
-            crate::cause::outage(&expected)
-        )))
+        // A 1P1D pair restarted at once: one interruption for both, said as such.
+        let together = match plan.workers.as_slice() {
+            [a, b]
+                if self.settings.rollout.single_pair == crate::config::SinglePair::Together
+                    && a.role != b.role
+                    && a.role != Role::Regular
+                    && b.role != Role::Regular =>
+            {
+                [a, b].into_iter().find(|o| o.unit != w.unit).map(|o| o.unit.as_str())
+            }
+            _ => None,
+        };
+        let how = match together {
+            Some(other) => format!("restarted together with {other} (single_pair = \"together\"): serving stops once, while both restart"),
+            None => "serving stops while it restarts".to_string(),
+        };
+        Ok(Some(format!("{} is the only {} worker: {how}, for {} (accepted: allow_outage)", w.unit, w.role.as_str(), crate::cause::outage(&expected))))
     }
 
     /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
