@@ -223,6 +223,10 @@ fn bad_flag_applied_by_the_timer_service_is_rolled_back() {
     assert_eq!(rec["kind"], "apply");
     assert_eq!(rec["state"], "rolled_back", "{rec:#}");
     assert_eq!(rec["failed"]["unit"], P);
+    // The failure's note that its drain is kept is no longer so once the rollback re-admitted it.
+    let (_, full) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{}", rec["id"].as_str().unwrap()), "");
+    let notes = full["notes"].to_string();
+    assert!(!notes.contains("keeps its drain on record") && notes.contains("re-admitted it (its drain is cleared)"), "{notes}");
     assert!(!bad.exists(), "the bad drop-in was moved aside");
     assert_eq!(stack.show(P, "ActiveState").unwrap(), "active");
     assert!(!stack.show(P, "ExecStart").unwrap().contains("--bogus-flag"), "runs the old config");
@@ -427,4 +431,30 @@ fn rollout_revert_puts_back_only_what_the_rollout_changed_through_every_gate() {
     assert_eq!(stack.show(D, "InvocationID").expect("d"), d1, "the decode was not restarted again");
     let (_, last) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
     assert_eq!(after["rollouts"].as_array().map(Vec::len), last["rollouts"].as_array().map(Vec::len), "no record for nothing");
+}
+
+/// What `show` and `watch` say when there is nothing to show: with `--json` the one line on stdout
+/// is the `ApiError` (as a refused start's is), its exit code the one the process exits with; a
+/// `--socket` that is a regular file is named as the wrong path, not as a stopped pdctld.
+#[test]
+fn show_and_watch_errors_are_one_json_line_and_a_wrong_socket_is_named() {
+    let (_stack, config, d) = up();
+    let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let run = |socket: &Path, args: &[&str]| {
+        let out = std::process::Command::new(&pdctl).args(args).arg("--config").arg(&config).arg("--socket").arg(socket).output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    for verb in ["show", "watch"] {
+        let (code, out, err) = run(&d.socket, &["rollout", verb, "r1764500000", "--json"]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{verb}: one line: {out:?} {err}");
+        let v: Value = serde_json::from_str(lines[0]).expect("JSON");
+        assert_eq!(v["cause_code"], "no_such_rollout", "{verb}: {v:#}");
+        assert_eq!(v["exit_code"].as_i64(), Some(i64::from(code)), "{verb}: {v:#}");
+        assert!(err.contains("no rollout r1764500000"), "{verb}: {err}");
+    }
+    let (code, out, err) = run(Path::new("/etc/passwd"), &["rollout", "show", "r1764500000", "--json"]);
+    let v: Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    assert_eq!((v["cause_code"].as_str(), v["exit_code"].as_i64()), (Some("pdctld_unreachable"), Some(i64::from(code))), "{v:#}");
+    assert!(err.contains("/etc/passwd is a regular file, not a socket") && !err.contains("not running"), "{err}");
 }

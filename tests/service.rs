@@ -147,19 +147,22 @@ fn a_good_change_passes_with_its_figures_and_a_decode_failing_a_tenth_halts_on_e
 /// from before its drain (its old process served the same traffic).
 #[test]
 fn alone_in_its_role_a_slower_prefill_is_judged_against_its_own_figures_from_before_its_drain() {
-    alone_in_its_role(Gateway::Smg113);
+    alone_in_its_role(Gateway::Smg113, true);
 }
 
 /// The same behind sglang-router 0.3.2 (which exports the same per-worker outcomes,
 /// `smg_worker_cb_outcomes_total`: measured here, the error rate is read from it too).
 #[test]
 fn alone_in_its_role_a_slower_prefill_is_judged_the_same_behind_sglang_router_0_3_2() {
-    alone_in_its_role(Gateway::SglangRouter032);
+    alone_in_its_role(Gateway::SglangRouter032, false);
 }
 
-fn alone_in_its_role(gateway: Gateway) {
+/// `rollback`: with `on_failure = "rollback"` (the restored revision's soak is judged against the
+/// same figures from before the rollout, not against the slow run it replaces).
+fn alone_in_its_role(gateway: Gateway, rollback: bool) {
     let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { gateway, ..opts(1) });
-    fragment(&config, "40-slo.toml", "[rollout]\nmin_healthy = \"3s\"\n[verify.slo]\nmin_requests = 20\nmax_wait = \"60s\"\n");
+    let on_failure = if rollback { "on_failure = \"rollback\"\n" } else { "" };
+    fragment(&config, "40-slo.toml", &format!("[rollout]\nmin_healthy = \"3s\"\n{on_failure}[verify.slo]\nmin_requests = 20\nmax_wait = \"60s\"\n"));
     assert_eq!(stack.wait_router_healthy(2, Duration::from_secs(60)).unwrap(), 2);
     let d0 = inv(&stack, &stack.decode.unit);
     let load = Load::start(&router(&stack), 10.0, 4);
@@ -179,6 +182,16 @@ fn alone_in_its_role(gateway: Gateway) {
     assert_eq!(slo["errors_from"], "the gateway's failed attempts", "{}: {slo:#}", gateway.name());
     assert!(!run.touched(&stack.decode.unit));
     assert_eq!(inv(&stack, &stack.decode.unit), d0);
+    if rollback {
+        assert_eq!(run.summary["result"], "rolled_back", "{:#?}", run.summary);
+        let again = &run.events.iter().rfind(|e| e["step"] == "soak" && e["status"] == "passed").expect("the restored revision's soak")["detail"]["slo"];
+        let baseline = |s: &serde_json::Value| {
+            s["figures"].as_array().and_then(|f| f.iter().find(|x| x["name"] == "e2e_p50")).map(|x| x["baseline"].clone()).unwrap_or_default()
+        };
+        assert!(baseline(slo).is_number(), "{slo:#}");
+        assert_eq!(baseline(again), baseline(slo), "the same baseline, from before the rollout: {again:#}");
+        assert_eq!(again["baseline_requests"], slo["baseline_requests"], "{again:#}");
+    }
 }
 
 /// Too little traffic to judge (only pdctl's own probe, far below `min_requests`), with

@@ -22,6 +22,8 @@ pub enum ClientError {
     NotRunning(PathBuf, String),
     /// Permission denied on the socket.
     Denied(PathBuf),
+    /// The path is there but is no socket (a regular file, a directory): the wrong path.
+    NotASocket(PathBuf, &'static str),
     /// Anything else.
     Other(String),
 }
@@ -30,7 +32,7 @@ impl ClientError {
     /// Every client error means pdctld cannot be reached (or used).
     pub fn exit(&self) -> Exit {
         match self {
-            ClientError::NotRunning(..) | ClientError::Denied(..) | ClientError::Other(_) => Exit::Unreachable,
+            ClientError::NotRunning(..) | ClientError::Denied(..) | ClientError::NotASocket(..) | ClientError::Other(_) => Exit::Unreachable,
         }
     }
 }
@@ -44,6 +46,11 @@ impl std::fmt::Display for ClientError {
                 p.display()
             ),
             ClientError::Denied(p) => write!(f, "permission denied on {}; run as root or as a member of the socket's group", p.display()),
+            ClientError::NotASocket(p, what) => write!(
+                f,
+                "{} is {what}, not a socket: point --socket (or PDCTL_SOCKET) at pdctld's control socket (its [daemon] socket; `systemctl status pdctld` shows it running)",
+                p.display()
+            ),
             ClientError::Other(e) => write!(f, "talking to pdctld failed: {e}"),
         }
     }
@@ -62,9 +69,23 @@ impl Client {
     }
 
     async fn send(&self, method: &str, path: &str, body: Option<String>) -> Result<(u16, Incoming), ClientError> {
-        let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(|e| match e.kind() {
-            std::io::ErrorKind::PermissionDenied => ClientError::Denied(self.socket.clone()),
-            _ => ClientError::NotRunning(self.socket.clone(), e.to_string()),
+        let stream = tokio::net::UnixStream::connect(&self.socket).await.map_err(|e| {
+            use std::os::unix::fs::FileTypeExt;
+            // A path that is there but is no socket is a wrong --socket, not a stopped pdctld.
+            let kind = std::fs::metadata(&self.socket).ok().map(|m| m.file_type()).filter(|t| !t.is_socket()).map(|t| {
+                if t.is_dir() {
+                    "a directory"
+                } else if t.is_file() {
+                    "a regular file"
+                } else {
+                    "a special file (a FIFO or a device)"
+                }
+            });
+            match (kind, e.kind()) {
+                (Some(what), _) => ClientError::NotASocket(self.socket.clone(), what),
+                (None, std::io::ErrorKind::PermissionDenied) => ClientError::Denied(self.socket.clone()),
+                (None, _) => ClientError::NotRunning(self.socket.clone(), e.to_string()),
+            }
         })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| ClientError::Other(e.to_string()))?;
         tokio::spawn(async move {

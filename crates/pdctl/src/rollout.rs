@@ -53,23 +53,37 @@ pub async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, 
     }
 }
 
-/// Ask pdctld to start a rollout, then watch it. A refusal before the rollout exists prints, with
-/// `--json`, the `ApiError` object as its one line (and the sentence on stderr).
-pub async fn start(client: &Client, config: &Path, req: &Request, json: bool) -> Exit {
-    let started: Started = match client.call::<Started>("POST", "/v1/rollouts", Some(req)).await {
-        Ok(Ok(s)) => s,
+/// [`ask`] for a command with `--json`: its error is also the one line on stdout (the `ApiError`
+/// object, or `pdctld_unreachable`), as a refused start's is.
+async fn ask_said<T: serde::de::DeserializeOwned>(client: &Client, path: &str, json: bool) -> Result<T, Exit> {
+    said(client.call::<T>("GET", path, None::<&()>).await, json)
+}
+
+/// An answer of pdctld, or its error printed (with `--json`, also as the one line on stdout).
+fn said<T>(answer: Result<Result<T, ApiError>, ClientError>, json: bool) -> Result<T, Exit> {
+    match answer {
+        Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             if json {
                 println!("{}", serde_json::to_string(&e).unwrap_or_default());
             }
-            return api_error(e);
+            Err(api_error(e))
         }
         Err(e) => {
             if json {
                 println!("{}", serde_json::json!({ "error": e.to_string(), "exit_code": e.exit(), "cause_code": "pdctld_unreachable" }));
             }
-            return fail(e);
+            Err(fail(e))
         }
+    }
+}
+
+/// Ask pdctld to start a rollout, then watch it. A refusal before the rollout exists prints, with
+/// `--json`, the `ApiError` object as its one line (and the sentence on stderr).
+pub async fn start(client: &Client, config: &Path, req: &Request, json: bool) -> Exit {
+    let started: Started = match said(client.call::<Started>("POST", "/v1/rollouts", Some(req)).await, json) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let Some(id) = started.id else {
         // A config rollout with nothing stale.
@@ -95,7 +109,7 @@ async fn unit_state_now(config: &Path, unit: &str) -> Option<(String, String)> {
 
 /// Follow a rollout's events from the beginning; returns its exit code.
 pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit {
-    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None::<&()>).await {
+    let rec: Record = match ask_said(client, &format!("/v1/rollouts/{id}"), json).await {
         Ok(r) => r,
         Err(c) => return c,
     };
@@ -187,7 +201,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// `pdctl rollout show ID`.
 pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
-    let rec: Record = match ask(client, "GET", &format!("/v1/rollouts/{id}"), None::<&()>).await {
+    let rec: Record = match ask_said(client, &format!("/v1/rollouts/{id}"), json).await {
         Ok(r) => r,
         Err(c) => return c,
     };

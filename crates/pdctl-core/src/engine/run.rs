@@ -122,7 +122,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 } else if rolls_back {
                     let unit = f.unit.clone();
                     match self.rollback(&unit, ctx, dir, sink, &mut notes).await {
-                        Ok(true) => summary.result = Outcome::RolledBack,
+                        Ok(true) => {
+                            summary.result = Outcome::RolledBack;
+                            // Said at the failure, before the rollback re-admitted it: no longer so.
+                            let kept = Cause::DrainNotRestored { unit: unit.clone(), why: String::new() }.sentence();
+                            let head = kept.split(" (").next().unwrap_or(&kept).to_string();
+                            for n in notes.iter_mut().filter(|n| n.starts_with(&format!("{head} ("))) {
+                                *n = format!("{unit} was out of the router and not serving after its failed gate; the rollback put its last good revision back, verified it and re-admitted it (its drain is cleared)");
+                            }
+                        }
                         Ok(false) => {}
                         Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
                     }

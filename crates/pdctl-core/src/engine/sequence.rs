@@ -43,11 +43,26 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Fleet: a slot of the role's semaphore before the drain (a pair restarted together
         // took both slots at once before).
         let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
-        // The service gate's baseline when it is alone in its role: its figures before the drain.
-        let before = self.slo_before(w).await;
-        if let (Some(b), Some(keep)) = (&before, ctx.before) {
-            crate::engine::step::lock(keep).insert(w.unit.clone(), b.clone());
-        }
+        // The service gate's baseline when it is alone in its role: its figures before the drain —
+        // before this rollout first touched it. A worker restarted again in the same rollout (a
+        // rollback onto its last good revision, a repair) is judged against those, not against
+        // the run that just failed.
+        let measured = self.slo_before(w).await;
+        let before = match (ctx.before, measured) {
+            (Some(keep), m) => {
+                let mut kept = crate::engine::step::lock(keep);
+                match kept.get(&w.unit) {
+                    Some(first) => Some(first.clone()),
+                    None => {
+                        if let Some(b) = &m {
+                            kept.insert(w.unit.clone(), b.clone());
+                        }
+                        m
+                    }
+                }
+            }
+            (None, m) => m,
+        };
         let drain_began = Instant::now();
         let (watch, after, stale, taken_out) = self.restart_to_pair(w, sink, ctx).await?;
         // Out of the router since its drain — or since the restart took it out (deferred).
