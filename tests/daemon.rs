@@ -93,6 +93,14 @@ fn http_get(url: &str) -> String {
     rt.block_on(async { pdctl_tests::http().get(url).send().await.unwrap().text().await.unwrap() })
 }
 
+/// Whether `url` answers 200 within 3 s (never hangs, never panics).
+fn http_get_ok(url: &str) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(3), pdctl_tests::http().get(url).send()).await.is_ok_and(|r| r.is_ok_and(|r| r.status().is_success()))
+    })
+}
+
 #[test]
 fn ctrl_c_detaches_and_watch_replays_from_the_beginning() {
     let (stack, config, d) = up();
@@ -457,4 +465,101 @@ fn show_and_watch_errors_are_one_json_line_and_a_wrong_socket_is_named() {
     let v: Value = serde_json::from_str(out.trim()).expect("one JSON line");
     assert_eq!((v["cause_code"].as_str(), v["exit_code"].as_i64()), (Some("pdctld_unreachable"), Some(i64::from(code))), "{v:#}");
     assert!(err.contains("/etc/passwd is a regular file, not a socket") && !err.contains("not running"), "{err}");
+}
+
+/// `GET /v1/ping` through the control socket within `limit`: whether it answered 200 (never hangs).
+fn pings(socket: &Path, limit: Duration) -> bool {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut c) = std::os::unix::net::UnixStream::connect(socket) else { return false };
+    let _ = c.set_read_timeout(Some(limit));
+    let _ = c.set_write_timeout(Some(limit));
+    if c.write_all(b"GET /v1/ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
+/// Nobody on the host freezes pdctld through its metrics port or with slow requests. pdctld runs
+/// with a 256-descriptor limit (small enough to reach): 400 idle connections to the metrics port
+/// (before: the metrics listener accepted without a cap or a timeout, ran out of descriptors, and
+/// the control socket stopped accepting), then 260 requests on the control socket that send their
+/// head and one byte of their body (before: each held a slot for ever, and 256 held them all).
+/// The control socket answers throughout or within the body timeout, the metrics endpoint once
+/// its idle connections timed out, and pdctld is still the same process (its watchdog, which now
+/// pings through the socket itself, was fed).
+#[test]
+fn idle_metrics_connections_and_slow_bodies_do_not_freeze_the_control_socket() {
+    let (stack, _config, d) = up();
+    stack.drop_in("pdctld.service", "50-fds", "[Service]\nLimitNOFILE=256\n").unwrap();
+    stack.sandbox.systemctl(&["restart", "pdctld.service"]).unwrap();
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pings(&d.socket, Duration::from_secs(2))), "pdctld is back");
+    let pid = stack.show("pdctld.service", "MainPID").unwrap();
+    let addr = d.metrics_url.trim_start_matches("http://").trim_end_matches("/metrics").to_string();
+    let idle: Vec<std::net::TcpStream> = (0..400).filter_map(|_| std::net::TcpStream::connect(&addr).ok()).collect();
+    assert!(idle.len() >= 300, "the idle connections were made: {}", idle.len());
+    for i in 0..3 {
+        assert!(pings(&d.socket, Duration::from_secs(5)), "ping {i} while {} idle metrics connections are held", idle.len());
+    }
+    let slow: Vec<std::os::unix::net::UnixStream> = (0..260)
+        .filter_map(|_| {
+            use std::io::Write as _;
+            let mut c = std::os::unix::net::UnixStream::connect(&d.socket).ok()?;
+            c.write_all(b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{").ok()?;
+            Some(c)
+        })
+        .collect();
+    assert!(!slow.is_empty(), "slow requests were sent");
+    assert!(
+        pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(500), || pings(&d.socket, Duration::from_secs(2))),
+        "the control socket answers again within the body timeout ({} slow requests held)",
+        slow.len()
+    );
+    assert!(
+        pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(500), || http_get_ok(&d.metrics_url)),
+        "the metrics endpoint answers once its idle connections timed out"
+    );
+    assert_eq!(stack.show("pdctld.service", "MainPID").unwrap(), pid, "the same pdctld: not restarted, not crashed");
+    drop((idle, slow));
+}
+
+/// One pdctld per state directory: a second one started on the same state directory and socket
+/// (by hand, or a second unit) exits at once naming the PID that holds it — before it touches
+/// the socket, which the first keeps serving (before: the second unlinked the first's socket and
+/// both ran on one ledger).
+#[test]
+fn a_second_pdctld_on_the_same_state_directory_exits_naming_the_first() {
+    let (stack, config, d) = up();
+    let pid = stack.show("pdctld.service", "MainPID").unwrap();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctld", "PDCTLD_BIN").unwrap();
+    let mut second = std::process::Command::new(bin)
+        .arg("--config")
+        .arg(&config)
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--state-dir")
+        .arg(&d.state)
+        .arg("--metrics-listen")
+        .arg("off")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = second.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = second.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(second.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let status = status.expect("the second pdctld exits by itself");
+    assert_eq!(status.code(), Some(3), "{err}");
+    assert!(err.contains(&format!("another pdctld (PID {pid}) already runs with the state directory")), "{err}");
+    assert!(pings(&d.socket, Duration::from_secs(5)), "the first still serves its socket");
+    assert_eq!(stack.show("pdctld.service", "MainPID").unwrap(), pid);
 }

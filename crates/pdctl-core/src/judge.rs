@@ -100,6 +100,12 @@ impl Judge {
     pub fn judge(&self, e: &LogEntry) -> Verdict {
         if let Some(id) = e.get("MESSAGE_ID") {
             if id == MSG_PROCESS_EXIT || id == MSG_FAILURE_RESULT {
+                // `MESSAGE_ID` and `INVOCATION_ID` are fields any client may write (`logger
+                // --journald`), and the new run's InvocationID is world-readable: only `_UID`,
+                // which journald sets itself, says the entry comes from a manager.
+                if !from_a_manager(e) {
+                    return Verdict::Ignore;
+                }
                 let inv = e.get("USER_INVOCATION_ID").or_else(|| e.get("INVOCATION_ID"));
                 if inv.is_some_and(|i| i == self.run.invocation_id) {
                     return Verdict::ManagerFailure(e.message().to_string());
@@ -124,6 +130,17 @@ impl Judge {
             (None, false, None) => Verdict::Ignore,
         }
     }
+}
+
+/// Whether an entry was written by a service manager: its `_UID` (a trusted field: journald sets
+/// it from the sender's credentials) is root's — the system manager, PID 1, and root's user
+/// manager — or this process's own (a user manager of the user pdctld runs as). An unprivileged
+/// user's forged "process exited" is not.
+fn from_a_manager(e: &LogEntry) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Some(uid) = e.get("_UID").and_then(|u| u.parse::<u32>().ok()) else { return false };
+    // /proc/self belongs to the process's effective uid.
+    uid == 0 || std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == uid)
 }
 
 fn short(id: &str) -> &str {
@@ -208,15 +225,33 @@ mod tests {
             j.judge(&entry(&[("MESSAGE", "Scheduler hit an exception: Traceback (most recent call last):"), ("_PID", "100")])),
             Verdict::Fatal(_)
         ));
-        let exit = |inv: &str| {
-            entry(&[
+        let exit = |inv: &str, uid: Option<&str>| {
+            let mut fields = vec![
                 ("MESSAGE", "x.service: Main process exited, code=exited, status=1/FAILURE"),
                 ("MESSAGE_ID", MSG_PROCESS_EXIT),
                 ("USER_INVOCATION_ID", inv),
-            ])
+            ];
+            fields.extend(uid.map(|u| ("_UID", u)));
+            entry(&fields)
         };
-        assert!(matches!(j.judge(&exit("new")), Verdict::ManagerFailure(_)));
-        assert_eq!(j.judge(&exit("old")), Verdict::Ignore, "the old run's exit during the restart");
+        assert!(matches!(j.judge(&exit("new", Some("0"))), Verdict::ManagerFailure(_)));
+        assert_eq!(j.judge(&exit("old", Some("0"))), Verdict::Ignore, "the old run's exit during the restart");
+    }
+
+    #[test]
+    fn a_forged_manager_message_is_not_trusted() {
+        let j = judge("new", 100);
+        // systemd's "process exited" for the new run, written by an unprivileged user with
+        // `logger --journald` (MESSAGE_ID and the InvocationID are fields anyone may set).
+        let forged = |uid: Option<&str>| {
+            let mut fields =
+                vec![("MESSAGE", "x.service: Main process exited, code=killed, status=9/KILL"), ("MESSAGE_ID", MSG_PROCESS_EXIT), ("INVOCATION_ID", "new")];
+            fields.extend(uid.map(|u| ("_UID", u)));
+            entry(&fields)
+        };
+        assert_eq!(j.judge(&forged(Some("65534"))), Verdict::Ignore, "forged by uid 65534");
+        assert_eq!(j.judge(&forged(None)), Verdict::Ignore, "no trusted sender");
+        assert!(matches!(j.judge(&forged(Some("0"))), Verdict::ManagerFailure(_)), "the manager's own");
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod daemon;
 mod metrics;
 mod store;
 
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +73,40 @@ fn chgrp(path: &std::path::Path, group: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An exclusive lock on `dir/pdctld.lock` (`flock`, released by the kernel when the process
+/// ends, however it ends), with this process's PID written into it; `Err`: the sentence naming
+/// the pdctld that holds it.
+fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    use std::os::fd::AsRawFd as _;
+    let path = dir.join("pdctld.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("cannot open {} ({e}); check --state-dir and its permissions", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut held = String::new();
+        let _ = f.read_to_string(&mut held);
+        let pid = held.trim();
+        let who = if pid.is_empty() { "another pdctld".to_string() } else { format!("another pdctld (PID {pid})") };
+        return Err(format!(
+            "{who} already runs with the state directory {}: one pdctld per state directory (stop it first — systemctl stop pdctld — or give this one its own --state-dir and --socket)",
+            dir.display()
+        ));
+    }
+    let written = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| writeln!(f, "{}", std::process::id()));
+    if let Err(e) = written {
+        tracing::warn!("cannot write this PID into {}: {e}", path.display());
+    }
+    Ok(f)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
@@ -103,6 +137,15 @@ async fn main() {
             Exit::Unreachable.exit_process();
         }
     };
+    // One pdctld per state directory: a second would unlink the first's socket and write the same
+    // records and ledger. The lock is held (its descriptor open) for the process's life.
+    let _lock = match lock_state_dir(&state_dir) {
+        Ok(f) => f,
+        Err(why) => {
+            eprintln!("pdctld: {why}");
+            Exit::Unreachable.exit_process();
+        }
+    };
     if let Err(e) = pdctl_core::config::load(&config) {
         tracing::warn!("config error (rollouts will be refused until it is fixed): {e}");
     }
@@ -128,16 +171,19 @@ async fn main() {
         match tokio::net::TcpListener::bind(&args.metrics_listen).await {
             Ok(l) => {
                 let app = daemon::http::metrics_api(d.clone());
-                tokio::spawn(async move {
-                    let _ = axum::serve(l, app).await;
-                });
+                let l = Arc::new(l);
+                let accept = move || {
+                    let l = l.clone();
+                    async move { l.accept().await.map(|(s, _)| (s, None)) }
+                };
+                tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the metrics endpoint").await });
             }
             Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
         }
     }
     let app = daemon::http::api(d.clone());
     if let Some(every) = sd_notify::watchdog_enabled() {
-        tokio::spawn(watchdog(d.clone(), app.clone(), every / 2));
+        tokio::spawn(watchdog(d.clone(), args.socket.clone(), every / 2));
     }
     // Records whose write failed are retried until they are on disk.
     {
@@ -159,8 +205,15 @@ async fn main() {
     tokio::spawn(d.clone().fleet_liveness());
     tokio::spawn(d.clone().fleet_rollouts());
     tokio::spawn(d.clone().storm_watch());
+    let accept = || async {
+        // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.
+        listener.accept().await.map(|(s, _)| {
+            let uid = s.peer_cred().ok().map(|c| c.uid());
+            (s, uid)
+        })
+    };
     tokio::select! {
-        _ = serve(listener, app) => {}
+        _ = serve(accept, app, MAX_CONNECTIONS, "the control socket") => {}
         _ = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(mut s) => { s.recv().await; }
@@ -175,23 +228,36 @@ async fn main() {
     }
 }
 
-/// Connections served at once; more are closed at once (a local client retries).
+/// Connections the control socket serves at once; more are closed at once (a local client
+/// retries).
 const MAX_CONNECTIONS: usize = 256;
-/// A client must send its request head within this time (from the moment it connects).
+/// Connections the metrics endpoint serves at once (a scraper or two, a dashboard).
+const METRICS_CONNECTIONS: usize = 32;
+/// A client must send its request head within this time (from the moment it connects); its
+/// body then within `daemon::http`'s body timeout.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The control socket's accept loop: at most [`MAX_CONNECTIONS`] connections, each closed unless
-/// it sends its request head within [`HEADER_TIMEOUT`], one request per connection (no idle
-/// keep-alive). So half-open connections cannot exhaust the file descriptors or starve the API.
-async fn serve(listener: tokio::net::UnixListener, app: axum::Router) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+/// An accept loop with one discipline for every listener of pdctld: at most `max` connections,
+/// each closed unless it sends its request head within [`HEADER_TIMEOUT`] (its body within the
+/// API's body timeout), one request per connection (no idle keep-alive). So neither half-open
+/// nor slow connections, on the control socket or the metrics port, can exhaust pdctld's file
+/// descriptors — which its rollouts need for their journal, D-Bus, HTTP and record files (the
+/// unit's `LimitNOFILE=` leaves room for far more than both caps) — or starve the API.
+/// `accept` yields a connection and the peer's uid where the kernel tells it (a UNIX socket).
+async fn serve<S, F, Fut>(mut accept: F, app: axum::Router, max: usize, what: &'static str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<(S, Option<u32>)>>,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, uid) = match accept().await {
+            Ok(c) => c,
             Err(e) => {
                 // EMFILE and the like: back off instead of spinning; the connections in hand
                 // time out and free their descriptors.
-                tracing::warn!("the control socket cannot accept a connection: {e}");
+                tracing::warn!("{what} cannot accept a connection: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -200,8 +266,7 @@ async fn serve(listener: tokio::net::UnixListener, app: axum::Router) {
             drop(stream);
             continue;
         };
-        // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.
-        let peer = daemon::http::Peer { uid: stream.peer_cred().ok().map(|c| c.uid()) };
+        let peer = daemon::http::Peer { uid };
         let svc = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
@@ -215,26 +280,32 @@ async fn serve(listener: tokio::net::UnixListener, app: axum::Router) {
     }
 }
 
-/// Feed systemd's watchdog only while the control API answers (a request through the same
-/// router the socket serves, bounded) and a running rollout's engine makes progress within its
-/// current step's limit. A stuck handler or a hung engine lets systemd restart pdctld, whose
-/// start then undoes any drain it left.
-async fn watchdog(d: Arc<daemon::Daemon>, app: axum::Router, every: Duration) {
-    use tower::ServiceExt as _;
+/// Feed systemd's watchdog only while the control socket accepts and answers (`GET /v1/ping`
+/// through the socket itself, as a client would: a pdctld that cannot accept — its descriptors
+/// exhausted — or whose handlers are stuck is not alive) and a running rollout's engine makes
+/// progress within its current step's limit. Otherwise systemd restarts pdctld, whose start then
+/// undoes any drain it left.
+async fn watchdog(d: Arc<daemon::Daemon>, socket: PathBuf, every: Duration) {
     let mut t = tokio::time::interval(every);
     loop {
         t.tick().await;
-        let probe = axum::http::Request::builder().uri("/v1/ping").body(axum::body::Body::empty());
-        let answers = match probe {
-            Ok(req) => matches!(tokio::time::timeout(Duration::from_secs(5), app.clone().oneshot(req)).await, Ok(Ok(r)) if r.status().is_success()),
-            Err(_) => false,
-        };
+        let answers = matches!(tokio::time::timeout(Duration::from_secs(5), ping(&socket)).await, Ok(Ok(true)));
         match (answers, d.engine_stuck()) {
             (true, None) => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }
-            (false, _) => tracing::error!("the control API did not answer within 5s; not feeding the watchdog"),
+            (false, _) => tracing::error!("the control socket did not answer /v1/ping within 5s; not feeding the watchdog"),
             (true, Some(why)) => tracing::error!("{why}; the engine looks hung: not feeding the watchdog"),
         }
     }
+}
+
+/// One `GET /v1/ping` through the control socket: whether it answered 200.
+async fn ping(socket: &std::path::Path) -> std::io::Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(socket).await?;
+    s.write_all(b"GET /v1/ping HTTP/1.1\r\nhost: pdctld\r\nconnection: close\r\n\r\n").await?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await?;
+    Ok(head.starts_with(b"HTTP/1.1 200"))
 }

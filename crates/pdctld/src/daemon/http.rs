@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, State};
@@ -319,7 +320,24 @@ pub fn api(d: Arc<Daemon>) -> Router {
         .method_not_allowed_fallback(|| async {
             api_err(&Cause::BadRequest { message: "that method is not allowed on this endpoint; see docs/cli.md for pdctld's control API".into() })
         })
+        .layer(axum::middleware::from_fn(body_in_time))
         .with_state(d)
+}
+
+/// How long a request's body may take to arrive once its head has (a client sending its head and
+/// then a byte at a time would otherwise hold a connection, and with enough of them every slot).
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request body (a rollout request is a few hundred bytes).
+const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// Read the whole body within [`BODY_TIMEOUT`] and [`BODY_LIMIT`] before any handler sees it.
+async fn body_in_time(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (parts, body) = req.into_parts();
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(e)) => api_err(&Cause::BadRequest { message: format!("the request body could not be read ({e}); pdctld takes at most 2 MB") }),
+        Err(_) => api_err(&Cause::BadRequest { message: format!("the request body did not arrive within {} s; send it whole", BODY_TIMEOUT.as_secs()) }),
+    }
 }
 
 /// The metrics endpoint.
