@@ -266,7 +266,11 @@ mod tests {
                 .map(|(p, c)| {
                     (
                         p.to_string(),
-                        FileRev { sha256: format!("{:x}", c.len() * 31 + c.bytes().map(u64::from).sum::<u64>() as usize), contents: Some(c.to_string()) },
+                        FileRev {
+                            sha256: format!("{:x}", c.len() * 31 + c.bytes().map(u64::from).sum::<u64>() as usize),
+                            contents: Some(c.to_string()),
+                            owner: None,
+                        },
                     )
                 })
                 .collect(),

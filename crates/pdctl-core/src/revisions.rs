@@ -24,6 +24,55 @@ pub struct FileRev {
     pub sha256: String,
     /// The contents (text), to restore on rollback.
     pub contents: Option<String>,
+    /// Its mode, owner and group when recorded (a restore gives them back: an env file with
+    /// secrets stays 0600, a group-readable one keeps its group); absent in records before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<FileOwner>,
+}
+
+/// A file's mode (permission bits), owner and group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileOwner {
+    /// Permission bits (`0o640`).
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Group gid.
+    pub gid: u32,
+}
+
+impl FileOwner {
+    /// The mode, owner and group of the file at `p` now (a symlink followed, as systemd reads it).
+    pub fn of(p: &Path) -> Option<FileOwner> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(p).ok().map(|m| FileOwner { mode: m.mode() & 0o7777, uid: m.uid(), gid: m.gid() })
+    }
+}
+
+/// The most of one configuration file read (unit files and env files are a few kB).
+const MOST: u64 = 16 * 1024 * 1024;
+
+/// A restore that stopped at a file: what it had done before, the file, and why.
+#[derive(Debug)]
+pub struct RestoreError {
+    /// What was restored or moved aside before it stopped (those files are back).
+    pub done: Vec<String>,
+    /// The file it could not restore.
+    pub path: String,
+    /// Why.
+    pub error: std::io::Error,
+}
+
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot restore {}: {}", self.path, self.error)?;
+        if self.done.is_empty() {
+            write!(f, " (nothing was rewritten before it)")
+        } else {
+            write!(f, " (already done before it: {}; the files after it are as the change left them)", self.done.join("; "))
+        }
+    }
 }
 
 /// The files a unit ran with.
@@ -87,9 +136,11 @@ pub fn snapshot(unit: &str, files: &BTreeSet<PathBuf>, why: &str) -> Revision {
     let files = files
         .iter()
         .map(|p| {
-            let rev = match std::fs::read(p) {
-                Ok(b) => FileRev { sha256: sha(&b), contents: String::from_utf8(b).ok() },
-                Err(_) => FileRev { sha256: "absent".into(), contents: None },
+            // A regular file only, bounded, never a blocking open (a FIFO named as an
+            // EnvironmentFile would hang the reader): anything else reads as absent.
+            let rev = match crate::state_file::read_regular(p, MOST) {
+                Ok(b) => FileRev { sha256: sha(&b), contents: String::from_utf8(b).ok(), owner: FileOwner::of(p) },
+                Err(_) => FileRev { sha256: "absent".into(), contents: None, owner: None },
             };
             (p.display().to_string(), rev)
         })
@@ -129,7 +180,7 @@ pub fn baseline(unit: &str, files: &BTreeSet<PathBuf>, exec_main_start_us: u64) 
         if is_drop_in(p) || created_since {
             return false;
         }
-        *f = FileRev { sha256: UNKNOWN.into(), contents: None };
+        *f = FileRev { sha256: UNKNOWN.into(), contents: None, owner: None };
         true
     });
     rev
@@ -293,23 +344,32 @@ pub fn stale_reasons(current: &Revision, last: Option<&Revision>, exec_main_star
     why
 }
 
-/// Put `last`'s files back: rewrite changed ones, move files that did not exist then aside (as
-/// `NAME.pdctl-rejected-ID`, which systemd ignores). Returns what was done.
-pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io::Result<Vec<String>> {
+/// Put `last`'s files back: rewrite changed ones (with the mode, owner and group recorded with
+/// them, else the ones they have now), move files that did not exist then aside (as
+/// `NAME.pdctl-rejected-ID`, which systemd ignores). Returns what was done; stopped half-way, what
+/// it had done before, and where it stopped.
+pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<Vec<String>, RestoreError> {
     let mut done = Vec::new();
+    let write = |p: &str, old: &FileRev, c: &str| {
+        let path = Path::new(p);
+        let owner = old.owner.or_else(|| FileOwner::of(path));
+        let mode = owner.map_or_else(|| mode_of(path), |o| o.mode);
+        crate::state_file::atomic_write_owned(path, c.as_bytes(), mode, owner.map(|o| (o.uid, o.gid)))
+    };
+    let stop = |done: &mut Vec<String>, path: &str, error: std::io::Error| RestoreError { done: std::mem::take(done), path: path.to_string(), error };
     for (p, f) in &current.files {
         match last.files.get(p) {
             Some(old) if old.sha256 == f.sha256 => {}
             Some(old) if old.sha256 == UNKNOWN => {
                 done.push(format!("not restored: {p} changed after the running process started and its old content is unknown; check it by hand"));
             }
-            Some(FileRev { contents: Some(c), .. }) => {
-                atomic_write(Path::new(p), c.as_bytes(), mode_of(Path::new(p)))?;
+            Some(old @ FileRev { contents: Some(c), .. }) => {
+                write(p, old, c).map_err(|e| stop(&mut done, p, e))?;
                 done.push(format!("restored {p}"));
             }
             Some(_) | None if f.sha256 != "absent" => {
                 let aside = format!("{p}.pdctl-rejected-{rollout_id}");
-                std::fs::rename(p, &aside)?;
+                std::fs::rename(p, &aside).map_err(|e| stop(&mut done, p, e))?;
                 done.push(format!("moved {p} aside to {aside}"));
             }
             _ => {}
@@ -318,7 +378,7 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io
     for (p, old) in &last.files {
         if !current.files.contains_key(p) {
             if let Some(c) = &old.contents {
-                atomic_write(Path::new(p), c.as_bytes(), mode_of(Path::new(p)))?;
+                write(p, old, c).map_err(|e| stop(&mut done, p, e))?;
                 done.push(format!("restored {p}"));
             }
         }
@@ -326,9 +386,66 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> std::io
     Ok(done)
 }
 
+/// The files of `last` a restore would rewrite or put back that cannot be written here (their
+/// directory read-only to this process: outside a systemd sandbox's `ReadWritePaths=`, or not
+/// root's to write), each with why; empty when all can.
+pub fn unwritable(last: &Revision) -> Vec<String> {
+    let mut out = Vec::new();
+    let dirs: BTreeSet<&Path> = last.files.keys().filter_map(|p| Path::new(p).parent()).collect();
+    for d in dirs {
+        let Ok(c) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) else { continue };
+        // SAFETY: a valid C string; access(2) reads nothing else.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // A directory that does not exist cannot be restored into either, but says so itself.
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                out.push(format!("{} ({e})", d.display()));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restore_keeps_mode_owner_and_group_and_says_where_it_stopped() {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let dir = std::env::temp_dir().join(format!("pdctld-owner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = dir.join("secrets.env");
+        std::fs::write(&env, "API_KEY=s3cret\n").unwrap();
+        std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let files: BTreeSet<PathBuf> = [env.clone()].into();
+        // Owned by another user and group where this test may give it one (as root).
+        let chowned = std::os::unix::fs::chown(&env, Some(65534), Some(65534)).is_ok();
+        let last = snapshot("x.service", &files, "started");
+        assert_eq!(last.files[&env.display().to_string()].owner.map(|o| o.mode), Some(0o600));
+        // The change deletes it; the restore brings it back as it was, not 0644 root's.
+        std::fs::remove_file(&env).unwrap();
+        let current = snapshot("x.service", &files, "current");
+        assert_eq!(restore(&last, &current, "r1").unwrap(), vec![format!("restored {}", env.display())]);
+        let m = std::fs::metadata(&env).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o600, "the secret stays private");
+        if chowned {
+            assert_eq!((m.uid(), m.gid()), (65534, 65534), "owner and group kept");
+        } else {
+            eprintln!("not root: the owner half could not observe");
+        }
+        // Stopped half-way (the second file's directory is gone): what was done is said.
+        let gone = dir.join("gone/b.conf");
+        let mut last2 = last.clone();
+        last2.files.insert(gone.display().to_string(), FileRev { sha256: "b".into(), contents: Some("x".into()), owner: None });
+        std::fs::write(&env, "API_KEY=changed\n").unwrap();
+        let current = snapshot("x.service", &files, "current");
+        let e = restore(&last2, &current, "r2").expect_err("the directory is gone");
+        assert_eq!(e.done, vec![format!("restored {}", env.display())]);
+        assert_eq!(e.path, gone.display().to_string());
+        assert!(e.to_string().contains("already done before it: restored"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_revision_before_a_rollout_is_kept_per_rollout() {

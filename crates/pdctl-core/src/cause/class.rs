@@ -67,6 +67,7 @@ impl Cause {
             Cause::LoadUnknown { .. } => "load_unknown",
             Cause::StopSlow { .. } => "stop_slow",
             Cause::KillModeUnsafe { .. } => "kill_mode_unsafe",
+            Cause::RollbackUnwritable { .. } => "rollback_unwritable",
             Cause::ApiKeyRejected { .. } => "api_key_rejected",
             Cause::PeerRoleDown { .. } => "peer_role_down",
             Cause::RestoreFailed { .. } => "restore_failed",
@@ -91,6 +92,7 @@ impl Cause {
             | Cause::MixedVersions { .. }
             | Cause::ApiKeyRejected { .. }
             | Cause::KillModeUnsafe { .. }
+            | Cause::RollbackUnwritable { .. }
             | Cause::AddressBlocked { .. } => FailureKind::Config,
             Cause::FleetUnreachable { .. } | Cause::FleetLost { .. } => FailureKind::Access,
             Cause::SystemdUnreachable { .. }

@@ -513,6 +513,15 @@ pub enum Cause {
         /// The sentence with the drop-in that fixes it ([`crate::stop::kill_mode_risk`]).
         fix: String,
     },
+    /// `on_failure = "rollback"`, and a file the rollback would restore lies in a directory this
+    /// process cannot write (outside the unit's `ReadWritePaths=`, or not root's): a failed gate
+    /// would leave the worker half-restored. Refused in preflight.
+    RollbackUnwritable {
+        /// The unit.
+        unit: String,
+        /// The directories, each with why (`/etc/sglang (Read-only file system)`).
+        dirs: Vec<String>,
+    },
     /// A stop that lasted until systemd's SIGKILL at `TimeoutStopSec=` (SGLang's stop waits for
     /// its requests in flight): requests were lost. Reported as a warning of the restart step.
     StopSlow {

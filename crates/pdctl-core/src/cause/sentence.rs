@@ -131,6 +131,10 @@ impl Cause {
             Cause::ApiKeyRejected { endpoint, status, key } => format!(
                 "{endpoint} answered {status} to pdctl ({key}): the worker runs with --api-key and pdctl's key is missing or wrong; put the unit's key in the file its api_key_file names (readable by pdctld only) and restart pdctld"
             ),
+            Cause::RollbackUnwritable { unit, dirs } => format!(
+                "on_failure = \"rollback\" could not put {unit}'s files back: pdctld cannot write {}; nothing was touched",
+                dirs.join(", ")
+            ),
             Cause::KillModeUnsafe { fix, .. } => format!("{fix}; nothing was touched (or set [rollout] kill_mode = \"warn\" to restart it anyway)"),
             Cause::StopSlow { unit, why } => format!(
                 "{unit}: {why}; the requests it still ran were lost: raise its TimeoutStopSec, or lower drain_timeout and the requests' lengths"

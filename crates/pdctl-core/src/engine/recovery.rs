@@ -82,8 +82,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let done = match revisions::restore(&last, &current, ctx.id) {
             Ok(d) => d,
             Err(er) => {
-                let why = format!("cannot restore the files: {er}");
-                step.emit(Status::Failed, json!({ "cause": why }));
+                // Stopped half-way: which files are back, and which one is not.
+                let why = er.to_string();
+                step.emit(Status::Failed, json!({ "cause": why, "restored": er.done, "not_restored": er.path }));
                 return Err(why);
             }
         };
@@ -147,7 +148,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let restored = async {
                 let cfg = self.units.config(&w.unit).await.map_err(|er| er.to_string())?;
                 let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
-                let d = revisions::restore(before, &current, ctx.id).map_err(|er| format!("cannot restore the files: {er}"))?;
+                let d = revisions::restore(before, &current, ctx.id).map_err(|er| er.to_string())?;
                 self.units.reload().await.map_err(|er| format!("the manager did not reload them: {er}"))?;
                 Ok::<_, String>(d)
             };

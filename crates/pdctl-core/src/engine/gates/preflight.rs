@@ -186,6 +186,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if ctx.allow_outage.is_some() {
             self.a_peer_serves(w, plan).await?;
         }
+        // A rollback this process could not write would leave the worker half-restored.
+        if let (Some(_), crate::config::OnFailure::Rollback, Some(dir)) = (ctx.allow_outage, self.settings.rollout.on_failure, ctx.revisions) {
+            if let Some(last) = revisions::load(dir, &w.unit) {
+                let dirs = revisions::unwritable(&last);
+                if !dirs.is_empty() {
+                    return Err(Fail::from(Cause::RollbackUnwritable { unit: w.unit.clone(), dirs }));
+                }
+            }
+        }
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
         let mut warnings = self.stop_and_pair_risks(w, &cfg);
