@@ -175,7 +175,8 @@ impl Failure {
             cause: cause.sentence(),
             cause_code: cause.code().to_string(),
             kind: cause.kind(),
-            last_lines,
+            // Kept in records, the API and etcd, printed on terminals: no secrets, no escapes.
+            last_lines: last_lines.iter().map(|l| crate::redact::line(l)).collect(),
             next: cause.next_step(unit),
         }
     }

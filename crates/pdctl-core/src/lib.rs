@@ -29,6 +29,7 @@ pub mod pairing;
 pub mod plan;
 pub mod ports;
 pub mod real;
+pub mod redact;
 pub mod revisions;
 pub mod sglang;
 pub mod slo;

@@ -42,11 +42,13 @@ pub fn atomic_write_owned(path: &Path, bytes: &[u8], mode: u32, owner: Option<(u
     let tmp = dir.join(format!(".{name}.{}.{}.{nanos:08x}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
     let written = (|| {
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode & 0o777).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        // Last: once another user owns it, changing its mode would need CAP_FOWNER, which
+        // pdctld's unit does not grant (CAP_CHOWN does this).
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
         }
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -41,10 +41,51 @@ pub fn canonical_url(u: &str) -> Result<String, String> {
     Ok(format!("{scheme}://{host}:{port}{}", path.trim_end_matches('/')))
 }
 
+/// `u` as it may be shown: a user name and password in it (`http://user:pw@host`) replaced by
+/// `***@`, so that an error about the URL does not repeat the secret it carries.
+pub fn redacted(u: &str) -> String {
+    let Some((scheme, rest)) = u.split_once("://") else { return u.to_string() };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => u.to_string(),
+    }
+}
+
+/// `s` with every URL's user name and password (`scheme://user:pw@`) replaced by `***@`.
+pub fn redacted_in(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("://") {
+        let start = i + 3;
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = rest.find(|c: char| c.is_whitespace() || "/?#'\"".contains(c)).unwrap_or(rest.len());
+        if let Some(at) = rest[..end].rfind('@') {
+            out.push_str("***");
+            rest = &rest[at..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Do `a` and `b` name the same server (scheme, host, port, trailing slash compared canonically)?
 pub fn same_url(a: &str, b: &str) -> bool {
     match (canonical_url(a), canonical_url(b)) {
         (Ok(x), Ok(y)) => x == y,
         _ => a.trim_end_matches('/') == b.trim_end_matches('/'),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_in_a_url_is_never_repeated() {
+        assert_eq!(redacted("http://admin:s3cret@10.0.0.1:2379/x"), "http://***@10.0.0.1:2379/x");
+        assert_eq!(redacted("http://10.0.0.1:2379"), "http://10.0.0.1:2379");
+        assert!(canonical_url("http://admin:s3cret@h:1").is_err());
     }
 }

@@ -57,6 +57,10 @@ pub enum HttpError {
     },
 }
 
+/// The largest answer read from a worker or a gateway (a gateway's `/metrics` over a large fleet
+/// is a few MB).
+pub const MAX_BODY: usize = 32 * 1024 * 1024;
+
 /// A shared HTTP client.
 #[derive(Debug, Clone)]
 pub struct Http {
@@ -152,8 +156,24 @@ impl Http {
             other => other,
         })?;
         let status = r.status().as_u16();
-        let body = r.text().await.map_err(|e| self.err(url, e))?;
+        let body = self.bounded_body(url, r).await?;
         Ok((status, body))
+    }
+
+    /// A response's body as text, at most [`MAX_BODY`] bytes: a worker, a gateway or anything
+    /// answering on their address cannot make pdctld hold an unbounded answer in memory.
+    async fn bounded_body(&self, url: &str, mut r: reqwest::Response) -> Result<String, HttpError> {
+        if r.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+            return Err(HttpError::Body { url: url.into(), detail: format!("the answer is larger than {} MB", MAX_BODY / (1024 * 1024)) });
+        }
+        let mut out: Vec<u8> = Vec::new();
+        while let Some(chunk) = r.chunk().await.map_err(|e| self.err(url, e))? {
+            if out.len() + chunk.len() > MAX_BODY {
+                return Err(HttpError::Body { url: url.into(), detail: format!("the answer is larger than {} MB", MAX_BODY / (1024 * 1024)) });
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     /// GET, any status.

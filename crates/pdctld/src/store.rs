@@ -5,7 +5,6 @@
 //! 0750 whatever the umask: revisions hold unit files and environment files.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use pdctl_core::api::CorruptRecord;
 pub use pdctl_core::api::Record;
@@ -51,18 +50,16 @@ impl Store {
         self.dir.join("rollouts").join(format!("{id}.json"))
     }
 
-    /// Persist a record: retried a few times (a full disk may free up, an NFS hiccup pass);
-    /// the last error if every attempt failed.
+    /// Persist a record: tried [`WRITE_ATTEMPTS`] times at once (an NFS hiccup passes); the last
+    /// error if every attempt failed. Never sleeps (it runs on the async threads): a record that
+    /// could not be written is kept in memory and retried every 5 s by the daemon.
     pub fn save(&self, r: &Record) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
         let mut last = None;
-        for attempt in 0..WRITE_ATTEMPTS {
+        for _ in 0..WRITE_ATTEMPTS {
             match atomic_write(&self.path(&r.id), &bytes, STATE_FILE_MODE) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = Some(e),
-            }
-            if attempt + 1 < WRITE_ATTEMPTS {
-                std::thread::sleep(Duration::from_millis(50 << attempt));
             }
         }
         Err(last.unwrap_or_else(|| std::io::Error::other("no write attempted")))

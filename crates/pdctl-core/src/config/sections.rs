@@ -41,7 +41,7 @@ fn worker(o: &Origins, path: &std::path::Path, line: usize, w: RawWorker, before
     let url_line = line_at(w.url.span().start);
     let url = w.url.into_inner();
     if let Err(why) = server_url(&url) {
-        return Err(o.err(path, Some(url_line), format!("worker.url of {unit}: {url:?} {why}")));
+        return Err(o.err(path, Some(url_line), format!("worker.url of {unit}: {:?} {why}", crate::url::redacted(&url))));
     }
     if let Some(other) = before.iter().find(|b| same_url(&b.url, &url)) {
         return Err(o.err(path, Some(url_line), format!("worker.url of {unit}: {url:?} is also the URL of {}; each worker is its own server", other.unit)));
@@ -103,13 +103,13 @@ pub(super) fn router(o: &Origins, rt: RawRouter) -> Result<Option<RouterSettings
     }
     let mut replicas = Vec::new();
     for (i, url) in urls.iter().enumerate() {
-        server_url(url).map_err(|why| o.at("router.url", format!("{url:?} {why}")))?;
+        server_url(url).map_err(|why| o.at("router.url", format!("{:?} {why}", crate::url::redacted(url))))?;
         if replicas.iter().any(|r: &Replica| same_url(&r.url, url)) {
             return Err(o.at("router.url", format!("{url:?} is listed twice")));
         }
         let m = metrics.get(i).cloned();
         if let Some(m) = &m {
-            canonical_url(m).map_err(|why| o.at("router.metrics_url", format!("{m:?} {why}")))?;
+            canonical_url(m).map_err(|why| o.at("router.metrics_url", format!("{:?} {why}", crate::url::redacted(m))))?;
         }
         replicas.push(Replica { url: url.trim_end_matches('/').to_string(), metrics_url: m });
     }
@@ -260,7 +260,7 @@ pub(super) fn fleet(o: &Origins, fl: RawFleet, storm: RawStorm, seen: bool, host
         return Err(o.at("fleet.etcd", "[fleet] needs etcd = [\"http://HOST:2379\", …] (the endpoints of the fleet's etcd cluster)".into()));
     }
     for e in &etcd {
-        server_url(e).map_err(|why| o.at("fleet.etcd", format!("{e:?} {why}")))?;
+        server_url(e).map_err(|why| o.at("fleet.etcd", format!("{:?} {why}", crate::url::redacted(e))))?;
     }
     let name = fl.name.unwrap_or_default();
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {

@@ -197,15 +197,18 @@ impl KeySource {
         } else if !v.is_empty() && !v.contains('/') && v != "." && v != ".." {
             Ok(KeySource::Credential(v.to_string()))
         } else {
-            Err(format!("{v:?} is neither an absolute path nor a systemd credential's name (LoadCredential=NAME:…, read from $CREDENTIALS_DIRECTORY/NAME)"))
+            // Not repeated: a key pasted here by mistake must not reach a log or a record.
+            Err("is neither an absolute path nor a systemd credential's name (LoadCredential=NAME:…, read from $CREDENTIALS_DIRECTORY/NAME); its value is not repeated here".into())
         }
     }
 
-    /// Where the key is, for sentences (never the key).
+    /// Where the key is, for sentences (never the key). A credential's name is not repeated:
+    /// a key pasted as `api_key_file` by mistake reads as a name, and this sentence reaches
+    /// logs, records and etcd; the config says which name it is.
     pub fn describe(&self) -> String {
         match self {
             KeySource::File(p) => p.display().to_string(),
-            KeySource::Credential(n) => format!("the credential {n} ($CREDENTIALS_DIRECTORY/{n})"),
+            KeySource::Credential(_) => "the systemd credential the config names (in $CREDENTIALS_DIRECTORY)".into(),
         }
     }
 
@@ -216,16 +219,21 @@ impl KeySource {
             KeySource::Credential(n) => match std::env::var_os("CREDENTIALS_DIRECTORY") {
                 Some(d) => PathBuf::from(d).join(n),
                 None => {
-                    return Err(format!(
-                        "the credential {n} is not available: $CREDENTIALS_DIRECTORY is not set (add LoadCredential={n}:PATH to pdctld's unit)"
-                    ))
+                    return Err(
+                        "the systemd credential the config names is not available: $CREDENTIALS_DIRECTORY is not set (add LoadCredential=NAME:PATH to pdctld's unit, NAME as in the config)"
+                            .into(),
+                    )
                 }
             },
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let shown = match self {
+            KeySource::File(p) => p.display().to_string(),
+            KeySource::Credential(_) => self.describe(),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {shown}: {e}"))?;
         let key = text.trim().to_string();
         if key.is_empty() {
-            return Err(format!("{} is empty", path.display()));
+            return Err(format!("{shown} is empty"));
         }
         Ok(key)
     }

@@ -276,11 +276,24 @@ pub struct FleetRollout {
     pub load_changes: bool,
     /// After the last host: how long (seconds) every changed worker is watched, a breach
     /// reverting the changed hosts (`[fleet] bake` of the host that wrote the request).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Another host's value, so bounded as `[fleet] bake` is (at most [`MAX_BAKE_SECS`]): a larger
+    /// one does not decode (an `Instant` that far ahead would overflow).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "bounded_bake")]
     pub bake_secs: Option<u64>,
     /// Not a restart: new weights, every host's workers paused, loaded and continued in step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights: Option<FleetWeights>,
+}
+
+/// The longest bake a fleet request may ask for (24 h, `[fleet] bake`'s bound).
+pub const MAX_BAKE_SECS: u64 = 24 * 3600;
+
+fn bounded_bake<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let v: Option<u64> = Option::deserialize(d)?;
+    match v {
+        Some(s) if s > MAX_BAKE_SECS => Err(serde::de::Error::custom(format!("bake_secs {s} is more than {MAX_BAKE_SECS} (24 h)"))),
+        v => Ok(v),
+    }
 }
 
 /// New weights for every host of a fleet rollout (`pdctl fleet weights`).
@@ -384,4 +397,18 @@ pub enum HostResult {
     Interrupted,
     /// It did not start: the canary or another host failed first, or it could not start.
     NotStarted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bake_beyond_its_bound_from_another_host_does_not_decode() {
+        let req = |bake: u64| serde_json::json!({"id": "f1", "hosts": ["a"], "allow_outage": false, "by": "uid 0 on a", "reason": null, "canary": null, "created_at": 1, "bake_secs": bake});
+        assert_eq!(serde_json::from_value::<FleetRollout>(req(600)).map(|r| r.bake_secs).ok(), Some(Some(600)));
+        // u64::MAX seconds would overflow `Instant::now() + bake` and panic the bake task.
+        let e = serde_json::from_value::<FleetRollout>(req(u64::MAX)).expect_err("out of bounds");
+        assert!(e.to_string().contains("more than 86400"), "{e}");
+    }
 }
