@@ -97,8 +97,19 @@ pub fn load(main: &Path) -> Result<Settings, ConfigError> {
         })?;
         texts.push((f, text));
     }
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).ok();
+    let hostname = host_name();
     resolve(&texts, hostname.as_deref())
+}
+
+/// The machine's host name (`gethostname(2)`: pdctld's unit hides `/proc/sys`, `ProcSubset=pid`).
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer and its length are valid; gethostname writes at most that many bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    std::str::from_utf8(&buf[..end]).ok().map(|h| h.trim().to_string()).filter(|h| !h.is_empty())
 }
 
 /// Validate already-read files: `(path, contents)` in merge order, without the machine's host
