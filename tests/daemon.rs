@@ -567,3 +567,31 @@ fn a_second_pdctld_on_the_same_state_directory_exits_naming_the_first() {
     assert!(pings(&d.socket, Duration::from_secs(5)), "the first still serves its socket");
     assert_eq!(stack.show("pdctld.service", "MainPID").unwrap(), pid);
 }
+
+/// A `paused.json` that does not read (a torn write, a disk error) cannot say which workers a
+/// weights rollout paused: the starting pdctld continues every configured worker (a continue of
+/// a worker that is not paused changes nothing) and then forgets it (before: it was ignored,
+/// and a paused worker stayed paused).
+#[test]
+fn a_paused_record_that_does_not_read_continues_every_worker_at_start() {
+    let (stack, _config, d) = up();
+    let file = d.state.join("revisions").join("paused.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, b"[{\"unit\": \"sglang-dsv4-pre").unwrap();
+    stack.sandbox.systemctl(&["restart", "pdctld.service"]).unwrap();
+    assert!(
+        pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(200), || !file.exists()),
+        "the unreadable record was acted on (every worker continued) and removed"
+    );
+    assert!(
+        pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"]
+            == false),
+        "then rollouts may start again"
+    );
+    let log = stack
+        .sandbox
+        .journalctl(&["-u", "pdctld.service", "-o", "cat", "--no-pager"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(log.contains("does not read") && log.contains("every configured worker is continued"), "{log}");
+}

@@ -262,6 +262,12 @@ fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
             panic!("{url} was not continued by the new pdctld; its journal:\n{log}");
         }
     }
+    // Its start's reconciliation ends (revisions recorded, nothing else left) before it takes a request to act.
+    assert!(
+        pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"]
+            == false),
+        "pdctld finished reconciling"
+    );
     let (_, h) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
     let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();
     let (code, body) = pdctl_tests::raw_api(&d.socket, "POST", "/v1/rollouts", &format!("{{\"kind\":\"resume\",\"id\":\"{id}\"}}"));
@@ -281,6 +287,34 @@ fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
     let next = shown.lines().find_map(|l| l.split("next: ").nth(1)).unwrap_or_else(|| panic!("{shown}"));
     assert!(next.starts_with("pdctl status") && !next.contains("resume"), "{next}");
     assert_eq!(run(&["status"]).0, Some(0));
+}
+
+/// pdctld stopped (SIGTERM: an upgrade, `systemctl stop pdctld`) while a weights rollout holds
+/// every worker paused: it continues them before it exits, not at its next start (before: it
+/// undid drains only, and the workers held every request until pdctld started again).
+#[test]
+fn a_pdctld_stopped_while_workers_are_paused_continues_them_before_it_exits() {
+    let slow = vec!["--sim-weights-load-secs".to_string(), "5".to_string()];
+    let opts = StackOptions { prefill_args: slow.clone(), decode_args: slow, ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let mut c = pdctl_tests::live_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"]);
+    c.wait_line(LIMIT, |e| e["unit"] == P && e["step"] == "weights" && e["status"] == "started").expect("the prefill is being paused");
+    let ready = |url: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async { pdctl_tests::http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
+    };
+    assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(100), || ready(&stack.prefill.url) == 503), "the prefill is paused");
+    stack.sandbox.systemctl(&["stop", &d.unit]).expect("pdctld stops");
+    let _ = c.finish(Duration::from_secs(20));
+    assert_eq!(stack.show(&d.unit, "ActiveState").unwrap(), "inactive", "pdctld is not running");
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(200), || ready(url) == 200), "{url} was continued by the stopping pdctld");
+    }
+    assert!(!pdctl_core_paused_file(&d.state).exists(), "nothing left on record to continue");
+}
+
+fn pdctl_core_paused_file(state: &std::path::Path) -> std::path::PathBuf {
+    state.join("revisions").join("paused.json")
 }
 
 /// The decodes' `(decoded, mixed)` counters summed (a 2P2D stack has two).

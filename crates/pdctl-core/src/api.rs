@@ -546,6 +546,12 @@ pub struct DaemonStatus {
     /// Per decode and prefill, the last pair probe pdctl sent them (from the rollout records).
     #[serde(default)]
     pub pairs: Vec<PairStatus>,
+    /// What pdctld has to undo and could not yet — a worker a weights rollout left paused that
+    /// does not continue, drains it cannot re-admit because systemd or the config cannot be used,
+    /// a `paused.json` that does not read — each a sentence with what to do; no rollout starts
+    /// while any is left (`reconciling`), and pdctld keeps trying.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unresolved: Vec<String>,
 }
 
 /// The last pair probe of one prefill/decode pair.

@@ -54,6 +54,9 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
                 for d in &v.drained {
                     println!("pdctld: ! {} is out of the router by pdctl's hand since rollout {} and not re-admitted yet (not serving)", d.unit, d.rollout_id);
                 }
+                for u in &v.unresolved {
+                    println!("pdctld: ! unresolved: {u}");
+                }
                 if let Some(e) = &v.record_error {
                     println!("pdctld: ! rollout records are not being saved: {e}; no rollout starts until they are");
                 }

@@ -74,6 +74,9 @@ pub struct Metrics {
     pub self_restarts: Family<UnitLabel, Counter>,
     /// 1 while this host is in a restart storm (no rollout starts).
     pub storm: Gauge,
+    /// `pdctl_unresolved`: what pdctld has to undo and could not yet (a paused worker, a drain
+    /// it cannot re-admit): no rollout starts while it is above 0.
+    pub unresolved: Gauge,
 }
 
 impl Default for Metrics {
@@ -95,6 +98,7 @@ impl Default for Metrics {
         let longest_error = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         let self_restarts = Family::<UnitLabel, Counter>::default();
         let storm = Gauge::default();
+        let unresolved = Gauge::default();
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
         registry.register("gate_failures", "Gates that failed, by step and cause code", gate_failures.clone());
@@ -111,6 +115,11 @@ impl Default for Metrics {
         registry.register("availability_longest_error_seconds", "The last rollout's longest window of errors as clients saw them", longest_error.clone());
         registry.register("self_restarts", "Worker restarts pdctl did not make (systemd's Restart=, or outside any rollout), by unit", self_restarts.clone());
         registry.register("restart_storm", "1 while this host's self-restarts exceed the storm rule (no rollout starts)", storm.clone());
+        registry.register(
+            "unresolved",
+            "What pdctld has to undo after a stop or a start and could not yet (a paused worker, a drain it cannot re-admit); no rollout starts while above 0",
+            unresolved.clone(),
+        );
         Metrics {
             registry,
             rollouts,
@@ -129,6 +138,7 @@ impl Default for Metrics {
             longest_error,
             self_restarts,
             storm,
+            unresolved,
         }
     }
 }

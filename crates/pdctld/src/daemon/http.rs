@@ -299,6 +299,7 @@ pub(super) async fn status(State(d): State<Arc<Daemon>>) -> Response {
         pairs: pdctl_core::api::PairStatus::from_records(&all),
         corrupt,
         quarantined,
+        unresolved: lock(&d.unresolved).values().cloned().collect(),
     })
     .into_response()
 }

@@ -60,6 +60,10 @@ pub struct Daemon {
     /// process found it before serving): continued by [`Daemon::reconcile_at_start`]. Read here,
     /// not later, so that the file a rollout of this process writes is never taken for one.
     pub(super) paused_at_start: Mutex<Vec<pdctl_core::engine::PausedWorker>>,
+    /// What this pdctld has to undo and could not yet (see `DaemonStatus::unresolved`), by what
+    /// it is about (`paused`, `drains`): kept while pdctld retries, shown in `status`, counted in
+    /// `pdctl_unresolved`.
+    pub(super) unresolved: Mutex<BTreeMap<&'static str, String>>,
     /// Why the last record write failed, while some record is unsaved.
     record_error: Mutex<Option<String>>,
     /// Records whose latest state could not be written yet (retried; served from here).
@@ -134,6 +138,7 @@ impl Daemon {
             running: Mutex::new(None),
             reconciling: AtomicBool::new(false),
             paused_at_start: Mutex::new(Vec::new()),
+            unresolved: Mutex::new(BTreeMap::new()),
             record_error: Mutex::new(None),
             unsaved: Mutex::new(BTreeMap::new()),
             storm: Mutex::new(storm::StormWatch::default()),
@@ -162,9 +167,8 @@ impl Daemon {
             tracing::error!("drain ledger file {} does not read ({}); check the router by hand", b.path.display(), b.error);
         }
         d.metrics.drained.set(drains.len() as i64);
-        let paused: Vec<pdctl_core::engine::PausedWorker> =
-            std::fs::read(pdctl_core::engine::paused_path(&d.store.revisions_dir())).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
-        d.reconciling.store(!drains.is_empty() || !paused.is_empty(), Ordering::SeqCst);
+        let paused = d.paused_on_record();
+        d.reconciling.store(!drains.is_empty() || !paused.is_empty() || !lock(&d.unresolved).is_empty(), Ordering::SeqCst);
         notify_status(match (drains.is_empty(), paused.is_empty()) {
             (true, true) => "idle",
             (false, _) => "re-admitting drained workers",
@@ -172,6 +176,46 @@ impl Daemon {
         });
         *lock(&d.paused_at_start) = paused;
         d
+    }
+
+    /// The workers a weights rollout recorded as paused (`paused.json`). A file that is there but
+    /// does not read cannot say which: then every configured worker is taken as paused (a
+    /// continue of a worker that is not paused changes nothing), and if the config cannot be
+    /// read either, that is unresolved until it can.
+    pub(super) fn paused_on_record(&self) -> Vec<pdctl_core::engine::PausedWorker> {
+        let path = pdctl_core::engine::paused_path(&self.store.revisions_dir());
+        let Ok(bytes) = std::fs::read(&path) else { return Vec::new() };
+        match serde_json::from_slice::<Vec<pdctl_core::engine::PausedWorker>>(&bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("{} does not read ({e}): every configured worker is continued, as any may be paused", path.display());
+                match pdctl_core::config::load(&self.config) {
+                    Ok(s) => s.workers.iter().map(|w| pdctl_core::engine::PausedWorker { unit: w.unit.clone(), url: w.url.clone() }).collect(),
+                    Err(c) => {
+                        self.set_unresolved(
+                            "paused",
+                            Some(format!("{} does not read ({e}) and the config does not load ({c}): any worker may be paused; fix the config (pdctld continues them all then)", path.display())),
+                        );
+                        Vec::new()
+                    }
+                }
+            }
+        }
+    }
+
+    /// Record (or, with `None`, clear) what pdctld could not undo yet about `what`; the metric
+    /// follows.
+    pub(super) fn set_unresolved(&self, what: &'static str, why: Option<String>) {
+        let mut u = lock(&self.unresolved);
+        match why {
+            Some(w) => {
+                u.insert(what, w);
+            }
+            None => {
+                u.remove(what);
+            }
+        }
+        self.metrics.unresolved.set(u.len() as i64);
     }
 
     /// Mark a record interrupted where it stopped, with the units' state.

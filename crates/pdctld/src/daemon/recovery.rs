@@ -85,91 +85,109 @@ impl Daemon {
         self.metrics.drained.set(self.store.ledger().all().0.len() as i64);
     }
 
-    /// Undo the drains left in the ledger by a previous process, before any rollout starts:
-    /// each worker is re-admitted once it serves (see `Engine::reconcile`), waiting up to
-    /// `ready_timeout` for a worker that is starting.
-    /// Workers a weights rollout paused before this pdctld's predecessor died (on record in
-    /// `paused.json`, written before the pause): continued now, so that none is left holding its
-    /// requests; their weights are what `pdctl status` says (the rollout's record is interrupted).
-    async fn continue_paused(&self) {
+    /// One pass over the workers a weights rollout of a predecessor left paused: each is
+    /// continued; returns those that did not answer.
+    async fn continue_pass(&self, e: &RealEngine, left: Vec<pdctl_core::engine::PausedWorker>) -> Vec<pdctl_core::engine::PausedWorker> {
         use pdctl_core::ports::Probes as _;
-        let path = pdctl_core::engine::paused_path(&self.store.revisions_dir());
-        // As found before this process served (no rollout of its own can have written it: none
-        // starts while `reconciling`).
-        let mut left = std::mem::take(&mut *lock(&self.paused_at_start));
-        if left.is_empty() {
-            return;
-        }
-        // A worker left paused holds every request sent to it: tried again every second for up
-        // to two minutes (the engine or a worker may not answer yet while the host is busy).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        loop {
-            match engine(self).await {
-                Ok(e) => {
-                    let mut still = Vec::new();
-                    for w in left {
-                        match e.probes.resume(&w.url, std::time::Duration::from_secs(10)).await {
-                            Ok(()) => tracing::warn!(
-                                pdctl_unit = %w.unit,
-                                "{} was paused by a weights rollout when pdctld stopped: continued; check its weights (pdctl status)",
-                                w.unit
-                            ),
-                            Err(er) => {
-                                tracing::warn!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout ({er}): trying again", w.unit);
-                                still.push(w);
-                            }
-                        }
-                    }
-                    left = still;
+        let mut still = Vec::new();
+        for w in left {
+            match e.probes.resume(&w.url, std::time::Duration::from_secs(10)).await {
+                Ok(()) => tracing::warn!(
+                    pdctl_unit = %w.unit,
+                    "{} was paused by a weights rollout when pdctld stopped: continued; check its weights (pdctl status)",
+                    w.unit
+                ),
+                Err(er) => {
+                    tracing::warn!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout ({er}): trying again", w.unit);
+                    still.push(w);
                 }
-                Err(c) => tracing::warn!("workers a weights rollout paused are not continued yet ({}): trying again", c.sentence()),
             }
-            if left.is_empty() {
-                let _ = std::fs::remove_file(&path);
-                return;
-            }
-            if std::time::Instant::now() >= deadline {
-                for w in &left {
-                    tracing::error!(pdctl_unit = %w.unit, "{} may still be paused by a weights rollout: continue it by hand (POST {}/continue_generation)", w.unit, w.url);
-                }
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
+        still
     }
 
+    /// What a previous process left, undone before any rollout starts (`reconciling` until then):
+    /// first the workers a weights rollout paused (on record in `paused.json`, written before the
+    /// pause: they hold every request meanwhile), then the drains in the ledger (each worker
+    /// re-admitted once it serves, see `Engine::reconcile`, waiting up to `ready_timeout` for one
+    /// that is starting), then fleet slots. Good revisions are recorded eagerly too (what each
+    /// worker's running process started with, so that a rollback works from the first day).
+    ///
+    /// pdctld never gives up on these: while systemd or the config cannot be used, or a paused
+    /// worker does not continue, it tries again (every second, every 5 s after two minutes), and
+    /// what is left is said in `status` (`unresolved`, with what to do), counted in
+    /// `pdctl_unresolved`, and no rollout starts.
     pub async fn reconcile_at_start(self: Arc<Self>) {
-        // Good revisions are recorded eagerly: what each worker's running process started with,
-        // so that a rollback works from the first day.
-        // First the workers a dead predecessor left paused: they hold every request meanwhile.
-        self.continue_paused().await;
-        if let Ok(e) = engine(&self).await {
-            if let Err(c) = e.staleness(&self.store.revisions_dir()).await {
-                tracing::warn!("cannot record the workers' revisions at start: {}", c.sentence());
-            }
-        }
-        let (drains, _) = self.store.ledger().all();
-        if !drains.is_empty() {
+        let paused_file = pdctl_core::engine::paused_path(&self.store.revisions_dir());
+        let mut paused = std::mem::take(&mut *lock(&self.paused_at_start));
+        let (mut drains_done, mut recorded) = (false, false);
+        let t0 = std::time::Instant::now();
+        let patience = std::time::Duration::from_secs(120);
+        loop {
             match engine(&self).await {
                 Ok(e) => {
-                    let budget = e.settings.rollout.ready_timeout;
-                    for d in &drains {
-                        notify_status(&format!("re-admitting {} (drained by {})", d.unit, d.rollout_id));
-                        self.reconcile_one(&e, d, budget, None).await;
+                    self.set_unresolved("engine", None);
+                    if !paused.is_empty() {
+                        paused = self.continue_pass(&e, paused).await;
+                        if paused.is_empty() {
+                            let _ = std::fs::remove_file(&paused_file);
+                            self.set_unresolved("paused", None);
+                        }
+                    }
+                    if !recorded {
+                        if let Err(c) = e.staleness(&self.store.revisions_dir()).await {
+                            tracing::warn!("cannot record the workers' revisions at start: {}", c.sentence());
+                        }
+                        recorded = true;
+                    }
+                    if !drains_done {
+                        let budget = e.settings.rollout.ready_timeout;
+                        for d in &self.store.ledger().all().0 {
+                            notify_status(&format!("re-admitting {} (drained by {})", d.unit, d.rollout_id));
+                            self.reconcile_one(&e, d, budget, None).await;
+                        }
+                        // Fleet slots left by a previous process: given back once their workers serve.
+                        for n in e.reconcile_slots(self.store.ledger(), None).await {
+                            tracing::warn!("{n}");
+                        }
+                        drains_done = true;
                     }
                 }
-                Err(c) => tracing::error!(
-                    "cannot re-admit the workers pdctl drained before it stopped ({}): {}; they stay out of the router until a rollout re-admits them",
-                    drains.iter().map(|d| d.unit.as_str()).collect::<Vec<_>>().join(", "),
-                    c.sentence()
-                ),
+                Err(c) => {
+                    let drains: Vec<String> = self.store.ledger().all().0.into_iter().map(|d| d.unit).collect();
+                    let what: Vec<String> =
+                        drains.iter().map(|u| format!("{u} (drained)")).chain(paused.iter().map(|w| format!("{} (paused)", w.unit))).collect();
+                    let why = format!(
+                        "pdctld cannot use systemd or its config ({}): {} not undone yet; fix that (journalctl -u pdctld), pdctld keeps trying",
+                        c.sentence(),
+                        if what.is_empty() { "nothing of a previous process is".to_string() } else { what.join(", ") + " are" }
+                    );
+                    tracing::error!("{why}");
+                    if !what.is_empty() {
+                        self.set_unresolved("engine", Some(why));
+                    }
+                    // Nothing to undo but revisions to record: not worth holding rollouts for.
+                    if what.is_empty() {
+                        drains_done = true;
+                        paused.clear();
+                    }
+                }
             }
-        }
-        // Fleet slots left by a previous process: given back once their workers serve.
-        if let Ok(e) = engine(&self).await {
-            for n in e.reconcile_slots(self.store.ledger(), None).await {
-                tracing::warn!("{n}");
+            if drains_done && paused.is_empty() {
+                break;
             }
+            if t0.elapsed() >= patience && !paused.is_empty() {
+                let hand: Vec<String> = paused.iter().map(|w| format!("curl -X POST {}/continue_generation", w.url)).collect();
+                let why = format!(
+                    "{} may still be paused by a weights rollout of the previous pdctld and did not continue: it holds every request sent to it; continue it by hand ({}); pdctld keeps trying",
+                    paused.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "),
+                    hand.join("; ")
+                );
+                tracing::error!("{why}");
+                self.set_unresolved("paused", Some(why));
+            }
+            let every = if t0.elapsed() < patience { 1 } else { 5 };
+            tokio::time::sleep(std::time::Duration::from_secs(every)).await;
         }
         self.reconciling.store(false, Ordering::SeqCst);
         notify_status("idle");
@@ -246,6 +264,24 @@ impl Daemon {
             for d in drains.iter().filter(|d| d.rollout_id == r.id) {
                 self.reconcile_one(e, d, budget, Some(&r.record)).await;
             }
+            // A weights rollout's paused workers hold every request: continued now, not at the
+            // next start (what does not answer stays on record for it).
+            let paused = self.paused_on_record();
+            if !paused.is_empty() {
+                let left = self.continue_pass(e, paused).await;
+                let file = pdctl_core::engine::paused_path(&self.store.revisions_dir());
+                if left.is_empty() {
+                    let _ = std::fs::remove_file(&file);
+                    lock(&r.record).notes.push("pdctld stopped during the weights rollout: every worker it had paused was continued".into());
+                } else {
+                    let bytes = serde_json::to_vec_pretty(&left).unwrap_or_default();
+                    let _ = pdctl_core::state_file::atomic_write(&file, &bytes, pdctl_core::state_file::STATE_FILE_MODE);
+                    lock(&r.record).notes.push(format!(
+                        "pdctld stopped during the weights rollout: {} did not continue; the next pdctld continues them at its start",
+                        left.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
         }
         let sd = e.as_ref().ok().map(|e| &e.units);
         let plan = lock(&r.record).plan.clone();
@@ -276,7 +312,8 @@ mod tests {
         let path = pdctl_core::engine::paused_path(&d.store.revisions_dir());
         let w = pdctl_core::engine::PausedWorker { unit: "p.service".into(), url: "http://127.0.0.1:9".into() };
         std::fs::write(&path, serde_json::to_vec(&vec![w.clone()]).unwrap()).unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(5), d.continue_paused()).await.expect("returns at once: nothing was left paused at start");
+        let d = Arc::new(d);
+        tokio::time::timeout(std::time::Duration::from_secs(5), d.clone().reconcile_at_start()).await.expect("returns at once: nothing was left paused at start");
         assert!(path.exists(), "the running rollout's record of its pause is kept");
         // Found at start (a predecessor's): this process reconciles first.
         let d2 = Daemon::new(dir.join("pdctl.toml"), crate::store::Store::open(&dir).unwrap()).await;
