@@ -595,3 +595,53 @@ fn a_paused_record_that_does_not_read_continues_every_worker_at_start() {
         .unwrap_or_default();
     assert!(log.contains("does not read") && log.contains("every configured worker is continued"), "{log}");
 }
+
+/// Who may do what: with `--socket-group nogroup --operate-group root`, user nobody reaches the
+/// socket and may read (rollout history) but not act — an abort is refused (`not_allowed`,
+/// exit 3) before anything is looked up — while root may; the group membership is the kernel's
+/// word (SO_PEERCRED), not the client's.
+#[test]
+fn a_member_of_the_socket_group_may_read_but_only_the_operate_group_may_act() {
+    let dir = tempfile_dir("pdctld-operate");
+    let (sock, state) = (dir.join("pdctl.sock"), dir.join("state"));
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctld", "PDCTLD_BIN").unwrap();
+    let mut daemon = std::process::Command::new(bin)
+        .args(["--config", &s(&dir.join("none.toml")), "--socket", &s(&sock), "--state-dir", &s(&state), "--metrics-listen", "off"])
+        .args(["--socket-group", "nogroup", "--operate-group", "root"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(pdctl_tests::until(Duration::from_secs(20), Duration::from_millis(100), || pings(&sock, Duration::from_secs(2))), "pdctld serves");
+    let pdctl = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let cli = |user: Option<&str>, args: &[&str]| {
+        let mut c = std::process::Command::new("/usr/bin/setpriv");
+        match user {
+            Some(u) => c.args([&format!("--reuid={u}"), &format!("--regid={u}"), "--clear-groups"]),
+            None => c.args(["--reuid=0"]),
+        };
+        let o = c.arg(&pdctl).args(args).arg("--socket").arg(&sock).output().unwrap();
+        (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, err) = cli(Some("65534"), &["rollout", "history"]);
+    assert_eq!(code, 0, "nobody reads: {err}");
+    let (code, err) = cli(Some("65534"), &["rollout", "abort", "r1764500000"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("uid 65534 may read pdctld's state but not act") && err.contains("member of root"), "{err}");
+    // Root may act: the abort is looked at (no such rollout), not refused.
+    let (code, err) = cli(None, &["rollout", "abort", "r1764500000"]);
+    assert!(code != 3 && err.contains("no rollout r1764500000"), "{code}: {err}");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir(prefix: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -103,6 +103,7 @@ impl Cause {
             Cause::ApiKeyRejected { .. } => {
                 "compare the key in the unit's `--api-key` with the file its `api_key_file` names, `systemctl restart pdctld`, then `pdctl check`".into()
             }
+            Cause::NotAllowed { group, .. } => format!("run it as root or as a member of {group} (`id` shows your groups)"),
             Cause::RollbackUnwritable { .. } => {
                 "add each directory to pdctld's `ReadWritePaths=` (`systemctl edit pdctld`, then `systemctl restart pdctld`), or set `[rollout] on_failure = \"halt\"` for this rollout".into()
             }

@@ -28,6 +28,11 @@ struct Args {
     /// Group that may use the socket (mode 0660).
     #[arg(long)]
     socket_group: Option<String>,
+    /// Group that may act (start, resume, revert, abort rollouts; fleet rollouts); others who
+    /// reach the socket (its `--socket-group`) may only read: status, watch, show, diff, history.
+    /// Unset: whoever reaches the socket may act.
+    #[arg(long)]
+    operate_group: Option<String>,
     /// State directory (rollout records, revisions).
     #[arg(long, default_value = "/var/lib/pdctl", env = "STATE_DIRECTORY")]
     state_dir: PathBuf,
@@ -71,6 +76,19 @@ fn chgrp(path: &std::path::Path, group: &str) -> Result<(), String> {
         return Err(std::io::Error::last_os_error().to_string());
     }
     Ok(())
+}
+
+/// A group's gid by name.
+fn group_id(group: &str) -> Result<u32, String> {
+    let c = std::ffi::CString::new(group).map_err(|e| e.to_string())?;
+    // SAFETY: getgrnam returns a pointer into static storage or null; read gr_gid at once.
+    unsafe {
+        let g = libc::getgrnam(c.as_ptr());
+        if g.is_null() {
+            return Err(format!("no group {group}"));
+        }
+        Ok((*g).gr_gid)
+    }
 }
 
 /// An exclusive lock on `dir/pdctld.lock` (`flock`, released by the kernel when the process
@@ -149,7 +167,17 @@ async fn main() {
     if let Err(e) = pdctl_core::config::load(&config) {
         tracing::warn!("config error (rollouts will be refused until it is fixed): {e}");
     }
-    let d = Arc::new(daemon::Daemon::new(config, store).await);
+    let mut daemon = daemon::Daemon::new(config, store).await;
+    if let Some(g) = &args.operate_group {
+        match group_id(g) {
+            Ok(gid) => daemon.operate = Some((g.clone(), gid)),
+            Err(e) => {
+                eprintln!("pdctld: --operate-group {g}: {e}; name an existing group (getent group {g})");
+                Exit::Usage.exit_process();
+            }
+        }
+    }
+    let d = Arc::new(daemon);
     if let Some(dir) = args.socket.parent() {
         let _ = std::fs::create_dir_all(dir);
     }

@@ -68,6 +68,7 @@ impl Cause {
             Cause::StopSlow { .. } => "stop_slow",
             Cause::KillModeUnsafe { .. } => "kill_mode_unsafe",
             Cause::RollbackUnwritable { .. } => "rollback_unwritable",
+            Cause::NotAllowed { .. } => "not_allowed",
             Cause::ApiKeyRejected { .. } => "api_key_rejected",
             Cause::PeerRoleDown { .. } => "peer_role_down",
             Cause::RestoreFailed { .. } => "restore_failed",
@@ -101,7 +102,8 @@ impl Cause {
             | Cause::JournalUnreadable { .. }
             | Cause::RouterUnreachable { .. }
             | Cause::RecordUnwritable { .. }
-            | Cause::RestoreFailed { .. } => FailureKind::Access,
+            | Cause::RestoreFailed { .. }
+            | Cause::NotAllowed { .. } => FailureKind::Access,
             Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } => FailureKind::Busy,
             Cause::RecordsFailing { .. } => FailureKind::Access,
             Cause::SystemdRefused { .. }
@@ -150,6 +152,7 @@ impl Cause {
     pub fn http_status(&self) -> u16 {
         match self {
             Cause::NoSuchRollout { .. } => 404,
+            Cause::NotAllowed { .. } => 403,
             Cause::WrongState { .. } => 409,
             Cause::RecordUnwritable { .. } => 500,
             // Gate failures of a rollout, but as an API answer the service behind pdctld failed.

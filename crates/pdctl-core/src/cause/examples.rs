@@ -74,6 +74,7 @@ impl Cause {
             Cause::UnitNotRunning { unit: unit(), state: "inactive/dead".into() },
             Cause::LoadUnknown { url: url(), error: msg() },
             Cause::StopSlow { unit: unit(), why: msg() },
+            Cause::NotAllowed { uid: 1000, group: "pdctl-operators".into() },
             Cause::RollbackUnwritable { unit: unit(), dirs: vec!["/etc/sglang (Read-only file system)".into()] },
             Cause::KillModeUnsafe {
                 unit: unit(),

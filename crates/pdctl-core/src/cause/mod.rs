@@ -513,6 +513,14 @@ pub enum Cause {
         /// The sentence with the drop-in that fixes it ([`crate::stop::kill_mode_risk`]).
         fix: String,
     },
+    /// The client on the control socket may read but not act: pdctld runs with an operate group
+    /// (`--operate-group`) and the peer (its uid, from the kernel) is neither root nor in it.
+    NotAllowed {
+        /// The peer's uid.
+        uid: u32,
+        /// The group that may act.
+        group: String,
+    },
     /// `on_failure = "rollback"`, and a file the rollback would restore lies in a directory this
     /// process cannot write (outside the unit's `ReadWritePaths=`, or not root's): a failed gate
     /// would leave the worker half-restored. Refused in preflight.

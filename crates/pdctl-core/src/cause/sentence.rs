@@ -131,6 +131,9 @@ impl Cause {
             Cause::ApiKeyRejected { endpoint, status, key } => format!(
                 "{endpoint} answered {status} to pdctl ({key}): the worker runs with --api-key and pdctl's key is missing or wrong; put the unit's key in the file its api_key_file names (readable by pdctld only) and restart pdctld"
             ),
+            Cause::NotAllowed { uid, group } => format!(
+                "uid {uid} may read pdctld's state but not act: starting, resuming, reverting or aborting a rollout takes root or membership in {group}; nothing was touched"
+            ),
             Cause::RollbackUnwritable { unit, dirs } => format!(
                 "on_failure = \"rollback\" could not put {unit}'s files back: pdctld cannot write {}; nothing was touched",
                 dirs.join(", ")

@@ -88,6 +88,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 single_pair,
                 coherent,
                 coherent_flags,
+                model_roots,
                 in_place,
                 weights_fallback,
                 max_failed_probes,

@@ -246,6 +246,12 @@ smoke_request = true
         };
         let s = two("[rollout]\ncoherent = \"never\"\ncoherent_flags = [\"--chat-template\"]\n").unwrap();
         assert_eq!((s.rollout.coherent, s.rollout.coherent_flags), (crate::config::Coherent::Never, vec!["--chat-template".to_string()]));
+        let s = two("[rollout]\nmodel_roots = [\"/models\"]\n").unwrap();
+        assert!(s.rollout.model_path_allowed("/models/dsv4-ft").is_ok());
+        let e = s.rollout.model_path_allowed("/models/../etc/shadow").unwrap_err();
+        assert!(e.contains("not under [rollout] model_roots (/models)"), "{e}");
+        assert!(s.rollout.model_path_allowed("/modelsX/a").is_err(), "a sibling directory is not under it");
+        assert!(two("[rollout]\nmodel_roots = [\"models\"]\n").unwrap_err().to_string().contains("rollout.model_roots"));
         let e = two("[rollout]\ncoherent_flags = [\"chat-template\"]\n").unwrap_err();
         assert!(e.to_string().contains("rollout.coherent_flags") && e.msg.contains("--flag-name"), "{e}");
     }

@@ -112,6 +112,7 @@ pub(super) struct RawRollout {
     pub(super) single_pair: Option<SinglePair>,
     pub(super) coherent: Option<Coherent>,
     pub(super) coherent_flags: Option<Vec<String>>,
+    pub(super) model_roots: Option<Vec<String>>,
     pub(super) in_place: Option<InPlace>,
     pub(super) weights_fallback: Option<WeightsFallback>,
     pub(super) max_failed_probes: Option<u64>,

@@ -230,6 +230,7 @@ pub(super) fn rollout(
         single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
         coherent: ro.coherent.unwrap_or(super::settings::Coherent::Auto),
         coherent_flags: coherent_flags(o, ro.coherent_flags)?,
+        model_roots: model_roots(o, ro.model_roots)?,
         in_place: ro.in_place.unwrap_or(super::settings::InPlace::Auto),
         weights_fallback: ro.weights_fallback.unwrap_or(super::settings::WeightsFallback::Revert),
         max_failed_probes: ro.max_failed_probes,
@@ -247,6 +248,15 @@ fn coherent_flags(o: &Origins, flags: Option<Vec<String>>) -> Result<Vec<String>
         return Err(o.at("rollout.coherent_flags", format!("{bad:?} is not a flag: write it as SGLang's --flag-name, without a value")));
     }
     Ok(flags)
+}
+
+/// `[rollout] model_roots`: absolute directories, without `..`.
+fn model_roots(o: &Origins, roots: Option<Vec<String>>) -> Result<Vec<std::path::PathBuf>, ConfigError> {
+    let roots = roots.unwrap_or_default();
+    if let Some(bad) = roots.iter().find(|r| !r.starts_with('/') || r.split('/').any(|c| c == "..")) {
+        return Err(o.at("rollout.model_roots", format!("{bad:?} is not an absolute directory (without ..): list where checkpoints live, e.g. [\"/models\"]")));
+    }
+    Ok(roots.into_iter().map(std::path::PathBuf::from).collect())
 }
 
 /// `[fleet]` (`None` without the table): etcd endpoints, a key-safe name, this host's name

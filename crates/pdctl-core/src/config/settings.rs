@@ -302,6 +302,9 @@ pub struct Rollout {
     pub kill_mode: KillModePolicy,
     /// More flags whose change breaks coherence (`coherent_flags`).
     pub coherent_flags: Vec<String>,
+    /// Where new weights may be loaded from (`model_roots`: absolute directories); empty: any
+    /// absolute path ([`Rollout::model_path_allowed`]).
+    pub model_roots: Vec<PathBuf>,
     /// A config rollout of new weights only loads them without a restart.
     pub in_place: InPlace,
     /// What such a rollout does when a worker does not take them.
@@ -319,6 +322,26 @@ pub struct Rollout {
     /// (`halt`, the default) or a warning on the drain step, and the restart goes on (SGLang's own
     /// stop still waits for what it runs).
     pub unknown_load: UnknownLoad,
+}
+
+impl Rollout {
+    /// Whether new weights may be loaded from `path` (already absolute): under one of
+    /// `model_roots` when any are set (compared by path components, after refusing `..`);
+    /// `Err`: the sentence saying where they may come from.
+    pub fn model_path_allowed(&self, path: &str) -> Result<(), String> {
+        if self.model_roots.is_empty() {
+            return Ok(());
+        }
+        let p = std::path::Path::new(path);
+        let climbs = p.components().any(|c| c == std::path::Component::ParentDir);
+        if !climbs && self.model_roots.iter().any(|r| p.starts_with(r)) {
+            return Ok(());
+        }
+        Err(format!(
+            "the model path {path:?} is not under [rollout] model_roots ({}): weights are loaded only from there",
+            self.model_roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+        ))
+    }
 }
 
 /// `[rollout] unknown_load`.

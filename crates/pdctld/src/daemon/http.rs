@@ -36,6 +36,9 @@ pub struct Peer {
 }
 
 pub(super) async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<Peer>>, body: Bytes) -> Response {
+    if let Err(c) = d.may_act(peer.as_ref().and_then(|p| p.uid)) {
+        return api_err(&c);
+    }
     let req: Request = match decode(&body) {
         Ok(r) => r,
         Err(c) => return api_err(&c),
@@ -55,6 +58,9 @@ pub(super) async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum
 /// included) to run its part.
 pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<Peer>>, body: Bytes) -> Response {
     use pdctl_core::ports::{CasChange, Coordinator as _, Write};
+    if let Err(c) = d.may_act(peer.as_ref().and_then(|p| p.uid)) {
+        return api_err(&c);
+    }
     let req: FleetRequest = match decode(&body) {
         Ok(r) => r,
         Err(c) => return api_err(&c),
@@ -66,6 +72,9 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
         Ok(s) => s,
         Err(c) => return api_err(&c),
     };
+    if let Some(why) = req.weights.as_ref().and_then(|w| s.rollout.model_path_allowed(&w.model_path).err()) {
+        return api_err(&Cause::BadRequest { message: format!("{why}; nothing was touched") });
+    }
     let Some(f) = s.fleet else {
         return api_err(&Cause::BadRequest { message: format!("{} has no [fleet]: this host is not part of a fleet (docs/fleet.md)", d.config.display()) });
     };
@@ -207,11 +216,18 @@ pub(super) async fn events(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<St
     ([("content-type", "application/x-ndjson")], Body::from_stream(stream)).into_response()
 }
 
-pub(super) async fn abort(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Response {
+pub(super) async fn abort(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<Peer>>, UrlPath(id): UrlPath<String>) -> Response {
+    let uid = peer.as_ref().and_then(|p| p.uid);
+    if let Err(c) = d.may_act(uid) {
+        return api_err(&c);
+    }
     match lock(&d.running).as_ref() {
         Some(r) if r.id == id => {
             r.abort.store(true, Ordering::SeqCst);
-            tracing::warn!(pdctl_rollout_id = %id, "abort of rollout {id} requested: it stops after the unit in progress is verified");
+            // Who asked is on record, as who started it is.
+            let who = uid.map_or_else(|| "an unknown uid".to_string(), |u| format!("uid {u}"));
+            lock(&r.record).notes.push(format!("abort requested by {who}"));
+            tracing::warn!(pdctl_rollout_id = %id, "abort of rollout {id} requested by {who}: it stops after the unit in progress is verified");
             (StatusCode::ACCEPTED, Json(AbortAccepted { id, message: "aborting after the current unit is verified".into() })).into_response()
         }
         _ => {

@@ -60,6 +60,10 @@ pub struct Daemon {
     /// process found it before serving): continued by [`Daemon::reconcile_at_start`]. Read here,
     /// not later, so that the file a rollout of this process writes is never taken for one.
     pub(super) paused_at_start: Mutex<Vec<pdctl_core::engine::PausedWorker>>,
+    /// Who may act (`--operate-group`: its name and gid): root and its members start, resume,
+    /// revert and abort rollouts; anyone else who reaches the socket may only read. `None`: every
+    /// client that reaches the socket may act.
+    pub operate: Option<(String, u32)>,
     /// What this pdctld has to undo and could not yet (see `DaemonStatus::unresolved`), by what
     /// it is about (`paused`, `drains`): kept while pdctld retries, shown in `status`, counted in
     /// `pdctl_unresolved`.
@@ -138,6 +142,7 @@ impl Daemon {
             running: Mutex::new(None),
             reconciling: AtomicBool::new(false),
             paused_at_start: Mutex::new(Vec::new()),
+            operate: None,
             unresolved: Mutex::new(BTreeMap::new()),
             record_error: Mutex::new(None),
             unsaved: Mutex::new(BTreeMap::new()),
@@ -176,6 +181,18 @@ impl Daemon {
         });
         *lock(&d.paused_at_start) = paused;
         d
+    }
+
+    /// Whether the client `uid` (the kernel's word) may act: with an operate group, root or a
+    /// member of it (primary or supplementary group); `Err`: the refusal.
+    pub(super) fn may_act(&self, uid: Option<u32>) -> Result<(), Cause> {
+        let Some((group, gid)) = &self.operate else { return Ok(()) };
+        match uid {
+            Some(0) => Ok(()),
+            Some(u) if in_group(u, *gid) => Ok(()),
+            // A client whose uid the kernel did not give (not a UNIX socket) is not trusted.
+            u => Err(Cause::NotAllowed { uid: u.unwrap_or(u32::MAX), group: group.clone() }),
+        }
     }
 
     /// The workers a weights rollout recorded as paused (`paused.json`). A file that is there but
@@ -290,4 +307,28 @@ impl Daemon {
     fn load(&self, id: &str) -> Option<Record> {
         lock(&self.unsaved).get(id).cloned().or_else(|| self.store.load(id))
     }
+}
+
+/// Whether user `uid` is in group `gid` (its primary group, or a supplementary one in the group
+/// database).
+pub(crate) fn in_group(uid: u32, gid: u32) -> bool {
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: the buffers and their lengths are valid for the call; `found` points into them.
+    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if r != 0 || found.is_null() {
+        return false;
+    }
+    if pw.pw_gid == gid {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let mut n = groups.len() as libc::c_int;
+    // SAFETY: pw_name is the NUL-terminated name getpwuid_r filled; `groups` holds `n` entries.
+    let r = unsafe { libc::getgrouplist(pw.pw_name, pw.pw_gid, groups.as_mut_ptr(), &mut n) };
+    if r < 0 {
+        return false;
+    }
+    groups.iter().take(n.max(0) as usize).any(|g| *g == gid)
 }

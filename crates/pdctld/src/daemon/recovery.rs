@@ -313,7 +313,9 @@ mod tests {
         let w = pdctl_core::engine::PausedWorker { unit: "p.service".into(), url: "http://127.0.0.1:9".into() };
         std::fs::write(&path, serde_json::to_vec(&vec![w.clone()]).unwrap()).unwrap();
         let d = Arc::new(d);
-        tokio::time::timeout(std::time::Duration::from_secs(5), d.clone().reconcile_at_start()).await.expect("returns at once: nothing was left paused at start");
+        tokio::time::timeout(std::time::Duration::from_secs(5), d.clone().reconcile_at_start())
+            .await
+            .expect("returns at once: nothing was left paused at start");
         assert!(path.exists(), "the running rollout's record of its pause is kept");
         // Found at start (a predecessor's): this process reconciles first.
         let d2 = Daemon::new(dir.join("pdctl.toml"), crate::store::Store::open(&dir).unwrap()).await;

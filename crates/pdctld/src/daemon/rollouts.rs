@@ -74,6 +74,10 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             if let Some(why) = pdctl_core::sglang::model_path_problem(&model_path) {
                 return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
             }
+            // This host's own bound, also for another host's fleet part.
+            if let Err(why) = e.settings.rollout.model_path_allowed(&model_path) {
+                return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
+            }
             if e.settings.fleet.is_some() && fleet_rollout.is_none() {
                 return Err(Cause::BadRequest {
                     message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions: load the weights into every host in step with `pdctl fleet weights --model-path PATH`".into(),
