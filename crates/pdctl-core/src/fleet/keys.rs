@@ -168,7 +168,8 @@ pub fn clock(secs: u64) -> String {
 
 /// A host's liveness value (bound to its lease).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct HostState {
     /// The host.
     pub host: String,
@@ -187,7 +188,8 @@ pub struct HostState {
 
 /// One worker in a host's liveness value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct HostWorker {
     /// The unit.
     pub unit: String,
@@ -249,7 +251,8 @@ pub fn now_secs() -> u64 {
 
 /// A fleet rollout as stored in etcd (`rollouts/<id>`), watched by every pdctld.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct FleetRollout {
     /// Its id (`f<seconds>`).
     pub id: String,
@@ -298,7 +301,8 @@ fn bounded_bake<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D
 
 /// New weights for every host of a fleet rollout (`pdctl fleet weights`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct FleetWeights {
     /// The checkpoint (a path every host's servers read).
     pub model_path: String,
@@ -313,7 +317,8 @@ pub struct FleetWeights {
 /// coherent fleet switch (`kind` `switch`), `verified`, `out`, `in` and `back`
 /// (see `engine/fleet_switch.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct HostPhase {
     /// The host.
     pub host: String,
@@ -331,7 +336,8 @@ pub fn phase_key(name: &str, id: &str, host: &str, kind: &str, phase: &str) -> S
 
 /// One host's event of a fleet rollout (`rollouts/<id>/hosts/<host>/events/<seq>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct HostEvent {
     /// The host.
     pub host: String,
@@ -341,7 +347,8 @@ pub struct HostEvent {
 
 /// How one host's part ended (`rollouts/<id>/hosts/<host>/summary`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
+// (skipped), so one host's upgrade does not blind the others.
 pub struct HostSummary {
     /// The host.
     pub host: String,

@@ -170,6 +170,33 @@ mod tests {
         }
     }
 
+    /// One host's liveness value that does not decode (corrupt) and one written by a newer pdctl
+    /// (a field this one does not know): the corrupt one is skipped and named, the newer one read,
+    /// the others read — never the whole fleet failed for one key (before: `hosts()` failed, the
+    /// storm brake switched off and other hosts' down workers stopped counting).
+    #[tokio::test]
+    async fn one_bad_or_newer_liveness_value_never_blinds_the_fleet() {
+        let mem = Mem::default();
+        let put = |host: &str, value: Vec<u8>| {
+            let mut g = mem.kv.lock().unwrap();
+            g.0 += 1;
+            let rev = g.0;
+            g.1.insert(host_key("f", host), (value, rev));
+        };
+        let down = serde_json::json!({"host": "a", "version": "1", "rollout": null, "updated_at": 1,
+            "workers": [{"unit": "p.service", "url": "http://a:1", "role": "prefill", "state": "failed/failed", "kv_usage": null}]});
+        put("a", serde_json::to_vec(&down).unwrap());
+        put("b", b"{\"host\": \"b\", garbage".to_vec());
+        let mut newer = down.clone();
+        newer["host"] = "c".into();
+        newer["gpu_temperature"] = 71.into();
+        newer["workers"][0]["url"] = "http://c:1".into();
+        put("c", serde_json::to_vec(&newer).unwrap());
+        let hosts = hosts(&mem, "f").await.expect("the fleet reads");
+        assert_eq!(hosts.iter().map(|h| h.host.as_str()).collect::<Vec<_>>(), ["a", "c"], "b skipped, c read");
+        assert_eq!(down_workers(&hosts)["prefill"].len(), 2, "both down workers still count against the budget");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_hosts_never_over_admit_and_pairs_take_both_slots_or_none() {
         let mem = std::sync::Arc::new(Mem::default());

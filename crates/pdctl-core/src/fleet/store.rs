@@ -255,7 +255,23 @@ pub async fn slots(c: &dyn Coordinator, name: &str) -> Result<BTreeMap<String, S
 /// Every live host (their keys vanish with their leases).
 pub async fn hosts(c: &dyn Coordinator, name: &str) -> Result<Vec<HostState>, FleetFailure> {
     let p = format!("{}hosts/", prefix(name));
-    c.get_prefix(&p).await?.iter().map(decode).collect()
+    Ok(decode_each(&c.get_prefix(&p).await?))
+}
+
+/// Every value of a prefix that decodes; one that does not (a corrupt host, a value pdctl cannot
+/// read) is named in the log and skipped — never the whole fleet for it. Nothing is acted on for
+/// the skipped key.
+fn decode_each<T: serde::de::DeserializeOwned>(entries: &[KvEntry]) -> Vec<T> {
+    entries
+        .iter()
+        .filter_map(|e| match decode(e) {
+            Ok(v) => Some(v),
+            Err(FleetFailure(why)) => {
+                tracing::warn!("{why}: skipped");
+                None
+            }
+        })
+        .collect()
 }
 
 /// The pause, if set.
