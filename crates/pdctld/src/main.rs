@@ -28,6 +28,10 @@ struct Args {
     /// Group that may use the socket (mode 0660).
     #[arg(long)]
     socket_group: Option<String>,
+    /// Retention: how many finished rollout records to keep (older ones are deleted with the
+    /// unit and environment files kept for their revert).
+    #[arg(long, default_value_t = daemon::DEFAULT_KEEP_RECORDS)]
+    keep_records: usize,
     /// Group that may act (start, resume, revert, abort rollouts; fleet rollouts); others who
     /// reach the socket (its `--socket-group`) may only read: status, watch, show, diff, history.
     /// Unset: whoever reaches the socket may act.
@@ -177,6 +181,8 @@ async fn main() {
             }
         }
     }
+    daemon.keep_records = args.keep_records;
+    daemon.prune_records();
     let d = Arc::new(daemon);
     if let Some(dir) = args.socket.parent() {
         let _ = std::fs::create_dir_all(dir);

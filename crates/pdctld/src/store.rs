@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use pdctl_core::api::CorruptRecord;
 pub use pdctl_core::api::Record;
 use pdctl_core::drains::Ledger;
+use pdctl_core::lifecycle::RolloutState;
 use pdctl_core::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
 
 /// The state directory.
@@ -95,6 +96,25 @@ impl Store {
         (out, corrupt)
     }
 
+    /// Retention: delete the oldest finished records beyond the newest `keep`, each with the
+    /// revisions kept for its revert (`revisions/before/<id>/`, which hold the unit files and
+    /// environment files — secrets included — it replaced). A running or interrupted record is
+    /// kept whatever its age (it may be resumed), and so is every corrupt file (an operator must
+    /// see it). Returns the ids deleted.
+    pub fn prune(&self, keep: usize) -> Vec<String> {
+        let (all, _) = self.all();
+        let finished: Vec<&Record> = all.iter().filter(|r| !matches!(r.lifecycle.state(), RolloutState::Running | RolloutState::Interrupted)).collect();
+        let excess = finished.len().saturating_sub(keep);
+        let mut gone = Vec::new();
+        for r in finished.into_iter().take(excess) {
+            if std::fs::remove_file(self.path(&r.id)).is_ok() {
+                let _ = std::fs::remove_dir_all(self.revisions_dir().join("before").join(r.id.replace('/', "_")));
+                gone.push(r.id.clone());
+            }
+        }
+        gone
+    }
+
     /// A new id: time-ordered and unique in this directory (callers hold pdctld's one running
     /// slot, so no two ids are chosen at once).
     pub fn new_id(&self) -> String {
@@ -108,6 +128,36 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn retention_deletes_the_oldest_finished_records_and_their_kept_files_but_never_an_interrupted_one() {
+        let dir = std::env::temp_dir().join(format!("pdctld-retention-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..5u64 {
+            let mut r = Record::new(&format!("r{i}"), pdctl_core::api::RolloutKind::Restart, vec![], Default::default(), None);
+            r.created_at = i;
+            if i == 0 {
+                // The oldest was interrupted: it may still be resumed.
+                r.lifecycle.interrupt().unwrap();
+            } else {
+                r.lifecycle.finish(pdctl_core::events::Outcome::Succeeded).unwrap();
+            }
+            store.save(&r).unwrap();
+            let before = store.revisions_dir().join("before").join(&r.id);
+            std::fs::create_dir_all(&before).unwrap();
+            std::fs::write(before.join("x.service.json"), "SECRET").unwrap();
+            ids.push(r.id);
+        }
+        let gone = store.prune(2);
+        assert_eq!(gone, ["r1", "r2"], "the oldest finished beyond the newest 2");
+        let left: Vec<String> = store.all().0.into_iter().map(|r| r.id).collect();
+        assert_eq!(left, ["r0", "r3", "r4"], "the interrupted one is kept");
+        assert!(!store.revisions_dir().join("before/r1").exists(), "its kept files went with it");
+        assert!(store.revisions_dir().join("before/r3").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn records_survive_a_round_trip_are_private_and_corrupt_ones_are_listed() {

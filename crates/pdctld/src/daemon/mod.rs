@@ -64,6 +64,9 @@ pub struct Daemon {
     /// revert and abort rollouts; anyone else who reaches the socket may only read. `None`: every
     /// client that reaches the socket may act.
     pub operate: Option<(String, u32)>,
+    /// Retention: finished records kept (`--keep-records`); older ones are deleted with the
+    /// revisions kept for their revert, at start and after each rollout.
+    pub keep_records: usize,
     /// What this pdctld has to undo and could not yet (see `DaemonStatus::unresolved`), by what
     /// it is about (`paused`, `drains`): kept while pdctld retries, shown in `status`, counted in
     /// `pdctl_unresolved`.
@@ -130,6 +133,9 @@ async fn snapshot(sd: Option<&SystemdUnits>, units: &[String]) -> Vec<UnitSnapsh
     out
 }
 
+/// Finished rollout records kept by default (each a few hundred kB at most).
+pub const DEFAULT_KEEP_RECORDS: usize = 1000;
+
 impl Daemon {
     /// A daemon over `store`; rollouts left running by a previous process are marked interrupted
     /// (with each unit's state now), and nothing resumes by itself. Drains left in the ledger are
@@ -143,6 +149,7 @@ impl Daemon {
             reconciling: AtomicBool::new(false),
             paused_at_start: Mutex::new(Vec::new()),
             operate: None,
+            keep_records: DEFAULT_KEEP_RECORDS,
             unresolved: Mutex::new(BTreeMap::new()),
             record_error: Mutex::new(None),
             unsaved: Mutex::new(BTreeMap::new()),
@@ -181,6 +188,20 @@ impl Daemon {
         });
         *lock(&d.paused_at_start) = paused;
         d
+    }
+
+    /// Delete the records beyond retention (see [`Daemon::keep_records`]), saying so in the log.
+    pub fn prune_records(&self) {
+        let gone = self.store.prune(self.keep_records);
+        if !gone.is_empty() {
+            tracing::info!(
+                "retention: deleted {} finished rollout record(s) beyond the newest {} ({} … {})",
+                gone.len(),
+                self.keep_records,
+                gone[0],
+                gone[gone.len() - 1]
+            );
+        }
     }
 
     /// Whether the client `uid` (the kernel's word) may act: with an operate group, root or a

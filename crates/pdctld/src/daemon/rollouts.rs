@@ -532,5 +532,6 @@ pub(super) async fn run(
         }
     }
     daemon.metrics.running.set(0);
+    daemon.prune_records();
     notify_status(&format!("idle; last rollout {id}: {}", state.as_str()));
 }
