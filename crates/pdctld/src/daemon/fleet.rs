@@ -15,6 +15,11 @@ const LIVENESS_REWRITE_SECS: u64 = 60;
 /// long after), else at least every `pdctl_core::fleet::STORM_FALLBACK`.
 const STORM_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// The longest a host waits for the fleet rollout's canary host to report.
+const CANARY_WAIT: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+/// How long the canary's liveness key may be gone before the wait for it ends.
+const CANARY_GONE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Daemon {
     /// With `[fleet]`: keep this host's liveness key in etcd (bound to a lease: it disappears
     /// within `LIVENESS_TTL_SECS` (30 s) of pdctld's death), looked at every 5 s and rewritten when
@@ -211,6 +216,10 @@ impl Daemon {
         // The canary goes first; the others start only once it succeeded. (New weights go into
         // every host at once, in step: no canary.)
         if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host && r.weights.is_none()) {
+            // Bounded: the canary's host must stay alive (its liveness key; gone for a minute
+            // ends the wait), and the whole wait ends after CANARY_WAIT whatever happens.
+            let t0 = std::time::Instant::now();
+            let mut gone_since: Option<std::time::Instant> = None;
             loop {
                 match fleet_summaries(&c, &f.name, &r.id).await.get(canary) {
                     Some(s) if s.result == HostResult::Succeeded => break,
@@ -218,7 +227,25 @@ impl Daemon {
                         let _ = fleet_put(&c, &summary_key, &not_started(format!("the canary {canary} did not succeed ({:?})", s.result))).await;
                         return;
                     }
-                    None => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+                    None => {
+                        let alive = pdctl_core::fleet::hosts(&c, &f.name).await.map(|h| h.iter().any(|x| &x.host == canary)).unwrap_or(true);
+                        gone_since = if alive { None } else { gone_since.or(Some(std::time::Instant::now())) };
+                        let why = if gone_since.is_some_and(|g| g.elapsed() >= CANARY_GONE) {
+                            Some(format!(
+                                "the canary {canary} is no longer alive in the fleet (its liveness key gone for {} s) and never reported",
+                                CANARY_GONE.as_secs()
+                            ))
+                        } else if t0.elapsed() >= CANARY_WAIT {
+                            Some(format!("the canary {canary} did not report within {} h", CANARY_WAIT.as_secs() / 3600))
+                        } else {
+                            None
+                        };
+                        if let Some(why) = why {
+                            let _ = fleet_put(&c, &summary_key, &not_started(why)).await;
+                            return;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await
+                    }
                 }
             }
         }
