@@ -139,6 +139,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 user,
                 password_file,
                 canary,
+                keep_rollouts,
                 bake,
                 ca_file,
                 cert_file,

@@ -169,6 +169,7 @@ pub(super) struct RawFleet {
     pub(super) user: Option<String>,
     pub(super) password_file: Option<PathBuf>,
     pub(super) canary: Option<String>,
+    pub(super) keep_rollouts: Option<u32>,
     pub(super) bake: Option<Dur>,
     pub(super) storm: Option<RawStorm>,
     pub(super) ca_file: Option<PathBuf>,

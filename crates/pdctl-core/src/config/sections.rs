@@ -305,7 +305,11 @@ pub(super) fn fleet(o: &Origins, fl: RawFleet, storm: RawStorm, seen: bool, host
     let storm =
         crate::storm::Storm { restarts: storm.restarts.unwrap_or(default.restarts), within: o.bounded("fleet.storm.within", storm.within, default.within)? };
     let bake = fl.bake.map(|b| o.bounded("fleet.bake", Some(b), std::time::Duration::ZERO)).transpose()?;
-    Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, bake, storm, tls }))
+    let keep_rollouts = fl.keep_rollouts.unwrap_or(200);
+    if keep_rollouts == 0 {
+        return Err(o.at("fleet.keep_rollouts", "must be at least 1 (the fleet rollout running is kept whatever this says)".into()));
+    }
+    Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, keep_rollouts, bake, storm, tls }))
 }
 
 /// `[systemd]` and `[journal]`: how this process reaches the manager, the journal and procfs.

@@ -421,6 +421,9 @@ pub struct FleetSettings {
     pub user: Option<(String, PathBuf)>,
     /// A fleet rollout starts here first; the other hosts only once it succeeded.
     pub canary: Option<String>,
+    /// `[fleet] keep_rollouts`: finished fleet rollouts kept in etcd (their request, events and
+    /// summaries); older ones are deleted by the hosts (default 200).
+    pub keep_rollouts: u32,
     /// `[fleet] bake`: after the last host of a fleet rollout, how long every changed worker's
     /// service figures are watched (with `[verify.slo]`'s tolerances, against its own figures from
     /// before its drain); a breach rolls the changed hosts back. `None`: no bake.

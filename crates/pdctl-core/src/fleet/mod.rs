@@ -197,6 +197,37 @@ mod tests {
         assert_eq!(down_workers(&hosts)["prefill"].len(), 2, "both down workers still count against the budget");
     }
 
+    /// Retention: 5,000 finished fleet rollouts (request, an event and a summary each) and one not
+    /// finished among the oldest: after the prune the newest 200 and the unfinished one are left,
+    /// every key of the others gone, and `requests/` lists 201 values.
+    #[tokio::test]
+    async fn retention_deletes_old_finished_fleet_rollouts_whole_and_keeps_an_unfinished_one() {
+        let mem = Mem::default();
+        let put = |key: String, value: Vec<u8>| {
+            let mut g = mem.kv.lock().unwrap();
+            g.0 += 1;
+            let rev = g.0;
+            g.1.insert(key, (value, rev));
+        };
+        for i in 0..5000u64 {
+            let id = format!("f{i:05}");
+            let req = serde_json::json!({"id": id, "hosts": ["a"], "allow_outage": false, "by": "uid 0 on a", "reason": null, "canary": null, "created_at": i});
+            put(rollout_key("f", &id), serde_json::to_vec(&req).unwrap());
+            put(host_event_key("f", &id, "a", 0), b"{}".to_vec());
+            if i != 7 {
+                put(host_summary_key("f", &id, "a"), b"{}".to_vec());
+            }
+        }
+        let gone = prune_rollouts(&mem, "f", 200).await.unwrap();
+        assert_eq!(gone.len(), 4799, "all but the newest 200 and the unfinished f00007");
+        let left = mem.get_prefix(&requests_prefix("f")).await.unwrap();
+        assert_eq!(left.len(), 201);
+        assert!(left.iter().any(|e| e.key.ends_with("f00007")), "the unfinished one is kept");
+        assert!(mem.get(&host_event_key("f", "f00001", "a", 0)).await.unwrap().is_none(), "its events went with it");
+        assert!(mem.get(&host_event_key("f", "f00007", "a", 0)).await.unwrap().is_some());
+        assert!(prune_rollouts(&mem, "f", 200).await.unwrap().is_empty(), "idempotent");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_hosts_never_over_admit_and_pairs_take_both_slots_or_none() {
         let mem = std::sync::Arc::new(Mem::default());

@@ -258,6 +258,39 @@ pub async fn hosts(c: &dyn Coordinator, name: &str) -> Result<Vec<HostState>, Fl
     Ok(decode_each(&c.get_prefix(&p).await?))
 }
 
+/// Most deletes in one etcd transaction (etcd refuses more than `--max-txn-ops`, 128 by default).
+const DELETES_PER_TXN: usize = 100;
+
+/// Retention of fleet rollouts in etcd: the oldest *finished* ones (every host named in the
+/// request wrote its summary) beyond the newest `keep` are deleted — request, events, phases and
+/// summaries — so that the `requests/` prefix every pdctld lists stays far below etcd's 4 MB
+/// range-read limit. One not finished is kept whatever its age. Any host may do it: deleting
+/// what another host already deleted changes nothing. Returns the ids deleted.
+pub async fn prune_rollouts(c: &dyn Coordinator, name: &str, keep: usize) -> Result<Vec<String>, FleetFailure> {
+    let mut reqs: Vec<FleetRollout> = decode_each(&c.get_prefix(&requests_prefix(name)).await?);
+    reqs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let excess = reqs.len().saturating_sub(keep);
+    let mut gone = Vec::new();
+    for r in reqs.into_iter().take(excess) {
+        let mut finished = true;
+        for h in &r.hosts {
+            finished &= c.get(&host_summary_key(name, &r.id, h)).await?.is_some();
+        }
+        if !finished {
+            continue;
+        }
+        let mut keys: Vec<String> = c.get_prefix(&format!("{}rollouts/{}/", prefix(name), r.id)).await?.into_iter().map(|e| e.key).collect();
+        // The request last: a rollout half deleted is still listed, and deleted again next time.
+        keys.push(rollout_key(name, &r.id));
+        for chunk in keys.chunks(DELETES_PER_TXN) {
+            let changes = chunk.iter().map(|k| CasChange { key: k.clone(), expect: -1, write: Write::Delete }).collect();
+            c.cas(changes).await?;
+        }
+        gone.push(r.id);
+    }
+    Ok(gone)
+}
+
 /// Every value of a prefix that decodes; one that does not (a corrupt host, a value pdctl cannot
 /// read) is named in the log and skipped — never the whole fleet for it. Nothing is acted on for
 /// the skipped key.

@@ -15,6 +15,8 @@ const LIVENESS_REWRITE_SECS: u64 = 60;
 /// long after), else at least every `pdctl_core::fleet::STORM_FALLBACK`.
 const STORM_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// How often a host deletes old finished fleet rollouts from etcd (`[fleet] keep_rollouts`).
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 /// The longest a host waits for the fleet rollout's canary host to report.
 const CANARY_WAIT: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
 /// How long the canary's liveness key may be gone before the wait for it ends.
@@ -132,6 +134,7 @@ impl Daemon {
         // Requests older than this process were cut short by its predecessor's stop.
         let born = pdctl_core::fleet::now_secs();
         let second = std::time::Duration::from_secs(1);
+        let mut pruned_at: Option<std::time::Instant> = None;
         loop {
             let Some(f) = config(&self).ok().and_then(|s| s.fleet) else {
                 tokio::time::sleep(second).await;
@@ -142,6 +145,20 @@ impl Daemon {
                 continue;
             }
             let c = self.coordinator(&f);
+            // Retention, at start and then every PRUNE_EVERY: old finished fleet rollouts go.
+            if pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+                pruned_at = Some(std::time::Instant::now());
+                match pdctl_core::fleet::prune_rollouts(c.as_ref(), &f.name, f.keep_rollouts as usize).await {
+                    Ok(gone) if !gone.is_empty() => {
+                        tracing::info!("fleet retention: deleted {} finished fleet rollout(s) beyond the newest {} from etcd", gone.len(), f.keep_rollouts);
+                        for id in &gone {
+                            seen.remove(id);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("fleet retention: old fleet rollouts not deleted this time ({e})"),
+                }
+            }
             let p = pdctl_core::fleet::requests_prefix(&f.name);
             // Read, then wait on a watch from the revision before the read (a request written
             // between the two is not missed); listed again at least every REQUESTS_FALLBACK.
