@@ -2,10 +2,11 @@
 //! records, the API, etcd and the terminal — without the secrets it may carry or the control
 //! characters that would drive a terminal. Pure.
 //!
-//! SGLang 0.5.23 logs its whole `server_args=ServerArgs(…)` at start, `api_key='…'` and
-//! `admin_api_key='…'` included, and a unit's command line (`--api-key K`) appears in systemd's
-//! own lines: those values are replaced by `***`, as are `Authorization: Bearer …` values and the
-//! password of a URL (`http://user:pw@host`).
+//! SGLang 0.5.23 logs its resolved arguments at start as a dict (`server_args={'model_path': …,
+//! 'api_key': '…', 'admin_api_key': …}`: `entrypoints/engine.py`, only watermark secrets
+//! redacted), older versions as `ServerArgs(… api_key='…' …)`, and a unit's command line
+//! (`--api-key K`) appears in systemd's own lines: those values are replaced by `***`, as are
+//! `Authorization: Bearer …` values and the password of a URL (`http://user:pw@host`).
 
 /// Keys whose quoted value (`key='v'`, `key="v"`, `key=v`) is a secret.
 const SECRET_KEYS: &[&str] = &["api_key", "admin_api_key", "password", "token", "secret"];
@@ -32,6 +33,8 @@ pub fn secrets(s: &str) -> String {
     let mut out = s.to_string();
     for k in SECRET_KEYS {
         out = after_each(&out, &format!("{k}="), value_end);
+        out = after_each(&out, &format!("'{k}': "), value_end);
+        out = after_each(&out, &format!("\"{k}\": "), value_end);
     }
     for f in SECRET_FLAGS {
         out = after_each(&out, &format!("{f}="), word_end);
@@ -46,7 +49,7 @@ pub fn secrets(s: &str) -> String {
 fn value_end(rest: &str) -> (usize, usize) {
     match rest.chars().next() {
         Some(q @ ('\'' | '"')) => (1, rest[1..].find(q).map_or(rest.len(), |i| i + 1)),
-        _ => (0, rest.find([' ', ',', ')']).unwrap_or(rest.len())),
+        _ => (0, rest.find([' ', ',', ')', '}']).unwrap_or(rest.len())),
     }
 }
 
@@ -87,6 +90,10 @@ mod tests {
     fn secrets_and_terminal_escapes_never_pass() {
         let started = "server_args=ServerArgs(model_path='/m', api_key='k3y-123', admin_api_key=None, port=30000)";
         assert_eq!(line(started), "server_args=ServerArgs(model_path='/m', api_key='***', admin_api_key=None, port=30000)");
+        // 0.5.23's form: a dict of the resolved arguments.
+        let dict = "server_args={'model_path': '/m', 'api_key': 'k3y-123', 'admin_api_key': 'adm', 'port': 1}";
+        assert_eq!(line(dict), "server_args={'model_path': '/m', 'api_key': '***', 'admin_api_key': '***', 'port': 1}");
+        assert_eq!(line("{\"api_key\": \"k\"}"), "{\"api_key\": \"***\"}");
         assert_eq!(line("ExecStart=python -m sglang.launch_server --api-key k3y --port 1"), "ExecStart=python -m sglang.launch_server --api-key *** --port 1");
         assert_eq!(line("--admin-api-key=adm1n x"), "--admin-api-key=*** x");
         assert_eq!(line("Authorization: Bearer abc.def"), "Authorization: Bearer ***");
