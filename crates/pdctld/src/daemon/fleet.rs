@@ -371,7 +371,21 @@ pub(super) async fn fleet_put<T: serde::Serialize>(c: &pdctl_core::real::EtcdCoo
 }
 
 pub(super) async fn fleet_summaries(c: &pdctl_core::real::EtcdCoordinator, name: &str, id: &str) -> BTreeMap<String, pdctl_core::fleet::HostSummary> {
-    per_host(c, name, id, "/summary", |s: &pdctl_core::fleet::HostSummary| s.host.clone()).await
+    use pdctl_core::ports::Coordinator as _;
+    // Each host's summary key alone (the request names the hosts), not the whole prefix: it
+    // holds every event of every host, and this is asked every few hundred milliseconds.
+    let request = c.get(&pdctl_core::fleet::rollout_key(name, id)).await.ok().flatten();
+    let Some(r) = request.and_then(|e| serde_json::from_slice::<pdctl_core::fleet::FleetRollout>(&e.value).ok()) else {
+        return per_host(c, name, id, "/summary", |s: &pdctl_core::fleet::HostSummary| s.host.clone()).await;
+    };
+    let mut out = BTreeMap::new();
+    for h in r.hosts {
+        let value = c.get(&pdctl_core::fleet::host_summary_key(name, id, &h)).await.ok().flatten();
+        if let Some(s) = value.and_then(|e| serde_json::from_slice::<pdctl_core::fleet::HostSummary>(&e.value).ok()) {
+            out.insert(h, s);
+        }
+    }
+    out
 }
 
 /// Every host's value under `rollouts/<id>/hosts/<host>/<suffix>` of fleet rollout `id`, by host
