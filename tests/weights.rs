@@ -232,21 +232,30 @@ fn mixed_at(url: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A `/ready` answer's status (0: none).
+fn ready(url: &str) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async { pdctl_tests::http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
+}
+
+/// A 1P1D stack whose weight loads take `load_secs`, and a weights rollout followed until the
+/// prefill is paused (its `/ready` 503).
+fn paused_by_a_weights_rollout(load_secs: u32) -> (Stack, std::path::PathBuf, pdctl_tests::pdctl_sandbox::stack::Pdctld, pdctl_tests::LivePdctl) {
+    let slow = vec!["--sim-weights-load-secs".to_string(), load_secs.to_string()];
+    let opts = StackOptions { prefill_args: slow.clone(), decode_args: slow, ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let mut c = pdctl_tests::live_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"]);
+    c.wait_line(LIMIT, |e| e["unit"] == P && e["step"] == "weights" && e["status"] == "started").expect("the prefill is being paused");
+    assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(100), || ready(&stack.prefill.url) == 503), "the prefill is paused");
+    (stack, config, d, c)
+}
+
 /// pdctld SIGKILLed while a weights rollout holds every worker paused: the pause was on record
 /// (`paused.json`, written before it), so the pdctld that starts again continues them — none is
 /// left holding its requests — and the interrupted rollout is not resumed as a restart.
 #[test]
 fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
-    let slow = vec!["--sim-weights-load-secs".to_string(), "20".to_string()];
-    let opts = StackOptions { prefill_args: slow.clone(), decode_args: slow, ..Default::default() };
-    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
-    let mut c = pdctl_tests::live_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"]);
-    c.wait_line(LIMIT, |e| e["unit"] == P && e["step"] == "weights" && e["status"] == "started").expect("the prefill is being paused");
-    let ready = |url: &str| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        rt.block_on(async { pdctl_tests::http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
-    };
-    assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(100), || ready(&stack.prefill.url) == 503), "the prefill is paused");
+    let (stack, config, d, mut c) = paused_by_a_weights_rollout(20);
     pdctl_tests::kill_and_wait(&stack, &d.unit);
     let _ = c.finish(Duration::from_secs(20));
     stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
@@ -294,16 +303,7 @@ fn a_pdctld_killed_while_workers_are_paused_continues_them_when_it_starts() {
 /// undid drains only, and the workers held every request until pdctld started again).
 #[test]
 fn a_pdctld_stopped_while_workers_are_paused_continues_them_before_it_exits() {
-    let slow = vec!["--sim-weights-load-secs".to_string(), "5".to_string()];
-    let opts = StackOptions { prefill_args: slow.clone(), decode_args: slow, ..Default::default() };
-    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
-    let mut c = pdctl_tests::live_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"]);
-    c.wait_line(LIMIT, |e| e["unit"] == P && e["step"] == "weights" && e["status"] == "started").expect("the prefill is being paused");
-    let ready = |url: &str| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        rt.block_on(async { pdctl_tests::http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
-    };
-    assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(100), || ready(&stack.prefill.url) == 503), "the prefill is paused");
+    let (stack, _config, d, mut c) = paused_by_a_weights_rollout(5);
     stack.sandbox.systemctl(&["stop", &d.unit]).expect("pdctld stops");
     let _ = c.finish(Duration::from_secs(20));
     assert_eq!(stack.show(&d.unit, "ActiveState").unwrap(), "inactive", "pdctld is not running");
