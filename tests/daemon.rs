@@ -645,3 +645,50 @@ fn tempfile_dir(prefix: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A forged journal entry cannot fail a rollout: while the decode's new run starts, user nobody
+/// writes systemd's "Main process exited" for it with `logger --journald` — its MESSAGE_ID, the
+/// new run's InvocationID (world-readable) and the unit's name. Before: the ready gate took it for
+/// the manager's word and failed the restart; now a manager's message counts only with a root
+/// `_UID`, which journald sets itself, and the restart passes.
+#[test]
+fn a_forged_process_exited_entry_does_not_fail_the_ready_gate() {
+    let opts = pdctl_tests::pdctl_sandbox::stack::StackOptions { decode_args: vec!["--sim-load-secs".into(), "4".into()], ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let before = inv(&stack, D);
+    let forged = std::sync::atomic::AtomicBool::new(false);
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            let ok = pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(20), || {
+                let now = stack.show(D, "InvocationID").unwrap_or_default();
+                !now.is_empty() && now != before
+            });
+            if !ok {
+                return;
+            }
+            let new = stack.show(D, "InvocationID").unwrap_or_default();
+            let fields = format!(
+                "MESSAGE_ID=98e322203f7a4ed290d09fe03c09fe15\nMESSAGE={D}: Main process exited, code=killed, status=9/KILL\nINVOCATION_ID={new}\nUSER_INVOCATION_ID={new}\nUNIT={D}\nUSER_UNIT={D}\n"
+            );
+            let mut c = stack.sandbox.command("/usr/bin/setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "logger", "--journald"]).stdin(std::process::Stdio::piped());
+            if let Ok(mut child) = c.spawn() {
+                if let Some(mut stdin) = child.stdin.take() {
+                    let _ = std::io::Write::write_all(&mut stdin, fields.as_bytes());
+                }
+                if child.wait().is_ok_and(|st| st.success()) {
+                    forged.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        cli(&d, &config, &["restart", "--rolling", "--unit", D, "--json"])
+    });
+    assert!(forged.load(std::sync::atomic::Ordering::SeqCst), "the forged entry was written while the decode started (else this test observes nothing)");
+    let log = stack
+        .sandbox
+        .journalctl(&["USER_UNIT=sglang-dsv4-decode.service", "_UID=65534", "-o", "cat", "--no-pager"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(log.contains("Main process exited"), "the journal holds the forged entry: {log:?}");
+    assert_eq!(r.code, 0, "{:#} {}", r.summary, r.stderr);
+}
