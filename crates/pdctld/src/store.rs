@@ -17,7 +17,14 @@ use pdctl_core::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
 pub struct Store {
     dir: PathBuf,
     ledger: Ledger,
+    /// Records as last parsed, by file, with the file's length and modification time: a record
+    /// file is parsed again only when it changed (`status` and `history` list every record, and
+    /// anyone who reaches the socket may ask as often as they like).
+    parsed: std::sync::Arc<std::sync::Mutex<Parsed>>,
 }
+
+/// Parsed records by file: `(length, modification time, record)`.
+type Parsed = std::collections::BTreeMap<PathBuf, (u64, std::time::SystemTime, Record)>;
 
 /// Attempts of one record write before it is reported as failed.
 const WRITE_ATTEMPTS: u32 = 3;
@@ -29,7 +36,7 @@ impl Store {
         create_private_dir(&dir.join("rollouts"))?;
         create_private_dir(&dir.join("revisions"))?;
         let ledger = Ledger::open(&dir.join("drains"))?;
-        Ok(Store { dir: dir.to_path_buf(), ledger })
+        Ok(Store { dir: dir.to_path_buf(), ledger, parsed: Default::default() })
     }
 
     /// The directory.
@@ -59,7 +66,11 @@ impl Store {
         let mut last = None;
         for _ in 0..WRITE_ATTEMPTS {
             match atomic_write(&self.path(&r.id), &bytes, STATE_FILE_MODE) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // Parsed again at the next listing, whatever its time stamp says.
+                    self.parsed.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.path(&r.id));
+                    return Ok(());
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -79,18 +90,36 @@ impl Store {
     /// dropped silently: a half-written or hand-edited file is something an operator must see).
     pub fn all(&self) -> (Vec<Record>, Vec<CorruptRecord>) {
         let (mut out, mut corrupt) = (Vec::new(), Vec::new());
+        let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut present = std::collections::BTreeSet::new();
         if let Ok(rd) = std::fs::read_dir(self.dir.join("rollouts")) {
             for e in rd.flatten() {
                 let path = e.path();
                 if path.extension().is_none_or(|x| x != "json") {
                     continue;
                 }
+                present.insert(path.clone());
+                let stamp = e.metadata().ok().and_then(|m| Some((m.len(), m.modified().ok()?)));
+                if let (Some((len, at)), Some((l, t, r))) = (stamp, parsed.get(&path)) {
+                    if (len, at) == (*l, *t) {
+                        out.push(r.clone());
+                        continue;
+                    }
+                }
                 match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| serde_json::from_slice::<Record>(&b).map_err(|e| e.to_string())) {
-                    Ok(r) => out.push(r),
+                    Ok(r) => {
+                        if let Some((len, at)) = stamp {
+                            parsed.insert(path.clone(), (len, at, r.clone()));
+                        }
+                        out.push(r)
+                    }
                     Err(error) => corrupt.push(CorruptRecord { file: path.display().to_string(), error }),
                 }
             }
         }
+        // Files deleted (retention, by hand) leave the cache too.
+        parsed.retain(|p, _| present.contains(p));
+        drop(parsed);
         out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         corrupt.sort_by(|a, b| a.file.cmp(&b.file));
         (out, corrupt)
@@ -128,6 +157,29 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn a_listing_parses_only_the_records_that_changed_and_sees_every_change() {
+        let dir = std::env::temp_dir().join(format!("pdctld-parsed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let mut r = Record::new("r1", pdctl_core::api::RolloutKind::Restart, vec![], Default::default(), None);
+        store.save(&r).unwrap();
+        assert_eq!(store.all().0[0].notes.len(), 0);
+        assert_eq!(store.parsed.lock().unwrap().len(), 1, "kept parsed");
+        r.notes.push("a note".into());
+        store.save(&r).unwrap();
+        assert_eq!(store.all().0[0].notes, ["a note"], "a saved change is seen");
+        // Changed outside pdctld (a hand edit): seen too.
+        let path = dir.join("rollouts/r1.json");
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        v["notes"] = serde_json::json!(["edited by hand, longer"]);
+        std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(store.all().0[0].notes, ["edited by hand, longer"]);
+        std::fs::remove_file(&path).unwrap();
+        assert!(store.all().0.is_empty() && store.parsed.lock().unwrap().is_empty(), "a deleted file leaves the cache");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn retention_deletes_the_oldest_finished_records_and_their_kept_files_but_never_an_interrupted_one() {
