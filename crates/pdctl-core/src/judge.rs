@@ -138,9 +138,10 @@ impl Judge {
 /// user's forged "process exited" is not.
 fn from_a_manager(e: &LogEntry) -> bool {
     use std::os::unix::fs::MetadataExt as _;
+    // This process's effective uid (/proc/self belongs to it), read once.
+    static OWN: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let Some(uid) = e.get("_UID").and_then(|u| u.parse::<u32>().ok()) else { return false };
-    // /proc/self belongs to the process's effective uid.
-    uid == 0 || std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == uid)
+    uid == 0 || *OWN.get_or_init(|| std::fs::metadata("/proc/self").ok().map(|m| m.uid())) == Some(uid)
 }
 
 fn short(id: &str) -> &str {

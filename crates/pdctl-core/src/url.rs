@@ -44,12 +44,7 @@ pub fn canonical_url(u: &str) -> Result<String, String> {
 /// `u` as it may be shown: a user name and password in it (`http://user:pw@host`) replaced by
 /// `***@`, so that an error about the URL does not repeat the secret it carries.
 pub fn redacted(u: &str) -> String {
-    let Some((scheme, rest)) = u.split_once("://") else { return u.to_string() };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => u.to_string(),
-    }
+    redacted_in(u)
 }
 
 /// `s` with every URL's user name and password (`scheme://user:pw@`) replaced by `***@`.

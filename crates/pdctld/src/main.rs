@@ -65,21 +65,31 @@ fn init_logs() {
 }
 
 fn chgrp(path: &std::path::Path, group: &str) -> Result<(), String> {
-    let c = std::ffi::CString::new(group).map_err(|e| e.to_string())?;
-    // SAFETY: getgrnam returns a pointer into static storage or null; read gr_gid at once.
-    let gid = unsafe {
-        let g = libc::getgrnam(c.as_ptr());
-        if g.is_null() {
-            return Err(format!("no group {group}"));
-        }
-        (*g).gr_gid
-    };
+    let gid = group_id(group)?;
     let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: valid path; uid -1 keeps the owner.
     if unsafe { libc::chown(p.as_ptr(), u32::MAX, gid) } != 0 {
         return Err(std::io::Error::last_os_error().to_string());
     }
     Ok(())
+}
+
+/// The daemon over `store`, with who may act (`--operate-group`: an unknown group is exit 2) and
+/// its retention applied once at start.
+async fn daemon_for(args: &Args, config: PathBuf, store: store::Store) -> daemon::Daemon {
+    let mut daemon = daemon::Daemon::new(config, store).await;
+    if let Some(g) = &args.operate_group {
+        match group_id(g) {
+            Ok(gid) => daemon.operate = Some((g.clone(), gid)),
+            Err(e) => {
+                eprintln!("pdctld: --operate-group {g}: {e}; name an existing group (getent group {g})");
+                Exit::Usage.exit_process();
+            }
+        }
+    }
+    daemon.keep_records = args.keep_records;
+    daemon.prune_records();
+    daemon
 }
 
 /// A group's gid by name.
@@ -171,19 +181,7 @@ async fn main() {
     if let Err(e) = pdctl_core::config::load(&config) {
         tracing::warn!("config error (rollouts will be refused until it is fixed): {e}");
     }
-    let mut daemon = daemon::Daemon::new(config, store).await;
-    if let Some(g) = &args.operate_group {
-        match group_id(g) {
-            Ok(gid) => daemon.operate = Some((g.clone(), gid)),
-            Err(e) => {
-                eprintln!("pdctld: --operate-group {g}: {e}; name an existing group (getent group {g})");
-                Exit::Usage.exit_process();
-            }
-        }
-    }
-    daemon.keep_records = args.keep_records;
-    daemon.prune_records();
-    let d = Arc::new(daemon);
+    let d = Arc::new(daemon_for(&args, config, store).await);
     if let Some(dir) = args.socket.parent() {
         let _ = std::fs::create_dir_all(dir);
     }

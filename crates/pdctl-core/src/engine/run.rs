@@ -124,12 +124,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     match self.rollback(&unit, ctx, dir, sink, &mut notes).await {
                         Ok(true) => {
                             summary.result = Outcome::RolledBack;
-                            // Said at the failure, before the rollback re-admitted it: no longer so.
-                            let kept = Cause::DrainNotRestored { unit: unit.clone(), why: String::new() }.sentence();
-                            let head = kept.split(" (").next().unwrap_or(&kept).to_string();
-                            for n in notes.iter_mut().filter(|n| n.starts_with(&format!("{head} ("))) {
-                                *n = format!("{unit} was out of the router and not serving after its failed gate; the rollback put its last good revision back, verified it and re-admitted it (its drain is cleared)");
-                            }
+                            readmitted_by_rollback(&unit, &mut notes);
                         }
                         Ok(false) => {}
                         Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
@@ -366,5 +361,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             checked: Vec::new(),
             failed,
         }
+    }
+}
+
+/// After a rollback re-admitted `unit`: the note its failure left ("… pdctl keeps its drain on
+/// record", `Cause::DrainNotRestored`) is no longer so, and says what happened instead.
+fn readmitted_by_rollback(unit: &str, notes: &mut [String]) {
+    let kept = Cause::DrainNotRestored { unit: unit.to_string(), why: String::new() }.sentence();
+    let head = format!("{} (", kept.split(" (").next().unwrap_or(&kept));
+    for n in notes.iter_mut().filter(|n| n.starts_with(&head)) {
+        *n = format!(
+            "{unit} was out of the router and not serving after its failed gate; the rollback put its last good revision back, verified it and re-admitted it (its drain is cleared)"
+        );
     }
 }

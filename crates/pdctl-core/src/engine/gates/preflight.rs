@@ -186,14 +186,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if ctx.allow_outage.is_some() {
             self.a_peer_serves(w, plan).await?;
         }
-        // A rollback this process could not write would leave the worker half-restored.
-        if let (Some(_), crate::config::OnFailure::Rollback, Some(dir)) = (ctx.allow_outage, self.settings.rollout.on_failure, ctx.revisions) {
-            if let Some(last) = revisions::load(dir, &w.unit) {
-                let dirs = revisions::unwritable(&last);
-                if !dirs.is_empty() {
-                    return Err(Fail::from(Cause::RollbackUnwritable { unit: w.unit.clone(), dirs }));
-                }
-            }
+        if let Some(c) = self.rollback_unwritable(w, ctx) {
+            return Err(Fail::from(c));
         }
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
@@ -240,6 +234,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             coherence,
         };
         Ok(serde_json::to_value(&detail).unwrap_or_default())
+    }
+
+    /// With `on_failure = "rollback"` (a real rollout in pdctld): every file the rollback would
+    /// restore can be written by this process, or the worker would be left half-restored (`Some`:
+    /// the refusal).
+    fn rollback_unwritable(&self, w: &Worker, ctx: Ctx<'_>) -> Option<Cause> {
+        let (Some(_), crate::config::OnFailure::Rollback, Some(dir)) = (ctx.allow_outage, self.settings.rollout.on_failure, ctx.revisions) else {
+            return None;
+        };
+        let dirs = revisions::load(dir, &w.unit).map(|last| revisions::unwritable(&last)).unwrap_or_default();
+        (!dirs.is_empty()).then(|| Cause::RollbackUnwritable { unit: w.unit.clone(), dirs })
     }
 
     /// Does this restart change the model a PD worker computes with ([`crate::coherence`])? While
