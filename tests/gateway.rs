@@ -227,47 +227,6 @@ fn a_stop_killed_at_timeout_stop_sec_is_reported_as_stop_slow() {
     assert_ne!(load.join().unwrap(), Some(200), "the request was lost");
 }
 
-/// Workers started with SGLang's `--api-key`, behind smg 1.13 started with the same key (smg's
-/// `--api-key` is its key for the workers and also guards the gateway): pdctl reads the keys from
-/// its `api_key_file`s and sends them on every call that needs one (the drain's `/v1/loads`,
-/// `/server_info`, the pair probe, the gateway's `/workers`, the re-registration). With a wrong
-/// key `pdctl check` refuses with `api_key_rejected` before anything is touched. The key itself
-/// appears nowhere pdctl writes.
-#[test]
-fn workers_with_an_api_key_are_rolled_with_it_and_a_wrong_key_is_named() {
-    const KEY: &str = "k3y-0f-the-w0rkers";
-    let opts = StackOptions { gateway: Gateway::Smg113, api_key: Some(KEY.into()), ..Default::default() };
-    let (stack, config, d) = up(opts);
-    let guarded = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/server_info", stack.decode.url)).expect("the decode answers");
-    assert_eq!(guarded.0, 401, "the workers do guard their endpoints: {guarded:?}");
-
-    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
-    assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
-    let drain = &r.event(D, "drain", "passed")["detail"];
-    assert!(drain["in_flight_at_start"].as_u64().is_some(), "the drain read /v1/loads with the key: {drain}");
-    assert_eq!(r.event(P, "pair", "passed")["status"], "passed");
-    assert_eq!(
-        r.event(D, "router", "passed")["detail"]["re_registered"],
-        true,
-        "re-registered with its key, and admitted: {:#}",
-        r.event(D, "router", "passed")
-    );
-    let record = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{}", r.summary["id"].as_str().unwrap()), "");
-    assert!(!format!("{record:?}{}{}", r.stderr, serde_json::to_string(&r.events).unwrap()).contains(KEY), "the key is in no output or record");
-
-    std::fs::write(stack.key_file(), "not-the-key\n").unwrap();
-    let check = pdctl_run(&["check", "--json", "--config", config.to_str().unwrap()], LIMIT, |_| {});
-    assert_eq!(check.code, 2, "{:#?} {}", check.summary, check.stderr);
-    let f = &check.summary["failed"];
-    assert_eq!((f["step"].as_str(), f["cause_code"].as_str()), (Some("preflight"), Some("api_key_rejected")), "{f:#}");
-    let cause = f["cause"].as_str().unwrap_or("");
-    assert!(
-        cause.contains("/server_info answered 401") && cause.contains(&stack.key_file().display().to_string()),
-        "names the endpoint and the key's file: {cause}"
-    );
-    assert!(!cause.contains("not-the-key") && !check.stderr.contains("not-the-key"), "never the key: {cause}");
-}
-
 /// smg 1.13 marks a registered worker that fails its health checks `not_ready`, then `failed`
 /// (3 × its failure threshold more failures: ~12 s at the stack's 1 s interval), and never
 /// takes a `failed` worker back. Without the drain (`drain = false`) a restart that keeps the

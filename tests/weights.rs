@@ -527,43 +527,6 @@ fn a_request_retracted_on_a_decode_is_refetched_through_the_prefill_without_its_
     }
 }
 
-/// Workers started with `--admin-api-key`: SGLang's pause, continue, load and flush refuse the
-/// API key then. Without `admin_api_key_file` the rollout fails at the first pause, naming the
-/// setting, and nothing was loaded; with it, the new weights go in.
-#[test]
-fn an_admin_key_is_sent_to_sglangs_admin_routes_and_a_missing_one_is_named() {
-    let (stack, config, d) =
-        pdctl_tests::stack_with_pdctld_opts(&StackOptions { api_key: Some("s3cret".into()), admin_api_key: Some("adm1n".into()), ..Default::default() });
-    // Configured without the admin key: refused at the decode's pause, nothing loaded.
-    // (pdctld reads its own copy, `d.config`, at each request; the CLI's is `config`.)
-    let configs = [config.clone(), d.config.clone()];
-    let texts: Vec<String> = configs.iter().map(|c| std::fs::read_to_string(c).expect("config")).collect();
-    for (c, text) in configs.iter().zip(&texts) {
-        let without: String = text.lines().filter(|l| !l.starts_with("admin_api_key_file")).map(|l| format!("{l}\n")).collect();
-        std::fs::write(c, without).expect("config");
-    }
-    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--version", "ft-1127", "--json"], LIMIT);
-    assert_eq!(r.code, 1, "{:#}\n{}", r.summary, r.stderr);
-    let f = &r.summary["failed"];
-    assert_eq!((f["unit"].as_str(), f["cause_code"].as_str()), (Some(D), Some("weights_failed")), "{f:#}");
-    assert!(f["cause"].as_str().is_some_and(|c| c.contains("401") && c.contains("admin_api_key_file")), "{f:#}");
-    let key = |url: &str| pdctl_tests::pdctl_sandbox::stack::http_get_with(&format!("{url}/model_info"), Some("s3cret")).expect("model_info");
-    for url in [&stack.prefill.url, &stack.decode.url] {
-        let v: Value = serde_json::from_str(&key(url).1).expect("JSON");
-        assert_eq!(v["weight_version"], "default", "nothing loaded on {url}");
-    }
-    // With it: the same rollout passes.
-    for (c, text) in configs.iter().zip(&texts) {
-        std::fs::write(c, text).expect("config");
-    }
-    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--version", "ft-1127", "--json"], LIMIT);
-    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
-    for url in [&stack.prefill.url, &stack.decode.url] {
-        let v: Value = serde_json::from_str(&key(url).1).expect("JSON");
-        assert_eq!(v["weight_version"], "ft-1127", "{url}");
-    }
-}
-
 /// A model path that cannot be right is refused before anything pauses: empty or relative, by
 /// the CLI (exit 2, the flag named) and by pdctld's API (400 `bad_request`, no record), and the
 /// workers serve what they served, never paused.

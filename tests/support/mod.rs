@@ -8,6 +8,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 pub use pdctl_sandbox;
+pub mod fleet_hosts;
 pub mod fleet_sim;
 
 /// Read `r` line by line on a thread of its own; each line (parsed by `parse`, skipped when it

@@ -576,7 +576,7 @@ pub struct PairStatus {
 impl PairStatus {
     /// The last probe of each pair found in `records` (oldest first); a pair whose decode was
     /// then restarted (a repair) shows that restart's probe.
-    pub fn from_records(records: &[Record]) -> Vec<PairStatus> {
+    pub fn from_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> Vec<PairStatus> {
         let mut last: std::collections::BTreeMap<(String, String), PairStatus> = std::collections::BTreeMap::new();
         for r in records {
             for e in r.events.iter().filter(|e| e.step == crate::events::Step::Pair && e.status != crate::events::Status::Started) {

@@ -40,6 +40,23 @@ pub enum Error {
     },
 }
 
+/// Keys per page of a prefix read ([`Etcd::get_prefix`]): with values of at most a few kB (every
+/// value pdctl writes), a page stays far below the client's 4 MB message limit.
+pub const PAGE_KEYS: i64 = 500;
+
+/// The end of the range of keys that start with `prefix` (etcd's rule: the prefix with its last
+/// byte below 0xff increased and what follows it dropped; all 0xff or empty: every key, `\0`).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// One change of an all-or-nothing transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
@@ -144,11 +161,32 @@ impl Etcd {
         Ok(r.kvs().first().map(entry))
     }
 
-    /// Every key under `prefix`.
+    /// Every key under `prefix`, read in pages of [`PAGE_KEYS`] keys all at the revision of the
+    /// first page (one consistent snapshot): one answer of a whole prefix could pass the
+    /// client's 4 MB message limit as a fleet's history grows, and then fail every time.
     pub async fn get_prefix(&self, prefix: &str) -> Result<Vec<Entry>, Error> {
-        let mut c = self.client.clone();
-        let r = self.bounded(c.get(prefix, Some(GetOptions::new().with_prefix()))).await?;
-        Ok(r.kvs().iter().map(entry).collect())
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.as_bytes().to_vec();
+        let mut at: Option<i64> = None;
+        let mut out = Vec::new();
+        loop {
+            let mut c = self.client.clone();
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE_KEYS);
+            if let Some(rev) = at {
+                opts = opts.with_revision(rev);
+            }
+            let r = self.bounded(c.get(from.clone(), Some(opts))).await?;
+            at = at.or(r.header().map(|h| h.revision()));
+            out.extend(r.kvs().iter().map(entry));
+            match r.kvs().last() {
+                Some(last) if r.more() => {
+                    // The next page starts just after the last key read.
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// Apply every change if and only if no key moved since it was read; whether it applied.
@@ -336,4 +374,17 @@ impl Watch {
 
 fn entry(kv: &etcd_client::KeyValue) -> Entry {
     Entry { key: String::from_utf8_lossy(kv.key()).to_string(), value: kv.value().to_vec(), mod_revision: kv.mod_revision(), lease: kv.lease() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_ends_where_its_last_byte_below_0xff_is_increased() {
+        assert_eq!(prefix_end(b"/pdctl/t/requests/"), b"/pdctl/t/requests0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        assert_eq!(prefix_end(b""), vec![0]);
+    }
 }

@@ -236,6 +236,7 @@ async fn main() {
     tokio::spawn(d.clone().reconcile_idle());
     tokio::spawn(d.clone().fleet_liveness());
     tokio::spawn(d.clone().fleet_rollouts());
+    tokio::spawn(d.clone().fleet_retention());
     tokio::spawn(d.clone().storm_watch());
     let accept = || async {
         // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.

@@ -5,6 +5,7 @@
 //! 0750 whatever the umask: revisions hold unit files and environment files.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use pdctl_core::api::CorruptRecord;
 pub use pdctl_core::api::Record;
@@ -23,8 +24,9 @@ pub struct Store {
     parsed: std::sync::Arc<std::sync::Mutex<Parsed>>,
 }
 
-/// Parsed records by file: `(length, modification time, record)`.
-type Parsed = std::collections::BTreeMap<PathBuf, (u64, std::time::SystemTime, Record)>;
+/// Parsed records by file: `(length, modification time, record)`. Shared, not copied: `status`
+/// lists up to `--keep-records` records (1,000 by default) and takes what it needs from each.
+type Parsed = std::collections::BTreeMap<PathBuf, (u64, std::time::SystemTime, Arc<Record>)>;
 
 /// Attempts of one record write before it is reported as failed.
 const WRITE_ATTEMPTS: u32 = 3;
@@ -88,7 +90,8 @@ impl Store {
 
     /// Every record, oldest first, and the files that are not readable records (listed, never
     /// dropped silently: a half-written or hand-edited file is something an operator must see).
-    pub fn all(&self) -> (Vec<Record>, Vec<CorruptRecord>) {
+    /// Records are shared with the cache (a listing copies none).
+    pub fn all(&self) -> (Vec<Arc<Record>>, Vec<CorruptRecord>) {
         let (mut out, mut corrupt) = (Vec::new(), Vec::new());
         let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
         let mut present = std::collections::BTreeSet::new();
@@ -108,6 +111,7 @@ impl Store {
                 }
                 match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| serde_json::from_slice::<Record>(&b).map_err(|e| e.to_string())) {
                     Ok(r) => {
+                        let r = Arc::new(r);
                         if let Some((len, at)) = stamp {
                             parsed.insert(path.clone(), (len, at, r.clone()));
                         }
@@ -132,7 +136,8 @@ impl Store {
     /// see it). Returns the ids deleted.
     pub fn prune(&self, keep: usize) -> Vec<String> {
         let (all, _) = self.all();
-        let finished: Vec<&Record> = all.iter().filter(|r| !matches!(r.lifecycle.state(), RolloutState::Running | RolloutState::Interrupted)).collect();
+        let finished: Vec<&Record> =
+            all.iter().map(|r| r.as_ref()).filter(|r| !matches!(r.lifecycle.state(), RolloutState::Running | RolloutState::Interrupted)).collect();
         let excess = finished.len().saturating_sub(keep);
         let mut gone = Vec::new();
         for r in finished.into_iter().take(excess) {
@@ -204,7 +209,7 @@ mod tests {
         }
         let gone = store.prune(2);
         assert_eq!(gone, ["r1", "r2"], "the oldest finished beyond the newest 2");
-        let left: Vec<String> = store.all().0.into_iter().map(|r| r.id).collect();
+        let left: Vec<String> = store.all().0.into_iter().map(|r| r.id.clone()).collect();
         assert_eq!(left, ["r0", "r3", "r4"], "the interrupted one is kept");
         assert!(!store.revisions_dir().join("before/r1").exists(), "its kept files went with it");
         assert!(store.revisions_dir().join("before/r3").exists());

@@ -122,6 +122,26 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// With `[fleet]`: retention of fleet rollouts in etcd, at start and then every
+    /// [`PRUNE_EVERY`]: the oldest finished ones beyond `[fleet] keep_rollouts` are deleted. A task
+    /// of its own: a first pass over a long history (thousands of rollouts) never delays this
+    /// host's part of a new fleet rollout.
+    pub async fn fleet_retention(self: Arc<Self>) {
+        loop {
+            if let Some(f) = config(&self).ok().and_then(|s| s.fleet) {
+                let c = self.coordinator(&f);
+                match pdctl_core::fleet::prune_rollouts(c.as_ref(), &f.name, f.keep_rollouts as usize).await {
+                    Ok(gone) if !gone.is_empty() => {
+                        tracing::info!("fleet retention: deleted {} finished fleet rollout(s) beyond the newest {} from etcd", gone.len(), f.keep_rollouts);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("fleet retention: old fleet rollouts not deleted this time ({e})"),
+                }
+            }
+            tokio::time::sleep(PRUNE_EVERY).await;
+        }
+    }
+
     /// With `[fleet]`: take part in fleet rollouts. Every new request under `rollouts/` that names
     /// this host is run here as a local rolling restart (after the canary host succeeded, when
     /// one is set; not at all once another host failed), its events and summary written back to
@@ -134,7 +154,6 @@ impl Daemon {
         // Requests older than this process were cut short by its predecessor's stop.
         let born = pdctl_core::fleet::now_secs();
         let second = std::time::Duration::from_secs(1);
-        let mut pruned_at: Option<std::time::Instant> = None;
         loop {
             let Some(f) = config(&self).ok().and_then(|s| s.fleet) else {
                 tokio::time::sleep(second).await;
@@ -145,20 +164,6 @@ impl Daemon {
                 continue;
             }
             let c = self.coordinator(&f);
-            // Retention, at start and then every PRUNE_EVERY: old finished fleet rollouts go.
-            if pruned_at.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
-                pruned_at = Some(std::time::Instant::now());
-                match pdctl_core::fleet::prune_rollouts(c.as_ref(), &f.name, f.keep_rollouts as usize).await {
-                    Ok(gone) if !gone.is_empty() => {
-                        tracing::info!("fleet retention: deleted {} finished fleet rollout(s) beyond the newest {} from etcd", gone.len(), f.keep_rollouts);
-                        for id in &gone {
-                            seen.remove(id);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("fleet retention: old fleet rollouts not deleted this time ({e})"),
-                }
-            }
             let p = pdctl_core::fleet::requests_prefix(&f.name);
             // Read, then wait on a watch from the revision before the read (a request written
             // between the two is not missed); listed again at least every REQUESTS_FALLBACK.
@@ -170,6 +175,10 @@ impl Daemon {
                 tokio::time::sleep(second).await;
                 continue;
             };
+            // Forget requests that are gone (retention deleted them): `seen` stays as long as
+            // the listing.
+            let listed: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.key.trim_start_matches(&p)).collect();
+            seen.retain(|k| listed.contains(k.as_str()));
             for e in entries {
                 let rest = e.key.trim_start_matches(&p);
                 if seen.contains(rest) {

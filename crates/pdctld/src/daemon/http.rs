@@ -143,17 +143,17 @@ pub(super) async fn reach(State(d): State<Arc<Daemon>>) -> Response {
 }
 
 /// Every record, the unsaved ones in their newest state, and the corrupt files.
-pub(super) fn records(d: &Daemon) -> (Vec<Record>, Vec<pdctl_core::api::CorruptRecord>) {
+pub(super) fn records(d: &Daemon) -> (Vec<Arc<Record>>, Vec<pdctl_core::api::CorruptRecord>) {
     let (mut all, corrupt) = d.store.all();
     let unsaved = lock(&d.unsaved).clone();
     for r in all.iter_mut() {
         if let Some(u) = unsaved.get(&r.id) {
-            *r = u.clone();
+            *r = Arc::new(u.clone());
         }
     }
     for (id, u) in unsaved {
         if !all.iter().any(|r| r.id == id) {
-            all.push(u);
+            all.push(Arc::new(u));
         }
     }
     all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -163,7 +163,7 @@ pub(super) fn records(d: &Daemon) -> (Vec<Record>, Vec<pdctl_core::api::CorruptR
 
 pub(super) async fn list(State(d): State<Arc<Daemon>>) -> Response {
     let (all, corrupt) = records(&d);
-    Json(History { rollouts: all.iter().map(Record::history_item).collect(), running: d.running_id(), corrupt }).into_response()
+    Json(History { rollouts: all.iter().map(|r| r.history_item()).collect(), running: d.running_id(), corrupt }).into_response()
 }
 
 pub(super) async fn get_one(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Response {
@@ -312,7 +312,7 @@ pub(super) async fn status(State(d): State<Arc<Daemon>>) -> Response {
         reconciling: d.reconciling.load(Ordering::SeqCst),
         drained: d.store.ledger().all().0,
         record_error: lock(&d.record_error).clone(),
-        pairs: pdctl_core::api::PairStatus::from_records(&all),
+        pairs: pdctl_core::api::PairStatus::from_records(all.iter().map(|r| r.as_ref())),
         corrupt,
         quarantined,
         unresolved: lock(&d.unresolved).values().cloned().collect(),

@@ -163,7 +163,7 @@ impl Daemon {
             tracing::error!("rollout record {} does not read ({}); it is listed as corrupt in pdctl rollout history", c.file, c.error);
         }
         d.metrics.corrupt_records.set(corrupt.len() as i64);
-        let stuck: Vec<Record> = records.into_iter().filter(|r| r.lifecycle.state() == RolloutState::Running).collect();
+        let stuck: Vec<Record> = records.iter().filter(|r| r.lifecycle.state() == RolloutState::Running).map(|r| Record::clone(r)).collect();
         if !stuck.is_empty() {
             let sd = match pdctl_core::config::load(&d.config) {
                 Ok(s) => SystemdUnits::connect(&s).await.ok(),
