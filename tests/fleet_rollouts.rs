@@ -429,21 +429,7 @@ fn a_model_change_across_three_hosts_behind_one_gateway_is_switched_with_no_mixe
         let (_, ca, da) = &hosts[0];
         let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
         let shared = hosts[0].0.router.clone().expect("router");
-        let change = |s: &Stack, host: &str| {
-            if case == "b's files unchanged" && host == "gpu-node-b" {
-                return;
-            }
-            for w in s.workers() {
-                // The unit as the stack wrote it (the fleet's one model path), on fp8.
-                let mut extra: Vec<String> = ["--model-path", "/models/dsv4", "--quantization", "fp8"].iter().map(|a| a.to_string()).collect();
-                if case == "b's new decode fails its start" && host == "gpu-node-b" && w.role == "decode" {
-                    extra.extend(["--sim-exit-code".to_string(), "1".to_string()]);
-                }
-                let exec = s.worker_unit(w, &StackOptions::default(), &extra);
-                let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
-                s.drop_in(&w.unit, "50-fp8", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
-            }
-        };
+        let change = |s: &Stack, host: &str| to_fp8(case, s, host);
         if !fail {
             // One host alone: refused, naming the other hosts' workers it would pair with.
             change(&hosts[2].0, &names[2]);
@@ -479,17 +465,7 @@ fn a_model_change_across_three_hosts_behind_one_gateway_is_switched_with_no_mixe
         let mixed = watch.stop();
         let last = lines.last().cloned().unwrap_or(Value::Null);
         assert_eq!(mixed, 0.0, "no PD request decoded KV of the other model ({case})");
-        // Each host's local record of its part.
-        let record = |d: &Pdctld| {
-            let (_, list) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
-            let id = list["rollouts"]
-                .as_array()
-                .and_then(|a| a.iter().filter(|r| r["state"] != "running").max_by_key(|r| r["created_at"].as_u64()))
-                .and_then(|r| r["id"].as_str())
-                .map(String::from)
-                .unwrap_or_else(|| panic!("a finished part: {list:#}"));
-            pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "").1
-        };
+        let record = finished_part;
         if fail {
             assert_ne!(code, 0, "{case}: {last:#}");
             assert_eq!(last["result"], "failed", "{case}: {last:#}");
@@ -518,25 +494,63 @@ fn a_model_change_across_three_hosts_behind_one_gateway_is_switched_with_no_mixe
         }
         assert_eq!(code, 0, "{last:#}\n{err}");
         assert_eq!(last["result"], "succeeded", "{last:#}");
-        let mut window = 0u64;
-        for (i, (s, _, d)) in hosts.iter().enumerate() {
-            assert_ne!(s.show(P, "InvocationID").expect("p"), runs[i].0, "{}: the prefill was restarted", names[i]);
-            assert_ne!(s.show(D, "InvocationID").expect("d"), runs[i].1, "{}: the decode was restarted", names[i]);
-            for url in [&s.prefill.url, &s.decode.url] {
-                assert_eq!(http_json(&format!("{url}/server_info"))["quantization"], "fp8", "{} {url}", names[i]);
-            }
-            let rec = record(d);
-            assert_eq!(rec["lifecycle"]["state"], "succeeded", "{}: {rec:#}", names[i]);
-            let restarts = |unit: &str| rec["events"].as_array().map_or(0, |a| a.iter().filter(|e| is(e, unit, "restart", "passed")).count());
-            assert_eq!((restarts(P), restarts(D)), (1, 1), "{}: each restarted once: {rec:#}", names[i]);
-            let notes: Vec<&str> = rec["notes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-            assert!(notes.iter().any(|n| n.starts_with("coherent fleet switch")), "{}: {notes:#?}", names[i]);
-            if i < 2 {
-                let switched = notes.iter().find(|n| n.starts_with("switched the gateway from the old hosts' workers (gpu-node-c)"));
-                let switched = switched.unwrap_or_else(|| panic!("{}: the window on record: {notes:#?}", names[i]));
-                window = window.max(switched.split("for ").nth(1).and_then(|t| t.split(" ms").next()).and_then(|n| n.parse().ok()).expect("the window in ms"));
-            }
-        }
+        let window = assert_switched(&hosts, &runs, &names);
         println!("coherent fleet switch: no PD pair routable for {window} ms at most; {failed} of {sent} requests failed through the shared gateway over the rollout; {mixed} mixed");
     }
+}
+
+/// Change every worker unit of `s` (host `host`) to the same model on fp8 by a drop-in, as `case`
+/// asks (b's decode made to fail its start, or b left unchanged).
+fn to_fp8(case: &str, s: &Stack, host: &str) {
+    if case == "b's files unchanged" && host == "gpu-node-b" {
+        return;
+    }
+    for w in s.workers() {
+        // The unit as the stack wrote it (the fleet's one model path), on fp8.
+        let mut extra: Vec<String> = ["--model-path", "/models/dsv4", "--quantization", "fp8"].iter().map(|a| a.to_string()).collect();
+        if case == "b's new decode fails its start" && host == "gpu-node-b" && w.role == "decode" {
+            extra.extend(["--sim-exit-code".to_string(), "1".to_string()]);
+        }
+        let exec = s.worker_unit(w, &StackOptions::default(), &extra);
+        let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+        s.drop_in(&w.unit, "50-fp8", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
+    }
+}
+
+/// A host's local record of its last finished part.
+fn finished_part(d: &Pdctld) -> Value {
+    let (_, list) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    let id = list["rollouts"]
+        .as_array()
+        .and_then(|a| a.iter().filter(|r| r["state"] != "running").max_by_key(|r| r["created_at"].as_u64()))
+        .and_then(|r| r["id"].as_str())
+        .map(String::from)
+        .unwrap_or_else(|| panic!("a finished part: {list:#}"));
+    pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "").1
+}
+
+/// Every host switched: both workers restarted once onto fp8, each record succeeded with the
+/// switch's notes; the longest window (ms) with no PD pair routable, from the first half's notes.
+fn assert_switched(hosts: &[(Stack, PathBuf, Pdctld)], runs: &[(String, String)], names: &[String]) -> u64 {
+    let record = finished_part;
+    let mut window = 0u64;
+    for (i, (s, _, d)) in hosts.iter().enumerate() {
+        assert_ne!(s.show(P, "InvocationID").expect("p"), runs[i].0, "{}: the prefill was restarted", names[i]);
+        assert_ne!(s.show(D, "InvocationID").expect("d"), runs[i].1, "{}: the decode was restarted", names[i]);
+        for url in [&s.prefill.url, &s.decode.url] {
+            assert_eq!(http_json(&format!("{url}/server_info"))["quantization"], "fp8", "{} {url}", names[i]);
+        }
+        let rec = record(d);
+        assert_eq!(rec["lifecycle"]["state"], "succeeded", "{}: {rec:#}", names[i]);
+        let restarts = |unit: &str| rec["events"].as_array().map_or(0, |a| a.iter().filter(|e| is(e, unit, "restart", "passed")).count());
+        assert_eq!((restarts(P), restarts(D)), (1, 1), "{}: each restarted once: {rec:#}", names[i]);
+        let notes: Vec<&str> = rec["notes"].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        assert!(notes.iter().any(|n| n.starts_with("coherent fleet switch")), "{}: {notes:#?}", names[i]);
+        if i < 2 {
+            let switched = notes.iter().find(|n| n.starts_with("switched the gateway from the old hosts' workers (gpu-node-c)"));
+            let switched = switched.unwrap_or_else(|| panic!("{}: the window on record: {notes:#?}", names[i]));
+            window = window.max(switched.split("for ").nth(1).and_then(|t| t.split(" ms").next()).and_then(|n| n.parse().ok()).expect("the window in ms"));
+        }
+    }
+    window
 }

@@ -1,7 +1,8 @@
 //! The house rules that keep each fact in one place, checked on the source tree: the production
 //! `pdctl` does not link the test sandbox; exit codes are numbered only in the exit-code table;
 //! the router pseudo-unit is spelled only in its constant; nothing points at files outside the
-//! repository; every test the fault matrix names exists.
+//! repository; every test the fault matrix names exists; no file over 700 lines, no function over
+//! 100 (but the tables named in `LONG_ALLOWED`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -332,4 +333,102 @@ fn the_architecture_doc_names_every_room_of_the_tree() {
         }
     }
     assert!(missing.is_empty(), "docs/architecture.md's room list does not name:\n{}", missing.join("\n"));
+}
+
+/// The longest a Rust file may be: past it, a file holds more than one thing.
+const MAX_FILE_LINES: usize = 700;
+/// The longest a function may be: past it, a function does more than one step.
+const MAX_FN_LINES: usize = 100;
+
+/// What may pass the limits, each with its reason (`path` for a file, `path::name` for a function).
+/// A table reads best whole; anything else is split instead of added here.
+const LONG_ALLOWED: &[(&str, &str)] = &[
+    ("crates/pdctl-core/src/cause/sentence.rs::sentence", "one match arm per cause: the table of every refusal's sentence"),
+    ("crates/pdctl-core/src/config/merge.rs::merge", "one line per config key a fragment may override: the table of overrides"),
+    ("crates/sglang-sim/src/args.rs::parse", "one match arm per SGLang flag the simulator takes: the table of flags"),
+];
+
+/// Functions of a Rust file longer than `max` lines: `(name, first line, lines)`. A function is
+/// `fn` at the start of a line (after its visibility and qualifiers) to the `}` at its indentation,
+/// as rustfmt writes it; a declaration without a body is not one.
+fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        let indent = &l[..l.len() - l.trim_start().len()];
+        let mut rest = l.trim_start();
+        // `pub(crate) `, `pub(in crate::engine) `, …
+        if let Some((_, r)) = rest.strip_prefix("pub(").and_then(|r| r.split_once(") ")) {
+            rest = r;
+        }
+        for q in ["pub ", "const ", "async ", "unsafe ", "extern \"C\" "] {
+            rest = rest.strip_prefix(q).unwrap_or(rest);
+        }
+        let Some(sig) = rest.strip_prefix("fn ") else {
+            i += 1;
+            continue;
+        };
+        let name: String = sig.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        // The body opens on the signature's last line; a `;` first is a declaration.
+        let mut j = i;
+        while j < lines.len() && !lines[j].contains('{') && !lines[j].trim_end().ends_with(';') {
+            j += 1;
+        }
+        if j >= lines.len() || !lines[j].contains('{') || lines[j].trim_end().ends_with('}') {
+            i = j + 1;
+            continue;
+        }
+        let close = format!("{indent}}}");
+        let end = (j + 1..lines.len()).find(|&k| lines[k] == close).unwrap_or(lines.len() - 1);
+        if end - i + 1 > max {
+            out.push((name, i + 1, end - i + 1));
+        }
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn no_file_is_over_700_lines_and_no_function_over_100() {
+    let mut over = Vec::new();
+    let mut sources = rust_sources("crates");
+    sources.extend(rust_sources("tests"));
+    sources.extend(rust_sources("fuzz"));
+    let allowed = |k: &str| LONG_ALLOWED.iter().any(|(a, _)| *a == k);
+    for p in &sources {
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let n = text.lines().count();
+        if n > MAX_FILE_LINES && !allowed(&rel(p)) {
+            over.push(format!("{}: {n} lines (at most {MAX_FILE_LINES}): split it by what its parts hold", rel(p)));
+        }
+        for (name, at, len) in long_functions(&text, MAX_FN_LINES) {
+            let key = format!("{}::{name}", rel(p));
+            if !allowed(&key) {
+                over.push(format!("{}:{at}: fn {name} is {len} lines (at most {MAX_FN_LINES}): split it into its steps", rel(p)));
+            }
+        }
+    }
+    // Every allowance still names something long: a stale one would hide the next.
+    for (k, why) in LONG_ALLOWED {
+        let (file, name) = k.split_once(".rs::").map(|(f, n)| (format!("{f}.rs"), Some(n))).unwrap_or((k.to_string(), None));
+        let text = std::fs::read_to_string(root().join(&file)).unwrap_or_default();
+        let still = match name {
+            Some(n) => long_functions(&text, MAX_FN_LINES).iter().any(|(f, _, _)| f == n),
+            None => text.lines().count() > MAX_FILE_LINES,
+        };
+        if !still {
+            over.push(format!("LONG_ALLOWED names {k} ({why}), which is within the limits now: remove the entry"));
+        }
+    }
+    assert!(over.is_empty(), "over the limits:\n{}", over.join("\n"));
+}
+
+#[test]
+fn the_function_scan_sees_a_long_function_and_skips_declarations() {
+    let body = "    x();\n".repeat(5);
+    let text = format!("pub trait T {{\n    fn declared(&self);\n}}\n\npub(in crate::x) async fn long(\n    a: u8,\n) -> u8 {{\n{body}}}\nfn short() {{}}\n");
+    assert_eq!(long_functions(&text, 5), vec![("long".to_string(), 5, 9)]);
+    assert!(long_functions(&text, 9).is_empty());
 }

@@ -43,47 +43,9 @@ async fn main() {
     //    this run's ready line, with the MainPID fallback and the fatal patterns), timed from the
     //    ready event's detect_ms: the follower's read time minus journald's receive time.
     let config = stack.write_pdctl_config().expect("config");
-    let settings = pdctl_core::config::load(&config).expect("settings");
-    let worker = settings.workers.iter().find(|w| w.unit == unit).cloned().expect("decode worker");
-    let engine = pdctl_core::real::connect(settings).await.expect("engine");
-    let mut lat = Vec::new();
-    for _ in 0..n {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        engine.restart_until_ready(&worker, &tx).await.expect("restart and ready gates pass");
-        drop(tx);
-        while let Some(e) = rx.recv().await {
-            if e.step == Step::Ready && e.status == Status::Passed {
-                lat.push(e.detail["detect_ms"].as_f64().expect("detect_ms"));
-            }
-        }
-    }
+    let lat = engine_ready(&config, &unit, n).await;
 
-    // 2. The seed's procedure: every 20 s, `journalctl --since "2 min ago" -u UNIT | grep ready`.
-    let mut seed = Vec::new();
-    let mut seed_false = 0;
-    for _ in 0..n_seed {
-        let restart_us = now_us();
-        sd.restart(&unit, Duration::from_secs(30)).await.expect("restart");
-        loop {
-            tokio::time::sleep(Duration::from_secs(20)).await;
-            let out = stack.sandbox.journalctl(&["--since", "2 min ago", "-u", &unit, "-o", "json", "--output-fields=MESSAGE"]).expect("journalctl");
-            let hits: Vec<u64> = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v["MESSAGE"].as_str().is_some_and(|m| m.contains(READY_LINE)))
-                .filter_map(|v| v["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
-                .collect();
-            if let Some(first) = hits.first() {
-                // The seed takes the first match: with --since "2 min ago" it can be an old run's.
-                if *first < restart_us {
-                    seed_false += 1;
-                }
-                let newest = hits.iter().copied().filter(|t| *t >= restart_us).max().unwrap_or(*first);
-                seed.push((now_us().saturating_sub(newest)) as f64 / 1000.0);
-                break;
-            }
-        }
-    }
+    let (seed, seed_false) = seed_procedure(&stack, &sd, &unit, n_seed).await;
 
     // 3. Orchestration overhead of `pdctl restart --rolling` (1P1D, router, metrics; health
     //    answers at once as with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false): per unit, wall
@@ -128,41 +90,7 @@ async fn main() {
         }
     }
 
-    // 4. The ready line at the operator: only the gates that wait on the server (no router,
-    //    metrics or pair gates, 1 s soak), so that many restarts fit in a run.
-    std::fs::write(
-        config.parent().unwrap().join("config.d/95-e2e.toml"),
-        "[rollout]\nmin_healthy = \"1s\"\ndrain = false\nallow_outage = true\n[verify]\nrouter = false\nmetrics = \"off\"\npair = false\nsmoke_request = false\n",
-    )
-    .expect("fragment");
-    let (mut e2e, mut own) = (Vec::new(), Vec::new());
-    while e2e.len() < n_e2e {
-        let mut child = std::process::Command::new(&pdctl)
-            .args(["restart", "--rolling", "--json", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(&daemon.socket)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("pdctl");
-        let out = child.stdout.take().expect("stdout");
-        // Each line timed as it arrives (a thread blocked on the pipe, not the async runtime).
-        let lines = std::thread::spawn(move || {
-            use std::io::BufRead as _;
-            std::io::BufReader::new(out).lines().map_while(Result::ok).map(|l| (now_us(), l)).collect::<Vec<_>>()
-        });
-        let got = lines.join().expect("reader");
-        let status = child.wait().expect("pdctl exits");
-        assert!(status.success(), "rollout failed: {:?}", got.last());
-        for (at, l) in got {
-            let Ok(e) = serde_json::from_str::<serde_json::Value>(&l) else { continue };
-            if e["step"] == "ready" && e["status"] == "passed" {
-                let journald = e["detail"]["journal_realtime_us"].as_u64().expect("journal_realtime_us");
-                e2e.push(at.saturating_sub(journald) as f64 / 1000.0);
-                own.push(e["detail"]["detect_ms"].as_f64().expect("detect_ms"));
-            }
-        }
-    }
+    let (e2e, own) = end_to_end(&config, &pdctl, &daemon.socket, n_e2e);
 
     let build = if cfg!(debug_assertions) { "debug build" } else { "release build" };
     println!("pdctl benchmark (sandbox: real systemd 252 + journald + D-Bus, sglang-sim, {}; {build})", opts.gateway.name());
@@ -191,20 +119,116 @@ async fn main() {
         walls.iter().map(|w| (w * 10.0).round() / 10.0).collect::<Vec<_>>()
     );
     println!("  per step p50 (ms): {}", per_step.iter().map(|(k, v)| format!("{k} {:.0}", pct(v, 50.0))).collect::<Vec<_>>().join(", "));
+    print_end_to_end(&e2e, &own);
+}
+
+/// Phase 2, the seed's procedure: every 20 s, `journalctl --since "2 min ago" -u UNIT | grep ready`:
+/// each detection's latency (ms) and how many found an old run's line first.
+async fn seed_procedure(stack: &Stack, sd: &Systemd, unit: &str, n_seed: usize) -> (Vec<f64>, usize) {
+    let mut seed = Vec::new();
+    let mut seed_false = 0;
+    for _ in 0..n_seed {
+        let restart_us = now_us();
+        sd.restart(unit, Duration::from_secs(30)).await.expect("restart");
+        loop {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            let out = stack.sandbox.journalctl(&["--since", "2 min ago", "-u", unit, "-o", "json", "--output-fields=MESSAGE"]).expect("journalctl");
+            let hits: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v["MESSAGE"].as_str().is_some_and(|m| m.contains(READY_LINE)))
+                .filter_map(|v| v["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
+                .collect();
+            if let Some(first) = hits.first() {
+                // The seed takes the first match: with --since "2 min ago" it can be an old run's.
+                if *first < restart_us {
+                    seed_false += 1;
+                }
+                let newest = hits.iter().copied().filter(|t| *t >= restart_us).max().unwrap_or(*first);
+                seed.push((now_us().saturating_sub(newest)) as f64 / 1000.0);
+                break;
+            }
+        }
+    }
+    (seed, seed_false)
+}
+
+/// Phase 4, the ready line at the operator: only the gates that wait on the server (no router, metrics
+/// or pair gates, 1 s soak), so that many restarts fit in a run: each ready line's arrival at the
+/// CLI's reader and pdctl's own detect_ms (ms).
+fn end_to_end(config: &std::path::Path, pdctl: &std::path::Path, socket: &std::path::Path, n_e2e: usize) -> (Vec<f64>, Vec<f64>) {
+    std::fs::write(
+        config.parent().unwrap().join("config.d/95-e2e.toml"),
+        "[rollout]\nmin_healthy = \"1s\"\ndrain = false\nallow_outage = true\n[verify]\nrouter = false\nmetrics = \"off\"\npair = false\nsmoke_request = false\n",
+    )
+    .expect("fragment");
+    let (mut e2e, mut own) = (Vec::new(), Vec::new());
+    while e2e.len() < n_e2e {
+        let mut child = std::process::Command::new(pdctl)
+            .args(["restart", "--rolling", "--json", "--config"])
+            .arg(config)
+            .arg("--socket")
+            .arg(socket)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("pdctl");
+        let out = child.stdout.take().expect("stdout");
+        // Each line timed as it arrives (a thread blocked on the pipe, not the async runtime).
+        let lines = std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            std::io::BufReader::new(out).lines().map_while(Result::ok).map(|l| (now_us(), l)).collect::<Vec<_>>()
+        });
+        let got = lines.join().expect("reader");
+        let status = child.wait().expect("pdctl exits");
+        assert!(status.success(), "rollout failed: {:?}", got.last());
+        for (at, l) in got {
+            let Ok(e) = serde_json::from_str::<serde_json::Value>(&l) else { continue };
+            if e["step"] == "ready" && e["status"] == "passed" {
+                let journald = e["detail"]["journal_realtime_us"].as_u64().expect("journal_realtime_us");
+                e2e.push(at.saturating_sub(journald) as f64 / 1000.0);
+                own.push(e["detail"]["detect_ms"].as_f64().expect("detect_ms"));
+            }
+        }
+    }
+    (e2e, own)
+}
+
+/// Phase 1, pdctl: the engine's own restart and ready gates, `n` times; each ready event's
+/// detect_ms.
+async fn engine_ready(config: &std::path::Path, unit: &str, n: usize) -> Vec<f64> {
+    let settings = pdctl_core::config::load(config).expect("settings");
+    let worker = settings.workers.iter().find(|w| w.unit == unit).cloned().expect("decode worker");
+    let engine = pdctl_core::real::connect(settings).await.expect("engine");
+    let mut lat = Vec::new();
+    for _ in 0..n {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        engine.restart_until_ready(&worker, &tx).await.expect("restart and ready gates pass");
+        drop(tx);
+        while let Some(e) = rx.recv().await {
+            if e.step == Step::Ready && e.status == Status::Passed {
+                lat.push(e.detail["detect_ms"].as_f64().expect("detect_ms"));
+            }
+        }
+    }
+    lat
+}
+
+/// Phase 4's lines of the report.
+fn print_end_to_end(e2e: &[f64], own: &[f64]) {
     println!(
         "ready line → the CLI's printed event = the line's arrival at a reader of `pdctl restart --rolling --json` − the ready line's __REALTIME_TIMESTAMP"
     );
     println!(
         "  end to end  n={:<3} p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms   (target p99 ≤ 10 ms)",
         e2e.len(),
-        pct(&e2e, 50.0),
-        pct(&e2e, 99.0),
-        pct(&e2e, 100.0)
+        pct(e2e, 50.0),
+        pct(e2e, 99.0),
+        pct(e2e, 100.0)
     );
     println!(
         "  of which pdctl's own detect_ms  p50 {:>6.2} ms  p99 {:>6.2} ms;  delivery (pdctld → CLI) p50 ≈ {:.2} ms",
-        pct(&own, 50.0),
-        pct(&own, 99.0),
-        pct(&e2e, 50.0) - pct(&own, 50.0)
+        pct(own, 50.0),
+        pct(own, 99.0),
+        pct(e2e, 50.0) - pct(own, 50.0)
     );
 }

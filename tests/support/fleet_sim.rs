@@ -84,13 +84,11 @@ impl Coordinator for Lossy {
     }
 }
 
-/// Run one simulated fleet rollout against the etcd at `etcd` (restarted through `restart`
-/// when the spec says so).
-pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + Send + 'static) -> SimReport {
-    let name = format!("sim{}", fleet::now_secs() % 100_000);
-    let settings = pdctl_core::config::FleetSettings {
+/// The fleet settings every simulated host shares.
+fn sim_settings(spec: &SimSpec, etcd_url: &str, name: &str) -> pdctl_core::config::FleetSettings {
+    pdctl_core::config::FleetSettings {
         etcd: vec![etcd_url.to_string()],
-        name: name.clone(),
+        name: name.to_string(),
         host: "bench".into(),
         slot_timeout: Duration::from_secs(3600),
         max_unavailable: [("prefill".to_string(), spec.max_unavailable), ("decode".to_string(), spec.max_unavailable)].into(),
@@ -100,7 +98,14 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
         bake: None,
         storm: Default::default(),
         tls: None,
-    };
+    }
+}
+
+/// Run one simulated fleet rollout against the etcd at `etcd` (restarted through `restart`
+/// when the spec says so).
+pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + Send + 'static) -> SimReport {
+    let name = format!("sim{}", fleet::now_secs() % 100_000);
+    let settings = sim_settings(spec, etcd_url, &name);
     let c = Arc::new(Lossy { inner: pdctl_core::real::EtcdCoordinator::new(&settings), every: spec.lose_every, n: AtomicU64::new(0), lost: AtomicU64::new(0) });
     let limits = Limits { max_unavailable: settings.max_unavailable.clone() };
     let failed = Arc::new(AtomicU64::new(0));
@@ -175,12 +180,25 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
     }
     let total = t0.elapsed();
     waits.sort();
+    let max_down = max_holders(etcd_url, &name).await;
+    SimReport {
+        total,
+        waits,
+        max_down,
+        lost: c.lost.load(Ordering::SeqCst),
+        failed_calls: failed.load(Ordering::SeqCst),
+        fallbacks: fallbacks.load(Ordering::SeqCst),
+    }
+}
+
+/// The most holders each role's semaphore ever had, over the revisions etcd kept.
+async fn max_holders(etcd_url: &str, name: &str) -> BTreeMap<String, usize> {
     let mut max_down = BTreeMap::new();
     let etcd = pdctl_fleet::Etcd::connect(&[etcd_url.to_string()], None, None, Duration::from_secs(5)).await;
     if let Ok(mut e) = etcd {
         let now = e.revision().await.unwrap_or(0);
         for role in ["prefill", "decode"] {
-            let key = fleet::slot_key(&name, role);
+            let key = fleet::slot_key(name, role);
             let mut max = 0;
             let mut rev = now;
             // Walk the key's versions backwards through etcd's history (each version's
@@ -199,14 +217,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
             max_down.insert(role.to_string(), max);
         }
     }
-    SimReport {
-        total,
-        waits,
-        max_down,
-        lost: c.lost.load(Ordering::SeqCst),
-        failed_calls: failed.load(Ordering::SeqCst),
-        fallbacks: fallbacks.load(Ordering::SeqCst),
-    }
+    max_down
 }
 
 /// etcd's counters of gRPC messages, summed over its methods: `(received, sent)` — every unary

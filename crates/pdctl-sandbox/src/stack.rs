@@ -312,52 +312,7 @@ impl Stack {
         }
         if let Some(smg) = smg {
             for i in 0..opts.routers.max(1) {
-                let (port, mport) = (free_port()?, free_port()?);
-                let workers: String = stack
-                    .workers()
-                    .iter()
-                    .map(|w| match w.bootstrap_port {
-                        Some(b) => format!("--prefill {} {b}", w.url),
-                        None => format!("--decode {}", w.url),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                let exec = format!(
-                    "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation {workers} \
-                     --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
-                     --worker-startup-timeout-secs {}",
-                    q(&smg.display().to_string()),
-                    opts.router_health_interval_secs,
-                    opts.router_startup_timeout_secs,
-                );
-                // smg 1.x checks a worker that is still starting only every 30 s by default
-                // (`--worker-startup-check-interval`); 0.3.2 uses that flag for its load monitor.
-                let exec = match opts.gateway {
-                    Gateway::Smg113 => format!("{exec} --worker-startup-check-interval 1"),
-                    Gateway::SglangRouter032 => exec,
-                };
-                let exec = opts.router_args.iter().fold(exec, |e, a| format!("{e} {}", q(a)));
-                let exec = match &opts.api_key {
-                    Some(k) => format!("{exec} --api-key {}", q(k)),
-                    None => exec,
-                };
-                let unit = if i == 0 { "sglang-router.service".to_string() } else { format!("sglang-router-{}.service", i + 1) };
-                stack.sandbox.write_unit(
-                    &unit,
-                    &format!(
-                        "[Unit]\nDescription=SGLang gateway ({}) in PD mode\nStartLimitIntervalSec=0\n\n\
-                         [Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NO_COLOR=1\n\
-                         ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n",
-                        opts.gateway.name()
-                    ),
-                )?;
-                units.push(unit.clone());
-                let r = RouterUnit { unit, url: format!("http://127.0.0.1:{port}"), metrics_url: format!("http://127.0.0.1:{mport}/metrics") };
-                if i == 0 {
-                    stack.router = Some(r);
-                } else {
-                    stack.extra_routers.push(r);
-                }
+                units.push(stack.write_router_unit(i, &smg, opts)?);
             }
         }
         stack.sandbox.daemon_reload()?;
@@ -365,6 +320,58 @@ impl Stack {
         args.extend(units.iter().map(String::as_str));
         stack.sandbox.systemctl(&args)?;
         Ok(stack)
+    }
+
+    /// Write gateway `i`'s unit (the first is `sglang-router.service`, then `sglang-router-2`, …)
+    /// in front of every worker, and keep its addresses; returns the unit's name.
+    fn write_router_unit(&mut self, i: usize, smg: &std::path::Path, opts: &StackOptions) -> Result<String> {
+        let (port, mport) = (free_port()?, free_port()?);
+        let workers: String = self
+            .workers()
+            .iter()
+            .map(|w| match w.bootstrap_port {
+                Some(b) => format!("--prefill {} {b}", w.url),
+                None => format!("--decode {}", w.url),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let exec = format!(
+            "{} launch --host 127.0.0.1 --port {port} --pd-disaggregation {workers} \
+             --prometheus-host 127.0.0.1 --prometheus-port {mport} --health-check-interval-secs {} \
+             --worker-startup-timeout-secs {}",
+            q(&smg.display().to_string()),
+            opts.router_health_interval_secs,
+            opts.router_startup_timeout_secs,
+        );
+        // smg 1.x checks a worker that is still starting only every 30 s by default
+        // (`--worker-startup-check-interval`); 0.3.2 uses that flag for its load monitor.
+        let exec = match opts.gateway {
+            Gateway::Smg113 => format!("{exec} --worker-startup-check-interval 1"),
+            Gateway::SglangRouter032 => exec,
+        };
+        let exec = opts.router_args.iter().fold(exec, |e, a| format!("{e} {}", q(a)));
+        let exec = match &opts.api_key {
+            Some(k) => format!("{exec} --api-key {}", q(k)),
+            None => exec,
+        };
+        let unit = if i == 0 { "sglang-router.service".to_string() } else { format!("sglang-router-{}.service", i + 1) };
+        self.sandbox.write_unit(
+            &unit,
+            &format!(
+                "[Unit]\nDescription=SGLang gateway ({}) in PD mode\nStartLimitIntervalSec=0\n\n\
+                 [Service]\nType=simple\nEnvironment=PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 NO_COLOR=1\n\
+                 ExecStart={exec}\nRestart=no\nTimeoutStopSec=10\n",
+                opts.gateway.name()
+            ),
+        )?;
+        let unit_name = unit.clone();
+        let r = RouterUnit { unit, url: format!("http://127.0.0.1:{port}"), metrics_url: format!("http://127.0.0.1:{mport}/metrics") };
+        if i == 0 {
+            self.router = Some(r);
+        } else {
+            self.extra_routers.push(r);
+        }
+        Ok(unit_name)
     }
 
     /// A pdctl config for this stack as seen from outside the sandbox (its bus, journal and

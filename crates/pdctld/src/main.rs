@@ -143,101 +143,21 @@ fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
 async fn main() {
     let args = Args::parse();
     if let Some(dir) = &args.write_man {
-        use clap::CommandFactory as _;
-        let page = clap_mangen::Man::new(Args::command()).section("8");
-        let mut out = Vec::new();
-        let written = page.render(&mut out).and_then(|()| std::fs::write(dir.join("pdctld.8"), &out));
-        match written {
-            Ok(()) => Exit::Ok.exit_process(),
-            Err(e) => {
-                eprintln!("pdctld: cannot write {}/pdctld.8: {e}", dir.display());
-                Exit::Unreachable.exit_process();
-            }
-        }
+        write_man(dir);
     }
     init_logs();
     let config = pdctl_core::config::main_path(args.config.as_deref());
-    // STATE_DIRECTORY from systemd may list several paths separated by ':'.
-    let state_dir = PathBuf::from(args.state_dir.to_string_lossy().split(':').next().unwrap_or("/var/lib/pdctl"));
-    let store = match store::Store::open(&state_dir) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "pdctld: cannot use the state directory {}: {e}; check --state-dir (StateDirectory= in the unit) and its permissions",
-                state_dir.display()
-            );
-            Exit::Unreachable.exit_process();
-        }
-    };
-    // One pdctld per state directory: a second would unlink the first's socket and write the same
-    // records and ledger. The lock is held (its descriptor open) for the process's life.
-    let _lock = match lock_state_dir(&state_dir) {
-        Ok(f) => f,
-        Err(why) => {
-            eprintln!("pdctld: {why}");
-            Exit::Unreachable.exit_process();
-        }
-    };
+    let (state_dir, store, _lock) = open_state(&args);
     if let Err(e) = pdctl_core::config::load(&config) {
         tracing::warn!("config error (rollouts will be refused until it is fixed): {e}");
     }
     let d = Arc::new(daemon_for(&args, config, store).await);
-    if let Some(dir) = args.socket.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let _ = std::fs::remove_file(&args.socket);
-    let listener = match tokio::net::UnixListener::bind(&args.socket) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("pdctld: cannot listen on {}: {e}; is another pdctld running? (systemctl status pdctld)", args.socket.display());
-            Exit::Unreachable.exit_process();
-        }
-    };
-    let _ = std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o660));
-    if let Some(g) = &args.socket_group {
-        if let Err(e) = chgrp(&args.socket, g) {
-            tracing::warn!("cannot give the socket to group {g}: {e}");
-        }
-    }
-    if args.metrics_listen != "off" {
-        match tokio::net::TcpListener::bind(&args.metrics_listen).await {
-            Ok(l) => {
-                let app = daemon::http::metrics_api(d.clone());
-                let l = Arc::new(l);
-                let accept = move || {
-                    let l = l.clone();
-                    async move { l.accept().await.map(|(s, _)| (s, None)) }
-                };
-                tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the metrics endpoint").await });
-            }
-            Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
-        }
-    }
+    let listener = bind_socket(&args);
+    serve_metrics(&args, &d).await;
     let app = daemon::http::api(d.clone());
-    if let Some(every) = sd_notify::watchdog_enabled() {
-        tokio::spawn(watchdog(d.clone(), args.socket.clone(), every / 2));
-    }
-    // Records whose write failed are retried until they are on disk.
-    {
-        let d = d.clone();
-        tokio::spawn(async move {
-            let mut t = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                t.tick().await;
-                d.retry_unsaved();
-            }
-        });
-    }
+    spawn_background(&d, &args);
     tracing::info!(socket = %args.socket.display(), state_dir = %state_dir.display(), "pdctld serving on {}", args.socket.display());
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("idle")]);
-    // Drains left by a previous process are undone before any rollout starts (the API answers
-    // meanwhile: status says "reconciling", a new rollout is refused with exit 4).
-    tokio::spawn(d.clone().reconcile_at_start());
-    tokio::spawn(d.clone().reconcile_idle());
-    tokio::spawn(d.clone().fleet_liveness());
-    tokio::spawn(d.clone().fleet_rollouts());
-    tokio::spawn(d.clone().fleet_retention());
-    tokio::spawn(d.clone().storm_watch());
     let accept = || async {
         // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.
         listener.accept().await.map(|(s, _)| {
@@ -259,6 +179,113 @@ async fn main() {
             d.shutdown(args.stop_timeout).await;
         }
     }
+}
+
+/// `--write-man DIR`: write pdctld.8 there and exit.
+fn write_man(dir: &std::path::Path) -> ! {
+    use clap::CommandFactory as _;
+    let page = clap_mangen::Man::new(Args::command()).section("8");
+    let mut out = Vec::new();
+    let written = page.render(&mut out).and_then(|()| std::fs::write(dir.join("pdctld.8"), &out));
+    match written {
+        Ok(()) => Exit::Ok.exit_process(),
+        Err(e) => {
+            eprintln!("pdctld: cannot write {}/pdctld.8: {e}", dir.display());
+            Exit::Unreachable.exit_process();
+        }
+    }
+}
+
+/// The state directory, its store, and its lock (held, its descriptor open, for the process's
+/// life); a directory that cannot be used or is locked by another pdctld ends the process.
+fn open_state(args: &Args) -> (PathBuf, store::Store, std::fs::File) {
+    // STATE_DIRECTORY from systemd may list several paths separated by ':'.
+    let state_dir = PathBuf::from(args.state_dir.to_string_lossy().split(':').next().unwrap_or("/var/lib/pdctl"));
+    let store = match store::Store::open(&state_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "pdctld: cannot use the state directory {}: {e}; check --state-dir (StateDirectory= in the unit) and its permissions",
+                state_dir.display()
+            );
+            Exit::Unreachable.exit_process();
+        }
+    };
+    // One pdctld per state directory: a second would unlink the first's socket and write the same
+    // records and ledger.
+    let lock = match lock_state_dir(&state_dir) {
+        Ok(f) => f,
+        Err(why) => {
+            eprintln!("pdctld: {why}");
+            Exit::Unreachable.exit_process();
+        }
+    };
+    (state_dir, store, lock)
+}
+
+/// The control socket: bound afresh (0660, given to `--socket-group` when set).
+fn bind_socket(args: &Args) -> tokio::net::UnixListener {
+    if let Some(dir) = args.socket.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    let listener = match tokio::net::UnixListener::bind(&args.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pdctld: cannot listen on {}: {e}; is another pdctld running? (systemctl status pdctld)", args.socket.display());
+            Exit::Unreachable.exit_process();
+        }
+    };
+    let _ = std::fs::set_permissions(&args.socket, std::fs::Permissions::from_mode(0o660));
+    if let Some(g) = &args.socket_group {
+        if let Err(e) = chgrp(&args.socket, g) {
+            tracing::warn!("cannot give the socket to group {g}: {e}");
+        }
+    }
+    listener
+}
+
+/// The metrics endpoint (`--metrics-listen`, unless `off`), served by its own accept loop.
+async fn serve_metrics(args: &Args, d: &Arc<daemon::Daemon>) {
+    if args.metrics_listen == "off" {
+        return;
+    }
+    match tokio::net::TcpListener::bind(&args.metrics_listen).await {
+        Ok(l) => {
+            let app = daemon::http::metrics_api(d.clone());
+            let l = Arc::new(l);
+            let accept = move || {
+                let l = l.clone();
+                async move { l.accept().await.map(|(s, _)| (s, None)) }
+            };
+            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the metrics endpoint").await });
+        }
+        Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
+    }
+}
+
+/// pdctld's tasks beside the API: the watchdog, the retry of unsaved records, the reconcile of
+/// what a previous process left (before any rollout starts: the API answers meanwhile, status
+/// says "reconciling", a new rollout is refused with exit 4), the fleet's parts, the storm watch.
+fn spawn_background(d: &Arc<daemon::Daemon>, args: &Args) {
+    if let Some(every) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(d.clone(), args.socket.clone(), every / 2));
+    }
+    // Records whose write failed are retried until they are on disk.
+    let retry = d.clone();
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            t.tick().await;
+            retry.retry_unsaved();
+        }
+    });
+    tokio::spawn(d.clone().reconcile_at_start());
+    tokio::spawn(d.clone().reconcile_idle());
+    tokio::spawn(d.clone().fleet_liveness());
+    tokio::spawn(d.clone().fleet_rollouts());
+    tokio::spawn(d.clone().fleet_retention());
+    tokio::spawn(d.clone().storm_watch());
 }
 
 /// Connections the control socket serves at once; more are closed at once (a local client

@@ -9,6 +9,7 @@
 pub mod args;
 pub mod catalogue;
 pub mod engine;
+pub mod exposition;
 pub mod ids;
 pub mod log;
 pub mod pd;

@@ -74,67 +74,21 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         // The probe watches the whole rollout, a rollback included: what clients saw while a
         // failed worker was out and put back is part of the figures.
-        let mut restarted = false;
         let run = async {
             let mut summary = match (r.restore, r.weights) {
                 (_, Some(to)) => self.update_weights_recorded(&plan, to, r.revisions, sink, &mut notes).await,
                 (Some(befores), None) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
                 (None, None) => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
             };
-            // A config rollout loaded in place: on record as what runs, or (failed) restarted
-            // instead with `weights_fallback = "restart"`.
-            if let (Some(to), Some(dir)) = (r.weights.filter(|t| t.config), r.revisions) {
-                match (summary.result, &summary.failed) {
-                    (Outcome::Succeeded, _) => self.record_in_place(&plan, dir, &mut notes).await,
-                    (Outcome::Failed, Some(f))
-                        if f.step != Step::Preflight && self.settings.rollout.weights_fallback == crate::config::WeightsFallback::Restart =>
-                    {
-                        notes.push(format!(
-                            "{} did not take {} in place ({}): every worker serves its previous weights again; rolled out by restarting instead (weights_fallback = \"restart\")",
-                            f.unit,
-                            crate::in_place::show_parts(to.model_path, to.version),
-                            f.cause_code
-                        ));
-                        summary = self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await;
-                        restarted = true;
-                    }
-                    (Outcome::Failed, Some(f)) if f.step != Step::Preflight && f.unit != FLEET => {
-                        notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
-                    }
-                    _ => {}
-                }
-            }
+            let restarted = self.after_in_place(&plan, &r, ctx, &mut summary, sink, &mut notes).await;
             // A weights rollout changed no file: nothing to quarantine or roll back by revision.
-            if let (Outcome::Failed, Some(f), Some(dir), true) = (summary.result, &summary.failed, r.revisions, r.weights.is_none() || restarted) {
-                if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
-                    notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
-                }
-                // A refusal touches nothing: a slot never granted, or a preflight that refused
-                // before the unit was restarted, leaves every file where it is (the change was
-                // never tried; the operator or the next `rollout apply` decides).
-                let refused = matches!(f.step, Step::Slot | Step::Preflight);
-                let rolls_back = self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET;
-                if rolls_back && refused {
-                    notes.push(format!(
-                        "{} was refused before anything restarted ({}): on_failure = \"rollback\" moved no file and reloaded nothing",
-                        f.unit, f.cause_code
-                    ));
-                } else if rolls_back {
-                    let unit = f.unit.clone();
-                    match self.rollback(&unit, ctx, dir, sink, &mut notes).await {
-                        Ok(true) => {
-                            summary.result = Outcome::RolledBack;
-                            readmitted_by_rollback(&unit, &mut notes);
-                        }
-                        Ok(false) => {}
-                        Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
-                    }
-                }
+            if r.weights.is_none() || restarted {
+                self.after_failure(&r, ctx, &mut summary, sink, &mut notes).await;
             }
             clients.done.store(true, Ordering::SeqCst);
-            summary
+            (summary, restarted)
         };
-        let (mut summary, _) = tokio::join!(run, async {
+        let ((mut summary, restarted), _) = tokio::join!(run, async {
             if let Some(rate) = probing {
                 self.watch_clients(rate, &clients).await;
             }
@@ -146,17 +100,83 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let end = Instant::now();
         if probing.is_some() {
             let mut a = crate::availability::summarize(&samples, end);
-            a.gateway = match (gateway_before, self.probes.gateway_responses().await) {
-                (Some((all0, failed0)), Some((all, failed))) if all >= all0 && failed >= failed0 => {
-                    Some(crate::availability::GatewayAnswers { answered: (all - all0) as u64, failed: (failed - failed0) as u64 })
-                }
-                _ => None,
-            };
+            a.gateway = self.gateway_answers_since(gateway_before).await;
             summary.availability = Some(a);
         }
         let service_before = std::mem::take(&mut *lock(&before));
         let in_place = r.weights.is_some_and(|t| t.config) && !restarted;
         Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before, in_place }
+    }
+
+    /// A config rollout loaded in place: on record as what runs, or (failed) restarted instead
+    /// with `weights_fallback = "restart"` (then `true`: the summary is the restart's), or its
+    /// change quarantined.
+    async fn after_in_place(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &mut Vec<String>) -> bool {
+        let (Some(to), Some(dir)) = (r.weights.filter(|t| t.config), r.revisions) else {
+            return false;
+        };
+        match (summary.result, &summary.failed) {
+            (Outcome::Succeeded, _) => self.record_in_place(plan, dir, notes).await,
+            (Outcome::Failed, Some(f)) if f.step != Step::Preflight && self.settings.rollout.weights_fallback == crate::config::WeightsFallback::Restart => {
+                notes.push(format!(
+                    "{} did not take {} in place ({}): every worker serves its previous weights again; rolled out by restarting instead (weights_fallback = \"restart\")",
+                    f.unit,
+                    crate::in_place::show_parts(to.model_path, to.version),
+                    f.cause_code
+                ));
+                *summary = self.run(plan, sink, Mode::Rollout, r.abort, ctx, notes).await;
+                return true;
+            }
+            (Outcome::Failed, Some(f)) if f.step != Step::Preflight && f.unit != FLEET => {
+                notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// A failed rollout that changed files: the failed unit's change quarantined and, with
+    /// `on_failure = "rollback"`, its last good revision restored and verified (`rolled_back`) —
+    /// unless it was refused before anything restarted (a refusal touches nothing).
+    async fn after_failure(&self, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &mut Vec<String>) {
+        let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) else {
+            return;
+        };
+        if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
+            notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
+        }
+        // A refusal touches nothing: a slot never granted, or a preflight that refused before the
+        // unit was restarted, leaves every file where it is (the change was never tried; the
+        // operator or the next `rollout apply` decides).
+        let refused = matches!(f.step, Step::Slot | Step::Preflight);
+        let rolls_back = self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET;
+        if rolls_back && refused {
+            notes.push(format!(
+                "{} was refused before anything restarted ({}): on_failure = \"rollback\" moved no file and reloaded nothing",
+                f.unit, f.cause_code
+            ));
+        } else if rolls_back {
+            let unit = f.unit.clone();
+            match self.rollback(&unit, ctx, dir, sink, notes).await {
+                Ok(true) => {
+                    summary.result = Outcome::RolledBack;
+                    readmitted_by_rollback(&unit, notes);
+                }
+                Ok(false) => {}
+                Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
+            }
+        }
+    }
+
+    /// The gateway's answers (all, failed) since `before`, where it exports them both times and
+    /// its counters did not restart.
+    async fn gateway_answers_since(&self, before: Option<(f64, f64)>) -> Option<crate::availability::GatewayAnswers> {
+        match (before, self.probes.gateway_responses().await) {
+            (Some((all0, failed0)), Some((all, failed))) if all >= all0 && failed >= failed0 => {
+                Some(crate::availability::GatewayAnswers { answered: (all - all0) as u64, failed: (failed - failed0) as u64 })
+            }
+            _ => None,
+        }
     }
 
     pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {

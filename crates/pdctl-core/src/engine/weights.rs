@@ -55,6 +55,9 @@ pub struct WeightsTarget<'a> {
 /// What a worker served before: `(model_path, weight_version)`.
 type Served = (String, String);
 
+/// The paused workers, and each one's open weights step with what it served and how it paused.
+type Paused<'w> = (Vec<&'w Worker>, Vec<(StepRun<'w>, &'w Worker, Served, PauseMode)>);
+
 /// Why decodes were paused `in_place`, for the rollout's notes. After a `retract` pause, 0.5.23's
 /// decode asks the prefill to recompute each retracted request's KV by POSTing the prefill's
 /// `/generate` *without* an `Authorization` header (`disaggregation/common/conn.py`
@@ -134,40 +137,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             failed,
         };
         // Preflight: what each serves now, and that it serves.
-        let mut before: Vec<(&Worker, Served)> = Vec::new();
-        for w in &plan.workers {
-            let s = StepRun::start(sink, &w.unit, Step::Preflight);
-            match self.weights_preflight(w).await {
-                Ok(served) => {
-                    s.pass(json!({ "model_path": served.0, "weight_version": served.1 }));
-                    before.push((w, served));
-                }
-                Err(f) => {
-                    s.fail(&f);
-                    return end(Outcome::Failed, Vec::new(), Some(self.failure(&w.unit, Step::Preflight, f).await));
-                }
-            }
-        }
+        let mut before = match self.what_each_serves(plan, sink).await {
+            Ok(b) => b,
+            Err(failure) => return end(Outcome::Failed, Vec::new(), Some(failure)),
+        };
         // Decodes first: nothing new reaches a prefill's KV hand-off while it pauses.
         before.sort_by_key(|(w, _)| u8::from(w.role != Role::Decode));
-        let pause_limit = self.settings.rollout.health_timeout;
-        if before.iter().any(|(w, _)| self.pause_mode(w) == PauseMode::InPlace) {
-            notes.push(IN_PLACE_NOTE.to_string());
-        }
-        let mut paused: Vec<&Worker> = Vec::new();
-        let mut steps = Vec::new();
-        for (w, served) in &before {
-            let s = StepRun::start(sink, &w.unit, Step::Weights);
-            let mode = self.pause_mode(w);
-            if let Err(e) = self.probes.pause(&w.url, mode, pause_limit).await {
-                let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
-                s.fail(&f);
-                let _ = self.resume_all(&paused, notes).await;
-                return end(Outcome::Failed, Vec::new(), Some(self.failure(&w.unit, Step::Weights, f).await));
-            }
-            paused.push(*w);
-            steps.push((s, *w, served.clone(), mode));
-        }
+        let (paused, steps) = match self.pause_all(&before, sink, notes).await {
+            Ok(p) => p,
+            Err(failure) => return end(Outcome::Failed, Vec::new(), Some(failure)),
+        };
         // In a fleet: every host paused before any loads.
         if let Some(id) = to.fleet_rollout {
             if let Err(why) = self.weights_step(id, "paused", Ok(())).await {
@@ -180,9 +159,139 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         let paused_at = Instant::now();
-        // Every worker loads at once: each bounded like a start.
+        let loads = self.load_all(&before, to).await;
+        let loaded: Vec<&Worker> = before.iter().zip(&loads).filter(|(_, (_, r))| r.is_ok()).map(|((w, _), _)| *w).collect();
+        // In a fleet: no host continues before every host serves the new weights.
+        if let Some(id) = to.fleet_rollout {
+            let mine = match before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
+                Some(((w, _), (_, Err(why)))) => Err(format!("{}: {why}", w.unit)),
+                _ => Ok(()),
+            };
+            if let (Ok(()), Err(why)) = (&mine, self.weights_step(id, "loaded", mine.clone()).await) {
+                let why = format!("another host did not take them ({why}): every host loads its previous weights again");
+                let failure = self.undo_loads(FLEET, Cause::WeightsFailed { unit: FLEET.into(), why }, steps, (&before, &loaded, &paused), sink, notes).await;
+                return end(Outcome::Failed, Vec::new(), Some(failure));
+            }
+        }
+        if let Some(((w, _), (_, Err(why)))) = before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
+            let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: why.clone() };
+            let failure = self.undo_loads(&w.unit, cause, steps, (&before, &loaded, &paused), sink, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
+        // Every worker serves the new weights: flush what the old ones cached while no request
+        // runs, where the scheduler lets it; then all continue.
+        let limit = self.settings.rollout.health_timeout;
+        let mut flushed: Vec<Option<String>> = Vec::new();
+        for (w, _) in &before {
+            flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
+        }
+        let resumed = self.resume_all(&paused, notes).await;
+        let waited = paused_at.elapsed().as_millis() as u64;
+        for ((w, _), f) in before.iter().zip(flushed.iter_mut()).filter(|(_, f)| f.is_none()) {
+            *f = Some(self.flush_when_idle(w, limit, notes).await);
+        }
+        for (((s, _, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
+            let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
+            s.pass(json!({
+                "from": { "model_path": served.0, "weight_version": served.1 },
+                "to": { "model_path": to.model_path, "weight_version": version },
+                "load_ms": load_ms,
+                "pause": mode.as_str(),
+                "paused_ms": waited,
+                "message": message,
+                "cache_flushed": cache,
+            }));
+        }
+        loaded_notes(to, waited, notes);
+        if let Err((w, f)) = resumed {
+            let failure = self.failure(&w, Step::Weights, f).await;
+            self.put_back(&before, &loaded, true, sink, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
+        // Verified as served: each pair straight, then each worker's own gates.
+        if let Err((unit, step, f)) = self.weights_verify(plan, sink).await {
+            let failure = self.failure(&unit, step, f).await;
+            self.put_back(&before, &loaded, true, sink, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
+        end(Outcome::Succeeded, plan.workers.iter().map(|w| w.unit.clone()).collect(), None)
+    }
+
+    /// `unit` (a worker, or the fleet) did not take the new weights: every step fails (the others
+    /// named as not kept), the previous weights go back where the new ones loaded, every paused
+    /// worker continues. The failure, read before anything is put back.
+    async fn undo_loads(
+        &self,
+        unit: &str,
+        cause: Cause,
+        steps: Vec<(StepRun<'_>, &Worker, Served, PauseMode)>,
+        (before, loaded, paused): (&[(&Worker, Served)], &[&Worker], &[&Worker]),
+        sink: &Sink,
+        notes: &mut Vec<String>,
+    ) -> crate::events::Failure {
+        let f = Fail::from(cause.clone());
+        let failure = self.failure(unit, Step::Weights, Fail::from(cause)).await;
+        for (s, x, ..) in steps {
+            if unit == FLEET || x.unit == unit {
+                s.fail(&f);
+            } else {
+                s.fail(&Fail::from(Cause::WeightsFailed { unit: x.unit.clone(), why: format!("not kept: {unit} did not take them") }));
+            }
+        }
+        self.put_back(before, loaded, false, sink, notes).await;
+        let _ = self.resume_all(paused, notes).await;
+        failure
+    }
+
+    /// Pause every worker in order, each in its [`PauseMode`] (a note says when one is paused in
+    /// place); the first that cannot be paused fails, and those paused before it continue.
+    async fn pause_all<'w>(&self, before: &[(&'w Worker, Served)], sink: &'w Sink, notes: &mut Vec<String>) -> Result<Paused<'w>, crate::events::Failure> {
+        let pause_limit = self.settings.rollout.health_timeout;
+        if before.iter().any(|(w, _)| self.pause_mode(w) == PauseMode::InPlace) {
+            notes.push(IN_PLACE_NOTE.to_string());
+        }
+        let mut paused: Vec<&Worker> = Vec::new();
+        let mut steps = Vec::new();
+        for (w, served) in before {
+            let s = StepRun::start(sink, &w.unit, Step::Weights);
+            let mode = self.pause_mode(w);
+            if let Err(e) = self.probes.pause(&w.url, mode, pause_limit).await {
+                let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
+                s.fail(&f);
+                let _ = self.resume_all(&paused, notes).await;
+                return Err(self.failure(&w.unit, Step::Weights, f).await);
+            }
+            paused.push(*w);
+            steps.push((s, *w, served.clone(), mode));
+        }
+        Ok((paused, steps))
+    }
+
+    /// Preflight of a weights rollout: what each worker serves now (`/model_info`), and that it
+    /// serves; the first that does not is the failure.
+    async fn what_each_serves<'p>(&self, plan: &'p Plan, sink: &Sink) -> Result<Vec<(&'p Worker, Served)>, crate::events::Failure> {
+        let mut before = Vec::new();
+        for w in &plan.workers {
+            let s = StepRun::start(sink, &w.unit, Step::Preflight);
+            match self.weights_preflight(w).await {
+                Ok(served) => {
+                    s.pass(json!({ "model_path": served.0, "weight_version": served.1 }));
+                    before.push((w, served));
+                }
+                Err(f) => {
+                    s.fail(&f);
+                    return Err(self.failure(&w.unit, Step::Preflight, f).await);
+                }
+            }
+        }
+        Ok(before)
+    }
+
+    /// Every worker loads `to` at once, each bounded like a start, and must then report it in
+    /// `/model_info`: per worker, the load's time (ms) and its message and version, or why not.
+    async fn load_all(&self, before: &[(&Worker, Served)], to: WeightsTarget<'_>) -> Vec<(u64, Result<(String, String), String>)> {
         let limit = self.settings.rollout.ready_timeout;
-        let loads = futures_util::future::join_all(before.iter().map(|(w, _)| async move {
+        futures_util::future::join_all(before.iter().map(|(w, _)| async move {
             let t = Instant::now();
             let r = self.probes.update_weights(&w.url, to.model_path, to.version, limit).await.map_err(|e| e.to_string());
             let r = match r {
@@ -201,89 +310,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             };
             (t.elapsed().as_millis() as u64, r)
         }))
-        .await;
-        let loaded: Vec<&Worker> = before.iter().zip(&loads).filter(|(_, (_, r))| r.is_ok()).map(|((w, _), _)| *w).collect();
-        // In a fleet: no host continues before every host serves the new weights.
-        if let Some(id) = to.fleet_rollout {
-            let mine = match before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
-                Some(((w, _), (_, Err(why)))) => Err(format!("{}: {why}", w.unit)),
-                _ => Ok(()),
-            };
-            if let (Ok(()), Err(why)) = (&mine, self.weights_step(id, "loaded", mine.clone()).await) {
-                let f = Fail::from(Cause::WeightsFailed {
-                    unit: FLEET.into(),
-                    why: format!("another host did not take them ({why}): every host loads its previous weights again"),
-                });
-                for (s, ..) in steps {
-                    s.fail(&f);
-                }
-                self.put_back(&before, &loaded, false, sink, notes).await;
-                let _ = self.resume_all(&paused, notes).await;
-                return end(Outcome::Failed, Vec::new(), Some(self.failure(FLEET, Step::Weights, f).await));
-            }
-        }
-        if let Some(((w, _), (_, Err(why)))) = before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
-            let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: why.clone() };
-            let f = Fail::from(cause.clone());
-            let failure = self.failure(&w.unit, Step::Weights, Fail::from(cause)).await;
-            for (s, x, ..) in steps {
-                if x.unit == w.unit {
-                    s.fail(&f);
-                } else {
-                    s.fail(&Fail::from(Cause::WeightsFailed { unit: x.unit.clone(), why: format!("not kept: {} did not take them", w.unit) }));
-                }
-            }
-            self.put_back(&before, &loaded, false, sink, notes).await;
-            let _ = self.resume_all(&paused, notes).await;
-            return end(Outcome::Failed, Vec::new(), Some(failure));
-        }
-        // Every worker serves the new weights: flush what the old ones cached while no request
-        // runs, where the scheduler lets it; then all continue.
-        let limit = self.settings.rollout.health_timeout;
-        let mut flushed: Vec<Option<String>> = Vec::new();
-        for (w, _) in &before {
-            flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
-        }
-        let resumed = self.resume_all(&paused, notes).await;
-        let waited = paused_at.elapsed().as_millis() as u64;
-        for ((w, _), f) in before.iter().zip(flushed.iter_mut()).filter(|(_, f)| f.is_none()) {
-            *f = Some(self.flush_when_idle(w, limit, notes).await);
-        }
-        for (((s, w, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
-            let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
-            s.pass(json!({
-                "from": { "model_path": served.0, "weight_version": served.1 },
-                "to": { "model_path": to.model_path, "weight_version": version },
-                "load_ms": load_ms,
-                "pause": mode.as_str(),
-                "paused_ms": waited,
-                "message": message,
-                "cache_flushed": cache,
-            }));
-            let _ = w;
-        }
-        if !to.config {
-            notes.push(format!(
-                "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
-                to.model_path, to.model_path
-            ));
-        }
-        notes.push(format!(
-            "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
-            crate::cause::dur(&std::time::Duration::from_millis(waited))
-        ));
-        if let Err((w, f)) = resumed {
-            let failure = self.failure(&w, Step::Weights, f).await;
-            self.put_back(&before, &loaded, true, sink, notes).await;
-            return end(Outcome::Failed, Vec::new(), Some(failure));
-        }
-        // Verified as served: each pair straight, then each worker's own gates.
-        if let Err((unit, step, f)) = self.weights_verify(plan, sink).await {
-            let failure = self.failure(&unit, step, f).await;
-            self.put_back(&before, &loaded, true, sink, notes).await;
-            return end(Outcome::Failed, Vec::new(), Some(failure));
-        }
-        end(Outcome::Succeeded, plan.workers.iter().map(|w| w.unit.clone()).collect(), None)
+        .await
     }
 
     /// Fleet weights rollout `id`: write this host's `phase` (`mine`: whether it got there), then
@@ -414,4 +441,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         Ok(())
     }
+}
+
+/// The notes of new weights loaded and continued: that the units still name their old path (not
+/// a config rollout), and how long requests waited.
+fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
+    if !to.config {
+        notes.push(format!(
+            "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
+            to.model_path, to.model_path
+        ));
+    }
+    notes.push(format!(
+        "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
+        crate::cause::dur(&std::time::Duration::from_millis(waited))
+    ));
 }

@@ -1,0 +1,447 @@
+//! In-memory fakes of systemd, the journal and the probes for the engine's tests, and the
+//! settings they run with. Shared by several test files, each of which uses only some of it.
+#![allow(dead_code)]
+// What the tests need comes with `use fakes::*`.
+
+pub use std::collections::{BTreeMap, HashMap};
+pub use std::path::PathBuf;
+pub use std::sync::{Arc, Mutex};
+pub use std::time::{Duration, SystemTime};
+
+pub use pdctl_core::config::{load_texts, Settings};
+pub use pdctl_core::engine::Engine;
+pub use pdctl_core::events::{Event, Outcome, Status, Step};
+pub use pdctl_core::pairing::{Half, PairProbe, PdQueues};
+pub use pdctl_core::plan::Plan;
+pub use pdctl_core::ports::{
+    Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
+    UnitsError, Watch,
+};
+pub use pdctl_probe::quantile::Histogram;
+pub use pdctl_probe::service::ServiceScrape;
+
+#[derive(Default)]
+pub struct World {
+    pub states: HashMap<String, UnitState>,
+    pub restarted: Vec<String>,
+    pub unhealthy: Vec<String>,
+    pub env: HashMap<String, Vec<String>>,
+    pub next_pid: u32,
+    /// Decodes keep a prefill's bootstrap info across its restarts (SGLang before PR 36029).
+    pub stale_cache: bool,
+    /// Pair probes sent: (prefill URL, decode URL).
+    pub pairs: Vec<(String, String)>,
+    /// Units whose unit file changed on disk (NeedDaemonReload until a reload).
+    pub need_reload: Vec<String>,
+    /// Reloads asked of the manager.
+    pub reloads: u32,
+    /// A gateway in front of the workers (`None`: no router).
+    pub router: Option<FakeRouter>,
+    /// Requests each worker runs (by URL) until an `/abort_request` ends them.
+    pub in_flight: HashMap<String, u64>,
+    /// Workers whose requests were aborted, in order.
+    pub aborted: Vec<String>,
+    /// What each read of a prefill's PD queues answers, in order (then nothing held).
+    pub held: Vec<PdQueues>,
+    /// What each read of a worker's service figures answers, in order (the last one repeats;
+    /// none: `/metrics` unreadable).
+    pub served: HashMap<String, Vec<ServiceScrape>>,
+    /// Each worker's weights (URL → model path, weight version; absent: `m`, `default`).
+    pub weights: HashMap<String, (String, String)>,
+    /// Workers whose weight load fails.
+    pub weights_fail: Vec<String>,
+    /// Weight calls, in order: `pause URL`, `load URL PATH`, `continue URL`.
+    pub weight_log: Vec<String>,
+    /// Workers serve `/ready` (SGLang 0.5.23; by default they do not, as before 0.5.23).
+    pub ready_served: bool,
+    /// `/health` calls, by URL, in order.
+    pub health_asked: Vec<String>,
+    /// Units' `TimeoutStopSec=` (absent: infinity).
+    pub timeout_stop: HashMap<String, Duration>,
+    /// A restart job takes this long, its old process gone at once (`None`: it ends at once).
+    pub restart_takes: Option<Duration>,
+    /// With `restart_takes`: the old process keeps running through the job (a long stop)
+    /// instead of being gone at once.
+    pub old_process_stays: bool,
+}
+
+/// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
+/// (then `ready`); removal is immediate.
+#[derive(Default)]
+pub struct FakeRouter {
+    pub workers: Vec<RouterWorker>,
+    pub statuses: Vec<String>,
+    pub next_id: u32,
+    /// `register URL` / `deregister ID`, in order.
+    pub log: Vec<String>,
+    pub smoke_fails: bool,
+}
+
+impl FakeRouter {
+    fn add(&mut self, url: &str, worker_type: &str) -> String {
+        self.next_id += 1;
+        let status = if self.statuses.is_empty() { "ready".to_string() } else { self.statuses.remove(0) };
+        let id = format!("w{}", self.next_id);
+        self.workers.push(RouterWorker {
+            id: id.clone(),
+            url: url.into(),
+            worker_type: worker_type.into(),
+            is_healthy: status == "ready",
+            load: 0,
+            status: Some(status),
+            bootstrap_port: None,
+        });
+        id
+    }
+}
+
+pub type W = Arc<Mutex<World>>;
+
+pub fn state(inv: &str, pid: u32) -> UnitState {
+    UnitState {
+        load_state: "loaded".into(),
+        active_state: "active".into(),
+        sub_state: "running".into(),
+        invocation_id: inv.into(),
+        main_pid: pid,
+        exec_main_pid: pid,
+        n_restarts: 0,
+        result: "success".into(),
+        exec_main_code: 0,
+        exec_main_status: 0,
+        active_enter_us: 1,
+        // Later starts have larger pids here.
+        exec_main_start_us: u64::from(pid),
+        active_exit_us: 0,
+        inactive_enter_us: 0,
+    }
+}
+
+pub struct FakeUnits(pub W);
+pub struct NoWatch;
+impl Watch for NoWatch {
+    async fn changed(&mut self) -> Option<()> {
+        std::future::pending().await
+    }
+}
+
+impl Units for FakeUnits {
+    type W = NoWatch;
+    async fn state(&self, unit: &str) -> Result<UnitState, UnitsError> {
+        self.0.lock().unwrap().states.get(unit).cloned().ok_or(UnitsError::NoSuchUnit(format!("unit {unit} does not exist")))
+    }
+    async fn config(&self, unit: &str) -> Result<UnitConfig, UnitsError> {
+        let w = self.0.lock().unwrap();
+        let environment = w.env.get(unit).cloned().unwrap_or_default();
+        let need_daemon_reload = w.need_reload.iter().any(|u| u == unit);
+        let timeout_stop = w.timeout_stop.get(unit).copied();
+        Ok(UnitConfig {
+            exec_start: vec![vec!["sglang".into(), "--enable-metrics".into()]],
+            environment,
+            need_daemon_reload,
+            timeout_stop,
+            ..Default::default()
+        })
+    }
+    async fn reload(&self) -> Result<(), UnitsError> {
+        let mut w = self.0.lock().unwrap();
+        w.reloads += 1;
+        w.need_reload.clear();
+        Ok(())
+    }
+    async fn reset_failed(&self, _unit: &str) -> Result<(), UnitsError> {
+        Ok(())
+    }
+    async fn watch(&self, _unit: &str) -> Result<NoWatch, UnitsError> {
+        Ok(NoWatch)
+    }
+    async fn restart(&self, unit: &str, _t: Duration) -> Result<JobOutcome, UnitsError> {
+        let (takes, stays) = {
+            let w = self.0.lock().unwrap();
+            (w.restart_takes, w.old_process_stays)
+        };
+        if let Some(t) = takes {
+            if let Some(st) = self.0.lock().unwrap().states.get_mut(unit).filter(|_| !stays) {
+                (st.main_pid, st.active_state, st.sub_state) = (0, "activating".into(), "start-pre".into());
+            }
+            tokio::time::sleep(t).await;
+        }
+        let mut w = self.0.lock().unwrap();
+        w.next_pid += 1;
+        let st = state(&format!("inv{}", w.next_pid), w.next_pid);
+        w.states.insert(unit.into(), st.clone());
+        w.restarted.push(unit.into());
+        Ok(JobOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
+    }
+}
+
+pub fn entry(msg: &str, pid: u32) -> LogEntry {
+    let fields: BTreeMap<String, String> = [("MESSAGE".to_string(), msg.to_string()), ("_PID".to_string(), pid.to_string())].into();
+    LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields }
+}
+
+pub struct FakeFollow(Vec<LogEntry>);
+impl Follow for FakeFollow {
+    async fn next(&mut self) -> Option<Result<LogEntry, LogError>> {
+        if self.0.is_empty() {
+            std::future::pending::<()>().await;
+        }
+        Some(Ok(self.0.remove(0)))
+    }
+}
+
+pub struct FakeLogs(pub W);
+impl Logs for FakeLogs {
+    type F = FakeFollow;
+    async fn tail_cursor(&self) -> Result<Option<String>, LogError> {
+        Ok(Some("c".into()))
+    }
+    fn follow(&self, _cursor: Option<String>, unit: &str) -> FakeFollow {
+        let pid = self.0.lock().unwrap().states.get(unit).map(|s| s.main_pid).unwrap_or(0);
+        // The old process flushes its ready line first; then the new run's.
+        FakeFollow(vec![entry("The server is fired up and ready to roll!", 1), entry("[t] The server is fired up and ready to roll!", pid)])
+    }
+    async fn last_lines(&self, _unit: &str, _n: usize) -> Result<Vec<String>, LogError> {
+        Ok(vec!["last line".into()])
+    }
+}
+
+pub struct FakeProbes(pub W);
+impl Probes for FakeProbes {
+    async fn health(&self, url: &str) -> Health {
+        let mut w = self.0.lock().unwrap();
+        w.health_asked.push(url.to_string());
+        if w.unhealthy.iter().any(|u| u == url) {
+            Health::Unavailable("503".into())
+        } else {
+            Health::Up
+        }
+    }
+    async fn ready(&self, url: &str) -> Option<Health> {
+        let w = self.0.lock().unwrap();
+        w.ready_served.then(|| if w.unhealthy.iter().any(|u| u == url) { Health::Unavailable("503".into()) } else { Health::Up })
+    }
+    async fn kv(&self, _url: &str) -> Result<KvReport, MetricsError> {
+        Ok(KvReport {
+            max_total_tokens: Some(10.0),
+            token_usage: 0.0,
+            used_tokens: 0.0,
+            available_tokens: None,
+            evictable_tokens: None,
+            running_reqs: None,
+            queue_reqs: None,
+            names: vec![],
+        })
+    }
+    async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
+        Ok(self.0.lock().unwrap().in_flight.get(url).copied().unwrap_or(0))
+    }
+    async fn auth(&self, _url: &str) -> pdctl_core::ports::Auth {
+        pdctl_core::ports::Auth::Accepted
+    }
+    async fn abort_all(&self, url: &str) -> Result<(), HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        w.in_flight.remove(url);
+        w.aborted.push(url.into());
+        Ok(())
+    }
+    async fn warm_worker(&self, _url: &str) -> Result<(), HttpFailure> {
+        Ok(())
+    }
+    fn replicas(&self) -> usize {
+        usize::from(self.0.lock().unwrap().router.is_some())
+    }
+    async fn router_workers(&self, _r: usize) -> Result<Vec<RouterWorker>, HttpFailure> {
+        Ok(self.0.lock().unwrap().router.as_ref().map(|r| r.workers.clone()).unwrap_or_default())
+    }
+    async fn register(&self, _r: usize, u: &str, t: &str, _b: Option<u16>) -> Result<String, HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
+        r.log.push(format!("register {u}"));
+        Ok(r.add(u, t))
+    }
+    async fn settle_now(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
+        r.log.push(format!("settle_now {id}"));
+        Ok(())
+    }
+    async fn deregister(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        let restarts = w.restarted.len();
+        let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
+        r.log.push(format!("deregister {id} after {restarts} restart(s)"));
+        r.workers.retain(|x| x.id != id);
+        Ok(())
+    }
+    async fn cb_state(&self, _r: usize, _url: &str) -> Result<Option<f64>, MetricsError> {
+        Ok(None)
+    }
+    async fn open_breakers(&self, _r: usize) -> Result<Vec<String>, MetricsError> {
+        Ok(Vec::new())
+    }
+    async fn smoke(&self, _r: usize, _n: u32) -> Result<(), HttpFailure> {
+        match self.0.lock().unwrap().router.as_ref() {
+            Some(r) if r.smoke_fails => Err(HttpFailure("503 No available decode workers".into())),
+            _ => Ok(()),
+        }
+    }
+    async fn pair(&self, t: PairTarget<'_>, _limit: Duration) -> PairProbe {
+        let mut w = self.0.lock().unwrap();
+        w.pairs.push((t.prefill_url.into(), t.decode_url.into()));
+        let start = |url: &str| w.states.get(&format!("{}.service", url.trim_start_matches("http://"))).map(|s| s.exec_main_start_us).unwrap_or(0);
+        let stale = w.stale_cache && start(t.decode_url) < start(t.prefill_url);
+        let decode = if stale {
+            Half::Answered { status: 500, body: format!("Decode transfer failed for request rank=0 with exception KVTransferError(bootstrap_room={}): Request timed out after 3.0s in KVPoll.WaitingForInput", t.room) }
+        } else {
+            Half::Answered { status: 200, body: "{}".into() }
+        };
+        PairProbe {
+            room: t.room,
+            prefill: if stale { Half::NoAnswer } else { Half::Answered { status: 200, body: "{}".into() } },
+            decode,
+            took: Duration::from_millis(1),
+        }
+    }
+    async fn server_info(&self, _url: &str) -> Result<serde_json::Value, HttpFailure> {
+        Ok(serde_json::json!({"page_size": 1}))
+    }
+    async fn reach(&self, _url: &str) -> pdctl_core::ports::Reach {
+        pdctl_core::ports::Reach::Open
+    }
+    async fn service(&self, url: &str) -> Result<ServiceScrape, MetricsError> {
+        let mut w = self.0.lock().unwrap();
+        match w.served.get_mut(url) {
+            Some(q) if q.len() > 1 => Ok(q.remove(0)),
+            Some(q) if q.len() == 1 => Ok(q[0].clone()),
+            _ => Err(MetricsError { diagnosis: pdctl_core::cause::MetricsDiagnosis::Unreachable, message: "no figures".into() }),
+        }
+    }
+    async fn gateway_outcomes(&self, _url: &str) -> Option<(f64, f64)> {
+        None
+    }
+    async fn gateway_responses(&self) -> Option<(f64, f64)> {
+        None
+    }
+    async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
+        Ok(self.0.lock().unwrap().weights.get(url).cloned().unwrap_or_else(|| ("m".into(), "default".into())))
+    }
+    async fn pause(&self, url: &str, mode: pdctl_core::ports::PauseMode, _limit: Duration) -> Result<(), HttpFailure> {
+        let mode = if mode == pdctl_core::ports::PauseMode::Retract { String::new() } else { format!("{} ", mode.as_str()) };
+        self.0.lock().unwrap().weight_log.push(format!("pause {mode}{url}"));
+        Ok(())
+    }
+    async fn resume(&self, url: &str, _limit: Duration) -> Result<(), HttpFailure> {
+        self.0.lock().unwrap().weight_log.push(format!("continue {url}"));
+        Ok(())
+    }
+    async fn flush_cache(&self, url: &str, _limit: Duration) -> Result<bool, HttpFailure> {
+        self.0.lock().unwrap().weight_log.push(format!("flush {url}"));
+        Ok(true)
+    }
+    async fn update_weights(&self, url: &str, model_path: &str, version: Option<&str>, _limit: Duration) -> Result<String, HttpFailure> {
+        let mut w = self.0.lock().unwrap();
+        w.weight_log.push(format!("load {url} {model_path}"));
+        if w.weights_fail.iter().any(|u| u == url) {
+            return Err(HttpFailure("400 Failed to get weights iterator".into()));
+        }
+        let v = version.map(String::from).unwrap_or_else(|| w.weights.get(url).map(|x| x.1.clone()).unwrap_or_else(|| "default".into()));
+        w.weights.insert(url.into(), (model_path.into(), v));
+        Ok("Succeeded to update model weights.".into())
+    }
+    async fn pd_queues(&self, _url: &str) -> Result<PdQueues, MetricsError> {
+        let mut w = self.0.lock().unwrap();
+        Ok(if w.held.is_empty() { PdQueues { held_reqs: 0.0, used_tokens: 0.0, source: "/v1/loads" } } else { w.held.remove(0) })
+    }
+}
+
+pub fn settings() -> Settings {
+    let text = "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n";
+    load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap()
+}
+
+/// A rollout of `plan` for `Engine::execute` (id `r1`), without revisions or a drain ledger.
+pub fn rollout_of<'a>(plan: &'a Plan, abort: &'a std::sync::atomic::AtomicBool, allow_outage: bool, load_changes: bool) -> pdctl_core::engine::RolloutRun<'a> {
+    pdctl_core::engine::RolloutRun {
+        plan,
+        resume: 0,
+        abort,
+        revisions: None,
+        ledger: None,
+        id: "r1",
+        allow_outage,
+        load_changes,
+        restore: None,
+        weights: None,
+        fleet_rollout: None,
+    }
+}
+
+pub fn world() -> W {
+    let w = World { next_pid: 100, ..Default::default() };
+    let w = Arc::new(Mutex::new(w));
+    for (u, pid, gpus) in [("p.service", 10, "0,1,2,3"), ("d.service", 20, "4,5,6,7")] {
+        w.lock().unwrap().states.insert(u.into(), state("old", pid));
+        w.lock().unwrap().env.insert(u.into(), vec![format!("CUDA_VISIBLE_DEVICES={gpus}")]);
+    }
+    w
+}
+
+pub async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
+    run_only(w, s, &[]).await
+}
+
+pub async fn run_only(w: &W, s: Settings, only: &[String]) -> (pdctl_core::events::Summary, Vec<Event>) {
+    let plan = Plan::new(&s, only).unwrap();
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let summary = engine.rolling_restart(&plan, &tx).await;
+    drop(tx);
+    let mut events = Vec::new();
+    while let Some(e) = rx.recv().await {
+        events.push(e);
+    }
+    (summary, events)
+}
+
+pub fn with(extra: &str) -> Settings {
+    let text = format!(
+        "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n{extra}"
+    );
+    load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
+}
+
+/// [`settings`] with a gateway, the smoke request on, and both workers admitted by it.
+pub fn with_router(w: &W, decode_listed: bool) -> Settings {
+    let mut r = FakeRouter::default();
+    r.add("http://p", "prefill");
+    if decode_listed {
+        r.add("http://d", "decode");
+    }
+    w.lock().unwrap().router = Some(r);
+    let text = "[router]\nurl = \"http://r:1\"\n\
+         [[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\nrouter_timeout = \"60s\"\nallow_outage = true\n\
+         [verify]\nmetrics = \"off\"\navailability_probe = \"off\"\n";
+    load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap()
+}
+
+/// Service figures of `n` finished requests whose end-to-end latencies all lie in (lo, hi].
+pub fn served(n: f64, lo: f64, hi: f64) -> ServiceScrape {
+    let e2e = Histogram { buckets: vec![(lo, 0.0), (hi, n), (f64::INFINITY, n)], count: n, sum: 0.0 };
+    ServiceScrape { e2e: Some(e2e), requests: n, ..ServiceScrape::default() }
+}
+
+pub fn with_slo(extra: &str) -> Settings {
+    let text = format!(
+        "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+         [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+         [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n[verify]\nmetrics = \"off\"\n[verify.slo]\n{extra}"
+    );
+    load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
+}

@@ -1,0 +1,239 @@
+//! The SGLang gateway's API as the gates use it (`sglang-router` 0.3.2 and `smg` 1.x): its
+//! workers, admission, breakers, the smoke request, re-registration, and the clients' answers
+//! counted from its `/metrics`.
+
+use super::*;
+
+/// [`Router::responses`] of one scrape.
+pub fn responses_in(e: &prom::Exposition) -> Option<(f64, f64)> {
+    const RESPONSES: &str = "smg_http_responses_total";
+    const REQUESTS: &str = "smg_http_requests_total";
+    // Clients' inference requests only: not the control plane (`/workers`, `/health`, …).
+    fn inference(s: &prom::Sample) -> bool {
+        s.label("path").is_some_and(|p| p == "/generate" || p.starts_with("/v1/"))
+    }
+    fn five(s: &prom::Sample) -> bool {
+        s.label("status_code").is_some_and(|c| c.starts_with('5'))
+    }
+    let family: Vec<&prom::Sample> = e.samples.iter().filter(|s| s.name == RESPONSES).collect();
+    if family.is_empty() && !e.types.contains_key(RESPONSES) {
+        return None;
+    }
+    if family.is_empty() || family.iter().any(|s| s.label("path").is_some()) {
+        let series: Vec<&prom::Sample> = family.iter().copied().filter(|s| inference(s)).collect();
+        return Some((series.iter().map(|s| s.value).sum(), series.iter().filter(|s| five(s)).map(|s| s.value).sum()));
+    }
+    // sglang-router 0.3.2: its responses carry no path (`{status_code, error_code}` only; measured),
+    // its requests do: the answered are the inference requests counted, the failed every 5xx it
+    // answered (its control plane's included: pdctl's own calls there rarely fail with a 5xx).
+    let answered: f64 = e.samples.iter().filter(|s| s.name == REQUESTS && inference(s)).map(|s| s.value).sum();
+    Some((answered, family.iter().filter(|s| five(s)).map(|s| s.value).sum()))
+}
+
+/// The workers whose breaker is open in a gateway's exposition (`smg_worker_cb_state == 1`; 0 is
+/// closed, 2 half-open, -1 a removed worker's kept series).
+pub fn open_breakers_in(e: &prom::Exposition) -> Vec<String> {
+    e.samples.iter().filter(|s| s.name == "smg_worker_cb_state" && s.value == 1.0).filter_map(|s| s.label("worker").map(String::from)).collect()
+}
+
+/// One worker as the router lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RouterWorker {
+    /// The router's UUID for it.
+    pub id: String,
+    /// Its URL.
+    pub url: String,
+    /// `prefill`, `decode`, `regular`.
+    pub worker_type: String,
+    /// Health as the router sees it.
+    pub is_healthy: bool,
+    /// Requests the router has in flight to it.
+    pub load: i64,
+    /// smg 1.x: `pending`, `ready`, `not_ready`, `failed` or `draining` (absent on 0.3.2).
+    pub status: Option<String>,
+    /// A prefill's bootstrap port, as registered.
+    pub bootstrap_port: Option<u16>,
+}
+
+/// The SGLang gateway's API used by the gates: `sglang-router` 0.3.2 and `smg` 1.x (the same
+/// endpoints; 1.x adds a worker `status` and keeps a deleted worker listed as `draining` for
+/// `drain_settle_secs`, 5 s by default).
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// Base URL, e.g. `http://127.0.0.1:30001`.
+    pub url: String,
+    /// Its Prometheus endpoint, when configured.
+    pub metrics_url: Option<String>,
+}
+
+impl Router {
+    /// `GET /workers`.
+    pub async fn workers(&self, http: &Http) -> Result<Vec<RouterWorker>, HttpError> {
+        let u = format!("{}/workers", self.url.trim_end_matches('/'));
+        let v = http.get_json(&u).await?;
+        let list = v.get("workers").and_then(Value::as_array).ok_or_else(|| HttpError::Body { url: u.clone(), detail: "no \"workers\" array".into() })?;
+        Ok(list
+            .iter()
+            .map(|w| RouterWorker {
+                id: w.get("id").and_then(Value::as_str).unwrap_or_default().into(),
+                url: w.get("url").and_then(Value::as_str).unwrap_or_default().into(),
+                worker_type: w.get("worker_type").and_then(Value::as_str).unwrap_or_default().into(),
+                is_healthy: w.get("is_healthy").and_then(Value::as_bool).unwrap_or(false),
+                load: w.get("load").and_then(Value::as_i64).unwrap_or(0),
+                status: w.get("status").and_then(Value::as_str).map(String::from),
+                bootstrap_port: w.get("bootstrap_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()),
+            })
+            .collect())
+    }
+
+    /// `POST /workers` (re-registration of a worker the router dropped). Returns the router's id.
+    pub async fn register(&self, http: &Http, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpError> {
+        let u = format!("{}/workers", self.url.trim_end_matches('/'));
+        // Said, not left for smg 1.x to find out: with no `runtime_type` its AddWorker workflow
+        // probes the worker to classify it (`workflow/steps/classify.rs`) and with no
+        // `connection_mode` it probes HTTP against gRPC — measured behind smg 1.13, listed ready
+        // 2.0 s after the POST without them, 1.0 s with them; 0.3.2 accepts both (1.0 s either way).
+        let mut body = json!({"url": url, "worker_type": worker_type, "connection_mode": "http", "runtime_type": "sglang"});
+        if let Some(p) = bootstrap_port {
+            body["bootstrap_port"] = json!(p);
+        }
+        // The worker's own key (smg's `WorkerConfigRequest.api_key`): the gateway needs it to call
+        // a server started with `--api-key`.
+        if let Some(k) = http.key_of(url) {
+            body["api_key"] = json!(k);
+        }
+        let (status, text) = http.post_json(&u, &body).await?;
+        let v = ok_json(&u, status, &text)?;
+        Ok(v.get("worker_id").and_then(Value::as_str).unwrap_or_default().to_string())
+    }
+
+    /// `smg_worker_cb_state{worker=URL}` (0 closed, 1 open, 2 half-open, -1 removed), if exported.
+    pub async fn cb_state(&self, http: &Http, worker_url: &str) -> Result<Option<f64>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(None);
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        Ok(e.samples.iter().find(|s| s.name == "smg_worker_cb_state" && s.label("worker") == Some(worker_url)).map(|s| s.value))
+    }
+
+    /// The workers whose circuit breaker is open now (`smg_worker_cb_state{worker=URL} == 1`),
+    /// from one scrape; empty without a metrics URL or on a gateway that does not export it.
+    pub async fn open_breakers(&self, http: &Http) -> Result<Vec<String>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(Vec::new());
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        Ok(open_breakers_in(&e))
+    }
+
+    /// The gateway's own count of its answers to clients, `(answered, failed)`: every series of
+    /// `smg_http_responses_total{path,status_code,error_code}` whose path is an inference route
+    /// (`/generate`, `/v1/…`; not its control plane) (smg 1.x; measured on 1.13: a
+    /// request with no worker to take it is `status_code="503",error_code="no_available_workers"`)
+    /// summed, and those with a 5xx status; sglang-router 0.3.2's responses have no `path`, so
+    /// there the inference requests of `smg_http_requests_total` and every 5xx answer.
+    /// `None`: no metrics URL, or a gateway without either.
+    pub async fn responses(&self, http: &Http) -> Result<Option<(f64, f64)>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(None);
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        Ok(responses_in(&e))
+    }
+
+    /// The gateway's request outcomes for one worker, `(successes, failures)`, summed over the
+    /// series of `smg_worker_cb_outcomes_total{worker=URL,outcome}` (sglang-router 0.3.2 and
+    /// smg 1.x; every attempt, retries included; in PD mode an attempt's outcome is counted on
+    /// both its prefill and its decode). `None`: no metrics URL, or a gateway without it.
+    pub async fn outcomes(&self, http: &Http, worker_url: &str) -> Result<Option<(f64, f64)>, MetricsProblem> {
+        let Some(m) = &self.metrics_url else {
+            return Ok(None);
+        };
+        let text = fetch_metrics(http, m).await?;
+        let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
+        let of = |outcome: &str| {
+            e.samples
+                .iter()
+                .filter(|s| s.name == "smg_worker_cb_outcomes_total" && s.label("worker") == Some(worker_url) && s.label("outcome") == Some(outcome))
+                .map(|s| s.value)
+                .sum::<f64>()
+        };
+        let exported = e.types.contains_key("smg_worker_cb_outcomes_total") || e.samples.iter().any(|s| s.name == "smg_worker_cb_outcomes_total");
+        Ok(exported.then(|| (of("success"), of("failure"))))
+    }
+
+    /// smg 1.x: `PATCH /workers/{id}` `{"health": {"drain_settle_secs": secs}}` — how long its
+    /// next `DELETE` keeps the worker listed `draining` before removing it (5 s by default; a
+    /// partial health update, `HealthCheckUpdate` in smg's `crates/protocols/src/worker.rs`,
+    /// applied by the `update_worker_properties` workflow step, which keeps the worker's type,
+    /// bootstrap port and status). smg answers 202 and applies it as a job. sglang-router 0.3.2
+    /// has no such route and no settle.
+    pub async fn set_drain_settle(&self, http: &Http, id: &str, secs: u64) -> Result<(), HttpError> {
+        let u = format!("{}/workers/{id}", self.url.trim_end_matches('/'));
+        let (status, body) = http.patch_json(&u, &json!({"health": {"drain_settle_secs": secs}})).await?;
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(HttpError::Status { url: u, status, body: snippet(&body) })
+        }
+    }
+
+    /// `DELETE /workers/{id}` (drain: take the worker out of rotation).
+    pub async fn deregister(&self, http: &Http, id: &str) -> Result<(), HttpError> {
+        let u = format!("{}/workers/{id}", self.url.trim_end_matches('/'));
+        let (status, body) = http.delete(&u).await?;
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(HttpError::Status { url: u, status, body: snippet(&body) })
+        }
+    }
+
+    /// One `/generate` with `max_new_tokens` through the router; `Err` with the status and body
+    /// unless it answers 200.
+    pub async fn smoke(&self, http: &Http, max_new_tokens: u32) -> Result<(), HttpError> {
+        let u = format!("{}/generate", self.url.trim_end_matches('/'));
+        let (status, body) =
+            http.post_json(&u, &json!({"text": "pdctl smoke test", "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})).await?;
+        if status == 200 {
+            Ok(())
+        } else {
+            Err(HttpError::Status { url: u, status, body: snippet(&body) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateways_answers_are_counted_and_its_5xx_are_the_failed_ones() {
+        // Scraped from smg 1.13 with no worker behind it (two requests, both refused).
+        let text = "smg_http_responses_total{path=\"/v1/completions\",status_code=\"503\",error_code=\"no_available_workers\"} 1\n\
+                    smg_http_responses_total{path=\"/generate\",status_code=\"503\",error_code=\"no_available_workers\"} 1\n\
+                    smg_http_responses_total{path=\"/generate\",status_code=\"200\",error_code=\"\"} 7\n\
+                    smg_http_responses_total{path=\"/generate\",status_code=\"400\",error_code=\"bad_request\"} 1\n\
+                    smg_http_responses_total{path=\"/workers\",status_code=\"500\",error_code=\"x\"} 3\n";
+        assert_eq!(responses_in(&prom::parse(text).expect("parses")), Some((10.0, 2.0)), "clients' requests only, not /workers");
+        assert_eq!(responses_in(&prom::parse("smg_worker_cb_state{worker=\"a\"} 0\n").expect("parses")), None, "not exported: not measured");
+        // Scraped from sglang-router 0.3.2 (no worker behind it, two requests refused): its
+        // responses have no path label — read as zero requests, they were a "0 failed" untrue.
+        let old = "smg_http_responses_total{status_code=\"503\",error_code=\"server_selection_failed\"} 2\n\
+                   smg_http_responses_total{status_code=\"200\",error_code=\"\"} 5\n\
+                   smg_http_requests_total{method=\"POST\",path=\"/generate\"} 1\n\
+                   smg_http_requests_total{method=\"POST\",path=\"/v1/completions\"} 1\n\
+                   smg_http_requests_total{method=\"GET\",path=\"/workers\"} 5\n";
+        assert_eq!(responses_in(&prom::parse(old).expect("parses")), Some((2.0, 2.0)), "0.3.2: the inference requests, and its 5xx");
+    }
+
+    #[test]
+    fn open_breakers_are_the_workers_whose_state_is_1() {
+        let text = "# TYPE smg_worker_cb_state gauge\nsmg_worker_cb_state{worker=\"http://a:1\"} 1\nsmg_worker_cb_state{worker=\"http://b:1\"} 0\n\
+                    smg_worker_cb_state{worker=\"http://c:1\"} 2\nsmg_worker_cb_state{worker=\"http://d:1\"} -1\n";
+        assert_eq!(open_breakers_in(&prom::parse(text).expect("parses")), vec!["http://a:1".to_string()]);
+    }
+}
