@@ -432,3 +432,37 @@ fn the_function_scan_sees_a_long_function_and_skips_declarations() {
     assert_eq!(long_functions(&text, 5), vec![("long".to_string(), 5, 9)]);
     assert!(long_functions(&text, 9).is_empty());
 }
+
+#[test]
+fn no_file_name_is_another_s_plural_in_a_crate_nor_used_three_times() {
+    let mut by_stem: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut bad = Vec::new();
+    for c in std::fs::read_dir(root().join("crates")).expect("crates/").flatten() {
+        let name = c.file_name().to_string_lossy().to_string();
+        let stems: std::collections::BTreeSet<String> = rust_sources(&format!("crates/{name}/src"))
+            .iter()
+            .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().to_string()))
+            .filter(|s| !matches!(s.as_str(), "lib" | "main" | "mod" | "tests"))
+            .collect();
+        for s in &stems {
+            if stems.contains(&format!("{s}s")) {
+                bad.push(format!("crates/{name}: {s}.rs and {s}s.rs differ by a letter: name each by what it holds"));
+            }
+            by_stem.entry(s.clone()).or_default().push(name.clone());
+        }
+    }
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for p in rust_sources("crates").iter().filter(|p| p.components().any(|c| c.as_os_str() == "src")) {
+        let stem = p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        if !matches!(stem.as_str(), "lib" | "main" | "mod" | "tests") {
+            *counts.entry(stem).or_default() += 1;
+        }
+    }
+    for (stem, n) in counts {
+        if n >= 3 {
+            let crates = by_stem.get(&stem).map(|v| v.join(", ")).unwrap_or_default();
+            bad.push(format!("{n} files are named {stem}.rs (in {crates}): a newcomer cannot tell which holds what"));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

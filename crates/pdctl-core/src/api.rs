@@ -533,7 +533,7 @@ pub struct DaemonStatus {
     pub reconciling: bool,
     /// Workers pdctl took out of the router and has not re-admitted (they are not serving).
     #[serde(default)]
-    pub drained: Vec<crate::drains::Drain>,
+    pub drained: Vec<crate::drain_ledger::Drain>,
     /// Why the last record write failed, while records are not being saved (no rollout starts).
     #[serde(default)]
     pub record_error: Option<String>,

@@ -93,7 +93,7 @@ pub fn service(data: &[u8]) {
 
 /// pdctld's files on disk: a drain in the ledger, `paused.json`, a revision, a quarantine.
 pub fn state(data: &[u8]) {
-    let _ = serde_json::from_slice::<crate::drains::Drain>(data);
+    let _ = serde_json::from_slice::<crate::drain_ledger::Drain>(data);
     let _ = serde_json::from_slice::<Vec<crate::engine::PausedWorker>>(data);
     let _ = serde_json::from_slice::<crate::revisions::Quarantine>(data);
     if let Ok(r) = serde_json::from_slice::<crate::revisions::Revision>(data) {

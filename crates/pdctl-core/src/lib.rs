@@ -14,7 +14,7 @@ pub mod clock;
 pub mod coherence;
 pub mod config;
 pub mod details;
-pub mod drains;
+pub mod drain_ledger;
 pub mod engine;
 pub mod events;
 pub mod exit;

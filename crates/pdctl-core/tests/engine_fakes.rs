@@ -59,7 +59,7 @@ async fn unknown_unit_is_a_config_failure() {
 
 #[tokio::test]
 async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
-    use pdctl_core::drains::{Drain, Ledger};
+    use pdctl_core::drain_ledger::{Drain, Ledger};
     let w = world();
     w.lock().unwrap().unhealthy.push("http://p".into());
     if let Some(st) = w.lock().unwrap().states.get_mut("p.service") {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use pdctl_core::api::CorruptRecord;
 pub use pdctl_core::api::Record;
-use pdctl_core::drains::Ledger;
+use pdctl_core::drain_ledger::Ledger;
 use pdctl_core::lifecycle::RolloutState;
 use pdctl_core::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
 

@@ -24,6 +24,7 @@
 //! last good revision is restored and run through the same gates ([`Engine::execute`]). A resumed
 //! rollout re-verifies the unit it stopped at and restarts it only if that fails.
 
+mod bake_look;
 mod fleet_switch;
 mod gates;
 mod in_place;
@@ -33,7 +34,7 @@ mod repair;
 mod run;
 mod sequence;
 mod slots;
-mod step;
+mod step_run;
 pub mod steps;
 mod switch;
 mod weights;
@@ -42,15 +43,15 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use crate::config::{Settings, Worker};
-use crate::drains::Ledger;
+use crate::drain_ledger::Ledger;
 use crate::events::{Failure, Outcome, Summary};
 use crate::plan::Plan;
 
 use crate::revisions;
 
-pub use gates::{BakeLook, BakeMarks};
+pub use bake_look::{BakeLook, BakeMarks};
 pub use recovery::quarantine_clause;
-pub use step::sentence;
+pub use step_run::sentence;
 pub use weights::{paused_path, PausedWorker, WeightsTarget};
 
 /// Lines of the unit's log attached to a failure.
@@ -149,8 +150,8 @@ struct Ctx<'a> {
     /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
     before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
     /// A coherent switch's new group: its drains are written down as held and its router gate
-    /// waits for the switch ([`crate::drains::Hold`]).
-    hold: Option<crate::drains::Hold>,
+    /// waits for the switch ([`crate::drain_ledger::Hold`]).
+    hold: Option<crate::drain_ledger::Hold>,
     /// The only peers the pair gate may pair with (a coherent switch's group); `None`: all.
     pair_scope: Option<&'a [String]>,
     /// The plan may be rolled as a coherent switch ([`switch::Groups`]): the coherence preflight

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drains::{Drain, Hold, Ledger};
-use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::drain_ledger::{Drain, Hold, Ledger};
+use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
 use crate::events::{Outcome, Sink, Status, Step, Summary};

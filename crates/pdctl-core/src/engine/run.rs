@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
-use crate::engine::step::{lock, Fail, StepRun};
+use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::switch::{Groups, SwitchPlan};
 use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, Tally, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};

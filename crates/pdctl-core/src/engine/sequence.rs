@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::gates::Deferred;
-use crate::engine::step::{lock, Fail, StepRun};
+use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED};
 use crate::engine::{Ctx, Engine, Repaired, Stale};
 use crate::events::{Failure, Sink, Step};
@@ -50,7 +50,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let measured = self.slo_before(w).await;
         let before = match (ctx.before, measured) {
             (Some(keep), m) => {
-                let mut kept = crate::engine::step::lock(keep);
+                let mut kept = crate::engine::step_run::lock(keep);
                 match kept.get(&w.unit) {
                     Some(first) => Some(first.clone()),
                     None => {

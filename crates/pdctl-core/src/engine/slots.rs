@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::step::{Fail, StepRun};
+use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Status, Step};
 use crate::ports::{Logs, Probes, Units};

@@ -25,8 +25,8 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::drains::Hold;
-use crate::engine::step::{Fail, StepRun};
+use crate::drain_ledger::Hold;
+use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine, Tally};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
@@ -201,7 +201,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 return Err(t.summary(Outcome::Aborted, None));
             }
             if let Some(c) = ctx.clients {
-                *crate::engine::step::lock(&c.current) = Some(w.unit.clone());
+                *crate::engine::step_run::lock(&c.current) = Some(w.unit.clone());
             }
             match self.restart_to_health(w, sink, held).await {
                 // Held out (a switch's new group): its drain is never deferred.

@@ -29,7 +29,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::step::{Fail, StepRun};
+use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::Engine;
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;

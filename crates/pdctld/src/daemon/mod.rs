@@ -26,8 +26,8 @@ use tokio::sync::broadcast;
 use crate::metrics::{Metrics, ResultLabel};
 use crate::store::Store;
 
-pub mod bake;
 pub mod fleet;
+pub mod fleet_bake;
 pub mod http;
 mod recovery;
 mod rollouts;

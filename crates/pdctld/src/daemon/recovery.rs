@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use pdctl_core::api::Record;
-use pdctl_core::drains::Drain;
+use pdctl_core::drain_ledger::Drain;
 use pdctl_core::events::Event;
 use pdctl_core::real::RealEngine;
 

@@ -18,7 +18,7 @@ mod admin;
 mod generate;
 mod lifecycle;
 mod routes;
-mod weights;
+mod weight_update;
 
 pub use lifecycle::run;
 pub use routes::{served_routes, ADMIN_ROUTES, API_KEY_EXEMPT};
@@ -40,7 +40,7 @@ pub(crate) struct App {
     /// SIGTERM received (`gracefully_exit`): `/health` and `/ready` answer 503.
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
     /// The pause and the model lock (weights without a restart).
-    control: weights::Control,
+    control: weight_update::Control,
 }
 
 impl App {

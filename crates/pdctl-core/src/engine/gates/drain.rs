@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drains::{Drain, Hold, Ledger};
-use crate::engine::step::{Fail, POLL};
+use crate::drain_ledger::{Drain, Hold, Ledger};
+use crate::engine::step_run::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
 use crate::ports::{Follow, JobOutcome, Logs, Probes, RouterWorker, Units, UnitsError};

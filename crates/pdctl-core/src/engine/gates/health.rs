@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
-use crate::engine::step::{within, Fail, POLL};
+use crate::engine::step_run::{within, Fail, POLL};
 use crate::engine::Engine;
 use crate::judge::crashed_since;
 use crate::ports::{Health, Logs, Probes, UnitState, Units};

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, MetricsDiagnosis};
 use crate::config::{Role, Worker};
-use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::rule;
 use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Step};

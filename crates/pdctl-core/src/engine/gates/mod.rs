@@ -1,7 +1,5 @@
 //! The gates, one file each, in runbook order. Each is a typed method of [`super::Engine`].
 
-mod bake;
-pub use bake::{BakeLook, BakeMarks};
 mod drain;
 pub(in crate::engine) use drain::Deferred;
 mod health;
@@ -11,5 +9,6 @@ mod preflight;
 mod ready;
 mod router;
 mod slo;
+pub(in crate::engine) use slo::Mark;
 mod soak;
 mod stranded_kv;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
 use crate::details::{PairDetail, PairResult};
-use crate::engine::step::{within, Fail, StepRun, POLL};
+use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::engine::{Ctx, Engine, Stale};
 use crate::events::{Sink, Step};
@@ -132,7 +132,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if ctx.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
             return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
         }
-        let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::drains::Hold::Old));
+        let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::drain_ledger::Hold::Old));
         held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
     }
 

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::details::PreflightDetail;
-use crate::engine::step::{Fail, StepRun};
+use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
 use crate::events::{Sink, Step};

@@ -7,7 +7,7 @@ use crate::details::ReadyDetail;
 
 use crate::cause::{Cause, Phase};
 use crate::config::Worker;
-use crate::engine::step::Fail;
+use crate::engine::step_run::Fail;
 use crate::engine::Engine;
 use crate::judge::{crashed_since, Judge, Run, Verdict};
 use crate::ports::{Follow, Logs, Probes, UnitState, Units, Watch};

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
-use crate::drains::Ledger;
-use crate::engine::step::{within, Fail, POLL};
+use crate::drain_ledger::Ledger;
+use crate::engine::step_run::{within, Fail, POLL};
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 

@@ -10,7 +10,7 @@ use pdctl_probe::service::ServiceScrape;
 
 use crate::cause::Cause;
 use crate::config::{Role, Slo, Unjudged, Worker};
-use crate::engine::step::Fail;
+use crate::engine::step_run::Fail;
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
 use crate::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};

@@ -10,7 +10,7 @@ use crate::cause::{Cause, Phase};
 use pdctl_probe::service::ServiceScrape;
 
 use crate::config::{Role, Worker};
-use crate::engine::step::{lock, Fail};
+use crate::engine::step_run::{lock, Fail};
 use crate::engine::{Clients, Engine};
 use crate::judge::crashed_since;
 use crate::ports::{Logs, Probes, UnitState, Units, Watch};

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::engine::step::{Fail, StepRun};
+use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::steps::rule;
 use crate::engine::Engine;
 use crate::events::{Sink, Step};

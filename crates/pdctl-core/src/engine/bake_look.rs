@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use pdctl_probe::service::ServiceScrape;
 
-use super::slo::Mark;
+use super::gates::Mark;
 use crate::config::Slo;
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
