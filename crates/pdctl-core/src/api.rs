@@ -566,7 +566,7 @@ pub struct PairStatus {
     pub ok: bool,
     /// The probe's result (`paired`, `refreshed`, `stale`, `incompatible`, `prefill_broken`,
     /// `decode_broken`, `transfer_failed`).
-    pub result: String,
+    pub result: crate::details::PairOutcome,
     /// When it was probed (RFC 3339).
     pub checked_at: String,
     /// The rollout that probed it.
@@ -582,7 +582,7 @@ impl PairStatus {
             for e in r.events.iter().filter(|e| e.step == crate::events::Step::Pair && e.status != crate::events::Status::Started) {
                 let detail: crate::details::PairDetail = serde_json::from_value(e.detail.clone()).unwrap_or_default();
                 for p in detail.pairs {
-                    if p.result == "skipped" || p.result.is_empty() {
+                    if p.result == crate::details::PairOutcome::Skipped {
                         continue;
                     }
                     let st =

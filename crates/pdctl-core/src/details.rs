@@ -27,9 +27,8 @@ pub struct PairResult {
     pub prefill: String,
     /// The decode unit.
     pub decode: String,
-    /// `paired`, `refreshed`, `stale`, `incompatible`, `prefill_broken`, `decode_broken`,
-    /// `transfer_failed`, or `skipped` (the peer was not serving).
-    pub result: String,
+    /// What the probe found (`skipped`: not probed, `why` says why).
+    pub result: PairOutcome,
     /// Why it was skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
@@ -44,7 +43,51 @@ pub struct PairResult {
 impl PairResult {
     /// Whether the two paired (`paired`, or `refreshed`: after one failed request).
     pub fn ok(&self) -> bool {
-        matches!(self.result.as_str(), "paired" | "refreshed")
+        self.result.ok()
+    }
+}
+
+/// What one pair probe found (the JSON names are the contract in docs/cli.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairOutcome {
+    /// The decode answered 200: they pair.
+    Paired,
+    /// They pair after one failed request (the decode refreshed its bootstrap info).
+    Refreshed,
+    /// The decode still uses an older prefill process's bootstrap info.
+    Stale,
+    /// Their settings disagree: no transfer can work.
+    Incompatible,
+    /// The prefill half failed on its own.
+    PrefillBroken,
+    /// The decode failed for a reason other than the transfer.
+    DecodeBroken,
+    /// The transfer failed, and no restart explains it.
+    TransferFailed,
+    /// Not probed: the peer was not serving, or serves another model.
+    #[default]
+    Skipped,
+}
+
+impl PairOutcome {
+    /// Whether the two paired.
+    pub fn ok(self) -> bool {
+        matches!(self, PairOutcome::Paired | PairOutcome::Refreshed)
+    }
+
+    /// Its name in events and status (`stale`, `prefill_broken`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PairOutcome::Paired => "paired",
+            PairOutcome::Refreshed => "refreshed",
+            PairOutcome::Stale => "stale",
+            PairOutcome::Incompatible => "incompatible",
+            PairOutcome::PrefillBroken => "prefill_broken",
+            PairOutcome::DecodeBroken => "decode_broken",
+            PairOutcome::TransferFailed => "transfer_failed",
+            PairOutcome::Skipped => "skipped",
+        }
     }
 }
 
@@ -127,9 +170,9 @@ mod tests {
 
     #[test]
     fn the_details_serialize_to_the_json_the_contract_shows() {
-        let skipped = PairResult { prefill: "p".into(), decode: "d".into(), result: "skipped".into(), why: Some("w".into()), ..Default::default() };
+        let skipped = PairResult { prefill: "p".into(), decode: "d".into(), result: PairOutcome::Skipped, why: Some("w".into()), ..Default::default() };
         let probed =
-            PairResult { prefill: "p".into(), decode: "d".into(), result: "paired".into(), probes: Some(json!([])), at: Some(7), ..Default::default() };
+            PairResult { prefill: "p".into(), decode: "d".into(), result: PairOutcome::Paired, probes: Some(json!([])), at: Some(7), ..Default::default() };
         let d = PairDetail { pairs: vec![skipped, probed], stale: vec![], repair: None };
         assert_eq!(
             serde_json::to_value(&d).unwrap(),
@@ -138,6 +181,18 @@ mod tests {
         let back: PairDetail = serde_json::from_value(serde_json::to_value(&d).unwrap()).unwrap();
         assert_eq!(back, d);
         assert!(back.pairs[1].ok() && !back.pairs[0].ok());
+        for o in [
+            PairOutcome::Paired,
+            PairOutcome::Refreshed,
+            PairOutcome::Stale,
+            PairOutcome::Incompatible,
+            PairOutcome::PrefillBroken,
+            PairOutcome::DecodeBroken,
+            PairOutcome::TransferFailed,
+            PairOutcome::Skipped,
+        ] {
+            assert_eq!(serde_json::to_value(o).unwrap(), json!(o.as_str()), "one name per outcome");
+        }
         let r = ReadyDetail {
             line: "l".into(),
             pid: Some(1),

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::ports::{LogEntry, UnitState};
+use crate::ports::{ActiveState, LogEntry, SubState, UnitState};
 
 /// `SD_MESSAGE_UNIT_PROCESS_EXIT` (systemd's `sd-messages.h`): the manager's "Main process exited".
 pub const MSG_PROCESS_EXIT: &str = "98e322203f7a4ed290d09fe03c09fe15";
@@ -153,7 +153,7 @@ fn short(id: &str) -> &str {
 /// a crash (the unit is `active` again a moment later), so a restart is seen in `NRestarts`, the
 /// `auto-restart` sub-state, or a new InvocationID.
 pub fn crashed_since(now: &UnitState, base: &UnitState) -> Option<String> {
-    if now.active_state == "failed" {
+    if now.active_state == ActiveState::Failed {
         return Some(format!(
             "the unit failed (result {}, main process {} with status {})",
             now.result,
@@ -166,13 +166,13 @@ pub fn crashed_since(now: &UnitState, base: &UnitState) -> Option<String> {
             now.exec_main_status
         ));
     }
-    if now.sub_state == "auto-restart" || now.n_restarts > base.n_restarts {
+    if now.sub_state == SubState::AutoRestart || now.n_restarts > base.n_restarts {
         return Some(format!("the unit crashed and systemd restarted it (NRestarts {} → {}, Restart= hid the crash)", base.n_restarts, now.n_restarts));
     }
     if !base.invocation_id.is_empty() && now.invocation_id != base.invocation_id {
         return Some(format!("the unit was started again by someone else (InvocationID {} → {})", short(&base.invocation_id), short(&now.invocation_id)));
     }
-    if matches!(now.active_state.as_str(), "inactive" | "deactivating") {
+    if matches!(now.active_state, ActiveState::Inactive | ActiveState::Deactivating) {
         return Some(format!("the unit stopped ({}/{}, result {}, exit status {})", now.active_state, now.sub_state, now.result, now.exec_main_status));
     }
     None

@@ -112,13 +112,19 @@ pub enum Verdict {
 impl Verdict {
     /// Stable name for events and status.
     pub fn as_str(&self) -> &'static str {
+        self.outcome().as_str()
+    }
+
+    /// What the probe found, as events and status name it.
+    pub fn outcome(&self) -> crate::details::PairOutcome {
+        use crate::details::PairOutcome;
         match self {
-            Verdict::Paired => "paired",
-            Verdict::Stale => "stale",
-            Verdict::Incompatible(_) => "incompatible",
-            Verdict::PrefillBroken(_) => "prefill_broken",
-            Verdict::DecodeBroken(_) => "decode_broken",
-            Verdict::TransferFailed(_) => "transfer_failed",
+            Verdict::Paired => PairOutcome::Paired,
+            Verdict::Stale => PairOutcome::Stale,
+            Verdict::Incompatible(_) => PairOutcome::Incompatible,
+            Verdict::PrefillBroken(_) => PairOutcome::PrefillBroken,
+            Verdict::DecodeBroken(_) => PairOutcome::DecodeBroken,
+            Verdict::TransferFailed(_) => PairOutcome::TransferFailed,
         }
     }
 }

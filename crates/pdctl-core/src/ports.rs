@@ -11,15 +11,127 @@ use serde::Serialize;
 
 use crate::cause::{Cause, MetricsDiagnosis};
 
+/// A unit's `ActiveState` as systemd names it (`org.freedesktop.systemd1.Unit`); a state this
+/// pdctl does not know is kept by its name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ActiveState {
+    /// `active`: started (for a service: its main process runs).
+    Active,
+    /// `reloading`.
+    Reloading,
+    /// `inactive`: stopped, or never started.
+    #[default]
+    Inactive,
+    /// `failed`: stopped by a failure (a crash, a start limit).
+    Failed,
+    /// `activating`: starting.
+    Activating,
+    /// `deactivating`: stopping.
+    Deactivating,
+    /// Any other state, by name.
+    Other(String),
+}
+
+impl ActiveState {
+    /// systemd's name for it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ActiveState::Active => "active",
+            ActiveState::Reloading => "reloading",
+            ActiveState::Inactive => "inactive",
+            ActiveState::Failed => "failed",
+            ActiveState::Activating => "activating",
+            ActiveState::Deactivating => "deactivating",
+            ActiveState::Other(s) => s,
+        }
+    }
+}
+
+impl From<&str> for ActiveState {
+    fn from(s: &str) -> ActiveState {
+        match s {
+            "active" => ActiveState::Active,
+            "reloading" => ActiveState::Reloading,
+            "inactive" => ActiveState::Inactive,
+            "failed" => ActiveState::Failed,
+            "activating" => ActiveState::Activating,
+            "deactivating" => ActiveState::Deactivating,
+            other => ActiveState::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<String> for ActiveState {
+    fn from(s: String) -> ActiveState {
+        ActiveState::from(s.as_str())
+    }
+}
+
+impl std::fmt::Display for ActiveState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A unit's `SubState` as systemd names it for a service; the ones pdctl decides by are named,
+/// any other is kept by its name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SubState {
+    /// `running`: the main process runs.
+    Running,
+    /// `auto-restart`: waiting to be restarted by `Restart=`.
+    AutoRestart,
+    /// `dead`: not running.
+    #[default]
+    Dead,
+    /// Any other sub-state (`start`, `stop-sigterm`, `exited`, …), by name.
+    Other(String),
+}
+
+impl SubState {
+    /// systemd's name for it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            SubState::Running => "running",
+            SubState::AutoRestart => "auto-restart",
+            SubState::Dead => "dead",
+            SubState::Other(s) => s,
+        }
+    }
+}
+
+impl From<&str> for SubState {
+    fn from(s: &str) -> SubState {
+        match s {
+            "running" => SubState::Running,
+            "auto-restart" => SubState::AutoRestart,
+            "dead" => SubState::Dead,
+            other => SubState::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<String> for SubState {
+    fn from(s: String) -> SubState {
+        SubState::from(s.as_str())
+    }
+}
+
+impl std::fmt::Display for SubState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A unit's runtime state, read uncached.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitState {
     /// `loaded`, `not-found`, `masked`, …
     pub load_state: String,
     /// `active`, `activating`, `failed`, …
-    pub active_state: String,
+    pub active_state: ActiveState,
     /// `running`, `auto-restart`, `dead`, …
-    pub sub_state: String,
+    pub sub_state: SubState,
     /// Hex InvocationID of the current run ("" when none).
     pub invocation_id: String,
     /// Main PID (0 when none).
@@ -529,5 +641,23 @@ impl ChangeWatch for Polling {
             tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
             Ok(None)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systemd_states_keep_their_names_and_an_unknown_one_is_kept_by_name() {
+        for s in ["active", "reloading", "inactive", "failed", "activating", "deactivating", "maintenance"] {
+            assert_eq!(ActiveState::from(s).as_str(), s);
+        }
+        for s in ["running", "auto-restart", "dead", "stop-sigterm"] {
+            assert_eq!(SubState::from(s).to_string(), s);
+        }
+        assert_eq!(ActiveState::from("failed"), ActiveState::Failed);
+        assert_eq!(ActiveState::from("maintenance"), ActiveState::Other("maintenance".into()));
+        assert_eq!(SubState::from("auto-restart"), SubState::AutoRestart);
     }
 }

@@ -34,8 +34,8 @@ fn units_error(e: pdctl_systemd::Error) -> UnitsError {
 pub fn unit_state(s: pdctl_systemd::UnitState) -> UnitState {
     UnitState {
         load_state: s.load_state,
-        active_state: s.active_state,
-        sub_state: s.sub_state,
+        active_state: s.active_state.into(),
+        sub_state: s.sub_state.into(),
         invocation_id: s.invocation_id,
         main_pid: s.main_pid,
         exec_main_pid: s.exec_main_pid,

@@ -148,7 +148,7 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
             Some(Err(e)) => Some(Err(e.clone())),
             Some(Ok(list)) => Some(Ok(list.iter().find(|x| pdctl_core::config::same_url(&x.url, &w.url)).cloned())),
         };
-        let active = state.as_ref().is_ok_and(|st| st.active_state == "active");
+        let active = state.as_ref().is_ok_and(|st| st.active_state == pdctl_core::ports::ActiveState::Active);
         let healthy_in_router = match &listed {
             None => true,
             Some(Ok(Some(x))) => x.admitted(),
@@ -221,8 +221,8 @@ fn json_row(w: &pdctl_core::config::Worker, state: &Unit, listed: &Listed, kv: &
     if let Some(o) = row.as_object_mut() {
         match &state {
             Ok(st) => {
-                o.insert("active_state".into(), json!(st.active_state));
-                o.insert("sub_state".into(), json!(st.sub_state));
+                o.insert("active_state".into(), json!(st.active_state.as_str()));
+                o.insert("sub_state".into(), json!(st.sub_state.as_str()));
                 o.insert("invocation_id".into(), json!(st.invocation_id));
                 o.insert("main_pid".into(), json!(st.main_pid));
                 o.insert("n_restarts".into(), json!(st.n_restarts));

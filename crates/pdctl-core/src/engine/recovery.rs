@@ -15,7 +15,7 @@ use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
 use crate::events::{Outcome, Sink, Status, Step, Summary};
 use crate::plan::Plan;
-use crate::ports::{Health, Logs, Probes, UnitState, Units, UnitsError};
+use crate::ports::{ActiveState, Health, Logs, Probes, SubState, UnitState, Units, UnitsError};
 use crate::revisions;
 
 /// "in rollout r17…: <its cause>", for [`Cause::ChangesPending`].
@@ -218,7 +218,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 };
                 // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
                 // the rollout lock for the whole budget.
-                let gone = st.active_state == "failed" || st.sub_state == "auto-restart" || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+                let gone = st.active_state == ActiveState::Failed || st.sub_state == SubState::AutoRestart || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
                 if gone || t0.elapsed() >= budget {
                     return Err(Fail::from(Cause::DrainNotRestored {
                         unit: d.unit.clone(),
@@ -288,7 +288,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// `st` if the unit's run is settled: active and running, up for `min_healthy` (waiting
     /// out the rest, at most `min_healthy`) on the same run without an auto-restart; else `None`.
     pub(in crate::engine) async fn settled(&self, unit: &str, st: UnitState) -> Option<UnitState> {
-        if st.active_state != "active" || st.sub_state != "running" {
+        if st.active_state != ActiveState::Active || st.sub_state != SubState::Running {
             return None;
         }
         let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
@@ -297,7 +297,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if up < need {
             tokio::time::sleep(need - up).await;
             let again = self.units.state(unit).await.ok()?;
-            if again.invocation_id != st.invocation_id || again.n_restarts != st.n_restarts || again.main_pid != st.main_pid || again.active_state != "active" {
+            if again.invocation_id != st.invocation_id
+                || again.n_restarts != st.n_restarts
+                || again.main_pid != st.main_pid
+                || again.active_state != ActiveState::Active
+            {
                 return None;
             }
             return Some(again);

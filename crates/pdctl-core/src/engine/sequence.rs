@@ -228,7 +228,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 // failed state is reset. Its Result says so only for a manual start: when the
                 // limit stops an auto-restart it keeps the crash's own (`exit-code`, measured on
                 // systemd 252), so any failed unit is reset before pdctl restarts it.
-                if before.result == "start-limit-hit" || before.active_state == "failed" {
+                if before.result == "start-limit-hit" || before.active_state == crate::ports::ActiveState::Failed {
                     self.units.reset_failed(unit).await?;
                 }
                 let cursor = self.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;

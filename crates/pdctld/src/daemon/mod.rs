@@ -119,8 +119,8 @@ async fn snapshot(sd: Option<&SystemdUnits>, units: &[String]) -> Vec<UnitSnapsh
             Some(sd) => match sd.state(u).await {
                 Ok(s) => UnitSnapshot {
                     unit: u.clone(),
-                    active_state: Some(s.active_state),
-                    sub_state: Some(s.sub_state),
+                    active_state: Some(s.active_state.to_string()),
+                    sub_state: Some(s.sub_state.to_string()),
                     invocation_id: Some(s.invocation_id),
                     n_restarts: Some(s.n_restarts),
                     error: None,

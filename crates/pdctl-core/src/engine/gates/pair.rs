@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
-use crate::details::{PairDetail, PairResult};
+use crate::details::{PairDetail, PairOutcome, PairResult};
 use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::engine::{Ctx, Engine, Stale};
@@ -54,14 +54,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // A coherent switch pairs only workers of one model: a peer of the other group, or
             // one held out still running the old model, is not paired (its KV is another model's).
             if let Some(why) = self.other_model(peer, ctx) {
-                pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: "skipped".into(), why: Some(why), ..Default::default() });
+                pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: PairOutcome::Skipped, why: Some(why), ..Default::default() });
                 continue;
             }
             if let Err(why) = self.peer_serves(peer, ctx.together_with.is_some_and(|t| t.unit == peer.unit)).await {
                 pairs.push(PairResult {
                     prefill: p.unit.clone(),
                     decode: d.unit.clone(),
-                    result: "skipped".into(),
+                    result: PairOutcome::Skipped,
                     why: Some(format!("{} is not serving ({why}): its pairing is not checked", peer.unit)),
                     ..Default::default()
                 });
@@ -71,7 +71,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             pairs.push(PairResult {
                 prefill: p.unit.clone(),
                 decode: d.unit.clone(),
-                result: if refreshed { "refreshed" } else { verdict.as_str() }.into(),
+                result: if refreshed { PairOutcome::Refreshed } else { verdict.outcome() },
                 probes: Some(json!(probes)),
                 at: Some(crate::lifecycle::now()),
                 ..Default::default()

@@ -16,7 +16,7 @@ use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
 use crate::events::{Sink, Step};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
-use crate::ports::{Logs, Probes, UnitState, Units};
+use crate::ports::{ActiveState, Logs, Probes, UnitState, Units};
 use crate::revisions;
 
 fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
@@ -110,7 +110,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut down = Vec::new();
         for p in &peers {
             let st = self.units.state(&p.unit).await?;
-            if st.active_state != "active" {
+            if st.active_state != ActiveState::Active {
                 down.push(format!("{} is {}/{}", p.unit, st.active_state, st.sub_state));
                 continue;
             }
@@ -138,7 +138,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn preflight_worker(&self, w: &Worker, plan: &Plan, dry: bool, ctx: Ctx<'_>, seen: &mut Seen) -> Result<Value, Fail> {
         let st = self.units.state(&w.unit).await?;
         // `check` (nothing restarts): a worker that is not running fails its own check.
-        if ctx.allow_outage.is_none() && st.active_state != "active" {
+        if ctx.allow_outage.is_none() && st.active_state != ActiveState::Active {
             return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
         }
         let mut cfg = self.units.config(&w.unit).await?;
@@ -215,8 +215,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
         let detail = PreflightDetail {
             outage,
-            active_state: st.active_state,
-            sub_state: st.sub_state,
+            active_state: st.active_state.to_string(),
+            sub_state: st.sub_state.to_string(),
             invocation_id: st.invocation_id,
             main_pid: st.main_pid,
             fragment_path: cfg.fragment_path,
@@ -358,7 +358,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// --api-key refuses every call pdctl makes but /health, /ready and /metrics without its key:
     /// found now, before anything is touched. `None`: not checked (the unit is not running).
     async fn api_key_check(&self, w: &Worker, st: &UnitState) -> Result<Option<String>, Fail> {
-        if st.active_state != "active" {
+        if st.active_state != ActiveState::Active {
             return Ok(None);
         }
         match self.probes.auth(&w.url).await {

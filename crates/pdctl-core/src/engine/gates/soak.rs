@@ -56,7 +56,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if let Some(why) = crashed_since(&st, after) {
             return Err(crashed(why));
         }
-        if st.active_state != "active" {
+        if st.active_state != crate::ports::ActiveState::Active {
             return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
         }
         let mut d = json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts });
