@@ -53,19 +53,37 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// Where `local` disagrees with these (etcd's): `(role, etcd's value, local value)`.
-    pub fn disagreement(&self, local: &Limits) -> Option<(String, String, String)> {
+    /// Where `local` disagrees with these (etcd's): the first role whose limits differ.
+    pub fn disagreement(&self, local: &Limits) -> Option<LimitsDisagree> {
         let roles: std::collections::BTreeSet<&String> = self.max_unavailable.keys().chain(local.max_unavailable.keys()).collect();
         roles.into_iter().find_map(|r| {
             let (a, b) = (self.max_unavailable.get(r), local.max_unavailable.get(r));
             let show = |v: Option<&u32>| v.map(|n| n.to_string()).unwrap_or_else(|| "unset".into());
-            (a != b).then(|| (r.clone(), show(a), show(b)))
+            (a != b).then(|| LimitsDisagree { role: r.clone(), etcd: show(a), local: show(b) })
         })
     }
 
     /// The limit of `role` (a role without one: 1).
     pub fn of(&self, role: &str) -> u32 {
         self.max_unavailable.get(role).copied().unwrap_or(1)
+    }
+}
+
+/// A role whose fleet-wide limit in etcd (written by the first host) differs from this host's
+/// config; each value shown as written, or `unset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsDisagree {
+    /// The role.
+    pub role: String,
+    /// etcd's limit.
+    pub etcd: String,
+    /// This host's limit.
+    pub local: String,
+}
+
+impl From<LimitsDisagree> for crate::cause::Cause {
+    fn from(d: LimitsDisagree) -> crate::cause::Cause {
+        crate::cause::Cause::FleetLimits { role: d.role, etcd: d.etcd, local: d.local }
     }
 }
 

@@ -110,7 +110,7 @@ mod tests {
     fn limits_disagreement_names_the_role_and_both_values() {
         let etcd = Limits { max_unavailable: [("prefill".to_string(), 1), ("decode".to_string(), 1)].into() };
         let local = Limits { max_unavailable: [("prefill".to_string(), 2), ("decode".to_string(), 1)].into() };
-        assert_eq!(etcd.disagreement(&local), Some(("prefill".into(), "1".into(), "2".into())));
+        assert_eq!(etcd.disagreement(&local), Some(LimitsDisagree { role: "prefill".into(), etcd: "1".into(), local: "2".into() }));
         assert_eq!(etcd.disagreement(&etcd.clone()), None);
     }
 
@@ -276,6 +276,6 @@ mod tests {
         let a = Limits { max_unavailable: [("prefill".to_string(), 1)].into() };
         assert_eq!(ensure_limits(&mem, "f", &a).await.unwrap(), Ok(a.clone()));
         let b = Limits { max_unavailable: [("prefill".to_string(), 3)].into() };
-        assert_eq!(ensure_limits(&mem, "f", &b).await.unwrap(), Err(("prefill".into(), "1".into(), "3".into())));
+        assert_eq!(ensure_limits(&mem, "f", &b).await.unwrap(), Err(LimitsDisagree { role: "prefill".into(), etcd: "1".into(), local: "3".into() }));
     }
 }

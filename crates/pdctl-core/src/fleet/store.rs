@@ -18,8 +18,8 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 }
 
 /// What the fleet's limits are: etcd's when set (a host whose config disagrees gets
-/// `Err(Ok((role, etcd's, local)))`), else `local`, written there by this first host.
-pub async fn ensure_limits(c: &dyn Coordinator, name: &str, local: &Limits) -> Result<Result<Limits, (String, String, String)>, FleetFailure> {
+/// `Ok(Err(the disagreement))`), else `local`, written there by this first host.
+pub async fn ensure_limits(c: &dyn Coordinator, name: &str, local: &Limits) -> Result<Result<Limits, LimitsDisagree>, FleetFailure> {
     let key = limits_key(name);
     for _ in 0..8 {
         match c.get(&key).await? {

@@ -133,7 +133,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             return Ok(None);
         };
-        let deferral = if another_serves { Err(String::new()) } else { self.defers_take_out(w, ctx).await };
+        // Taken out now: because another worker of its role serves (`None`), or why it cannot wait
+        // for its stop (`Some`).
+        let deferral: Result<Deferral, Option<String>> = if another_serves { Err(None) } else { self.defers_take_out(w, ctx).await.map_err(Some) };
         // Written down before the router is touched: whatever happens next (a failed gate, a
         // crash, SIGKILL), the drain is found and undone.
         if let Some(l) = ctx.ledger {
@@ -141,7 +143,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         }
         let not_deferred = match deferral {
             Ok(d) => return Ok(Some(self.defer(w, &entries, d).await)),
-            Err(why) => (!why.is_empty()).then_some(why),
+            Err(why) => why,
         };
         // Alone in its role and drained before its stop all the same: the gateway's settle keeps
         // nothing else serving; it only keeps the restarted worker from being registered again.

@@ -445,7 +445,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             } else {
                 crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?
             };
-            let limits = limits.map_err(|(role, etcd, local)| Fail::from(Cause::FleetLimits { role, etcd, local }))?;
+            let limits = limits.map_err(|d| Fail::from(Cause::from(d)))?;
             let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
             let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
             Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
