@@ -101,7 +101,9 @@ async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
         let run = RolloutRun {
-            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None, config: false }),
+            work: pdctl_core::engine::Work::Weights {
+                target: WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None, config: false },
+            },
             ..rollout_of(&plan, &abort, true, false)
         };
         let summary = engine.execute(run, &tx).await.summary;
@@ -160,7 +162,7 @@ async fn an_in_place_load_that_fails_falls_back_to_a_restart_only_when_configure
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let run = RolloutRun {
-            weights: Some(WeightsTarget { model_path: "/models/v2", version: None, fleet_rollout: None, config: true }),
+            work: pdctl_core::engine::Work::Weights { target: WeightsTarget { model_path: "/models/v2", version: None, fleet_rollout: None, config: true } },
             revisions: Some(&dir),
             ..rollout_of(&plan, &abort, true, true)
         };
@@ -202,7 +204,9 @@ async fn with_a_key_on_a_prefill_decodes_are_paused_in_place_and_the_notes_say_w
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = std::sync::atomic::AtomicBool::new(false);
         let run = RolloutRun {
-            weights: Some(WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None, config: false }),
+            work: pdctl_core::engine::Work::Weights {
+                target: WeightsTarget { model_path: "/models/v2", version: Some("v2"), fleet_rollout: None, config: false },
+            },
             ..rollout_of(&plan, &abort, true, false)
         };
         let out = engine.execute(run, &tx).await;

@@ -78,13 +78,46 @@ enum Mode {
     Check,
 }
 
+/// What a rollout does to its plan's workers.
+#[derive(Clone, Copy)]
+pub enum Work<'a> {
+    /// Restart each through every gate, in plan order. `resume`: the rest of an interrupted
+    /// rollout — its first `resume` units (the one it stopped at, and those it had already
+    /// restarted) are re-verified, each restarted only if that fails.
+    Restart {
+        /// Units re-verified first.
+        resume: usize,
+    },
+    /// A revert: each worker gets back its files from before the reverted rollout (step
+    /// `rollback`) and is restarted through every gate, in plan order.
+    Revert {
+        /// Unit → the revision it ran before the reverted rollout.
+        restore: &'a std::collections::BTreeMap<String, revisions::Revision>,
+    },
+    /// New weights loaded into every worker of the plan at once, without a restart
+    /// (`pdctl rollout weights`, or a config rollout that only changes them).
+    Weights {
+        /// What to load.
+        target: WeightsTarget<'a>,
+    },
+}
+
+impl<'a> Work<'a> {
+    /// The weights it loads, if that is what it does.
+    pub fn weights(&self) -> Option<WeightsTarget<'a>> {
+        match self {
+            Work::Weights { target } => Some(*target),
+            _ => None,
+        }
+    }
+}
+
 /// A rollout for [`Engine::execute`].
 pub struct RolloutRun<'a> {
     /// The workers, in order.
     pub plan: &'a Plan,
-    /// Continue an interrupted rollout: the first `resume` units are re-verified, each restarted
-    /// only if that fails (the unit it stopped at, and those it had already restarted).
-    pub resume: usize,
+    /// What it does to them.
+    pub work: Work<'a>,
     /// Set by an operator: stop between units.
     pub abort: &'a AtomicBool,
     /// Where good revisions live (pdctld's state directory); `None`: no revisions, no rollback.
@@ -99,12 +132,6 @@ pub struct RolloutRun<'a> {
     /// Changes on disk that a worker does not run yet may be loaded by its restart (a config
     /// rollout, or `--load-changes`); else such a worker is refused in preflight.
     pub load_changes: bool,
-    /// A revert: unit → the revision it ran before the reverted rollout; each worker of the plan
-    /// gets its files back (step `rollback`) and is restarted through every gate, in plan order.
-    pub restore: Option<&'a std::collections::BTreeMap<String, revisions::Revision>>,
-    /// `pdctl rollout weights`: the new weights, loaded into every worker of the plan at once
-    /// without a restart.
-    pub weights: Option<WeightsTarget<'a>>,
     /// This host's part of fleet rollout ID (`pdctl fleet restart`): a change of the model the
     /// workers compute with is then switched fleet-wide, hosts in step ([`fleet_switch`]).
     pub fleet_rollout: Option<&'a str>,
@@ -126,13 +153,47 @@ struct Together<'a> {
 }
 
 /// What a run writes to besides events.
+/// Whether a run restarts anything, and if it does, whether taking the only worker of a role
+/// down is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outage {
+    /// A check: nothing is restarted, so there is no outage to judge.
+    Check,
+    /// Restarts; the only worker of a role is refused.
+    Refused,
+    /// Restarts; taking the only worker of a role down is accepted (`--allow-outage`, or
+    /// `[rollout] allow_outage`).
+    Accepted,
+}
+
+impl Outage {
+    /// A run that restarts, accepting an outage or not.
+    fn of(accepted: bool) -> Outage {
+        if accepted {
+            Outage::Accepted
+        } else {
+            Outage::Refused
+        }
+    }
+
+    /// Whether the run restarts anything.
+    fn restarts(self) -> bool {
+        self != Outage::Check
+    }
+
+    /// Whether taking the only worker of a role down is accepted.
+    fn accepted(self) -> bool {
+        self == Outage::Accepted
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
     revisions: Option<&'a Path>,
     ledger: Option<&'a Ledger>,
     id: &'a str,
-    /// `None`: nothing is restarted (check); else whether an outage is accepted.
-    allow_outage: Option<bool>,
+    /// Whether anything is restarted, and whether a role's only worker may go down.
+    outage: Outage,
     /// The availability probe's view, when it runs.
     clients: Option<&'a Clients>,
     /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
@@ -162,12 +223,12 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn none(allow_outage: Option<bool>, load_changes: bool) -> Ctx<'static> {
+    fn none(outage: Outage, load_changes: bool) -> Ctx<'static> {
         Ctx {
             revisions: None,
             ledger: None,
             id: "",
-            allow_outage,
+            outage,
             clients: None,
             together_with: None,
             load_changes,

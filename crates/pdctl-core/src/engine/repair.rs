@@ -34,7 +34,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         let alone = self.settings.workers.iter().filter(|o| o.role == Role::Decode).count() == 1;
-        if alone && ctx.allow_outage != Some(true) {
+        if alone && !ctx.outage.accepted() {
             return Err(blocked(
                 "it is the only decode worker: restarting it stops serving; pass --allow-outage (or set [rollout] allow_outage = true) to accept that".into(),
             ));
@@ -86,7 +86,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let r = crate::fleet::FleetRollout {
             id: id.clone(),
             hosts: vec![host.to_string()],
-            allow_outage: ctx.allow_outage == Some(true),
+            allow_outage: ctx.outage.accepted(),
             by: format!("pdctld on {} (rollout {})", f.host, ctx.id),
             reason: Some(format!("repair of {unit}'s stale pairing with {}/{}", f.host, p.unit)),
             canary: None,

@@ -9,7 +9,7 @@ use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::switch::{Groups, SwitchPlan};
-use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, RolloutRun, Tally, LAST_LINES};
+use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Tally, Work, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -19,12 +19,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
-        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Some(true), true), &mut notes).await
+        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        let mut s = self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(None, false), &mut Vec::new()).await;
+        let mut s = self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &mut Vec::new()).await;
         // Nothing was restarted: the units passed their checks.
         s.checked = std::mem::take(&mut s.units);
         s
@@ -38,7 +38,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let t0 = Instant::now();
         let mut notes = Vec::new();
         let mut plan = r.plan.clone();
-        let lead: Vec<_> = plan.workers.iter().take(r.resume).cloned().collect();
+        let resume = match r.work {
+            Work::Restart { resume } => resume,
+            _ => 0,
+        };
+        let lead: Vec<_> = plan.workers.iter().take(resume).cloned().collect();
         for w in lead {
             if self.verify(&w, sink).await {
                 plan.workers.retain(|x| x.unit != w.unit);
@@ -55,7 +59,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             revisions: r.revisions,
             ledger: r.ledger,
             id: r.id,
-            allow_outage: Some(r.allow_outage || self.settings.rollout.allow_outage),
+            outage: Outage::of(r.allow_outage || self.settings.rollout.allow_outage),
             clients: probing.map(|_| &clients),
             together_with: None,
             load_changes: r.load_changes,
@@ -75,14 +79,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // The probe watches the whole rollout, a rollback included: what clients saw while a
         // failed worker was out and put back is part of the figures.
         let run = async {
-            let mut summary = match (r.restore, r.weights) {
-                (_, Some(to)) => self.update_weights_recorded(&plan, to, r.revisions, sink, &mut notes).await,
-                (Some(befores), None) => self.revert(&plan, befores, sink, r.abort, ctx, &mut notes).await,
-                (None, None) => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
+            let mut summary = match r.work {
+                Work::Weights { target } => self.update_weights_recorded(&plan, target, r.revisions, sink, &mut notes).await,
+                Work::Revert { restore } => self.revert(&plan, restore, sink, r.abort, ctx, &mut notes).await,
+                Work::Restart { .. } => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
             };
             let restarted = self.after_in_place(&plan, &r, ctx, &mut summary, sink, &mut notes).await;
             // A weights rollout changed no file: nothing to quarantine or roll back by revision.
-            if r.weights.is_none() || restarted {
+            if r.work.weights().is_none() || restarted {
                 self.after_failure(&r, ctx, &mut summary, sink, &mut notes).await;
             }
             clients.done.store(true, Ordering::SeqCst);
@@ -104,7 +108,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             summary.availability = Some(a);
         }
         let service_before = std::mem::take(&mut *lock(&before));
-        let in_place = r.weights.is_some_and(|t| t.config) && !restarted;
+        let in_place = r.work.weights().is_some_and(|t| t.config) && !restarted;
         Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before, in_place }
     }
 
@@ -112,7 +116,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// with `weights_fallback = "restart"` (then `true`: the summary is the restart's), or its
     /// change quarantined.
     async fn after_in_place(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &mut Vec<String>) -> bool {
-        let (Some(to), Some(dir)) = (r.weights.filter(|t| t.config), r.revisions) else {
+        let (Some(to), Some(dir)) = (r.work.weights().filter(|t| t.config), r.revisions) else {
             return false;
         };
         match (summary.result, &summary.failed) {
@@ -366,7 +370,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool, known: Option<&KnownChanges>) -> Summary {
         let t0 = Instant::now();
         let switch_plan = SwitchPlan { groups: self.switch_groups(plan, None, true).await, needed: AtomicBool::new(false) };
-        let ctx = Ctx { known, switch: Some(&switch_plan), ..Ctx::none(Some(allow_outage || self.settings.rollout.allow_outage), load_changes) };
+        let ctx = Ctx { known, switch: Some(&switch_plan), ..Ctx::none(Outage::of(allow_outage || self.settings.rollout.allow_outage), load_changes) };
         let failed = match self.preflight(plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),

@@ -11,7 +11,7 @@ use crate::config::{Role, Worker};
 use crate::engine::gates::Deferred;
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED};
-use crate::engine::{Ctx, Engine, Repaired, Stale};
+use crate::engine::{Ctx, Engine, Outage, Repaired, Stale};
 use crate::events::{Failure, Sink, Step};
 use crate::ports::{Logs, Probes, UnitState, Units};
 use crate::revisions;
@@ -304,14 +304,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Its pairs too: it may have stopped right after its restart, before the pair gate. A
         // stale pair found now is repaired the usual way: the unit goes through its restart.
         let Ok(now) = self.units.state(&w.unit).await else { return false };
-        match self.pair_step(w, sink, Ctx::none(Some(true), true), &now).await {
+        match self.pair_step(w, sink, Ctx::none(Outage::Accepted, true), &now).await {
             Ok(stale) if stale.is_empty() => {}
             _ => return false,
         }
         if self.settings.verify.router && self.step(sink, &w.unit, Step::Router, async { self.router(w, true, false).await.map(|d| (d, ())) }).await.is_err() {
             return false;
         }
-        if self.metrics_step(w, sink, true, Ctx::none(Some(true), true)).await.is_err() {
+        if self.metrics_step(w, sink, true, Ctx::none(Outage::Accepted, true)).await.is_err() {
             return false;
         }
         w.role != Role::Decode || self.stranded_step(w, sink).await.is_ok()
@@ -323,6 +323,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if self.settings.verify.router {
             self.step(sink, &w.unit, Step::Router, async { self.router(w, false, false).await.map(|d| (d, ())) }).await?;
         }
-        self.metrics_step(w, sink, false, Ctx::none(None, false)).await
+        self.metrics_step(w, sink, false, Ctx::none(Outage::Check, false)).await
     }
 }

@@ -366,15 +366,13 @@ pub fn settings() -> Settings {
 pub fn rollout_of<'a>(plan: &'a Plan, abort: &'a std::sync::atomic::AtomicBool, allow_outage: bool, load_changes: bool) -> pdctl_core::engine::RolloutRun<'a> {
     pdctl_core::engine::RolloutRun {
         plan,
-        resume: 0,
+        work: pdctl_core::engine::Work::Restart { resume: 0 },
         abort,
         revisions: None,
         ledger: None,
         id: "r1",
         allow_outage,
         load_changes,
-        restore: None,
-        weights: None,
         fleet_rollout: None,
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use pdctl_core::api::{ConfigIdentity, Record, Request, RolloutKind, Started, StartedBy, StreamLine};
 use pdctl_core::cause::Cause;
-use pdctl_core::engine::RolloutRun;
+use pdctl_core::engine::{RolloutRun, Work};
 use pdctl_core::events::{Event, Status, Step};
 use pdctl_core::lifecycle::{now, RolloutState};
 use pdctl_core::plan::Plan;
@@ -468,22 +468,27 @@ pub(super) async fn run(
         let r = lock(&record);
         (r.allow_outage, r.load_changes, r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()))
     };
+    let work = match (restore.as_ref(), weights.as_ref()) {
+        (_, Some((model_path, version, fleet))) => Work::Weights {
+            target: pdctl_core::engine::WeightsTarget {
+                model_path,
+                version: version.as_deref(),
+                fleet_rollout: fleet.as_deref(),
+                config: kind == RolloutKind::Apply,
+            },
+        },
+        (Some(restore), None) => Work::Revert { restore },
+        (None, None) => Work::Restart { resume: if kind == RolloutKind::Resume { reverify } else { 0 } },
+    };
     let run = RolloutRun {
         plan: &plan,
-        resume: if kind == RolloutKind::Resume { reverify } else { 0 },
+        work,
         abort: &abort,
         revisions: Some(&dir),
         ledger: Some(daemon.store.ledger()),
         id: &id,
         allow_outage,
         load_changes,
-        restore: restore.as_ref(),
-        weights: weights.as_ref().map(|(model_path, version, fleet)| pdctl_core::engine::WeightsTarget {
-            model_path,
-            version: version.as_deref(),
-            fleet_rollout: fleet.as_deref(),
-            config: kind == RolloutKind::Apply,
-        }),
         // A fleet rollout's own part (not a revert or a resume of it): its phases are its own.
         fleet_rollout: fleet_rollout.as_deref().filter(|_| kind == RolloutKind::Restart),
     };

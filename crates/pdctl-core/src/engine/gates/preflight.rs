@@ -12,7 +12,7 @@ use crate::config::{Role, Worker};
 use crate::details::PreflightDetail;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
-use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges};
+use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges, Outage};
 use crate::events::{Sink, Step};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -138,7 +138,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     async fn preflight_worker(&self, w: &Worker, plan: &Plan, dry: bool, ctx: Ctx<'_>, seen: &mut Seen) -> Result<Value, Fail> {
         let st = self.units.state(&w.unit).await?;
         // `check` (nothing restarts): a worker that is not running fails its own check.
-        if ctx.allow_outage.is_none() && st.active_state != ActiveState::Active {
+        if ctx.outage == Outage::Check && st.active_state != ActiveState::Active {
             return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
         }
         let mut cfg = self.units.config(&w.unit).await?;
@@ -155,7 +155,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // A restart that is not a config rollout loads nothing the worker does not run
         // yet (checked before any reload): a pending change is rolled out by `rollout
         // apply`, through every gate, or accepted with --load-changes.
-        if ctx.allow_outage.is_some() && !ctx.load_changes {
+        if ctx.outage.restarts() && !ctx.load_changes {
             if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
                 return Err(Fail::from(c));
             }
@@ -183,7 +183,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             seen.gpu_sets.push((w.unit.clone(), g.clone()));
         }
         self.not_blocked(&w.unit, &w.url).await?;
-        if ctx.allow_outage.is_some() {
+        if ctx.outage.restarts() {
             self.a_peer_serves(w, plan).await?;
         }
         if let Some(c) = self.rollback_unwritable(w, ctx) {
@@ -240,7 +240,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// restore can be written by this process, or the worker would be left half-restored (`Some`:
     /// the refusal).
     fn rollback_unwritable(&self, w: &Worker, ctx: Ctx<'_>) -> Option<Cause> {
-        let (Some(_), crate::config::OnFailure::Rollback, Some(dir)) = (ctx.allow_outage, self.settings.rollout.on_failure, ctx.revisions) else {
+        let (true, crate::config::OnFailure::Rollback, Some(dir)) = (ctx.outage.restarts(), self.settings.rollout.on_failure, ctx.revisions) else {
             return None;
         };
         let dirs = revisions::load(dir, &w.unit).map(|last| revisions::unwritable(&last)).unwrap_or_default();
@@ -261,7 +261,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     ) -> Result<Option<(String, Option<String>)>, Fail> {
         use crate::config::Coherent;
         // `check` restarts nothing; a regular worker pairs with no one.
-        if ctx.allow_outage.is_none() || w.role == Role::Regular {
+        if ctx.outage == Outage::Check || w.role == Role::Regular {
             return Ok(None);
         }
         let Some(argv) = disk_argv.or(cfg.exec_start.first().map(Vec::as_slice)) else { return Ok(None) };
@@ -396,7 +396,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
             None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
         };
-        let (true, Some(allowed)) = (alone, ctx.allow_outage) else { return Ok(None) };
+        let (true, true) = (alone, ctx.outage.restarts()) else { return Ok(None) };
+        let allowed = ctx.outage.accepted();
         let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
             (Some(d), _) => revisions::last_start(d, &w.unit),
             (None, Some(k)) => k.timing.clone(),
