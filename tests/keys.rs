@@ -8,20 +8,12 @@ use std::time::Duration;
 
 use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
 use pdctl_tests::pdctl_sandbox::Gateway;
-use pdctl_tests::{pdctl_daemon, pdctl_run, JsonRun};
+use pdctl_tests::{pdctl_daemon, pdctl_run};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
-
-fn up(opts: StackOptions) -> (Stack, PathBuf, Pdctld) {
-    pdctl_tests::stack_with_pdctld_opts(&opts)
-}
-
-fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
-    pdctl_daemon(d, config, args, LIMIT)
-}
 
 /// Workers started with SGLang's `--api-key`, behind smg 1.13 started with the same key (smg's
 /// `--api-key` is its key for the workers and also guards the gateway): pdctl reads the keys from
@@ -33,11 +25,11 @@ fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
 fn workers_with_an_api_key_are_rolled_with_it_and_a_wrong_key_is_named() {
     const KEY: &str = "k3y-0f-the-w0rkers";
     let opts = StackOptions { gateway: Gateway::Smg113, api_key: Some(KEY.into()), ..Default::default() };
-    let (stack, config, d) = up(opts);
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
     let guarded = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{}/server_info", stack.decode.url)).expect("the decode answers");
     assert_eq!(guarded.0, 401, "the workers do guard their endpoints: {guarded:?}");
 
-    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], LIMIT);
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let drain = &r.event(D, "drain", "passed")["detail"];
     assert!(drain["in_flight_at_start"].as_u64().is_some(), "the drain read /v1/loads with the key: {drain}");
@@ -87,7 +79,7 @@ fn secrets_stay_secret(stack: &Stack, config: &Path, d: &Pdctld, key: &str) {
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     stack.drop_in(D, "70-leaks", &format!("[Service]\nExecStartPre={}\n", script.display())).expect("drop-in");
     std::fs::write(dir.join("config.d/70-rollback.toml"), "[rollout]\non_failure = \"rollback\"\n").unwrap();
-    let failed = run(d, config, &["restart", "--rolling", "--unit", D, "--load-changes", "--json"]);
+    let failed = pdctl_daemon(d, config, &["restart", "--rolling", "--unit", D, "--load-changes", "--json"], LIMIT);
     assert_eq!(failed.summary["result"], "rolled_back", "{:#?} {}", failed.summary, failed.stderr);
     let id = failed.summary["id"].as_str().unwrap().to_string();
     let record = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "").1.to_string();
