@@ -440,7 +440,10 @@ fn records_that_cannot_be_written_are_reported_retried_and_consistent_after_a_re
         assert!(o.status.success(), "mount {args:?}: {}", String::from_utf8_lossy(&o.stderr));
     };
     mount(&["--bind", &state, &state]);
-    mount(&["-o", "remount,bind,ro", &state]);
+    // A remount read-only is refused (EBUSY) while pdctld has a record file open for writing
+    // (its atomic write's temporary file): tried again until it is not, at most 10 s.
+    let read_only = || stack.sandbox.command("mount").args(["-o", "remount,bind,ro", &state]).output().is_ok_and(|o| o.status.success());
+    assert!(pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(20), read_only), "the state's rollouts/ became read-only");
     assert_eq!(c.finish(LIMIT), Some(0), "the rollout itself goes on: {:#?}", c.seen.last());
     let (_, st) = raw(&d.socket, "GET", "/v1/status", "");
     assert!(st["record_error"].is_string(), "status says records are not being saved: {st}");
