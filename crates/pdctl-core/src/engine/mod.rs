@@ -187,6 +187,23 @@ impl Outage {
     }
 }
 
+/// Where in a rollout a worker's gates run: alone (the default), beside the other half of its
+/// pair restarted at once, or inside a coherent switch.
+#[derive(Clone, Copy, Default)]
+struct Scope<'a> {
+    /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
+    /// waits for it to serve instead of skipping it, and neither stops before both drains ended.
+    together_with: Option<Together<'a>>,
+    /// A coherent switch's new group: its drains are written down as held and its router gate
+    /// waits for the switch ([`crate::drain_ledger::Hold`]).
+    hold: Option<crate::drain_ledger::Hold>,
+    /// The only peers the pair gate may pair with (a coherent switch's group); `None`: all.
+    pair_scope: Option<&'a [String]>,
+    /// The plan may be rolled as a coherent switch ([`switch::Groups`]): the coherence preflight
+    /// says a change needs it instead of refusing it.
+    switch: Option<&'a switch::SwitchPlan>,
+}
+
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
     revisions: Option<&'a Path>,
@@ -194,11 +211,11 @@ struct Ctx<'a> {
     id: &'a str,
     /// Whether anything is restarted, and whether a role's only worker may go down.
     outage: Outage,
+    /// Where in the rollout the worker's gates run (the pair restarted with it, a coherent
+    /// switch's group and plan).
+    scope: Scope<'a>,
     /// The availability probe's view, when it runs.
     clients: Option<&'a Clients>,
-    /// The other unit restarting at the same time (`single_pair = "together"`): the pair gate
-    /// waits for it to serve instead of skipping it, and neither stops before both drains ended.
-    together_with: Option<Together<'a>>,
     /// Changes a worker does not run yet may be loaded ([`RolloutRun::load_changes`]).
     load_changes: bool,
     /// Without the revisions directory (a dry run outside pdctld): what pdctld said is pending.
@@ -210,14 +227,6 @@ struct Ctx<'a> {
     notes: Option<&'a std::sync::Mutex<Vec<String>>>,
     /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
     before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
-    /// A coherent switch's new group: its drains are written down as held and its router gate
-    /// waits for the switch ([`crate::drain_ledger::Hold`]).
-    hold: Option<crate::drain_ledger::Hold>,
-    /// The only peers the pair gate may pair with (a coherent switch's group); `None`: all.
-    pair_scope: Option<&'a [String]>,
-    /// The plan may be rolled as a coherent switch ([`switch::Groups`]): the coherence preflight
-    /// says a change needs it instead of refusing it.
-    switch: Option<&'a switch::SwitchPlan>,
     /// This host's part of a fleet rollout (its id).
     fleet_rollout: Option<&'a str>,
 }
@@ -229,16 +238,13 @@ impl Ctx<'_> {
             ledger: None,
             id: "",
             outage,
+            scope: Scope::default(),
             clients: None,
-            together_with: None,
             load_changes,
             known: None,
             abort_in_flight: false,
             notes: None,
             before: None,
-            hold: None,
-            pair_scope: None,
-            switch: None,
             fleet_rollout: None,
         }
     }

@@ -48,7 +48,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         };
         let work = async move {
-            let ctx = Ctx { together_with: None, abort_in_flight: true, ..ctx };
+            let ctx = Ctx { scope: crate::engine::Scope { together_with: None, ..ctx.scope }, abort_in_flight: true, ..ctx };
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             let r = async {
                 let slots = self.slot_step(&[d], &tx, ctx).await?;

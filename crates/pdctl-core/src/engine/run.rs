@@ -9,7 +9,7 @@ use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::switch::{Groups, SwitchPlan};
-use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Tally, Work, LAST_LINES};
+use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Work, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -60,16 +60,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             ledger: r.ledger,
             id: r.id,
             outage: Outage::of(r.allow_outage || self.settings.rollout.allow_outage),
+            scope: Scope::default(),
             clients: probing.map(|_| &clients),
-            together_with: None,
             load_changes: r.load_changes,
             known: None,
             abort_in_flight: false,
             notes: Some(&deep_notes),
             before: Some(&before),
-            hold: None,
-            pair_scope: None,
-            switch: None,
             fleet_rollout: r.fleet_rollout,
         };
         if let Some(dir) = r.revisions {
@@ -186,10 +183,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
         let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
         let switch_plan;
-        let ctx = match (mode, ctx.switch) {
+        let ctx = match (mode, ctx.scope.switch) {
             (Mode::Rollout, None) => {
                 switch_plan = SwitchPlan { groups: self.switch_groups(plan, ctx.fleet_rollout, false).await, needed: AtomicBool::new(false) };
-                Ctx { switch: Some(&switch_plan), ..ctx }
+                Ctx { scope: Scope { switch: Some(&switch_plan), ..ctx.scope }, ..ctx }
             }
             _ => ctx,
         };
@@ -201,7 +198,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // while the new one is restarted and verified, then the gateway switches (see
         // `switch.rs` and `fleet_switch.rs`). Before `single_pair = "together"`: with [fleet] a
         // 1P1D host's pair restarted together would pair with other hosts' old workers.
-        if let (Mode::Rollout, Some(sw)) = (mode, ctx.switch) {
+        if let (Mode::Rollout, Some(sw)) = (mode, ctx.scope.switch) {
             // A fleet rollout's part that needs no switch here (no change of the model on this
             // host) says so at once: hosts that do switch would otherwise wait for it in vain.
             if let (false, Ok(Groups { fleet: Some(f), .. })) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
@@ -319,7 +316,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         };
         let drained = tokio::sync::Barrier::new(2);
         let (tp, td) = (crate::engine::Together { unit: &d.unit, drained: &drained }, crate::engine::Together { unit: &p.unit, drained: &drained });
-        let (cp, cd) = (Ctx { together_with: Some(tp), ..ctx }, Ctx { together_with: Some(td), ..ctx });
+        let (cp, cd) =
+            (Ctx { scope: Scope { together_with: Some(tp), ..ctx.scope }, ..ctx }, Ctx { scope: Scope { together_with: Some(td), ..ctx.scope }, ..ctx });
         let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
         if rp.is_ok() && rd.is_ok() {
             self.release_slots(&p.unit, &slots, ctx).await;
@@ -370,7 +368,11 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub async fn dry_run(&self, plan: &Plan, sink: &Sink, allow_outage: bool, load_changes: bool, known: Option<&KnownChanges>) -> Summary {
         let t0 = Instant::now();
         let switch_plan = SwitchPlan { groups: self.switch_groups(plan, None, true).await, needed: AtomicBool::new(false) };
-        let ctx = Ctx { known, switch: Some(&switch_plan), ..Ctx::none(Outage::of(allow_outage || self.settings.rollout.allow_outage), load_changes) };
+        let ctx = Ctx {
+            known,
+            scope: Scope { switch: Some(&switch_plan), ..Scope::default() },
+            ..Ctx::none(Outage::of(allow_outage || self.settings.rollout.allow_outage), load_changes)
+        };
         let failed = match self.preflight(plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),

@@ -42,7 +42,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, may_repair: bool) -> Result<Repaired, (Step, Fail)> {
         // Fleet: a slot of the role's semaphore before the drain (a pair restarted together
         // took both slots at once before).
-        let slots = if ctx.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
+        let slots = if ctx.scope.together_with.is_none() { self.slot_step(&[w], sink, ctx).await? } else { Vec::new() };
         // The service gate's baseline when it is alone in its role: its figures before the drain —
         // before this rollout first touched it. A worker restarted again in the same rollout (a
         // rollback onto its last good revision, a repair) is judged against those, not against
@@ -122,7 +122,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         // Restarted together: neither stops while the other still drains (`Together`).
-        if let Some(t) = ctx.together_with {
+        if let Some(t) = ctx.scope.together_with {
             t.drained.wait().await;
         }
         drained?;
@@ -152,7 +152,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         before: Option<pdctl_probe::service::ServiceScrape>,
     ) -> Result<(), (Step, Fail)> {
         let unit = w.unit.as_str();
-        if ctx.hold.is_some() {
+        if ctx.scope.hold.is_some() {
             // A coherent switch's new group stays out until the whole group is verified: it runs
             // the new model while the old group serves (see `switch.rs`).
             StepRun::start(sink, unit, Step::Router).skip(HELD_FOR_SWITCH);

@@ -191,7 +191,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         t: &mut Tally,
     ) -> Result<(), Summary> {
         let new_units = Groups::units(&g.new);
-        let held = Ctx { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx };
+        let held = Ctx { scope: crate::engine::Scope { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx.scope }, ..ctx };
         // 1. The new group: out, restarted, verified inside itself (its prefills first: its
         // decodes then start after them and cache no old prefill process).
         let mut up = Vec::new();

@@ -139,7 +139,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // Written down before the router is touched: whatever happens next (a failed gate, a
         // crash, SIGKILL), the drain is found and undone.
         if let Some(l) = ctx.ledger {
-            self.record_drain(l, w, &entry.id, ctx.id, ctx.hold).await?;
+            self.record_drain(l, w, &entry.id, ctx.id, ctx.scope.hold).await?;
         }
         let not_deferred = match deferral {
             Ok(d) => return Ok(Some(self.defer(w, &entries, d).await)),
@@ -210,7 +210,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     ///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
     ///   requests.
     async fn defers_take_out(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
-        if ctx.hold.is_some() {
+        if ctx.scope.hold.is_some() {
             return Err("held out by the coherent switch".into());
         }
         if ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout {

@@ -57,7 +57,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: PairOutcome::Skipped, why: Some(why), ..Default::default() });
                 continue;
             }
-            if let Err(why) = self.peer_serves(peer, ctx.together_with.is_some_and(|t| t.unit == peer.unit)).await {
+            if let Err(why) = self.peer_serves(peer, ctx.scope.together_with.is_some_and(|t| t.unit == peer.unit)).await {
                 pairs.push(PairResult {
                     prefill: p.unit.clone(),
                     decode: d.unit.clone(),
@@ -129,7 +129,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Why the pair gate does not pair with `peer` in a coherent switch: it is outside the
     /// group being verified, or held out of the router still running the old model.
     pub(in crate::engine) fn other_model(&self, peer: &Worker, ctx: Ctx<'_>) -> Option<String> {
-        if ctx.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
+        if ctx.scope.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
             return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
         }
         let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::drain_ledger::Hold::Old));

@@ -332,7 +332,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             ), None)));
         }
         // The plan is said once, on the first worker that needs the switch.
-        let switch = ctx.switch.map(|sw| match &sw.groups {
+        let switch = ctx.scope.switch.map(|sw| match &sw.groups {
             Ok(g) => Ok((!sw.needed.swap(true, std::sync::atomic::Ordering::SeqCst)).then(|| g.sentence(&plan.workers.iter().collect::<Vec<_>>()))),
             Err(why) => Err(why.clone()),
         });
