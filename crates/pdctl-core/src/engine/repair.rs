@@ -7,6 +7,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine};
 use crate::events::{Event, Sink, Status, Step};
@@ -50,20 +51,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let work = async move {
             let ctx = Ctx { scope: crate::engine::Scope { together_with: None, ..ctx.scope }, abort_in_flight: true, ..ctx };
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
-            let r = async {
-                let slots = self.slot_step(&[d], &tx, ctx).await?;
-                let drain_began = Instant::now();
-                let (watch, after, _, taken_out) = self.restart_to_pair(d, &tx, ctx).await?;
-                self.restart_after_pair(d, &tx, ctx, watch, after, taken_out.unwrap_or(drain_began), None).await?;
-                self.release_slots(&d.unit, &slots, ctx).await;
-                Ok(())
-            }
-            .await;
+            let r = self.run_sequence(&mut WorkerRun::new(d, Sequence::Repair, &tx, ctx)).await;
             drop(tx);
             r
         };
         let (r, ()) = tokio::join!(work, forward);
-        r.map_err(|(step, mut f)| {
+        r.map(|_| ()).map_err(|(step, mut f)| {
             f.unit.get_or_insert_with(|| d.unit.clone());
             (step, f)
         })

@@ -265,7 +265,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 *lock(&c.current) = Some(w.unit.clone());
             }
             let r = match mode {
-                Mode::Rollout => self.restart_one(w, sink, ctx, true).await,
+                Mode::Rollout => self.restart_one(w, sink, ctx).await,
                 Mode::Check => self.check_one(w, sink).await.map(|()| Vec::new()),
             };
             let repaired = match r {
@@ -318,7 +318,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let (tp, td) = (crate::engine::Together { unit: &d.unit, drained: &drained }, crate::engine::Together { unit: &p.unit, drained: &drained });
         let (cp, cd) =
             (Ctx { scope: Scope { together_with: Some(tp), ..ctx.scope }, ..ctx }, Ctx { scope: Scope { together_with: Some(td), ..ctx.scope }, ..ctx });
-        let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp, true), self.restart_one(d, sink, cd, true));
+        let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp), self.restart_one(d, sink, cd));
         if rp.is_ok() && rd.is_ok() {
             self.release_slots(&p.unit, &slots, ctx).await;
         }

@@ -26,6 +26,7 @@ use serde_json::json;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::drain_ledger::Hold;
+use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine, Tally};
 use crate::events::{Outcome, Sink, Step, Summary};
@@ -203,23 +204,17 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             if let Some(c) = ctx.clients {
                 *crate::engine::step_run::lock(&c.current) = Some(w.unit.clone());
             }
-            match self.restart_to_health(w, sink, held).await {
-                // Held out (a switch's new group): its drain is never deferred.
-                Ok((watch, after, _)) => up.push((w, watch, after, Instant::now())),
+            let mut r = WorkerRun::new(w, Sequence::SwitchNew, sink, held);
+            match self.run_steps(&mut r, Sequence::SwitchNew.between(Step::Drain, Step::Health)).await {
+                Ok(()) => up.push(r),
                 Err((step, f)) => return Err(self.switch_failed(w, step, f, held, sink, notes, t).await),
             }
         }
-        for (w, watch, after, out_since) in up {
-            let stale = match self.pair_step(w, sink, held, &after).await {
-                Ok(s) => s,
-                Err((step, f)) => return Err(self.switch_failed(w, step, f, held, sink, notes, t).await),
-            };
-            if let Some(s) = stale.first() {
-                let f = Fail::from(Cause::StalePair { decode: s.decode.unit.clone(), prefill: w.unit.clone() });
-                return Err(self.switch_failed(w, Step::Pair, f, held, sink, notes, t).await);
-            }
-            if let Err((step, f)) = self.restart_after_pair(w, sink, held, watch, after, out_since, None).await {
-                return Err(self.switch_failed(w, step, f, held, sink, notes, t).await);
+        // 2. Each verified inside the group: its pairs (a stale one fails the switch), then the
+        // rest of its steps (held out of the gateway).
+        for mut r in up {
+            if let Err((step, f)) = self.run_steps(&mut r, Sequence::SwitchNew.between(Step::Pair, Step::Soak)).await {
+                return Err(self.switch_failed(r.w, step, f, held, sink, notes, t).await);
             }
         }
         if let Err(e) = self.hold_as(&g.new, Hold::Verified, ctx) {

@@ -12,7 +12,7 @@ use crate::drain_ledger::{Drain, Hold, Ledger};
 use crate::engine::step_run::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
-use crate::ports::{Follow, JobOutcome, Logs, Probes, RouterWorker, Units, UnitsError};
+use crate::ports::{Logs, Probes, RouterWorker, Units};
 
 /// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
 /// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
@@ -32,7 +32,7 @@ pub(in crate::engine) struct Deferred {
     pub(in crate::engine) entries: Vec<(usize, String)>,
     /// Taken out this long after its SIGTERM at the latest, if no drain check came before
     /// ([`take_out_by`]).
-    by: Duration,
+    pub(in crate::engine) by: Duration,
 }
 
 /// When, after its SIGTERM, a deferred worker that ran requests in a fraction `busy` of the
@@ -74,29 +74,6 @@ struct Deferral {
     in_flight: Option<u64>,
     /// Looks that found a request running, of all looks.
     busy: (u32, u32),
-}
-
-/// When a deferred drain's worker left the gateway during its restart.
-#[derive(Debug, Clone)]
-pub(in crate::engine) struct TakenOut {
-    /// The moment.
-    pub(in crate::engine) at: Instant,
-    /// After the restart job began (its stop's SIGTERM).
-    pub(in crate::engine) after_ms: u64,
-    /// At what: the drain check's line, or the job's end.
-    pub(in crate::engine) when: String,
-    /// Replicas that refused the removal.
-    pub(in crate::engine) refused: Vec<String>,
-}
-
-impl TakenOut {
-    /// Its part of the restart step's detail (`taken_out`), which the record's window starts at.
-    pub(in crate::engine) fn detail(&self) -> Value {
-        json!({
-            "after_ms": self.after_ms, "when": self.when,
-            "warning": (!self.refused.is_empty()).then(|| self.refused.join("; ")),
-        })
-    }
 }
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
@@ -299,95 +276,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         ((set && refused.is_empty()).then_some(0), refused)
-    }
-
-    /// The restart job of a worker whose drain was deferred, taking it out of every replica at
-    /// the old process's first drain check (`old_invocation`'s `Gracefully exiting... Remaining
-    /// number of requests N` line, followed from `cursor`), at its deadline ([`Deferred::by`])
-    /// if that comes first, or when the job ends if neither came (an older server, a stop
-    /// without a check) or the journal cannot be followed.
-    pub(in crate::engine) async fn restart_taking_out(
-        &self,
-        w: &Worker,
-        d: &Deferred,
-        cursor: Option<String>,
-        old_invocation: &str,
-        limit: Duration,
-    ) -> (Result<JobOutcome, UnitsError>, TakenOut) {
-        let t0 = Instant::now();
-        let mut follow = self.logs.follow(cursor, &w.unit);
-        let check = async {
-            while let Some(Ok(e)) = follow.next().await {
-                let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
-                if of_old && e.message().contains(crate::stop::REMAINING_MARK) {
-                    return Some(e.message().to_string());
-                }
-            }
-            None
-        };
-        // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
-        // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
-        // nothing, so it is taken out then, and the outage on record starts there.
-        // Or its old process is gone (killed or crashed before a check was logged): nothing
-        // serves at its address until the new one is up.
-        let serves_no_more = async {
-            loop {
-                tokio::time::sleep(POLL).await;
-                if let Ok(st) = self.units.state(&w.unit).await {
-                    if st.main_pid == 0 || (!old_invocation.is_empty() && st.invocation_id != old_invocation) {
-                        return format!("when its old process was gone before a drain check was logged ({}/{})", st.active_state, st.sub_state);
-                    }
-                }
-                for (r, id) in &d.entries {
-                    if let Ok(list) = self.probes.router_workers(*r).await {
-                        match list.iter().find(|x| &x.id == id) {
-                            None => return format!("when the gateway no longer listed it (replica {r})"),
-                            Some(x) if !x.admitted() => {
-                                return format!(
-                                    "when the gateway's own health checks stopped routing to it (is_healthy: {}, status: {})",
-                                    x.is_healthy,
-                                    x.status.as_deref().unwrap_or("-")
-                                )
-                            }
-                            Some(_) => {}
-                        }
-                    }
-                }
-            }
-        };
-        let mut restart = Box::pin(self.units.restart(&w.unit, limit));
-        let (done, when) = tokio::select! {
-            out = &mut restart => (Some(out), "when its restart job ended: no drain check was logged".to_string()),
-            line = check => (None, match line {
-                Some(l) => format!("at its server's first drain check: {}", crate::stop::remaining_part(&l)),
-                None => "when the journal could no longer be followed during its stop".to_string(),
-            }),
-            why = serves_no_more => (None, why),
-            () = tokio::time::sleep(d.by) => (None, format!(
-                "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − the share of looks that found it busy), so that what it runs ends before that check)",
-                d.by.as_secs_f64()
-            )),
-        };
-        let at = Instant::now();
-        let refused = self.take_out_deferred(w, d).await;
-        let taken = TakenOut { at, after_ms: at.duration_since(t0).as_millis() as u64, when, refused };
-        let out = match done {
-            Some(out) => out,
-            None => restart.await,
-        };
-        (out, taken)
-    }
-
-    /// Take a deferred drain's worker out of every replica now; what could not be removed is
-    /// returned (said as a warning: the router gate finds the old entry and deals with it).
-    async fn take_out_deferred(&self, w: &Worker, d: &Deferred) -> Vec<String> {
-        let mut refused = Vec::new();
-        for (r, id) in &d.entries {
-            if let Err(e) = self.probes.deregister(*r, id).await {
-                refused.push(format!("the router refused to remove {}: {e}", w.url));
-            }
-        }
-        refused
     }
 
     /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
