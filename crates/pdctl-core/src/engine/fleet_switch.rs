@@ -32,7 +32,7 @@ use crate::config::{Role, Worker};
 use crate::engine::in_step::Phase;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::switch::{FleetGroups, Groups};
-use crate::engine::{Ctx, Engine, Tally};
+use crate::engine::{Engine, Tally, Underway};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;
 use crate::plan::Plan;
@@ -146,29 +146,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// This host's part of the fleet switch (module docs). `Err`: the summary of a halted run.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::engine) async fn run_fleet_switch(
-        &self,
-        plan: &Plan,
-        g: &Groups,
-        f: &FleetGroups,
-        sink: &Sink,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-        t: &mut Tally,
-    ) -> Result<(), Summary> {
+    pub(in crate::engine) async fn run_fleet_switch(&self, plan: &Plan, g: &Groups, f: &FleetGroups, run: &mut Underway<'_>) -> Result<(), Summary> {
         let Some(id) = f.id.as_deref() else {
-            return Err(self.switch_halted("verified", "a dry run's groups cannot be run".into(), String::new(), t).await);
+            return Err(self.switch_halted("verified", "a dry run's groups cannot be run".into(), String::new(), run.t).await);
         };
-        notes.push(f.sentence());
+        run.notes.push(f.sentence());
         let r = &self.settings.rollout;
         // Out, in and back follow a drain, a re-registration or a deregistration on each host.
         let step_wait = r.drain_timeout + r.router_timeout + r.health_timeout + Duration::from_secs(60);
         if f.mine_new {
-            Box::pin(self.fleet_switch_new(g, f, sink, abort, ctx, notes, t, id, step_wait)).await
+            Box::pin(self.fleet_switch_new(g, f, run, id, step_wait)).await
         } else {
-            Box::pin(self.fleet_switch_old(plan, g, f, sink, abort, ctx, notes, t, id, step_wait)).await
+            Box::pin(self.fleet_switch_old(plan, g, f, run, id, step_wait)).await
         }
     }
 
@@ -214,19 +203,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// A new host's part: slots, restarts held out and verified → `verified`; every old host
     /// `out` → admitted → `in`; every new host `in` → done (else out again → `back`).
-    #[allow(clippy::too_many_arguments)]
-    async fn fleet_switch_new(
-        &self,
-        g: &Groups,
-        f: &FleetGroups,
-        sink: &Sink,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-        t: &mut Tally,
-        id: &str,
-        step_wait: Duration,
-    ) -> Result<(), Summary> {
+    async fn fleet_switch_new(&self, g: &Groups, f: &FleetGroups, run: &mut Underway<'_>, id: &str, step_wait: Duration) -> Result<(), Summary> {
+        let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
         let held_out = "this host's new workers stay out of the gateway (held, on the new model)".to_string();
         let mut slots = Vec::new();
         for w in &g.new {
@@ -235,21 +213,21 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 Err((_, fail)) => {
                     let why = format!("{}: no fleet slot ({})", w.unit, fail.cause.sentence());
                     let _ = self.in_step(sink, id, "verified", Some(&Err(why)), &[], step_wait, None).await;
-                    return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Slot, fail).await)));
+                    return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Slot, fail).await)));
                 }
             }
         }
-        if let Err(s) = Box::pin(self.restart_new_group(g, sink, abort, ctx, notes, t)).await {
+        if let Err(s) = Box::pin(self.restart_new_group(g, run)).await {
             let why = s.failed.as_ref().map(|x| format!("{}: {}", x.unit, x.cause)).unwrap_or_else(|| "halted".into());
             let _ = self.in_step(sink, id, "verified", Some(&Err(why)), &[], step_wait, None).await;
             return Err(s);
         }
         // Verified → every old host out of the gateway.
         if let Err(why) = self.in_step(sink, id, "verified", Some(&Ok(())), &[], step_wait, None).await {
-            return Err(self.switch_halted("verified", why, held_out, t).await);
+            return Err(self.switch_halted("verified", why, held_out, run.t).await);
         }
         if let Err(why) = self.in_step(sink, id, "out", None, &f.old_hosts, f.verify_wait + step_wait, Some(abort)).await {
-            return Err(self.switch_halted("out", why, held_out, t).await);
+            return Err(self.switch_halted("out", why, held_out, run.t).await);
         }
         let t_out = Instant::now();
         let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
@@ -261,11 +239,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let all_in = self.in_step(sink, id, "in", Some(&mine), waits, step_wait, Some(abort)).await.and(mine);
         if let Err(why) = all_in {
             // Out again before the old hosts take theirs back in.
-            notes.push(self.switch_back(g, ctx, sink, "the new hosts were not all admitted").await);
+            run.notes.push(self.switch_back(g, ctx, sink, "the new hosts were not all admitted").await);
             let _ = self.in_step(sink, id, "back", Some(&Ok(())), &[], step_wait, None).await;
-            return Err(self.switch_halted("in", why, held_out, t).await);
+            return Err(self.switch_halted("in", why, held_out, run.t).await);
         }
-        notes.extend(self.switched(g, t_out, ctx, t).await);
+        let switched = self.switched(g, t_out, ctx, run.t).await;
+        run.notes.extend(switched);
         for (w, s) in &slots {
             self.release_slots(&w.unit, s, ctx).await;
         }
@@ -275,24 +254,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// An old host's part: every new host `verified` → out → `out`; every old host `out` and
     /// every new host `in` → its slots (once the new hosts gave theirs back), then restarted one
     /// at a time (else back in, once every new host that was admitted is out again).
-    #[allow(clippy::too_many_arguments)]
-    async fn fleet_switch_old(
-        &self,
-        plan: &Plan,
-        g: &Groups,
-        f: &FleetGroups,
-        sink: &Sink,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-        t: &mut Tally,
-        id: &str,
-        step_wait: Duration,
-    ) -> Result<(), Summary> {
+    async fn fleet_switch_old(&self, plan: &Plan, g: &Groups, f: &FleetGroups, run: &mut Underway<'_>, id: &str, step_wait: Duration) -> Result<(), Summary> {
+        let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
         let serving = "this host's workers serve the old model as before".to_string();
         if let Err(why) = self.in_step(sink, id, "verified", None, &f.new_hosts, f.verify_wait, Some(abort)).await {
             let _ = self.in_step(sink, id, "out", Some(&Err(format!("not taken out: {why}"))), &[], step_wait, None).await;
-            return Err(self.switch_halted("verified", why, serving, t).await);
+            return Err(self.switch_halted("verified", why, serving, run.t).await);
         }
         // The switch's window begins: the old hosts' workers out of the gateway (stated in the
         // plan; their slots follow, once the new hosts serve and gave theirs back).
@@ -319,14 +286,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let out_again = if admitted.is_empty() { Ok(()) } else { self.in_step(sink, id, "back", None, &admitted, step_wait, None).await };
             return Err(match out_again {
                 Ok(()) => {
-                    notes.push(self.switch_back(g, ctx, sink, "the fleet switch did not go through").await);
-                    self.switch_halted(at, why, serving, t).await
+                    run.notes.push(self.switch_back(g, ctx, sink, "the fleet switch did not go through").await);
+                    self.switch_halted(at, why, serving, run.t).await
                 }
                 Err(late) => {
                     let held = format!(
                         "this host's workers stay out of the gateway (held, on the old model): {late}, and taking them back in could pair the two models"
                     );
-                    self.switch_halted(at, why, held, t).await
+                    self.switch_halted(at, why, held, run.t).await
                 }
             });
         }
@@ -335,13 +302,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // its slot back once verified).
         for w in &g.old {
             if let Err((step, fail)) = self.slot_step(&[w], sink, ctx).await {
-                return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, step, fail).await)));
+                return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, step, fail).await)));
             }
         }
         let old: Vec<&Worker> = g.old.iter().collect();
         // Boxed: the restart sequences' futures are large, and this one sits deep (a debug
         // build's worker thread overflowed its stack without it).
-        Box::pin(self.roll_each(&old, plan.workers.len(), sink, crate::engine::Mode::Rollout, abort, ctx, notes, t)).await
+        Box::pin(self.roll_each(&old, plan.workers.len(), crate::engine::Mode::Rollout, run)).await
     }
 
     /// This host's part of fleet rollout `f` changes no worker's model: said in etcd (the

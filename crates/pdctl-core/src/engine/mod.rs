@@ -321,6 +321,22 @@ pub struct Finished {
     pub in_place: bool,
 }
 
+/// A run in progress, as the functions that roll its workers share it (instead of the same five
+/// parameters each): where its events go, the operator's abort, the context its gates run in, and
+/// what it has written so far — its notes for the summary and its tally.
+pub(in crate::engine) struct Underway<'a> {
+    /// Where its events go.
+    pub(in crate::engine) sink: &'a crate::events::Sink,
+    /// Set by an operator: stop between units.
+    pub(in crate::engine) abort: &'a AtomicBool,
+    /// The context its gates run in.
+    pub(in crate::engine) ctx: Ctx<'a>,
+    /// Sentences for the summary: what was recorded, restored, repaired or left.
+    pub(in crate::engine) notes: &'a mut Vec<String>,
+    /// Units done so far, repairs, and its start.
+    pub(in crate::engine) t: &'a mut Tally,
+}
+
 /// What a run has done so far, and its summary.
 pub(in crate::engine) struct Tally {
     /// When the run began.

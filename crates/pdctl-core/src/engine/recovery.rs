@@ -117,7 +117,6 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// restored, the manager reloaded) and is restarted through every gate (and fleet slot) with
     /// them. One worker's files are put back only when it is its turn, so no other worker restarts
     /// on a change it was not meant to load; the first that fails halts the revert.
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::engine) async fn revert(
         &self,
         plan: &Plan,

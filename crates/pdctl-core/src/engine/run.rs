@@ -9,7 +9,7 @@ use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::switch::{Groups, SwitchPlan};
-use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Work, LAST_LINES};
+use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Underway, Work, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -205,11 +205,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 self.no_fleet_switch(f, notes).await;
             }
             if let (true, Ok(g)) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
-                return match self.run_switch(plan, g, sink, abort, ctx, notes, &mut t).await {
+                let run = &mut Underway { sink, abort, ctx, notes, t: &mut t };
+                return match self.run_switch(plan, g, run).await {
                     Ok(()) => {
-                        let rest: Vec<&Worker> = plan.workers.iter().filter(|w| !t.done.contains(&w.unit)).collect();
-                        match self.roll_each(&rest, plan.workers.len(), sink, mode, abort, ctx, notes, &mut t).await {
-                            Ok(()) => t.summary(Outcome::Succeeded, None),
+                        let rest: Vec<&Worker> = plan.workers.iter().filter(|w| !run.t.done.contains(&w.unit)).collect();
+                        match self.roll_each(&rest, plan.workers.len(), mode, run).await {
+                            Ok(()) => run.t.summary(Outcome::Succeeded, None),
                             Err(s) => s,
                         }
                     }
@@ -228,7 +229,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
         }
         let all: Vec<&Worker> = plan.workers.iter().collect();
-        match self.roll_each(&all, plan.workers.len(), sink, mode, abort, ctx, notes, &mut t).await {
+        match self.roll_each(&all, plan.workers.len(), mode, &mut Underway { sink, abort, ctx, notes, t: &mut t }).await {
             Ok(()) => t.summary(Outcome::Succeeded, None),
             Err(s) => s,
         }
@@ -237,18 +238,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Each of `workers` in turn through its restart (or check) sequence, halting at the first
     /// failure (`Err`: the summary to return); `total`: the plan's size (no client gate after
     /// its last unit).
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::engine) async fn roll_each(
-        &self,
-        workers: &[&Worker],
-        total: usize,
-        sink: &Sink,
-        mode: Mode,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-        t: &mut Tally,
-    ) -> Result<(), Summary> {
+    pub(in crate::engine) async fn roll_each(&self, workers: &[&Worker], total: usize, mode: Mode, run: &mut Underway<'_>) -> Result<(), Summary> {
+        let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
+        let Underway { notes, t, .. } = run;
         for w in workers.iter().copied() {
             if abort.load(Ordering::SeqCst) {
                 return Err(t.summary(Outcome::Aborted, None));

@@ -28,7 +28,7 @@ use crate::config::{Role, Worker};
 use crate::drain_ledger::Hold;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
-use crate::engine::{Ctx, Engine, Tally};
+use crate::engine::{Ctx, Engine, Tally, Underway};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
@@ -145,61 +145,47 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// The switch's three phases (module docs). `Err`: the summary of a halted run; the units
     /// verified are in `t.done`.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::engine) async fn run_switch(
-        &self,
-        plan: &Plan,
-        g: &Groups,
-        sink: &Sink,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-        t: &mut Tally,
-    ) -> Result<(), Summary> {
+    pub(in crate::engine) async fn run_switch(&self, plan: &Plan, g: &Groups, run: &mut Underway<'_>) -> Result<(), Summary> {
         if let Some(f) = &g.fleet {
-            return Box::pin(self.run_fleet_switch(plan, g, f, sink, abort, ctx, notes, t)).await;
+            return Box::pin(self.run_fleet_switch(plan, g, f, run)).await;
         }
-        notes.push(g.sentence(&plan.workers.iter().collect::<Vec<_>>()));
-        self.restart_new_group(g, sink, abort, ctx, notes, t).await?;
+        let (sink, ctx) = (run.sink, run.ctx);
+        run.notes.push(g.sentence(&plan.workers.iter().collect::<Vec<_>>()));
+        self.restart_new_group(g, run).await?;
         // 2. The switch.
         let t_out = Instant::now();
         if let Err((w, f)) = self.take_out(&g.old, ctx).await {
             // Part of the old group may be out already: it comes back (the new group stays out).
-            notes.push(self.switch_back(g, ctx, sink, "the old group could not be taken out of the gateway").await);
-            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Drain, f).await)));
+            run.notes.push(self.switch_back(g, ctx, sink, "the old group could not be taken out of the gateway").await);
+            return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Drain, f).await)));
         }
         let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
         if let Some((w, f)) = admitted.into_iter().find_map(Result::err) {
-            notes.push(self.switch_back(g, ctx, sink, "the gateway did not admit the new group").await);
-            return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
+            run.notes.push(self.switch_back(g, ctx, sink, "the gateway did not admit the new group").await);
+            return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
         }
-        notes.extend(self.switched(g, t_out, ctx, t).await);
+        let switched = self.switched(g, t_out, ctx, run.t).await;
+        run.notes.extend(switched);
         // 3. The old group, through every gate, decodes first.
         let old: Vec<&Worker> = g.old.iter().collect();
-        self.roll_each(&old, plan.workers.len(), sink, crate::engine::Mode::Rollout, abort, ctx, notes, t).await
+        self.roll_each(&old, plan.workers.len(), crate::engine::Mode::Rollout, run).await
     }
 
     /// Phase 1: the new group out, restarted onto the new model and verified inside itself,
     /// held out of the gateway (written down as [`Hold::Verified`] at the end). `Err`: the
     /// summary of the halted run (what it holds out stays out, said in the notes).
-    pub(in crate::engine) async fn restart_new_group(
-        &self,
-        g: &Groups,
-        sink: &Sink,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-        t: &mut Tally,
-    ) -> Result<(), Summary> {
+    pub(in crate::engine) async fn restart_new_group(&self, g: &Groups, run: &mut Underway<'_>) -> Result<(), Summary> {
         let new_units = Groups::units(&g.new);
+        let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
         let held = Ctx { scope: crate::engine::Scope { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx.scope }, ..ctx };
+        let run = &mut Underway { ctx: held, sink, abort, notes: &mut *run.notes, t: &mut *run.t };
         // 1. The new group: out, restarted, verified inside itself (its prefills first: its
         // decodes then start after them and cache no old prefill process).
         let mut up = Vec::new();
         for w in &g.new {
             if abort.load(Ordering::SeqCst) {
-                self.halted_switch(held, sink, notes).await;
-                return Err(t.summary(Outcome::Aborted, None));
+                self.halted_switch(run).await;
+                return Err(run.t.summary(Outcome::Aborted, None));
             }
             if let Some(c) = ctx.clients {
                 *crate::engine::step_run::lock(&c.current) = Some(w.unit.clone());
@@ -207,19 +193,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let mut r = WorkerRun::new(w, Sequence::SwitchNew, sink, held);
             match self.run_steps(&mut r, Sequence::SwitchNew.between(Step::Drain, Step::Health)).await {
                 Ok(()) => up.push(r),
-                Err((step, f)) => return Err(self.switch_failed(w, step, f, held, sink, notes, t).await),
+                Err((step, f)) => return Err(self.switch_failed(w, step, f, run).await),
             }
         }
         // 2. Each verified inside the group: its pairs (a stale one fails the switch), then the
         // rest of its steps (held out of the gateway).
         for mut r in up {
             if let Err((step, f)) = self.run_steps(&mut r, Sequence::SwitchNew.between(Step::Pair, Step::Soak)).await {
-                return Err(self.switch_failed(r.w, step, f, held, sink, notes, t).await);
+                return Err(self.switch_failed(r.w, step, f, run).await);
             }
         }
         if let Err(e) = self.hold_as(&g.new, Hold::Verified, ctx) {
             let f = Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() });
-            return Err(self.switch_failed(&g.new[0], Step::Router, f, held, sink, notes, t).await);
+            return Err(self.switch_failed(&g.new[0], Step::Router, f, run).await);
         }
         Ok(())
     }
@@ -372,17 +358,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// A step of the new group failed before the switch: the rollout halts; what it holds out
     /// stays out (the old group serves), said in the notes.
-    #[allow(clippy::too_many_arguments)]
-    async fn switch_failed(&self, w: &Worker, step: Step, f: Fail, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>, t: &mut Tally) -> Summary {
+    async fn switch_failed(&self, w: &Worker, step: Step, f: Fail, run: &mut Underway<'_>) -> Summary {
         let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
         let failure = self.failure(&unit, step, f).await;
-        self.halted_switch(ctx, sink, notes).await;
-        t.summary(Outcome::Failed, Some(failure))
+        self.halted_switch(run).await;
+        run.t.summary(Outcome::Failed, Some(failure))
     }
 
     /// What this rollout holds out, said (and left out: each runs another model than the group
     /// serving).
-    async fn halted_switch(&self, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
-        self.reconcile_this_runs_drains("", Step::Drain, ctx, sink, notes).await;
+    async fn halted_switch(&self, run: &mut Underway<'_>) {
+        self.reconcile_this_runs_drains("", Step::Drain, run.ctx, run.sink, run.notes).await;
     }
 }
