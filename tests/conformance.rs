@@ -214,8 +214,8 @@ fn pdctl_facts(version: &Value) -> Value {
         },
         "server_args": {"disaggregation_bootstrap_port": sglang::BOOTSTRAP_PORT_DEFAULT},
         "shutdown": {
-            "serves_while_draining": pdctl_core::stop::SERVES_WHILE_DRAINING,
-            "watchdog_secs": pdctl_core::stop::WATCHDOG_PERIOD.as_secs(),
+            "serves_while_draining": pdctl_core::sglang::stop::SERVES_WHILE_DRAINING,
+            "watchdog_secs": pdctl_core::sglang::stop::WATCHDOG_PERIOD.as_secs(),
         },
     })
 }

@@ -271,7 +271,7 @@ pub async fn idle(hosts: usize, etcd_url: &str, baseline: bool, window: Duration
         storm: Default::default(),
         tls: None,
     };
-    let phase = |period: Duration| Duration::from_millis(pdctl_core::pairing::room() % (period.as_millis() as u64).max(1));
+    let phase = |period: Duration| Duration::from_millis(pdctl_core::sglang::pairing::room() % (period.as_millis() as u64).max(1));
     let mut conns = Vec::new();
     for _ in 0..hosts {
         let c = Arc::new(pdctl_core::real::EtcdCoordinator::new(&settings));

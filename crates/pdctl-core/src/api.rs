@@ -343,7 +343,7 @@ pub struct Record {
     pub load_changes: bool,
     /// What clients saw during each unit's window (the availability probe).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub availability_by_unit: BTreeMap<String, crate::availability::Availability>,
+    pub availability_by_unit: BTreeMap<String, crate::service::availability::Availability>,
     /// Each re-admitted unit's last window out of the router, step by step ([`crate::window`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub windows: BTreeMap<String, crate::window::Window>,
@@ -484,11 +484,11 @@ pub struct DiffWorker {
     /// The current files are a change that failed: `rollout apply` skips the worker until they
     /// change again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quarantined: Option<crate::revisions::Quarantine>,
+    pub quarantined: Option<crate::state::revisions::Quarantine>,
     /// Its last measured start and window out of the router (the outage to expect when it is
     /// the only worker of its role).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timing: Option<crate::revisions::StartTime>,
+    pub timing: Option<crate::state::revisions::StartTime>,
 }
 
 /// `GET /v1/diff`.
@@ -533,7 +533,7 @@ pub struct DaemonStatus {
     pub reconciling: bool,
     /// Workers pdctl took out of the router and has not re-admitted (they are not serving).
     #[serde(default)]
-    pub drained: Vec<crate::drain_ledger::Drain>,
+    pub drained: Vec<crate::state::drain_ledger::Drain>,
     /// Why the last record write failed, while records are not being saved (no rollout starts).
     #[serde(default)]
     pub record_error: Option<String>,
@@ -542,7 +542,7 @@ pub struct DaemonStatus {
     pub corrupt: Vec<CorruptRecord>,
     /// Changes that failed and are not rolled out again until their files change.
     #[serde(default)]
-    pub quarantined: Vec<crate::revisions::Quarantine>,
+    pub quarantined: Vec<crate::state::revisions::Quarantine>,
     /// Per decode and prefill, the last pair probe pdctl sent them (from the rollout records).
     #[serde(default)]
     pub pairs: Vec<PairStatus>,

@@ -41,10 +41,14 @@ pub fn judge(data: &[u8]) {
     };
     let fields: BTreeMap<String, String> = text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let entry = crate::ports::LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields };
-    let j = crate::judge::Judge {
+    let j = crate::sglang::judge::Judge {
         ready_pattern: crate::sglang::READY_LINE.into(),
         fatal_patterns: crate::sglang::fatal_patterns(&[]),
-        run: crate::judge::Run { invocation_id: "0123456789abcdef0123456789abcdef".into(), main_pid: 4242, procfs: PathBuf::from("/nonexistent-procfs") },
+        run: crate::sglang::judge::Run {
+            invocation_id: "0123456789abcdef0123456789abcdef".into(),
+            main_pid: 4242,
+            procfs: PathBuf::from("/nonexistent-procfs"),
+        },
     };
     let _ = j.judge(&entry);
 }
@@ -74,9 +78,9 @@ pub fn fleet(data: &[u8]) {
 pub fn worker_json(data: &[u8]) {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { return };
     let model = v.get("model_path").and_then(serde_json::Value::as_str).map(|p| (p.to_string(), "default".to_string()));
-    let running = crate::coherence::Running::new(v.clone(), model);
+    let running = crate::sglang::coherence::Running::new(v.clone(), model);
     let argv: Vec<String> = "--model-path /m/a --tokenizer-path /m/t --dtype auto".split(' ').map(String::from).collect();
-    let _ = crate::coherence::changes(&argv, &running, &["--chat-template".to_string()]);
+    let _ = crate::sglang::coherence::changes(&argv, &running, &["--chat-template".to_string()]);
 }
 
 /// `/metrics` text read as the service gate reads it: latency histograms and request counters,
@@ -93,12 +97,12 @@ pub fn service(data: &[u8]) {
 
 /// pdctld's files on disk: a drain in the ledger, `paused.json`, a revision, a quarantine.
 pub fn state(data: &[u8]) {
-    let _ = serde_json::from_slice::<crate::drain_ledger::Drain>(data);
+    let _ = serde_json::from_slice::<crate::state::drain_ledger::Drain>(data);
     let _ = serde_json::from_slice::<Vec<crate::engine::PausedWorker>>(data);
-    let _ = serde_json::from_slice::<crate::revisions::Quarantine>(data);
-    if let Ok(r) = serde_json::from_slice::<crate::revisions::Revision>(data) {
-        let _ = crate::in_place::effective_argv(&r);
-        let _ = crate::in_place::target(&r, &r, |_, _| Ok(()));
+    let _ = serde_json::from_slice::<crate::state::revisions::Quarantine>(data);
+    if let Ok(r) = serde_json::from_slice::<crate::state::revisions::Revision>(data) {
+        let _ = crate::state::in_place::effective_argv(&r);
+        let _ = crate::state::in_place::target(&r, &r, |_, _| Ok(()));
     }
 }
 
@@ -107,19 +111,19 @@ pub fn state(data: &[u8]) {
 /// load in place.
 pub fn exec_start(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let rev = |files: &[(&str, &str)]| crate::revisions::Revision {
+    let rev = |files: &[(&str, &str)]| crate::state::revisions::Revision {
         unit: "x.service".into(),
         recorded_at: 0,
         why: "fuzz".into(),
         files: files
             .iter()
-            .map(|(p, c)| (p.to_string(), crate::revisions::FileRev { sha256: format!("{}", c.len()), contents: Some(c.to_string()), owner: None }))
+            .map(|(p, c)| (p.to_string(), crate::state::revisions::FileRev { sha256: format!("{}", c.len()), contents: Some(c.to_string()), owner: None }))
             .collect(),
     };
     let base = "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m/a --port 1\n";
     let old = rev(&[("/u", base)]);
     for new in [rev(&[("/u", text)]), rev(&[("/u", base), ("/u.d/50.conf", text)])] {
-        let _ = crate::in_place::effective_argv(&new);
-        let _ = crate::in_place::target(&old, &new, |a, b| if a == b { Ok(()) } else { Err(String::new()) });
+        let _ = crate::state::in_place::effective_argv(&new);
+        let _ = crate::state::in_place::target(&old, &new, |a, b| if a == b { Ok(()) } else { Err(String::new()) });
     }
 }

@@ -1,6 +1,6 @@
 //! The boundary of the engine: three small traits — systemd ([`Units`]), the journal ([`Logs`]),
 //! HTTP checks of workers and the router ([`Probes`]) — and the facts they report, in core's own
-//! types. Drivers report facts; the engine and [`crate::judge`] decide what they mean. The real
+//! types. Drivers report facts; the engine and [`crate::sglang::judge`] decide what they mean. The real
 //! implementations are in [`crate::real`]; unit tests use in-memory fakes behind the same traits.
 
 use std::collections::BTreeMap;
@@ -175,7 +175,7 @@ pub struct UnitConfig {
     /// SGLang's stop waits for its requests in flight, so this bounds a stop.
     pub timeout_stop: Option<Duration>,
     /// `KillMode=` (`None`: not known). With systemd's default `control-group` the stop's
-    /// SIGTERM also reaches SGLang's scheduler process, which dies of it; see [`crate::stop`].
+    /// SIGTERM also reaches SGLang's scheduler process, which dies of it; see [`crate::sglang::stop`].
     pub kill_mode: Option<String>,
 }
 
@@ -468,11 +468,11 @@ pub trait Probes: Send + Sync {
     /// One PD request pair sent straight to a prefill and a decode, as the router sends it (the
     /// same `bootstrap_room` to both, the prefill's bootstrap address); each half waits at most
     /// `limit`.
-    fn pair(&self, pair: PairTarget<'_>, limit: Duration) -> impl Future<Output = crate::pairing::PairProbe> + Send;
+    fn pair(&self, pair: PairTarget<'_>, limit: Duration) -> impl Future<Output = crate::sglang::pairing::PairProbe> + Send;
     /// A worker's `/server_info`.
     fn server_info(&self, url: &str) -> impl Future<Output = Result<serde_json::Value, HttpFailure>> + Send;
     /// A prefill's PD queue gauges.
-    fn pd_queues(&self, url: &str) -> impl Future<Output = Result<crate::pairing::PdQueues, MetricsError>> + Send;
+    fn pd_queues(&self, url: &str) -> impl Future<Output = Result<crate::sglang::pairing::PdQueues, MetricsError>> + Send;
     /// Whether this process may open a TCP connection to `url`'s host and port at all (a unit's
     /// IP sandbox, `IPAddressAllow=`, refuses with EPERM before anything is sent).
     fn reach(&self, url: &str) -> impl Future<Output = Reach> + Send;

@@ -12,11 +12,11 @@ use pdctl_systemd::{Systemd, UnitWatch};
 use crate::cause::MetricsDiagnosis;
 use crate::config::{BusSetting, Settings};
 use crate::engine::Engine;
-use crate::pairing::{Half, PairProbe, PdQueues};
 use crate::ports::{
     Auth, Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState,
     Units, UnitsError, Watch,
 };
+use crate::sglang::pairing::{Half, PairProbe, PdQueues};
 
 fn units_error(e: pdctl_systemd::Error) -> UnitsError {
     use pdctl_systemd::Error as E;

@@ -59,7 +59,7 @@ async fn unknown_unit_is_a_config_failure() {
 
 #[tokio::test]
 async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
-    use pdctl_core::drain_ledger::{Drain, Ledger};
+    use pdctl_core::state::drain_ledger::{Drain, Ledger};
     let w = world();
     w.lock().unwrap().unhealthy.push("http://p".into());
     if let Some(st) = w.lock().unwrap().states.get_mut("p.service") {
@@ -215,7 +215,7 @@ async fn a_crash_looping_run_is_never_recorded_as_the_good_revision() {
             });
         }
         engine.staleness(&dir).await.unwrap();
-        assert_eq!(pdctl_core::revisions::load(&dir, "p.service").is_some(), !crash, "crash loop: {crash}");
+        assert_eq!(pdctl_core::state::revisions::load(&dir, "p.service").is_some(), !crash, "crash loop: {crash}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

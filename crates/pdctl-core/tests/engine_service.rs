@@ -75,7 +75,7 @@ async fn the_bakes_look_judges_each_changed_worker_against_its_own_figures_from_
     let looks = engine.bake_look(&start, &before, &slo).await;
     let by = |u: &str| looks.iter().find(|l| l.unit == u).expect("a look").clone();
     let p = by("p.service");
-    assert!(matches!(p.report.verdict, pdctl_core::slo::Verdict::Breach { .. }), "{p:?}");
+    assert!(matches!(p.report.verdict, pdctl_core::service::slo::Verdict::Breach { .. }), "{p:?}");
     assert_eq!(p.sentence(), "p.service: end-to-end latency p50 0.90 s vs 0.30 s (×3.0, limit ×1.5) (40 requests vs 500 before its drain)");
     assert_eq!(by("d.service").sentence(), "d.service: passed (40 requests vs 300 before its drain)");
     // Without its figures from before the drain (pdctld restarted since): not judged, said why.

@@ -73,7 +73,7 @@ pub fn run(config: &Path, write: bool) -> Exit {
             return Exit::Unreachable;
         }
     }
-    match pdctl_core::revisions::atomic_write(p, t.as_bytes(), 0o644) {
+    match pdctl_core::state::revisions::atomic_write(p, t.as_bytes(), 0o644) {
         Ok(()) => {
             println!("pdctl: ✓ wrote {DROPIN}; next: systemctl daemon-reload && systemctl restart pdctld (while no rollout runs: pdctl status)");
             Exit::Ok

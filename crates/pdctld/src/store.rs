@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use pdctl_core::api::CorruptRecord;
 pub use pdctl_core::api::Record;
-use pdctl_core::drain_ledger::Ledger;
 use pdctl_core::lifecycle::RolloutState;
-use pdctl_core::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
+use pdctl_core::state::drain_ledger::Ledger;
+use pdctl_core::state::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
 
 /// The state directory.
 #[derive(Debug, Clone)]

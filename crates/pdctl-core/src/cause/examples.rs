@@ -79,7 +79,7 @@ impl Cause {
             Cause::KillModeUnsafe {
                 unit: unit(),
                 kill_mode: "control-group".into(),
-                fix: crate::stop::kill_mode_risk(&unit(), Some("control-group"), std::time::Duration::from_secs(60)).unwrap_or_default(),
+                fix: crate::sglang::stop::kill_mode_risk(&unit(), Some("control-group"), std::time::Duration::from_secs(60)).unwrap_or_default(),
             },
             Cause::ApiKeyRejected { endpoint: format!("{}/server_info", url()), status: 401, key: "no key: api_key_file is not set for this worker".into() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },

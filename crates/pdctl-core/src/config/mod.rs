@@ -287,9 +287,9 @@ smoke_request = true
     fn the_storm_rule_has_defaults_and_bounds() {
         let fleet = "[fleet]\netcd = [\"http://127.0.0.1:2379\"]\nname = \"t\"\nhost = \"a\"\n";
         let s = one(&format!("{BASE}\n{fleet}")).unwrap();
-        assert_eq!(s.fleet.unwrap().storm, crate::storm::Storm::default());
+        assert_eq!(s.fleet.unwrap().storm, crate::service::storm::Storm::default());
         let s = one(&format!("{BASE}\n{fleet}[fleet.storm]\nrestarts = 4\nwithin = \"1m\"\n")).unwrap();
-        assert_eq!(s.fleet.unwrap().storm, crate::storm::Storm { restarts: 4, within: Duration::from_secs(60) });
+        assert_eq!(s.fleet.unwrap().storm, crate::service::storm::Storm { restarts: 4, within: Duration::from_secs(60) });
         let text = format!("{BASE}\n{fleet}[fleet.storm]\nwithin = \"1s\"\n");
         let e = one(&text).unwrap_err();
         assert!(e.msg.contains("fleet.storm.within") && e.msg.contains("outside 10s to 1day"), "{e}");

@@ -123,7 +123,7 @@ pub(super) fn router(o: &Origins, rt: RawRouter) -> Result<Option<RouterSettings
 /// `[verify]`: the gates that need a router are off without one.
 pub(super) fn verify(o: &Origins, vf: RawVerify, slo: Option<RawSlo>, router: Option<&RouterSettings>) -> Result<Verify, ConfigError> {
     let availability_probe = match &vf.availability_probe {
-        Some(r) => crate::availability::parse_rate(r).map_err(|why| o.at("verify.availability_probe", why))?,
+        Some(r) => crate::service::availability::parse_rate(r).map_err(|why| o.at("verify.availability_probe", why))?,
         None => Some(2.0),
     };
     if vf.router == Some(true) && router.is_none() {
@@ -301,9 +301,11 @@ pub(super) fn fleet(o: &Origins, fl: RawFleet, storm: RawStorm, seen: bool, host
         return Err(o.at("fleet.etcd", "https:// endpoints (or a client certificate) need ca_file: the CA that signed etcd's certificates".into()));
     }
     let slot_timeout = o.bounded("fleet.slot_timeout", fl.slot_timeout, d(30 * 60))?;
-    let default = crate::storm::Storm::default();
-    let storm =
-        crate::storm::Storm { restarts: storm.restarts.unwrap_or(default.restarts), within: o.bounded("fleet.storm.within", storm.within, default.within)? };
+    let default = crate::service::storm::Storm::default();
+    let storm = crate::service::storm::Storm {
+        restarts: storm.restarts.unwrap_or(default.restarts),
+        within: o.bounded("fleet.storm.within", storm.within, default.within)?,
+    };
     let bake = fl.bake.map(|b| o.bounded("fleet.bake", Some(b), std::time::Duration::ZERO)).transpose()?;
     let keep_rollouts = fl.keep_rollouts.unwrap_or(200);
     if keep_rollouts == 0 {

@@ -46,7 +46,7 @@ pub enum OnFailure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Coherent {
-    /// The changes of `crate::coherence::COHERENT_FLAGS` (model path, tokenizer, quantization,
+    /// The changes of `crate::sglang::coherence::COHERENT_FLAGS` (model path, tokenizer, quantization,
     /// dtype, served model name, revision, load format, weight version) and `coherent_flags`.
     Auto,
     /// Every setting a PD worker's new ExecStart gives that its running server reports.
@@ -57,7 +57,7 @@ pub enum Coherent {
 
 /// What preflight does with a worker unit whose `KillMode=` lets the stop's SIGTERM reach
 /// SGLang's scheduler (`control-group`, systemd's default; `[rollout] kill_mode`): that stop is
-/// a crash, not a drain (see [`crate::stop`]).
+/// a crash, not a drain (see [`crate::sglang::stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KillModePolicy {
@@ -429,7 +429,7 @@ pub struct FleetSettings {
     /// before its drain); a breach rolls the changed hosts back. `None`: no bake.
     pub bake: Option<Duration>,
     /// `[fleet.storm]`: self-restarts fleet-wide that pause the fleet.
-    pub storm: crate::storm::Storm,
+    pub storm: crate::service::storm::Storm,
     /// TLS to etcd (`https://` endpoints): the CA file, and this client's certificate and key
     /// files when the cluster requires client certificates.
     pub tls: Option<FleetTls>,

@@ -2,7 +2,7 @@
 //! rollout, the workers this host's part restarted are watched over one growing window (from
 //! the bake's start) against their own figures from before their drains — the whole fleet has
 //! changed by then, so no unchanged peer is left to compare with — by `[verify.slo]`'s
-//! tolerances ([`crate::slo::judge`]). pdctld's fleet participation calls these between looks;
+//! tolerances ([`crate::service::slo::judge`]). pdctld's fleet participation calls these between looks;
 //! what a breach does (the fleet-wide revert) is decided there and in [`crate::fleet::bake`].
 
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use super::gates::Mark;
 use crate::config::Slo;
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
-use crate::slo::{judge, Baseline, Report, Verdict, Window};
+use crate::service::slo::{judge, Baseline, Report, Verdict, Window};
 
 /// The bake's first scrapes: each watched worker's figures when the bake began.
 #[derive(Debug, Clone)]

@@ -6,10 +6,10 @@
 //! (`rollouts/<id>/hosts/<host>/switch/<phase>`, [`crate::engine::in_step`]):
 //!
 //! 1. each **new host** takes a fleet slot for each of its PD workers, drains them (held,
-//!    [`crate::drain_ledger::Hold::New`]), restarts them onto the new model and verifies them inside
+//!    [`crate::state::drain_ledger::Hold::New`]), restarts them onto the new model and verifies them inside
 //!    the host (its pair probes go straight to its own workers), then writes `verified`;
 //! 2. once every new host is `verified`, each **old host** takes its slots and takes its workers
-//!    out of the gateway (held, [`crate::drain_ledger::Hold::Old`], written first), then writes `out`;
+//!    out of the gateway (held, [`crate::state::drain_ledger::Hold::Old`], written first), then writes `out`;
 //! 3. once every old host is `out`, each new host has its workers admitted and writes `in`; the
 //!    window without a routable PD pair (the last `out` seen → the first request through the
 //!    gateway that answers) is measured and reported;

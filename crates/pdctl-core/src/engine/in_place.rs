@@ -12,10 +12,10 @@ use std::path::Path;
 
 use crate::config::{InPlace, Role};
 use crate::engine::Engine;
-use crate::in_place::{one_target, target, Target};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
-use crate::revisions;
+use crate::state::in_place::{one_target, target, Target};
+use crate::state::revisions;
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The weights a config rollout of `units` loads without a restart; `Err`: why it restarts
@@ -38,7 +38,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 (Ok(cfg), Some(last)) => {
                     let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
                     // The tokenizer files are read off the async threads.
-                    tokio::task::spawn_blocking(move || target(&last, &current, crate::tokenizer::same))
+                    tokio::task::spawn_blocking(move || target(&last, &current, crate::sglang::tokenizer::same))
                         .await
                         .unwrap_or_else(|e| Err(format!("its files could not be compared ({e})")))
                 }

@@ -3,11 +3,11 @@
 //! 1. **preflight** (all workers, before the first restart): the unit exists; reload the manager if
 //!    `NeedDaemonReload`; `--enable-metrics` is in ExecStart when the metrics gate is required; GPU
 //!    sets do not overlap; a PD worker's ExecStart can pair with its running peers
-//!    ([`crate::pairing::compare`]); the router answers.
+//!    ([`crate::sglang::pairing::compare`]); the router answers.
 //! 2. **drain**: take the worker out of the router, wait (bounded) for its in-flight requests.
 //! 3. **restart**: journal cursor, watch the unit, `RestartUnit(name, "replace")`, our job's result.
-//! 4. **ready**: the ready line of *this* run ([`crate::judge::Judge`]); fail fast on a fatal line,
-//!    the manager's exit/failure messages, or a crash/auto-restart ([`crate::judge::crashed_since`]).
+//! 4. **ready**: the ready line of *this* run ([`crate::sglang::judge::Judge`]); fail fast on a fatal line,
+//!    the manager's exit/failure messages, or a crash/auto-restart ([`crate::sglang::judge::crashed_since`]).
 //! 5. **health**: `/health` answers 200.
 //! 6. **pair** (a PD worker, still out of the router): a PD request sent straight to each pair it
 //!    is in; a decode found with a stale pairing after a prefill restart is restarted through every

@@ -9,14 +9,14 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drain_ledger::{Drain, Hold, Ledger};
 use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
 use crate::events::{Outcome, Sink, Status, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{ActiveState, Health, Logs, Probes, SubState, UnitState, Units, UnitsError};
-use crate::revisions;
+use crate::state::drain_ledger::{Drain, Hold, Ledger};
+use crate::state::revisions;
 
 /// "in rollout r17…: <its cause>", for [`Cause::ChangesPending`].
 pub fn quarantine_clause(q: &revisions::Quarantine) -> String {

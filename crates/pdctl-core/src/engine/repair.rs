@@ -121,7 +121,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return Err(blocked(format!("{host}'s pdctld did not repair it ({:?}): {why}", summary.result)));
         }
         let (verdict, _, probes) = self.probe_pair(p, d).await;
-        if verdict != crate::pairing::Verdict::Paired {
+        if verdict != crate::sglang::pairing::Verdict::Paired {
             let f = Fail { cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }, detail: json!({ "probes": probes }), unit: None };
             s.fail(&f);
             return Err((Step::Pair, f));

@@ -100,13 +100,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let samples = std::mem::take(&mut *lock(&clients.samples));
         let end = Instant::now();
         if probing.is_some() {
-            let mut a = crate::availability::summarize(&samples, end);
+            let mut a = crate::service::availability::summarize(&samples, end);
             a.gateway = self.gateway_answers_since(gateway_before).await;
             summary.availability = Some(a);
         }
         let service_before = std::mem::take(&mut *lock(&before));
         let in_place = r.work.weights().is_some_and(|t| t.config) && !restarted;
-        Finished { summary, notes, availability_by_unit: crate::availability::by_unit(&samples, end), service_before, in_place }
+        Finished { summary, notes, availability_by_unit: crate::service::availability::by_unit(&samples, end), service_before, in_place }
     }
 
     /// A config rollout loaded in place: on record as what runs, or (failed) restarted instead
@@ -122,7 +122,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 notes.push(format!(
                     "{} did not take {} in place ({}): every worker serves its previous weights again; rolled out by restarting instead (weights_fallback = \"restart\")",
                     f.unit,
-                    crate::in_place::show_parts(to.model_path, to.version),
+                    crate::state::in_place::show_parts(to.model_path, to.version),
                     f.cause_code
                 ));
                 *summary = self.run(plan, sink, Mode::Rollout, r.abort, ctx, notes).await;
@@ -171,10 +171,10 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// The gateway's answers (all, failed) since `before`, where it exports them both times and
     /// its counters did not restart.
-    async fn gateway_answers_since(&self, before: Option<(f64, f64)>) -> Option<crate::availability::GatewayAnswers> {
+    async fn gateway_answers_since(&self, before: Option<(f64, f64)>) -> Option<crate::service::availability::GatewayAnswers> {
         match (before, self.probes.gateway_responses().await) {
             (Some((all0, failed0)), Some((all, failed))) if all >= all0 && failed >= failed0 => {
-                Some(crate::availability::GatewayAnswers { answered: (all - all0) as u64, failed: (failed - failed0) as u64 })
+                Some(crate::service::availability::GatewayAnswers { answered: (all - all0) as u64, failed: (failed - failed0) as u64 })
             }
             _ => None,
         }

@@ -17,7 +17,7 @@ use crate::engine::{Ctx, Engine, Outage, Repaired};
 use crate::events::{Failure, Sink, Step};
 use crate::fleet::SlotRecord;
 use crate::ports::{Logs, Probes, UnitState, Units};
-use crate::revisions;
+use crate::state::revisions;
 
 /// A worker's steps, in the order the runbook gives them: a slot of its role's fleet budget, out
 /// of the gateway, restarted, its ready line of this run, `/health`, its PD pairs probed directly

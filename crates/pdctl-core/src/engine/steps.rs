@@ -51,7 +51,7 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
         Step::Drain => r.drain_timeout,
         // The stop drains (SGLang waits for its requests), bounded by each unit's
         // TimeoutStopSec, which the config does not know: the longest pdctl waits for it.
-        Step::Restart => crate::stop::job_limit(r.job_timeout, None),
+        Step::Restart => crate::sglang::stop::job_limit(r.job_timeout, None),
         Step::Ready => r.ready_timeout,
         Step::Health => r.health_timeout,
         Step::Router => r.router_timeout,

@@ -25,13 +25,13 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::drain_ledger::Hold;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine, Tally, Underway};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
+use crate::state::drain_ledger::Hold;
 
 /// The two groups of a coherent switch, each holding both PD roles.
 #[derive(Debug, Clone)]

@@ -47,7 +47,7 @@ pub struct WeightsTarget<'a> {
     /// This host's part of fleet rollout ID (`pdctl fleet weights`): every host pauses, then
     /// loads, then continues only once every host has loaded (a step in etcd per phase).
     pub fleet_rollout: Option<&'a str>,
-    /// A config rollout's change loaded in place ([`crate::in_place`]): the units' files already
+    /// A config rollout's change loaded in place ([`crate::state::in_place`]): the units' files already
     /// name these weights (recorded as what each worker runs once they serve them).
     pub config: bool,
 }
@@ -97,7 +97,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if let Some(dir) = dir {
             let paused: Vec<PausedWorker> = plan.workers.iter().map(|w| PausedWorker { unit: w.unit.clone(), url: w.url.clone() }).collect();
             let bytes = serde_json::to_vec_pretty(&paused).unwrap_or_default();
-            if let Err(e) = crate::state_file::atomic_write(&paused_path(dir), &bytes, crate::state_file::STATE_FILE_MODE) {
+            if let Err(e) = crate::state::state_file::atomic_write(&paused_path(dir), &bytes, crate::state::state_file::STATE_FILE_MODE) {
                 let cause = Cause::RecordUnwritable { dir: dir.display().to_string(), error: e.to_string() };
                 // Nothing is paused unrecorded: the first worker's preflight fails, nothing touched.
                 let unit = plan.workers.first().map(|w| w.unit.as_str()).unwrap_or(FLEET);
@@ -424,7 +424,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let mut pairs = Vec::new();
             for d in &decodes {
                 let (verdict, _, _) = self.probe_pair(p, d).await;
-                if verdict != crate::pairing::Verdict::Paired {
+                if verdict != crate::sglang::pairing::Verdict::Paired {
                     let f = Fail::from(Cause::WeightsFailed {
                         unit: p.unit.clone(),
                         why: format!("its pair probe with {} after the load: {}", d.unit, verdict.as_str()),

@@ -199,7 +199,7 @@ pub struct HostState {
     pub workers: Vec<HostWorker>,
     /// Its workers' restarts pdctl did not make, within the storm rule's window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub self_restarts: Vec<crate::storm::SelfRestart>,
+    pub self_restarts: Vec<crate::service::storm::SelfRestart>,
     /// When this value was written (seconds since the epoch).
     pub updated_at: u64,
 }
@@ -259,7 +259,7 @@ pub struct SlotRecord {
 
 /// A token for a new hold.
 pub fn token() -> String {
-    format!("{:016x}", crate::pairing::room())
+    format!("{:016x}", crate::sglang::pairing::room())
 }
 
 /// Now, in seconds since the epoch.

@@ -192,7 +192,7 @@ pub async fn wait_for_room(c: &dyn Coordinator, name: &str, limits: &Limits, wan
                 // Spread over a second, as the polling was: waiters woken by one release try at
                 // most as often as they polled (a window shrunk by the slots free drew every
                 // waiter at once after a burst of releases: measured, 1,000 hosts 2× slower).
-                trying_at = Some(Instant::now() + Duration::from_millis(crate::pairing::room() % 1000));
+                trying_at = Some(Instant::now() + Duration::from_millis(crate::sglang::pairing::room() % 1000));
             }
         } else {
             // Taken again meanwhile (another waiter was first): keep waiting.

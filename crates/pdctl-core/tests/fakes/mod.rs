@@ -11,12 +11,12 @@ pub use std::time::{Duration, SystemTime};
 pub use pdctl_core::config::{load_texts, Settings};
 pub use pdctl_core::engine::Engine;
 pub use pdctl_core::events::{Event, Outcome, Status, Step};
-pub use pdctl_core::pairing::{Half, PairProbe, PdQueues};
 pub use pdctl_core::plan::Plan;
 pub use pdctl_core::ports::{
     Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState, Units,
     UnitsError, Watch,
 };
+pub use pdctl_core::sglang::pairing::{Half, PairProbe, PdQueues};
 pub use pdctl_probe::quantile::Histogram;
 pub use pdctl_probe::service::ServiceScrape;
 

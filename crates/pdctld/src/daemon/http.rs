@@ -130,7 +130,7 @@ pub(super) async fn reach(State(d): State<Arc<Daemon>>) -> Response {
     let probes = pdctl_core::real::probes(&s);
     let mut out = pdctl_core::api::ReachReport::default();
     for (what, url) in s.urls() {
-        let host = pdctl_core::pairing::bootstrap_host(&url);
+        let host = pdctl_core::sglang::pairing::bootstrap_host(&url);
         if host == "localhost" || host == "::1" || host.starts_with("127.") {
             continue;
         }
@@ -253,7 +253,7 @@ pub(super) async fn diff(State(d): State<Arc<Daemon>>) -> Response {
                 (true, _) => None,
                 (false, Ok(t)) => Some(format!(
                     "rollout apply loads {} in place into all {} workers at once, without a restart: every one is paused for the load (no worker computes meanwhile: requests wait, none fails, none pairs two versions)",
-                    pdctl_core::in_place::show(&t),
+                    pdctl_core::state::in_place::show(&t),
                     chosen.len()
                 )),
                 (false, Err(why)) => Some(format!("rollout apply restarts {} one at a time through every gate (not loadable in place: {why})", chosen.join(", "))),
@@ -263,7 +263,7 @@ pub(super) async fn diff(State(d): State<Arc<Daemon>>) -> Response {
                 workers: s
                     .into_iter()
                     .map(|w| DiffWorker {
-                        timing: pdctl_core::revisions::last_start(&dir, &w.unit),
+                        timing: pdctl_core::state::revisions::last_start(&dir, &w.unit),
                         unit: w.unit,
                         stale: !w.reasons.is_empty(),
                         reasons: w.reasons,

@@ -81,7 +81,7 @@ pub struct Daemon {
     rollouts_begun: std::sync::atomic::AtomicU64,
     /// Rollout id → its restarted workers' service figures from before their drains: the fleet
     /// bake's baseline ([`bake`]). In memory only: a pdctld that restarts cannot judge a bake.
-    baselines: Mutex<BTreeMap<String, BTreeMap<String, pdctl_core::slo::ServiceScrape>>>,
+    baselines: Mutex<BTreeMap<String, BTreeMap<String, pdctl_core::service::slo::ServiceScrape>>>,
     /// The fleet's etcd, one connection for the idle loops (by endpoints, user and TLS: a new
     /// one when the config changes them).
     etcd: Mutex<Option<(String, Arc<pdctl_core::real::EtcdCoordinator>)>>,

@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use pdctl_core::api::Record;
-use pdctl_core::drain_ledger::Drain;
 use pdctl_core::events::Event;
 use pdctl_core::real::RealEngine;
+use pdctl_core::state::drain_ledger::Drain;
 
 use crate::metrics::ResultLabel;
 
@@ -275,7 +275,7 @@ impl Daemon {
                     lock(&r.record).notes.push("pdctld stopped during the weights rollout: every worker it had paused was continued".into());
                 } else {
                     let bytes = serde_json::to_vec_pretty(&left).unwrap_or_default();
-                    let _ = pdctl_core::state_file::atomic_write(&file, &bytes, pdctl_core::state_file::STATE_FILE_MODE);
+                    let _ = pdctl_core::state::state_file::atomic_write(&file, &bytes, pdctl_core::state::state_file::STATE_FILE_MODE);
                     lock(&r.record).notes.push(format!(
                         "pdctld stopped during the weights rollout: {} did not continue; the next pdctld continues them at its start",
                         left.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", ")

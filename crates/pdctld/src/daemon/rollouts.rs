@@ -193,7 +193,7 @@ fn take_slot(daemon: &Daemon) -> Result<Taken, Cause> {
 type Weights = (String, Option<String>, Option<String>);
 
 /// A revert's revisions: unit → the revision it ran before the reverted rollout.
-type Restore = Option<BTreeMap<String, pdctl_core::revisions::Revision>>;
+type Restore = Option<BTreeMap<String, pdctl_core::state::revisions::Revision>>;
 
 /// What a start will run.
 struct Planned {
@@ -210,7 +210,7 @@ struct Planned {
     /// and those it had already restarted (this same run still serving).
     reverify: usize,
     /// A revert: unit → the revision it ran before the reverted rollout.
-    restore: Option<BTreeMap<String, pdctl_core::revisions::Revision>>,
+    restore: Option<BTreeMap<String, pdctl_core::state::revisions::Revision>>,
     /// A weights rollout: the checkpoint, its version, and the fleet rollout it is this host's
     /// part of.
     weights: Option<Weights>,
@@ -248,7 +248,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
     let mut notes = Vec::new();
     let weights = match e.in_place_target(dir, &chosen).await {
         Ok(t) => {
-            tracing::info!("rollout apply: the change is new weights only ({}): loaded in place, nothing restarts", pdctl_core::in_place::show(&t));
+            tracing::info!("rollout apply: the change is new weights only ({}): loaded in place, nothing restarts", pdctl_core::state::in_place::show(&t));
             Some((t.model_path, t.version, None))
         }
         Err(why) => {
@@ -353,9 +353,9 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
     // replaced has nothing to revert: a second revert is a no-op, not another restart.
     let mut already = Vec::new();
     for u in done.iter().rev() {
-        if let Some(rev) = pdctl_core::revisions::load_before(&dir, old_id, u) {
-            let running = pdctl_core::revisions::load(&dir, u);
-            if running.is_some_and(|r| pdctl_core::revisions::fingerprint(&r) == pdctl_core::revisions::fingerprint(&rev)) {
+        if let Some(rev) = pdctl_core::state::revisions::load_before(&dir, old_id, u) {
+            let running = pdctl_core::state::revisions::load(&dir, u);
+            if running.is_some_and(|r| pdctl_core::state::revisions::fingerprint(&r) == pdctl_core::state::revisions::fingerprint(&rev)) {
                 already.push(u.clone());
                 continue;
             }

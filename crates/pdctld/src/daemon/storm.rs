@@ -1,5 +1,5 @@
 //! Restarts pdctl did not make, watched while pdctld runs, and the restart-storm breaker
-//! (`pdctl_core::storm` decides what counts and what a storm is): every 10 s each worker's
+//! (`pdctl_core::service::storm` decides what counts and what a storm is): every 10 s each worker's
 //! NRestarts and InvocationID are read; a single host refuses a new rollout while it is in a
 //! storm; in a fleet, each host publishes its self-restarts in its liveness key and any pdctld
 //! that sees more than the rule fleet-wide pauses the fleet (an operator unpauses it).
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pdctl_core::cause::Cause;
 use pdctl_core::config::Settings;
-use pdctl_core::storm::{between, storm, Report, Seen, SelfRestart, Storm};
+use pdctl_core::service::storm::{between, storm, Report, Seen, SelfRestart, Storm};
 
 use super::{config, lock, Daemon};
 use crate::metrics::UnitLabel;

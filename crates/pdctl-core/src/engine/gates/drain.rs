@@ -8,11 +8,11 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::drain_ledger::{Drain, Hold, Ledger};
 use crate::engine::step_run::{Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
 use crate::ports::{Logs, Probes, RouterWorker, Units};
+use crate::state::drain_ledger::{Drain, Hold, Ledger};
 
 /// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
 /// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
@@ -45,7 +45,7 @@ pub(in crate::engine) struct Deferred {
 /// x = 5 s × (1 − busy): at the check alone for an idle worker, 2.5 s after SIGTERM for one busy
 /// half the time (the most the deferral takes).
 fn take_out_by(busy: (u32, u32)) -> Duration {
-    crate::stop::WATCHDOG_PERIOD.mul_f64((1.0 - busy_share(busy)).clamp(0.0, 1.0))
+    crate::sglang::stop::WATCHDOG_PERIOD.mul_f64((1.0 - busy_share(busy)).clamp(0.0, 1.0))
 }
 
 /// The share of looks that found the worker running a request: `(busy, looks)`; 0 without a look.
@@ -59,7 +59,7 @@ fn busy_share((busy, looks): (u32, u32)) -> f64 {
 const IDLE_LOOK: Duration = Duration::from_secs(1);
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
-/// How much longer than SGLang's first drain check ([`crate::stop::WATCHDOG_PERIOD`] after
+/// How much longer than SGLang's first drain check ([`crate::sglang::stop::WATCHDOG_PERIOD`] after
 /// SIGTERM) a deferred worker's `TimeoutStopSec=` must be: a stop that SIGKILLs it before that
 /// check kills it while the gateway still routes to it (every request sent then fails, and on smg
 /// each counts against the decode's breaker too).
@@ -198,12 +198,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             Ok(c) => c.timeout_stop,
             Err(e) => return Err(format!("its TimeoutStopSec could not be read ({e})")),
         };
-        let first_check = crate::stop::WATCHDOG_PERIOD + FIRST_CHECK_MARGIN;
+        let first_check = crate::sglang::stop::WATCHDOG_PERIOD + FIRST_CHECK_MARGIN;
         if let Some(t) = stop_bound.filter(|t| *t < first_check) {
             return Err(format!(
                 "its TimeoutStopSec={:.1}s would SIGKILL it before SGLang's first drain check ({} s after SIGTERM), while the gateway still routes to it",
                 t.as_secs_f64(),
-                crate::stop::WATCHDOG_PERIOD.as_secs()
+                crate::sglang::stop::WATCHDOG_PERIOD.as_secs()
             ));
         }
         let t0 = Instant::now();
@@ -229,7 +229,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 IDLE_LOOK.as_secs_f64()
             ));
         }
-        let covers = stop_bound.is_none_or(|t| t >= self.settings.rollout.drain_timeout + 2 * crate::stop::WATCHDOG_PERIOD);
+        let covers = stop_bound.is_none_or(|t| t >= self.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
         let why = match last {
             Some(0) => "it runs no request now".to_string(),
             _ if covers => format!(

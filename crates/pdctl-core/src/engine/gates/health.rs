@@ -9,8 +9,8 @@ use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
 use crate::engine::step_run::{within, Fail, POLL};
 use crate::engine::Engine;
-use crate::judge::crashed_since;
 use crate::ports::{Health, Logs, Probes, UnitState, Units};
+use crate::sglang::judge::crashed_since;
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// `pair_follows`: the pair gate runs next (a restart, a re-verification); `check` has none.

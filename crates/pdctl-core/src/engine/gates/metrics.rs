@@ -90,7 +90,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
             let probe = self.pair_request(w, peer, 48).await;
             return Some(match probe.decode {
-                crate::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
+                crate::sglang::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
                 other => Err(crate::ports::HttpFailure(format!("the pair {} + {} answered: {}", p.unit, d.unit, other.describe()))),
             });
         }

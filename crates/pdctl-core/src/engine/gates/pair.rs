@@ -1,5 +1,5 @@
 //! The pair gate: a PD request sent straight to each pair a restarted worker is in, judged with the
-//! decode's own timing ([`crate::pairing`]).
+//! decode's own timing ([`crate::sglang::pairing`]).
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +12,8 @@ use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::engine::{Ctx, Engine, Stale};
 use crate::events::{Sink, Step};
-use crate::judge::crashed_since;
 use crate::ports::{Health, Logs, PairTarget, Probes, UnitState, Units};
+use crate::sglang::judge::crashed_since;
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The peers a worker pairs with: every configured worker of the other PD role.
@@ -77,24 +77,24 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 ..Default::default()
             });
             let cause = match verdict {
-                crate::pairing::Verdict::Paired => continue,
-                crate::pairing::Verdict::Stale => {
+                crate::sglang::pairing::Verdict::Paired => continue,
+                crate::sglang::pairing::Verdict::Stale => {
                     if self.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
                         stale.push(Stale { decode: d.clone(), owner: owner.clone() });
                         continue;
                     }
                     Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
                 }
-                crate::pairing::Verdict::Incompatible(m) => {
-                    Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::pairing::describe(&m, &p.unit, &d.unit) }
+                crate::sglang::pairing::Verdict::Incompatible(m) => {
+                    Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::sglang::pairing::describe(&m, &p.unit, &d.unit) }
                 }
-                crate::pairing::Verdict::PrefillBroken(e) => {
+                crate::sglang::pairing::Verdict::PrefillBroken(e) => {
                     Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e }
                 }
-                crate::pairing::Verdict::DecodeBroken(e) => {
+                crate::sglang::pairing::Verdict::DecodeBroken(e) => {
                     Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e }
                 }
-                crate::pairing::Verdict::TransferFailed(e) => {
+                crate::sglang::pairing::Verdict::TransferFailed(e) => {
                     Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
                 }
             };
@@ -132,7 +132,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if ctx.scope.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
             return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
         }
-        let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::drain_ledger::Hold::Old));
+        let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::state::drain_ledger::Hold::Old));
         held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
     }
 
@@ -166,15 +166,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
 
     /// One PD request of `max_new_tokens` sent straight to `x` and `other` (the other role, in
     /// either order) under a fresh room, bounded by `pair_timeout`.
-    pub(in crate::engine) async fn pair_request(&self, x: &Worker, other: &Worker, max_new_tokens: u32) -> crate::pairing::PairProbe {
+    pub(in crate::engine) async fn pair_request(&self, x: &Worker, other: &Worker, max_new_tokens: u32) -> crate::sglang::pairing::PairProbe {
         let (p, d) = if x.role == Role::Prefill { (x, other) } else { (other, x) };
-        let host = crate::pairing::bootstrap_host(&p.url);
+        let host = crate::sglang::pairing::bootstrap_host(&p.url);
         let t = PairTarget {
             prefill_url: &p.url,
             bootstrap_host: &host,
             bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
             decode_url: &d.url,
-            room: crate::pairing::room(),
+            room: crate::sglang::pairing::room(),
             max_new_tokens,
         };
         self.probes.pair(t, self.settings.verify.pair_timeout).await
@@ -183,9 +183,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
     /// 36029 drops the stale entry on the failed request) is probed once more. Returns the
     /// verdict, whether the second probe found it refreshed, and the probes.
-    pub(in crate::engine) async fn probe_pair(&self, p: &Worker, d: &Worker) -> (crate::pairing::Verdict, bool, Vec<crate::pairing::PairProbe>) {
-        use crate::pairing::Verdict;
-        let host = crate::pairing::bootstrap_host(&p.url);
+    pub(in crate::engine) async fn probe_pair(
+        &self,
+        p: &Worker,
+        d: &Worker,
+    ) -> (crate::sglang::pairing::Verdict, bool, Vec<crate::sglang::pairing::PairProbe>) {
+        use crate::sglang::pairing::Verdict;
+        let host = crate::sglang::pairing::bootstrap_host(&p.url);
         let target = |room| PairTarget {
             prefill_url: &p.url,
             bootstrap_host: &host,
@@ -195,7 +199,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             max_new_tokens: 1,
         };
         let limit = self.settings.verify.pair_timeout;
-        let first = self.probes.pair(target(crate::pairing::room()), limit).await;
+        let first = self.probes.pair(target(crate::sglang::pairing::room()), limit).await;
         let v = self.judge_pair(p, d, &first).await;
         if !matches!(v, Verdict::Stale | Verdict::TransferFailed(_)) {
             return (v, false, vec![first]);
@@ -208,18 +212,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             Ok(c) => crate::sglang::DecodeTiming::of(&c.environment),
             Err(_) => crate::sglang::DecodeTiming::of(&[]),
         };
-        let Some(limit) = crate::pairing::second_probe_limit(&first, limit, &timing) else {
+        let Some(limit) = crate::sglang::pairing::second_probe_limit(&first, limit, &timing) else {
             return (v, false, vec![first]);
         };
-        let second = self.probes.pair(target(crate::pairing::room()), limit).await;
+        let second = self.probes.pair(target(crate::sglang::pairing::room()), limit).await;
         let v2 = self.judge_pair(p, d, &second).await;
         let refreshed = v2 == Verdict::Paired;
         (if refreshed { Verdict::Paired } else { v2 }, refreshed, vec![first, second])
     }
 
-    pub(in crate::engine) async fn judge_pair(&self, p: &Worker, d: &Worker, probe: &crate::pairing::PairProbe) -> crate::pairing::Verdict {
-        use crate::pairing::{compare, diagnose, settings_of_info};
-        if matches!(probe.decode, crate::pairing::Half::Answered { status: 200, .. }) {
+    pub(in crate::engine) async fn judge_pair(&self, p: &Worker, d: &Worker, probe: &crate::sglang::pairing::PairProbe) -> crate::sglang::pairing::Verdict {
+        use crate::sglang::pairing::{compare, diagnose, settings_of_info};
+        if matches!(probe.decode, crate::sglang::pairing::Half::Answered { status: 200, .. }) {
             return diagnose(probe, &[], None);
         }
         let mismatches = match (self.probes.server_info(&p.url).await, self.probes.server_info(&d.url).await) {

@@ -17,7 +17,7 @@ use crate::events::{Sink, Step};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
 use crate::ports::{ActiveState, Logs, Probes, UnitState, Units};
-use crate::revisions;
+use crate::state::revisions;
 
 fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
     w.gpus.clone().or_else(|| env.iter().find_map(|kv| kv.strip_prefix("CUDA_VISIBLE_DEVICES=")).and_then(crate::config::parse_gpus))
@@ -192,7 +192,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let api_key_check = self.api_key_check(w, &st).await?;
         let pairing = self.pairing_preflight(w, plan, &cfg).await?;
         let mut warnings = self.stop_and_pair_risks(w, &cfg);
-        if let Some(fix) = crate::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), self.settings.rollout.drain_timeout) {
+        if let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), self.settings.rollout.drain_timeout) {
             if self.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
                 let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
                 return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode, fix }));
@@ -203,7 +203,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // A dry run does not reload the manager: the restart's command line is read from the files.
         let disk_argv = if dry && needs_reload {
             let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "dry run");
-            crate::in_place::effective_argv(&rev).ok().flatten()
+            crate::state::in_place::effective_argv(&rev).ok().flatten()
         } else {
             None
         };
@@ -247,7 +247,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         (!dirs.is_empty()).then(|| Cause::RollbackUnwritable { unit: w.unit.clone(), dirs })
     }
 
-    /// Does this restart change the model a PD worker computes with ([`crate::coherence`])? While
+    /// Does this restart change the model a PD worker computes with ([`crate::sglang::coherence`])? While
     /// workers of the other role run the old one, a rolling restart would pair the versions:
     /// refused (`mixed_versions`), unless `coherent = "never"` (a warning then) or a 1P1D pair
     /// is restarted together (both at once: no old worker serves while a new one does).
@@ -276,8 +276,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let Some(running) = self.computes_with(&w.url).await else { return Ok(None) };
         let mut extra = self.settings.rollout.coherent_flags.clone();
         if self.settings.rollout.coherent == Coherent::Always {
-            extra.extend(crate::coherence::given_flags(argv));
-            extra.extend(running.asked.iter().flat_map(|a| crate::coherence::given_flags(a)));
+            extra.extend(crate::sglang::coherence::given_flags(argv));
+            extra.extend(running.asked.iter().flat_map(|a| crate::sglang::coherence::given_flags(a)));
         }
         let changes = model_changes(argv, &running, &extra).await;
         if changes.is_empty() {
@@ -349,9 +349,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// What a server computes with: what it was asked at its start (`/server_info`'s
     /// `launch_command`), corrected by `/model_info` for a weight update loaded since (0.5.23
     /// `http_server.py`); `None`: it does not answer.
-    async fn computes_with(&self, url: &str) -> Option<crate::coherence::Running> {
+    async fn computes_with(&self, url: &str) -> Option<crate::sglang::coherence::Running> {
         let info = self.probes.server_info(url).await.ok()?;
-        Some(crate::coherence::Running::new(info, self.probes.model_info(url).await.ok()))
+        Some(crate::sglang::coherence::Running::new(info, self.probes.model_info(url).await.ok()))
     }
 
     /// Does the worker refuse pdctl's calls for want of its API key? A worker started with
@@ -372,9 +372,13 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// whether the pair gate's timeout covers a decode's own timing; each is logged.
     fn stop_and_pair_risks(&self, w: &Worker, cfg: &crate::ports::UnitConfig) -> Vec<String> {
         let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
-        let mut warnings = crate::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
+        let mut warnings = crate::sglang::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
         if w.role == Role::Decode && self.settings.verify.pair {
-            warnings.extend(crate::pairing::timing_risk(&w.unit, &crate::sglang::DecodeTiming::of(&cfg.environment), self.settings.verify.pair_timeout));
+            warnings.extend(crate::sglang::pairing::timing_risk(
+                &w.unit,
+                &crate::sglang::DecodeTiming::of(&cfg.environment),
+                self.settings.verify.pair_timeout,
+            ));
         }
         for warning in &warnings {
             tracing::warn!(pdctl_unit = %w.unit, "{warning}");
@@ -498,7 +502,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// A configured address this process may not connect to at all (pdctld's unit allows
     /// loopback only unless a drop-in allows more): refused in preflight, naming the fix.
     pub(in crate::engine) async fn not_blocked(&self, what: &str, url: &str) -> Result<(), Fail> {
-        let host = crate::pairing::bootstrap_host(url);
+        let host = crate::sglang::pairing::bootstrap_host(url);
         if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") || host.starts_with("127.") {
             return Ok(());
         }
@@ -515,7 +519,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// compared with asked: 0.5.23 reports resolved values (`mooncake_tcp` as `mooncake`), which
     /// an unchanged ExecStart does not spell.
     pub(in crate::engine) async fn pairing_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig) -> Result<Value, Fail> {
-        use crate::pairing::{compare, describe, settings_of_argv, settings_of_info};
+        use crate::sglang::pairing::{compare, describe, settings_of_argv, settings_of_info};
         let Some(argv) = cfg.exec_start.first().filter(|_| self.settings.verify.pair && w.role != Role::Regular) else {
             return Ok(Value::Null);
         };
@@ -555,15 +559,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 }
 
-/// [`crate::coherence::changes`], less a tokenizer named by another path that holds the same
-/// tokenizer files ([`crate::tokenizer::same`], read off the async threads): after new weights
+/// [`crate::sglang::coherence::changes`], less a tokenizer named by another path that holds the same
+/// tokenizer files ([`crate::sglang::tokenizer::same`], read off the async threads): after new weights
 /// were loaded in place with the tokenizer unpinned, the files name the new path's tokenizer
 /// while the server runs its start's — the same one when the files are the same.
-async fn model_changes(argv: &[String], running: &crate::coherence::Running, extra: &[String]) -> Vec<crate::coherence::FlagChange> {
-    let mut out = crate::coherence::changes(argv, running, extra);
+async fn model_changes(argv: &[String], running: &crate::sglang::coherence::Running, extra: &[String]) -> Vec<crate::sglang::coherence::FlagChange> {
+    let mut out = crate::sglang::coherence::changes(argv, running, extra);
     if let Some(i) = out.iter().position(|c| c.flag == "--tokenizer-path") {
         let (a, b) = (out[i].running.clone(), out[i].new.clone());
-        if tokio::task::spawn_blocking(move || crate::tokenizer::same(&a, &b)).await.is_ok_and(|r| r.is_ok()) {
+        if tokio::task::spawn_blocking(move || crate::sglang::tokenizer::same(&a, &b)).await.is_ok_and(|r| r.is_ok()) {
             out.remove(i);
         }
     }

@@ -9,8 +9,8 @@ use crate::cause::{Cause, Phase};
 use crate::config::Worker;
 use crate::engine::step_run::Fail;
 use crate::engine::Engine;
-use crate::judge::{crashed_since, Judge, Run, Verdict};
 use crate::ports::{Follow, Logs, Probes, UnitState, Units, Watch};
+use crate::sglang::judge::{crashed_since, Judge, Run, Verdict};
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn ready(&self, w: &Worker, cursor: Option<String>, watch: &mut U::W, after: &UnitState) -> Result<ReadyDetail, Fail> {

@@ -70,7 +70,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // SGLang's stop drains (it waits for its requests in flight, no timeout of its
         // own): the job lasts the stop, bounded by TimeoutStopSec, plus the start.
         let timeout_stop = self.units.config(unit).await?.timeout_stop;
-        let limit = crate::stop::job_limit(self.settings.rollout.job_timeout, timeout_stop);
+        let limit = crate::sglang::stop::job_limit(self.settings.rollout.job_timeout, timeout_stop);
         let (out, taken_out) = match deferred {
             None => (self.units.restart(unit, limit).await?, None),
             Some(d) => {
@@ -80,15 +80,15 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 (out?, Some(taken))
             }
         };
-        let took = crate::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
+        let took = crate::sglang::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
         // The old process's last lines reach the journal through its own stream; a
         // SIGTERM line without a watchdog check yet is read again (bounded) so the last
         // check, written just before the exit, is not missed.
-        let mut stop = crate::stop::report(&[], took, timeout_stop);
+        let mut stop = crate::sglang::stop::report(&[], took, timeout_stop);
         for _ in 0..5 {
             let lines = self.logs.last_lines(unit, 300).await.unwrap_or_default();
-            stop = crate::stop::report(&lines, took, timeout_stop);
-            if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::stop::SIGTERM_MARK)) {
+            stop = crate::sglang::stop::report(&lines, took, timeout_stop);
+            if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -138,7 +138,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let check = async {
             while let Some(Ok(e)) = follow.next().await {
                 let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
-                if of_old && e.message().contains(crate::stop::REMAINING_MARK) {
+                if of_old && e.message().contains(crate::sglang::stop::REMAINING_MARK) {
                     return Some(e.message().to_string());
                 }
             }
@@ -178,7 +178,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let (done, when) = tokio::select! {
             out = &mut restart => (Some(out), "when its restart job ended: no drain check was logged".to_string()),
             line = check => (None, match line {
-                Some(l) => format!("at its server's first drain check: {}", crate::stop::remaining_part(&l)),
+                Some(l) => format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&l)),
                 None => "when the journal could no longer be followed during its stop".to_string(),
             }),
             why = serves_no_more => (None, why),

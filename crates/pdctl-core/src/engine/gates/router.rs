@@ -7,10 +7,10 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
-use crate::drain_ledger::Ledger;
 use crate::engine::step_run::{within, Fail, POLL};
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
+use crate::state::drain_ledger::Ledger;
 
 /// How long a worker pdctl has seen serve may stay `not_ready` in the gateway (smg 1.x) before
 /// pdctl removes and re-adds it: a few of the gateway's health-check rounds.

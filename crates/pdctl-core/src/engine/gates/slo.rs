@@ -1,7 +1,7 @@
 //! The service gate (`[verify.slo]`), part of the soak: the restarted worker's latency and error
 //! figures over the soak window against its role's other workers over the same window — or,
 //! when it is the only worker of its role, against its own figures from before its drain. The
-//! judgement itself is [`crate::slo::judge`]; this file takes the scrapes and waits (bounded) for
+//! judgement itself is [`crate::service::slo::judge`]; this file takes the scrapes and waits (bounded) for
 //! enough traffic.
 
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use crate::config::{Role, Slo, Unjudged, Worker};
 use crate::engine::step_run::Fail;
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
-use crate::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
+use crate::service::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
 
 /// One worker's figures at the start of the window.
 #[derive(Debug, Clone)]

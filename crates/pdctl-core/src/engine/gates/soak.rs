@@ -12,9 +12,9 @@ use pdctl_probe::service::ServiceScrape;
 use crate::config::{Role, Worker};
 use crate::engine::step_run::{lock, Fail};
 use crate::engine::{Clients, Engine};
-use crate::judge::crashed_since;
 use crate::ports::{Logs, Probes, UnitState, Units, Watch};
-use crate::slo::Verdict;
+use crate::service::slo::Verdict;
+use crate::sglang::judge::crashed_since;
 
 impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// The soak of a restarted worker: the same run for `min_healthy`, then (with `[verify.slo]`)
@@ -73,7 +73,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// role has no worker the gateway admits (then nothing is sent, and the tick counts as an error
     /// from the gateway's view) — until the rollout is over.
     pub(in crate::engine) async fn watch_clients(&self, rate: f64, c: &Clients) {
-        use crate::availability::Sample;
+        use crate::service::availability::Sample;
         let mut roles: Vec<Role> = self.settings.workers.iter().map(|w| w.role).collect();
         roles.sort();
         roles.dedup();

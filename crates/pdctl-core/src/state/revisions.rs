@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::clock::now;
 pub use crate::clock::StartTime;
 use crate::ports::UnitConfig;
-pub use crate::state_file::{atomic_write, create_private_dir, STATE_DIR_MODE, STATE_FILE_MODE};
+pub use crate::state::state_file::{atomic_write, create_private_dir, STATE_DIR_MODE, STATE_FILE_MODE};
 
 /// One file of a revision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,7 +138,7 @@ pub fn snapshot(unit: &str, files: &BTreeSet<PathBuf>, why: &str) -> Revision {
         .map(|p| {
             // A regular file only, bounded, never a blocking open (a FIFO named as an
             // EnvironmentFile would hang the reader): anything else reads as absent.
-            let rev = match crate::state_file::read_regular(p, MOST) {
+            let rev = match crate::state::state_file::read_regular(p, MOST) {
                 Ok(b) => FileRev { sha256: sha(&b), contents: String::from_utf8(b).ok(), owner: FileOwner::of(p) },
                 Err(_) => FileRev { sha256: "absent".into(), contents: None, owner: None },
             };
@@ -354,7 +354,7 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<
         let path = Path::new(p);
         let owner = old.owner.or_else(|| FileOwner::of(path));
         let mode = owner.map_or_else(|| mode_of(path), |o| o.mode);
-        crate::state_file::atomic_write_owned(path, c.as_bytes(), mode, owner.map(|o| (o.uid, o.gid)))
+        crate::state::state_file::atomic_write_owned(path, c.as_bytes(), mode, owner.map(|o| (o.uid, o.gid)))
     };
     let stop = |done: &mut Vec<String>, path: &str, error: std::io::Error| RestoreError { done: std::mem::take(done), path: path.to_string(), error };
     for (p, f) in &current.files {

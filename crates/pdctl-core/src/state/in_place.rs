@@ -6,7 +6,7 @@
 //! `--weight-version` — and in how its tokenizer is named, as long as it stays the same one. Any
 //! other difference — another flag, an environment line, another setting — needs a restart, and
 //! the reason names it. Pure: whether two tokenizer paths hold the same tokenizer is asked of the
-//! caller ([`crate::tokenizer::same`] on the host).
+//! caller ([`crate::sglang::tokenizer::same`] on the host).
 //!
 //! The tokenizer: SGLang loads weights in place, not a tokenizer, so a load keeps the one the
 //! server started with — `--tokenizer-path`, or else its start's `--model-path`. The new files
@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::revisions::Revision;
+use crate::state::revisions::Revision;
 
 /// The flags an in-place load changes, and the tokenizer's (which may be named otherwise as long
 /// as it resolves the same).
@@ -254,7 +254,7 @@ pub fn show_parts(model_path: &str, version: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::revisions::FileRev;
+    use crate::state::revisions::FileRev;
 
     fn rev(files: &[(&str, &str)]) -> Revision {
         Revision {
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(target(&rev(&[("/u", &cont)]), &new, by_path).map(|t| t.model_path), Ok("/m/b".to_string()));
     }
 
-    /// Tokenizers judged by path alone (the host's files are [`crate::tokenizer::same`]'s).
+    /// Tokenizers judged by path alone (the host's files are [`crate::sglang::tokenizer::same`]'s).
     fn by_path(a: &str, b: &str) -> Result<(), String> {
         if a == b {
             Ok(())

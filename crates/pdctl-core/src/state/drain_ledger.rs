@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Role;
-use crate::state_file::{atomic_write, STATE_FILE_MODE};
+use crate::state::state_file::{atomic_write, STATE_FILE_MODE};
 
 /// One drain pdctl made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +73,7 @@ pub struct Unreadable {
 impl Ledger {
     /// The ledger in `dir` (created if needed, mode 0750).
     pub fn open(dir: &Path) -> std::io::Result<Ledger> {
-        crate::state_file::create_private_dir(dir)?;
+        crate::state::state_file::create_private_dir(dir)?;
         Ok(Ledger { dir: dir.to_path_buf() })
     }
 
@@ -125,7 +125,7 @@ impl Ledger {
 
     /// Write down a fleet slot this host is about to take or holds (before the transaction).
     pub fn record_slot(&self, unit: &str, r: &[crate::fleet::SlotRecord]) -> std::io::Result<()> {
-        crate::state_file::create_private_dir(&self.dir.join("slots"))?;
+        crate::state::state_file::create_private_dir(&self.dir.join("slots"))?;
         let bytes = serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?;
         atomic_write(&self.slot_path(unit), &bytes, STATE_FILE_MODE)
     }

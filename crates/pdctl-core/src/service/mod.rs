@@ -1,0 +1,7 @@
+//! What clients see: the SLO gate's judgement of latency and errors ([`slo`]), the availability
+//! probe's figures ([`availability`]), and restarts pdctl did not make (the restart storm,
+//! [`storm`]).
+
+pub mod availability;
+pub mod slo;
+pub mod storm;

@@ -1,0 +1,8 @@
+//! What pdctld keeps on disk about the units it rolls: each unit's good revisions and what changed
+//! since ([`revisions`]), the drains it made ([`drain_ledger`]), atomic private state files
+//! ([`state_file`]), and the in-place weight loads on record ([`in_place`]).
+
+pub mod drain_ledger;
+pub mod in_place;
+pub mod revisions;
+pub mod state_file;
