@@ -24,12 +24,10 @@
 //! last good revision is restored and run through the same gates ([`Engine::execute`]). A resumed
 //! rollout re-verifies the unit it stopped at and restarts it only if that fails.
 
-mod bake_look;
 mod context;
-mod fleet_switch;
+mod fleet;
 mod gates;
 mod in_place;
-mod in_step;
 mod machine;
 mod recovery;
 mod repair;
@@ -41,8 +39,8 @@ mod switch;
 mod weights;
 mod work;
 
-pub use bake_look::{BakeLook, BakeMarks};
 pub(in crate::engine) use context::{Clients, Ctx, Mode, Outage, Repaired, Scope, Stale, Tally, Together, Underway};
+pub use fleet::bake_look::{BakeLook, BakeMarks};
 pub use machine::{Engine, LAST_LINES};
 pub use recovery::quarantine_clause;
 pub use step_run::sentence;

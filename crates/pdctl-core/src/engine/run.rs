@@ -196,7 +196,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // A change of the model the workers compute with, on a host with two groups of both
         // roles (or, with [fleet], across the hosts behind the gateway): the old group serves
         // while the new one is restarted and verified, then the gateway switches (see
-        // `switch.rs` and `fleet_switch.rs`). Before `single_pair = "together"`: with [fleet] a
+        // `switch.rs` and `fleet/switch.rs`). Before `single_pair = "together"`: with [fleet] a
         // 1P1D host's pair restarted together would pair with other hosts' old workers.
         if let (Mode::Rollout, Some(sw)) = (mode, ctx.scope.switch) {
             // A fleet rollout's part that needs no switch here (no change of the model on this

@@ -41,11 +41,11 @@ pub(in crate::engine) struct Groups {
     /// Serves until the switch, then restarted and re-admitted one at a time.
     pub(in crate::engine) old: Vec<Worker>,
     /// With `[fleet]`: the groups are hosts, moved in step (this host's workers are all in
-    /// `new` or all in `old`); see `fleet_switch.rs`.
+    /// `new` or all in `old`); see `fleet/switch.rs`.
     pub(in crate::engine) fleet: Option<FleetGroups>,
 }
 
-/// A fleet switch's groups of hosts (see `fleet_switch.rs`; its plan and phases are there).
+/// A fleet switch's groups of hosts (see `fleet/switch.rs`; its plan and phases are there).
 #[derive(Debug, Clone)]
 pub(in crate::engine) struct FleetGroups {
     /// The fleet rollout (`None`: a dry run, as if every live host took part).

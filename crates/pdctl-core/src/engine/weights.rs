@@ -321,7 +321,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             return mine;
         }
         let hosts = self.rollout_hosts(id).await?.hosts;
-        let step = crate::engine::in_step::Phase { id, kind: "weights", name: phase };
+        let step = crate::engine::fleet::in_step::Phase { id, kind: "weights", name: phase };
         self.write_phase(step, &mine).await?;
         mine?;
         let limit = self.settings.rollout.ready_timeout + std::time::Duration::from_secs(60);

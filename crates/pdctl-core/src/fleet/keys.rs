@@ -333,7 +333,7 @@ pub struct FleetWeights {
 /// (`rollouts/<id>/hosts/<host>/<kind>/<phase>`): for new weights (`kind` `weights`), `paused`
 /// once all its workers are paused and `loaded` once each serves the new weights; for a
 /// coherent fleet switch (`kind` `switch`), `verified`, `out`, `in` and `back`
-/// (see `engine/fleet_switch.rs`).
+/// (see `engine/fleet/switch.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 // Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
 // (skipped), so one host's upgrade does not blind the others.

@@ -3,7 +3,7 @@
 //! pair with every host's decodes in the shared gateway, so the groups are hosts: the first
 //! half of the rollout's hosts (rounded up) is the new group, the rest the old one. Each host
 //! runs its part ([`crate::engine::switch`]'s phases) and the hosts move in step through etcd
-//! (`rollouts/<id>/hosts/<host>/switch/<phase>`, [`crate::engine::in_step`]):
+//! (`rollouts/<id>/hosts/<host>/switch/<phase>`, [`crate::engine::fleet::in_step`]):
 //!
 //! 1. each **new host** takes a fleet slot for each of its PD workers, drains them (held,
 //!    [`crate::state::drain_ledger::Hold::New`]), restarts them onto the new model and verifies them inside
@@ -29,7 +29,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::in_step::Phase;
+use crate::engine::fleet::in_step::Phase;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::switch::{FleetGroups, Groups};
 use crate::engine::{Engine, Tally, Underway};
@@ -317,7 +317,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     pub(in crate::engine) async fn no_fleet_switch(&self, f: &FleetGroups, notes: &mut Vec<String>) {
         let Some(id) = f.id.as_deref() else { return };
         let why = "its part changes no worker's model (are its unit files those of the new model?): it takes no part in a coherent switch".to_string();
-        if let Err(e) = self.write_phase(phase(id, crate::engine::in_step::NONE), &Err(why)).await {
+        if let Err(e) = self.write_phase(phase(id, crate::engine::fleet::in_step::NONE), &Err(why)).await {
             notes.push(format!("that this host takes no part in a coherent fleet switch could not be written to etcd ({e}): a host that switches waits for it until its own limit"));
         }
     }

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use pdctl_probe::service::ServiceScrape;
 
-use super::gates::Mark;
 use crate::config::Slo;
+use crate::engine::gates::Mark;
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
 use crate::service::slo::{judge, Baseline, Report, Verdict, Window};
