@@ -2,6 +2,7 @@
 //! gives.
 
 use super::*;
+use crate::exit::Exit;
 
 impl Cause {
     /// The stable snake_case code (`failed.cause_code`, the metric label).

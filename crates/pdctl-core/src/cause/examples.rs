@@ -1,6 +1,8 @@
 //! One of each cause with sample facts, for the tests that hold the docs' cause tables to the
 //! code.
 
+use std::time::Duration;
+
 use super::*;
 
 impl Cause {
