@@ -77,7 +77,7 @@ impl Coordinator for Lossy {
             let applied = self.inner.cas(changes).await?;
             if applied && self.every > 0 && self.n.fetch_add(1, Ordering::SeqCst) % self.every == self.every - 1 {
                 self.lost.fetch_add(1, Ordering::SeqCst);
-                return Err(FleetFailure("the answer was lost (simulated)".into()));
+                return Err(FleetFailure::Unreachable("the answer was lost (simulated)".into()));
             }
             Ok(applied)
         })

@@ -582,13 +582,37 @@ pub enum Write {
     Delete,
 }
 
-/// The fleet's store cannot be reached (the driver's sentence).
+/// Why the fleet's store did not give pdctl what it asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FleetFailure(pub String);
+pub enum FleetFailure {
+    /// etcd did not answer or refused the call (the driver's sentence, with what to do).
+    Unreachable(String),
+    /// A credential file named in `[fleet]` cannot be read (its sentence).
+    Credentials(String),
+    /// `key` holds a value pdctl cannot decode (another version's, or not pdctl's).
+    Unreadable {
+        /// The key.
+        key: String,
+        /// The decoder's error.
+        error: String,
+    },
+    /// `key` kept changing under every compare-and-swap pdctl tried, bounded.
+    Contended {
+        /// The key.
+        key: String,
+        /// What pdctl tried (`"while pdctl tried to read it"`; empty: a change).
+        doing: String,
+    },
+}
 
 impl std::fmt::Display for FleetFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            FleetFailure::Unreachable(s) | FleetFailure::Credentials(s) => f.write_str(s),
+            FleetFailure::Unreadable { key, error } => write!(f, "{key} holds a value pdctl cannot read ({error}); inspect it with `etcdctl get {key}`"),
+            FleetFailure::Contended { key, doing } if doing.is_empty() => write!(f, "{key} kept changing"),
+            FleetFailure::Contended { key, doing } => write!(f, "{key} kept changing {doing}"),
+        }
     }
 }
 

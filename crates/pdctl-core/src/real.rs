@@ -492,7 +492,7 @@ pub async fn etcd_connect(
     user: Option<&(String, std::path::PathBuf)>,
     tls: Option<&crate::config::FleetTls>,
 ) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| crate::ports::FleetFailure(format!("cannot read {}: {e}", p.display())));
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| crate::ports::FleetFailure::Credentials(format!("cannot read {}: {e}", p.display())));
     let tls = match tls {
         Some(t) => Some(pdctl_fleet::Tls {
             ca: t.ca_file.as_deref().map(read).transpose()?,
@@ -508,7 +508,7 @@ pub async fn etcd_connect(
             u.clone(),
             std::fs::read_to_string(file)
                 .map(|p| p.trim_end().to_string())
-                .map_err(|e| crate::ports::FleetFailure(format!("cannot read the etcd password file {}: {e}", file.display())))?,
+                .map_err(|e| crate::ports::FleetFailure::Credentials(format!("cannot read the etcd password file {}: {e}", file.display())))?,
         )),
         None => None,
     };
@@ -516,7 +516,7 @@ pub async fn etcd_connect(
 }
 
 fn fleet_failure(e: pdctl_fleet::Error) -> crate::ports::FleetFailure {
-    crate::ports::FleetFailure(format!("{e}; start it or fix [fleet] etcd"))
+    crate::ports::FleetFailure::Unreachable(format!("{e}; start it or fix [fleet] etcd"))
 }
 
 fn kv(e: pdctl_fleet::Entry) -> crate::ports::KvEntry {

@@ -28,6 +28,23 @@ pub enum ClientError {
     Other(String),
 }
 
+/// Why a call to pdctld ([`Client::call`]) gave no answer of the type asked for.
+#[derive(Debug)]
+pub enum CallError {
+    /// pdctld answered with its error: the request was refused or failed there.
+    Refused(ApiError),
+    /// pdctld could not be reached or used (no answer, or one this pdctl cannot read).
+    Unreachable(ClientError),
+}
+
+/// What pdctld answered a call with (inside [`Client::call`], before its deadline).
+enum Answer<T> {
+    /// The document asked for.
+    Done(T),
+    /// Its error body.
+    Refused(ApiError),
+}
+
 impl ClientError {
     /// Every client error means pdctld cannot be reached (or used).
     pub fn exit(&self) -> Exit {
@@ -103,28 +120,34 @@ impl Client {
         Ok((resp.status().as_u16(), resp.into_body()))
     }
 
-    /// A request whose answer is one JSON document of type `T` (2xx), or pdctld's error body.
-    pub async fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&impl Serialize>) -> Result<Result<T, ApiError>, ClientError> {
+    /// A request whose answer is one JSON document of type `T` (2xx); else pdctld's error body
+    /// ([`CallError::Refused`]) or why it gave none ([`CallError::Unreachable`]).
+    pub async fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&impl Serialize>) -> Result<T, CallError> {
         let body = match body.map(serde_json::to_string).transpose() {
             Ok(b) => b,
-            Err(e) => return Err(ClientError::Other(format!("cannot encode the request: {e}"))),
+            Err(e) => return Err(CallError::Unreachable(ClientError::Other(format!("cannot encode the request: {e}")))),
         };
         let fut = async {
             let (status, body) = self.send(method, path, body).await?;
             let bytes = body.collect().await.map_err(|e| ClientError::Other(e.to_string()))?.to_bytes();
             if (200..300).contains(&status) {
-                return serde_json::from_slice::<T>(&bytes).map(Ok).map_err(|e| {
+                return serde_json::from_slice::<T>(&bytes).map(Answer::Done).map_err(|e| {
                     ClientError::Other(format!("pdctld answered {path} with a body this pdctl cannot read ({e}); are pdctl and pdctld the same version?"))
                 });
             }
-            Ok(Err(serde_json::from_slice::<ApiError>(&bytes).unwrap_or_else(|_| ApiError {
+            Ok(Answer::Refused(serde_json::from_slice::<ApiError>(&bytes).unwrap_or_else(|_| ApiError {
                 error: format!("pdctld answered {status}: {}", String::from_utf8_lossy(&bytes).trim()),
                 exit_code: Exit::Unreachable,
                 cause_code: "unknown".into(),
                 next: String::new(),
             })))
         };
-        tokio::time::timeout(TIMEOUT, fut).await.unwrap_or_else(|_| Err(ClientError::Other(format!("no answer within {TIMEOUT:?}"))))
+        match tokio::time::timeout(TIMEOUT, fut).await {
+            Ok(Ok(Answer::Done(v))) => Ok(v),
+            Ok(Ok(Answer::Refused(e))) => Err(CallError::Refused(e)),
+            Ok(Err(e)) => Err(CallError::Unreachable(e)),
+            Err(_) => Err(CallError::Unreachable(ClientError::Other(format!("no answer within {TIMEOUT:?}")))),
+        }
     }
 
     /// Stream the NDJSON lines of a rollout from `path` to `on_line` until the stream ends.

@@ -69,11 +69,11 @@ async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), E
 /// and runs with this config; `None` otherwise (the dry run then judges by modification times).
 pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Option<KnownChanges> {
     let ours = pdctl_core::api::ConfigIdentity::of(config)?;
-    let theirs = client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await.ok()?.ok()?;
+    let theirs = client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await.ok()?;
     if theirs.sha256 != ours.sha256 {
         return None;
     }
-    let diff = client.call::<pdctl_core::api::Diff>("GET", "/v1/diff", None::<&()>).await.ok()?.ok()?;
+    let diff = client.call::<pdctl_core::api::Diff>("GET", "/v1/diff", None::<&()>).await.ok()?;
     Some(
         diff.workers
             .into_iter()
@@ -124,7 +124,7 @@ struct DryRun {
 /// `pdctl check`.
 pub async fn check(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
     // This process is not pdctld: ask pdctld, inside its unit's IP sandbox, what it cannot reach.
-    if let Ok(Ok(r)) = client.call::<pdctl_core::api::ReachReport>("GET", "/v1/reach", None::<&()>).await {
+    if let Ok(r) = client.call::<pdctl_core::api::ReachReport>("GET", "/v1/reach", None::<&()>).await {
         if !r.blocked.is_empty() {
             for b in &r.blocked {
                 eprintln!("pdctl: ✗ pdctld's unit does not let it connect to {} ({}): its IP sandbox allows loopback only", b.url, b.what);

@@ -482,7 +482,7 @@ async fn candidates(config: &std::path::Path, client: &client::Client, what: &st
             }
         }
         "rollouts" => {
-            if let Ok(Ok(h)) = client.call::<pdctl_core::api::History>("GET", "/v1/rollouts", None::<&()>).await {
+            if let Ok(h) = client.call::<pdctl_core::api::History>("GET", "/v1/rollouts", None::<&()>).await {
                 for r in h.rollouts.iter().rev() {
                     println!("{}", r.id);
                 }

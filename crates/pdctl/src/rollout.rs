@@ -9,7 +9,7 @@ use pdctl_core::api::{AbortAccepted, ApiError, Diff, Exit, History, Record, Requ
 use pdctl_core::lifecycle::RolloutState;
 use pdctl_core::ports::Units as _;
 
-use crate::client::{Client, ClientError};
+use crate::client::{CallError, Client, ClientError};
 use crate::render::{Epilogue, Kind, Renderer};
 
 fn fail(e: ClientError) -> Exit {
@@ -34,12 +34,12 @@ pub async fn same_config(client: &Client, config: &Path, json: bool) -> Result<O
         return Ok(None);
     };
     match client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await {
-        Ok(Ok(theirs)) if theirs.sha256 != ours.sha256 => {
+        Ok(theirs) if theirs.sha256 != ours.sha256 => {
             let c = pdctl_core::cause::Cause::ConfigMismatch { given: ours.describe(), daemon: theirs.describe() };
             crate::context::refuse(&c, json).map(|()| None)
         }
-        Ok(_) => Ok(Some(ours)),
-        Err(e) => Err(fail(e)),
+        Ok(_) | Err(CallError::Refused(_)) => Ok(Some(ours)),
+        Err(CallError::Unreachable(e)) => Err(fail(e)),
     }
 }
 
@@ -47,9 +47,9 @@ pub async fn same_config(client: &Client, config: &Path, json: bool) -> Result<O
 /// One call to pdctld; its error (or no answer) printed and turned into the exit code.
 pub async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, path: &str, body: Option<&impl serde::Serialize>) -> Result<T, Exit> {
     match client.call::<T>(method, path, body).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(api_error(e)),
-        Err(e) => Err(fail(e)),
+        Ok(v) => Ok(v),
+        Err(CallError::Refused(e)) => Err(api_error(e)),
+        Err(CallError::Unreachable(e)) => Err(fail(e)),
     }
 }
 
@@ -60,16 +60,16 @@ async fn ask_said<T: serde::de::DeserializeOwned>(client: &Client, path: &str, j
 }
 
 /// An answer of pdctld, or its error printed (with `--json`, also as the one line on stdout).
-fn said<T>(answer: Result<Result<T, ApiError>, ClientError>, json: bool) -> Result<T, Exit> {
+fn said<T>(answer: Result<T, CallError>, json: bool) -> Result<T, Exit> {
     match answer {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => {
+        Ok(v) => Ok(v),
+        Err(CallError::Refused(e)) => {
             if json {
                 println!("{}", serde_json::to_string(&e).unwrap_or_default());
             }
             Err(api_error(e))
         }
-        Err(e) => {
+        Err(CallError::Unreachable(e)) => {
             if json {
                 println!("{}", serde_json::json!({ "error": e.to_string(), "exit_code": e.exit(), "cause_code": "pdctld_unreachable" }));
             }

@@ -41,7 +41,7 @@ fn opt(v: Option<f64>) -> String {
 pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
     let mut daemon_ok = true;
     let line = match client.call::<DaemonStatus>("GET", "/v1/status", None::<&()>).await {
-        Ok(Ok(v)) => {
+        Ok(v) => {
             if !json {
                 match &v.running {
                     Some(id) => println!("pdctld: running rollout {id} (pdctl rollout watch {id})"),
@@ -85,14 +85,14 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
             }
             serde_json::to_value(&v).unwrap_or(Value::Null)
         }
-        Ok(Err(e)) => {
+        Err(crate::client::CallError::Refused(e)) => {
             daemon_ok = false;
             if !json {
                 println!("pdctld: error: {}", e.error);
             }
             json!({ "state": "error", "error": e.error })
         }
-        Err(e) => {
+        Err(crate::client::CallError::Unreachable(e)) => {
             daemon_ok = false;
             if !json {
                 println!("pdctld: not reachable ({e}): no rollout can be started or followed; next: `systemctl status pdctld`");

@@ -96,7 +96,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         match c.cas(vec![CasChange { key: crate::fleet::rollout_key(&f.name, &id), expect: 0, write: Write::Put(value) }]).await {
             Ok(true) => {}
             Ok(false) => return Err(blocked(format!("the fleet request {id} exists already"))),
-            Err(e) => return Err((Step::Pair, Fail::from(Cause::FleetLost { message: e.0 }))),
+            Err(e) => return Err((Step::Pair, Fail::from(Cause::FleetLost { message: e.to_string() }))),
         }
         let ro = &self.settings.rollout;
         let limit = f.slot_timeout + ro.ready_timeout + ro.health_timeout + ro.router_timeout + ro.metrics_timeout + ro.min_healthy;

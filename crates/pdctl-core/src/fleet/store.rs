@@ -9,8 +9,7 @@ use super::keys::*;
 use crate::ports::{CasChange, Coordinator, FleetFailure, KvEntry, Write};
 
 fn decode<T: serde::de::DeserializeOwned>(e: &KvEntry) -> Result<T, FleetFailure> {
-    serde_json::from_slice(&e.value)
-        .map_err(|err| FleetFailure(format!("{} holds a value pdctl cannot read ({err}); inspect it with `etcdctl get {}`", e.key, e.key)))
+    serde_json::from_slice(&e.value).map_err(|err| FleetFailure::Unreadable { key: e.key.clone(), error: err.to_string() })
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -37,7 +36,7 @@ pub async fn ensure_limits(c: &dyn Coordinator, name: &str, local: &Limits) -> R
             }
         }
     }
-    Err(FleetFailure(format!("{key} kept changing while pdctl tried to read it")))
+    Err(FleetFailure::Contended { key: key.to_string(), doing: "while pdctl tried to read it".into() })
 }
 
 /// The outcome of one acquisition attempt.
@@ -217,7 +216,7 @@ pub async fn release(c: &dyn Coordinator, name: &str, role: &str, holder: &str, 
             return Ok(true);
         }
     }
-    Err(FleetFailure(format!("{key} kept changing while pdctl tried to release {holder}'s slot")))
+    Err(FleetFailure::Contended { key: key.to_string(), doing: format!("while pdctl tried to release {holder}'s slot") })
 }
 
 /// An operator's release: every hold of `holder`, in every role; what was released.
@@ -299,7 +298,7 @@ fn decode_each<T: serde::de::DeserializeOwned>(entries: &[KvEntry]) -> Vec<T> {
         .iter()
         .filter_map(|e| match decode(e) {
             Ok(v) => Some(v),
-            Err(FleetFailure(why)) => {
+            Err(why) => {
                 tracing::warn!("{why}: skipped");
                 None
             }
@@ -340,5 +339,5 @@ pub async fn set_pause(c: &dyn Coordinator, name: &str, p: Option<&Pause>) -> Re
             return Ok(());
         }
     }
-    Err(FleetFailure(format!("{key} kept changing")))
+    Err(FleetFailure::Contended { key: key.to_string(), doing: String::new() })
 }

@@ -82,7 +82,7 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
     let hosts = if req.hosts.is_empty() {
         match pdctl_core::fleet::hosts(&c, &f.name).await {
             Ok(h) => h.into_iter().map(|h| h.host).collect(),
-            Err(e) => return api_err(&Cause::FleetUnreachable { message: e.0 }),
+            Err(e) => return api_err(&Cause::FleetUnreachable { message: e.to_string() }),
         }
     } else {
         req.hosts.clone()
@@ -115,7 +115,7 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
             (StatusCode::ACCEPTED, Json(Started { id: Some(r.id), message: None })).into_response()
         }
         Ok(false) => api_err(&Cause::Busy { id: r.id }),
-        Err(e) => api_err(&Cause::FleetUnreachable { message: e.0 }),
+        Err(e) => api_err(&Cause::FleetUnreachable { message: e.to_string() }),
     }
 }
 

@@ -66,8 +66,8 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
         // the timer's sake).
         Request::Apply { all, allow_outage, .. } => match plan_apply(&e, &daemon.store.revisions_dir(), all, allow_outage).await? {
-            Ok(p) => p,
-            Err(message) => return Ok(Started { id: None, message: Some(message) }),
+            Planning::Run(p) => p,
+            Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         Request::Resume { id: old_id, .. } => plan_resume(&daemon, &e, old_id, &id).await?,
         Request::Weights { model_path, version, fleet_rollout, .. } => {
@@ -98,8 +98,8 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             }
         }
         Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
-            Ok(p) => p,
-            Err(message) => return Ok(Started { id: None, message: Some(message) }),
+            Planning::Run(p) => p,
+            Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
     };
     {
@@ -218,10 +218,17 @@ struct Planned {
     notes: Vec<String>,
 }
 
+/// What a request comes to: a plan to run, or nothing to roll — said, with no record (an empty
+/// "succeeded" one would say a rollout happened).
+enum Planning {
+    /// Run it.
+    Run(Planned),
+    /// Nothing to roll, and why.
+    Nothing(String),
+}
+
 /// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
-/// `Ok(Err(message))`: nothing to roll (no record: an empty "succeeded" one would say a rollout
-/// happened).
-async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outage: bool) -> Result<Result<Planned, String>, Cause> {
+async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outage: bool) -> Result<Planning, Cause> {
     let stale = e.staleness(dir).await?;
     // A change that already failed is not rolled out again until its files change.
     let held: Vec<String> =
@@ -231,7 +238,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
     }
     let chosen = pdctl_core::engine::Staleness::to_roll(&stale, all);
     if chosen.is_empty() {
-        return Ok(Err(if held.is_empty() {
+        return Ok(Planning::Nothing(if held.is_empty() {
             "no worker is stale; nothing to do".to_string()
         } else {
             format!("nothing to do: quarantined, not rolled out again: {}", held.join("; "))
@@ -262,7 +269,18 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
             None
         }
     };
-    Ok(Ok(Planned { kind: RolloutKind::Apply, plan, reasons, resumes: None, allow_outage, load_changes: true, reverify: 0, restore: None, weights, notes }))
+    Ok(Planning::Run(Planned {
+        kind: RolloutKind::Apply,
+        plan,
+        reasons,
+        resumes: None,
+        allow_outage,
+        load_changes: true,
+        reverify: 0,
+        restore: None,
+        weights,
+        notes,
+    }))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
@@ -333,9 +351,9 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
 }
 
 /// A revert's plan: the workers rollout `old_id` restarted with changed files (those whose
-/// revision from before it was kept), the last first, each with that revision. `Ok(Err(message))`:
-/// it changed no worker's files, so there is nothing to put back (no record).
-fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<Planned, String>, Cause> {
+/// revision from before it was kept), the last first, each with that revision; nothing when it
+/// changed no worker's files (nothing to put back).
+fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Planning, Cause> {
     let old = daemon.load(old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.to_string() })?;
     if old.lifecycle.state() == RolloutState::Running {
         return Err(Cause::WrongState {
@@ -374,13 +392,15 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Result<P
             .max_by_key(|r| r.created_at)
             .map(|r| format!(" (rollout {} reverted it)", r.id))
             .unwrap_or_default();
-        return Ok(Err(format!("nothing to revert: {} already running the files rollout {old_id} replaced{by}", already.join(", "))));
+        return Ok(Planning::Nothing(format!("nothing to revert: {} already running the files rollout {old_id} replaced{by}", already.join(", "))));
     }
     if units.is_empty() {
-        return Ok(Err(format!("nothing to revert: rollout {old_id} changed no worker's files (its restarts loaded what the workers already had)")));
+        return Ok(Planning::Nothing(format!(
+            "nothing to revert: rollout {old_id} changed no worker's files (its restarts loaded what the workers already had)"
+        )));
     }
     let plan = Plan::in_order(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    Ok(Ok(Planned {
+    Ok(Planning::Run(Planned {
         kind: RolloutKind::Revert,
         plan,
         reasons,

@@ -445,14 +445,14 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         serde_json::from_slice::<crate::fleet::Limits>(&e.value).map(|l| l.disagreement(&local).map_or(Ok(l), Err)).unwrap_or(Ok(local.clone()))
                     }
                     Ok(None) => Ok(local.clone()),
-                    Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.0 }))?,
+                    Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?,
                 }
             } else {
-                crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?
+                crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?
             };
             let limits = limits.map_err(|d| Fail::from(Cause::from(d)))?;
-            let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
-            let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.0 }))?;
+            let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
+            let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
             Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
         }
         .await;

@@ -91,8 +91,8 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                         seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {status}", x.is_healthy))
                     }
                     Some(x) => match self.serves_through_gateway(replica, w, x, &list, &mut a).await? {
-                        Ok(detail) => return Ok(detail),
-                        Err(s) => seen = s,
+                        Through::Admitted(detail) => return Ok(detail),
+                        Through::NotYet(s) => seen = s,
                     },
                 },
             }
@@ -118,25 +118,18 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     }
 
     /// The worker is listed and healthy: its breaker is not open and one request through the
-    /// gateway answers. `Ok(Ok(detail))`: admitted; `Ok(Err(seen))`: not yet; `Err`: it never can
-    /// be while this gate waits (no worker of the other PD role is even listed).
-    async fn serves_through_gateway(
-        &self,
-        replica: usize,
-        w: &Worker,
-        x: &RouterWorker,
-        list: &[RouterWorker],
-        a: &mut Admission,
-    ) -> Result<Result<Value, RouterSeen>, Fail> {
+    /// gateway answers. `Err`: it never can be while this gate waits (no worker of the other PD
+    /// role is even listed).
+    async fn serves_through_gateway(&self, replica: usize, w: &Worker, x: &RouterWorker, list: &[RouterWorker], a: &mut Admission) -> Result<Through, Fail> {
         let (role, t0, peers_drained) = (w.role.as_str(), a.t0, a.peers_drained);
         let cb = self.probes.cb_state(replica, &w.url).await;
         if let Ok(Some(1.0)) = cb {
-            return Ok(Err(RouterSeen::BreakerOpen));
+            return Ok(Through::NotYet(RouterSeen::BreakerOpen));
         }
         let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
         let smoke = if !self.settings.verify.smoke_request || (peers_drained && !other_admitted) { None } else { Some(self.probes.smoke(replica, 1).await) };
         let Some(Err(e)) = smoke else {
-            return Ok(Ok(json!({
+            return Ok(Through::Admitted(json!({
                 "router_id": x.id, "worker_type": x.worker_type, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
                 "cb_state": cb.ok().flatten(),
                 "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
@@ -157,8 +150,16 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             });
             return Err(Fail { cause, detail, unit: None });
         }
-        Ok(Err(RouterSeen::SmokeFailed(e.to_string())))
+        Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
     }
+}
+
+/// One look at a listed, healthy worker through the gateway.
+enum Through {
+    /// Admitted: the router step's detail.
+    Admitted(Value),
+    /// Not yet, and what was seen.
+    NotYet(RouterSeen),
 }
 
 /// What one router gate has done so far.

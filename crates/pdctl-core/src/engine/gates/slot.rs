@@ -75,7 +75,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                     continue;
                 }
                 Ok(Acquired::Wait(why)) => Fail::from(Cause::SlotTimeout { last: why, after: f.slot_timeout }),
-                Err(e) => Fail::from(Cause::FleetLost { message: e.0 }),
+                Err(e) => Fail::from(Cause::FleetLost { message: e.to_string() }),
             };
             if let Some(l) = ctx.ledger {
                 let _ = l.clear_slot(&first.unit);
