@@ -7,6 +7,51 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// What any step's detail may say besides its own facts, in the keys other places read back: why
+/// it was skipped (`reason`), the cause of its failure (`cause`, `cause_code`), a warning on a
+/// passed step (`warning`, with `cause_code` when a cause has one), and a sentence for the
+/// rollout's summary (`note`). Written into the detail beside the step's own facts
+/// ([`Said::written_into`]) and read back only through [`Said::of`] — the CLI's tables and warnings,
+/// pdctld's failure metric, the log sentence and the summary's notes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Said {
+    /// Why the step did not run (a skipped step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The cause's sentence (a failed step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// The cause's stable code (a failed step, or a passed one with a warning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause_code: Option<String>,
+    /// What went wrong on a passed step (a gate in warn mode, a slow stop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    /// A sentence for the rollout's summary (a service the soak could not judge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Said {
+    /// What `detail` says (nothing for a detail that is no object, or whose keys hold other
+    /// types than strings).
+    pub fn of(detail: &Value) -> Said {
+        Said::deserialize(detail).unwrap_or_default()
+    }
+
+    /// `detail` with these keys set beside its own (a detail that is no object becomes one).
+    pub fn written_into(self, detail: Value) -> Value {
+        let mut d = match detail {
+            Value::Object(o) => o,
+            _ => serde_json::Map::new(),
+        };
+        if let Ok(Value::Object(mine)) = serde_json::to_value(self) {
+            d.extend(mine);
+        }
+        Value::Object(d)
+    }
+}
+
 /// The pair step's detail: every pair the restarted worker is in, and what was found.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PairDetail {
@@ -167,6 +212,21 @@ pub struct SlotWait {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn what_a_step_says_is_written_and_read_in_the_keys_of_the_contract() {
+        let skip = Said { reason: Some("no [fleet] configured".into()), ..Said::default() }.written_into(Value::Null);
+        assert_eq!(serde_json::to_string(&skip).unwrap_or_default(), r#"{"reason":"no [fleet] configured"}"#);
+        let warned = Said { warning: Some("w".into()), cause_code: Some("load_unknown".into()), ..Said::default() }.written_into(json!({"in_flight": 2}));
+        assert_eq!(serde_json::to_string(&warned).unwrap_or_default(), r#"{"cause_code":"load_unknown","in_flight":2,"warning":"w"}"#);
+        // A detail that is no object becomes one; its keys beside the step's own facts.
+        assert_eq!(Said { note: Some("n".into()), ..Said::default() }.written_into(json!(3)), json!({"note": "n"}));
+        // Read back: strings only; a null or another type is nothing, never an error.
+        let said = Said::of(&json!({"cause": "c", "cause_code": "job_failed", "warning": null, "job_ms": 5}));
+        assert_eq!((said.cause.as_deref(), said.cause_code.as_deref(), said.warning), (Some("c"), Some("job_failed"), None));
+        assert_eq!(Said::of(&json!({"note": 5})), Said::default());
+        assert_eq!(Said::of(&Value::Null), Said::default());
+    }
 
     #[test]
     fn the_details_serialize_to_the_json_the_contract_shows() {

@@ -154,7 +154,7 @@ impl Renderer {
                 self.note(&format!("pdctl: {} is restarted to repair its stale pairing with {of}", e.unit));
             }
         }
-        if let Some(w) = e.detail.get("warning").and_then(|v| v.as_str()) {
+        if let Some(w) = pdctl_core::details::Said::of(&e.detail).warning {
             self.note(&format!("pdctl: ⚠ {}: {w}", e.unit));
         }
         let step = e.step.as_str();

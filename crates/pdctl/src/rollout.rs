@@ -346,10 +346,9 @@ fn service_cell(slo: &serde_json::Value) -> Option<String> {
 /// An event's detail in a table cell: the cause, reason or warning when there is one, else its
 /// first few plain facts (`key=value`), never an empty cell for an event that has any.
 fn event_detail(d: &serde_json::Value) -> String {
-    for k in ["cause", "reason", "warning"] {
-        if let Some(t) = d.get(k).and_then(|v| v.as_str()) {
-            return t.to_string();
-        }
+    let said = pdctl_core::details::Said::of(d);
+    if let Some(t) = said.cause.or(said.reason).or(said.warning) {
+        return t;
     }
     if let Some(cell) = d.get("slo").and_then(service_cell) {
         return cell;

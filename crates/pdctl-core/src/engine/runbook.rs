@@ -226,7 +226,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let after = x.after.clone();
                 let note = reported(sink, unit, step, async {
                     self.soak(w, &mut x.watch, &after, before).await.map(|d| {
-                        let note = d["note"].as_str().map(String::from);
+                        let note = crate::details::Said::of(&d).note;
                         (d, note)
                     })
                 })

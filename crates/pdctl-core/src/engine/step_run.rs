@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::Cause;
+use crate::details::Said;
 use crate::engine::steps::GateMode;
 use crate::events::{Event, Sink, Status, Step};
 use crate::ports::UnitsError;
@@ -67,7 +68,7 @@ impl<'a> StepRun<'a> {
         self.emit(Status::Passed, detail);
     }
     pub(in crate::engine) fn skip(self, why: &str) {
-        self.emit(Status::Skipped, json!({ "reason": why }));
+        self.emit(Status::Skipped, Said { reason: Some(why.to_string()), ..Said::default() }.written_into(Value::Null));
     }
     /// Under [`GateMode::Warn`], end the step as passed with a warning (`detail` plus the cause's
     /// sentence and code) and return `None`; otherwise hand the step back, to be failed.
@@ -75,15 +76,14 @@ impl<'a> StepRun<'a> {
         if mode != GateMode::Warn {
             return Some(self);
         }
-        let mut d = if detail.is_object() { detail } else { json!({}) };
-        d["warning"] = json!(cause.sentence());
-        d["cause_code"] = json!(cause.code());
-        self.pass(d);
+        self.pass(Said { warning: Some(cause.sentence()), cause_code: Some(cause.code().to_string()), ..Said::default() }.written_into(detail));
         None
     }
 
     pub(in crate::engine) fn fail(self, f: &Fail) {
-        let mut d = json!({ "cause": f.cause.sentence(), "cause_code": f.cause.code() });
+        // The step's own facts beside the cause (as they were: a restart that failed after a
+        // killed stop keeps that stop's `cause_code`).
+        let mut d = Said { cause: Some(f.cause.sentence()), cause_code: Some(f.cause.code().to_string()), ..Said::default() }.written_into(Value::Null);
         if let (Some(o), Value::Object(extra)) = (d.as_object_mut(), &f.detail) {
             o.extend(extra.clone());
         }
@@ -97,8 +97,10 @@ pub fn sentence(e: &Event) -> String {
     match e.status {
         Status::Started => format!("{}: {} started", e.unit, e.step.as_str()),
         Status::Passed => format!("{}: {} passed in {secs:.1}s", e.unit, e.step.as_str()),
-        Status::Skipped => format!("{}: {} skipped ({})", e.unit, e.step.as_str(), e.detail["reason"].as_str().unwrap_or("not needed")),
-        Status::Failed => format!("{}: {} failed after {secs:.1}s: {}", e.unit, e.step.as_str(), e.detail["cause"].as_str().unwrap_or("unknown cause")),
+        Status::Skipped => format!("{}: {} skipped ({})", e.unit, e.step.as_str(), Said::of(&e.detail).reason.as_deref().unwrap_or("not needed")),
+        Status::Failed => {
+            format!("{}: {} failed after {secs:.1}s: {}", e.unit, e.step.as_str(), Said::of(&e.detail).cause.as_deref().unwrap_or("unknown cause"))
+        }
     }
 }
 

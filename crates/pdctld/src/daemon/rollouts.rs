@@ -441,7 +441,7 @@ pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &b
         Status::Passed => daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0),
         Status::Failed => {
             // The engine puts its Cause's code here (Cause::code: a fixed set).
-            let cause = ev.detail.get("cause_code").and_then(|v| v.as_str()).unwrap_or("unknown").to_string();
+            let cause = pdctl_core::details::Said::of(&ev.detail).cause_code.unwrap_or_else(|| "unknown".into());
             daemon.metrics.gate_failures.get_or_create(&FailureLabel { step: ev.step.as_str().into(), cause }).inc();
         }
         Status::Started | Status::Skipped => {}

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::cause::Cause;
 use crate::config::Worker;
+use crate::details::Said;
 use crate::engine::gates::Deferred;
 use crate::engine::step_run::{Fail, POLL};
 use crate::engine::Engine;
@@ -105,13 +106,12 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if stop.killed {
             let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
             tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
-            detail["warning"] = json!(c.sentence());
-            detail["cause_code"] = json!(c.code());
+            detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
         } else if stop.ended_by == "sglang_tree_kill" {
             // Not the manager's timeout: SGLang killed its own tree after a child died.
             let said = format!("{unit}: {}", stop.why);
             tracing::warn!(pdctl_unit = unit, "{said}");
-            detail["warning"] = json!(said);
+            detail = Said { warning: Some(said), ..Said::default() }.written_into(detail);
         }
         if out.job_result != "done" {
             let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };

@@ -62,7 +62,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut d = json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts });
         if let Some(r) = slo {
             if let Verdict::NotJudged { why } = &r.verdict {
-                d["note"] = json!(format!("{unit}'s service was not judged: {why}"));
+                d = crate::details::Said { note: Some(format!("{unit}'s service was not judged: {why}")), ..Default::default() }.written_into(d);
             }
             d["slo"] = json!(r);
         }
