@@ -198,7 +198,7 @@ fn end_to_end(config: &std::path::Path, pdctl: &std::path::Path, socket: &std::p
 async fn engine_ready(config: &std::path::Path, unit: &str, n: usize) -> Vec<f64> {
     let settings = pdctl_core::config::load(config).expect("settings");
     let worker = settings.workers.iter().find(|w| w.unit == unit).cloned().expect("decode worker");
-    let engine = pdctl_core::real::connect(settings).await.expect("engine");
+    let engine = pdctl_real::connect(settings).await.expect("engine");
     let mut lat = Vec::new();
     for _ in 0..n {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

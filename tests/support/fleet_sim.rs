@@ -53,7 +53,7 @@ pub struct SimReport {
 
 /// The real coordinator, with every `lose_every`-th successful transaction's answer dropped.
 struct Lossy {
-    inner: pdctl_core::real::EtcdCoordinator,
+    inner: pdctl_real::EtcdCoordinator,
     every: u64,
     n: AtomicU64,
     lost: AtomicU64,
@@ -106,7 +106,7 @@ fn sim_settings(spec: &SimSpec, etcd_url: &str, name: &str) -> pdctl_core::confi
 pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + Send + 'static) -> SimReport {
     let name = format!("sim{}", fleet::now_secs() % 100_000);
     let settings = sim_settings(spec, etcd_url, &name);
-    let c = Arc::new(Lossy { inner: pdctl_core::real::EtcdCoordinator::new(&settings), every: spec.lose_every, n: AtomicU64::new(0), lost: AtomicU64::new(0) });
+    let c = Arc::new(Lossy { inner: pdctl_real::EtcdCoordinator::new(&settings), every: spec.lose_every, n: AtomicU64::new(0), lost: AtomicU64::new(0) });
     let limits = Limits { max_unavailable: settings.max_unavailable.clone() };
     let failed = Arc::new(AtomicU64::new(0));
     let fallbacks = Arc::new(AtomicU64::new(0));
@@ -274,7 +274,7 @@ pub async fn idle(hosts: usize, etcd_url: &str, baseline: bool, window: Duration
     let phase = |period: Duration| Duration::from_millis(pdctl_core::sglang::pairing::room() % (period.as_millis() as u64).max(1));
     let mut conns = Vec::new();
     for _ in 0..hosts {
-        let c = Arc::new(pdctl_core::real::EtcdCoordinator::new(&settings));
+        let c = Arc::new(pdctl_real::EtcdCoordinator::new(&settings));
         let _ = c.revision().await; // connected before the window
         conns.push(c);
     }

@@ -5,7 +5,8 @@
 //! mean, PD pairs, a worker's stop, the model it computes with); what pdctld keeps on disk
 //! ([`state`]: revisions and config drift, the drain ledger, in-place loads); what clients see
 //! ([`service`]: the SLO gate, availability, the restart storm). It reaches systemd, the journal
-//! and HTTP only through the traits in [`ports`]; [`real`] implements them over the driver crates.
+//! and HTTP only through the traits in [`ports`]; the crate `pdctl-real` implements them over the driver
+//! crates.
 
 #![warn(missing_docs)]
 
@@ -24,7 +25,6 @@ pub mod names;
 pub mod next;
 pub mod plan;
 pub mod ports;
-pub mod real;
 pub mod redact;
 pub mod service;
 pub mod sglang;

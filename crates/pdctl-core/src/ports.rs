@@ -1,7 +1,7 @@
 //! The boundary of the engine: three small traits — systemd ([`Units`]), the journal ([`Logs`]),
 //! HTTP checks of workers and the router ([`Probes`]) — and the facts they report, in core's own
 //! types. Drivers report facts; the engine and [`crate::sglang::judge`] decide what they mean. The real
-//! implementations are in [`crate::real`]; unit tests use in-memory fakes behind the same traits.
+//! implementations are in the crate `pdctl-real`; unit tests use in-memory fakes behind the same traits.
 
 use std::collections::BTreeMap;
 use std::future::Future;

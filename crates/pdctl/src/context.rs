@@ -6,7 +6,7 @@ use pdctl_core::api::Exit;
 use pdctl_core::config::Settings;
 use pdctl_core::engine::KnownChanges;
 use pdctl_core::plan::Plan;
-use pdctl_core::real::RealEngine;
+use pdctl_real::RealEngine;
 
 use crate::render::{Kind, Renderer};
 
@@ -49,7 +49,7 @@ pub fn refuse(cause: &pdctl_core::cause::Cause, json: bool) -> Result<(), Exit> 
 
 /// Connect the drivers (exit 3 when systemd cannot be reached).
 pub async fn engine(settings: Settings) -> Result<RealEngine, Exit> {
-    pdctl_core::real::connect(settings).await.map_err(|e| {
+    pdctl_real::connect(settings).await.map_err(|e| {
         eprintln!("pdctl: {e}");
         Exit::Unreachable
     })
@@ -176,7 +176,7 @@ pub async fn weights_dry_run(config: &Path, model_path: &str, version: Option<&s
         eprintln!("pdctl: ✗ rollout weights loads every worker of one host at once; with [fleet] other hosts' workers would pair with them across versions; nothing was touched; next: pdctl fleet weights --model-path {model_path}");
         return Exit::Usage;
     }
-    let probes = pdctl_core::real::probes(&s);
+    let probes = pdctl_real::probes(&s);
     let mut rows = Vec::new();
     let mut unreadable = 0;
     for w in &s.workers {

@@ -7,7 +7,7 @@ use std::path::Path;
 use pdctl_core::api::Exit;
 use pdctl_core::config::FleetSettings;
 use pdctl_core::fleet::{self, HostSummary, Pause};
-use pdctl_core::real::EtcdCoordinator;
+use pdctl_real::EtcdCoordinator;
 use serde_json::json;
 
 fn fleet_of(config: &Path) -> Result<FleetSettings, Exit> {

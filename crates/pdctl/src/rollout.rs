@@ -101,7 +101,7 @@ pub async fn start(client: &Client, config: &Path, req: &Request, json: bool) ->
 /// The failed unit's systemd state now, read here (read-only), when the config is readable.
 async fn unit_state_now(config: &Path, unit: &str) -> Option<(String, String)> {
     let settings = pdctl_core::config::load(config).ok()?;
-    let sd = pdctl_core::real::SystemdUnits::connect(&settings).await.ok()?;
+    let sd = pdctl_real::SystemdUnits::connect(&settings).await.ok()?;
     let st = sd.state(unit).await.ok()?;
     let inv = st.invocation_id.get(..8).map(|i| format!(", run {i}")).unwrap_or_default();
     Some((unit.to_string(), format!("{}/{}{inv}", st.active_state, st.sub_state)))

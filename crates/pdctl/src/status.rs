@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use pdctl_core::api::{DaemonStatus, Exit};
 use pdctl_core::ports::{KvReport, Probes as _, Units as _};
-use pdctl_core::real::SystemdUnits;
+use pdctl_real::SystemdUnits;
 use serde_json::{json, Value};
 
 use crate::context;
@@ -126,7 +126,7 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
         Err(c) => return (c, Vec::new()),
     };
     let sd = SystemdUnits::connect(&s).await;
-    let probes = pdctl_core::real::probes(&s);
+    let probes = pdctl_real::probes(&s);
     let router = if s.router.is_some() { Some(probes.router_workers(0).await.map_err(|e| e.to_string())) } else { None };
     let mut errors: Vec<String> = Vec::new();
     let mut not_serving = false;

@@ -91,7 +91,7 @@ impl Daemon {
                 written = Some((steady(&st), now));
             }
             if alive.is_none() {
-                match pdctl_core::real::etcd_connect(&f.etcd, f.user.as_ref(), f.tls.as_ref()).await {
+                match pdctl_real::etcd_connect(&f.etcd, f.user.as_ref(), f.tls.as_ref()).await {
                     Ok(etcd) => {
                         let v = value.clone();
                         alive = Some((key.clone(), etcd.keep_alive(key.clone(), pdctl_core::fleet::LIVENESS_TTL_SECS, move || lock(&v).clone())));
@@ -215,13 +215,13 @@ impl Daemon {
 
     /// The fleet's etcd for the idle loops: one connection, kept while `[fleet]`'s endpoints,
     /// user and TLS stay the same.
-    pub(super) fn coordinator(&self, f: &pdctl_core::config::FleetSettings) -> Arc<pdctl_core::real::EtcdCoordinator> {
+    pub(super) fn coordinator(&self, f: &pdctl_core::config::FleetSettings) -> Arc<pdctl_real::EtcdCoordinator> {
         let key = format!("{:?}|{:?}|{:?}", f.etcd, f.user, f.tls);
         let mut g = lock(&self.etcd);
         match g.as_ref() {
             Some((k, c)) if *k == key => c.clone(),
             _ => {
-                let c = Arc::new(pdctl_core::real::EtcdCoordinator::new(f));
+                let c = Arc::new(pdctl_real::EtcdCoordinator::new(f));
                 *g = Some((key, c.clone()));
                 c
             }
@@ -229,7 +229,7 @@ impl Daemon {
     }
 
     pub(super) async fn fleet_part(self: Arc<Self>, f: pdctl_core::config::FleetSettings, r: pdctl_core::fleet::FleetRollout) {
-        let c = pdctl_core::real::EtcdCoordinator::new(&f);
+        let c = pdctl_real::EtcdCoordinator::new(&f);
         let summary_key = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
         let not_started = |why: String| pdctl_core::fleet::HostSummary {
             host: f.host.clone(),
@@ -319,7 +319,7 @@ impl Daemon {
     /// another host failed. Returns how it ended, for this host's summary.
     pub(super) async fn follow(
         &self,
-        c: &pdctl_core::real::EtcdCoordinator,
+        c: &pdctl_real::EtcdCoordinator,
         f: &pdctl_core::config::FleetSettings,
         fleet_id: &str,
         id: &str,
@@ -373,13 +373,13 @@ impl Daemon {
     }
 }
 
-pub(super) async fn fleet_put<T: serde::Serialize>(c: &pdctl_core::real::EtcdCoordinator, key: &str, v: &T) -> Result<(), pdctl_core::ports::FleetFailure> {
+pub(super) async fn fleet_put<T: serde::Serialize>(c: &pdctl_real::EtcdCoordinator, key: &str, v: &T) -> Result<(), pdctl_core::ports::FleetFailure> {
     use pdctl_core::ports::{CasChange, Coordinator as _, Write};
     let expect = c.get(key).await?.map(|e| e.mod_revision).unwrap_or(0);
     c.cas(vec![CasChange { key: key.to_string(), expect, write: Write::Put(serde_json::to_vec(v).unwrap_or_default()) }]).await.map(|_| ())
 }
 
-pub(super) async fn fleet_summaries(c: &pdctl_core::real::EtcdCoordinator, name: &str, id: &str) -> BTreeMap<String, pdctl_core::fleet::HostSummary> {
+pub(super) async fn fleet_summaries(c: &pdctl_real::EtcdCoordinator, name: &str, id: &str) -> BTreeMap<String, pdctl_core::fleet::HostSummary> {
     use pdctl_core::ports::Coordinator as _;
     // Each host's summary key alone (the request names the hosts), not the whole prefix: it
     // holds every event of every host, and this is asked every few hundred milliseconds.
@@ -400,7 +400,7 @@ pub(super) async fn fleet_summaries(c: &pdctl_core::real::EtcdCoordinator, name:
 /// Every host's value under `rollouts/<id>/hosts/<host>/<suffix>` of fleet rollout `id`, by host
 /// (`host_of` names it; a value that does not read is left out).
 pub(super) async fn per_host<T: serde::de::DeserializeOwned>(
-    c: &pdctl_core::real::EtcdCoordinator,
+    c: &pdctl_real::EtcdCoordinator,
     name: &str,
     id: &str,
     suffix: &str,

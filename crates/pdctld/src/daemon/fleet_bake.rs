@@ -15,8 +15,8 @@ use pdctl_core::api::{HostResult, Request, Started, StartedBy};
 use pdctl_core::config::FleetSettings;
 use pdctl_core::fleet::{BakeState, FleetRevert, FleetRollout, HostBake, HostSummary};
 use pdctl_core::ports::{CasChange, Coordinator as _, Write};
-use pdctl_core::real::EtcdCoordinator;
 use pdctl_core::service::slo::{ServiceScrape, Verdict};
+use pdctl_real::EtcdCoordinator;
 
 use super::fleet::{fleet_put, fleet_summaries, per_host};
 use super::rollouts::start;

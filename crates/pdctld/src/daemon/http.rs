@@ -78,7 +78,7 @@ pub(super) async fn post_fleet_rollout(State(d): State<Arc<Daemon>>, peer: Optio
     let Some(f) = s.fleet else {
         return api_err(&Cause::BadRequest { message: format!("{} has no [fleet]: this host is not part of a fleet (docs/fleet.md)", d.config.display()) });
     };
-    let c = pdctl_core::real::EtcdCoordinator::new(&f);
+    let c = pdctl_real::EtcdCoordinator::new(&f);
     let hosts = if req.hosts.is_empty() {
         match pdctl_core::fleet::hosts(&c, &f.name).await {
             Ok(h) => h.into_iter().map(|h| h.host).collect(),
@@ -127,7 +127,7 @@ pub(super) async fn reach(State(d): State<Arc<Daemon>>) -> Response {
         Ok(s) => s,
         Err(c) => return api_err(&c),
     };
-    let probes = pdctl_core::real::probes(&s);
+    let probes = pdctl_real::probes(&s);
     let mut out = pdctl_core::api::ReachReport::default();
     for (what, url) in s.urls() {
         let host = pdctl_core::sglang::pairing::bootstrap_host(&url);

@@ -20,7 +20,7 @@ use pdctl_core::cause::Cause;
 use pdctl_core::events::Step;
 use pdctl_core::lifecycle::{now, RolloutState};
 use pdctl_core::ports::Units as _;
-use pdctl_core::real::{RealEngine, SystemdUnits};
+use pdctl_real::{RealEngine, SystemdUnits};
 use tokio::sync::broadcast;
 
 use crate::metrics::{Metrics, ResultLabel};
@@ -84,7 +84,7 @@ pub struct Daemon {
     baselines: Mutex<BTreeMap<String, BTreeMap<String, pdctl_core::service::slo::ServiceScrape>>>,
     /// The fleet's etcd, one connection for the idle loops (by endpoints, user and TLS: a new
     /// one when the config changes them).
-    etcd: Mutex<Option<(String, Arc<pdctl_core::real::EtcdCoordinator>)>>,
+    etcd: Mutex<Option<(String, Arc<pdctl_real::EtcdCoordinator>)>>,
 }
 
 /// The error response of `cause`: its HTTP status and the documented JSON body.
@@ -106,7 +106,7 @@ fn config(daemon: &Daemon) -> Result<pdctl_core::config::Settings, Cause> {
 }
 
 async fn engine(daemon: &Daemon) -> Result<RealEngine, Cause> {
-    pdctl_core::real::connect(config(daemon)?).await.map_err(|e| e.cause())
+    pdctl_real::connect(config(daemon)?).await.map_err(|e| e.cause())
 }
 
 /// Each unit's systemd state now (for an interruption).

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use pdctl_core::api::Record;
 use pdctl_core::events::Event;
-use pdctl_core::real::RealEngine;
 use pdctl_core::state::drain_ledger::Drain;
+use pdctl_real::RealEngine;
 
 use crate::metrics::ResultLabel;
 

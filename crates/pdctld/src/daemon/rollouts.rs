@@ -12,7 +12,7 @@ use pdctl_core::events::{Event, Status, Step};
 use pdctl_core::lifecycle::{now, RolloutState};
 use pdctl_core::plan::Plan;
 use pdctl_core::ports::Units as _;
-use pdctl_core::real::RealEngine;
+use pdctl_real::RealEngine;
 use tokio::sync::broadcast;
 
 use crate::metrics::{FailureLabel, ResultLabel, StepLabel};

@@ -44,12 +44,12 @@ impl Daemon {
     /// connection is kept (made again after a failed read or a change of `[systemd]`).
     pub async fn storm_watch(self: Arc<Self>) {
         let mut tick = tokio::time::interval(EVERY);
-        let mut conn: Option<(pdctl_core::config::BusSetting, pdctl_core::real::SystemdUnits)> = None;
+        let mut conn: Option<(pdctl_core::config::BusSetting, pdctl_real::SystemdUnits)> = None;
         loop {
             tick.tick().await;
             let Ok(settings) = config(&self) else { continue };
             if conn.as_ref().is_none_or(|(bus, _)| *bus != settings.bus) {
-                conn = match tokio::time::timeout(Duration::from_secs(5), pdctl_core::real::SystemdUnits::connect(&settings)).await {
+                conn = match tokio::time::timeout(Duration::from_secs(5), pdctl_real::SystemdUnits::connect(&settings)).await {
                     Ok(Ok(u)) => Some((settings.bus.clone(), u)),
                     _ => None,
                 };
@@ -114,7 +114,7 @@ impl Daemon {
     /// sets the fleet-wide pause, naming the hosts and units. After a pause was lifted, only
     /// restarts from then on count (`storm_since`: those before were the pause's). Returns the pause's reason
     /// when it set one.
-    pub(super) async fn fleet_storm(&self, c: &pdctl_core::real::EtcdCoordinator) -> Option<String> {
+    pub(super) async fn fleet_storm(&self, c: &pdctl_real::EtcdCoordinator) -> Option<String> {
         let s = config(self).ok()?;
         let f = s.fleet.as_ref()?;
         let now = pdctl_core::fleet::now_secs();

@@ -1,6 +1,10 @@
-//! The ports over the real drivers — `pdctl-systemd` (D-Bus), `pdctl-journal` (libsystemd),
-//! `pdctl-probe` (HTTP) — translating their facts into core's types, and the one mapping from
-//! [`Settings`] to connected drivers, used by the CLI and pdctld alike.
+//! `pdctl-real`: pdctl-core's ports over the real drivers — `pdctl-systemd` (D-Bus),
+//! `pdctl-journal` (libsystemd), `pdctl-probe` (HTTP), `pdctl-fleet` (etcd) — translating their
+//! facts into core's types, and the one mapping from [`Settings`] to connected drivers, used by
+//! the CLI and pdctld alike. pdctl-core decides and knows the drivers only through its ports
+//! (`pdctl_core::ports`); this crate is the only place that connects the two.
+
+#![warn(missing_docs)]
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,14 +13,14 @@ use pdctl_journal::{Follower, Source};
 use pdctl_probe::{Http, HttpError, MetricsProblem, Router};
 use pdctl_systemd::{Systemd, UnitWatch};
 
-use crate::cause::MetricsDiagnosis;
-use crate::config::{BusSetting, Settings};
-use crate::engine::Engine;
-use crate::ports::{
+use pdctl_core::cause::MetricsDiagnosis;
+use pdctl_core::config::{BusSetting, Settings};
+use pdctl_core::engine::Engine;
+use pdctl_core::ports::{
     Auth, Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState,
     Units, UnitsError, Watch,
 };
-use crate::sglang::pairing::{Half, PairProbe, PdQueues};
+use pdctl_core::sglang::pairing::{Half, PairProbe, PdQueues};
 
 fn units_error(e: pdctl_systemd::Error) -> UnitsError {
     use pdctl_systemd::Error as E;
@@ -155,7 +159,7 @@ fn failure(e: HttpError) -> HttpFailure {
     HttpFailure(e.to_string())
 }
 
-/// [`failure`] of a call to one of SGLang's admin routes ([`crate::sglang::ADMIN_ROUTES`]): a
+/// [`failure`] of a call to one of SGLang's admin routes ([`pdctl_core::sglang::ADMIN_ROUTES`]): a
 /// refusal (401/403) says which key the route takes.
 fn admin_failure(e: HttpError) -> HttpFailure {
     match &e {
@@ -319,7 +323,7 @@ impl Probes for HttpProbes {
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         pdctl_probe::weights::model_info(&self.http, url).await.map(|m| (m.model_path, m.weight_version)).map_err(failure)
     }
-    async fn pause(&self, url: &str, mode: crate::ports::PauseMode, limit: Duration) -> Result<(), HttpFailure> {
+    async fn pause(&self, url: &str, mode: pdctl_core::ports::PauseMode, limit: Duration) -> Result<(), HttpFailure> {
         pdctl_probe::weights::pause(&self.http, url, mode.as_str(), limit).await.map_err(admin_failure)
     }
     async fn resume(&self, url: &str, limit: Duration) -> Result<(), HttpFailure> {
@@ -334,9 +338,9 @@ impl Probes for HttpProbes {
     async fn server_info(&self, url: &str) -> Result<serde_json::Value, HttpFailure> {
         self.http.get_json(&format!("{}/server_info", url.trim_end_matches('/'))).await.map_err(failure)
     }
-    async fn reach(&self, url: &str) -> crate::ports::Reach {
-        use crate::ports::Reach;
-        let Ok(c) = crate::config::canonical_url(url) else {
+    async fn reach(&self, url: &str) -> pdctl_core::ports::Reach {
+        use pdctl_core::ports::Reach;
+        let Ok(c) = pdctl_core::config::canonical_url(url) else {
             return Reach::Unknown(format!("{url} is not a URL"));
         };
         let authority = c.split_once("://").map(|(_, r)| r).unwrap_or(&c).split('/').next().unwrap_or_default().to_string();
@@ -359,7 +363,7 @@ impl Probes for HttpProbes {
         let held: Vec<f64> = e
             .samples
             .iter()
-            .filter(|s| crate::sglang::PREFILL_HELD_GAUGES.iter().any(|n| s.name == *n || s.name == n.replace(':', "_")))
+            .filter(|s| pdctl_core::sglang::PREFILL_HELD_GAUGES.iter().any(|n| s.name == *n || s.name == n.replace(':', "_")))
             .map(|s| s.value)
             .collect();
         if held.is_empty() {
@@ -401,7 +405,7 @@ pub fn probes(settings: &Settings) -> HttpProbes {
         let Some(src) = &w.api_key else { continue };
         match src.read() {
             Ok(key) => {
-                keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: crate::sglang::API_KEY_EXEMPT, only: None });
+                keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: pdctl_core::sglang::API_KEY_EXEMPT, only: None });
                 key_notes.insert(w.url.clone(), format!("the key from {}", src.describe()));
             }
             Err(why) => {
@@ -414,7 +418,7 @@ pub fn probes(settings: &Settings) -> HttpProbes {
     for w in &settings.workers {
         let Some(src) = &w.admin_api_key else { continue };
         match src.read() {
-            Ok(key) => keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: &[], only: Some(crate::sglang::ADMIN_ROUTES) }),
+            Ok(key) => keys.push(pdctl_probe::ApiKey { base: w.url.clone(), key, exempt: &[], only: Some(pdctl_core::sglang::ADMIN_ROUTES) }),
             Err(why) => tracing::info!(pdctl_unit = %w.unit, "the admin API key of {} cannot be read: {why}", w.unit),
         }
     }
@@ -441,7 +445,7 @@ pub fn probes(settings: &Settings) -> HttpProbes {
 /// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes).
 pub async fn connect(settings: Settings) -> Result<RealEngine, UnitsError> {
     let units = SystemdUnits::connect(&settings).await?;
-    let coordinator = settings.fleet.as_ref().map(|f| std::sync::Arc::new(EtcdCoordinator::new(f)) as std::sync::Arc<dyn crate::ports::Coordinator>);
+    let coordinator = settings.fleet.as_ref().map(|f| std::sync::Arc::new(EtcdCoordinator::new(f)) as std::sync::Arc<dyn pdctl_core::ports::Coordinator>);
     Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings, coordinator })
 }
 
@@ -449,7 +453,7 @@ pub async fn connect(settings: Settings) -> Result<RealEngine, UnitsError> {
 pub struct EtcdCoordinator {
     endpoints: Vec<String>,
     user: Option<(String, std::path::PathBuf)>,
-    tls: Option<crate::config::FleetTls>,
+    tls: Option<pdctl_core::config::FleetTls>,
     conn: tokio::sync::Mutex<Option<pdctl_fleet::Etcd>>,
 }
 
@@ -458,11 +462,11 @@ pub const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl EtcdCoordinator {
     /// For `[fleet]`.
-    pub fn new(f: &crate::config::FleetSettings) -> EtcdCoordinator {
+    pub fn new(f: &pdctl_core::config::FleetSettings) -> EtcdCoordinator {
         EtcdCoordinator { endpoints: f.etcd.clone(), user: f.user.clone(), tls: f.tls.clone(), conn: tokio::sync::Mutex::new(None) }
     }
 
-    async fn etcd(&self) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
+    async fn etcd(&self) -> Result<pdctl_fleet::Etcd, pdctl_core::ports::FleetFailure> {
         let mut g = self.conn.lock().await;
         if let Some(e) = g.as_ref() {
             return Ok(e.clone());
@@ -473,14 +477,14 @@ impl EtcdCoordinator {
     }
 }
 
-/// An etcd watch behind the [`crate::ports::ChangeWatch`] port.
+/// An etcd watch behind the [`pdctl_core::ports::ChangeWatch`] port.
 struct EtcdWatch(pdctl_fleet::Watch);
 
-impl crate::ports::ChangeWatch for EtcdWatch {
-    fn next(&mut self, limit: Duration) -> crate::ports::BoxFut<'_, Result<Option<Vec<crate::ports::KvChange>>, crate::ports::FleetFailure>> {
+impl pdctl_core::ports::ChangeWatch for EtcdWatch {
+    fn next(&mut self, limit: Duration) -> pdctl_core::ports::BoxFut<'_, Result<Option<Vec<pdctl_core::ports::KvChange>>, pdctl_core::ports::FleetFailure>> {
         Box::pin(async move {
             let got = self.0.next(limit).await.map_err(fleet_failure)?;
-            Ok(got.map(|v| v.into_iter().map(|c| crate::ports::KvChange { key: c.key, value: c.value, revision: c.revision }).collect()))
+            Ok(got.map(|v| v.into_iter().map(|c| pdctl_core::ports::KvChange { key: c.key, value: c.value, revision: c.revision }).collect()))
         })
     }
 }
@@ -490,9 +494,9 @@ impl crate::ports::ChangeWatch for EtcdWatch {
 pub async fn etcd_connect(
     endpoints: &[String],
     user: Option<&(String, std::path::PathBuf)>,
-    tls: Option<&crate::config::FleetTls>,
-) -> Result<pdctl_fleet::Etcd, crate::ports::FleetFailure> {
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| crate::ports::FleetFailure::Credentials(format!("cannot read {}: {e}", p.display())));
+    tls: Option<&pdctl_core::config::FleetTls>,
+) -> Result<pdctl_fleet::Etcd, pdctl_core::ports::FleetFailure> {
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| pdctl_core::ports::FleetFailure::Credentials(format!("cannot read {}: {e}", p.display())));
     let tls = match tls {
         Some(t) => Some(pdctl_fleet::Tls {
             ca: t.ca_file.as_deref().map(read).transpose()?,
@@ -508,29 +512,29 @@ pub async fn etcd_connect(
             u.clone(),
             std::fs::read_to_string(file)
                 .map(|p| p.trim_end().to_string())
-                .map_err(|e| crate::ports::FleetFailure::Credentials(format!("cannot read the etcd password file {}: {e}", file.display())))?,
+                .map_err(|e| pdctl_core::ports::FleetFailure::Credentials(format!("cannot read the etcd password file {}: {e}", file.display())))?,
         )),
         None => None,
     };
     pdctl_fleet::Etcd::connect(endpoints, user, tls, ETCD_TIMEOUT).await.map_err(fleet_failure)
 }
 
-fn fleet_failure(e: pdctl_fleet::Error) -> crate::ports::FleetFailure {
-    crate::ports::FleetFailure::Unreachable(format!("{e}; start it or fix [fleet] etcd"))
+fn fleet_failure(e: pdctl_fleet::Error) -> pdctl_core::ports::FleetFailure {
+    pdctl_core::ports::FleetFailure::Unreachable(format!("{e}; start it or fix [fleet] etcd"))
 }
 
-fn kv(e: pdctl_fleet::Entry) -> crate::ports::KvEntry {
-    crate::ports::KvEntry { key: e.key, value: e.value, mod_revision: e.mod_revision }
+fn kv(e: pdctl_fleet::Entry) -> pdctl_core::ports::KvEntry {
+    pdctl_core::ports::KvEntry { key: e.key, value: e.value, mod_revision: e.mod_revision }
 }
 
-impl crate::ports::Coordinator for EtcdCoordinator {
-    fn get<'a>(&'a self, key: &'a str) -> crate::ports::BoxFut<'a, Result<Option<crate::ports::KvEntry>, crate::ports::FleetFailure>> {
+impl pdctl_core::ports::Coordinator for EtcdCoordinator {
+    fn get<'a>(&'a self, key: &'a str) -> pdctl_core::ports::BoxFut<'a, Result<Option<pdctl_core::ports::KvEntry>, pdctl_core::ports::FleetFailure>> {
         Box::pin(async move { self.etcd().await?.get(key).await.map(|o| o.map(kv)).map_err(fleet_failure) })
     }
-    fn get_prefix<'a>(&'a self, prefix: &'a str) -> crate::ports::BoxFut<'a, Result<Vec<crate::ports::KvEntry>, crate::ports::FleetFailure>> {
+    fn get_prefix<'a>(&'a self, prefix: &'a str) -> pdctl_core::ports::BoxFut<'a, Result<Vec<pdctl_core::ports::KvEntry>, pdctl_core::ports::FleetFailure>> {
         Box::pin(async move { self.etcd().await?.get_prefix(prefix).await.map(|v| v.into_iter().map(kv).collect()).map_err(fleet_failure) })
     }
-    fn cas(&self, changes: Vec<crate::ports::CasChange>) -> crate::ports::BoxFut<'_, Result<bool, crate::ports::FleetFailure>> {
+    fn cas(&self, changes: Vec<pdctl_core::ports::CasChange>) -> pdctl_core::ports::BoxFut<'_, Result<bool, pdctl_core::ports::FleetFailure>> {
         Box::pin(async move {
             let changes: Vec<pdctl_fleet::Change> = changes
                 .into_iter()
@@ -538,22 +542,26 @@ impl crate::ports::Coordinator for EtcdCoordinator {
                     key: c.key,
                     expect: c.expect,
                     value: match c.write {
-                        crate::ports::Write::Keep => None,
-                        crate::ports::Write::Put(v) => Some(Some(v)),
-                        crate::ports::Write::Delete => Some(None),
+                        pdctl_core::ports::Write::Keep => None,
+                        pdctl_core::ports::Write::Put(v) => Some(Some(v)),
+                        pdctl_core::ports::Write::Delete => Some(None),
                     },
                 })
                 .collect();
             self.etcd().await?.cas(&changes).await.map_err(fleet_failure)
         })
     }
-    fn revision(&self) -> crate::ports::BoxFut<'_, Result<i64, crate::ports::FleetFailure>> {
+    fn revision(&self) -> pdctl_core::ports::BoxFut<'_, Result<i64, pdctl_core::ports::FleetFailure>> {
         Box::pin(async move { self.etcd().await?.revision().await.map_err(fleet_failure) })
     }
-    fn watch(&self, keys: Vec<(String, bool)>, after: i64) -> crate::ports::BoxFut<'_, Result<Box<dyn crate::ports::ChangeWatch>, crate::ports::FleetFailure>> {
+    fn watch(
+        &self,
+        keys: Vec<(String, bool)>,
+        after: i64,
+    ) -> pdctl_core::ports::BoxFut<'_, Result<Box<dyn pdctl_core::ports::ChangeWatch>, pdctl_core::ports::FleetFailure>> {
         Box::pin(async move {
             let w = self.etcd().await?.watch_from(&keys, after).await.map_err(fleet_failure)?;
-            Ok(Box::new(EtcdWatch(w)) as Box<dyn crate::ports::ChangeWatch>)
+            Ok(Box::new(EtcdWatch(w)) as Box<dyn pdctl_core::ports::ChangeWatch>)
         })
     }
 }
@@ -565,7 +573,7 @@ mod tests {
     #[tokio::test]
     async fn a_key_this_process_cannot_read_is_not_checked_here_and_never_rejected() {
         let text = "[[worker]]\nunit = \"p.service\"\nrole = \"regular\"\nurl = \"http://127.0.0.1:9\"\napi_key_file = \"/nonexistent/pdctl-key\"\n";
-        let settings = crate::config::load_texts(&[(std::path::PathBuf::from("t.toml"), text.to_string())]).expect("config");
+        let settings = pdctl_core::config::load_texts(&[(std::path::PathBuf::from("t.toml"), text.to_string())]).expect("config");
         let p = probes(&settings);
         assert!(p.key_notes["http://127.0.0.1:9"].starts_with("no key: cannot read /nonexistent/pdctl-key"), "{:?}", p.key_notes);
         match p.auth("http://127.0.0.1:9").await {
