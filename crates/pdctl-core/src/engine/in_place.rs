@@ -17,7 +17,12 @@ use crate::ports::{Logs, Probes, Units};
 use crate::state::in_place::{one_target, target, Target};
 use crate::state::revisions;
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// The weights a config rollout of `units` loads without a restart; `Err`: why it restarts
     /// them instead (one sentence, for the rollout's notes).
     pub async fn in_place_target(&self, dir: &Path, units: &[String]) -> Result<Target, String> {

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::Worker;
+use crate::engine::gates;
 use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
@@ -23,7 +24,12 @@ pub fn quarantine_clause(q: &revisions::Quarantine) -> String {
     format!("in rollout {}: {}", q.rollout_id, q.cause)
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// Record the files `w` was just verified with as its good revision — only those its running
     /// process can have started with ([`revisions::baseline`]); returns the note. When rollout
     /// `id` changed them, the revision they replace is kept as that rollout's "before"
@@ -226,7 +232,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 }
                 tokio::time::sleep(POLL).await;
             }
-            let admitted = self.router(&w, true, false).await?;
+            let admitted = gates::router::router(self, &w, true, false).await?;
             ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
             Ok(json!({ "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64 }))
         }

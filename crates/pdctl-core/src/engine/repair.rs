@@ -7,13 +7,19 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::gates;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine};
 use crate::events::{Event, Sink, Status, Step};
 use crate::ports::{Logs, Probes, Units};
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// Restart decode `d` through every gate to repair its stale pairing with prefill `p`, under
     /// the same rules as any restart; its events carry `repair_of`. Refused (the rollout halts)
     /// when its own files have pending changes or it is the only decode without
@@ -120,7 +126,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 .unwrap_or_default();
             return Err(blocked(format!("{host}'s pdctld did not repair it ({:?}): {why}", summary.result)));
         }
-        let (verdict, _, probes) = self.probe_pair(p, d).await;
+        let (verdict, _, probes) = gates::pair::probe_pair(self, p, d).await;
         if verdict != crate::sglang::pairing::Verdict::Paired {
             let f = Fail { cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }, detail: json!({ "probes": probes }), unit: None };
             s.fail(&f);

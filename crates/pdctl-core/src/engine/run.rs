@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::cause::Cause;
 use crate::config::{OnFailure, Role, Worker};
+use crate::engine::gates;
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::switch::{Groups, SwitchPlan};
 use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Underway, Work, LAST_LINES};
@@ -15,7 +16,12 @@ use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
@@ -91,7 +97,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         };
         let ((mut summary, restarted), _) = tokio::join!(run, async {
             if let Some(rate) = probing {
-                self.watch_clients(rate, &clients).await;
+                gates::soak::watch_clients(self, rate, &clients).await;
             }
         });
         notes.extend(std::mem::take(&mut *lock(&deep_notes)));
@@ -190,7 +196,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             }
             _ => ctx,
         };
-        if let Err((unit, f)) = self.preflight(plan, sink, false, ctx).await {
+        if let Err((unit, f)) = gates::preflight::preflight(self, plan, sink, false, ctx).await {
             return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
         }
         // A change of the model the workers compute with, on a host with two groups of both
@@ -302,7 +308,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         if let Some(c) = ctx.clients {
             *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
         }
-        let slots = match self.slot_step(&[p, d], sink, ctx).await {
+        let slots = match gates::slot::slot_step(self, &[p, d], sink, ctx).await {
             Ok(s) => s,
             Err((step, f)) => return Err(self.failure(&p.unit, step, f).await),
         };
@@ -312,7 +318,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             (Ctx { scope: Scope { together_with: Some(tp), ..ctx.scope }, ..ctx }, Ctx { scope: Scope { together_with: Some(td), ..ctx.scope }, ..ctx });
         let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp), self.restart_one(d, sink, cd));
         if rp.is_ok() && rd.is_ok() {
-            self.release_slots(&p.unit, &slots, ctx).await;
+            gates::slot::release_slots(self, &p.unit, &slots, ctx).await;
         }
         for (w, r) in [(p, rp), (d, rd)] {
             match r {
@@ -365,7 +371,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             scope: Scope { switch: Some(&switch_plan), ..Scope::default() },
             ..Ctx::none(Outage::of(allow_outage || self.settings.rollout.allow_outage), load_changes)
         };
-        let failed = match self.preflight(plan, sink, true, ctx).await {
+        let failed = match gates::preflight::preflight(self, plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::gates::{Deferred, Restarted};
+use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, slo, slot, soak, stranded_kv, Deferred, Restarted};
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED};
 use crate::engine::{Ctx, Engine, Outage, Repaired};
@@ -131,13 +131,18 @@ async fn reported<T>(sink: &Sink, unit: &str, step: Step, fut: impl std::future:
     }
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// Run `r`'s whole sequence, then give its slots back (verified). Returns the decodes
     /// restarted to repair a stale pairing its pair gate found.
     pub(in crate::engine) async fn run_sequence(&self, r: &mut WorkerRun<'_, U::W>) -> Result<Repaired, (Step, Fail)> {
         self.run_steps(r, r.seq.steps()).await?;
         // Verified: the slot goes back.
-        self.release_slots(&r.w.unit, &r.slots, r.ctx).await;
+        slot::release_slots(self, &r.w.unit, &r.slots, r.ctx).await;
         Ok(std::mem::take(&mut r.repaired))
     }
 
@@ -185,19 +190,19 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let unit = w.unit.as_str();
         match step {
             // A pair restarted together took both slots at once before.
-            Step::Slot if ctx.scope.together_with.is_none() => r.slots = self.slot_step(&[w], sink, ctx).await?,
+            Step::Slot if ctx.scope.together_with.is_none() => r.slots = slot::slot_step(self, &[w], sink, ctx).await?,
             Step::Slot => {}
             Step::Drain => self.drain_step(r).await?,
             Step::Restart => {
                 let deferred = r.deferred.take();
-                r.restarted = Some(reported(sink, unit, step, self.restart(w, deferred.as_ref())).await?);
+                r.restarted = Some(reported(sink, unit, step, restart::restart(self, w, deferred.as_ref())).await?);
             }
             Step::Ready => {
                 let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
                 let after = x.after.clone();
                 let cursor = x.cursor.clone();
                 let ready_us = reported(sink, unit, step, async {
-                    self.ready(w, cursor, &mut x.watch, &after).await.map(|d| (serde_json::to_value(&d).unwrap_or_default(), d.journal_realtime_us))
+                    ready::ready(self, w, cursor, &mut x.watch, &after).await.map(|d| (serde_json::to_value(&d).unwrap_or_default(), d.journal_realtime_us))
                 })
                 .await?;
                 // How long this start took: the interruption to expect next time, if it is alone in its role.
@@ -212,20 +217,20 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 let after = if seq.restarts() { Some(r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?.after.clone()) } else { None };
                 // `check` says what it finds; the others wait, bounded, for the pair gate after it.
                 let pair_follows = seq != Sequence::Check;
-                reported(sink, unit, step, async { self.health(w, after.as_ref(), pair_follows).await.map(|d| (d, ())) }).await?;
+                reported(sink, unit, step, async { health::health(self, w, after.as_ref(), pair_follows).await.map(|d| (d, ())) }).await?;
             }
             Step::Pair => self.pair_of(r).await?,
             Step::Router => self.router_step(r).await?,
             // `check` sends no warm-up request of its own.
-            Step::Metrics => self.metrics_step(w, sink, seq != Sequence::Check, ctx).await?,
-            Step::StrandedKv if w.role == Role::Decode => self.stranded_step(w, sink).await?,
+            Step::Metrics => metrics::metrics_step(self, w, sink, seq != Sequence::Check, ctx).await?,
+            Step::StrandedKv if w.role == Role::Decode => stranded_kv::stranded_step(self, w, sink).await?,
             Step::StrandedKv => {}
             Step::Soak => {
                 let before = r.before.take();
                 let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
                 let after = x.after.clone();
                 let note = reported(sink, unit, step, async {
-                    self.soak(w, &mut x.watch, &after, before).await.map(|d| {
+                    soak::soak(self, w, &mut x.watch, &after, before).await.map(|d| {
                         let note = crate::details::Said::of(&d).note;
                         (d, note)
                     })
@@ -252,7 +257,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut drained = Ok(());
         if self.settings.rollout.drain {
             let s = StepRun::start(r.sink, &w.unit, Step::Drain);
-            match self.drain(w, ctx).await {
+            match drain::drain(self, w, ctx).await {
                 Ok(Some((d, later))) => {
                     s.pass(d);
                     r.deferred = later;
@@ -276,7 +281,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// rollback onto its last good revision) is judged against those, not against the run that
     /// just failed.
     async fn before_drain(&self, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
-        let measured = self.slo_before(w).await;
+        let measured = slo::slo_before(self, w).await;
         let Some(keep) = ctx.before else { return measured };
         let mut kept = lock(keep);
         match kept.get(&w.unit) {
@@ -300,7 +305,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // Re-verified: its pairs are probed against the run it has now.
             None => self.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?,
         };
-        let stale = self.pair_step(w, sink, ctx, &after).await?;
+        let stale = pair::pair_step(self, w, sink, ctx, &after).await?;
         match r.seq {
             Sequence::Restart => {
                 for st in stale {
@@ -334,7 +339,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 return Ok(());
             }
             let may_register = r.seq == Sequence::Verify;
-            return reported(sink, unit, Step::Router, async { self.router(w, may_register, false).await.map(|d| (d, ())) }).await;
+            return reported(sink, unit, Step::Router, async { router::router(self, w, may_register, false).await.map(|d| (d, ())) }).await;
         }
         if ctx.scope.hold.is_some() {
             // A coherent switch's new group stays out until the whole group is verified: it runs
@@ -352,9 +357,9 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             // Every worker of the other PD role out of the router by this rollout's own drains
             // (a decode repaired while its prefill waits drained): no request can pass the
             // router now; the pair gate proved the pair directly.
-            let peers = self.peers(w);
+            let peers = pair::peers(self, w);
             let peers_drained = !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
-            let d = self.router_recorded(w, true, peers_drained, ctx.ledger.map(|l| (l, ctx.id))).await?;
+            let d = router::router_recorded(self, w, true, peers_drained, ctx.ledger.map(|l| (l, ctx.id))).await?;
             // Admitted again: the drain is undone.
             if let Some(l) = ctx.ledger {
                 l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;

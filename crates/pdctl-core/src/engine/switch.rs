@@ -25,6 +25,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::gates;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{Ctx, Engine, Tally, Underway};
@@ -97,7 +98,12 @@ impl Groups {
     }
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// The plan's groups for a coherent switch, or why it cannot be switched: one host's gateway
     /// (no `[fleet]`), the router gate on, every PD worker of the host in the plan, at least two
     /// of each role, and half of each role within `max_unavailable` (the new group is out before
@@ -278,7 +284,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 .collect();
             if let Some(l) = ctx.ledger {
                 let id = entries.first().map(|(_, id)| id.clone()).unwrap_or_default();
-                self.record_drain(l, w, &id, ctx.id, Some(Hold::Old)).await.map_err(|f| (w, f))?;
+                gates::drain::record_drain(self, l, w, &id, ctx.id, Some(Hold::Old)).await.map_err(|f| (w, f))?;
             }
             for (r, id) in &entries {
                 self.probes
@@ -294,7 +300,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// its own while the other role is not admitted yet: the switch sends one for the group).
     pub(in crate::engine) async fn admit_at_switch<'w>(&self, w: &'w Worker, sink: &Sink, ctx: Ctx<'_>, t_out: Instant) -> Result<(), (&'w Worker, Fail)> {
         let s = StepRun::start(sink, &w.unit, Step::Router);
-        match self.router_recorded(w, true, true, ctx.ledger.map(|l| (l, ctx.id))).await {
+        match gates::router::router_recorded(self, w, true, true, ctx.ledger.map(|l| (l, ctx.id))).await {
             Ok(mut d) => {
                 d["switch"] = json!({ "admitted_after_ms": t_out.elapsed().as_millis() as u64 });
                 s.pass(d);
@@ -338,7 +344,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let mut back = Vec::new();
         for w in &g.old {
             let s = StepRun::start(sink, &w.unit, Step::Reconcile);
-            match self.router(w, true, false).await {
+            match gates::router::router(self, w, true, false).await {
                 Ok(d) => {
                     s.pass(d);
                     if let Some(l) = ctx.ledger {

@@ -29,6 +29,7 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::gates;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::Engine;
 use crate::events::{Outcome, Sink, Step, Summary};
@@ -81,7 +82,12 @@ pub fn paused_path(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("paused.json")
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// [`Engine::update_weights`] with its side effect on record: the workers it pauses are
     /// written to `dir` ([`paused_path`]) before the first pause and forgotten once the rollout
     /// ended (every path of it continues them), so that a pdctld that died in between continues
@@ -423,7 +429,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
             let s = StepRun::start(sink, &p.unit, Step::Pair);
             let mut pairs = Vec::new();
             for d in &decodes {
-                let (verdict, _, _) = self.probe_pair(p, d).await;
+                let (verdict, _, _) = gates::pair::probe_pair(self, p, d).await;
                 if verdict != crate::sglang::pairing::Verdict::Paired {
                     let f = Fail::from(Cause::WeightsFailed {
                         unit: p.unit.clone(),

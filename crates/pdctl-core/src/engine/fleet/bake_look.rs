@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use pdctl_probe::service::ServiceScrape;
 
 use crate::config::Slo;
+use crate::engine::gates;
 use crate::engine::gates::Mark;
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
@@ -45,13 +46,18 @@ impl BakeLook {
     }
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// The bake's start: each of `units` (configured workers of this host) scraped now, within
     /// `metrics_timeout` each.
     pub async fn bake_start(&self, units: &[String]) -> BakeMarks {
         let mut marks = Vec::new();
         for w in self.settings.workers.iter().filter(|w| units.contains(&w.unit)) {
-            marks.push((w.unit.clone(), self.mark(&w.unit, &w.url).await));
+            marks.push((w.unit.clone(), gates::slo::mark(self, &w.unit, &w.url).await));
         }
         BakeMarks { marks }
     }
@@ -85,7 +91,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
                 out.push(not_judged(unit, "its figures from before its drain were not kept (pdctld restarted since, or they could not be read then)".into()));
                 continue;
             };
-            match self.window_since(mark).await {
+            match gates::slo::window_since(self, mark).await {
                 Ok(mine) => {
                     let report = judge(slo, &mine, &Window { service: base.clone(), gateway: None }, Baseline::OwnBeforeDrain);
                     out.push(BakeLook { unit: unit.clone(), report });

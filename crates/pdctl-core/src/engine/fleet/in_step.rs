@@ -30,7 +30,12 @@ pub(in crate::engine) struct Phase<'a> {
     pub(in crate::engine) name: &'static str,
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// The hosts of fleet rollout `id`, as its request names them.
     pub(in crate::engine) async fn rollout_hosts(&self, id: &str) -> Result<FleetRollout, String> {
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Err("this host has no [fleet]".into()) };

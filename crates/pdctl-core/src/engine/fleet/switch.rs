@@ -30,6 +30,7 @@ use serde_json::json;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::fleet::in_step::Phase;
+use crate::engine::gates;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::switch::{FleetGroups, Groups};
 use crate::engine::{Engine, Tally, Underway};
@@ -66,7 +67,12 @@ fn phase<'a>(id: &'a str, name: &'static str) -> Phase<'a> {
     Phase { id, kind: "switch", name }
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
     /// The fleet's groups of hosts for fleet rollout `id` (`None`: a dry run over every live
     /// host), or why a fleet switch cannot be made: no canary (the hosts move in step), two
     /// hosts or more, each group holding both roles (from the hosts' liveness keys), a whole
@@ -208,7 +214,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let held_out = "this host's new workers stay out of the gateway (held, on the new model)".to_string();
         let mut slots = Vec::new();
         for w in &g.new {
-            match self.slot_step(&[w], sink, ctx).await {
+            match gates::slot::slot_step(self, &[w], sink, ctx).await {
                 Ok(s) => slots.push((w, s)),
                 Err((_, fail)) => {
                     let why = format!("{}: no fleet slot ({})", w.unit, fail.cause.sentence());
@@ -246,7 +252,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         let switched = self.switched(g, t_out, ctx, run.t).await;
         run.notes.extend(switched);
         for (w, s) in &slots {
-            self.release_slots(&w.unit, s, ctx).await;
+            gates::slot::release_slots(self, &w.unit, s, ctx).await;
         }
         Ok(())
     }
@@ -301,7 +307,7 @@ impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
         // back once they answer), then restart, decodes first, through every gate (each gives
         // its slot back once verified).
         for w in &g.old {
-            if let Err((step, fail)) = self.slot_step(&[w], sink, ctx).await {
+            if let Err((step, fail)) = gates::slot::slot_step(self, &[w], sink, ctx).await {
                 return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, step, fail).await)));
             }
         }

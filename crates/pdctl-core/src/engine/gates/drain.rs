@@ -76,286 +76,292 @@ struct Deferral {
     busy: (u32, u32),
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// The drain step: `None` when no replica lists the worker; the detail, and the taking out
-    /// left to the restart when it is deferred.
-    pub(in crate::engine) async fn drain(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Option<(Value, Option<Deferred>)>, Fail> {
-        let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
-        // Listed on which replicas (a gateway of several replicas: each is drained), and whether
-        // any replica admits another worker of its role (then it is not alone).
-        let mut entries = Vec::new();
-        let mut another_serves = false;
-        for r in 0..self.probes.replicas() {
-            let list = self.probes.router_workers(r).await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
-            another_serves |= list.iter().any(|x| !crate::config::same_url(&x.url, &w.url) && x.worker_type == w.role.as_str() && x.admitted());
-            if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
-                entries.push((r, entry));
-            }
+/// The drain step: `None` when no replica lists the worker; the detail, and the taking out
+/// left to the restart when it is deferred.
+pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    ctx: Ctx<'_>,
+) -> Result<Option<(Value, Option<Deferred>)>, Fail> {
+    let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
+    // Listed on which replicas (a gateway of several replicas: each is drained), and whether
+    // any replica admits another worker of its role (then it is not alone).
+    let mut entries = Vec::new();
+    let mut another_serves = false;
+    for r in 0..eng.probes.replicas() {
+        let list = eng.probes.router_workers(r).await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
+        another_serves |= list.iter().any(|x| !crate::config::same_url(&x.url, &w.url) && x.worker_type == w.role.as_str() && x.admitted());
+        if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
+            entries.push((r, entry));
         }
-        let Some((_, entry)) = entries.first().cloned() else {
-            // Taken out already by this rollout's coherent switch (all of a group at once, the
-            // ledger written first): its requests are still waited for before its stop.
-            if let Some(held) = ctx.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.id && d.hold.is_some()) {
-                let t0 = Instant::now();
-                let (at_start, left, unknown) = self.wait_in_flight(w, t0).await?;
-                return Ok(Some((
-                    json!({
-                        "taken_out": "by the coherent switch", "hold": held.hold, "removed_router_id": held.router_id,
-                        "warning": unknown.as_ref().map(Cause::sentence), "cause_code": unknown.as_ref().map(Cause::code),
-                        "in_flight_at_start": at_start, "in_flight_left": left, "waited_for_requests_ms": t0.elapsed().as_millis() as u64,
-                        "waited_ms": t0.elapsed().as_millis() as u64, "timed_out": left.is_some_and(|n| n > 0),
-                    }),
-                    None,
-                )));
-            }
-            return Ok(None);
-        };
-        // Taken out now: because another worker of its role serves (`None`), or why it cannot wait
-        // for its stop (`Some`).
-        let deferral: Result<Deferral, Option<String>> = if another_serves { Err(None) } else { self.defers_take_out(w, ctx).await.map_err(Some) };
-        // Written down before the router is touched: whatever happens next (a failed gate, a
-        // crash, SIGKILL), the drain is found and undone.
-        if let Some(l) = ctx.ledger {
-            self.record_drain(l, w, &entry.id, ctx.id, ctx.scope.hold).await?;
-        }
-        let not_deferred = match deferral {
-            Ok(d) => return Ok(Some(self.defer(w, &entries, d).await)),
-            Err(why) => why,
-        };
-        // Alone in its role and drained before its stop all the same: the gateway's settle keeps
-        // nothing else serving; it only keeps the restarted worker from being registered again.
-        let settle = if another_serves { (None, Vec::new()) } else { self.settle_now(w, &entries).await };
-        for (r, e) in &entries {
-            self.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
-        }
-        let t0 = Instant::now();
-        // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
-        // still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
-        // worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
-        // outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
-        // out the draining entry before it re-registers the worker.
-        let listed_for_ms = self.wait_unlisted(w, &entries, t0).await;
-        // Wait (bounded) for the requests it runs: read from the server's load endpoint. One that
-        // cannot be read is a cause, never taken for "nothing in flight".
-        let wait_t0 = Instant::now();
-        let (at_start, left, unknown) = self.wait_in_flight(w, t0).await?;
-        // What is left would hold the stop (SGLang waits for it, up to TimeoutStopSec and
-        // SIGKILL): aborted when it can never finish or by the setting. On a stale decode, requests
-        // paired with a healthy prefill end within the drain's wait; those still running then are
-        // the ones waiting for KV from the old prefill process (until the decode's waiting
-        // timeout), so aborting what is left aborts those.
-        let mut aborted = None;
-        if left.is_some_and(|n| n > 0) && (ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout) {
-            self.probes.abort_all(&w.url).await.map_err(|e| drain_failed(format!("POST /abort_request failed: {e}")))?;
-            aborted = left;
-            tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
-        }
-        Ok(Some((
-            json!({
-                "warning": unknown.as_ref().map(Cause::sentence),
-                "cause_code": unknown.as_ref().map(Cause::code),
-                "aborted": aborted,
-                "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
-                "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
-                "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
-                "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
-                "drain_settle_secs": settle.0, "settle_warning": (!settle.1.is_empty()).then(|| settle.1.join("; ")),
-                "not_deferred": not_deferred,
-                "waited_ms": t0.elapsed().as_millis() as u64,
-                "timed_out": left.is_some_and(|n| n > 0),
-            }),
-            None,
-        )))
     }
+    let Some((_, entry)) = entries.first().cloned() else {
+        // Taken out already by this rollout's coherent switch (all of a group at once, the
+        // ledger written first): its requests are still waited for before its stop.
+        if let Some(held) = ctx.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.id && d.hold.is_some()) {
+            let t0 = Instant::now();
+            let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
+            return Ok(Some((
+                json!({
+                    "taken_out": "by the coherent switch", "hold": held.hold, "removed_router_id": held.router_id,
+                    "warning": unknown.as_ref().map(Cause::sentence), "cause_code": unknown.as_ref().map(Cause::code),
+                    "in_flight_at_start": at_start, "in_flight_left": left, "waited_for_requests_ms": t0.elapsed().as_millis() as u64,
+                    "waited_ms": t0.elapsed().as_millis() as u64, "timed_out": left.is_some_and(|n| n > 0),
+                }),
+                None,
+            )));
+        }
+        return Ok(None);
+    };
+    // Taken out now: because another worker of its role serves (`None`), or why it cannot wait
+    // for its stop (`Some`).
+    let deferral: Result<Deferral, Option<String>> = if another_serves { Err(None) } else { defers_take_out(eng, w, ctx).await.map_err(Some) };
+    // Written down before the router is touched: whatever happens next (a failed gate, a
+    // crash, SIGKILL), the drain is found and undone.
+    if let Some(l) = ctx.ledger {
+        record_drain(eng, l, w, &entry.id, ctx.id, ctx.scope.hold).await?;
+    }
+    let not_deferred = match deferral {
+        Ok(d) => return Ok(Some(defer(eng, w, &entries, d).await)),
+        Err(why) => why,
+    };
+    // Alone in its role and drained before its stop all the same: the gateway's settle keeps
+    // nothing else serving; it only keeps the restarted worker from being registered again.
+    let settle = if another_serves { (None, Vec::new()) } else { settle_now(eng, w, &entries).await };
+    for (r, e) in &entries {
+        eng.probes.deregister(*r, &e.id).await.map_err(|er| drain_failed(format!("the router refused to remove {}: {er}", w.url)))?;
+    }
+    let t0 = Instant::now();
+    // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
+    // still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
+    // worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
+    // outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+    // out the draining entry before it re-registers the worker.
+    let listed_for_ms = wait_unlisted(eng, w, &entries, t0).await;
+    // Wait (bounded) for the requests it runs: read from the server's load endpoint. One that
+    // cannot be read is a cause, never taken for "nothing in flight".
+    let wait_t0 = Instant::now();
+    let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
+    // What is left would hold the stop (SGLang waits for it, up to TimeoutStopSec and
+    // SIGKILL): aborted when it can never finish or by the setting. On a stale decode, requests
+    // paired with a healthy prefill end within the drain's wait; those still running then are
+    // the ones waiting for KV from the old prefill process (until the decode's waiting
+    // timeout), so aborting what is left aborts those.
+    let mut aborted = None;
+    if left.is_some_and(|n| n > 0) && (ctx.abort_in_flight || eng.settings.rollout.abort_after_drain_timeout) {
+        eng.probes.abort_all(&w.url).await.map_err(|e| drain_failed(format!("POST /abort_request failed: {e}")))?;
+        aborted = left;
+        tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
+    }
+    Ok(Some((
+        json!({
+            "warning": unknown.as_ref().map(Cause::sentence),
+            "cause_code": unknown.as_ref().map(Cause::code),
+            "aborted": aborted,
+            "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
+            "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
+            "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
+            "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
+            "drain_settle_secs": settle.0, "settle_warning": (!settle.1.is_empty()).then(|| settle.1.join("; ")),
+            "not_deferred": not_deferred,
+            "waited_ms": t0.elapsed().as_millis() as u64,
+            "timed_out": left.is_some_and(|n| n > 0),
+        }),
+        None,
+    )))
+}
 
-    /// Whether this drain leaves the taking out to the restart ([`Deferred`]), given that no other
-    /// worker of its role serves; `Err`: why not (said in the drain's detail). Not for a coherent
-    /// switch's group (held out on purpose), nor when what is left after the drain is to be
-    /// aborted (a stale decode's requests, `abort_after_drain_timeout`): those need the worker out
-    /// and its requests counted first. Then only when it is expected to shorten the outage and
-    /// costs the requests it runs nothing:
-    /// - shorter: taken out at its first drain check, it exits at once when that check counts no
-    ///   request, and at the next one, 5 s later, when it counts one; drained before its stop,
-    ///   its first check comes 0-5 s after SIGTERM, 2.5 s on average. So it is deferred only when
-    ///   it runs requests less than half the time (its load read every 20 ms for 1 s, while it
-    ///   serves: [`IDLE_LOOK`]);
-    /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
-    ///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
-    ///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
-    ///   `drain_timeout` and two drain checks;
-    /// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
-    ///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
-    ///   requests.
-    async fn defers_take_out(&self, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
-        if ctx.scope.hold.is_some() {
-            return Err("held out by the coherent switch".into());
-        }
-        if ctx.abort_in_flight || self.settings.rollout.abort_after_drain_timeout {
-            return Err("what it runs after the drain is to be aborted".into());
-        }
-        // `None`: TimeoutStopSec=infinity.
-        let stop_bound = match self.units.config(&w.unit).await {
-            Ok(c) => c.timeout_stop,
-            Err(e) => return Err(format!("its TimeoutStopSec could not be read ({e})")),
-        };
-        let first_check = crate::sglang::stop::WATCHDOG_PERIOD + FIRST_CHECK_MARGIN;
-        if let Some(t) = stop_bound.filter(|t| *t < first_check) {
-            return Err(format!(
-                "its TimeoutStopSec={:.1}s would SIGKILL it before SGLang's first drain check ({} s after SIGTERM), while the gateway still routes to it",
-                t.as_secs_f64(),
-                crate::sglang::stop::WATCHDOG_PERIOD.as_secs()
-            ));
-        }
-        let t0 = Instant::now();
-        let (mut samples, mut busy) = (0u32, 0u32);
-        let mut last = None;
-        while t0.elapsed() < IDLE_LOOK || (last.is_some_and(|n| n > 0) && t0.elapsed() < 2 * IDLE_LOOK) {
-            match self.probes.in_flight(&w.url).await {
-                Ok(n) => {
-                    if t0.elapsed() < IDLE_LOOK {
-                        samples += 1;
-                        busy += u32::from(n > 0);
-                    }
-                    last = Some(n);
+/// Whether this drain leaves the taking out to the restart ([`Deferred`]), given that no other
+/// worker of its role serves; `Err`: why not (said in the drain's detail). Not for a coherent
+/// switch's group (held out on purpose), nor when what is left after the drain is to be
+/// aborted (a stale decode's requests, `abort_after_drain_timeout`): those need the worker out
+/// and its requests counted first. Then only when it is expected to shorten the outage and
+/// costs the requests it runs nothing:
+/// - shorter: taken out at its first drain check, it exits at once when that check counts no
+///   request, and at the next one, 5 s later, when it counts one; drained before its stop,
+///   its first check comes 0-5 s after SIGTERM, 2.5 s on average. So it is deferred only when
+///   it runs requests less than half the time (its load read every 20 ms for 1 s, while it
+///   serves: [`IDLE_LOOK`]);
+/// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
+///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
+///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
+///   `drain_timeout` and two drain checks;
+/// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
+///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
+///   requests.
+async fn defers_take_out<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
+    if ctx.scope.hold.is_some() {
+        return Err("held out by the coherent switch".into());
+    }
+    if ctx.abort_in_flight || eng.settings.rollout.abort_after_drain_timeout {
+        return Err("what it runs after the drain is to be aborted".into());
+    }
+    // `None`: TimeoutStopSec=infinity.
+    let stop_bound = match eng.units.config(&w.unit).await {
+        Ok(c) => c.timeout_stop,
+        Err(e) => return Err(format!("its TimeoutStopSec could not be read ({e})")),
+    };
+    let first_check = crate::sglang::stop::WATCHDOG_PERIOD + FIRST_CHECK_MARGIN;
+    if let Some(t) = stop_bound.filter(|t| *t < first_check) {
+        return Err(format!(
+            "its TimeoutStopSec={:.1}s would SIGKILL it before SGLang's first drain check ({} s after SIGTERM), while the gateway still routes to it",
+            t.as_secs_f64(),
+            crate::sglang::stop::WATCHDOG_PERIOD.as_secs()
+        ));
+    }
+    let t0 = Instant::now();
+    let (mut samples, mut busy) = (0u32, 0u32);
+    let mut last = None;
+    while t0.elapsed() < IDLE_LOOK || (last.is_some_and(|n| n > 0) && t0.elapsed() < 2 * IDLE_LOOK) {
+        match eng.probes.in_flight(&w.url).await {
+            Ok(n) => {
+                if t0.elapsed() < IDLE_LOOK {
+                    samples += 1;
+                    busy += u32::from(n > 0);
                 }
-                Err(e) => return Err(format!("its load could not be read ({e})")),
+                last = Some(n);
             }
-            tokio::time::sleep(IDLE_POLL).await;
+            Err(e) => return Err(format!("its load could not be read ({e})")),
         }
-        let fraction = busy_share((busy, samples));
-        if samples == 0 || fraction >= 0.5 {
-            return Err(format!(
-                "it ran requests in {busy} of {samples} looks over {:.0} s: its first drain check would likely count one and wait 5 s more",
-                IDLE_LOOK.as_secs_f64()
-            ));
+        tokio::time::sleep(IDLE_POLL).await;
+    }
+    let fraction = busy_share((busy, samples));
+    if samples == 0 || fraction >= 0.5 {
+        return Err(format!(
+            "it ran requests in {busy} of {samples} looks over {:.0} s: its first drain check would likely count one and wait 5 s more",
+            IDLE_LOOK.as_secs_f64()
+        ));
+    }
+    let covers = stop_bound.is_none_or(|t| t >= eng.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
+    let why = match last {
+        Some(0) => "it runs no request now".to_string(),
+        _ if covers => format!(
+            "its TimeoutStopSec={} covers drain_timeout and two of SGLang's drain checks",
+            stop_bound.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
+        ),
+        _ => return Err("it still runs a request, and its TimeoutStopSec alone would give that less time than drain_timeout and the stop".into()),
+    };
+    Ok(Deferral { why, in_flight: last, busy: (busy, samples) })
+}
+
+/// The deferred drain's detail: nothing is taken out yet. On smg 1.x each entry's
+/// `drain_settle_secs` is set to 0 first: the gateway then removes it at once when the
+/// restart takes it out (the server has said it is done by then; the default 5 s would keep
+/// the restarted worker from being registered again for what is left of them). Refused, it
+/// is a warning: the router gate waits the settle out.
+async fn defer<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)], d: Deferral) -> (Value, Option<Deferred>) {
+    let Deferral { why, in_flight, busy } = d;
+    let (settle, settle_warnings) = settle_now(eng, w, entries).await;
+    let role = w.role.as_str();
+    let by = take_out_by(busy);
+    let detail = json!({
+        "taken_out": format!("deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"),
+        "take_out_by_ms": by.as_millis() as u64,
+        "removed_router_id": entries.first().map(|(_, e)| e.id.clone()), "router_load": entries.first().map(|(_, e)| e.load),
+        "router_status": entries.first().and_then(|(_, e)| e.status.clone()), "replicas_drained": entries.len(),
+        "in_flight_at_start": in_flight, "busy_looks": busy.0, "looks": busy.1,
+        "drain_settle_secs": settle,
+        "warning": (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
+    });
+    (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
+}
+
+/// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
+/// that its removal takes it out at once. Returns 0 when every such replica took it (`None`:
+/// no replica has a settle, or one refused) and what the refusals said.
+async fn settle_now<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)]) -> (Option<u64>, Vec<String>) {
+    let mut refused = Vec::new();
+    let mut set = false;
+    for (r, e) in entries.iter().filter(|(_, e)| e.status.is_some()) {
+        match eng.probes.settle_now(*r, &e.id).await {
+            Ok(()) => set = true,
+            Err(er) => refused.push(format!("the gateway did not take drain_settle_secs = 0 for {}: {er}", w.url)),
         }
-        let covers = stop_bound.is_none_or(|t| t >= self.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
-        let why = match last {
-            Some(0) => "it runs no request now".to_string(),
-            _ if covers => format!(
-                "its TimeoutStopSec={} covers drain_timeout and two of SGLang's drain checks",
-                stop_bound.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
-            ),
-            _ => return Err("it still runs a request, and its TimeoutStopSec alone would give that less time than drain_timeout and the stop".into()),
-        };
-        Ok(Deferral { why, in_flight: last, busy: (busy, samples) })
     }
+    ((set && refused.is_empty()).then_some(0), refused)
+}
 
-    /// The deferred drain's detail: nothing is taken out yet. On smg 1.x each entry's
-    /// `drain_settle_secs` is set to 0 first: the gateway then removes it at once when the
-    /// restart takes it out (the server has said it is done by then; the default 5 s would keep
-    /// the restarted worker from being registered again for what is left of them). Refused, it
-    /// is a warning: the router gate waits the settle out.
-    async fn defer(&self, w: &Worker, entries: &[(usize, RouterWorker)], d: Deferral) -> (Value, Option<Deferred>) {
-        let Deferral { why, in_flight, busy } = d;
-        let (settle, settle_warnings) = self.settle_now(w, entries).await;
-        let role = w.role.as_str();
-        let by = take_out_by(busy);
-        let detail = json!({
-            "taken_out": format!("deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"),
-            "take_out_by_ms": by.as_millis() as u64,
-            "removed_router_id": entries.first().map(|(_, e)| e.id.clone()), "router_load": entries.first().map(|(_, e)| e.load),
-            "router_status": entries.first().and_then(|(_, e)| e.status.clone()), "replicas_drained": entries.len(),
-            "in_flight_at_start": in_flight, "busy_looks": busy.0, "looks": busy.1,
-            "drain_settle_secs": settle,
-            "warning": (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
-        });
-        (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
-    }
+/// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
+/// `router_id`) out of the gateway — before the gateway is touched, so that whatever happens
+/// next (a failed gate, a crash, SIGKILL) the drain is found and undone (`hold`: kept out
+/// by a coherent switch, see [`Hold`]).
+pub(in crate::engine) async fn record_drain<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    ledger: &Ledger,
+    w: &Worker,
+    router_id: &str,
+    rollout_id: &str,
+    ctx_hold: Option<Hold>,
+) -> Result<(), Fail> {
+    let st = eng.units.state(&w.unit).await?;
+    let d = Drain {
+        unit: w.unit.clone(),
+        url: w.url.clone(),
+        role: w.role,
+        bootstrap_port: w.bootstrap_port,
+        invocation_id: st.invocation_id,
+        router_id: router_id.to_string(),
+        rollout_id: rollout_id.to_string(),
+        drained_at: crate::lifecycle::now(),
+        hold: ctx_hold,
+    };
+    ledger.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))
+}
 
-    /// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
-    /// that its removal takes it out at once. Returns 0 when every such replica took it (`None`:
-    /// no replica has a settle, or one refused) and what the refusals said.
-    async fn settle_now(&self, w: &Worker, entries: &[(usize, RouterWorker)]) -> (Option<u64>, Vec<String>) {
-        let mut refused = Vec::new();
-        let mut set = false;
-        for (r, e) in entries.iter().filter(|(_, e)| e.status.is_some()) {
-            match self.probes.settle_now(*r, &e.id).await {
-                Ok(()) => set = true,
-                Err(er) => refused.push(format!("the gateway did not take drain_settle_secs = 0 for {}: {er}", w.url)),
-            }
-        }
-        ((set && refused.is_empty()).then_some(0), refused)
-    }
-
-    /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
-    /// `router_id`) out of the gateway — before the gateway is touched, so that whatever happens
-    /// next (a failed gate, a crash, SIGKILL) the drain is found and undone (`hold`: kept out
-    /// by a coherent switch, see [`Hold`]).
-    pub(in crate::engine) async fn record_drain(
-        &self,
-        ledger: &Ledger,
-        w: &Worker,
-        router_id: &str,
-        rollout_id: &str,
-        ctx_hold: Option<Hold>,
-    ) -> Result<(), Fail> {
-        let st = self.units.state(&w.unit).await?;
-        let d = Drain {
-            unit: w.unit.clone(),
-            url: w.url.clone(),
-            role: w.role,
-            bootstrap_port: w.bootstrap_port,
-            invocation_id: st.invocation_id,
-            router_id: router_id.to_string(),
-            rollout_id: rollout_id.to_string(),
-            drained_at: crate::lifecycle::now(),
-            hold: ctx_hold,
-        };
-        ledger.record(&d).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))
-    }
-
-    /// Wait until the gateway no longer lists the worker (smg 1.x lists it as draining for ~5 s
-    /// and still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
-    /// worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
-    /// outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
-    /// out the draining entry before it re-registers the worker. Returns when it was unlisted.
-    async fn wait_unlisted(&self, w: &Worker, entries: &[(usize, RouterWorker)], t0: Instant) -> Option<u64> {
-        let alone = self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
-        'wait: while !alone && t0.elapsed() < self.settings.rollout.drain_timeout {
-            for (r, _) in entries {
-                if let Ok(l) = self.probes.router_workers(*r).await {
-                    if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) {
-                        tokio::time::sleep(POLL).await;
-                        continue 'wait;
-                    }
+/// Wait until the gateway no longer lists the worker (smg 1.x lists it as draining for ~5 s
+/// and still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
+/// worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
+/// outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+/// out the draining entry before it re-registers the worker. Returns when it was unlisted.
+async fn wait_unlisted<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)], t0: Instant) -> Option<u64> {
+    let alone = eng.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
+    'wait: while !alone && t0.elapsed() < eng.settings.rollout.drain_timeout {
+        for (r, _) in entries {
+            if let Ok(l) = eng.probes.router_workers(*r).await {
+                if l.iter().any(|x| crate::config::same_url(&x.url, &w.url)) {
+                    tokio::time::sleep(POLL).await;
+                    continue 'wait;
                 }
             }
-            return Some(t0.elapsed().as_millis() as u64);
         }
-        None
+        return Some(t0.elapsed().as_millis() as u64);
     }
+    None
+}
 
-    /// Wait (bounded by drain_timeout from `t0`) until the worker runs no request: in flight at
-    /// the start, left at the end, and a load that could not be read (a warning by the setting,
-    /// else the failure).
-    async fn wait_in_flight(&self, w: &Worker, t0: Instant) -> Result<(Option<u64>, Option<u64>, Option<Cause>), Fail> {
-        let mut left = None;
-        let mut at_start = None;
-        let mut unknown: Option<Cause> = None;
-        while t0.elapsed() < self.settings.rollout.drain_timeout {
-            match self.probes.in_flight(&w.url).await {
-                Ok(n) => {
-                    at_start.get_or_insert(n);
-                    left = Some(n);
-                    if n == 0 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
-                    if rule(crate::events::Step::Drain, &self.settings).mode == GateMode::Required {
-                        return Err(c.into());
-                    }
-                    tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());
-                    unknown = Some(c);
+/// Wait (bounded by drain_timeout from `t0`) until the worker runs no request: in flight at
+/// the start, left at the end, and a load that could not be read (a warning by the setting,
+/// else the failure).
+async fn wait_in_flight<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    t0: Instant,
+) -> Result<(Option<u64>, Option<u64>, Option<Cause>), Fail> {
+    let mut left = None;
+    let mut at_start = None;
+    let mut unknown: Option<Cause> = None;
+    while t0.elapsed() < eng.settings.rollout.drain_timeout {
+        match eng.probes.in_flight(&w.url).await {
+            Ok(n) => {
+                at_start.get_or_insert(n);
+                left = Some(n);
+                if n == 0 {
                     break;
                 }
             }
-            tokio::time::sleep(POLL).await;
+            Err(e) => {
+                let c = Cause::LoadUnknown { url: w.url.clone(), error: e.to_string() };
+                if rule(crate::events::Step::Drain, &eng.settings).mode == GateMode::Required {
+                    return Err(c.into());
+                }
+                tracing::warn!(pdctl_unit = %w.unit, "{}", c.sentence());
+                unknown = Some(c);
+                break;
+            }
         }
-        Ok((at_start, left, unknown))
+        tokio::time::sleep(POLL).await;
     }
+    Ok((at_start, left, unknown))
 }
 
 #[cfg(test)]

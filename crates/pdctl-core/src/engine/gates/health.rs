@@ -12,65 +12,68 @@ use crate::engine::Engine;
 use crate::ports::{Health, Logs, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// `pair_follows`: the pair gate runs next (a restart, a re-verification); `check` has none.
-    pub(in crate::engine) async fn health(&self, w: &Worker, after: Option<&UnitState>, pair_follows: bool) -> Result<Value, Fail> {
-        let t0 = Instant::now();
-        let limit = self.settings.rollout.health_timeout;
-        let mut attempts = 0u32;
-        // A PD worker's pair gate sends it a real PD request next, which proves generation: its
-        // `/ready` (an instant answer) is enough here. SGLang 0.5.23's `/health` runs a generate
-        // and sleeps 1 s before it looks (`entrypoints/http_server.py:722-800`): a second of
-        // every PD restart's outage, measured. A server without `/ready` is asked `/health`.
-        let mut ready_served = pair_follows && w.role != Role::Regular && self.settings.verify.pair;
-        loop {
-            attempts += 1;
-            if ready_served {
-                let last = match within(t0, limit, self.probes.ready(&w.url)).await {
-                    Some(Some(Health::Up)) => {
-                        return Ok(json!({ "attempts": attempts, "checked": ["/ready"], "generate_proved_by": "the pair gate's PD request" }))
-                    }
-                    Some(None) => {
-                        ready_served = false;
-                        continue;
-                    }
-                    Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/ready: {s}"),
-                    None => "/ready did not answer".into(),
-                };
-                self.health_wait(w, after, t0, &last).await?;
-                continue;
-            }
-            let last = match within(t0, limit, self.probes.health(&w.url)).await {
-                // Where the server serves `/ready` (0.5.23), it must say ready too: `/health` can
-                // answer 200 again after a failed PD warm-up, and a paused server is not serving.
-                Some(Health::Up) => match within(t0, limit, self.probes.ready(&w.url)).await {
-                    Some(None) => return Ok(json!({ "attempts": attempts, "checked": ["/health"] })),
-                    Some(Some(Health::Up)) => return Ok(json!({ "attempts": attempts, "checked": ["/health", "/ready"] })),
-                    Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/health 200, but {s}"),
-                    None => "/health 200, /ready did not answer".into(),
-                },
-                Some(Health::Unavailable(s)) => format!("{s} (warming up or unhealthy)"),
-                Some(Health::Down(s)) => s,
-                None => "no answer".into(),
+/// `pair_follows`: the pair gate runs next (a restart, a re-verification); `check` has none.
+pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    after: Option<&UnitState>,
+    pair_follows: bool,
+) -> Result<Value, Fail> {
+    let t0 = Instant::now();
+    let limit = eng.settings.rollout.health_timeout;
+    let mut attempts = 0u32;
+    // A PD worker's pair gate sends it a real PD request next, which proves generation: its
+    // `/ready` (an instant answer) is enough here. SGLang 0.5.23's `/health` runs a generate
+    // and sleeps 1 s before it looks (`entrypoints/http_server.py:722-800`): a second of
+    // every PD restart's outage, measured. A server without `/ready` is asked `/health`.
+    let mut ready_served = pair_follows && w.role != Role::Regular && eng.settings.verify.pair;
+    loop {
+        attempts += 1;
+        if ready_served {
+            let last = match within(t0, limit, eng.probes.ready(&w.url)).await {
+                Some(Some(Health::Up)) => {
+                    return Ok(json!({ "attempts": attempts, "checked": ["/ready"], "generate_proved_by": "the pair gate's PD request" }))
+                }
+                Some(None) => {
+                    ready_served = false;
+                    continue;
+                }
+                Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/ready: {s}"),
+                None => "/ready did not answer".into(),
             };
-            self.health_wait(w, after, t0, &last).await?;
+            health_wait(eng, w, after, t0, &last).await?;
+            continue;
         }
+        let last = match within(t0, limit, eng.probes.health(&w.url)).await {
+            // Where the server serves `/ready` (0.5.23), it must say ready too: `/health` can
+            // answer 200 again after a failed PD warm-up, and a paused server is not serving.
+            Some(Health::Up) => match within(t0, limit, eng.probes.ready(&w.url)).await {
+                Some(None) => return Ok(json!({ "attempts": attempts, "checked": ["/health"] })),
+                Some(Some(Health::Up)) => return Ok(json!({ "attempts": attempts, "checked": ["/health", "/ready"] })),
+                Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/health 200, but {s}"),
+                None => "/health 200, /ready did not answer".into(),
+            },
+            Some(Health::Unavailable(s)) => format!("{s} (warming up or unhealthy)"),
+            Some(Health::Down(s)) => s,
+            None => "no answer".into(),
+        };
+        health_wait(eng, w, after, t0, &last).await?;
     }
+}
 
-    /// Between two attempts: `Err` when the unit crashed since `after` or the gate's time is
-    /// up (`last`: what the last attempt saw), else a pause.
-    async fn health_wait(&self, w: &Worker, after: Option<&UnitState>, t0: Instant, last: &str) -> Result<(), Fail> {
-        if let Some(after) = after {
-            let st = self.units.state(&w.unit).await?;
-            if let Some(why) = crashed_since(&st, after) {
-                return Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Health, why }.into());
-            }
+/// Between two attempts: `Err` when the unit crashed since `after` or the gate's time is
+/// up (`last`: what the last attempt saw), else a pause.
+async fn health_wait<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, after: Option<&UnitState>, t0: Instant, last: &str) -> Result<(), Fail> {
+    if let Some(after) = after {
+        let st = eng.units.state(&w.unit).await?;
+        if let Some(why) = crashed_since(&st, after) {
+            return Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Health, why }.into());
         }
-        let limit = self.settings.rollout.health_timeout;
-        if t0.elapsed() >= limit {
-            return Err(Cause::HealthTimeout { url: w.url.clone(), after: limit, last: last.to_string() }.into());
-        }
-        tokio::time::sleep(POLL).await;
-        Ok(())
     }
+    let limit = eng.settings.rollout.health_timeout;
+    if t0.elapsed() >= limit {
+        return Err(Cause::HealthTimeout { url: w.url.clone(), after: limit, last: last.to_string() }.into());
+    }
+    tokio::time::sleep(POLL).await;
+    Ok(())
 }

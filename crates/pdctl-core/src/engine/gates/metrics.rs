@@ -7,93 +7,101 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, MetricsDiagnosis};
 use crate::config::{Role, Worker};
+use crate::engine::gates;
 use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::rule;
 use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Step};
 use crate::ports::{Health, Logs, Probes, Units};
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    pub(in crate::engine) async fn metrics_step(&self, w: &Worker, sink: &Sink, may_warm: bool, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
-        let rule = rule(Step::Metrics, &self.settings);
-        if let Some(why) = rule.off_because {
-            StepRun::start(sink, &w.unit, Step::Metrics).skip(why);
-            return Ok(());
-        }
-        let s = StepRun::start(sink, &w.unit, Step::Metrics);
-        match self.metrics(w, may_warm, ctx).await {
-            Ok(d) => {
-                s.pass(d);
-                Ok(())
-            }
-            Err(f) => match s.warn_or_keep(rule.mode, &f.cause, Value::Null) {
-                None => Ok(()),
-                Some(s) => {
-                    s.fail(&f);
-                    Err((Step::Metrics, f))
-                }
-            },
-        }
+pub(in crate::engine) async fn metrics_step<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    sink: &Sink,
+    may_warm: bool,
+    ctx: Ctx<'_>,
+) -> Result<(), (Step, Fail)> {
+    let rule = rule(Step::Metrics, &eng.settings);
+    if let Some(why) = rule.off_because {
+        StepRun::start(sink, &w.unit, Step::Metrics).skip(why);
+        return Ok(());
     }
+    let s = StepRun::start(sink, &w.unit, Step::Metrics);
+    match metrics(eng, w, may_warm, ctx).await {
+        Ok(d) => {
+            s.pass(d);
+            Ok(())
+        }
+        Err(f) => match s.warn_or_keep(rule.mode, &f.cause, Value::Null) {
+            None => Ok(()),
+            Some(s) => {
+                s.fail(&f);
+                Err((Step::Metrics, f))
+            }
+        },
+    }
+}
 
-    pub(in crate::engine) async fn metrics(&self, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<Value, Fail> {
-        let t0 = Instant::now();
-        let limit = self.settings.rollout.metrics_timeout;
-        let mut warmed = None;
-        loop {
-            let problem = match within(t0, limit, self.probes.kv(&w.url)).await {
-                Some(Ok(r)) => {
-                    let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
-                    if let Some(o) = d.as_object_mut() {
-                        o.insert("warm_up_request".into(), json!(warmed));
-                        o.insert("waited_ms".into(), json!(t0.elapsed().as_millis() as u64));
-                    }
-                    return Ok(d);
+pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<Value, Fail> {
+    let t0 = Instant::now();
+    let limit = eng.settings.rollout.metrics_timeout;
+    let mut warmed = None;
+    loop {
+        let problem = match within(t0, limit, eng.probes.kv(&w.url)).await {
+            Some(Ok(r)) => {
+                let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
+                if let Some(o) = d.as_object_mut() {
+                    o.insert("warm_up_request".into(), json!(warmed));
+                    o.insert("waited_ms".into(), json!(t0.elapsed().as_millis() as u64));
                 }
-                Some(Err(p)) => p,
-                None => crate::ports::MetricsError {
-                    diagnosis: MetricsDiagnosis::Unreachable,
-                    message: format!("{}/metrics did not answer within {limit:?}", w.url),
-                },
+                return Ok(d);
+            }
+            Some(Err(p)) => p,
+            None => {
+                crate::ports::MetricsError { diagnosis: MetricsDiagnosis::Unreachable, message: format!("{}/metrics did not answer within {limit:?}", w.url) }
+            }
+        };
+        if !problem.may_resolve() {
+            return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: None }.into());
+        }
+        if may_warm && warmed.is_none() && eng.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
+            // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
+            // A PD worker is warmed with a pair sent straight to it and a serving peer (it may
+            // be the only one of its role in the router, or its peers may be out of it).
+            let direct = if w.role == Role::Regular { None } else { warm_pair(eng, w, ctx).await };
+            let sent = match (direct, eng.settings.verify.router, w.role) {
+                (Some(r), _, _) => r,
+                (None, true, _) => eng.probes.smoke(0, 48).await.map(|_| "sent through the router".to_string()),
+                (None, false, Role::Regular) => eng.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
+                (None, false, _) => Ok("not sent: no peer of the other PD role serves".to_string()),
             };
-            if !problem.may_resolve() {
-                return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: None }.into());
-            }
-            if may_warm && warmed.is_none() && self.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
-                // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
-                // A PD worker is warmed with a pair sent straight to it and a serving peer (it may
-                // be the only one of its role in the router, or its peers may be out of it).
-                let direct = if w.role == Role::Regular { None } else { self.warm_pair(w, ctx).await };
-                let sent = match (direct, self.settings.verify.router, w.role) {
-                    (Some(r), _, _) => r,
-                    (None, true, _) => self.probes.smoke(0, 48).await.map(|_| "sent through the router".to_string()),
-                    (None, false, Role::Regular) => self.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
-                    (None, false, _) => Ok("not sent: no peer of the other PD role serves".to_string()),
-                };
-                warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
-                continue; // the request has finished: the gauges may be there now
-            }
-            if t0.elapsed() >= limit {
-                return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: Some(limit) }.into());
-            }
-            tokio::time::sleep(POLL).await;
+            warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
+            continue; // the request has finished: the gauges may be there now
         }
+        if t0.elapsed() >= limit {
+            return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: Some(limit) }.into());
+        }
+        tokio::time::sleep(POLL).await;
     }
+}
 
-    /// A 48-token PD request sent straight to `w` and the first serving peer of its model (`None`:
-    /// no peer serves; a coherent switch's other group is not one).
-    pub(in crate::engine) async fn warm_pair(&self, w: &Worker, ctx: Ctx<'_>) -> Option<Result<String, crate::ports::HttpFailure>> {
-        for peer in self.peers(w) {
-            if self.other_model(peer, ctx).is_some() || self.probes.health(&peer.url).await != Health::Up {
-                continue;
-            }
-            let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
-            let probe = self.pair_request(w, peer, 48).await;
-            return Some(match probe.decode {
-                crate::sglang::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
-                other => Err(crate::ports::HttpFailure(format!("the pair {} + {} answered: {}", p.unit, d.unit, other.describe()))),
-            });
+/// A 48-token PD request sent straight to `w` and the first serving peer of its model (`None`:
+/// no peer serves; a coherent switch's other group is not one).
+pub(in crate::engine) async fn warm_pair<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    ctx: Ctx<'_>,
+) -> Option<Result<String, crate::ports::HttpFailure>> {
+    for peer in gates::pair::peers(eng, w) {
+        if gates::pair::other_model(peer, ctx).is_some() || eng.probes.health(&peer.url).await != Health::Up {
+            continue;
         }
-        None
+        let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+        let probe = gates::pair::pair_request(eng, w, peer, 48).await;
+        return Some(match probe.decode {
+            crate::sglang::pairing::Half::Answered { status: 200, .. } => Ok(format!("sent straight to the pair {} + {}", p.unit, d.unit)),
+            other => Err(crate::ports::HttpFailure(format!("the pair {} + {} answered: {}", p.unit, d.unit, other.describe()))),
+        });
     }
+    None
 }

@@ -1,17 +1,19 @@
-//! The gates, one file each, in runbook order. Each is a typed method of [`super::Engine`].
+//! The gates, one file each. Each is a typed function whose first argument is the engine (its
+//! ports and settings): a call names the gate it enters (`health::health(engine, …)`), and the
+//! order they run in is `super::runbook::RUNBOOK`.
 
-mod drain;
+pub(in crate::engine) mod drain;
 pub(in crate::engine) use drain::Deferred;
-mod health;
-mod metrics;
-mod pair;
-mod preflight;
-mod ready;
-mod restart;
+pub(in crate::engine) mod health;
+pub(in crate::engine) mod metrics;
+pub(in crate::engine) mod pair;
+pub(in crate::engine) mod preflight;
+pub(in crate::engine) mod ready;
+pub(in crate::engine) mod restart;
 pub(in crate::engine) use restart::Restarted;
-mod router;
-mod slo;
-mod slot;
+pub(in crate::engine) mod router;
+pub(in crate::engine) mod slo;
+pub(in crate::engine) mod slot;
 pub(in crate::engine) use slo::Mark;
-mod soak;
-mod stranded_kv;
+pub(in crate::engine) mod soak;
+pub(in crate::engine) mod stranded_kv;

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
 use crate::details::{PairDetail, PairOutcome, PairResult};
+use crate::engine::gates;
 use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::engine::{Ctx, Engine, Stale};
@@ -15,225 +16,236 @@ use crate::events::{Sink, Step};
 use crate::ports::{Health, Logs, PairTarget, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// The peers a worker pairs with: every configured worker of the other PD role.
-    pub(in crate::engine) fn peers(&self, w: &Worker) -> Vec<&Worker> {
-        let other = match w.role {
-            Role::Prefill => Role::Decode,
-            Role::Decode => Role::Prefill,
-            Role::Regular => return Vec::new(),
-        };
-        self.settings.workers.iter().filter(|o| o.role == other).collect()
-    }
+/// The peers a worker pairs with: every configured worker of the other PD role.
+pub(in crate::engine) fn peers<'e, U: Units, L: Logs, P: Probes>(eng: &'e Engine<U, L, P>, w: &Worker) -> Vec<&'e Worker> {
+    let other = match w.role {
+        Role::Prefill => Role::Decode,
+        Role::Decode => Role::Prefill,
+        Role::Regular => return Vec::new(),
+    };
+    eng.settings.workers.iter().filter(|o| o.role == other).collect()
+}
 
-    /// The pair gate of a restarted worker: a PD request pair sent straight to it and each peer
-    /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
-    /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
-    /// be repaired (`on_stale_pair = "restart-decode"`).
-    pub(in crate::engine) async fn pair_step(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>, after: &UnitState) -> Result<Vec<Stale>, (Step, Fail)> {
-        // This host's peers, and with [fleet] those of other hosts the gateway lists.
-        let mut peers: Vec<(Worker, Option<(String, String)>)> = self.peers(w).into_iter().map(|p| (p.clone(), None)).collect();
-        peers.extend(self.remote_peers(w).await);
-        if w.role == Role::Regular {
-            return Ok(Vec::new());
+/// The pair gate of a restarted worker: a PD request pair sent straight to it and each peer
+/// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
+/// diagnosed from its signature; returns the decodes with a stale pairing when they are to
+/// be repaired (`on_stale_pair = "restart-decode"`).
+pub(in crate::engine) async fn pair_step<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    sink: &Sink,
+    ctx: Ctx<'_>,
+    after: &UnitState,
+) -> Result<Vec<Stale>, (Step, Fail)> {
+    // This host's peers, and with [fleet] those of other hosts the gateway lists.
+    let mut peers: Vec<(Worker, Option<(String, String)>)> = peers(eng, w).into_iter().map(|p| (p.clone(), None)).collect();
+    peers.extend(gates::slot::remote_peers(eng, w).await);
+    if w.role == Role::Regular {
+        return Ok(Vec::new());
+    }
+    if let Some(why) = rule(Step::Pair, &eng.settings).off_because {
+        StepRun::start(sink, &w.unit, Step::Pair).skip(why);
+        return Ok(Vec::new());
+    }
+    if peers.is_empty() {
+        StepRun::start(sink, &w.unit, Step::Pair).skip(NO_OTHER_ROLE);
+        return Ok(Vec::new());
+    }
+    let s = StepRun::start(sink, &w.unit, Step::Pair);
+    let mut pairs = Vec::new();
+    let mut stale: Vec<Stale> = Vec::new();
+    let mut failed: Option<Fail> = None;
+    for (peer, owner) in &peers {
+        let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
+        // A coherent switch pairs only workers of one model: a peer of the other group, or
+        // one held out still running the old model, is not paired (its KV is another model's).
+        if let Some(why) = other_model(peer, ctx) {
+            pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: PairOutcome::Skipped, why: Some(why), ..Default::default() });
+            continue;
         }
-        if let Some(why) = rule(Step::Pair, &self.settings).off_because {
-            StepRun::start(sink, &w.unit, Step::Pair).skip(why);
-            return Ok(Vec::new());
-        }
-        if peers.is_empty() {
-            StepRun::start(sink, &w.unit, Step::Pair).skip(NO_OTHER_ROLE);
-            return Ok(Vec::new());
-        }
-        let s = StepRun::start(sink, &w.unit, Step::Pair);
-        let mut pairs = Vec::new();
-        let mut stale: Vec<Stale> = Vec::new();
-        let mut failed: Option<Fail> = None;
-        for (peer, owner) in &peers {
-            let (p, d) = if w.role == Role::Prefill { (w, peer) } else { (peer, w) };
-            // A coherent switch pairs only workers of one model: a peer of the other group, or
-            // one held out still running the old model, is not paired (its KV is another model's).
-            if let Some(why) = self.other_model(peer, ctx) {
-                pairs.push(PairResult { prefill: p.unit.clone(), decode: d.unit.clone(), result: PairOutcome::Skipped, why: Some(why), ..Default::default() });
-                continue;
-            }
-            if let Err(why) = self.peer_serves(peer, ctx.scope.together_with.is_some_and(|t| t.unit == peer.unit)).await {
-                pairs.push(PairResult {
-                    prefill: p.unit.clone(),
-                    decode: d.unit.clone(),
-                    result: PairOutcome::Skipped,
-                    why: Some(format!("{} is not serving ({why}): its pairing is not checked", peer.unit)),
-                    ..Default::default()
-                });
-                continue;
-            }
-            let (verdict, refreshed, probes) = self.probe_pair(p, d).await;
+        if let Err(why) = peer_serves(eng, peer, ctx.scope.together_with.is_some_and(|t| t.unit == peer.unit)).await {
             pairs.push(PairResult {
                 prefill: p.unit.clone(),
                 decode: d.unit.clone(),
-                result: if refreshed { PairOutcome::Refreshed } else { verdict.outcome() },
-                probes: Some(json!(probes)),
-                at: Some(crate::lifecycle::now()),
+                result: PairOutcome::Skipped,
+                why: Some(format!("{} is not serving ({why}): its pairing is not checked", peer.unit)),
                 ..Default::default()
             });
-            let cause = match verdict {
-                crate::sglang::pairing::Verdict::Paired => continue,
-                crate::sglang::pairing::Verdict::Stale => {
-                    if self.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
-                        stale.push(Stale { decode: d.clone(), owner: owner.clone() });
-                        continue;
-                    }
-                    Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
-                }
-                crate::sglang::pairing::Verdict::Incompatible(m) => {
-                    Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::sglang::pairing::describe(&m, &p.unit, &d.unit) }
-                }
-                crate::sglang::pairing::Verdict::PrefillBroken(e) => {
-                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e }
-                }
-                crate::sglang::pairing::Verdict::DecodeBroken(e) => {
-                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e }
-                }
-                crate::sglang::pairing::Verdict::TransferFailed(e) => {
-                    Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
-                }
-            };
-            failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None });
+            continue;
         }
-        // A pair that failed because the restarted worker itself went down is that crash.
-        if failed.is_some() {
-            let st = self.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?;
-            if let Some(why) = crashed_since(&st, after) {
-                failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
+        let (verdict, refreshed, probes) = probe_pair(eng, p, d).await;
+        pairs.push(PairResult {
+            prefill: p.unit.clone(),
+            decode: d.unit.clone(),
+            result: if refreshed { PairOutcome::Refreshed } else { verdict.outcome() },
+            probes: Some(json!(probes)),
+            at: Some(crate::lifecycle::now()),
+            ..Default::default()
+        });
+        let cause = match verdict {
+            crate::sglang::pairing::Verdict::Paired => continue,
+            crate::sglang::pairing::Verdict::Stale => {
+                if eng.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
+                    stale.push(Stale { decode: d.clone(), owner: owner.clone() });
+                    continue;
+                }
+                Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
             }
-        }
-        let detail = PairDetail {
-            pairs,
-            stale: stale.iter().map(|d| d.decode.unit.clone()).collect(),
-            repair: (!stale.is_empty()).then(|| "restart-decode".to_string()),
+            crate::sglang::pairing::Verdict::Incompatible(m) => {
+                Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::sglang::pairing::describe(&m, &p.unit, &d.unit) }
+            }
+            crate::sglang::pairing::Verdict::PrefillBroken(e) => {
+                Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e }
+            }
+            crate::sglang::pairing::Verdict::DecodeBroken(e) => {
+                Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e }
+            }
+            crate::sglang::pairing::Verdict::TransferFailed(e) => {
+                Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
+            }
         };
-        let detail = serde_json::to_value(&detail).unwrap_or_default();
-        match failed {
-            Some(mut f) => {
-                f.detail = detail;
-                s.fail(&f);
-                Err((Step::Pair, f))
-            }
-            None => {
-                s.pass(detail);
-                Ok(stale)
-            }
+        failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None });
+    }
+    // A pair that failed because the restarted worker itself went down is that crash.
+    if failed.is_some() {
+        let st = eng.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?;
+        if let Some(why) = crashed_since(&st, after) {
+            failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
         }
     }
-
-    /// Why the pair gate does not pair with `peer` in a coherent switch: it is outside the
-    /// group being verified, or held out of the router still running the old model.
-    pub(in crate::engine) fn other_model(&self, peer: &Worker, ctx: Ctx<'_>) -> Option<String> {
-        if ctx.scope.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
-            return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
+    let detail =
+        PairDetail { pairs, stale: stale.iter().map(|d| d.decode.unit.clone()).collect(), repair: (!stale.is_empty()).then(|| "restart-decode".to_string()) };
+    let detail = serde_json::to_value(&detail).unwrap_or_default();
+    match failed {
+        Some(mut f) => {
+            f.detail = detail;
+            s.fail(&f);
+            Err((Step::Pair, f))
         }
-        let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::state::drain_ledger::Hold::Old));
-        held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
+        None => {
+            s.pass(detail);
+            Ok(stale)
+        }
     }
+}
 
-    /// Whether a peer serves: `/ready` 200 where the server serves it (SGLang 0.5.23: not
-    /// shutting down, not paused, its warm-up generate succeeded — an instant answer), else
-    /// `/health` 200 (0.5.23's `/health` runs a generate and sleeps 1 s before it looks,
-    /// `entrypoints/http_server.py:722-800`: a second per pair gate). The probe that follows
-    /// proves the pair itself. One restarting at the same time is waited for, up to its ready and
-    /// health timeouts.
-    pub(in crate::engine) async fn peer_serves(&self, peer: &Worker, restarting: bool) -> Result<(), String> {
-        let t0 = Instant::now();
-        let limit = if restarting { self.settings.rollout.ready_timeout + self.settings.rollout.health_timeout } else { Duration::ZERO };
-        let cap = limit.max(Duration::from_secs(30));
-        loop {
-            let why = match within(t0, cap, self.probes.ready(&peer.url)).await {
-                Some(Some(Health::Up)) => return Ok(()),
-                Some(Some(Health::Unavailable(s) | Health::Down(s))) => s,
-                Some(None) => match within(t0, cap, self.probes.health(&peer.url)).await {
-                    Some(Health::Up) => return Ok(()),
-                    Some(Health::Unavailable(s)) | Some(Health::Down(s)) => s,
-                    None => "no answer".into(),
-                },
+/// Why the pair gate does not pair with `peer` in a coherent switch: it is outside the
+/// group being verified, or held out of the router still running the old model.
+pub(in crate::engine) fn other_model(peer: &Worker, ctx: Ctx<'_>) -> Option<String> {
+    if ctx.scope.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
+        return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
+    }
+    let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::state::drain_ledger::Hold::Old));
+    held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
+}
+
+/// Whether a peer serves: `/ready` 200 where the server serves it (SGLang 0.5.23: not
+/// shutting down, not paused, its warm-up generate succeeded — an instant answer), else
+/// `/health` 200 (0.5.23's `/health` runs a generate and sleeps 1 s before it looks,
+/// `entrypoints/http_server.py:722-800`: a second per pair gate). The probe that follows
+/// proves the pair itself. One restarting at the same time is waited for, up to its ready and
+/// health timeouts.
+pub(in crate::engine) async fn peer_serves<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, peer: &Worker, restarting: bool) -> Result<(), String> {
+    let t0 = Instant::now();
+    let limit = if restarting { eng.settings.rollout.ready_timeout + eng.settings.rollout.health_timeout } else { Duration::ZERO };
+    let cap = limit.max(Duration::from_secs(30));
+    loop {
+        let why = match within(t0, cap, eng.probes.ready(&peer.url)).await {
+            Some(Some(Health::Up)) => return Ok(()),
+            Some(Some(Health::Unavailable(s) | Health::Down(s))) => s,
+            Some(None) => match within(t0, cap, eng.probes.health(&peer.url)).await {
+                Some(Health::Up) => return Ok(()),
+                Some(Health::Unavailable(s)) | Some(Health::Down(s)) => s,
                 None => "no answer".into(),
-            };
-            if t0.elapsed() >= limit {
-                return Err(why);
-            }
-            tokio::time::sleep(POLL).await;
+            },
+            None => "no answer".into(),
+        };
+        if t0.elapsed() >= limit {
+            return Err(why);
         }
+        tokio::time::sleep(POLL).await;
     }
+}
 
-    /// One PD request of `max_new_tokens` sent straight to `x` and `other` (the other role, in
-    /// either order) under a fresh room, bounded by `pair_timeout`.
-    pub(in crate::engine) async fn pair_request(&self, x: &Worker, other: &Worker, max_new_tokens: u32) -> crate::sglang::pairing::PairProbe {
-        let (p, d) = if x.role == Role::Prefill { (x, other) } else { (other, x) };
-        let host = crate::sglang::pairing::bootstrap_host(&p.url);
-        let t = PairTarget {
-            prefill_url: &p.url,
-            bootstrap_host: &host,
-            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
-            decode_url: &d.url,
-            room: crate::sglang::pairing::room(),
-            max_new_tokens,
-        };
-        self.probes.pair(t, self.settings.verify.pair_timeout).await
-    }
+/// One PD request of `max_new_tokens` sent straight to `x` and `other` (the other role, in
+/// either order) under a fresh room, bounded by `pair_timeout`.
+pub(in crate::engine) async fn pair_request<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    x: &Worker,
+    other: &Worker,
+    max_new_tokens: u32,
+) -> crate::sglang::pairing::PairProbe {
+    let (p, d) = if x.role == Role::Prefill { (x, other) } else { (other, x) };
+    let host = crate::sglang::pairing::bootstrap_host(&p.url);
+    let t = PairTarget {
+        prefill_url: &p.url,
+        bootstrap_host: &host,
+        bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+        decode_url: &d.url,
+        room: crate::sglang::pairing::room(),
+        max_new_tokens,
+    };
+    eng.probes.pair(t, eng.settings.verify.pair_timeout).await
+}
 
-    /// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
-    /// 36029 drops the stale entry on the failed request) is probed once more. Returns the
-    /// verdict, whether the second probe found it refreshed, and the probes.
-    pub(in crate::engine) async fn probe_pair(
-        &self,
-        p: &Worker,
-        d: &Worker,
-    ) -> (crate::sglang::pairing::Verdict, bool, Vec<crate::sglang::pairing::PairProbe>) {
-        use crate::sglang::pairing::Verdict;
-        let host = crate::sglang::pairing::bootstrap_host(&p.url);
-        let target = |room| PairTarget {
-            prefill_url: &p.url,
-            bootstrap_host: &host,
-            bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
-            decode_url: &d.url,
-            room,
-            max_new_tokens: 1,
-        };
-        let limit = self.settings.verify.pair_timeout;
-        let first = self.probes.pair(target(crate::sglang::pairing::room()), limit).await;
-        let v = self.judge_pair(p, d, &first).await;
-        if !matches!(v, Verdict::Stale | Verdict::TransferFailed(_)) {
-            return (v, false, vec![first]);
-        }
-        // A decode that got no answer within pair_timeout may still be waiting on a stale cached
-        // prefill that it drops by itself at its waiting timeout (SGLang 0.5.23): the second
-        // probe is given that long when it is short; a longer one (300 s by default) is not
-        // waited out — the pair is stale now and its repair is sooner.
-        let timing = match self.units.config(&d.unit).await {
-            Ok(c) => crate::sglang::DecodeTiming::of(&c.environment),
-            Err(_) => crate::sglang::DecodeTiming::of(&[]),
-        };
-        let Some(limit) = crate::sglang::pairing::second_probe_limit(&first, limit, &timing) else {
-            return (v, false, vec![first]);
-        };
-        let second = self.probes.pair(target(crate::sglang::pairing::room()), limit).await;
-        let v2 = self.judge_pair(p, d, &second).await;
-        let refreshed = v2 == Verdict::Paired;
-        (if refreshed { Verdict::Paired } else { v2 }, refreshed, vec![first, second])
+/// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
+/// 36029 drops the stale entry on the failed request) is probed once more. Returns the
+/// verdict, whether the second probe found it refreshed, and the probes.
+pub(in crate::engine) async fn probe_pair<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    p: &Worker,
+    d: &Worker,
+) -> (crate::sglang::pairing::Verdict, bool, Vec<crate::sglang::pairing::PairProbe>) {
+    use crate::sglang::pairing::Verdict;
+    let host = crate::sglang::pairing::bootstrap_host(&p.url);
+    let target = |room| PairTarget {
+        prefill_url: &p.url,
+        bootstrap_host: &host,
+        bootstrap_port: p.bootstrap_port.unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT),
+        decode_url: &d.url,
+        room,
+        max_new_tokens: 1,
+    };
+    let limit = eng.settings.verify.pair_timeout;
+    let first = eng.probes.pair(target(crate::sglang::pairing::room()), limit).await;
+    let v = judge_pair(eng, p, d, &first).await;
+    if !matches!(v, Verdict::Stale | Verdict::TransferFailed(_)) {
+        return (v, false, vec![first]);
     }
+    // A decode that got no answer within pair_timeout may still be waiting on a stale cached
+    // prefill that it drops by itself at its waiting timeout (SGLang 0.5.23): the second
+    // probe is given that long when it is short; a longer one (300 s by default) is not
+    // waited out — the pair is stale now and its repair is sooner.
+    let timing = match eng.units.config(&d.unit).await {
+        Ok(c) => crate::sglang::DecodeTiming::of(&c.environment),
+        Err(_) => crate::sglang::DecodeTiming::of(&[]),
+    };
+    let Some(limit) = crate::sglang::pairing::second_probe_limit(&first, limit, &timing) else {
+        return (v, false, vec![first]);
+    };
+    let second = eng.probes.pair(target(crate::sglang::pairing::room()), limit).await;
+    let v2 = judge_pair(eng, p, d, &second).await;
+    let refreshed = v2 == Verdict::Paired;
+    (if refreshed { Verdict::Paired } else { v2 }, refreshed, vec![first, second])
+}
 
-    pub(in crate::engine) async fn judge_pair(&self, p: &Worker, d: &Worker, probe: &crate::sglang::pairing::PairProbe) -> crate::sglang::pairing::Verdict {
-        use crate::sglang::pairing::{compare, diagnose, settings_of_info};
-        if matches!(probe.decode, crate::sglang::pairing::Half::Answered { status: 200, .. }) {
-            return diagnose(probe, &[], None);
-        }
-        let mismatches = match (self.probes.server_info(&p.url).await, self.probes.server_info(&d.url).await) {
-            (Ok(a), Ok(b)) => compare(&settings_of_info(&a), &settings_of_info(&b)),
-            _ => Vec::new(),
-        };
-        let older = match (self.units.state(&d.unit).await, self.units.state(&p.unit).await) {
-            (Ok(ds), Ok(ps)) if ds.exec_main_start_us > 0 && ps.exec_main_start_us > 0 => Some(ds.exec_main_start_us < ps.exec_main_start_us),
-            _ => None,
-        };
-        diagnose(probe, &mismatches, older)
+pub(in crate::engine) async fn judge_pair<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    p: &Worker,
+    d: &Worker,
+    probe: &crate::sglang::pairing::PairProbe,
+) -> crate::sglang::pairing::Verdict {
+    use crate::sglang::pairing::{compare, diagnose, settings_of_info};
+    if matches!(probe.decode, crate::sglang::pairing::Half::Answered { status: 200, .. }) {
+        return diagnose(probe, &[], None);
     }
+    let mismatches = match (eng.probes.server_info(&p.url).await, eng.probes.server_info(&d.url).await) {
+        (Ok(a), Ok(b)) => compare(&settings_of_info(&a), &settings_of_info(&b)),
+        _ => Vec::new(),
+    };
+    let older = match (eng.units.state(&d.unit).await, eng.units.state(&p.unit).await) {
+        (Ok(ds), Ok(ps)) if ds.exec_main_start_us > 0 && ps.exec_main_start_us > 0 => Some(ds.exec_main_start_us < ps.exec_main_start_us),
+        _ => None,
+    };
+    diagnose(probe, &mismatches, older)
 }

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::details::PreflightDetail;
+use crate::engine::gates;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges, Outage};
@@ -69,494 +70,505 @@ fn fmt_set(s: &BTreeSet<u32>) -> String {
     s.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// Preflight for every worker of the plan, before anything is touched; then the fleet's store
-    /// and the gateway.
-    pub(in crate::engine) async fn preflight(&self, plan: &Plan, sink: &Sink, dry: bool, ctx: Ctx<'_>) -> Result<(), (String, Fail)> {
-        let fleet_view = match (&self.settings.fleet, self.settings.verify.router) {
-            (Some(_), true) => self.probes.router_workers(0).await.ok(),
-            _ => None,
-        };
-        let mut seen = Seen { reloaded: false, gpu_sets: Vec::new(), fleet_view };
-        for w in &plan.workers {
-            let s = StepRun::start(sink, &w.unit, Step::Preflight);
-            match self.preflight_worker(w, plan, dry, ctx, &mut seen).await {
-                Ok(d) => s.pass(d),
-                Err(f) => {
-                    s.fail(&f);
-                    return Err((w.unit.clone(), f));
-                }
-            }
-        }
-        self.preflight_fleet(sink, dry).await?;
-        self.preflight_router(sink).await
-    }
-
-    /// A PD worker's restart needs a worker of the other role serving: without one its pair gate
-    /// cannot pass and the restart would only add an outage (then a rollback, another). Refused
-    /// here (`peer_role_down`, nothing touched) unless a peer of the plan is restarted first or
-    /// with it (`together`), which brings it back. With `[fleet]` the other hosts' workers may
-    /// serve: the gateway's gates judge.
-    async fn a_peer_serves(&self, w: &Worker, plan: &Plan) -> Result<(), Fail> {
-        let peers = self.peers(w);
-        if peers.is_empty() || self.settings.fleet.is_some() {
-            return Ok(());
-        }
-        let mine = plan.workers.iter().position(|x| x.unit == w.unit).unwrap_or(usize::MAX);
-        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together;
-        if peers.iter().any(|p| plan.workers.iter().position(|x| x.unit == p.unit).is_some_and(|i| i < mine || together)) {
-            return Ok(());
-        }
-        let mut down = Vec::new();
-        for p in &peers {
-            let st = self.units.state(&p.unit).await?;
-            if st.active_state != ActiveState::Active {
-                down.push(format!("{} is {}/{}", p.unit, st.active_state, st.sub_state));
-                continue;
-            }
-            match self.peer_serves(p, false).await {
-                Ok(()) => return Ok(()),
-                Err(why) => down.push(format!("{} does not serve ({why})", p.unit)),
-            }
-        }
-        let role = if w.role == Role::Prefill { "decode" } else { "prefill" };
-        Err(Fail::from(Cause::PeerRoleDown {
-            url: w.url.clone(),
-            role: role.into(),
-            error: format!(
-                "no {role} worker serves: {}; refused in preflight, nothing touched — restarting {} now could not pass its pair gate; bring the {role} back first (systemctl start {}), then run this again",
-                down.join("; "),
-                w.unit,
-                peers[0].unit
-            ),
-        }))
-    }
-
-    /// One worker's preflight: its state and files (a reload when systemd has not loaded them),
-    /// metrics flag, GPUs, reachability, API key, pairing, stop and pair timing, and whether it
-    /// is the only worker of its role.
-    async fn preflight_worker(&self, w: &Worker, plan: &Plan, dry: bool, ctx: Ctx<'_>, seen: &mut Seen) -> Result<Value, Fail> {
-        let st = self.units.state(&w.unit).await?;
-        // `check` (nothing restarts): a worker that is not running fails its own check.
-        if ctx.outage == Outage::Check && st.active_state != ActiveState::Active {
-            return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
-        }
-        let mut cfg = self.units.config(&w.unit).await?;
-        // Drop-ins on disk that systemd has not loaded yet (a new one does not set
-        // NeedDaemonReload): a restart without a reload would not apply them.
-        let not_loaded = |cfg: &crate::ports::UnitConfig| -> Vec<String> {
-            revisions::paths(&w.unit, cfg, &[])
-                .into_iter()
-                .map(|p| p.display().to_string())
-                .filter(|p| p.ends_with(".conf") && !cfg.drop_in_paths.contains(p))
-                .collect()
-        };
-        let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
-        // A restart that is not a config rollout loads nothing the worker does not run
-        // yet (checked before any reload): a pending change is rolled out by `rollout
-        // apply`, through every gate, or accepted with --load-changes.
-        if ctx.outage.restarts() && !ctx.load_changes {
-            if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
-                return Err(Fail::from(c));
-            }
-        }
-        let mut did_reload = false;
-        if needs_reload && dry {
-            did_reload = true; // reported as "would reload"
-        } else if needs_reload && !seen.reloaded {
-            self.units.reload().await?;
-            seen.reloaded = true;
-            did_reload = true;
-            cfg = self.units.config(&w.unit).await?;
-        }
-        let on_disk = not_loaded(&cfg);
-        let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
-        let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
-        if rule(Step::Metrics, &self.settings).mode == GateMode::Required && !metrics_flag {
-            return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
-        }
-        let gpus = gpus_of(w, &cfg.environment);
-        if let Some(g) = &gpus {
-            if let Some((other, og)) = seen.gpu_sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
-                return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
-            }
-            seen.gpu_sets.push((w.unit.clone(), g.clone()));
-        }
-        self.not_blocked(&w.unit, &w.url).await?;
-        if ctx.outage.restarts() {
-            self.a_peer_serves(w, plan).await?;
-        }
-        if let Some(c) = self.rollback_unwritable(w, ctx) {
-            return Err(Fail::from(c));
-        }
-        let api_key_check = self.api_key_check(w, &st).await?;
-        let pairing = self.pairing_preflight(w, plan, &cfg).await?;
-        let mut warnings = self.stop_and_pair_risks(w, &cfg);
-        if let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), self.settings.rollout.drain_timeout) {
-            if self.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
-                let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
-                return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode, fix }));
-            }
-            tracing::warn!(pdctl_unit = %w.unit, "{fix}");
-            warnings.push(fix);
-        }
-        // A dry run does not reload the manager: the restart's command line is read from the files.
-        let disk_argv = if dry && needs_reload {
-            let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "dry run");
-            crate::state::in_place::effective_argv(&rev).ok().flatten()
-        } else {
-            None
-        };
-        let (said, coherence) = self.coherence_preflight(w, plan, &cfg, disk_argv.as_deref(), ctx).await?.unzip();
-        warnings.extend(said);
-        let coherence = coherence.flatten();
-        let outage = self
-            .outage_of(w, plan, seen.fleet_view.as_deref(), ctx)
-            .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
-        let detail = PreflightDetail {
-            outage,
-            active_state: st.active_state.to_string(),
-            sub_state: st.sub_state.to_string(),
-            invocation_id: st.invocation_id,
-            main_pid: st.main_pid,
-            fragment_path: cfg.fragment_path,
-            drop_ins: cfg.drop_in_paths,
-            drop_ins_not_loaded: on_disk,
-            daemon_reload: did_reload,
-            dry_run: dry,
-            enable_metrics: metrics_flag,
-            gpus: gpus.as_ref().map(fmt_set),
-            pairing,
-            timeout_stop_ms: cfg.timeout_stop.map(|d| d.as_millis() as u64),
-            kill_mode: cfg.kill_mode.clone(),
-            warnings,
-            api_key_check,
-            coherence,
-        };
-        Ok(serde_json::to_value(&detail).unwrap_or_default())
-    }
-
-    /// With `on_failure = "rollback"` (a real rollout in pdctld): every file the rollback would
-    /// restore can be written by this process, or the worker would be left half-restored (`Some`:
-    /// the refusal).
-    fn rollback_unwritable(&self, w: &Worker, ctx: Ctx<'_>) -> Option<Cause> {
-        let (true, crate::config::OnFailure::Rollback, Some(dir)) = (ctx.outage.restarts(), self.settings.rollout.on_failure, ctx.revisions) else {
-            return None;
-        };
-        let dirs = revisions::load(dir, &w.unit).map(|last| revisions::unwritable(&last)).unwrap_or_default();
-        (!dirs.is_empty()).then(|| Cause::RollbackUnwritable { unit: w.unit.clone(), dirs })
-    }
-
-    /// Does this restart change the model a PD worker computes with ([`crate::sglang::coherence`])? While
-    /// workers of the other role run the old one, a rolling restart would pair the versions:
-    /// refused (`mixed_versions`), unless `coherent = "never"` (a warning then) or a 1P1D pair
-    /// is restarted together (both at once: no old worker serves while a new one does).
-    async fn coherence_preflight(
-        &self,
-        w: &Worker,
-        plan: &Plan,
-        cfg: &crate::ports::UnitConfig,
-        disk_argv: Option<&[String]>,
-        ctx: Ctx<'_>,
-    ) -> Result<Option<(String, Option<String>)>, Fail> {
-        use crate::config::Coherent;
-        // `check` restarts nothing; a regular worker pairs with no one.
-        if ctx.outage == Outage::Check || w.role == Role::Regular {
-            return Ok(None);
-        }
-        let Some(argv) = disk_argv.or(cfg.exec_start.first().map(Vec::as_slice)) else { return Ok(None) };
-        // This host's peers, and with [fleet] the other hosts' the gateway lists: behind one
-        // gateway any prefill pairs with any decode.
-        let remote: Vec<Worker> = self.remote_peers(w).await.into_iter().map(|(p, _)| p).collect();
-        let peers: Vec<&Worker> = self.peers(w).into_iter().chain(remote.iter()).collect();
-        if peers.is_empty() {
-            return Ok(None);
-        }
-        // A server that does not answer runs nothing to compare with (its own gates say so).
-        let Some(running) = self.computes_with(&w.url).await else { return Ok(None) };
-        let mut extra = self.settings.rollout.coherent_flags.clone();
-        if self.settings.rollout.coherent == Coherent::Always {
-            extra.extend(crate::sglang::coherence::given_flags(argv));
-            extra.extend(running.asked.iter().flat_map(|a| crate::sglang::coherence::given_flags(a)));
-        }
-        let changes = model_changes(argv, &running, &extra).await;
-        if changes.is_empty() {
-            return Ok(None);
-        }
-        let said: Vec<String> = changes.iter().map(|c| c.sentence()).collect();
-        let names: Vec<&str> = peers.iter().map(|p| p.unit.as_str()).collect();
-        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together
-            && plan.workers.len() == 2
-            && peers.len() == 1
-            && remote.is_empty()
-            && plan.workers.iter().any(|x| x.unit == peers[0].unit);
-        if together {
-            return Ok(Some((
-                format!(
-                    "{} changes the model it computes with ({}); restarted together with {}, no request pairs the two versions",
-                    w.unit,
-                    said.join("; "),
-                    names.join(", ")
-                ),
-                None,
-            )));
-        }
-        // The peers that serve next to it (not held out by a coherent switch) already run what
-        // it will: its restart joins them (the rest of an interrupted switch).
-        let held = |u: &str| ctx.ledger.and_then(|l| l.get(u)).is_some_and(|d| d.hold.is_some());
-        let serving: Vec<&&Worker> = peers.iter().filter(|p| !held(&p.unit)).collect();
-        let mut all_new = !serving.is_empty();
-        for p in &serving {
-            all_new &= match self.computes_with(&p.url).await {
-                Some(i) => model_changes(argv, &i, &extra).await.is_empty(),
-                None => false,
-            };
-        }
-        if all_new {
-            return Ok(Some((
-                format!(
-                    "{} changes the model it computes with ({}) to what {} already run: no request pairs two models",
-                    w.unit,
-                    said.join("; "),
-                    serving.iter().map(|p| p.unit.as_str()).collect::<Vec<_>>().join(", ")
-                ),
-                None,
-            )));
-        }
-        if self.settings.rollout.coherent == Coherent::Never {
-            return Ok(Some((format!(
-                "mixed versions (coherent = \"never\"): {} changes the model it computes with ({}); until {} are restarted too, PD requests pairing them decode KV their own model did not compute",
-                w.unit,
-                said.join("; "),
-                names.join(", ")
-            ), None)));
-        }
-        // The plan is said once, on the first worker that needs the switch.
-        let switch = ctx.scope.switch.map(|sw| match &sw.groups {
-            Ok(g) => Ok((!sw.needed.swap(true, std::sync::atomic::Ordering::SeqCst)).then(|| g.sentence(&plan.workers.iter().collect::<Vec<_>>()))),
-            Err(why) => Err(why.clone()),
-        });
-        match switch {
-            Some(Ok(how)) => Ok(Some((format!("{} changes the model it computes with ({}): rolled as a coherent switch", w.unit, said.join("; ")), how))),
-            why_not => Err(Fail {
-                cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
-                detail: serde_json::json!({ "changes": changes, "switch_refused": why_not.and_then(Result::err) }),
-                unit: None,
-            }),
-        }
-    }
-
-    /// What a server computes with: what it was asked at its start (`/server_info`'s
-    /// `launch_command`), corrected by `/model_info` for a weight update loaded since (0.5.23
-    /// `http_server.py`); `None`: it does not answer.
-    async fn computes_with(&self, url: &str) -> Option<crate::sglang::coherence::Running> {
-        let info = self.probes.server_info(url).await.ok()?;
-        Some(crate::sglang::coherence::Running::new(info, self.probes.model_info(url).await.ok()))
-    }
-
-    /// Does the worker refuse pdctl's calls for want of its API key? A worker started with
-    /// --api-key refuses every call pdctl makes but /health, /ready and /metrics without its key:
-    /// found now, before anything is touched. `None`: not checked (the unit is not running).
-    async fn api_key_check(&self, w: &Worker, st: &UnitState) -> Result<Option<String>, Fail> {
-        if st.active_state != ActiveState::Active {
-            return Ok(None);
-        }
-        match self.probes.auth(&w.url).await {
-            crate::ports::Auth::Rejected { endpoint, status, key } => Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key })),
-            crate::ports::Auth::Unknown(why) => Ok(Some(format!("not checked: {why}"))),
-            crate::ports::Auth::Accepted => Ok(Some("accepted".to_string())),
-        }
-    }
-
-    /// What a stop of this worker may run into (SGLang's stop waits for its requests), and
-    /// whether the pair gate's timeout covers a decode's own timing; each is logged.
-    fn stop_and_pair_risks(&self, w: &Worker, cfg: &crate::ports::UnitConfig) -> Vec<String> {
-        let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
-        let mut warnings = crate::sglang::stop::risks(&w.unit, cfg.timeout_stop, self.settings.rollout.drain_timeout, bootstrap);
-        if w.role == Role::Decode && self.settings.verify.pair {
-            warnings.extend(crate::sglang::pairing::timing_risk(
-                &w.unit,
-                &crate::sglang::DecodeTiming::of(&cfg.environment),
-                self.settings.verify.pair_timeout,
-            ));
-        }
-        for warning in &warnings {
-            tracing::warn!(pdctl_unit = %w.unit, "{warning}");
-        }
-        warnings
-    }
-
-    /// The only worker of its role: restarting it stops serving (PD needs both roles). With
-    /// [fleet], counted over the whole fleet as the router sees it; else this host's. Refused
-    /// unless an outage is allowed (`Err`: the outage to expect); then said.
-    fn outage_of(
-        &self,
-        w: &Worker,
-        plan: &Plan,
-        fleet_view: Option<&[crate::ports::RouterWorker]>,
-        ctx: Ctx<'_>,
-    ) -> Result<Option<String>, Option<crate::clock::StartTime>> {
-        let alone = match fleet_view {
-            Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
-            None => self.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
-        };
-        let (true, true) = (alone, ctx.outage.restarts()) else { return Ok(None) };
-        let allowed = ctx.outage.accepted();
-        let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
-            (Some(d), _) => revisions::last_start(d, &w.unit),
-            (None, Some(k)) => k.timing.clone(),
-            (None, None) => None,
-        };
-        if !allowed {
-            return Err(expected);
-        }
-        // A 1P1D pair restarted at once: one interruption for both, said as such.
-        let together = match plan.workers.as_slice() {
-            [a, b]
-                if self.settings.rollout.single_pair == crate::config::SinglePair::Together
-                    && a.role != b.role
-                    && a.role != Role::Regular
-                    && b.role != Role::Regular =>
-            {
-                [a, b].into_iter().find(|o| o.unit != w.unit).map(|o| o.unit.as_str())
-            }
-            _ => None,
-        };
-        let how = match together {
-            Some(other) => format!("restarted together with {other} (single_pair = \"together\"): serving stops once, while both restart"),
-            None => "serving stops while it restarts".to_string(),
-        };
-        Ok(Some(format!("{} is the only {} worker: {how}, for {} (accepted: allow_outage)", w.unit, w.role.as_str(), crate::cause::outage(&expected))))
-    }
-
-    /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
-    /// and held.
-    async fn preflight_fleet(&self, sink: &Sink, dry: bool) -> Result<(), (String, Fail)> {
-        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Ok(()) };
-        let s = StepRun::start(sink, FLEET, Step::Preflight);
-        let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
-        let r = async {
-            for e in &f.etcd {
-                self.not_blocked("etcd", e).await?;
-            }
-            let limits = if dry {
-                match c.get(&crate::fleet::limits_key(&f.name)).await {
-                    Ok(Some(e)) => {
-                        serde_json::from_slice::<crate::fleet::Limits>(&e.value).map(|l| l.disagreement(&local).map_or(Ok(l), Err)).unwrap_or(Ok(local.clone()))
-                    }
-                    Ok(None) => Ok(local.clone()),
-                    Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?,
-                }
-            } else {
-                crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?
-            };
-            let limits = limits.map_err(|d| Fail::from(Cause::from(d)))?;
-            let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
-            let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
-            Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
-        }
-        .await;
-        match r {
+/// Preflight for every worker of the plan, before anything is touched; then the fleet's store
+/// and the gateway.
+pub(in crate::engine) async fn preflight<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    plan: &Plan,
+    sink: &Sink,
+    dry: bool,
+    ctx: Ctx<'_>,
+) -> Result<(), (String, Fail)> {
+    let fleet_view = match (&eng.settings.fleet, eng.settings.verify.router) {
+        (Some(_), true) => eng.probes.router_workers(0).await.ok(),
+        _ => None,
+    };
+    let mut seen = Seen { reloaded: false, gpu_sets: Vec::new(), fleet_view };
+    for w in &plan.workers {
+        let s = StepRun::start(sink, &w.unit, Step::Preflight);
+        match preflight_worker(eng, w, plan, dry, ctx, &mut seen).await {
             Ok(d) => s.pass(d),
             Err(f) => {
                 s.fail(&f);
-                return Err((FLEET.into(), f));
+                return Err((w.unit.clone(), f));
             }
         }
-        Ok(())
     }
+    preflight_fleet(eng, sink, dry).await?;
+    preflight_router(eng, sink).await
+}
 
-    /// The gateway (every replica) answers; its worker lists are the step's detail.
-    async fn preflight_router(&self, sink: &Sink) -> Result<(), (String, Fail)> {
-        if !self.settings.verify.router {
-            return Ok(());
-        }
-        let s = StepRun::start(sink, ROUTER, Step::Preflight);
-        if let Some(r) = &self.settings.router {
-            for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
-                if let Err(f) = self.not_blocked("the router", u).await {
-                    s.fail(&f);
-                    return Err((ROUTER.into(), f));
-                }
-            }
-        }
-        // Every replica answers, or nothing is touched.
-        let mut lists = Vec::new();
-        for r in 0..self.probes.replicas() {
-            match self.probes.router_workers(r).await {
-                Ok(list) => lists.push(list),
-                Err(e) => {
-                    let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
-                    s.fail(&f);
-                    return Err((ROUTER.into(), f));
-                }
-            }
-        }
-        match lists.len() {
-            1 => s.pass(json!({ "workers": lists.pop() })),
-            _ => s.pass(json!({ "replicas": lists })),
-        }
-        Ok(())
+/// A PD worker's restart needs a worker of the other role serving: without one its pair gate
+/// cannot pass and the restart would only add an outage (then a rollback, another). Refused
+/// here (`peer_role_down`, nothing touched) unless a peer of the plan is restarted first or
+/// with it (`together`), which brings it back. With `[fleet]` the other hosts' workers may
+/// serve: the gateway's gates judge.
+async fn a_peer_serves<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, plan: &Plan) -> Result<(), Fail> {
+    let peers = gates::pair::peers(eng, w);
+    if peers.is_empty() || eng.settings.fleet.is_some() {
+        return Ok(());
     }
-
-    /// A configured address this process may not connect to at all (pdctld's unit allows
-    /// loopback only unless a drop-in allows more): refused in preflight, naming the fix.
-    pub(in crate::engine) async fn not_blocked(&self, what: &str, url: &str) -> Result<(), Fail> {
-        let host = crate::sglang::pairing::bootstrap_host(url);
-        if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") || host.starts_with("127.") {
-            return Ok(());
+    let mine = plan.workers.iter().position(|x| x.unit == w.unit).unwrap_or(usize::MAX);
+    let together = eng.settings.rollout.single_pair == crate::config::SinglePair::Together;
+    if peers.iter().any(|p| plan.workers.iter().position(|x| x.unit == p.unit).is_some_and(|i| i < mine || together)) {
+        return Ok(());
+    }
+    let mut down = Vec::new();
+    for p in &peers {
+        let st = eng.units.state(&p.unit).await?;
+        if st.active_state != ActiveState::Active {
+            down.push(format!("{} is {}/{}", p.unit, st.active_state, st.sub_state));
+            continue;
         }
-        match self.probes.reach(url).await {
-            crate::ports::Reach::Blocked(_) => Err(Fail::from(Cause::AddressBlocked { what: what.to_string(), url: url.to_string() })),
-            _ => Ok(()),
+        match gates::pair::peer_serves(eng, p, false).await {
+            Ok(()) => return Ok(()),
+            Err(why) => down.push(format!("{} does not serve ({why})", p.unit)),
         }
     }
+    let role = if w.role == Role::Prefill { "decode" } else { "prefill" };
+    Err(Fail::from(Cause::PeerRoleDown {
+        url: w.url.clone(),
+        role: role.into(),
+        error: format!(
+            "no {role} worker serves: {}; refused in preflight, nothing touched — restarting {} now could not pass its pair gate; bring the {role} back first (systemctl start {}), then run this again",
+            down.join("; "),
+            w.unit,
+            peers[0].unit
+        ),
+    }))
+}
 
-    /// Preflight of a PD worker: the settings its ExecStart asks for are compared with what each
-    /// peer of the other role was asked (`/server_info`'s `launch_command`, its reported values
-    /// where it has none; for a peer restarted together with it, the peer's ExecStart), so that a
-    /// change that would break every transfer is refused before anything is touched. Asked is
-    /// compared with asked: 0.5.23 reports resolved values (`mooncake_tcp` as `mooncake`), which
-    /// an unchanged ExecStart does not spell.
-    pub(in crate::engine) async fn pairing_preflight(&self, w: &Worker, plan: &Plan, cfg: &crate::ports::UnitConfig) -> Result<Value, Fail> {
-        use crate::sglang::pairing::{compare, describe, settings_of_argv, settings_of_info};
-        let Some(argv) = cfg.exec_start.first().filter(|_| self.settings.verify.pair && w.role != Role::Regular) else {
-            return Ok(Value::Null);
+/// One worker's preflight: its state and files (a reload when systemd has not loaded them),
+/// metrics flag, GPUs, reachability, API key, pairing, stop and pair timing, and whether it
+/// is the only worker of its role.
+async fn preflight_worker<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    plan: &Plan,
+    dry: bool,
+    ctx: Ctx<'_>,
+    seen: &mut Seen,
+) -> Result<Value, Fail> {
+    let st = eng.units.state(&w.unit).await?;
+    // `check` (nothing restarts): a worker that is not running fails its own check.
+    if ctx.outage == Outage::Check && st.active_state != ActiveState::Active {
+        return Err(Fail::from(Cause::UnitNotRunning { unit: w.unit.clone(), state: format!("{}/{}", st.active_state, st.sub_state) }));
+    }
+    let mut cfg = eng.units.config(&w.unit).await?;
+    // Drop-ins on disk that systemd has not loaded yet (a new one does not set
+    // NeedDaemonReload): a restart without a reload would not apply them.
+    let not_loaded = |cfg: &crate::ports::UnitConfig| -> Vec<String> {
+        revisions::paths(&w.unit, cfg, &[])
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .filter(|p| p.ends_with(".conf") && !cfg.drop_in_paths.contains(p))
+            .collect()
+    };
+    let needs_reload = cfg.need_daemon_reload || !not_loaded(&cfg).is_empty();
+    // A restart that is not a config rollout loads nothing the worker does not run
+    // yet (checked before any reload): a pending change is rolled out by `rollout
+    // apply`, through every gate, or accepted with --load-changes.
+    if ctx.outage.restarts() && !ctx.load_changes {
+        if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
+            return Err(Fail::from(c));
+        }
+    }
+    let mut did_reload = false;
+    if needs_reload && dry {
+        did_reload = true; // reported as "would reload"
+    } else if needs_reload && !seen.reloaded {
+        eng.units.reload().await?;
+        seen.reloaded = true;
+        did_reload = true;
+        cfg = eng.units.config(&w.unit).await?;
+    }
+    let on_disk = not_loaded(&cfg);
+    let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
+    let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
+    if rule(Step::Metrics, &eng.settings).mode == GateMode::Required && !metrics_flag {
+        return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
+    }
+    let gpus = gpus_of(w, &cfg.environment);
+    if let Some(g) = &gpus {
+        if let Some((other, og)) = seen.gpu_sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
+            return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
+        }
+        seen.gpu_sets.push((w.unit.clone(), g.clone()));
+    }
+    not_blocked(eng, &w.unit, &w.url).await?;
+    if ctx.outage.restarts() {
+        a_peer_serves(eng, w, plan).await?;
+    }
+    if let Some(c) = rollback_unwritable(eng, w, ctx) {
+        return Err(Fail::from(c));
+    }
+    let api_key_check = api_key_check(eng, w, &st).await?;
+    let pairing = pairing_preflight(eng, w, plan, &cfg).await?;
+    let mut warnings = stop_and_pair_risks(eng, w, &cfg);
+    if let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), eng.settings.rollout.drain_timeout) {
+        if eng.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
+            let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
+            return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode, fix }));
+        }
+        tracing::warn!(pdctl_unit = %w.unit, "{fix}");
+        warnings.push(fix);
+    }
+    // A dry run does not reload the manager: the restart's command line is read from the files.
+    let disk_argv = if dry && needs_reload {
+        let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "dry run");
+        crate::state::in_place::effective_argv(&rev).ok().flatten()
+    } else {
+        None
+    };
+    let (said, coherence) = coherence_preflight(eng, w, plan, &cfg, disk_argv.as_deref(), ctx).await?.unzip();
+    warnings.extend(said);
+    let coherence = coherence.flatten();
+    let outage = outage_of(eng, w, plan, seen.fleet_view.as_deref(), ctx)
+        .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
+    let detail = PreflightDetail {
+        outage,
+        active_state: st.active_state.to_string(),
+        sub_state: st.sub_state.to_string(),
+        invocation_id: st.invocation_id,
+        main_pid: st.main_pid,
+        fragment_path: cfg.fragment_path,
+        drop_ins: cfg.drop_in_paths,
+        drop_ins_not_loaded: on_disk,
+        daemon_reload: did_reload,
+        dry_run: dry,
+        enable_metrics: metrics_flag,
+        gpus: gpus.as_ref().map(fmt_set),
+        pairing,
+        timeout_stop_ms: cfg.timeout_stop.map(|d| d.as_millis() as u64),
+        kill_mode: cfg.kill_mode.clone(),
+        warnings,
+        api_key_check,
+        coherence,
+    };
+    Ok(serde_json::to_value(&detail).unwrap_or_default())
+}
+
+/// With `on_failure = "rollback"` (a real rollout in pdctld): every file the rollback would
+/// restore can be written by this process, or the worker would be left half-restored (`Some`:
+/// the refusal).
+fn rollback_unwritable<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<Cause> {
+    let (true, crate::config::OnFailure::Rollback, Some(dir)) = (ctx.outage.restarts(), eng.settings.rollout.on_failure, ctx.revisions) else {
+        return None;
+    };
+    let dirs = revisions::load(dir, &w.unit).map(|last| revisions::unwritable(&last)).unwrap_or_default();
+    (!dirs.is_empty()).then(|| Cause::RollbackUnwritable { unit: w.unit.clone(), dirs })
+}
+
+/// Does this restart change the model a PD worker computes with ([`crate::sglang::coherence`])? While
+/// workers of the other role run the old one, a rolling restart would pair the versions:
+/// refused (`mixed_versions`), unless `coherent = "never"` (a warning then) or a 1P1D pair
+/// is restarted together (both at once: no old worker serves while a new one does).
+async fn coherence_preflight<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    plan: &Plan,
+    cfg: &crate::ports::UnitConfig,
+    disk_argv: Option<&[String]>,
+    ctx: Ctx<'_>,
+) -> Result<Option<(String, Option<String>)>, Fail> {
+    use crate::config::Coherent;
+    // `check` restarts nothing; a regular worker pairs with no one.
+    if ctx.outage == Outage::Check || w.role == Role::Regular {
+        return Ok(None);
+    }
+    let Some(argv) = disk_argv.or(cfg.exec_start.first().map(Vec::as_slice)) else { return Ok(None) };
+    // This host's peers, and with [fleet] the other hosts' the gateway lists: behind one
+    // gateway any prefill pairs with any decode.
+    let remote: Vec<Worker> = gates::slot::remote_peers(eng, w).await.into_iter().map(|(p, _)| p).collect();
+    let peers: Vec<&Worker> = gates::pair::peers(eng, w).into_iter().chain(remote.iter()).collect();
+    if peers.is_empty() {
+        return Ok(None);
+    }
+    // A server that does not answer runs nothing to compare with (its own gates say so).
+    let Some(running) = computes_with(eng, &w.url).await else { return Ok(None) };
+    let mut extra = eng.settings.rollout.coherent_flags.clone();
+    if eng.settings.rollout.coherent == Coherent::Always {
+        extra.extend(crate::sglang::coherence::given_flags(argv));
+        extra.extend(running.asked.iter().flat_map(|a| crate::sglang::coherence::given_flags(a)));
+    }
+    let changes = model_changes(argv, &running, &extra).await;
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let said: Vec<String> = changes.iter().map(|c| c.sentence()).collect();
+    let names: Vec<&str> = peers.iter().map(|p| p.unit.as_str()).collect();
+    let together = eng.settings.rollout.single_pair == crate::config::SinglePair::Together
+        && plan.workers.len() == 2
+        && peers.len() == 1
+        && remote.is_empty()
+        && plan.workers.iter().any(|x| x.unit == peers[0].unit);
+    if together {
+        return Ok(Some((
+            format!(
+                "{} changes the model it computes with ({}); restarted together with {}, no request pairs the two versions",
+                w.unit,
+                said.join("; "),
+                names.join(", ")
+            ),
+            None,
+        )));
+    }
+    // The peers that serve next to it (not held out by a coherent switch) already run what
+    // it will: its restart joins them (the rest of an interrupted switch).
+    let held = |u: &str| ctx.ledger.and_then(|l| l.get(u)).is_some_and(|d| d.hold.is_some());
+    let serving: Vec<&&Worker> = peers.iter().filter(|p| !held(&p.unit)).collect();
+    let mut all_new = !serving.is_empty();
+    for p in &serving {
+        all_new &= match computes_with(eng, &p.url).await {
+            Some(i) => model_changes(argv, &i, &extra).await.is_empty(),
+            None => false,
         };
-        let ours = settings_of_argv(argv);
-        let together = self.settings.rollout.single_pair == crate::config::SinglePair::Together && plan.workers.len() == 2;
-        let mut checked = Vec::new();
-        for peer in self.peers(w) {
-            let theirs = if together && plan.workers.iter().any(|x| x.unit == peer.unit) {
-                self.units.config(&peer.unit).await.ok().and_then(|c| c.exec_start.first().map(|a| settings_of_argv(a)))
-            } else {
-                // What the running peer was asked, read as our ExecStart is; its resolved values
-                // only where it does not report that.
-                self.probes.server_info(&peer.url).await.ok().map(|v| match crate::sglang::launch_argv(&v) {
-                    Some(asked) => settings_of_argv(&asked),
-                    None => settings_of_info(&v),
-                })
-            };
-            let Some(theirs) = theirs else {
-                checked.push(json!({"peer": peer.unit, "compared": false, "why": "its settings could not be read"}));
-                continue;
-            };
-            let m = compare(&ours, &theirs);
-            if !m.is_empty() {
-                return Err(Fail {
-                    cause: Cause::IncompatibleChange {
-                        unit: w.unit.clone(),
-                        peer: peer.unit.clone(),
-                        detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)),
-                    },
-                    detail: json!({"mismatches": m}),
-                    unit: None,
-                });
-            }
-            checked.push(json!({"peer": peer.unit, "compared": true, "settings": ours}));
-        }
-        Ok(json!(checked))
     }
+    if all_new {
+        return Ok(Some((
+            format!(
+                "{} changes the model it computes with ({}) to what {} already run: no request pairs two models",
+                w.unit,
+                said.join("; "),
+                serving.iter().map(|p| p.unit.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+            None,
+        )));
+    }
+    if eng.settings.rollout.coherent == Coherent::Never {
+        return Ok(Some((format!(
+            "mixed versions (coherent = \"never\"): {} changes the model it computes with ({}); until {} are restarted too, PD requests pairing them decode KV their own model did not compute",
+            w.unit,
+            said.join("; "),
+            names.join(", ")
+        ), None)));
+    }
+    // The plan is said once, on the first worker that needs the switch.
+    let switch = ctx.scope.switch.map(|sw| match &sw.groups {
+        Ok(g) => Ok((!sw.needed.swap(true, std::sync::atomic::Ordering::SeqCst)).then(|| g.sentence(&plan.workers.iter().collect::<Vec<_>>()))),
+        Err(why) => Err(why.clone()),
+    });
+    match switch {
+        Some(Ok(how)) => Ok(Some((format!("{} changes the model it computes with ({}): rolled as a coherent switch", w.unit, said.join("; ")), how))),
+        why_not => Err(Fail {
+            cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
+            detail: serde_json::json!({ "changes": changes, "switch_refused": why_not.and_then(Result::err) }),
+            unit: None,
+        }),
+    }
+}
+
+/// What a server computes with: what it was asked at its start (`/server_info`'s
+/// `launch_command`), corrected by `/model_info` for a weight update loaded since (0.5.23
+/// `http_server.py`); `None`: it does not answer.
+async fn computes_with<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, url: &str) -> Option<crate::sglang::coherence::Running> {
+    let info = eng.probes.server_info(url).await.ok()?;
+    Some(crate::sglang::coherence::Running::new(info, eng.probes.model_info(url).await.ok()))
+}
+
+/// Does the worker refuse pdctl's calls for want of its API key? A worker started with
+/// --api-key refuses every call pdctl makes but /health, /ready and /metrics without its key:
+/// found now, before anything is touched. `None`: not checked (the unit is not running).
+async fn api_key_check<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, st: &UnitState) -> Result<Option<String>, Fail> {
+    if st.active_state != ActiveState::Active {
+        return Ok(None);
+    }
+    match eng.probes.auth(&w.url).await {
+        crate::ports::Auth::Rejected { endpoint, status, key } => Err(Fail::from(Cause::ApiKeyRejected { endpoint, status, key })),
+        crate::ports::Auth::Unknown(why) => Ok(Some(format!("not checked: {why}"))),
+        crate::ports::Auth::Accepted => Ok(Some("accepted".to_string())),
+    }
+}
+
+/// What a stop of this worker may run into (SGLang's stop waits for its requests), and
+/// whether the pair gate's timeout covers a decode's own timing; each is logged.
+fn stop_and_pair_risks<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Vec<String> {
+    let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
+    let mut warnings = crate::sglang::stop::risks(&w.unit, cfg.timeout_stop, eng.settings.rollout.drain_timeout, bootstrap);
+    if w.role == Role::Decode && eng.settings.verify.pair {
+        warnings.extend(crate::sglang::pairing::timing_risk(&w.unit, &crate::sglang::DecodeTiming::of(&cfg.environment), eng.settings.verify.pair_timeout));
+    }
+    for warning in &warnings {
+        tracing::warn!(pdctl_unit = %w.unit, "{warning}");
+    }
+    warnings
+}
+
+/// The only worker of its role: restarting it stops serving (PD needs both roles). With
+/// [fleet], counted over the whole fleet as the router sees it; else this host's. Refused
+/// unless an outage is allowed (`Err`: the outage to expect); then said.
+fn outage_of<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    plan: &Plan,
+    fleet_view: Option<&[crate::ports::RouterWorker]>,
+    ctx: Ctx<'_>,
+) -> Result<Option<String>, Option<crate::clock::StartTime>> {
+    let alone = match fleet_view {
+        Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
+        None => eng.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
+    };
+    let (true, true) = (alone, ctx.outage.restarts()) else { return Ok(None) };
+    let allowed = ctx.outage.accepted();
+    let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
+        (Some(d), _) => revisions::last_start(d, &w.unit),
+        (None, Some(k)) => k.timing.clone(),
+        (None, None) => None,
+    };
+    if !allowed {
+        return Err(expected);
+    }
+    // A 1P1D pair restarted at once: one interruption for both, said as such.
+    let together = match plan.workers.as_slice() {
+        [a, b]
+            if eng.settings.rollout.single_pair == crate::config::SinglePair::Together
+                && a.role != b.role
+                && a.role != Role::Regular
+                && b.role != Role::Regular =>
+        {
+            [a, b].into_iter().find(|o| o.unit != w.unit).map(|o| o.unit.as_str())
+        }
+        _ => None,
+    };
+    let how = match together {
+        Some(other) => format!("restarted together with {other} (single_pair = \"together\"): serving stops once, while both restart"),
+        None => "serving stops while it restarts".to_string(),
+    };
+    Ok(Some(format!("{} is the only {} worker: {how}, for {} (accepted: allow_outage)", w.unit, w.role.as_str(), crate::cause::outage(&expected))))
+}
+
+/// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
+/// and held.
+async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, sink: &Sink, dry: bool) -> Result<(), (String, Fail)> {
+    let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else { return Ok(()) };
+    let s = StepRun::start(sink, FLEET, Step::Preflight);
+    let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
+    let r = async {
+        for e in &f.etcd {
+            not_blocked(eng, "etcd", e).await?;
+        }
+        let limits = if dry {
+            match c.get(&crate::fleet::limits_key(&f.name)).await {
+                Ok(Some(e)) => {
+                    serde_json::from_slice::<crate::fleet::Limits>(&e.value).map(|l| l.disagreement(&local).map_or(Ok(l), Err)).unwrap_or(Ok(local.clone()))
+                }
+                Ok(None) => Ok(local.clone()),
+                Err(e) => Err(Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?,
+            }
+        } else {
+            crate::fleet::ensure_limits(c.as_ref(), &f.name, &local).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?
+        };
+        let limits = limits.map_err(|d| Fail::from(Cause::from(d)))?;
+        let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
+        let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
+        Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
+    }
+    .await;
+    match r {
+        Ok(d) => s.pass(d),
+        Err(f) => {
+            s.fail(&f);
+            return Err((FLEET.into(), f));
+        }
+    }
+    Ok(())
+}
+
+/// The gateway (every replica) answers; its worker lists are the step's detail.
+async fn preflight_router<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, sink: &Sink) -> Result<(), (String, Fail)> {
+    if !eng.settings.verify.router {
+        return Ok(());
+    }
+    let s = StepRun::start(sink, ROUTER, Step::Preflight);
+    if let Some(r) = &eng.settings.router {
+        for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
+            if let Err(f) = not_blocked(eng, "the router", u).await {
+                s.fail(&f);
+                return Err((ROUTER.into(), f));
+            }
+        }
+    }
+    // Every replica answers, or nothing is touched.
+    let mut lists = Vec::new();
+    for r in 0..eng.probes.replicas() {
+        match eng.probes.router_workers(r).await {
+            Ok(list) => lists.push(list),
+            Err(e) => {
+                let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
+                s.fail(&f);
+                return Err((ROUTER.into(), f));
+            }
+        }
+    }
+    match lists.len() {
+        1 => s.pass(json!({ "workers": lists.pop() })),
+        _ => s.pass(json!({ "replicas": lists })),
+    }
+    Ok(())
+}
+
+/// A configured address this process may not connect to at all (pdctld's unit allows
+/// loopback only unless a drop-in allows more): refused in preflight, naming the fix.
+pub(in crate::engine) async fn not_blocked<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, what: &str, url: &str) -> Result<(), Fail> {
+    let host = crate::sglang::pairing::bootstrap_host(url);
+    if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") || host.starts_with("127.") {
+        return Ok(());
+    }
+    match eng.probes.reach(url).await {
+        crate::ports::Reach::Blocked(_) => Err(Fail::from(Cause::AddressBlocked { what: what.to_string(), url: url.to_string() })),
+        _ => Ok(()),
+    }
+}
+
+/// Preflight of a PD worker: the settings its ExecStart asks for are compared with what each
+/// peer of the other role was asked (`/server_info`'s `launch_command`, its reported values
+/// where it has none; for a peer restarted together with it, the peer's ExecStart), so that a
+/// change that would break every transfer is refused before anything is touched. Asked is
+/// compared with asked: 0.5.23 reports resolved values (`mooncake_tcp` as `mooncake`), which
+/// an unchanged ExecStart does not spell.
+pub(in crate::engine) async fn pairing_preflight<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    plan: &Plan,
+    cfg: &crate::ports::UnitConfig,
+) -> Result<Value, Fail> {
+    use crate::sglang::pairing::{compare, describe, settings_of_argv, settings_of_info};
+    let Some(argv) = cfg.exec_start.first().filter(|_| eng.settings.verify.pair && w.role != Role::Regular) else {
+        return Ok(Value::Null);
+    };
+    let ours = settings_of_argv(argv);
+    let together = eng.settings.rollout.single_pair == crate::config::SinglePair::Together && plan.workers.len() == 2;
+    let mut checked = Vec::new();
+    for peer in gates::pair::peers(eng, w) {
+        let theirs = if together && plan.workers.iter().any(|x| x.unit == peer.unit) {
+            eng.units.config(&peer.unit).await.ok().and_then(|c| c.exec_start.first().map(|a| settings_of_argv(a)))
+        } else {
+            // What the running peer was asked, read as our ExecStart is; its resolved values
+            // only where it does not report that.
+            eng.probes.server_info(&peer.url).await.ok().map(|v| match crate::sglang::launch_argv(&v) {
+                Some(asked) => settings_of_argv(&asked),
+                None => settings_of_info(&v),
+            })
+        };
+        let Some(theirs) = theirs else {
+            checked.push(json!({"peer": peer.unit, "compared": false, "why": "its settings could not be read"}));
+            continue;
+        };
+        let m = compare(&ours, &theirs);
+        if !m.is_empty() {
+            return Err(Fail {
+                cause: Cause::IncompatibleChange {
+                    unit: w.unit.clone(),
+                    peer: peer.unit.clone(),
+                    detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)),
+                },
+                detail: json!({"mismatches": m}),
+                unit: None,
+            });
+        }
+        checked.push(json!({"peer": peer.unit, "compared": true, "settings": ours}));
+    }
+    Ok(json!(checked))
 }
 
 /// [`crate::sglang::coherence::changes`], less a tokenizer named by another path that holds the same

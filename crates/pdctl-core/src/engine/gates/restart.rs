@@ -52,160 +52,162 @@ pub(in crate::engine) struct Restarted<W> {
     pub(in crate::engine) taken_out: Option<Instant>,
 }
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// The restart step: a failed unit's state reset, the cursor and watch taken, the restart
-    /// job run (taking a deferred worker out during its stop), and the stop reported from the
-    /// old process's last lines.
-    pub(in crate::engine) async fn restart(&self, w: &Worker, deferred: Option<&Deferred>) -> Result<(Value, Restarted<U::W>), Fail> {
-        let unit = w.unit.as_str();
-        let before = self.units.state(unit).await?;
-        // A unit systemd stopped for starting too often refuses a restart until its
-        // failed state is reset. Its Result says so only for a manual start: when the
-        // limit stops an auto-restart it keeps the crash's own (`exit-code`, measured on
-        // systemd 252), so any failed unit is reset before pdctl restarts it.
-        if before.result == "start-limit-hit" || before.active_state == crate::ports::ActiveState::Failed {
-            self.units.reset_failed(unit).await?;
-        }
-        let cursor = self.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;
-        let watch = self.units.watch(unit).await?;
-        // SGLang's stop drains (it waits for its requests in flight, no timeout of its
-        // own): the job lasts the stop, bounded by TimeoutStopSec, plus the start.
-        let timeout_stop = self.units.config(unit).await?.timeout_stop;
-        let limit = crate::sglang::stop::job_limit(self.settings.rollout.job_timeout, timeout_stop);
-        let (out, taken_out) = match deferred {
-            None => (self.units.restart(unit, limit).await?, None),
-            Some(d) => {
-                // On the heap: the follower and the job side by side make a future too
-                // large for a worker thread's stack in a debug build (measured: overflow).
-                let (out, taken) = Box::pin(self.restart_taking_out(w, d, cursor.clone(), &before.invocation_id, limit)).await;
-                (out?, Some(taken))
-            }
-        };
-        let took = crate::sglang::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
-        // The old process's last lines reach the journal through its own stream; a
-        // SIGTERM line without a watchdog check yet is read again (bounded) so the last
-        // check, written just before the exit, is not missed.
-        let mut stop = crate::sglang::stop::report(&[], took, timeout_stop);
-        for _ in 0..5 {
-            let lines = self.logs.last_lines(unit, 300).await.unwrap_or_default();
-            stop = crate::sglang::stop::report(&lines, took, timeout_stop);
-            if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let mut detail = json!({
-            "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64, "job_limit_ms": limit.as_millis() as u64,
-            "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
-            "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
-            "stop": stop,
-        });
-        if let Some(t) = &taken_out {
-            detail["taken_out"] = t.detail();
-        }
-        if stop.killed {
-            let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
-            tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
-            detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
-        } else if stop.ended_by == "sglang_tree_kill" {
-            // Not the manager's timeout: SGLang killed its own tree after a child died.
-            let said = format!("{unit}: {}", stop.why);
-            tracing::warn!(pdctl_unit = unit, "{said}");
-            detail = Said { warning: Some(said), ..Said::default() }.written_into(detail);
-        }
-        if out.job_result != "done" {
-            let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
-            return Err(Fail { cause, detail, unit: None });
-        }
-        Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at) }))
+/// The restart step: a failed unit's state reset, the cursor and watch taken, the restart
+/// job run (taking a deferred worker out during its stop), and the stop reported from the
+/// old process's last lines.
+pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    deferred: Option<&Deferred>,
+) -> Result<(Value, Restarted<U::W>), Fail> {
+    let unit = w.unit.as_str();
+    let before = eng.units.state(unit).await?;
+    // A unit systemd stopped for starting too often refuses a restart until its
+    // failed state is reset. Its Result says so only for a manual start: when the
+    // limit stops an auto-restart it keeps the crash's own (`exit-code`, measured on
+    // systemd 252), so any failed unit is reset before pdctl restarts it.
+    if before.result == "start-limit-hit" || before.active_state == crate::ports::ActiveState::Failed {
+        eng.units.reset_failed(unit).await?;
     }
+    let cursor = eng.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;
+    let watch = eng.units.watch(unit).await?;
+    // SGLang's stop drains (it waits for its requests in flight, no timeout of its
+    // own): the job lasts the stop, bounded by TimeoutStopSec, plus the start.
+    let timeout_stop = eng.units.config(unit).await?.timeout_stop;
+    let limit = crate::sglang::stop::job_limit(eng.settings.rollout.job_timeout, timeout_stop);
+    let (out, taken_out) = match deferred {
+        None => (eng.units.restart(unit, limit).await?, None),
+        Some(d) => {
+            // On the heap: the follower and the job side by side make a future too
+            // large for a worker thread's stack in a debug build (measured: overflow).
+            let (out, taken) = Box::pin(restart_taking_out(eng, w, d, cursor.clone(), &before.invocation_id, limit)).await;
+            (out?, Some(taken))
+        }
+    };
+    let took = crate::sglang::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
+    // The old process's last lines reach the journal through its own stream; a
+    // SIGTERM line without a watchdog check yet is read again (bounded) so the last
+    // check, written just before the exit, is not missed.
+    let mut stop = crate::sglang::stop::report(&[], took, timeout_stop);
+    for _ in 0..5 {
+        let lines = eng.logs.last_lines(unit, 300).await.unwrap_or_default();
+        stop = crate::sglang::stop::report(&lines, took, timeout_stop);
+        if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut detail = json!({
+        "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64, "job_limit_ms": limit.as_millis() as u64,
+        "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
+        "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
+        "stop": stop,
+    });
+    if let Some(t) = &taken_out {
+        detail["taken_out"] = t.detail();
+    }
+    if stop.killed {
+        let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
+        tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
+        detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
+    } else if stop.ended_by == "sglang_tree_kill" {
+        // Not the manager's timeout: SGLang killed its own tree after a child died.
+        let said = format!("{unit}: {}", stop.why);
+        tracing::warn!(pdctl_unit = unit, "{said}");
+        detail = Said { warning: Some(said), ..Said::default() }.written_into(detail);
+    }
+    if out.job_result != "done" {
+        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
+        return Err(Fail { cause, detail, unit: None });
+    }
+    Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at) }))
+}
 
-    /// The restart job of a worker whose drain was deferred, taking it out of every replica at
-    /// the old process's first drain check (`old_invocation`'s `Gracefully exiting... Remaining
-    /// number of requests N` line, followed from `cursor`), at its deadline ([`Deferred::by`])
-    /// if that comes first, or when the job ends if neither came (an older server, a stop
-    /// without a check) or the journal cannot be followed.
-    pub(in crate::engine) async fn restart_taking_out(
-        &self,
-        w: &Worker,
-        d: &Deferred,
-        cursor: Option<String>,
-        old_invocation: &str,
-        limit: Duration,
-    ) -> (Result<JobOutcome, UnitsError>, TakenOut) {
-        let t0 = Instant::now();
-        let mut follow = self.logs.follow(cursor, &w.unit);
-        let check = async {
-            while let Some(Ok(e)) = follow.next().await {
-                let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
-                if of_old && e.message().contains(crate::sglang::stop::REMAINING_MARK) {
-                    return Some(e.message().to_string());
+/// The restart job of a worker whose drain was deferred, taking it out of every replica at
+/// the old process's first drain check (`old_invocation`'s `Gracefully exiting... Remaining
+/// number of requests N` line, followed from `cursor`), at its deadline ([`Deferred::by`])
+/// if that comes first, or when the job ends if neither came (an older server, a stop
+/// without a check) or the journal cannot be followed.
+pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    d: &Deferred,
+    cursor: Option<String>,
+    old_invocation: &str,
+    limit: Duration,
+) -> (Result<JobOutcome, UnitsError>, TakenOut) {
+    let t0 = Instant::now();
+    let mut follow = eng.logs.follow(cursor, &w.unit);
+    let check = async {
+        while let Some(Ok(e)) = follow.next().await {
+            let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
+            if of_old && e.message().contains(crate::sglang::stop::REMAINING_MARK) {
+                return Some(e.message().to_string());
+            }
+        }
+        None
+    };
+    // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
+    // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
+    // nothing, so it is taken out then, and the outage on record starts there.
+    // Or its old process is gone (killed or crashed before a check was logged): nothing
+    // serves at its address until the new one is up.
+    let serves_no_more = async {
+        loop {
+            tokio::time::sleep(POLL).await;
+            if let Ok(st) = eng.units.state(&w.unit).await {
+                if st.main_pid == 0 || (!old_invocation.is_empty() && st.invocation_id != old_invocation) {
+                    return format!("when its old process was gone before a drain check was logged ({}/{})", st.active_state, st.sub_state);
                 }
             }
-            None
-        };
-        // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
-        // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
-        // nothing, so it is taken out then, and the outage on record starts there.
-        // Or its old process is gone (killed or crashed before a check was logged): nothing
-        // serves at its address until the new one is up.
-        let serves_no_more = async {
-            loop {
-                tokio::time::sleep(POLL).await;
-                if let Ok(st) = self.units.state(&w.unit).await {
-                    if st.main_pid == 0 || (!old_invocation.is_empty() && st.invocation_id != old_invocation) {
-                        return format!("when its old process was gone before a drain check was logged ({}/{})", st.active_state, st.sub_state);
-                    }
-                }
-                for (r, id) in &d.entries {
-                    if let Ok(list) = self.probes.router_workers(*r).await {
-                        match list.iter().find(|x| &x.id == id) {
-                            None => return format!("when the gateway no longer listed it (replica {r})"),
-                            Some(x) if !x.admitted() => {
-                                return format!(
-                                    "when the gateway's own health checks stopped routing to it (is_healthy: {}, status: {})",
-                                    x.is_healthy,
-                                    x.status.as_deref().unwrap_or("-")
-                                )
-                            }
-                            Some(_) => {}
+            for (r, id) in &d.entries {
+                if let Ok(list) = eng.probes.router_workers(*r).await {
+                    match list.iter().find(|x| &x.id == id) {
+                        None => return format!("when the gateway no longer listed it (replica {r})"),
+                        Some(x) if !x.admitted() => {
+                            return format!(
+                                "when the gateway's own health checks stopped routing to it (is_healthy: {}, status: {})",
+                                x.is_healthy,
+                                x.status.as_deref().unwrap_or("-")
+                            )
                         }
+                        Some(_) => {}
                     }
                 }
             }
-        };
-        let mut restart = Box::pin(self.units.restart(&w.unit, limit));
-        let (done, when) = tokio::select! {
-            out = &mut restart => (Some(out), "when its restart job ended: no drain check was logged".to_string()),
-            line = check => (None, match line {
-                Some(l) => format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&l)),
-                None => "when the journal could no longer be followed during its stop".to_string(),
-            }),
-            why = serves_no_more => (None, why),
-            () = tokio::time::sleep(d.by) => (None, format!(
-                "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − the share of looks that found it busy), so that what it runs ends before that check)",
-                d.by.as_secs_f64()
-            )),
-        };
-        let at = Instant::now();
-        let refused = self.take_out_deferred(w, d).await;
-        let taken = TakenOut { at, after_ms: at.duration_since(t0).as_millis() as u64, when, refused };
-        let out = match done {
-            Some(out) => out,
-            None => restart.await,
-        };
-        (out, taken)
-    }
-
-    /// Take a deferred drain's worker out of every replica now; what could not be removed is
-    /// returned (said as a warning: the router gate finds the old entry and deals with it).
-    async fn take_out_deferred(&self, w: &Worker, d: &Deferred) -> Vec<String> {
-        let mut refused = Vec::new();
-        for (r, id) in &d.entries {
-            if let Err(e) = self.probes.deregister(*r, id).await {
-                refused.push(format!("the router refused to remove {}: {e}", w.url));
-            }
         }
-        refused
+    };
+    let mut restart = Box::pin(eng.units.restart(&w.unit, limit));
+    let (done, when) = tokio::select! {
+        out = &mut restart => (Some(out), "when its restart job ended: no drain check was logged".to_string()),
+        line = check => (None, match line {
+            Some(l) => format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&l)),
+            None => "when the journal could no longer be followed during its stop".to_string(),
+        }),
+        why = serves_no_more => (None, why),
+        () = tokio::time::sleep(d.by) => (None, format!(
+            "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − the share of looks that found it busy), so that what it runs ends before that check)",
+            d.by.as_secs_f64()
+        )),
+    };
+    let at = Instant::now();
+    let refused = take_out_deferred(eng, w, d).await;
+    let taken = TakenOut { at, after_ms: at.duration_since(t0).as_millis() as u64, when, refused };
+    let out = match done {
+        Some(out) => out,
+        None => restart.await,
+    };
+    (out, taken)
+}
+
+/// Take a deferred drain's worker out of every replica now; what could not be removed is
+/// returned (said as a warning: the router gate finds the old entry and deals with it).
+async fn take_out_deferred<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, d: &Deferred) -> Vec<String> {
+    let mut refused = Vec::new();
+    for (r, id) in &d.entries {
+        if let Err(e) = eng.probes.deregister(*r, id).await {
+            refused.push(format!("the router refused to remove {}: {e}", w.url));
+        }
     }
+    refused
 }

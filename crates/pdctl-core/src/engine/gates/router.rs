@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
+use crate::engine::gates;
 use crate::engine::step_run::{within, Fail, POLL};
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
@@ -16,142 +17,159 @@ use crate::state::drain_ledger::Ledger;
 /// pdctl removes and re-adds it: a few of the gateway's health-check rounds.
 const STUCK_NOT_READY: Duration = Duration::from_secs(10);
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// The router gate on every replica (each must admit the worker); one replica's detail as
-    /// is, several under `replicas`.
-    pub(in crate::engine) async fn router(&self, w: &Worker, may_register: bool, peers_drained: bool) -> Result<Value, Fail> {
-        self.router_recorded(w, may_register, peers_drained, None).await
-    }
+/// The router gate on every replica (each must admit the worker); one replica's detail as
+/// is, several under `replicas`.
+pub(in crate::engine) async fn router<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    may_register: bool,
+    peers_drained: bool,
+) -> Result<Value, Fail> {
+    router_recorded(eng, w, may_register, peers_drained, None).await
+}
 
-    /// [`Engine::router`], writing to `ledger` (with the rollout's id) before it removes an entry
-    /// the gateway lists `failed`, so that a crash before the re-add is reconciled like a drain.
-    pub(in crate::engine) async fn router_recorded(
-        &self,
-        w: &Worker,
-        may_register: bool,
-        peers_drained: bool,
-        ledger: Option<(&Ledger, &str)>,
-    ) -> Result<Value, Fail> {
-        let t0 = Instant::now();
-        let n = self.probes.replicas();
-        let mut details = Vec::new();
-        for r in 0..n {
-            details.push(self.router_on(r, w, may_register, peers_drained, t0, ledger).await?);
-        }
-        Ok(match details.len() {
-            1 => details.pop().unwrap_or_default(),
-            _ => json!({ "replicas": details, "waited_ms": t0.elapsed().as_millis() as u64 }),
-        })
+/// [`Engine::router`], writing to `ledger` (with the rollout's id) before it removes an entry
+/// the gateway lists `failed`, so that a crash before the re-add is reconciled like a drain.
+pub(in crate::engine) async fn router_recorded<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    may_register: bool,
+    peers_drained: bool,
+    ledger: Option<(&Ledger, &str)>,
+) -> Result<Value, Fail> {
+    let t0 = Instant::now();
+    let n = eng.probes.replicas();
+    let mut details = Vec::new();
+    for r in 0..n {
+        details.push(router_on(eng, r, w, may_register, peers_drained, t0, ledger).await?);
     }
+    Ok(match details.len() {
+        1 => details.pop().unwrap_or_default(),
+        _ => json!({ "replicas": details, "waited_ms": t0.elapsed().as_millis() as u64 }),
+    })
+}
 
-    /// The router gate on one replica: wait (bounded) until the gateway lists the worker with
-    /// its role, healthy, its breaker not open, and a request through the gateway answers.
-    pub(in crate::engine) async fn router_on(
-        &self,
-        replica: usize,
-        w: &Worker,
-        may_register: bool,
-        peers_drained: bool,
-        t0: Instant,
-        ledger: Option<(&Ledger, &str)>,
-    ) -> Result<Value, Fail> {
-        let limit = self.settings.rollout.router_timeout;
-        let role = w.role.as_str();
-        let mut a = Admission { t0, peers_drained, registered: None, re_added: None, peer_down: false };
-        let mut seen;
-        loop {
-            match within(t0, limit, self.probes.router_workers(replica)).await {
-                None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
-                Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
-                Some(Ok(list)) => match list.iter().filter(|x| crate::config::same_url(&x.url, &w.url)).min_by_key(|x| x.draining()) {
-                    None if may_register && a.registered.is_none() => {
-                        let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
-                        match self.probes.register(replica, &w.url, role, bp).await {
-                            Ok(id) => a.registered = Some(id),
-                            Err(e) => return Err(Cause::RegisterRefused { url: w.url.clone(), error: e.to_string() }.into()),
-                        }
-                        seen = RouterSeen::RegistrationPending;
+/// The router gate on one replica: wait (bounded) until the gateway lists the worker with
+/// its role, healthy, its breaker not open, and a request through the gateway answers.
+pub(in crate::engine) async fn router_on<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    replica: usize,
+    w: &Worker,
+    may_register: bool,
+    peers_drained: bool,
+    t0: Instant,
+    ledger: Option<(&Ledger, &str)>,
+) -> Result<Value, Fail> {
+    let limit = eng.settings.rollout.router_timeout;
+    let role = w.role.as_str();
+    let mut a = Admission { t0, peers_drained, registered: None, re_added: None, peer_down: false };
+    let mut seen;
+    loop {
+        match within(t0, limit, eng.probes.router_workers(replica)).await {
+            None => seen = RouterSeen::Down(format!("router /workers did not answer within {limit:?}")),
+            Some(Err(e)) => seen = RouterSeen::Down(e.to_string()),
+            Some(Ok(list)) => match list.iter().filter(|x| crate::config::same_url(&x.url, &w.url)).min_by_key(|x| x.draining()) {
+                None if may_register && a.registered.is_none() => {
+                    let bp = if w.role == Role::Prefill { w.bootstrap_port } else { None };
+                    match eng.probes.register(replica, &w.url, role, bp).await {
+                        Ok(id) => a.registered = Some(id),
+                        Err(e) => return Err(Cause::RegisterRefused { url: w.url.clone(), error: e.to_string() }.into()),
                     }
-                    None => seen = if a.registered.is_some() { RouterSeen::RegistrationPending } else { RouterSeen::NotListed },
-                    Some(x) if x.draining() => seen = RouterSeen::Unhealthy("listed as draining: the gateway is still removing an old entry".into()),
-                    Some(x) if x.worker_type != role => {
-                        return Err(Cause::WrongWorkerType { url: w.url.clone(), listed: x.worker_type.clone(), role: role.to_string() }.into())
+                    seen = RouterSeen::RegistrationPending;
+                }
+                None => seen = if a.registered.is_some() { RouterSeen::RegistrationPending } else { RouterSeen::NotListed },
+                Some(x) if x.draining() => seen = RouterSeen::Unhealthy("listed as draining: the gateway is still removing an old entry".into()),
+                Some(x) if x.worker_type != role => {
+                    return Err(Cause::WrongWorkerType { url: w.url.clone(), listed: x.worker_type.clone(), role: role.to_string() }.into())
+                }
+                Some(x) if !x.admitted() => {
+                    let status = x.status.as_deref().unwrap_or("-").to_string();
+                    // smg 1.x gives up on a worker it lists `failed`; `not_ready` flips back once
+                    // its health checks pass, so only one stuck past STUCK_NOT_READY (after the
+                    // health gate saw the worker serve) is re-added too. Once.
+                    let stuck = status == "failed" || (status == "not_ready" && t0.elapsed() >= STUCK_NOT_READY);
+                    if may_register && a.re_added.is_none() && stuck {
+                        remove_stuck_entry(eng, replica, w, x, &status, ledger).await?;
+                        a.re_added = Some(status.clone());
+                        a.registered = None;
                     }
-                    Some(x) if !x.admitted() => {
-                        let status = x.status.as_deref().unwrap_or("-").to_string();
-                        // smg 1.x gives up on a worker it lists `failed`; `not_ready` flips back once
-                        // its health checks pass, so only one stuck past STUCK_NOT_READY (after the
-                        // health gate saw the worker serve) is re-added too. Once.
-                        let stuck = status == "failed" || (status == "not_ready" && t0.elapsed() >= STUCK_NOT_READY);
-                        if may_register && a.re_added.is_none() && stuck {
-                            self.remove_stuck_entry(replica, w, x, &status, ledger).await?;
-                            a.re_added = Some(status.clone());
-                            a.registered = None;
-                        }
-                        seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {status}", x.is_healthy))
-                    }
-                    Some(x) => match self.serves_through_gateway(replica, w, x, &list, &mut a).await? {
-                        Through::Admitted(detail) => return Ok(detail),
-                        Through::NotYet(s) => seen = s,
-                    },
+                    seen = RouterSeen::Unhealthy(format!("is_healthy: {}, status: {status}", x.is_healthy))
+                }
+                Some(x) => match serves_through_gateway(eng, replica, w, x, &list, &mut a).await? {
+                    Through::Admitted(detail) => return Ok(detail),
+                    Through::NotYet(s) => seen = s,
                 },
-            }
-            if t0.elapsed() >= limit || (!may_register && t0.elapsed() >= Duration::from_secs(5)) {
-                return Err(never_admitted(w, seen, a.peer_down, t0.elapsed()).into());
-            }
-            tokio::time::sleep(POLL).await;
+            },
         }
+        if t0.elapsed() >= limit || (!may_register && t0.elapsed() >= Duration::from_secs(5)) {
+            return Err(never_admitted(w, seen, a.peer_down, t0.elapsed()).into());
+        }
+        tokio::time::sleep(POLL).await;
     }
+}
 
-    /// Remove an entry the gateway lists `failed` (or stuck `not_ready`) so that the next round
-    /// re-adds it; written to the ledger first, as a drain is, so that a crash before the re-add
-    /// is reconciled.
-    async fn remove_stuck_entry(&self, replica: usize, w: &Worker, x: &RouterWorker, status: &str, ledger: Option<(&Ledger, &str)>) -> Result<(), Fail> {
-        tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
-        if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
-            self.record_drain(l, w, &x.id, id, None).await?;
-        }
-        self.probes
-            .deregister(replica, &x.id)
-            .await
-            .map_err(|e| Fail::from(Cause::RegisterRefused { url: w.url.clone(), error: format!("removing the {status} entry failed: {e}") }))
+/// Remove an entry the gateway lists `failed` (or stuck `not_ready`) so that the next round
+/// re-adds it; written to the ledger first, as a drain is, so that a crash before the re-add
+/// is reconciled.
+async fn remove_stuck_entry<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    replica: usize,
+    w: &Worker,
+    x: &RouterWorker,
+    status: &str,
+    ledger: Option<(&Ledger, &str)>,
+) -> Result<(), Fail> {
+    tracing::warn!(pdctl_unit = %w.unit, "the gateway lists {} as {status}: removing and re-adding it", w.url);
+    if let Some((l, id)) = ledger.filter(|(l, _)| l.get(&w.unit).is_none()) {
+        gates::drain::record_drain(eng, l, w, &x.id, id, None).await?;
     }
+    eng.probes
+        .deregister(replica, &x.id)
+        .await
+        .map_err(|e| Fail::from(Cause::RegisterRefused { url: w.url.clone(), error: format!("removing the {status} entry failed: {e}") }))
+}
 
-    /// The worker is listed and healthy: its breaker is not open and one request through the
-    /// gateway answers. `Err`: it never can be while this gate waits (no worker of the other PD
-    /// role is even listed).
-    async fn serves_through_gateway(&self, replica: usize, w: &Worker, x: &RouterWorker, list: &[RouterWorker], a: &mut Admission) -> Result<Through, Fail> {
-        let (role, t0, peers_drained) = (w.role.as_str(), a.t0, a.peers_drained);
-        let cb = self.probes.cb_state(replica, &w.url).await;
-        if let Ok(Some(1.0)) = cb {
-            return Ok(Through::NotYet(RouterSeen::BreakerOpen));
-        }
-        let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
-        let smoke = if !self.settings.verify.smoke_request || (peers_drained && !other_admitted) { None } else { Some(self.probes.smoke(replica, 1).await) };
-        let Some(Err(e)) = smoke else {
-            return Ok(Through::Admitted(json!({
-                "router_id": x.id, "worker_type": x.worker_type, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
-                "cb_state": cb.ok().flatten(),
-                "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
-                "waited_ms": t0.elapsed().as_millis() as u64,
-            })));
-        };
-        a.peer_down = w.role != Role::Regular && !other_admitted;
-        // No worker of the other role is even listed: none can be admitted while this gate waits,
-        // so it ends now (the worker itself is admitted) instead of at router_timeout.
-        let other_role = other_role(w.role);
-        let other_listed = list.iter().any(|o| o.worker_type == other_role && !o.draining());
-        if a.peer_down && !other_listed {
-            let cause = Cause::PeerRoleDown { url: w.url.clone(), role: other_role.into(), error: e.to_string() };
-            let detail = json!({
-                "router_id": x.id, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
-                "ended_early": format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
-                "waited_ms": t0.elapsed().as_millis() as u64,
-            });
-            return Err(Fail { cause, detail, unit: None });
-        }
-        Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
+/// The worker is listed and healthy: its breaker is not open and one request through the
+/// gateway answers. `Err`: it never can be while this gate waits (no worker of the other PD
+/// role is even listed).
+async fn serves_through_gateway<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    replica: usize,
+    w: &Worker,
+    x: &RouterWorker,
+    list: &[RouterWorker],
+    a: &mut Admission,
+) -> Result<Through, Fail> {
+    let (role, t0, peers_drained) = (w.role.as_str(), a.t0, a.peers_drained);
+    let cb = eng.probes.cb_state(replica, &w.url).await;
+    if let Ok(Some(1.0)) = cb {
+        return Ok(Through::NotYet(RouterSeen::BreakerOpen));
     }
+    let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
+    let smoke = if !eng.settings.verify.smoke_request || (peers_drained && !other_admitted) { None } else { Some(eng.probes.smoke(replica, 1).await) };
+    let Some(Err(e)) = smoke else {
+        return Ok(Through::Admitted(json!({
+            "router_id": x.id, "worker_type": x.worker_type, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
+            "cb_state": cb.ok().flatten(),
+            "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
+            "waited_ms": t0.elapsed().as_millis() as u64,
+        })));
+    };
+    a.peer_down = w.role != Role::Regular && !other_admitted;
+    // No worker of the other role is even listed: none can be admitted while this gate waits,
+    // so it ends now (the worker itself is admitted) instead of at router_timeout.
+    let other_role = other_role(w.role);
+    let other_listed = list.iter().any(|o| o.worker_type == other_role && !o.draining());
+    if a.peer_down && !other_listed {
+        let cause = Cause::PeerRoleDown { url: w.url.clone(), role: other_role.into(), error: e.to_string() };
+        let detail = json!({
+            "router_id": x.id, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
+            "ended_early": format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
+            "waited_ms": t0.elapsed().as_millis() as u64,
+        });
+        return Err(Fail { cause, detail, unit: None });
+    }
+    Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
 }
 
 /// One look at a listed, healthy worker through the gateway.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::cause::{Cause, Phase};
+use crate::engine::gates;
 use pdctl_probe::service::ServiceScrape;
 
 use crate::config::{Role, Worker};
@@ -16,94 +17,98 @@ use crate::ports::{Logs, Probes, UnitState, Units, Watch};
 use crate::service::slo::Verdict;
 use crate::sglang::judge::crashed_since;
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// The soak of a restarted worker: the same run for `min_healthy`, then (with `[verify.slo]`)
-    /// the service gate over the soak window; `before`: its figures from before its drain (the
-    /// service gate's baseline when it is the only worker of its role).
-    pub(in crate::engine) async fn soak(&self, w: &Worker, watch: &mut U::W, after: &UnitState, before: Option<ServiceScrape>) -> Result<Value, Fail> {
-        let unit = w.unit.as_str();
-        let limit = self.settings.rollout.min_healthy;
-        let slo_start = match &self.settings.verify.slo {
-            Some(_) => Some(self.slo_start(w).await),
-            None => None,
-        };
-        let crashed = |why: String| Fail::from(Cause::Crashed { unit: unit.to_string(), phase: Phase::Soak, why });
-        let deadline = tokio::time::sleep(limit);
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                c = watch.changed() => {
-                    if c.is_none() {
-                        return Err(Cause::EventSourceClosed { what: "the D-Bus connection to systemd".into() }.into());
-                    }
-                    let st = self.units.state(unit).await?;
-                    if let Some(why) = crashed_since(&st, after) {
-                        return Err(crashed(why));
-                    }
+/// The soak of a restarted worker: the same run for `min_healthy`, then (with `[verify.slo]`)
+/// the service gate over the soak window; `before`: its figures from before its drain (the
+/// service gate's baseline when it is the only worker of its role).
+pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    watch: &mut U::W,
+    after: &UnitState,
+    before: Option<ServiceScrape>,
+) -> Result<Value, Fail> {
+    let unit = w.unit.as_str();
+    let limit = eng.settings.rollout.min_healthy;
+    let slo_start = match &eng.settings.verify.slo {
+        Some(_) => Some(gates::slo::slo_start(eng, w).await),
+        None => None,
+    };
+    let crashed = |why: String| Fail::from(Cause::Crashed { unit: unit.to_string(), phase: Phase::Soak, why });
+    let deadline = tokio::time::sleep(limit);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            c = watch.changed() => {
+                if c.is_none() {
+                    return Err(Cause::EventSourceClosed { what: "the D-Bus connection to systemd".into() }.into());
                 }
-                _ = &mut deadline => break,
+                let st = eng.units.state(unit).await?;
+                if let Some(why) = crashed_since(&st, after) {
+                    return Err(crashed(why));
+                }
             }
+            _ = &mut deadline => break,
         }
-        let slo = match (&self.settings.verify.slo, slo_start) {
-            (Some(slo), Some(start)) => {
-                let report = self.slo_judge(w, slo, start, before).await?;
-                Some(self.slo_when_unjudged(w, slo, report).await?)
-            }
-            _ => None,
-        };
-        // Changes between signals are caught by comparing once more.
-        let st = self.units.state(unit).await?;
-        if let Some(why) = crashed_since(&st, after) {
-            return Err(crashed(why));
-        }
-        if st.active_state != crate::ports::ActiveState::Active {
-            return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
-        }
-        let mut d = json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts });
-        if let Some(r) = slo {
-            if let Verdict::NotJudged { why } = &r.verdict {
-                d = crate::details::Said { note: Some(format!("{unit}'s service was not judged: {why}")), ..Default::default() }.written_into(d);
-            }
-            d["slo"] = json!(r);
-        }
-        Ok(d)
     }
+    let slo = match (&eng.settings.verify.slo, slo_start) {
+        (Some(slo), Some(start)) => {
+            let report = gates::slo::slo_judge(eng, w, slo, start, before).await?;
+            Some(gates::slo::slo_when_unjudged(eng, w, slo, report).await?)
+        }
+        _ => None,
+    };
+    // Changes between signals are caught by comparing once more.
+    let st = eng.units.state(unit).await?;
+    if let Some(why) = crashed_since(&st, after) {
+        return Err(crashed(why));
+    }
+    if st.active_state != crate::ports::ActiveState::Active {
+        return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
+    }
+    let mut d = json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts });
+    if let Some(r) = slo {
+        if let Verdict::NotJudged { why } = &r.verdict {
+            d = crate::details::Said { note: Some(format!("{unit}'s service was not judged: {why}")), ..Default::default() }.written_into(d);
+        }
+        d["slo"] = json!(r);
+    }
+    Ok(d)
+}
 
-    /// The availability probe: every `1/rate` s, one 1-token request through the router — unless a
-    /// role has no worker the gateway admits (then nothing is sent, and the tick counts as an error
-    /// from the gateway's view) — until the rollout is over.
-    pub(in crate::engine) async fn watch_clients(&self, rate: f64, c: &Clients) {
-        use crate::service::availability::Sample;
-        let mut roles: Vec<Role> = self.settings.workers.iter().map(|w| w.role).collect();
-        roles.sort();
-        roles.dedup();
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            // One last sample after the rollout ended: a worker still out at the end (a halt)
-            // keeps the error window open until then.
-            let last = c.done.load(Ordering::SeqCst);
-            let at = Instant::now();
-            let unit = lock(&c.current).clone();
-            let admitted = match tokio::time::timeout(Duration::from_secs(5), self.probes.router_workers(0)).await {
-                Ok(Ok(list)) => roles.iter().all(|r| list.iter().any(|x| x.worker_type == r.as_str() && x.admitted())),
-                _ => false,
-            };
-            let sample = if admitted {
-                let t = Instant::now();
-                let ok = matches!(tokio::time::timeout(Duration::from_secs(5), self.probes.smoke(0, 1)).await, Ok(Ok(())));
-                if !ok {
-                    c.failed.fetch_add(1, Ordering::SeqCst);
-                }
-                Sample { at, sent: true, ok, latency: ok.then(|| t.elapsed()), unit }
-            } else {
-                Sample { at, sent: false, ok: false, latency: None, unit }
-            };
-            lock(&c.samples).push(sample);
-            if last {
-                break;
+/// The availability probe: every `1/rate` s, one 1-token request through the router — unless a
+/// role has no worker the gateway admits (then nothing is sent, and the tick counts as an error
+/// from the gateway's view) — until the rollout is over.
+pub(in crate::engine) async fn watch_clients<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, rate: f64, c: &Clients) {
+    use crate::service::availability::Sample;
+    let mut roles: Vec<Role> = eng.settings.workers.iter().map(|w| w.role).collect();
+    roles.sort();
+    roles.dedup();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // One last sample after the rollout ended: a worker still out at the end (a halt)
+        // keeps the error window open until then.
+        let last = c.done.load(Ordering::SeqCst);
+        let at = Instant::now();
+        let unit = lock(&c.current).clone();
+        let admitted = match tokio::time::timeout(Duration::from_secs(5), eng.probes.router_workers(0)).await {
+            Ok(Ok(list)) => roles.iter().all(|r| list.iter().any(|x| x.worker_type == r.as_str() && x.admitted())),
+            _ => false,
+        };
+        let sample = if admitted {
+            let t = Instant::now();
+            let ok = matches!(tokio::time::timeout(Duration::from_secs(5), eng.probes.smoke(0, 1)).await, Ok(Ok(())));
+            if !ok {
+                c.failed.fetch_add(1, Ordering::SeqCst);
             }
+            Sample { at, sent: true, ok, latency: ok.then(|| t.elapsed()), unit }
+        } else {
+            Sample { at, sent: false, ok: false, latency: None, unit }
+        };
+        lock(&c.samples).push(sample);
+        if last {
+            break;
         }
     }
 }

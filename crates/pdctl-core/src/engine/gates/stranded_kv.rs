@@ -7,92 +7,91 @@ use serde_json::json;
 
 use crate::cause::Cause;
 use crate::config::Worker;
+use crate::engine::gates;
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::steps::rule;
 use crate::engine::Engine;
 use crate::events::{Sink, Step};
 use crate::ports::{Logs, Probes, Units};
 
-impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
-    /// After a decode restart: the prefills' queues of requests held for a decode drain to zero
-    /// within `stranded_kv_timeout` (rooms of requests the old decode process never fetched are
-    /// held until the prefill's bootstrap timeout). The prefill's queues — from its live
-    /// `/v1/loads?include=disagg` where served (0.5.23), else its queue gauges — not the KV level,
-    /// which moves with live load; they are per prefill, not per decode, so under steady traffic to other
-    /// decodes the gate waits for a moment they are all empty. A warning unless
-    /// `stranded_kv = "required"`.
-    pub(in crate::engine) async fn stranded_step(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
-        let prefills = self.peers(w);
-        if prefills.is_empty() {
-            return Ok(());
-        }
-        let s = StepRun::start(sink, &w.unit, Step::StrandedKv);
-        let read = |p: &Worker| {
-            let url = p.url.clone();
-            async move { self.probes.pd_queues(&url).await }
-        };
-        let mut start = serde_json::Map::new();
-        let mut watched = Vec::new();
-        let mut unreadable = Vec::new();
-        for p in &prefills {
-            match read(p).await {
-                Ok(q) if q.held_reqs > 0.0 => {
-                    start.insert(p.unit.clone(), json!({"held_reqs": q.held_reqs, "used_tokens": q.used_tokens, "source": q.source}));
-                    watched.push(*p);
-                }
-                Ok(_) => {}
-                Err(e) => unreadable.push(format!("{}: {e}", p.unit)),
-            }
-        }
-        if watched.is_empty() {
-            s.pass(json!({"held": {}, "unreadable": unreadable}));
-            return Ok(());
-        }
-        // Read from the gauges (a server without `/v1/loads`), a released room can show until the
-        // next idle publish: the default limit covers that lag too.
-        let from_gauges = start.values().any(|v| v["source"] != "/v1/loads");
-        let limit = match self.settings.verify.stranded_kv_timeout {
-            Some(l) => l,
-            None => {
-                let mut longest = Duration::ZERO;
-                for p in &watched {
-                    let env = self.units.config(&p.unit).await.map(|c| c.environment).unwrap_or_default();
-                    longest = longest.max(crate::sglang::bootstrap_timeout(&env));
-                }
-                let lag = if from_gauges { crate::sglang::GAUGE_IDLE_PUBLISH } else { Duration::ZERO };
-                longest + Duration::from_secs(10) + lag
-            }
-        };
-        let t0 = Instant::now();
-        let mut still: Vec<(String, f64, f64)>;
-        loop {
-            still = Vec::new();
-            for p in &watched {
-                if let Ok(q) = read(p).await {
-                    if q.held_reqs > 0.0 {
-                        still.push((p.unit.clone(), q.held_reqs, q.used_tokens));
-                    }
-                }
-            }
-            if still.is_empty() || t0.elapsed() >= limit {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        let mut detail = json!({"held_at_start": start, "limit_ms": limit.as_millis() as u64, "waited_ms": t0.elapsed().as_millis() as u64});
-        if still.is_empty() {
-            detail["released"] = json!(true);
-            s.pass(detail);
-            return Ok(());
-        }
-        let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
-        let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
-        let mode = rule(Step::StrandedKv, &self.settings).mode;
-        let mut warned = detail.clone();
-        warned["released"] = json!(false);
-        let Some(s) = s.warn_or_keep(mode, &cause, warned) else { return Ok(()) };
-        let f = Fail { cause, detail, unit: None };
-        s.fail(&f);
-        Err((Step::StrandedKv, f))
+/// After a decode restart: the prefills' queues of requests held for a decode drain to zero
+/// within `stranded_kv_timeout` (rooms of requests the old decode process never fetched are
+/// held until the prefill's bootstrap timeout). The prefill's queues — from its live
+/// `/v1/loads?include=disagg` where served (0.5.23), else its queue gauges — not the KV level,
+/// which moves with live load; they are per prefill, not per decode, so under steady traffic to other
+/// decodes the gate waits for a moment they are all empty. A warning unless
+/// `stranded_kv = "required"`.
+pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
+    let prefills = gates::pair::peers(eng, w);
+    if prefills.is_empty() {
+        return Ok(());
     }
+    let s = StepRun::start(sink, &w.unit, Step::StrandedKv);
+    let read = |p: &Worker| {
+        let url = p.url.clone();
+        async move { eng.probes.pd_queues(&url).await }
+    };
+    let mut start = serde_json::Map::new();
+    let mut watched = Vec::new();
+    let mut unreadable = Vec::new();
+    for p in &prefills {
+        match read(p).await {
+            Ok(q) if q.held_reqs > 0.0 => {
+                start.insert(p.unit.clone(), json!({"held_reqs": q.held_reqs, "used_tokens": q.used_tokens, "source": q.source}));
+                watched.push(*p);
+            }
+            Ok(_) => {}
+            Err(e) => unreadable.push(format!("{}: {e}", p.unit)),
+        }
+    }
+    if watched.is_empty() {
+        s.pass(json!({"held": {}, "unreadable": unreadable}));
+        return Ok(());
+    }
+    // Read from the gauges (a server without `/v1/loads`), a released room can show until the
+    // next idle publish: the default limit covers that lag too.
+    let from_gauges = start.values().any(|v| v["source"] != "/v1/loads");
+    let limit = match eng.settings.verify.stranded_kv_timeout {
+        Some(l) => l,
+        None => {
+            let mut longest = Duration::ZERO;
+            for p in &watched {
+                let env = eng.units.config(&p.unit).await.map(|c| c.environment).unwrap_or_default();
+                longest = longest.max(crate::sglang::bootstrap_timeout(&env));
+            }
+            let lag = if from_gauges { crate::sglang::GAUGE_IDLE_PUBLISH } else { Duration::ZERO };
+            longest + Duration::from_secs(10) + lag
+        }
+    };
+    let t0 = Instant::now();
+    let mut still: Vec<(String, f64, f64)>;
+    loop {
+        still = Vec::new();
+        for p in &watched {
+            if let Ok(q) = read(p).await {
+                if q.held_reqs > 0.0 {
+                    still.push((p.unit.clone(), q.held_reqs, q.used_tokens));
+                }
+            }
+        }
+        if still.is_empty() || t0.elapsed() >= limit {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut detail = json!({"held_at_start": start, "limit_ms": limit.as_millis() as u64, "waited_ms": t0.elapsed().as_millis() as u64});
+    if still.is_empty() {
+        detail["released"] = json!(true);
+        s.pass(detail);
+        return Ok(());
+    }
+    let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
+    let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
+    let mode = rule(Step::StrandedKv, &eng.settings).mode;
+    let mut warned = detail.clone();
+    warned["released"] = json!(false);
+    let Some(s) = s.warn_or_keep(mode, &cause, warned) else { return Ok(()) };
+    let f = Fail { cause, detail, unit: None };
+    s.fail(&f);
+    Err((Step::StrandedKv, f))
 }
