@@ -188,13 +188,7 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     if rule(Step::Metrics, &eng.settings).mode == GateMode::Required && !metrics_flag {
         return Err(Fail::from(Cause::MetricsDisabled { unit: w.unit.clone() }));
     }
-    let gpus = gpus_of(w, &cfg.environment);
-    if let Some(g) = &gpus {
-        if let Some((other, og)) = seen.gpu_sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
-            return Err(Fail::from(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) }));
-        }
-        seen.gpu_sets.push((w.unit.clone(), g.clone()));
-    }
+    let gpus = gpus_disjoint(w, &cfg, seen).map_err(Fail::from)?;
     not_blocked(eng, &w.unit, &w.url).await?;
     if ctx.outage.restarts() {
         a_peer_serves(eng, w, plan).await?;
@@ -205,14 +199,7 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     let api_key_check = api_key_check(eng, w, &st).await?;
     let pairing = pairing_preflight(eng, w, plan, &cfg).await?;
     let mut warnings = stop_and_pair_risks(eng, w, &cfg);
-    if let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), eng.settings.rollout.drain_timeout) {
-        if eng.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
-            let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
-            return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode, fix }));
-        }
-        tracing::warn!(pdctl_unit = %w.unit, "{fix}");
-        warnings.push(fix);
-    }
+    warnings.extend(kill_mode_check(eng, w, &cfg).map_err(Fail::from)?);
     // A dry run does not reload the manager: the restart's command line is read from the files.
     let disk_argv = if dry && needs_reload {
         let rev = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "dry run");
@@ -246,6 +233,30 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
         coherence,
     };
     Ok(serde_json::to_value(&detail).unwrap_or_default())
+}
+
+/// A unit whose stop would kill SGLang's scheduler (systemd's default `KillMode=control-group`):
+/// refused, or (`kill_mode = "warn"`) the warning to report.
+fn kill_mode_check<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Result<Option<String>, Cause> {
+    let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), eng.settings.rollout.drain_timeout) else { return Ok(None) };
+    if eng.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
+        let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
+        return Err(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode, fix });
+    }
+    tracing::warn!(pdctl_unit = %w.unit, "{fix}");
+    Ok(Some(fix))
+}
+
+/// The worker's GPUs, refused when they overlap another worker's seen so far (then noted).
+fn gpus_disjoint(w: &Worker, cfg: &crate::ports::UnitConfig, seen: &mut Seen) -> Result<Option<BTreeSet<u32>>, Cause> {
+    let gpus = gpus_of(w, &cfg.environment);
+    if let Some(g) = &gpus {
+        if let Some((other, og)) = seen.gpu_sets.iter().find(|(_, og)| !og.is_disjoint(g)) {
+            return Err(Cause::GpuOverlap { unit: w.unit.clone(), gpus: fmt_set(g), other: other.clone(), other_gpus: fmt_set(og) });
+        }
+        seen.gpu_sets.push((w.unit.clone(), g.clone()));
+    }
+    Ok(gpus)
 }
 
 /// With `on_failure = "rollback"` (a real rollout in pdctld): every file the rollback would
