@@ -312,7 +312,8 @@ fn main() {
             tracing_subscriber::EnvFilter::try_from_env("PDCTL_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,pdctl_core=error")),
         )
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    // As pdctld's: a check or dry run runs the engine's steps in this process.
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_stack_size(8 << 20).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pdctl: cannot start the async runtime: {e}");

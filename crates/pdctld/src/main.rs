@@ -139,8 +139,23 @@ fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
     Ok(f)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+/// Each worker thread's stack: a rollout's steps nest (a repair's whole sequence runs inside the
+/// prefill's pair step), and a future's poll frames are several times larger in a debug build;
+/// tokio's 2 MiB default has been overflowed there, and an overflow aborts pdctld mid-rollout.
+const WORKER_STACK: usize = 8 << 20;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_stack_size(WORKER_STACK).enable_all().build();
+    match rt {
+        Ok(rt) => rt.block_on(run()),
+        Err(e) => {
+            eprintln!("pdctld: cannot start the async runtime: {e}");
+            Exit::Unreachable.exit_process();
+        }
+    }
+}
+
+async fn run() {
     let args = Args::parse();
     if let Some(dir) = &args.write_man {
         write_man(dir);

@@ -57,7 +57,9 @@ where
         let work = async move {
             let ctx = Ctx { scope: crate::engine::Scope { together_with: None, ..ctx.scope }, abort_in_flight: true, ..ctx };
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
-            let r = self.run_sequence(&mut WorkerRun::new(d, Sequence::Repair, &tx, ctx)).await;
+            // On the heap: a sequence inside a sequence (this repair runs inside the prefill's pair
+            // step) overflowed a debug build's worker stack.
+            let r = Box::pin(self.run_sequence(&mut WorkerRun::new(d, Sequence::Repair, &tx, ctx))).await;
             drop(tx);
             r
         };
