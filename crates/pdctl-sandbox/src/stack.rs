@@ -594,7 +594,8 @@ fn decode_env(w: &Worker, opts: &StackOptions) -> String {
 /// - `LD_LIBRARY_PATH` (the stand-in `libcuda.so.1`) and `PYTHONPATH` (`sitecustomize.py`):
 ///   scripts/setup says why;
 /// - `KillMode=mixed`: the stop's SIGTERM reaches the main process only, which drains;
-///   `TimeoutStopSec=60`: above a drain (SGLang checks every 5 s; 8.5-11 s measured here).
+///   `TimeoutStopSec=60`: above a drain (SGLang checks every 5 s; what a stop took here:
+///   docs/benchmarks.md, "Figures the code's choices rest on").
 pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
     let mut args: Vec<String> = vec!["-m".into(), "sglang.launch_server".into()];
     args.extend(r.cpu_flags());

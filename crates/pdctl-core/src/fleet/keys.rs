@@ -17,8 +17,8 @@ pub fn slot_key(name: &str, role: &str) -> String {
 /// How many hold `role`'s slots now (its semaphore's holders, as text), written in the same
 /// transaction as every grant and release: what waiting hosts watch. A semaphore's value grows
 /// with its holders and every change of a watched key goes to every watcher; this one stays a
-/// few bytes (measured: watching the semaphores themselves, 1,000 waiting hosts made etcd send
-/// ~12,000 messages a second of whole semaphores and the rollout took 3.7 times longer).
+/// few bytes (watching the semaphores themselves was measured much slower at 1,000 waiting hosts:
+/// docs/fleet.md, "Measured: what the fleet asks of etcd").
 pub fn free_key(name: &str, role: &str) -> String {
     format!("{}held/{role}", prefix(name))
 }

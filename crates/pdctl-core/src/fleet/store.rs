@@ -145,11 +145,12 @@ pub enum Woken {
 /// attempt (a wake may find the budget still spent: it waits again). A random delay of up to a second (the old poll's interval) divided by the
 /// free slots then lets the first waiter's grant reach the others first: among many waiters the first tries within
 /// milliseconds, and the others see its grant and keep waiting instead of all trying at once
-/// (measured: with 0-200 ms, 1,000 waiting hosts took 2.7 times longer than polling, every
-/// release answered by a crowd of compare-and-swaps). At most `fallback`. The watch lives only
+/// (a shorter delay was measured slower than polling at 1,000 waiting hosts, every release
+/// answered by a crowd of compare-and-swaps: docs/fleet.md, "Measured: what the fleet asks of
+/// etcd"). At most `fallback`. The watch lives only
 /// for this wait: one left unread during the attempt that follows fills its connection's HTTP/2
 /// flow-control window with the fleet's changes, and the attempt's own answers wait behind it
-/// (measured: a simulation that kept it stalled for good).
+/// (a simulation kept it stalled for good).
 pub async fn wait_for_room(c: &dyn Coordinator, name: &str, limits: &Limits, wants: &[(String, Hold)], after: i64, fallback: std::time::Duration) -> Woken {
     use std::time::{Duration, Instant};
     let keys = vec![(format!("{}held/", prefix(name)), true), (pause_key(name), false)];
@@ -190,7 +191,7 @@ pub async fn wait_for_room(c: &dyn Coordinator, name: &str, limits: &Limits, wan
             if trying_at.is_none() {
                 // Spread over a second, as the polling was: waiters woken by one release try at
                 // most as often as they polled (a window shrunk by the slots free drew every
-                // waiter at once after a burst of releases: measured, 1,000 hosts 2× slower).
+                // waiter at once after a burst of releases, measured slower: docs/fleet.md).
                 trying_at = Some(Instant::now() + Duration::from_millis(crate::sglang::pairing::room() % 1000));
             }
         } else {

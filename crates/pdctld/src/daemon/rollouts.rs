@@ -431,8 +431,8 @@ pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &b
         // fsync'd rewrite of the whole record, milliseconds on a disk). Both under the record's
         // lock, as a new stream reads its backlog under it. The write blocks this thread, so the
         // runtime is told (`block_in_place`): the stream task the send just woke sits in this
-        // worker's queue and would otherwise wait for the write — measured: 14 ms of the ready
-        // line's 16.6 ms way to the CLI (p50, n = 200, release build).
+        // worker's queue and would otherwise wait for the write (most of the ready line's way to
+        // the CLI before: docs/benchmarks.md, "The ready line at the operator").
         let _ = tx.send(StreamLine::Event(ev.clone()));
         tokio::task::block_in_place(|| daemon.save(&r));
     }

@@ -135,7 +135,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     // Wait until the gateway no longer lists it (smg 1.x lists it as draining for ~5 s and
     // still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
     // worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
-    // outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+    // outage (docs/benchmarks.md, "Figures the code's choices rest on"); the router gate waits
     // out the draining entry before it re-registers the worker.
     let listed_for_ms = wait_unlisted(eng, w, &entries, t0).await;
     // Wait (bounded) for the requests it runs: read from the server's load endpoint. One that
@@ -311,7 +311,7 @@ pub(in crate::engine) async fn record_drain<U: Units, L: Logs, P: Probes>(
 /// Wait until the gateway no longer lists the worker (smg 1.x lists it as draining for ~5 s
 /// and still finishes its requests meanwhile); bounded by drain_timeout. Not for the only
 /// worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
-/// outage (measured behind smg 1.13: 10 s per unit instead of ~7 s); the router gate waits
+/// outage (docs/benchmarks.md, "Figures the code's choices rest on"); the router gate waits
 /// out the draining entry before it re-registers the worker. Returns when it was unlisted.
 async fn wait_unlisted<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)], t0: Instant) -> Option<u64> {
     let alone = eng.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
