@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
@@ -31,9 +31,7 @@ pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
         attempts += 1;
         if ready_served {
             let last = match within(t0, limit, eng.probes.ready(&w.url)).await {
-                Some(Some(Health::Up)) => {
-                    return Ok(json!({ "attempts": attempts, "checked": ["/ready"], "generate_proved_by": "the pair gate's PD request" }))
-                }
+                Some(Some(Health::Up)) => return Ok(HealthDetail::of(attempts, &["/ready"], Some("the pair gate's PD request"))),
                 Some(None) => {
                     ready_served = false;
                     continue;
@@ -48,8 +46,8 @@ pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
             // Where the server serves `/ready` (0.5.23), it must say ready too: `/health` can
             // answer 200 again after a failed PD warm-up, and a paused server is not serving.
             Some(Health::Up) => match within(t0, limit, eng.probes.ready(&w.url)).await {
-                Some(None) => return Ok(json!({ "attempts": attempts, "checked": ["/health"] })),
-                Some(Some(Health::Up)) => return Ok(json!({ "attempts": attempts, "checked": ["/health", "/ready"] })),
+                Some(None) => return Ok(HealthDetail::of(attempts, &["/health"], None)),
+                Some(Some(Health::Up)) => return Ok(HealthDetail::of(attempts, &["/health", "/ready"], None)),
                 Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/health 200, but {s}"),
                 None => "/health 200, /ready did not answer".into(),
             },
@@ -76,4 +74,36 @@ async fn health_wait<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Wo
     }
     tokio::time::sleep(POLL).await;
     Ok(())
+}
+
+/// The health step's detail (the JSON in docs/cli.md): how many looks, which endpoints answered,
+/// and what proves `/generate` when `/ready` alone was asked.
+#[derive(serde::Serialize)]
+struct HealthDetail {
+    /// Looks until it answered.
+    attempts: u32,
+    /// The endpoints that answered 200.
+    checked: Vec<&'static str>,
+    /// What proves that it serves `/generate` (the pair gate that follows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generate_proved_by: Option<&'static str>,
+}
+
+impl HealthDetail {
+    /// As the step's detail.
+    fn of(attempts: u32, checked: &[&'static str], generate_proved_by: Option<&'static str>) -> Value {
+        serde_json::to_value(HealthDetail { attempts, checked: checked.to_vec(), generate_proved_by }).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_health_detail_has_the_keys_of_the_contract() {
+        assert_eq!(HealthDetail::of(2, &["/health", "/ready"], None), json!({"attempts": 2, "checked": ["/health", "/ready"]}));
+        assert_eq!(HealthDetail::of(1, &["/ready"], Some("x")), json!({"attempts": 1, "checked": ["/ready"], "generate_proved_by": "x"}));
+    }
 }

@@ -5,7 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::Worker;
@@ -30,12 +31,44 @@ pub(in crate::engine) struct TakenOut {
 
 impl TakenOut {
     /// Its part of the restart step's detail (`taken_out`), which the record's window starts at.
-    pub(in crate::engine) fn detail(&self) -> Value {
-        json!({
-            "after_ms": self.after_ms, "when": self.when,
-            "warning": (!self.refused.is_empty()).then(|| self.refused.join("; ")),
-        })
+    fn detail(&self) -> TakenOutDetail {
+        TakenOutDetail { after_ms: self.after_ms, when: self.when.clone(), warning: (!self.refused.is_empty()).then(|| self.refused.join("; ")) }
     }
+}
+
+/// The restart step's detail (the JSON in docs/cli.md): the job, the old and new run, the stop.
+#[derive(Serialize)]
+struct RestartDetail {
+    /// The job's result (`done` unless it failed).
+    job_result: String,
+    /// How long the job took.
+    job_ms: u64,
+    /// How long it was allowed (the stop's `TimeoutStopSec=` plus `job_timeout`).
+    job_limit_ms: u64,
+    /// The run before the restart.
+    old_invocation_id: String,
+    /// The run after it.
+    invocation_id: String,
+    /// Its main process.
+    main_pid: u32,
+    /// When its main process started (µs since the epoch).
+    exec_main_start_us: u64,
+    /// What the stop took and why.
+    stop: crate::sglang::stop::StopReport,
+    /// A deferred drain: when the worker left the gateway during the stop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    taken_out: Option<TakenOutDetail>,
+}
+
+/// When a deferred drain's worker left the gateway, in the restart's detail (`taken_out`).
+#[derive(Serialize)]
+struct TakenOutDetail {
+    /// After the restart job began.
+    after_ms: u64,
+    /// At what.
+    when: String,
+    /// Replicas that refused the removal (`null`: none).
+    warning: Option<String>,
 }
 
 /// What the restart step hands to the steps after it: the unit's watch and journal cursor (from
@@ -97,15 +130,18 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut detail = json!({
-        "job_result": out.job_result, "job_ms": out.job_time.as_millis() as u64, "job_limit_ms": limit.as_millis() as u64,
-        "old_invocation_id": before.invocation_id, "invocation_id": out.state.invocation_id,
-        "main_pid": out.state.main_pid, "exec_main_start_us": out.state.exec_main_start_us,
-        "stop": stop,
-    });
-    if let Some(t) = &taken_out {
-        detail["taken_out"] = t.detail();
-    }
+    let typed = RestartDetail {
+        job_result: out.job_result.clone(),
+        job_ms: out.job_time.as_millis() as u64,
+        job_limit_ms: limit.as_millis() as u64,
+        old_invocation_id: before.invocation_id.clone(),
+        invocation_id: out.state.invocation_id.clone(),
+        main_pid: out.state.main_pid,
+        exec_main_start_us: out.state.exec_main_start_us,
+        stop: stop.clone(),
+        taken_out: taken_out.as_ref().map(TakenOut::detail),
+    };
+    let mut detail = serde_json::to_value(&typed).unwrap_or_default();
     if stop.killed {
         let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
         tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
@@ -210,4 +246,32 @@ async fn take_out_deferred<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, 
         }
     }
     refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_restart_detail_has_the_keys_of_the_contract() {
+        let stop = crate::sglang::stop::report(&[], Some(Duration::from_millis(900)), None);
+        let mut d = RestartDetail {
+            job_result: "done".into(),
+            job_ms: 2,
+            job_limit_ms: 3,
+            old_invocation_id: "a".into(),
+            invocation_id: "b".into(),
+            main_pid: 4,
+            exec_main_start_us: 5,
+            stop: stop.clone(),
+            taken_out: None,
+        };
+        let without = json!({"job_result": "done", "job_ms": 2, "job_limit_ms": 3, "old_invocation_id": "a", "invocation_id": "b", "main_pid": 4, "exec_main_start_us": 5, "stop": stop});
+        assert_eq!(serde_json::to_value(&d).unwrap_or_default(), without);
+        d.taken_out = Some(TakenOutDetail { after_ms: 6, when: "w".into(), warning: None });
+        let mut with = without;
+        with["taken_out"] = json!({"after_ms": 6, "when": "w", "warning": null});
+        assert_eq!(serde_json::to_value(&d).unwrap_or_default(), with);
+    }
 }

@@ -148,12 +148,17 @@ async fn serves_through_gateway<U: Units, L: Logs, P: Probes>(
     let other_admitted = list.iter().any(|o| o.admitted() && o.worker_type != role && o.worker_type != "regular");
     let smoke = if !eng.settings.verify.smoke_request || (peers_drained && !other_admitted) { None } else { Some(eng.probes.smoke(replica, 1).await) };
     let Some(Err(e)) = smoke else {
-        return Ok(Through::Admitted(json!({
-            "router_id": x.id, "worker_type": x.worker_type, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
-            "cb_state": cb.ok().flatten(),
-            "smoke_request": smoke.map(|_| "200").or((peers_drained && !other_admitted).then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
-            "waited_ms": t0.elapsed().as_millis() as u64,
-        })));
+        let admitted = Admitted {
+            router_id: x.id.clone(),
+            worker_type: x.worker_type.clone(),
+            re_registered: a.registered.is_some(),
+            re_added_after: a.re_added.clone(),
+            cb_state: cb.ok().flatten(),
+            smoke_request: smoke.map(|_| "200").or((peers_drained && !other_admitted)
+                .then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
+            waited_ms: t0.elapsed().as_millis() as u64,
+        };
+        return Ok(Through::Admitted(serde_json::to_value(&admitted).unwrap_or_default()));
     };
     a.peer_down = w.role != Role::Regular && !other_admitted;
     // No worker of the other role is even listed: none can be admitted while this gate waits,
@@ -170,6 +175,26 @@ async fn serves_through_gateway<U: Units, L: Logs, P: Probes>(
         return Err(Fail { cause, detail, unit: None });
     }
     Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
+}
+
+/// The router step's detail on one replica (the JSON in docs/cli.md): the gateway's entry, what
+/// pdctl did to it, its breaker and the request that went through.
+#[derive(serde::Serialize)]
+struct Admitted {
+    /// The gateway's id of the worker.
+    router_id: String,
+    /// The type the gateway lists it with.
+    worker_type: String,
+    /// pdctl registered it again (the gateway had lost it).
+    re_registered: bool,
+    /// The status it was listed with when pdctl removed and re-added it (`null`: not done).
+    re_added_after: Option<String>,
+    /// Its circuit breaker's state gauge (`null`: not exported).
+    cb_state: Option<f64>,
+    /// The request through the gateway: `"200"`, or why none was sent (`null`: off).
+    smoke_request: Option<&'static str>,
+    /// How long the gate waited.
+    waited_ms: u64,
 }
 
 /// One look at a listed, healthy worker through the gateway.
@@ -212,5 +237,26 @@ fn never_admitted(w: &Worker, seen: RouterSeen, peer_down: bool, after: Duration
         RouterSeen::SmokeFailed(error) if peer_down => Cause::PeerRoleDown { url, role: other_role(w.role).into(), error },
         RouterSeen::SmokeFailed(error) => Cause::SmokeFailed { url, after, error },
         other => Cause::RouterNeverAdmits { url, after, last: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_router_detail_has_the_keys_of_the_contract() {
+        let a = Admitted {
+            router_id: "i".into(),
+            worker_type: "decode".into(),
+            re_registered: false,
+            re_added_after: None,
+            cb_state: Some(0.0),
+            smoke_request: Some("200"),
+            waited_ms: 3,
+        };
+        let want = json!({"router_id": "i", "worker_type": "decode", "re_registered": false, "re_added_after": null, "cb_state": 0.0, "smoke_request": "200", "waited_ms": 3});
+        assert_eq!(serde_json::to_value(&a).unwrap_or_default(), want);
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::{Cause, Phase};
 use crate::engine::gates;
@@ -65,14 +65,27 @@ pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
     if st.active_state != crate::ports::ActiveState::Active {
         return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
     }
-    let mut d = json!({ "held_ms": limit.as_millis() as u64, "invocation_id": st.invocation_id, "n_restarts": st.n_restarts });
-    if let Some(r) = slo {
-        if let Verdict::NotJudged { why } = &r.verdict {
-            d = crate::details::Said { note: Some(format!("{unit}'s service was not judged: {why}")), ..Default::default() }.written_into(d);
-        }
-        d["slo"] = json!(r);
-    }
-    Ok(d)
+    let note = match slo.as_ref().map(|r| &r.verdict) {
+        Some(Verdict::NotJudged { why }) => Some(format!("{unit}'s service was not judged: {why}")),
+        _ => None,
+    };
+    let d = SoakDetail { held_ms: limit.as_millis() as u64, invocation_id: st.invocation_id, n_restarts: st.n_restarts, slo };
+    Ok(crate::details::Said { note, ..Default::default() }.written_into(serde_json::to_value(&d).unwrap_or_default()))
+}
+
+/// The soak step's detail (the JSON in docs/cli.md): how long the same run held, and the service
+/// gate's report when `[verify.slo]` is set.
+#[derive(serde::Serialize)]
+struct SoakDetail {
+    /// How long it was held to the same run.
+    held_ms: u64,
+    /// The run it stayed.
+    invocation_id: String,
+    /// Its restarts so far (unchanged since the restart).
+    n_restarts: u32,
+    /// The service gate's report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slo: Option<crate::service::slo::Report>,
 }
 
 /// The availability probe: every `1/rate` s, one 1-token request through the router — unless a
