@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::Worker;
@@ -13,6 +13,103 @@ use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 use crate::state::drain_ledger::{Drain, Hold, Ledger};
+
+/// The drain step's detail (the JSON in docs/cli.md) when the worker was taken out now and its
+/// requests waited for. `null` fields: not read, not done, or nothing to say.
+#[derive(serde::Serialize)]
+struct Drained {
+    /// A load that could not be read (warn mode), as its cause's sentence.
+    warning: Option<String>,
+    /// That cause's code.
+    cause_code: Option<&'static str>,
+    /// Requests aborted before the stop.
+    aborted: Option<u64>,
+    /// Why they were aborted.
+    aborted_why: Option<&'static str>,
+    /// The gateway's id of the entry removed.
+    removed_router_id: String,
+    /// The gateway's load of it when removed.
+    router_load: i64,
+    /// Requests still in flight at the end of the wait.
+    in_flight_left: Option<u64>,
+    /// Replicas it was removed from.
+    replicas_drained: usize,
+    /// Requests in flight when the wait began.
+    in_flight_at_start: Option<u64>,
+    /// How long the requests were waited for.
+    waited_for_requests_ms: u64,
+    /// The status the gateway listed it with.
+    router_status: Option<String>,
+    /// When the gateway stopped listing it (not waited for the only worker of its role).
+    unlisted_after_ms: Option<u64>,
+    /// smg's settle set for it (0), when every replica took it.
+    drain_settle_secs: Option<u64>,
+    /// What the replicas that refused the settle said.
+    settle_warning: Option<String>,
+    /// Why its taking out was not deferred to its stop (the only worker of its role).
+    not_deferred: Option<String>,
+    /// How long the step took.
+    waited_ms: u64,
+    /// Requests were still running when the wait ended.
+    timed_out: bool,
+}
+
+/// The drain step's detail for a worker a coherent switch took out already.
+#[derive(serde::Serialize)]
+struct HeldDrain {
+    /// Who took it out.
+    taken_out: &'static str,
+    /// The switch's hold on it.
+    hold: Option<Hold>,
+    /// The gateway's id of the entry removed.
+    removed_router_id: String,
+    /// A load that could not be read, as its cause's sentence.
+    warning: Option<String>,
+    /// That cause's code.
+    cause_code: Option<&'static str>,
+    /// Requests in flight when the wait began.
+    in_flight_at_start: Option<u64>,
+    /// Requests still in flight at its end.
+    in_flight_left: Option<u64>,
+    /// How long the requests were waited for.
+    waited_for_requests_ms: u64,
+    /// How long the step took.
+    waited_ms: u64,
+    /// Requests were still running when the wait ended.
+    timed_out: bool,
+}
+
+/// The drain step's detail when the taking out waits for the stop ([`Deferred`]).
+#[derive(serde::Serialize)]
+struct DeferredDrain {
+    /// Deferred, and why that loses nothing.
+    taken_out: String,
+    /// Taken out this long after its SIGTERM at the latest.
+    take_out_by_ms: u64,
+    /// The gateway's id of the entry to remove.
+    removed_router_id: Option<String>,
+    /// Its load in the gateway.
+    router_load: Option<i64>,
+    /// The status the gateway lists it with.
+    router_status: Option<String>,
+    /// Replicas that list it.
+    replicas_drained: usize,
+    /// Requests in flight at the last look.
+    in_flight_at_start: Option<u64>,
+    /// Looks that found it busy.
+    busy_looks: u32,
+    /// Looks in all.
+    looks: u32,
+    /// smg's settle set for it (0), when every replica took it.
+    drain_settle_secs: Option<u64>,
+    /// What the replicas that refused the settle said.
+    warning: Option<String>,
+}
+
+/// A typed detail as the step's JSON.
+fn detail_of(d: &impl serde::Serialize) -> Value {
+    serde_json::to_value(d).unwrap_or_default()
+}
 
 /// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
 /// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
@@ -101,15 +198,19 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         if let Some(held) = ctx.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.id && d.hold.is_some()) {
             let t0 = Instant::now();
             let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
-            return Ok(Some((
-                json!({
-                    "taken_out": "by the coherent switch", "hold": held.hold, "removed_router_id": held.router_id,
-                    "warning": unknown.as_ref().map(Cause::sentence), "cause_code": unknown.as_ref().map(Cause::code),
-                    "in_flight_at_start": at_start, "in_flight_left": left, "waited_for_requests_ms": t0.elapsed().as_millis() as u64,
-                    "waited_ms": t0.elapsed().as_millis() as u64, "timed_out": left.is_some_and(|n| n > 0),
-                }),
-                None,
-            )));
+            let d = HeldDrain {
+                taken_out: "by the coherent switch",
+                hold: held.hold,
+                removed_router_id: held.router_id,
+                warning: unknown.as_ref().map(Cause::sentence),
+                cause_code: unknown.as_ref().map(Cause::code),
+                in_flight_at_start: at_start,
+                in_flight_left: left,
+                waited_for_requests_ms: t0.elapsed().as_millis() as u64,
+                waited_ms: t0.elapsed().as_millis() as u64,
+                timed_out: left.is_some_and(|n| n > 0),
+            };
+            return Ok(Some((detail_of(&d), None)));
         }
         return Ok(None);
     };
@@ -153,22 +254,27 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         aborted = left;
         tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
     }
-    Ok(Some((
-        json!({
-            "warning": unknown.as_ref().map(Cause::sentence),
-            "cause_code": unknown.as_ref().map(Cause::code),
-            "aborted": aborted,
-            "aborted_why": aborted.map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
-            "removed_router_id": entry.id, "router_load": entry.load, "in_flight_left": left, "replicas_drained": entries.len(),
-            "in_flight_at_start": at_start, "waited_for_requests_ms": wait_t0.elapsed().as_millis() as u64,
-            "router_status": entry.status, "unlisted_after_ms": listed_for_ms,
-            "drain_settle_secs": settle.0, "settle_warning": (!settle.1.is_empty()).then(|| settle.1.join("; ")),
-            "not_deferred": not_deferred,
-            "waited_ms": t0.elapsed().as_millis() as u64,
-            "timed_out": left.is_some_and(|n| n > 0),
-        }),
-        None,
-    )))
+    let d = Drained {
+        warning: unknown.as_ref().map(Cause::sentence),
+        cause_code: unknown.as_ref().map(Cause::code),
+        aborted,
+        aborted_why: aborted
+            .map(|_| if ctx.abort_in_flight { "its pairing is stale: its requests can never finish" } else { "abort_after_drain_timeout = true" }),
+        removed_router_id: entry.id,
+        router_load: entry.load,
+        in_flight_left: left,
+        replicas_drained: entries.len(),
+        in_flight_at_start: at_start,
+        waited_for_requests_ms: wait_t0.elapsed().as_millis() as u64,
+        router_status: entry.status,
+        unlisted_after_ms: listed_for_ms,
+        drain_settle_secs: settle.0,
+        settle_warning: (!settle.1.is_empty()).then(|| settle.1.join("; ")),
+        not_deferred,
+        waited_ms: t0.elapsed().as_millis() as u64,
+        timed_out: left.is_some_and(|n| n > 0),
+    };
+    Ok(Some((detail_of(&d), None)))
 }
 
 /// Whether this drain leaves the taking out to the restart ([`Deferred`]), given that no other
@@ -254,14 +360,20 @@ async fn defer<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, 
     let (settle, settle_warnings) = settle_now(eng, w, entries).await;
     let role = w.role.as_str();
     let by = take_out_by(busy);
-    let detail = json!({
-        "taken_out": format!("deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"),
-        "take_out_by_ms": by.as_millis() as u64,
-        "removed_router_id": entries.first().map(|(_, e)| e.id.clone()), "router_load": entries.first().map(|(_, e)| e.load),
-        "router_status": entries.first().and_then(|(_, e)| e.status.clone()), "replicas_drained": entries.len(),
-        "in_flight_at_start": in_flight, "busy_looks": busy.0, "looks": busy.1,
-        "drain_settle_secs": settle,
-        "warning": (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
+    let detail = detail_of(&DeferredDrain {
+        taken_out: format!(
+            "deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"
+        ),
+        take_out_by_ms: by.as_millis() as u64,
+        removed_router_id: entries.first().map(|(_, e)| e.id.clone()),
+        router_load: entries.first().map(|(_, e)| e.load),
+        router_status: entries.first().and_then(|(_, e)| e.status.clone()),
+        replicas_drained: entries.len(),
+        in_flight_at_start: in_flight,
+        busy_looks: busy.0,
+        looks: busy.1,
+        drain_settle_secs: settle,
+        warning: (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
     });
     (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
 }
@@ -367,6 +479,105 @@ async fn wait_in_flight<U: Units, L: Logs, P: Probes>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn keys(v: &Value) -> Vec<String> {
+        v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_drain_details_have_the_keys_of_the_contract() {
+        let d = Drained {
+            warning: None,
+            cause_code: None,
+            aborted: None,
+            aborted_why: None,
+            removed_router_id: "i".into(),
+            router_load: 0,
+            in_flight_left: Some(0),
+            replicas_drained: 1,
+            in_flight_at_start: Some(1),
+            waited_for_requests_ms: 2,
+            router_status: None,
+            unlisted_after_ms: None,
+            drain_settle_secs: None,
+            settle_warning: None,
+            not_deferred: None,
+            waited_ms: 3,
+            timed_out: false,
+        };
+        let mut want = vec![
+            "aborted",
+            "aborted_why",
+            "cause_code",
+            "drain_settle_secs",
+            "in_flight_at_start",
+            "in_flight_left",
+            "not_deferred",
+            "removed_router_id",
+            "replicas_drained",
+            "router_load",
+            "router_status",
+            "settle_warning",
+            "timed_out",
+            "unlisted_after_ms",
+            "waited_for_requests_ms",
+            "waited_ms",
+            "warning",
+        ];
+        assert_eq!(keys(&detail_of(&d)), want);
+        let h = HeldDrain {
+            taken_out: "by the coherent switch",
+            hold: None,
+            removed_router_id: "i".into(),
+            warning: None,
+            cause_code: None,
+            in_flight_at_start: None,
+            in_flight_left: None,
+            waited_for_requests_ms: 0,
+            waited_ms: 0,
+            timed_out: false,
+        };
+        want = vec![
+            "cause_code",
+            "hold",
+            "in_flight_at_start",
+            "in_flight_left",
+            "removed_router_id",
+            "taken_out",
+            "timed_out",
+            "waited_for_requests_ms",
+            "waited_ms",
+            "warning",
+        ];
+        assert_eq!(keys(&detail_of(&h)), want);
+        let f = DeferredDrain {
+            taken_out: "deferred".into(),
+            take_out_by_ms: 1,
+            removed_router_id: None,
+            router_load: None,
+            router_status: None,
+            replicas_drained: 1,
+            in_flight_at_start: None,
+            busy_looks: 0,
+            looks: 0,
+            drain_settle_secs: None,
+            warning: None,
+        };
+        want = vec![
+            "busy_looks",
+            "drain_settle_secs",
+            "in_flight_at_start",
+            "looks",
+            "removed_router_id",
+            "replicas_drained",
+            "router_load",
+            "router_status",
+            "take_out_by_ms",
+            "taken_out",
+            "warning",
+        ];
+        assert_eq!(keys(&detail_of(&f)), want);
+    }
 
     #[test]
     fn a_busier_worker_is_taken_out_sooner_before_its_drain_check() {
