@@ -83,11 +83,27 @@ pub(in crate::engine) struct Scope<'a> {
     pub(in crate::engine) switch: Option<&'a switch::SwitchPlan>,
 }
 
+/// What a run writes besides its events — none of it for `check` or a dry run
+/// ([`Ctx::none`]).
+#[derive(Clone, Copy, Default)]
+pub(in crate::engine) struct Writes<'a> {
+    /// The rollout's id: in the drain ledger, the fleet's slots, and the names of files a
+    /// rollback moves aside.
+    pub(in crate::engine) id: &'a str,
+    /// Where good revisions and measured starts are recorded (pdctld's state directory).
+    pub(in crate::engine) revisions: Option<&'a Path>,
+    /// Where drains are written down before the gateway is touched.
+    pub(in crate::engine) ledger: Option<&'a Ledger>,
+    /// Notes for the summary from deep inside a worker's gates (a service not judged).
+    pub(in crate::engine) notes: Option<&'a std::sync::Mutex<Vec<String>>>,
+    /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
+    pub(in crate::engine) before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
+}
+
 #[derive(Clone, Copy)]
 pub(in crate::engine) struct Ctx<'a> {
-    pub(in crate::engine) revisions: Option<&'a Path>,
-    pub(in crate::engine) ledger: Option<&'a Ledger>,
-    pub(in crate::engine) id: &'a str,
+    /// What the run writes besides its events.
+    pub(in crate::engine) writes: Writes<'a>,
     /// Whether anything is restarted, and whether a role's only worker may go down.
     pub(in crate::engine) outage: Outage,
     /// Where in the rollout the worker's gates run (the pair restarted with it, a coherent
@@ -102,10 +118,6 @@ pub(in crate::engine) struct Ctx<'a> {
     /// Abort what the worker still runs after the drain (a stale decode's requests can never
     /// finish and would hold its stop until SIGKILL).
     pub(in crate::engine) abort_in_flight: bool,
-    /// Notes for the summary from deep inside a worker's gates (a service not judged).
-    pub(in crate::engine) notes: Option<&'a std::sync::Mutex<Vec<String>>>,
-    /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
-    pub(in crate::engine) before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
     /// This host's part of a fleet rollout (its id).
     pub(in crate::engine) fleet_rollout: Option<&'a str>,
 }
@@ -113,17 +125,13 @@ pub(in crate::engine) struct Ctx<'a> {
 impl Ctx<'_> {
     pub(in crate::engine) fn none(outage: Outage, load_changes: bool) -> Ctx<'static> {
         Ctx {
-            revisions: None,
-            ledger: None,
-            id: "",
+            writes: Writes::default(),
             outage,
             scope: Scope::default(),
             clients: None,
             load_changes,
             known: None,
             abort_in_flight: false,
-            notes: None,
-            before: None,
             fleet_rollout: None,
         }
     }

@@ -39,7 +39,7 @@ mod switch;
 mod weights;
 mod work;
 
-pub(in crate::engine) use context::{Clients, Ctx, Mode, Outage, Repaired, Scope, Stale, Tally, Together, Underway};
+pub(in crate::engine) use context::{Clients, Ctx, Mode, Outage, Repaired, Scope, Stale, Tally, Together, Underway, Writes};
 pub use fleet::bake_look::{BakeLook, BakeMarks};
 pub use machine::{Engine, LAST_LINES};
 pub use recovery::quarantine_clause;

@@ -85,7 +85,7 @@ where
         let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
         let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
         let step = StepRun::start(sink, unit, Step::Rollback);
-        let done = match revisions::restore(&last, &current, ctx.id) {
+        let done = match revisions::restore(&last, &current, ctx.writes.id) {
             Ok(d) => d,
             Err(er) => {
                 // Stopped half-way: which files are back, and which one is not.
@@ -153,7 +153,7 @@ where
             let restored = async {
                 let cfg = self.units.config(&w.unit).await.map_err(|er| er.to_string())?;
                 let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
-                let d = revisions::restore(before, &current, ctx.id).map_err(|er| er.to_string())?;
+                let d = revisions::restore(before, &current, ctx.writes.id).map_err(|er| er.to_string())?;
                 self.units.reload().await.map_err(|er| format!("the manager did not reload them: {er}"))?;
                 Ok::<_, String>(d)
             };

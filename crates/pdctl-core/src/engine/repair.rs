@@ -30,7 +30,7 @@ where
             StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
             (Step::Pair, f)
         };
-        if let Some(dir) = ctx.revisions {
+        if let Some(dir) = ctx.writes.revisions {
             if let Ok(all) = self.staleness(dir).await {
                 if let Some(st) = all.iter().find(|s| s.unit == d.unit && !s.reasons.is_empty()) {
                     return Err(blocked(format!(
@@ -88,7 +88,7 @@ where
             id: id.clone(),
             hosts: vec![host.to_string()],
             allow_outage: ctx.outage.accepted(),
-            by: format!("pdctld on {} (rollout {})", f.host, ctx.id),
+            by: format!("pdctld on {} (rollout {})", f.host, ctx.writes.id),
             reason: Some(format!("repair of {unit}'s stale pairing with {}/{}", f.host, p.unit)),
             canary: None,
             created_at: crate::fleet::now_secs(),

@@ -10,7 +10,7 @@ use crate::config::{OnFailure, Role, Worker};
 use crate::engine::gates;
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::switch::{Groups, SwitchPlan};
-use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Underway, Work, LAST_LINES};
+use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Underway, Work, Writes, LAST_LINES};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -62,17 +62,13 @@ where
         // The gateway's own count of its answers, beside the probe's (where it exports one).
         let gateway_before = if probing.is_some() { self.probes.gateway_responses().await } else { None };
         let ctx = Ctx {
-            revisions: r.revisions,
-            ledger: r.ledger,
-            id: r.id,
+            writes: Writes { id: r.id, revisions: r.revisions, ledger: r.ledger, notes: Some(&deep_notes), before: Some(&before) },
             outage: Outage::of(r.allow_outage || self.settings.rollout.allow_outage),
             scope: Scope::default(),
             clients: probing.map(|_| &clients),
             load_changes: r.load_changes,
             known: None,
             abort_in_flight: false,
-            notes: Some(&deep_notes),
-            before: Some(&before),
             fleet_rollout: r.fleet_rollout,
         };
         if let Some(dir) = r.revisions {
@@ -277,15 +273,15 @@ where
             };
             for (d, of) in repaired {
                 // Another host's decode records its revision there.
-                if let (Some(dir), true) = (ctx.revisions, self.settings.workers.iter().any(|x| x.unit == d.unit)) {
-                    notes.push(self.record_revision(&d, dir, ctx.id).await);
+                if let (Some(dir), true) = (ctx.writes.revisions, self.settings.workers.iter().any(|x| x.unit == d.unit)) {
+                    notes.push(self.record_revision(&d, dir, ctx.writes.id).await);
                 }
                 notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
                 t.done.push(d.unit.clone());
                 t.repairs.insert(d.unit.clone(), of);
             }
-            if let (Mode::Rollout, Some(dir)) = (mode, ctx.revisions) {
-                notes.push(self.record_revision(w, dir, ctx.id).await);
+            if let (Mode::Rollout, Some(dir)) = (mode, ctx.writes.revisions) {
+                notes.push(self.record_revision(w, dir, ctx.writes.id).await);
             }
             t.done.push(w.unit.clone());
             // What clients saw is a gate too: no next unit after too many failed requests.
@@ -323,14 +319,14 @@ where
         for (w, r) in [(p, rp), (d, rd)] {
             match r {
                 Ok(_) => {
-                    if let Some(dir) = ctx.revisions {
-                        notes.push(self.record_revision(w, dir, ctx.id).await);
+                    if let Some(dir) = ctx.writes.revisions {
+                        notes.push(self.record_revision(w, dir, ctx.writes.id).await);
                     }
                     done.push(w.unit.clone());
                 }
                 Err((step, f)) => {
                     let failure = self.failure(&w.unit, step, f).await;
-                    if let Some(l) = ctx.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.id)) {
+                    if let Some(l) = ctx.writes.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)) {
                         if let Some(dr) = l.get(&w.unit) {
                             notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
                         }
@@ -345,8 +341,8 @@ where
     /// After a failed step: a drain this run made is never left behind — each worker it drained
     /// (the one rolled, a decode being repaired) is re-admitted if it serves.
     pub(in crate::engine) async fn reconcile_this_runs_drains(&self, unit: &str, step: Step, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
-        let Some(l) = ctx.ledger else { return };
-        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.id) {
+        let Some(l) = ctx.writes.ledger else { return };
+        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.writes.id) {
             let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
             notes.push(match self.reconcile(&d, l, budget, sink).await {
                 Ok(n) => n,

@@ -206,7 +206,7 @@ where
                 })
                 .await?;
                 // How long this start took: the interruption to expect next time, if it is alone in its role.
-                if let (Some(dir), true) = (ctx.revisions, after.exec_main_start_us > 0) {
+                if let (Some(dir), true) = (ctx.writes.revisions, after.exec_main_start_us > 0) {
                     let took = Duration::from_micros(ready_us.saturating_sub(after.exec_main_start_us));
                     if let Err(e) = revisions::record_start(dir, unit, took.as_millis() as u64) {
                         tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
@@ -237,7 +237,7 @@ where
                 })
                 .await?;
                 // "Not judged" is said in the summary, not hidden in a passed step.
-                if let (Some(note), Some(notes)) = (note, ctx.notes) {
+                if let (Some(note), Some(notes)) = (note, ctx.writes.notes) {
                     lock(notes).push(note);
                 }
             }
@@ -282,7 +282,7 @@ where
     /// just failed.
     async fn before_drain(&self, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
         let measured = slo::slo_before(self, w).await;
-        let Some(keep) = ctx.before else { return measured };
+        let Some(keep) = ctx.writes.before else { return measured };
         let mut kept = lock(keep);
         match kept.get(&w.unit) {
             Some(first) => Some(first.clone()),
@@ -358,15 +358,16 @@ where
             // (a decode repaired while its prefill waits drained): no request can pass the
             // router now; the pair gate proved the pair directly.
             let peers = pair::peers(self, w);
-            let peers_drained = !peers.is_empty() && ctx.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.id)));
-            let d = router::router_recorded(self, w, true, peers_drained, ctx.ledger.map(|l| (l, ctx.id))).await?;
+            let peers_drained =
+                !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
+            let d = router::router_recorded(self, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await?;
             // Admitted again: the drain is undone.
-            if let Some(l) = ctx.ledger {
+            if let Some(l) = ctx.writes.ledger {
                 l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
             }
             // Drain, stop, start, gates, re-admission: the outage to expect next time if it
             // is alone in its role.
-            if let Some(dir) = ctx.revisions {
+            if let Some(dir) = ctx.writes.revisions {
                 if let Err(e) = revisions::record_window(dir, unit, out_since.elapsed().as_millis() as u64) {
                     tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
                 }

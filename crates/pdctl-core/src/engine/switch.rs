@@ -225,11 +225,11 @@ where
         let window_ms = first_answer.unwrap_or_else(|| t_out.elapsed().as_millis() as u64);
         let mut recorded = Vec::new();
         for w in &g.new {
-            if let Some(l) = ctx.ledger {
+            if let Some(l) = ctx.writes.ledger {
                 let _ = l.clear(&w.unit);
             }
-            if let Some(dir) = ctx.revisions {
-                recorded.push(self.record_revision(w, dir, ctx.id).await);
+            if let Some(dir) = ctx.writes.revisions {
+                recorded.push(self.record_revision(w, dir, ctx.writes.id).await);
             }
             t.done.push(w.unit.clone());
         }
@@ -254,7 +254,7 @@ where
 
     /// Rewrite the group's held drains as `hold`.
     pub(in crate::engine) fn hold_as(&self, ws: &[Worker], hold: Hold, ctx: Ctx<'_>) -> std::io::Result<()> {
-        let Some(l) = ctx.ledger else { return Ok(()) };
+        let Some(l) = ctx.writes.ledger else { return Ok(()) };
         for w in ws {
             if let Some(mut d) = l.get(&w.unit) {
                 d.hold = Some(hold);
@@ -282,9 +282,9 @@ where
                 .iter()
                 .flat_map(|(r, l)| l.iter().filter(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()).map(move |x| (*r, x.id.clone())))
                 .collect();
-            if let Some(l) = ctx.ledger {
+            if let Some(l) = ctx.writes.ledger {
                 let id = entries.first().map(|(_, id)| id.clone()).unwrap_or_default();
-                gates::drain::record_drain(self, l, w, &id, ctx.id, Some(Hold::Old)).await.map_err(|f| (w, f))?;
+                gates::drain::record_drain(self, l, w, &id, ctx.writes.id, Some(Hold::Old)).await.map_err(|f| (w, f))?;
             }
             for (r, id) in &entries {
                 self.probes
@@ -300,7 +300,7 @@ where
     /// its own while the other role is not admitted yet: the switch sends one for the group).
     pub(in crate::engine) async fn admit_at_switch<'w>(&self, w: &'w Worker, sink: &Sink, ctx: Ctx<'_>, t_out: Instant) -> Result<(), (&'w Worker, Fail)> {
         let s = StepRun::start(sink, &w.unit, Step::Router);
-        match gates::router::router_recorded(self, w, true, true, ctx.ledger.map(|l| (l, ctx.id))).await {
+        match gates::router::router_recorded(self, w, true, true, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await {
             Ok(mut d) => {
                 d["switch"] = json!({ "admitted_after_ms": t_out.elapsed().as_millis() as u64 });
                 s.pass(d);
@@ -347,7 +347,7 @@ where
             match gates::router::router(self, w, true, false).await {
                 Ok(d) => {
                     s.pass(d);
-                    if let Some(l) = ctx.ledger {
+                    if let Some(l) = ctx.writes.ledger {
                         let _ = l.clear(&w.unit);
                     }
                     back.push(w.unit.clone());

@@ -195,7 +195,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     let Some((_, entry)) = entries.first().cloned() else {
         // Taken out already by this rollout's coherent switch (all of a group at once, the
         // ledger written first): its requests are still waited for before its stop.
-        if let Some(held) = ctx.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.id && d.hold.is_some()) {
+        if let Some(held) = ctx.writes.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.writes.id && d.hold.is_some()) {
             let t0 = Instant::now();
             let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
             let d = HeldDrain {
@@ -219,8 +219,8 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     let deferral: Result<Deferral, Option<String>> = if another_serves { Err(None) } else { defers_take_out(eng, w, ctx).await.map_err(Some) };
     // Written down before the router is touched: whatever happens next (a failed gate, a
     // crash, SIGKILL), the drain is found and undone.
-    if let Some(l) = ctx.ledger {
-        record_drain(eng, l, w, &entry.id, ctx.id, ctx.scope.hold).await?;
+    if let Some(l) = ctx.writes.ledger {
+        record_drain(eng, l, w, &entry.id, ctx.writes.id, ctx.scope.hold).await?;
     }
     let not_deferred = match deferral {
         Ok(d) => return Ok(Some(defer(eng, w, &entries, d).await)),

@@ -135,7 +135,7 @@ pub(in crate::engine) fn other_model(peer: &Worker, ctx: Ctx<'_>) -> Option<Stri
     if ctx.scope.pair_scope.is_some_and(|g| !g.contains(&peer.unit)) {
         return Some(format!("{} is in the other group of the coherent switch (the old model): not paired", peer.unit));
     }
-    let held_old = ctx.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::state::drain_ledger::Hold::Old));
+    let held_old = ctx.writes.ledger.and_then(|l| l.get(&peer.unit)).is_some_and(|d| d.hold == Some(crate::state::drain_ledger::Hold::Old));
     held_old.then(|| format!("{} is held out of the router by a coherent switch, still running the old model: not paired", peer.unit))
 }
 

@@ -169,7 +169,7 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     // yet (checked before any reload): a pending change is rolled out by `rollout
     // apply`, through every gate, or accepted with --load-changes.
     if ctx.outage.restarts() && !ctx.load_changes {
-        if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.revisions, ctx.known) {
+        if let Some(c) = pending_changes(w, &cfg, &st, &not_loaded(&cfg), ctx.writes.revisions, ctx.known) {
             return Err(Fail::from(c));
         }
     }
@@ -263,7 +263,7 @@ fn gpus_disjoint(w: &Worker, cfg: &crate::ports::UnitConfig, seen: &mut Seen) ->
 /// restore can be written by this process, or the worker would be left half-restored (`Some`:
 /// the refusal).
 fn rollback_unwritable<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<Cause> {
-    let (true, crate::config::OnFailure::Rollback, Some(dir)) = (ctx.outage.restarts(), eng.settings.rollout.on_failure, ctx.revisions) else {
+    let (true, crate::config::OnFailure::Rollback, Some(dir)) = (ctx.outage.restarts(), eng.settings.rollout.on_failure, ctx.writes.revisions) else {
         return None;
     };
     let dirs = revisions::load(dir, &w.unit).map(|last| revisions::unwritable(&last)).unwrap_or_default();
@@ -326,7 +326,7 @@ async fn coherence_preflight<U: Units, L: Logs, P: Probes>(
     }
     // The peers that serve next to it (not held out by a coherent switch) already run what
     // it will: its restart joins them (the rest of an interrupted switch).
-    let held = |u: &str| ctx.ledger.and_then(|l| l.get(u)).is_some_and(|d| d.hold.is_some());
+    let held = |u: &str| ctx.writes.ledger.and_then(|l| l.get(u)).is_some_and(|d| d.hold.is_some());
     let serving: Vec<&&Worker> = peers.iter().filter(|p| !held(&p.unit)).collect();
     let mut all_new = !serving.is_empty();
     for p in &serving {
@@ -421,7 +421,7 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
     };
     let (true, true) = (alone, ctx.outage.restarts()) else { return Ok(None) };
     let allowed = ctx.outage.accepted();
-    let expected = match (ctx.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
+    let expected = match (ctx.writes.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
         (Some(d), _) => revisions::last_start(d, &w.unit),
         (None, Some(k)) => k.timing.clone(),
         (None, None) => None,

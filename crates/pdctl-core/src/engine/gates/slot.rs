@@ -31,11 +31,17 @@ pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
         .iter()
         .map(|w| SlotRecord {
             role: w.role.as_str().to_string(),
-            hold: Hold { holder: fl::holder(&f.host, &w.unit), url: w.url.clone(), token: fl::token(), since: fl::now_secs(), rollout: ctx.id.to_string() },
+            hold: Hold {
+                holder: fl::holder(&f.host, &w.unit),
+                url: w.url.clone(),
+                token: fl::token(),
+                since: fl::now_secs(),
+                rollout: ctx.writes.id.to_string(),
+            },
         })
         .collect();
     let write = |recs: &[SlotRecord]| -> Result<(), Box<Fail>> {
-        if let Some(l) = ctx.ledger {
+        if let Some(l) = ctx.writes.ledger {
             l.record_slot(&first.unit, recs)
                 .map_err(|e| Box::new(Fail::from(Cause::RecordUnwritable { dir: "the slot ledger".into(), error: e.to_string() })))?;
         }
@@ -81,7 +87,7 @@ pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
             Ok(Acquired::Wait(why)) => Fail::from(Cause::SlotTimeout { last: why, after: f.slot_timeout }),
             Err(e) => Fail::from(Cause::FleetLost { message: e.to_string() }),
         };
-        if let Some(l) = ctx.ledger {
+        if let Some(l) = ctx.writes.ledger {
             let _ = l.clear_slot(&first.unit);
         }
         s.fail(&fail);
@@ -133,7 +139,7 @@ pub(in crate::engine) async fn release_slots<U: Units, L: Logs, P: Probes>(eng: 
         }
     }
     if all {
-        if let Some(l) = ctx.ledger {
+        if let Some(l) = ctx.writes.ledger {
             let _ = l.clear_slot(unit);
         }
     }
