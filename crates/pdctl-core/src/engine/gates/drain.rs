@@ -173,6 +173,25 @@ struct Deferral {
     busy: (u32, u32),
 }
 
+/// The drain of a worker this rollout's coherent switch took out already: its requests waited
+/// for (bounded) before its stop.
+async fn held_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, held: Drain) -> Result<Value, Fail> {
+    let t0 = Instant::now();
+    let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
+    Ok(detail_of(&HeldDrain {
+        taken_out: "by the coherent switch",
+        hold: held.hold,
+        removed_router_id: held.router_id,
+        warning: unknown.as_ref().map(Cause::sentence),
+        cause_code: unknown.as_ref().map(Cause::code),
+        in_flight_at_start: at_start,
+        in_flight_left: left,
+        waited_for_requests_ms: t0.elapsed().as_millis() as u64,
+        waited_ms: t0.elapsed().as_millis() as u64,
+        timed_out: left.is_some_and(|n| n > 0),
+    }))
+}
+
 /// The drain step: `None` when no replica lists the worker; the detail, and the taking out
 /// left to the restart when it is deferred.
 pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
@@ -196,21 +215,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         // Taken out already by this rollout's coherent switch (all of a group at once, the
         // ledger written first): its requests are still waited for before its stop.
         if let Some(held) = ctx.writes.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.writes.id && d.hold.is_some()) {
-            let t0 = Instant::now();
-            let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
-            let d = HeldDrain {
-                taken_out: "by the coherent switch",
-                hold: held.hold,
-                removed_router_id: held.router_id,
-                warning: unknown.as_ref().map(Cause::sentence),
-                cause_code: unknown.as_ref().map(Cause::code),
-                in_flight_at_start: at_start,
-                in_flight_left: left,
-                waited_for_requests_ms: t0.elapsed().as_millis() as u64,
-                waited_ms: t0.elapsed().as_millis() as u64,
-                timed_out: left.is_some_and(|n| n > 0),
-            };
-            return Ok(Some((detail_of(&d), None)));
+            return Ok(Some((held_drain(eng, w, held).await?, None)));
         }
         return Ok(None);
     };
