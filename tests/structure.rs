@@ -60,9 +60,9 @@ fn numbered_exit(line: &str) -> bool {
 #[test]
 fn exit_codes_are_numbered_only_in_the_exit_table() {
     let mut bad = Vec::new();
-    for dir in ["crates/pdctl", "crates/pdctld", "crates/pdctl-core/src"] {
+    for dir in ["crates/pdctl", "crates/pdctld", "crates/pdctl-core/src", "crates/pdctl-contract/src"] {
         for p in rust_sources(dir) {
-            if p.ends_with("pdctl-core/src/exit.rs") {
+            if p.ends_with("pdctl-contract/src/exit.rs") {
                 continue; // the table itself
             }
             for (n, l) in code_lines(&p) {
@@ -72,7 +72,7 @@ fn exit_codes_are_numbered_only_in_the_exit_table() {
             }
         }
     }
-    assert!(bad.is_empty(), "exit codes must come from pdctl_core::api::Exit:\n{}", bad.join("\n"));
+    assert!(bad.is_empty(), "exit codes must come from pdctl_contract::api::Exit:\n{}", bad.join("\n"));
     // The detector itself.
     assert!(numbered_exit("std::process::exit(3);") && numbered_exit("json!({\"exit_code\": 4})") && !numbered_exit("Exit::Busy.exit_process()"));
 }
@@ -93,7 +93,7 @@ fn router_as_unit(line: &str) -> bool {
 fn the_router_pseudo_unit_is_spelled_only_in_its_constant() {
     let mut bad = Vec::new();
     for p in rust_sources("crates") {
-        if p.ends_with("pdctl-core/src/names.rs") {
+        if p.ends_with("pdctl-contract/src/names.rs") {
             continue; // pub const ROUTER: &str = "router";
         }
         for (n, l) in code_lines(&p) {
@@ -102,7 +102,7 @@ fn the_router_pseudo_unit_is_spelled_only_in_its_constant() {
             }
         }
     }
-    assert!(bad.is_empty(), "use pdctl_core::api::ROUTER:\n{}", bad.join("\n"));
+    assert!(bad.is_empty(), "use pdctl_contract::api::ROUTER:\n{}", bad.join("\n"));
     assert!(router_as_unit("if unit == \"router\" {") && !router_as_unit("json!({ \"router\": x })") && !router_as_unit("row[\"router\"]"));
     assert!(!router_as_unit("o.insert(\"router\".into(), v);"), "a JSON key");
 }
@@ -284,11 +284,18 @@ fn no_crate_has_an_import_cycle_between_its_files() {
         }
     }
     assert!(cycles.is_empty(), "files of one crate import each other in a circle (make one a leaf):\n{}", cycles.join("\n"));
-    // pdctl-core's contract is on top: nothing that decides imports it (only the fuzz entry points).
-    let core = module_graph(&root().join("crates/pdctl-core/src"));
+    // The control API is on top: nothing that decides imports it (only the fuzz entry points;
+    // pdctl-core re-exports the contract's modules under the same names), and inside the
+    // contract nothing imports it either.
     let api = vec!["api".to_string()];
-    let below: Vec<String> = core.iter().filter(|(m, to)| to.contains(&api) && *m != &vec!["fuzzing".to_string()]).map(|(m, _)| m.join("::")).collect();
-    assert!(below.is_empty(), "pdctl-core's api is the contract on top; these import it: {below:?}");
+    for (dir, allowed) in [("crates/pdctl-core/src", "fuzzing"), ("crates/pdctl-contract/src", "")] {
+        let graph = module_graph(&root().join(dir));
+        let below: Vec<String> = graph.iter().filter(|(m, to)| to.contains(&api) && m.join("::") != allowed).map(|(m, _)| m.join("::")).collect();
+        assert!(below.is_empty(), "the control API is the contract on top; these files of {dir} import it: {below:?}");
+    }
+    // The contract imports nothing of pdctl's own crates.
+    let manifest = std::fs::read_to_string(root().join("crates/pdctl-contract/Cargo.toml")).expect("pdctl-contract's Cargo.toml");
+    assert!(!manifest.contains("path ="), "pdctl-contract depends on a crate of the workspace:\n{manifest}");
     // The detector itself: a two-file circle is found, a chain is not.
     let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
     let g = |edges: &[(&str, &str)]| {
@@ -343,7 +350,7 @@ const MAX_FN_LINES: usize = 100;
 /// What may pass the limits, each with its reason (`path` for a file, `path::name` for a function).
 /// A table reads best whole; anything else is split instead of added here.
 const LONG_ALLOWED: &[(&str, &str)] = &[
-    ("crates/pdctl-core/src/cause/sentence.rs::sentence", "one match arm per cause: the table of every refusal's sentence"),
+    ("crates/pdctl-contract/src/cause/sentence.rs::sentence", "one match arm per cause: the table of every refusal's sentence"),
     ("crates/pdctl-core/src/config/merge.rs::merge", "one line per config key a fragment may override: the table of overrides"),
     ("crates/sglang-sim/src/args.rs::parse", "one match arm per SGLang flag the simulator takes: the table of flags"),
 ];

@@ -8,7 +8,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use pdctl_core::api::{ApiError, Exit, StreamLine};
+use pdctl_contract::api::{ApiError, Exit, StreamLine};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use pdctl_core::api::Exit;
+use pdctl_contract::api::Exit;
 use pdctl_core::config::Settings;
 use pdctl_core::engine::KnownChanges;
 use pdctl_core::plan::Plan;
@@ -26,10 +26,10 @@ pub fn validate_locally(path: &Path, only: &[String], json: bool) -> Result<(), 
         return Ok(());
     }
     let cause = match pdctl_core::config::load(path) {
-        Err(e) => pdctl_core::cause::Cause::ConfigInvalid { message: e.to_string() },
+        Err(e) => pdctl_contract::cause::Cause::ConfigInvalid { message: e.to_string() },
         Ok(s) => match Plan::new(&s, only) {
             Ok(_) => return Ok(()),
-            Err(e) => pdctl_core::cause::Cause::BadRequest { message: e.to_string() },
+            Err(e) => pdctl_contract::cause::Cause::BadRequest { message: e.to_string() },
         },
     };
     refuse(&cause, json)
@@ -37,8 +37,8 @@ pub fn validate_locally(path: &Path, only: &[String], json: bool) -> Result<(), 
 
 /// Print a refusal before anything started (stderr; with `json` also the `ApiError` line on
 /// stdout) and return its exit code.
-pub fn refuse(cause: &pdctl_core::cause::Cause, json: bool) -> Result<(), Exit> {
-    let e = pdctl_core::api::ApiError::of(cause);
+pub fn refuse(cause: &pdctl_contract::cause::Cause, json: bool) -> Result<(), Exit> {
+    let e = pdctl_contract::api::ApiError::of(cause);
     eprintln!("pdctl: {}", e.error);
     eprintln!("pdctl: next: {}", e.next);
     if json {
@@ -68,12 +68,12 @@ async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), E
 /// What pdctld knows of pending changes and quarantines (it keeps the revisions), when it answers
 /// and runs with this config; `None` otherwise (the dry run then judges by modification times).
 pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Option<KnownChanges> {
-    let ours = pdctl_core::api::ConfigIdentity::of(config)?;
-    let theirs = client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await.ok()?;
+    let ours = pdctl_core::config::identity(config)?;
+    let theirs = client.call::<pdctl_contract::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await.ok()?;
     if theirs.sha256 != ours.sha256 {
         return None;
     }
-    let diff = client.call::<pdctl_core::api::Diff>("GET", "/v1/diff", None::<&()>).await.ok()?;
+    let diff = client.call::<pdctl_contract::api::Diff>("GET", "/v1/diff", None::<&()>).await.ok()?;
     Some(
         diff.workers
             .into_iter()
@@ -124,7 +124,7 @@ struct DryRun {
 /// `pdctl check`.
 pub async fn check(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
     // This process is not pdctld: ask pdctld, inside its unit's IP sandbox, what it cannot reach.
-    if let Ok(r) = client.call::<pdctl_core::api::ReachReport>("GET", "/v1/reach", None::<&()>).await {
+    if let Ok(r) = client.call::<pdctl_contract::api::ReachReport>("GET", "/v1/reach", None::<&()>).await {
         if !r.blocked.is_empty() {
             for b in &r.blocked {
                 eprintln!("pdctl: ✗ pdctld's unit does not let it connect to {} ({}): its IP sandbox allows loopback only", b.url, b.what);

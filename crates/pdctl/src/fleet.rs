@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use pdctl_core::api::Exit;
+use pdctl_contract::api::Exit;
 use pdctl_core::config::FleetSettings;
 use pdctl_core::fleet::{self, HostSummary, Pause};
 use pdctl_real::EtcdCoordinator;
@@ -139,8 +139,8 @@ pub async fn pause(config: &Path, reason: Option<&str>) -> Exit {
 
 /// `pdctl fleet restart --rolling`: ask this host's pdctld to start a fleet rollout (it writes the
 /// request for every host's pdctld), then follow it.
-pub async fn restart(client: &crate::client::Client, config: &Path, req: pdctl_core::api::FleetRequest, json: bool) -> Exit {
-    let started: pdctl_core::api::Started = match crate::rollout::ask(client, "POST", "/v1/fleet/rollouts", Some(&req)).await {
+pub async fn restart(client: &crate::client::Client, config: &Path, req: pdctl_contract::api::FleetRequest, json: bool) -> Exit {
+    let started: pdctl_contract::api::Started = match crate::rollout::ask(client, "POST", "/v1/fleet/rollouts", Some(&req)).await {
         Ok(s) => s,
         Err(c) => return c,
     };
@@ -314,7 +314,7 @@ fn show_entry(e: &pdctl_core::ports::KvEntry, json: bool, view: &mut fleet::Flee
                 o.insert("host".into(), json!(h.host));
             }
             println!("{v}");
-        } else if h.event.status != pdctl_core::events::Status::Started {
+        } else if h.event.status != pdctl_contract::events::Status::Started {
             println!("  {:<20} {}", h.host, pdctl_core::engine::sentence(&h.event));
         }
     }
@@ -322,8 +322,8 @@ fn show_entry(e: &pdctl_core::ports::KvEntry, json: bool, view: &mut fleet::Flee
 
 /// The fleet rollout's last line (or its JSON summary) and the exit code.
 fn conclude(id: &str, r: &pdctl_core::fleet::FleetRollout, view: &fleet::FleetView, json: bool) -> Exit {
-    use pdctl_core::api::{FleetSummary, HostResult};
-    use pdctl_core::events::Outcome;
+    use pdctl_contract::api::{FleetSummary, HostResult};
+    use pdctl_contract::events::Outcome;
     let s: FleetSummary = fleet::fleet_summary(r, view);
     let word = |v: &HostResult| serde_json::to_value(v).ok().and_then(|x| x.as_str().map(String::from)).unwrap_or_default();
     let parts_ok = s.hosts.values().all(|v| *v == HostResult::Succeeded);

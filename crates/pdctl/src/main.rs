@@ -1,6 +1,6 @@
 //! `pdctl`: the command-line front of pdctl. A thin layer: parse arguments, ask pdctld (or, for
 //! the read-only `check`, `status` and `--dry-run`, run the engine here), print (live progress or
-//! NDJSON), and end with the exit code of the outcome (`pdctl_core::api::Exit`, docs/cli.md).
+//! NDJSON), and end with the exit code of the outcome (`pdctl_contract::api::Exit`, docs/cli.md).
 
 mod client;
 mod context;
@@ -13,7 +13,7 @@ mod unit;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use pdctl_core::api::{Exit, Request};
+use pdctl_contract::api::{Exit, Request};
 
 #[derive(Parser)]
 #[command(name = "pdctl", version, about = "Safe rolling restarts of SGLang units on systemd hosts")]
@@ -437,14 +437,14 @@ async fn fleet_cmd(f: FleetCmd, config: &std::path::Path, client: &client::Clien
         FleetCmd::Status(a) => fleet::status(config, a.json).await,
         FleetCmd::Weights { model_path, version, hosts, reason, json } => {
             let weights = Some(pdctl_core::fleet::FleetWeights { model_path, version });
-            fleet::restart(client, config, pdctl_core::api::FleetRequest { hosts, allow_outage: false, reason, load_changes: false, weights }, json).await
+            fleet::restart(client, config, pdctl_contract::api::FleetRequest { hosts, allow_outage: false, reason, load_changes: false, weights }, json).await
         }
         FleetCmd::Restart { rolling, hosts, allow_outage, load_changes, reason, json } => {
             if !rolling {
                 eprintln!("pdctl: fleet restart needs --rolling (pdctl only restarts one unit at a time per host, slots fleet-wide)");
                 Exit::Usage
             } else {
-                fleet::restart(client, config, pdctl_core::api::FleetRequest { hosts, allow_outage, reason, load_changes, weights: None }, json).await
+                fleet::restart(client, config, pdctl_contract::api::FleetRequest { hosts, allow_outage, reason, load_changes, weights: None }, json).await
             }
         }
         FleetCmd::Watch { id, json } => fleet::watch(config, &id, json).await,
@@ -483,7 +483,7 @@ async fn candidates(config: &std::path::Path, client: &client::Client, what: &st
             }
         }
         "rollouts" => {
-            if let Ok(h) = client.call::<pdctl_core::api::History>("GET", "/v1/rollouts", None::<&()>).await {
+            if let Ok(h) = client.call::<pdctl_contract::api::History>("GET", "/v1/rollouts", None::<&()>).await {
                 for r in h.rollouts.iter().rev() {
                     println!("{}", r.id);
                 }
@@ -528,7 +528,7 @@ fn collect_pages(name: &str, cmd: clap::Command, out: &mut Vec<(String, clap::Co
     out.push((name.to_string(), cmd));
 }
 
-/// The EXIT STATUS section of a man page: the exit-code table (`pdctl_core::api::Exit`).
+/// The EXIT STATUS section of a man page: the exit-code table (`pdctl_contract::api::Exit`).
 fn exit_status_roff() -> String {
     let mut s = String::from(".SH \"EXIT STATUS\"\n");
     for e in Exit::ALL {
@@ -557,11 +557,11 @@ mod next_steps {
     #[test]
     fn every_suggested_command_parses() {
         let mut seen = 0;
-        for cause in pdctl_core::cause::Cause::examples() {
+        for cause in pdctl_contract::cause::Cause::examples() {
             for unit in ["sglang-prefill.service", "router", "fleet", ""] {
                 // pdctld puts the rollout's id in place of `ID` (a cause is written without one).
                 let next = cause.next_step(unit).replace("pdctl rollout show ID", "pdctl rollout show r1764500000");
-                for cmd in pdctl_core::next::pdctl_commands(&next) {
+                for cmd in pdctl_contract::next::pdctl_commands(&next) {
                     let args: Vec<&str> = cmd.split_whitespace().collect();
                     match super::Cli::try_parse_from(&args) {
                         Ok(_) => {}

@@ -7,9 +7,9 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pdctl_core::api::ROUTER;
-use pdctl_core::details::{PreflightDetail, SlotWait};
-use pdctl_core::events::{Event, Outcome, Status, Step, Summary};
+use pdctl_contract::api::ROUTER;
+use pdctl_contract::details::{PreflightDetail, SlotWait};
+use pdctl_contract::events::{Event, Outcome, Status, Step, Summary};
 use pdctl_core::plan::Plan;
 
 /// What is being shown.
@@ -154,7 +154,7 @@ impl Renderer {
                 self.note(&format!("pdctl: {} is restarted to repair its stale pairing with {of}", e.unit));
             }
         }
-        if let Some(w) = pdctl_core::details::Said::of(&e.detail).warning {
+        if let Some(w) = pdctl_contract::details::Said::of(&e.detail).warning {
             self.note(&format!("pdctl: ⚠ {}: {w}", e.unit));
         }
         let step = e.step.as_str();
@@ -254,7 +254,7 @@ impl Renderer {
             }
         }
         let state = |u: &str| after.unit_state.as_ref().filter(|(x, _)| x == u).map(|(_, st)| format!("; {u} is now {st}")).unwrap_or_default();
-        let weights = after.kind == Some(pdctl_core::api::RolloutKind::Weights) || after.in_place;
+        let weights = after.kind == Some(pdctl_contract::api::RolloutKind::Weights) || after.in_place;
         let line = match (s.result, &s.failed, self.kind) {
             (Outcome::Succeeded, _, Kind::Rollout) if weights => {
                 format!("✓ succeeded{id}: all {} worker(s) serve the new weights, verified, without a restart, in {took}", s.units.len())
@@ -317,7 +317,7 @@ impl Renderer {
 
 /// The failure's next step (from its cause), or for a record written before pdctl said one, the
 /// general advice.
-fn next_of(f: &pdctl_core::events::Failure) -> String {
+fn next_of(f: &pdctl_contract::events::Failure) -> String {
     if f.next.is_empty() {
         format!("`journalctl -u {} -n 200`, fix the cause, then run this again", f.unit)
     } else {
@@ -330,7 +330,7 @@ fn next_of(f: &pdctl_core::events::Failure) -> String {
 #[derive(Debug, Default, Clone)]
 pub struct Epilogue {
     /// What started it (a weights rollout restarts nothing: its last line says so).
-    pub kind: Option<pdctl_core::api::RolloutKind>,
+    pub kind: Option<pdctl_contract::api::RolloutKind>,
     /// A config rollout that loaded its new weights in place (it restarted nothing either).
     pub in_place: bool,
     /// Every unit of the plan, in order.

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pdctl_core::api::{AbortAccepted, ApiError, Diff, Exit, History, Record, Request, Started, StreamLine};
-use pdctl_core::lifecycle::RolloutState;
+use pdctl_contract::api::{AbortAccepted, ApiError, Diff, Exit, History, Record, Request, Started, StreamLine};
+use pdctl_contract::lifecycle::RolloutState;
 use pdctl_core::ports::Units as _;
 
 use crate::client::{CallError, Client, ClientError};
@@ -29,13 +29,13 @@ fn api_error(e: ApiError) -> Exit {
 /// refusal (2, printed). Returns this config's identity for the request (pdctld checks again), or
 /// `None` where it cannot be read here (pdctld's own config decides). A pdctld too old to say
 /// which config it runs with (404) is not compared.
-pub async fn same_config(client: &Client, config: &Path, json: bool) -> Result<Option<pdctl_core::api::ConfigIdentity>, Exit> {
-    let Some(ours) = pdctl_core::api::ConfigIdentity::of(config) else {
+pub async fn same_config(client: &Client, config: &Path, json: bool) -> Result<Option<pdctl_contract::api::ConfigIdentity>, Exit> {
+    let Some(ours) = pdctl_core::config::identity(config) else {
         return Ok(None);
     };
-    match client.call::<pdctl_core::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await {
+    match client.call::<pdctl_contract::api::ConfigIdentity>("GET", "/v1/config", None::<&()>).await {
         Ok(theirs) if theirs.sha256 != ours.sha256 => {
-            let c = pdctl_core::cause::Cause::ConfigMismatch { given: ours.describe(), daemon: theirs.describe() };
+            let c = pdctl_contract::cause::Cause::ConfigMismatch { given: ours.describe(), daemon: theirs.describe() };
             crate::context::refuse(&c, json).map(|()| None)
         }
         Ok(_) | Err(CallError::Refused(_)) => Ok(Some(ours)),
@@ -114,12 +114,12 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
         Err(c) => return c,
     };
     let what = match rec.kind {
-        pdctl_core::api::RolloutKind::Restart => "rolling restart (run by pdctld)",
-        pdctl_core::api::RolloutKind::Apply if rec.in_place => "config rollout of new weights, loaded in place (run by pdctld)",
-        pdctl_core::api::RolloutKind::Apply => "config rollout (run by pdctld)",
-        pdctl_core::api::RolloutKind::Resume => "resumed rollout (run by pdctld)",
-        pdctl_core::api::RolloutKind::Revert => "revert (run by pdctld)",
-        pdctl_core::api::RolloutKind::Weights => "weights rollout, every worker at once, without a restart (run by pdctld)",
+        pdctl_contract::api::RolloutKind::Restart => "rolling restart (run by pdctld)",
+        pdctl_contract::api::RolloutKind::Apply if rec.in_place => "config rollout of new weights, loaded in place (run by pdctld)",
+        pdctl_contract::api::RolloutKind::Apply => "config rollout (run by pdctld)",
+        pdctl_contract::api::RolloutKind::Resume => "resumed rollout (run by pdctld)",
+        pdctl_contract::api::RolloutKind::Revert => "revert (run by pdctld)",
+        pdctl_contract::api::RolloutKind::Weights => "weights rollout, every worker at once, without a restart (run by pdctld)",
     };
     let r = Arc::new(Mutex::new(Renderer::for_units_as(json, &rec.plan, Kind::Rollout, Some(what))));
     lock(&r).note(&format!("pdctl: rollout {id} runs in pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}"));
@@ -240,7 +240,7 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
         println!("changed   {u}: {}", why.join("; "));
     }
     println!("\n{:<24} {:<30} {:<10} {:<8} {:>8}  DETAIL", "AT", "UNIT", "STEP", "STATUS", "TOOK");
-    for e in rec.events.iter().filter(|e| e.status != pdctl_core::events::Status::Started) {
+    for e in rec.events.iter().filter(|e| e.status != pdctl_contract::events::Status::Started) {
         let status = format!("{:?}", e.status).to_lowercase();
         let detail = event_detail(&e.detail);
         println!("{:<24} {:<30} {:<10} {:<8} {:>7.1}s  {detail}", e.at, e.unit, e.step.as_str(), status, e.elapsed_ms as f64 / 1000.0);
@@ -346,7 +346,7 @@ fn service_cell(slo: &serde_json::Value) -> Option<String> {
 /// An event's detail in a table cell: the cause, reason or warning when there is one, else its
 /// first few plain facts (`key=value`), never an empty cell for an event that has any.
 fn event_detail(d: &serde_json::Value) -> String {
-    let said = pdctl_core::details::Said::of(d);
+    let said = pdctl_contract::details::Said::of(d);
     if let Some(t) = said.cause.or(said.reason).or(said.warning) {
         return t;
     }
@@ -396,7 +396,7 @@ pub async fn diff(client: &Client, json: bool) -> Exit {
 }
 
 /// The stream ended with pdctld stopping while the rollout ran: say where and what to do.
-fn interrupted(id: &str, end: &pdctl_core::api::InterruptedEnd, next: &str, json: bool) -> Exit {
+fn interrupted(id: &str, end: &pdctl_contract::api::InterruptedEnd, next: &str, json: bool) -> Exit {
     if json {
         println!("{}", serde_json::to_string(end).unwrap_or_default());
     } else {

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use pdctl_core::api::{DaemonStatus, Exit};
+use pdctl_contract::api::{DaemonStatus, Exit};
 use pdctl_core::ports::{KvReport, Probes as _, Units as _};
 use pdctl_real::SystemdUnits;
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@
 use std::net::ToSocketAddrs as _;
 use std::path::Path;
 
-use pdctl_core::api::Exit;
+use pdctl_contract::api::Exit;
 
 /// Where the drop-in goes.
 pub const DROPIN: &str = "/etc/systemd/system/pdctld.service.d/50-pdctl-addresses.conf";

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use pdctl_core::api::Exit;
+use pdctl_contract::api::Exit;
 use tracing_subscriber::prelude::*;
 
 #[derive(Parser)]

@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 /// `result` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    /// A final `pdctl_core::lifecycle::RolloutState` (succeeded, failed, rolled_back, aborted,
+    /// A final `pdctl_contract::lifecycle::RolloutState` (succeeded, failed, rolled_back, aborted,
     /// interrupted), or a reconcile's result (restored, not_restored).
     pub result: String,
 }
@@ -28,7 +28,7 @@ pub struct StepLabel {
 pub struct FailureLabel {
     /// The gate.
     pub step: String,
-    /// The cause's stable code (`pdctl_core::cause::Cause::code`: a fixed set, never free text).
+    /// The cause's stable code (`pdctl_contract::cause::Cause::code`: a fixed set, never free text).
     pub cause: String,
 }
 

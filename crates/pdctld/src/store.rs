@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pdctl_core::api::CorruptRecord;
-pub use pdctl_core::api::Record;
-use pdctl_core::lifecycle::RolloutState;
+use pdctl_contract::api::CorruptRecord;
+pub use pdctl_contract::api::Record;
+use pdctl_contract::lifecycle::RolloutState;
 use pdctl_core::state::drain_ledger::Ledger;
 use pdctl_core::state::revisions::{atomic_write, create_private_dir, STATE_FILE_MODE};
 
@@ -152,7 +152,7 @@ impl Store {
     /// A new id: time-ordered and unique in this directory (callers hold pdctld's one running
     /// slot, so no two ids are chosen at once).
     pub fn new_id(&self) -> String {
-        let base = format!("r{}", pdctl_core::lifecycle::now());
+        let base = format!("r{}", pdctl_contract::lifecycle::now());
         (0..1000).map(|i| if i == 0 { base.clone() } else { format!("{base}-{i}") }).find(|id| !self.path(id).exists()).unwrap_or(base)
     }
 }
@@ -168,7 +168,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pdctld-parsed-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let store = Store::open(&dir).unwrap();
-        let mut r = Record::new("r1", pdctl_core::api::RolloutKind::Restart, vec![], Default::default(), None);
+        let mut r = Record::new("r1", pdctl_contract::api::RolloutKind::Restart, vec![], Default::default(), None);
         store.save(&r).unwrap();
         assert_eq!(store.all().0[0].notes.len(), 0);
         assert_eq!(store.parsed.lock().unwrap().len(), 1, "kept parsed");
@@ -193,13 +193,13 @@ mod tests {
         let store = Store::open(&dir).unwrap();
         let mut ids = Vec::new();
         for i in 0..5u64 {
-            let mut r = Record::new(&format!("r{i}"), pdctl_core::api::RolloutKind::Restart, vec![], Default::default(), None);
+            let mut r = Record::new(&format!("r{i}"), pdctl_contract::api::RolloutKind::Restart, vec![], Default::default(), None);
             r.created_at = i;
             if i == 0 {
                 // The oldest was interrupted: it may still be resumed.
                 r.lifecycle.interrupt().unwrap();
             } else {
-                r.lifecycle.finish(pdctl_core::events::Outcome::Succeeded).unwrap();
+                r.lifecycle.finish(pdctl_contract::events::Outcome::Succeeded).unwrap();
             }
             store.save(&r).unwrap();
             let before = store.revisions_dir().join("before").join(&r.id);
@@ -221,7 +221,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pdctld-store-{}", std::process::id()));
         let s = Store::open(&dir).unwrap();
         let id = s.new_id();
-        let r = Record::new(&id, pdctl_core::api::RolloutKind::Restart, vec!["a.service".into()], Default::default(), None);
+        let r = Record::new(&id, pdctl_contract::api::RolloutKind::Restart, vec!["a.service".into()], Default::default(), None);
         s.save(&r).unwrap();
         assert_eq!(s.load(&id).unwrap().plan, vec!["a.service"]);
         assert_eq!(std::fs::metadata(s.path(&id)).unwrap().permissions().mode() & 0o777, 0o640);

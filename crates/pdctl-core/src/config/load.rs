@@ -42,6 +42,12 @@ pub fn main_path(flag: Option<&Path>) -> PathBuf {
 /// rollout does: a CLI and pdctld may reach the same manager by different addresses.
 const ACCESS_SECTIONS: [&str; 2] = ["systemd", "journal"];
 
+/// The identity of the config rooted at `main` (its path and [`digest`]), if every file of it
+/// can be read: what a CLI and pdctld compare.
+pub fn identity(main: &Path) -> Option<crate::api::ConfigIdentity> {
+    digest(main).map(|sha256| crate::api::ConfigIdentity { path: main.display().to_string(), sha256 })
+}
+
 /// SHA-256 (hex) of what the config rooted at `main` says, every file in merge order, without
 /// [`ACCESS_SECTIONS`] (comments and layout do not count: each file's parsed table is hashed;
 /// a file that does not parse is hashed as bytes); `None` when a file cannot be read. Which

@@ -1,5 +1,6 @@
 //! The resolved settings: what every part of pdctl reads, validated and with defaults applied.
 
+pub use pdctl_contract::records::Role;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,29 +8,6 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::url::canonical_url;
-
-/// A worker's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// PD prefill server.
-    Prefill,
-    /// PD decode server.
-    Decode,
-    /// A regular (non-disaggregated) server.
-    Regular,
-}
-
-impl Role {
-    /// The router's `worker_type` for this role.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Regular => "regular",
-        }
-    }
-}
 
 /// What to do when a gate fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]

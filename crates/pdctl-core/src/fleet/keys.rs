@@ -1,5 +1,6 @@
 //! The fleet's keys and values, and the rules of a slot semaphore: pure, no I/O.
 
+pub use pdctl_contract::records::{FleetWeights, HostResult};
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -317,18 +318,6 @@ fn bounded_bake<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D
     }
 }
 
-/// New weights for every host of a fleet rollout (`pdctl fleet weights`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-// Read by other hosts, never rewritten by them: a newer pdctl's added field is tolerated
-// (skipped), so one host's upgrade does not blind the others.
-pub struct FleetWeights {
-    /// The checkpoint (a path every host's servers read).
-    pub model_path: String,
-    /// Its version (`weight_version`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-}
-
 /// A host's step of a fleet rollout that moves every host in step
 /// (`rollouts/<id>/hosts/<host>/<kind>/<phase>`): for new weights (`kind` `weights`), `paused`
 /// once all its workers are paused and `loaded` once each serves the new weights; for a
@@ -406,22 +395,6 @@ pub fn host_event_key(name: &str, id: &str, host: &str, seq: usize) -> String {
 /// The key of `host`'s summary of fleet rollout `id`.
 pub fn host_summary_key(name: &str, id: &str, host: &str) -> String {
     format!("{}{host}/summary", rollout_hosts_prefix(name, id))
-}
-
-/// How one host's part of a fleet rollout ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HostResult {
-    /// Its local rollout succeeded.
-    Succeeded,
-    /// Its local rollout failed (halted, rolled back).
-    Failed,
-    /// Its local rollout was aborted (another host failed).
-    Aborted,
-    /// Its local rollout was interrupted (pdctld stopped, or etcd was lost).
-    Interrupted,
-    /// It did not start: the canary or another host failed first, or it could not start.
-    NotStarted,
 }
 
 #[cfg(test)]

@@ -1,32 +1,11 @@
 //! What etcd holds of one fleet rollout as a whole, as `pdctl fleet watch` reads it: whether it
 //! has ended, and its summary (the watch's last line). Pure, no I/O.
 
+pub use pdctl_contract::records::FleetSummary;
 use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
 
 use super::bake::{bake_sentence, revert_order, BakeState, FleetRevert, HostBake};
 use super::keys::{FleetRollout, HostResult, HostSummary};
-
-/// The last line of `pdctl fleet watch`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetSummary {
-    /// The fleet rollout.
-    pub id: String,
-    /// `succeeded` when every host succeeded (and the bake found no breach), `rolled_back` when
-    /// a bake's breach was reverted on every changed host, else `failed`.
-    pub result: crate::events::Outcome,
-    /// Each host's result.
-    pub hosts: BTreeMap<String, HostResult>,
-    /// The bake (`[fleet] bake`), one sentence: passed, not judged, or the breach.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bake: Option<String>,
-    /// After a breach: each changed host's revert, by host (`succeeded`: it runs its files from
-    /// before the rollout again, verified; `not_started`: a revert before it failed).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub reverted: BTreeMap<String, HostResult>,
-}
 
 /// What etcd holds of one fleet rollout, as `pdctl fleet watch` reads it.
 #[derive(Debug, Clone, Default)]

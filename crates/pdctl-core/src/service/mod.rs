@@ -2,6 +2,6 @@
 //! probe's figures ([`availability`]), and restarts pdctl did not make (the restart storm,
 //! [`storm`]).
 
-pub mod availability;
+pub use pdctl_contract::availability;
 pub mod slo;
 pub mod storm;

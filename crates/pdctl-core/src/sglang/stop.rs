@@ -205,6 +205,16 @@ pub fn kill_mode_risk(unit: &str, kill_mode: Option<&str>, drain_timeout: Durati
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_contracts_example_of_the_kill_mode_refusal_is_this_sentence() {
+        let example = crate::cause::Cause::examples().into_iter().find_map(|c| match c {
+            crate::cause::Cause::KillModeUnsafe { unit, fix, .. } => Some((unit, fix)),
+            _ => None,
+        });
+        let (unit, fix) = example.expect("an example of kill_mode_unsafe");
+        assert_eq!(kill_mode_risk(&unit, Some("control-group"), Duration::from_secs(60)), Some(fix));
+    }
+
     fn lines(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
     }

@@ -6,54 +6,10 @@
 //!
 //! One JSON file per unit in the ledger directory (pdctld: `<state>/drains/`), written atomically.
 
+pub use pdctl_contract::records::{Drain, Hold};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::Role;
 use crate::state::state_file::{atomic_write, STATE_FILE_MODE};
-
-/// One drain pdctl made.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Drain {
-    /// The unit.
-    pub unit: String,
-    /// The worker's URL as configured.
-    pub url: String,
-    /// Its role (the router's `worker_type`).
-    pub role: Role,
-    /// Its bootstrap port (prefill), for re-registration.
-    pub bootstrap_port: Option<u16>,
-    /// The unit's InvocationID when it was drained: the run that had passed the gates.
-    pub invocation_id: String,
-    /// The router's id of the worker that was removed.
-    pub router_id: String,
-    /// The rollout that drained it.
-    pub rollout_id: String,
-    /// When (seconds since the epoch).
-    pub drained_at: u64,
-    /// Held out of the gateway on purpose by a coherent switch: such a drain is not undone as a
-    /// plain one (re-admitting it could pair two models); see [`Hold`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold: Option<Hold>,
-}
-
-/// Why a coherent switch keeps a worker out of the gateway (a rollout whose change alters the
-/// model the workers compute with, rolled so that no PD request pairs two models): what
-/// [`crate::engine::Engine::reconcile`] may do with it after a crash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Hold {
-    /// In the new group, restarting onto the new model while the old group serves: it may only
-    /// come back with its whole group, at the switch (never next to the old group).
-    New,
-    /// In the new group, which passed every gate inside itself: the switch may admit it.
-    Verified,
-    /// In the old group, taken out at the switch (the new group serves): it still runs the old
-    /// model and comes back only restarted onto the new one.
-    Old,
-}
 
 /// The ledger directory.
 #[derive(Debug, Clone)]
@@ -159,6 +115,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Role;
 
     #[test]
     fn record_get_clear() {

@@ -5,6 +5,7 @@
 //! in the unit's `.d` directories, because a new drop-in does not set `NeedDaemonReload`
 //! (measured on systemd 252) — its EnvironmentFiles, and the configured `watch_files`.
 
+pub use pdctl_contract::records::Quarantine;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
@@ -190,23 +191,6 @@ pub fn baseline(unit: &str, files: &BTreeSet<PathBuf>, exec_main_start_us: u64) 
 pub fn fingerprint(rev: &Revision) -> String {
     let text: String = rev.files.iter().map(|(p, f)| format!("{p}\t{}\n", f.sha256)).collect();
     sha(text.as_bytes())
-}
-
-/// A change that failed: the files of `unit` with this fingerprint are not rolled out again by
-/// `rollout apply` until they change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Quarantine {
-    /// The unit.
-    pub unit: String,
-    /// [`fingerprint`] of its files when the change failed.
-    pub fingerprint: String,
-    /// The rollout where it failed.
-    pub rollout_id: String,
-    /// Why (the failure's sentence).
-    pub cause: String,
-    /// When (seconds since the epoch).
-    pub at: u64,
 }
 
 fn quarantine_path(dir: &Path, unit: &str) -> PathBuf {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use pdctl_core::api::{HostResult, Request, Started, StartedBy};
+use pdctl_contract::api::{HostResult, Request, Started, StartedBy};
 
 use super::rollouts::start;
 use super::{config, engine, lock, Daemon};
@@ -347,11 +347,11 @@ impl Daemon {
                 *sent += 1;
                 forwarded += 1;
             }
-            if rec.lifecycle.state() != pdctl_core::lifecycle::RolloutState::Running && forwarded >= rec.events.len() {
+            if rec.lifecycle.state() != pdctl_contract::lifecycle::RolloutState::Running && forwarded >= rec.events.len() {
                 let result = match (rec.lifecycle.state(), rec.summary.as_ref().map(|s| s.result)) {
-                    (_, Some(pdctl_core::events::Outcome::Succeeded)) => HostResult::Succeeded,
-                    (_, Some(pdctl_core::events::Outcome::Aborted)) => HostResult::Aborted,
-                    (pdctl_core::lifecycle::RolloutState::Interrupted, _) => HostResult::Interrupted,
+                    (_, Some(pdctl_contract::events::Outcome::Succeeded)) => HostResult::Succeeded,
+                    (_, Some(pdctl_contract::events::Outcome::Aborted)) => HostResult::Aborted,
+                    (pdctl_contract::lifecycle::RolloutState::Interrupted, _) => HostResult::Interrupted,
                     _ => HostResult::Failed,
                 };
                 return pdctl_core::fleet::HostSummary {

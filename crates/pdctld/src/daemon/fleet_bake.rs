@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use pdctl_core::api::{HostResult, Request, Started, StartedBy};
+use pdctl_contract::api::{HostResult, Request, Started, StartedBy};
 use pdctl_core::config::FleetSettings;
 use pdctl_core::fleet::{BakeState, FleetRevert, FleetRollout, HostBake, HostSummary};
 use pdctl_core::ports::{CasChange, Coordinator as _, Write};

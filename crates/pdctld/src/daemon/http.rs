@@ -12,10 +12,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pdctl_core::api::{
-    AbortAccepted, ConfigIdentity, DaemonStatus, Diff, DiffWorker, FleetRequest, History, LastRollout, Record, Request, Started, StartedBy, StreamLine,
-};
-use pdctl_core::cause::Cause;
+use pdctl_contract::api::{AbortAccepted, DaemonStatus, Diff, DiffWorker, FleetRequest, History, LastRollout, Record, Request, Started, StartedBy, StreamLine};
+use pdctl_contract::cause::Cause;
 use tokio::sync::broadcast;
 
 use super::{api_err, config, engine, lock, Daemon};
@@ -128,7 +126,7 @@ pub(super) async fn reach(State(d): State<Arc<Daemon>>) -> Response {
         Err(c) => return api_err(&c),
     };
     let probes = pdctl_real::probes(&s);
-    let mut out = pdctl_core::api::ReachReport::default();
+    let mut out = pdctl_contract::api::ReachReport::default();
     for (what, url) in s.urls() {
         let host = pdctl_core::sglang::pairing::bootstrap_host(&url);
         if host == "localhost" || host == "::1" || host.starts_with("127.") {
@@ -136,14 +134,14 @@ pub(super) async fn reach(State(d): State<Arc<Daemon>>) -> Response {
         }
         out.checked.push(url.clone());
         if let Reach::Blocked(_) = probes.reach(&url).await {
-            out.blocked.push(pdctl_core::api::BlockedAddress { what, url });
+            out.blocked.push(pdctl_contract::api::BlockedAddress { what, url });
         }
     }
     Json(out).into_response()
 }
 
 /// Every record, the unsaved ones in their newest state, and the corrupt files.
-pub(super) fn records(d: &Daemon) -> (Vec<Arc<Record>>, Vec<pdctl_core::api::CorruptRecord>) {
+pub(super) fn records(d: &Daemon) -> (Vec<Arc<Record>>, Vec<pdctl_contract::api::CorruptRecord>) {
     let (mut all, corrupt) = d.store.all();
     let unsaved = lock(&d.unsaved).clone();
     for r in all.iter_mut() {
@@ -281,7 +279,7 @@ pub(super) async fn diff(State(d): State<Arc<Daemon>>) -> Response {
 /// `GET /v1/config`: which config pdctld runs with (path and digest), for a CLI to compare with
 /// its own before it asks for anything.
 pub(super) async fn config_identity(State(d): State<Arc<Daemon>>) -> Response {
-    match ConfigIdentity::of(&d.config) {
+    match pdctl_core::config::identity(&d.config) {
         Some(c) => Json(c).into_response(),
         None => api_err(&Cause::ConfigInvalid { message: format!("pdctld cannot read its config {}", d.config.display()) }),
     }
@@ -312,7 +310,7 @@ pub(super) async fn status(State(d): State<Arc<Daemon>>) -> Response {
         reconciling: d.reconciling.load(Ordering::SeqCst),
         drained: d.store.ledger().all().0,
         record_error: lock(&d.record_error).clone(),
-        pairs: pdctl_core::api::PairStatus::from_records(all.iter().map(|r| r.as_ref())),
+        pairs: pdctl_contract::api::PairStatus::from_records(all.iter().map(|r| r.as_ref())),
         corrupt,
         quarantined,
         unresolved: lock(&d.unresolved).values().cloned().collect(),

@@ -4,8 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use pdctl_core::api::Record;
-use pdctl_core::events::Event;
+use pdctl_contract::api::Record;
+use pdctl_contract::events::Event;
 use pdctl_core::state::drain_ledger::Drain;
 use pdctl_real::RealEngine;
 
@@ -16,23 +16,23 @@ use super::{engine, lock, notify_status, snapshot, Daemon};
 /// From `d`'s drain to now: from the start of its drain step in the rollout's events (`drain`
 /// passed: its time less its length, to the millisecond), else the ledger's `drained_at`
 /// (seconds); the re-admission's own steps are `events` (this reconcile's).
-fn out_until_now(d: &Drain, before: &[Event], events: &[Event]) -> pdctl_core::window::Window {
+fn out_until_now(d: &Drain, before: &[Event], events: &[Event]) -> pdctl_contract::window::Window {
     let ms_of = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map(|x| x.as_millis() as u64).unwrap_or(0);
     let now_ms = ms_of(std::time::SystemTime::now());
     let drained_ms = before
         .iter()
         .rev()
-        .find(|e| e.unit == d.unit && e.step == pdctl_core::events::Step::Drain && e.status == pdctl_core::events::Status::Passed)
+        .find(|e| e.unit == d.unit && e.step == pdctl_contract::events::Step::Drain && e.status == pdctl_contract::events::Status::Passed)
         .and_then(|e| humantime::parse_rfc3339_weak(&e.at).ok().map(|t| ms_of(t).saturating_sub(e.elapsed_ms)))
         .unwrap_or(d.drained_at.saturating_mul(1000));
     let total_ms = now_ms.saturating_sub(drained_ms);
     let readmit: u64 =
-        events.iter().filter(|e| e.unit == d.unit && e.status == pdctl_core::events::Status::Passed).map(|e| e.elapsed_ms).sum::<u64>().min(total_ms);
+        events.iter().filter(|e| e.unit == d.unit && e.status == pdctl_contract::events::Status::Passed).map(|e| e.elapsed_ms).sum::<u64>().min(total_ms);
     let parts = vec![
-        pdctl_core::window::WindowPart { step: "until pdctld came back".into(), ms: total_ms - readmit },
-        pdctl_core::window::WindowPart { step: "re-admission".into(), ms: readmit },
+        pdctl_contract::window::WindowPart { step: "until pdctld came back".into(), ms: total_ms - readmit },
+        pdctl_contract::window::WindowPart { step: "re-admission".into(), ms: readmit },
     ];
-    pdctl_core::window::Window { total_ms, parts }
+    pdctl_contract::window::Window { total_ms, parts }
 }
 
 impl Daemon {

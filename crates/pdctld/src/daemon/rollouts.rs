@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pdctl_core::api::{ConfigIdentity, Record, Request, RolloutKind, Started, StartedBy, StreamLine};
-use pdctl_core::cause::Cause;
+use pdctl_contract::api::{Record, Request, RolloutKind, Started, StartedBy, StreamLine};
+use pdctl_contract::cause::Cause;
+use pdctl_contract::events::{Event, Status, Step};
+use pdctl_contract::lifecycle::{now, RolloutState};
 use pdctl_core::engine::{RolloutRun, Work};
-use pdctl_core::events::{Event, Status, Step};
-use pdctl_core::lifecycle::{now, RolloutState};
 use pdctl_core::plan::Plan;
 use pdctl_core::ports::Units as _;
 use pdctl_real::RealEngine;
@@ -144,7 +144,7 @@ fn same_config(daemon: &Daemon, req: &Request) -> Result<(), Cause> {
     | Request::Weights { config: Some(given), .. }
     | Request::Revert { config: Some(given), .. } = req
     {
-        let ours = ConfigIdentity::of(&daemon.config);
+        let ours = pdctl_core::config::identity(&daemon.config);
         if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
             return Err(Cause::ConfigMismatch {
                 given: given.describe(),
@@ -320,7 +320,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
             .events
             .iter()
             .rev()
-            .find(|ev| ev.unit == *u && ev.step == Step::Restart && ev.status == pdctl_core::events::Status::Passed)
+            .find(|ev| ev.unit == *u && ev.step == Step::Restart && ev.status == pdctl_contract::events::Status::Passed)
             .and_then(|ev| ev.detail.get("invocation_id").and_then(|v| v.as_str()).map(String::from));
         let now = e.units.state(u).await.ok().map(|s| s.invocation_id);
         if first == 1 && restarted_as.is_some() && restarted_as == now {
@@ -441,7 +441,7 @@ pub(super) fn on_event(daemon: &Daemon, id: &str, record: &Mutex<Record>, tx: &b
         Status::Passed => daemon.metrics.step_duration.get_or_create(&StepLabel { step: ev.step.as_str().into() }).observe(ev.elapsed_ms as f64 / 1000.0),
         Status::Failed => {
             // The engine puts its Cause's code here (Cause::code: a fixed set).
-            let cause = pdctl_core::details::Said::of(&ev.detail).cause_code.unwrap_or_else(|| "unknown".into());
+            let cause = pdctl_contract::details::Said::of(&ev.detail).cause_code.unwrap_or_else(|| "unknown".into());
             daemon.metrics.gate_failures.get_or_create(&FailureLabel { step: ev.step.as_str().into(), cause }).inc();
         }
         Status::Started | Status::Skipped => {}
@@ -543,7 +543,7 @@ pub(super) async fn run(
         r.summary = Some(summary.clone());
         r.notes.extend(finished.notes);
         r.availability_by_unit = finished.availability_by_unit;
-        r.windows = pdctl_core::window::windows(&r.events);
+        r.windows = pdctl_contract::window::windows(&r.events);
         r.in_place = finished.in_place;
         daemon.save(&r);
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pdctl_core::cause::Cause;
+use pdctl_contract::cause::Cause;
 use pdctl_core::config::Settings;
 use pdctl_core::service::storm::{between, storm, Report, Seen, SelfRestart, Storm};
 

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::cause::Cause;
 pub use crate::events::{Event, Failure, Outcome, Status, Step, Summary};
 pub use crate::exit::Exit;
-pub use crate::fleet::{FleetSummary, HostResult};
 use crate::lifecycle::{Lifecycle, RolloutState};
 pub use crate::names::{FLEET, ROUTER};
+pub use crate::records::{FleetSummary, HostResult};
 
 /// What a client asks pdctld to start (`POST /v1/rollouts`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ pub enum Request {
 }
 
 /// Which config a client or pdctld runs with: the main file's path and a digest of the contents of
-/// every file merged ([`crate::config::digest`]). Two paths with the same contents are the same.
+/// every file merged (pdctl-core's `config::identity`). Two paths with the same contents are the same.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigIdentity {
@@ -110,11 +110,6 @@ pub struct ConfigIdentity {
 }
 
 impl ConfigIdentity {
-    /// The identity of the config rooted at `main`, if every file of it can be read.
-    pub fn of(main: &std::path::Path) -> Option<ConfigIdentity> {
-        crate::config::digest(main).map(|sha256| ConfigIdentity { path: main.display().to_string(), sha256 })
-    }
-
     /// `/etc/pdctl/pdctl.toml (sha256 1a2b3c4d5e6f)`, for a sentence.
     pub fn describe(&self) -> String {
         format!("{} (sha256 {})", self.path, self.sha256.get(..12).unwrap_or(&self.sha256))
@@ -184,7 +179,7 @@ pub struct FleetRequest {
     pub load_changes: bool,
     /// Not a restart: new weights into every worker of every host at once (`pdctl fleet weights`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weights: Option<crate::fleet::FleetWeights>,
+    pub weights: Option<crate::records::FleetWeights>,
 }
 
 /// What kind of rollout a record is.
@@ -343,7 +338,7 @@ pub struct Record {
     pub load_changes: bool,
     /// What clients saw during each unit's window (the availability probe).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub availability_by_unit: BTreeMap<String, crate::service::availability::Availability>,
+    pub availability_by_unit: BTreeMap<String, crate::availability::Availability>,
     /// Each re-admitted unit's last window out of the router, step by step ([`crate::window`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub windows: BTreeMap<String, crate::window::Window>,
@@ -484,11 +479,11 @@ pub struct DiffWorker {
     /// The current files are a change that failed: `rollout apply` skips the worker until they
     /// change again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quarantined: Option<crate::state::revisions::Quarantine>,
+    pub quarantined: Option<crate::records::Quarantine>,
     /// Its last measured start and window out of the router (the outage to expect when it is
     /// the only worker of its role).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timing: Option<crate::state::revisions::StartTime>,
+    pub timing: Option<crate::clock::StartTime>,
 }
 
 /// `GET /v1/diff`.
@@ -533,7 +528,7 @@ pub struct DaemonStatus {
     pub reconciling: bool,
     /// Workers pdctl took out of the router and has not re-admitted (they are not serving).
     #[serde(default)]
-    pub drained: Vec<crate::state::drain_ledger::Drain>,
+    pub drained: Vec<crate::records::Drain>,
     /// Why the last record write failed, while records are not being saved (no rollout starts).
     #[serde(default)]
     pub record_error: Option<String>,
@@ -542,7 +537,7 @@ pub struct DaemonStatus {
     pub corrupt: Vec<CorruptRecord>,
     /// Changes that failed and are not rolled out again until their files change.
     #[serde(default)]
-    pub quarantined: Vec<crate::state::revisions::Quarantine>,
+    pub quarantined: Vec<crate::records::Quarantine>,
     /// Per decode and prefill, the last pair probe pdctl sent them (from the rollout records).
     #[serde(default)]
     pub pairs: Vec<PairStatus>,

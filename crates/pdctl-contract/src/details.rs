@@ -77,7 +77,7 @@ pub struct PairResult {
     /// Why it was skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
-    /// The probes sent (each request's status and body, as [`crate::sglang::pairing::PairProbe`]).
+    /// The probes sent (each request's status and body, as pdctl-core's `sglang::pairing::PairProbe`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probes: Option<Value>,
     /// When it was probed (seconds since the epoch).

@@ -207,7 +207,7 @@ pub struct Summary {
     pub failed: Option<Failure>,
     /// What clients saw, from the availability probe through the router (absent when off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub availability: Option<crate::service::availability::Availability>,
+    pub availability: Option<crate::availability::Availability>,
 }
 
 /// Where events go.

@@ -34,7 +34,7 @@ impl Cause {
             Cause::JobFailed { unit: unit(), job_result: "failed".into(), service_result: "exit-code".into() },
             Cause::FatalLine { unit: unit(), line: msg() },
             Cause::Crashed { unit: unit(), phase: Phase::Soak, why: msg() },
-            Cause::ReadyTimeout { unit: unit(), pattern: crate::sglang::READY_LINE.into(), after: d, foreign: 0 },
+            Cause::ReadyTimeout { unit: unit(), pattern: "The server is fired up and ready to roll!".into(), after: d, foreign: 0 },
             Cause::HealthTimeout { url: url(), after: d, last: msg() },
             Cause::WrongWorkerType { url: url(), listed: "regular".into(), role: "prefill".into() },
             Cause::RegisterRefused { url: url(), error: msg() },
@@ -81,7 +81,11 @@ impl Cause {
             Cause::KillModeUnsafe {
                 unit: unit(),
                 kill_mode: "control-group".into(),
-                fix: crate::sglang::stop::kill_mode_risk(&unit(), Some("control-group"), std::time::Duration::from_secs(60)).unwrap_or_default(),
+                // As pdctl-core's `sglang::stop::kill_mode_risk` says it (a test there keeps them equal).
+                fix: format!(
+                    "{u} has KillMode=control-group: systemd's SIGTERM also reaches SGLang's scheduler, which dies of it, and the server then SIGKILLs its own process tree about 5 s later, so nothing in flight on it finishes; add a drop-in (systemctl edit {u}) with [Service] KillMode=mixed and TimeoutStopSec=90s, then systemctl daemon-reload",
+                    u = unit()
+                ),
             },
             Cause::ApiKeyRejected { endpoint: format!("{}/server_info", url()), status: 401, key: "no key: api_key_file is not set for this worker".into() },
             Cause::PeerRoleDown { url: url(), role: "decode".into(), error: msg() },

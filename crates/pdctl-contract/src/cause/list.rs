@@ -504,7 +504,7 @@ pub enum Cause {
         unit: String,
         /// Its `KillMode=`.
         kill_mode: String,
-        /// The sentence with the drop-in that fixes it ([`crate::sglang::stop::kill_mode_risk`]).
+        /// The sentence with the drop-in that fixes it (pdctl-core's `sglang::stop::kill_mode_risk`).
         fix: String,
     },
     /// The client on the control socket may read but not act: pdctld runs with an operate group
@@ -529,7 +529,7 @@ pub enum Cause {
     StopSlow {
         /// The unit.
         unit: String,
-        /// What the stop took and why ([`crate::sglang::stop::StopReport::why`]).
+        /// What the stop took and why (pdctl-core's `sglang::stop::StopReport::why`).
         why: String,
     },
     /// `pdctl check`: the unit is not running, so it cannot pass any gate.
@@ -549,7 +549,7 @@ pub enum Cause {
         /// The request's error.
         error: String,
     },
-    /// A restart would change the model a PD worker computes with (`crate::sglang::coherence`) while
+    /// A restart would change the model a PD worker computes with (pdctl-core's `sglang::coherence`) while
     /// workers of the other role run the old one: a rolling restart would pair versions.
     MixedVersions {
         /// The unit.
