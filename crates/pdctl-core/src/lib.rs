@@ -10,6 +10,14 @@
 
 #![warn(missing_docs)]
 
+// The engine's fakes (`tests/fakes`) name this crate `pdctl_core`, as the integration tests do;
+// compiled into its own unit tests too, so that a gate is tested next to it.
+extern crate self as pdctl_core;
+#[cfg(test)]
+#[path = "../tests/fakes/mod.rs"]
+#[allow(unused_imports)] // re-exports for the test files, each of which uses some
+pub(crate) mod fakes;
+
 pub use pdctl_contract::{api, cause, clock, details, events, exit, lifecycle, names, next, redact, url, window};
 
 pub mod config;

@@ -101,6 +101,22 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The gate on its own, over an engine of fakes: a worker that never answers fails with
+    /// `health_timeout` naming what it last said; one that answers passes at once.
+    #[tokio::test]
+    async fn the_health_gate_waits_for_an_answer_and_names_the_last_one() {
+        use crate::fakes::{world, FakeLogs, FakeProbes, FakeUnits};
+        let w = world();
+        let s = crate::fakes::with("");
+        let worker = s.workers[0].clone();
+        let eng = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let passed = health(&eng, &worker, None, false).await.expect("a serving worker passes");
+        assert_eq!(passed["checked"], json!(["/health"]));
+        w.lock().expect("world").unhealthy.push(worker.url.clone());
+        let failed = health(&eng, &worker, None, false).await.expect_err("a worker that never answers fails");
+        assert_eq!(failed.cause.code(), "health_timeout", "{:?}", failed.cause);
+    }
+
     #[test]
     fn the_health_detail_has_the_keys_of_the_contract() {
         assert_eq!(HealthDetail::of(2, &["/health", "/ready"], None), json!({"attempts": 2, "checked": ["/health", "/ready"]}));
