@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::{Cause, MetricsDiagnosis};
 use crate::config::{Role, Worker};
@@ -13,6 +13,19 @@ use crate::engine::steps::rule;
 use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Step};
 use crate::ports::{Health, Logs, Probes, Units};
+
+/// The metrics step's detail (the JSON in docs/cli.md): the KV report, beside the warm-up request
+/// sent to publish the gauges (`null`: none) and the wait.
+#[derive(serde::Serialize)]
+struct MetricsDetail {
+    /// The worker's KV gauges.
+    #[serde(flatten)]
+    report: crate::ports::KvReport,
+    /// The warm-up request sent (its answer, or why it failed).
+    warm_up_request: Option<String>,
+    /// How long the step waited.
+    waited_ms: u64,
+}
 
 pub(in crate::engine) async fn metrics_step<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
@@ -49,12 +62,8 @@ pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engin
     loop {
         let problem = match within(t0, limit, eng.probes.kv(&w.url)).await {
             Some(Ok(r)) => {
-                let mut d = serde_json::to_value(&r).unwrap_or(Value::Null);
-                if let Some(o) = d.as_object_mut() {
-                    o.insert("warm_up_request".into(), json!(warmed));
-                    o.insert("waited_ms".into(), json!(t0.elapsed().as_millis() as u64));
-                }
-                return Ok(d);
+                let d = MetricsDetail { report: r, warm_up_request: warmed, waited_ms: t0.elapsed().as_millis() as u64 };
+                return Ok(serde_json::to_value(&d).unwrap_or(Value::Null));
             }
             Some(Err(p)) => p,
             None => {
@@ -104,4 +113,29 @@ pub(in crate::engine) async fn warm_pair<U: Units, L: Logs, P: Probes>(
         });
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_metrics_detail_is_the_report_beside_the_warm_up_and_the_wait() {
+        let report = crate::ports::KvReport {
+            max_total_tokens: Some(8.0),
+            token_usage: 0.5,
+            used_tokens: 4.0,
+            available_tokens: None,
+            evictable_tokens: None,
+            running_reqs: Some(0.0),
+            queue_reqs: None,
+            names: vec!["sglang:token_usage".into()],
+        };
+        let mut want = serde_json::to_value(&report).unwrap_or_default();
+        want["warm_up_request"] = json!(null);
+        want["waited_ms"] = json!(7);
+        let d = MetricsDetail { report, warm_up_request: None, waited_ms: 7 };
+        assert_eq!(serde_json::to_value(&d).unwrap_or_default(), want);
+    }
 }

@@ -3,8 +3,6 @@
 
 use std::time::Instant;
 
-use serde_json::json;
-
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::step_run::{Fail, StepRun};
@@ -69,7 +67,7 @@ pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
                     s.fail(&e);
                     return Err((Step::Slot, *e));
                 }
-                s.pass(json!({ "held": recs, "waited_ms": t0.elapsed().as_millis() as u64 }));
+                s.pass(serde_json::to_value(SlotHeld { held: &recs, waited_ms: t0.elapsed().as_millis() as u64 }).unwrap_or_default());
                 return Ok(recs);
             }
             Ok(Acquired::Wait(why)) if t0.elapsed() < f.slot_timeout => {
@@ -183,4 +181,13 @@ pub(in crate::engine) async fn remote_peers<U: Units, L: Logs, P: Probes>(eng: &
             )
         })
         .collect()
+}
+
+/// The slot step's detail (the JSON in docs/cli.md): the slots held, and how long it waited.
+#[derive(serde::Serialize)]
+struct SlotHeld<'a> {
+    /// Each slot taken, as written to etcd.
+    held: &'a [crate::fleet::SlotRecord],
+    /// How long it waited for them.
+    waited_ms: u64,
 }

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use std::collections::BTreeMap;
+
+use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::Worker;
@@ -31,13 +33,13 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
         let url = p.url.clone();
         async move { eng.probes.pd_queues(&url).await }
     };
-    let mut start = serde_json::Map::new();
+    let mut start = BTreeMap::new();
     let mut watched = Vec::new();
     let mut unreadable = Vec::new();
     for p in &prefills {
         match read(p).await {
             Ok(q) if q.held_reqs > 0.0 => {
-                start.insert(p.unit.clone(), json!({"held_reqs": q.held_reqs, "used_tokens": q.used_tokens, "source": q.source}));
+                start.insert(p.unit.clone(), HeldAt { held_reqs: q.held_reqs, used_tokens: q.used_tokens, source: q.source });
                 watched.push(*p);
             }
             Ok(_) => {}
@@ -45,12 +47,12 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
         }
     }
     if watched.is_empty() {
-        s.pass(json!({"held": {}, "unreadable": unreadable}));
+        s.pass(to_detail(&NothingHeld { held: BTreeMap::new(), unreadable }));
         return Ok(());
     }
     // Read from the gauges (a server without `/v1/loads`), a released room can show until the
     // next idle publish: the default limit covers that lag too.
-    let from_gauges = start.values().any(|v| v["source"] != "/v1/loads");
+    let from_gauges = start.values().any(|v| v.source != "/v1/loads");
     let limit = match eng.settings.verify.stranded_kv_timeout {
         Some(l) => l,
         None => {
@@ -79,19 +81,74 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let mut detail = json!({"held_at_start": start, "limit_ms": limit.as_millis() as u64, "waited_ms": t0.elapsed().as_millis() as u64});
+    let mut detail = Waited { held_at_start: start, limit_ms: limit.as_millis() as u64, waited_ms: t0.elapsed().as_millis() as u64, released: None };
     if still.is_empty() {
-        detail["released"] = json!(true);
-        s.pass(detail);
+        detail.released = Some(true);
+        s.pass(to_detail(&detail));
         return Ok(());
     }
     let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
     let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
     let mode = rule(Step::StrandedKv, &eng.settings).mode;
-    let mut warned = detail.clone();
-    warned["released"] = json!(false);
-    let Some(s) = s.warn_or_keep(mode, &cause, warned) else { return Ok(()) };
-    let f = Fail { cause, detail, unit: None };
+    let failed = to_detail(&detail);
+    detail.released = Some(false);
+    let Some(s) = s.warn_or_keep(mode, &cause, to_detail(&detail)) else { return Ok(()) };
+    let f = Fail { cause, detail: failed, unit: None };
     s.fail(&f);
     Err((Step::StrandedKv, f))
+}
+
+/// What a prefill held for the decode's old rooms when the step began.
+#[derive(Serialize)]
+struct HeldAt {
+    /// Requests it held.
+    held_reqs: f64,
+    /// KV tokens in use.
+    used_tokens: f64,
+    /// Where that was read (`/v1/loads`, or the queue gauges).
+    source: &'static str,
+}
+
+/// The step's detail when no prefill held anything (the JSON in docs/cli.md).
+#[derive(Serialize)]
+struct NothingHeld {
+    /// Always empty.
+    held: BTreeMap<String, HeldAt>,
+    /// Prefills whose queues could not be read.
+    unreadable: Vec<String>,
+}
+
+/// The step's detail after its wait (the JSON in docs/cli.md).
+#[derive(Serialize)]
+struct Waited {
+    /// What each prefill held at the start.
+    held_at_start: BTreeMap<String, HeldAt>,
+    /// How long it could wait.
+    limit_ms: u64,
+    /// How long it waited.
+    waited_ms: u64,
+    /// Whether everything was released (absent on a failed step: its cause says what is held).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<bool>,
+}
+
+/// A typed detail as the step's JSON.
+fn to_detail(d: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(d).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_stranded_kv_details_have_the_keys_of_the_contract() {
+        let mut start = BTreeMap::new();
+        start.insert("p.service".to_string(), HeldAt { held_reqs: 1.0, used_tokens: 8.0, source: "/v1/loads" });
+        let w = Waited { held_at_start: start, limit_ms: 2, waited_ms: 3, released: Some(true) };
+        let want = json!({"held_at_start": {"p.service": {"held_reqs": 1.0, "used_tokens": 8.0, "source": "/v1/loads"}}, "limit_ms": 2, "waited_ms": 3, "released": true});
+        assert_eq!(to_detail(&w), want);
+        assert_eq!(to_detail(&NothingHeld { held: BTreeMap::new(), unreadable: vec![] }), json!({"held": {}, "unreadable": []}));
+    }
 }
