@@ -358,10 +358,15 @@ fn gauge(text: &str, name: &str) -> f64 {
 }
 
 fn pd_proc(port: Option<u16>, role: &str, bootstrap: u16, extra: &[&str]) -> SimProc {
+    pd_proc_held(port, role, bootstrap, extra, "2")
+}
+
+/// [`pd_proc`] whose prefill holds an unfetched room for `bootstrap_timeout` seconds.
+fn pd_proc_held(port: Option<u16>, role: &str, bootstrap: u16, extra: &[&str], bootstrap_timeout: &str) -> SimProc {
     let b = bootstrap.to_string();
     let mut args = vec!["--enable-metrics", "--disaggregation-mode", role, "--disaggregation-bootstrap-port", &b];
     args.extend_from_slice(extra);
-    let env = [("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "1"), ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "2")];
+    let env = [("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "1"), ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", bootstrap_timeout)];
     let mut p = SimProc::spawn_with(port, &args, &env);
     p.wait_line("fired up", T).expect("ready");
     p
@@ -399,7 +404,10 @@ async fn pd_requests_pair_and_a_restarted_prefill_breaks_only_the_old_cache_prof
 #[tokio::test]
 async fn a_prefill_holds_a_rooms_kv_until_fetched_or_the_bootstrap_timeout_and_a_mismatched_decode_dies() {
     let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap();
-    let prefill = pd_proc(None, "prefill", boot, &["--sim-idle-publish-secs", "3"]);
+    // The room is held 6 s (its 500 still within the client's 10 s): the gauges and `/v1/loads`
+    // are both read while it is, also on a loaded machine (with 2 s, one CI run read `/v1/loads`
+    // after the room was gone and the gauges before their next publish).
+    let prefill = pd_proc_held(None, "prefill", boot, &["--sim-idle-publish-secs", "3"], "6");
     // Only the prefill half arrives (its decode died before fetching): the KV stays held.
     let p = {
         let url = prefill.url();
