@@ -270,25 +270,53 @@ pub async fn prune_rollouts(c: &dyn Coordinator, name: &str, keep: usize) -> Res
     let mut reqs: Vec<FleetRollout> = decode_each(&c.get_prefix(&requests_prefix(name)).await?);
     reqs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     let excess = reqs.len().saturating_sub(keep);
-    let mut gone = Vec::new();
-    for r in reqs.into_iter().take(excess) {
-        let mut finished = true;
-        for h in &r.hosts {
-            finished &= c.get(&host_summary_key(name, &r.id, h)).await?.is_some();
+    if excess == 0 {
+        return Ok(Vec::new());
+    }
+    // Every rollout's keys in one (paged) read, grouped by rollout: a long history costs a few
+    // reads, not three round trips per rollout.
+    let under = format!("{}rollouts/", prefix(name));
+    let mut by_id: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+    for e in c.get_prefix(&under).await? {
+        if let Some(id) = e.key.strip_prefix(&under).and_then(|rest| rest.split('/').next()) {
+            by_id.entry(id.to_string()).or_default().push(e.key.clone());
         }
-        if !finished {
+    }
+    let mut gone = Vec::new();
+    let mut batch: Vec<String> = Vec::new();
+    for r in reqs.into_iter().take(excess) {
+        let keys = by_id.remove(&r.id).unwrap_or_default();
+        if !r.hosts.iter().all(|h| keys.contains(&host_summary_key(name, &r.id, h))) {
             continue;
         }
-        let mut keys: Vec<String> = c.get_prefix(&format!("{}rollouts/{}/", prefix(name), r.id)).await?.into_iter().map(|e| e.key).collect();
         // The request last: a rollout half deleted is still listed, and deleted again next time.
-        keys.push(rollout_key(name, &r.id));
-        for chunk in keys.chunks(DELETES_PER_TXN) {
-            let changes = chunk.iter().map(|k| CasChange { key: k.clone(), expect: -1, write: Write::Delete }).collect();
-            c.cas(changes).await?;
+        // A rollout's keys go in one transaction where they fit (several rollouts share one).
+        let mut mine = keys;
+        mine.push(rollout_key(name, &r.id));
+        if batch.len() + mine.len() > DELETES_PER_TXN {
+            delete_keys(c, &std::mem::take(&mut batch)).await?;
+        }
+        if mine.len() > DELETES_PER_TXN {
+            for chunk in mine.chunks(DELETES_PER_TXN) {
+                delete_keys(c, chunk).await?;
+            }
+        } else {
+            batch.extend(mine);
         }
         gone.push(r.id);
     }
+    delete_keys(c, &batch).await?;
     Ok(gone)
+}
+
+/// Delete `keys` in one transaction (nothing to do for none).
+async fn delete_keys(c: &dyn Coordinator, keys: &[String]) -> Result<(), FleetFailure> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let changes = keys.iter().map(|k| CasChange { key: k.clone(), expect: -1, write: Write::Delete }).collect();
+    c.cas(changes).await?;
+    Ok(())
 }
 
 /// Every value of a prefix that decodes; one that does not (a corrupt host, a value pdctl cannot
