@@ -91,6 +91,11 @@ impl<'a> StepRun<'a> {
     }
 }
 
+/// A step's typed detail as the event's JSON (the contract's keys: each type's test holds them).
+pub(in crate::engine) fn detail_of(d: &impl serde::Serialize) -> Value {
+    serde_json::to_value(d).unwrap_or_default()
+}
+
 /// One event as a log sentence: unit, step, status, duration, and the cause of a failure.
 pub fn sentence(e: &Event) -> String {
     let secs = e.elapsed_ms as f64 / 1000.0;

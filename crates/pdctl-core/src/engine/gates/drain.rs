@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::engine::step_run::{Fail, POLL};
+use crate::engine::step_run::{detail_of, Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{Ctx, Engine};
 use crate::ports::{Logs, Probes, RouterWorker, Units};
@@ -104,11 +104,6 @@ struct DeferredDrain {
     drain_settle_secs: Option<u64>,
     /// What the replicas that refused the settle said.
     warning: Option<String>,
-}
-
-/// A typed detail as the step's JSON.
-fn detail_of(d: &impl serde::Serialize) -> Value {
-    serde_json::to_value(d).unwrap_or_default()
 }
 
 /// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its

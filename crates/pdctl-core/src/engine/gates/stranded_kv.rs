@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::gates;
-use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::steps::rule;
 use crate::engine::Engine;
 use crate::events::{Sink, Step};
@@ -47,7 +47,7 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
         }
     }
     if watched.is_empty() {
-        s.pass(to_detail(&NothingHeld { held: BTreeMap::new(), unreadable }));
+        s.pass(detail_of(&NothingHeld { held: BTreeMap::new(), unreadable }));
         return Ok(());
     }
     // Read from the gauges (a server without `/v1/loads`), a released room can show until the
@@ -84,15 +84,15 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
     let mut detail = Waited { held_at_start: start, limit_ms: limit.as_millis() as u64, waited_ms: t0.elapsed().as_millis() as u64, released: None };
     if still.is_empty() {
         detail.released = Some(true);
-        s.pass(to_detail(&detail));
+        s.pass(detail_of(&detail));
         return Ok(());
     }
     let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
     let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
     let mode = rule(Step::StrandedKv, &eng.settings).mode;
-    let failed = to_detail(&detail);
+    let failed = detail_of(&detail);
     detail.released = Some(false);
-    let Some(s) = s.warn_or_keep(mode, &cause, to_detail(&detail)) else { return Ok(()) };
+    let Some(s) = s.warn_or_keep(mode, &cause, detail_of(&detail)) else { return Ok(()) };
     let f = Fail { cause, detail: failed, unit: None };
     s.fail(&f);
     Err((Step::StrandedKv, f))
@@ -132,11 +132,6 @@ struct Waited {
     released: Option<bool>,
 }
 
-/// A typed detail as the step's JSON.
-fn to_detail(d: &impl Serialize) -> serde_json::Value {
-    serde_json::to_value(d).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,7 +143,7 @@ mod tests {
         start.insert("p.service".to_string(), HeldAt { held_reqs: 1.0, used_tokens: 8.0, source: "/v1/loads" });
         let w = Waited { held_at_start: start, limit_ms: 2, waited_ms: 3, released: Some(true) };
         let want = json!({"held_at_start": {"p.service": {"held_reqs": 1.0, "used_tokens": 8.0, "source": "/v1/loads"}}, "limit_ms": 2, "waited_ms": 3, "released": true});
-        assert_eq!(to_detail(&w), want);
-        assert_eq!(to_detail(&NothingHeld { held: BTreeMap::new(), unreadable: vec![] }), json!({"held": {}, "unreadable": []}));
+        assert_eq!(detail_of(&w), want);
+        assert_eq!(detail_of(&NothingHeld { held: BTreeMap::new(), unreadable: vec![] }), json!({"held": {}, "unreadable": []}));
     }
 }
