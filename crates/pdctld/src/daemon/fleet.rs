@@ -17,6 +17,11 @@ const STORM_RECHECK: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// How often a host deletes old finished fleet rollouts from etcd (`[fleet] keep_rollouts`).
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// How soon retention tries again after a pass that failed (etcd unreachable or slow).
+const PRUNE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often retention looks again at a config without `[fleet]`: pdctld reads its config at
+/// each use, so `[fleet]` added to a running pdctld is taken up within this.
+const PRUNE_UNCONFIGURED: std::time::Duration = std::time::Duration::from_secs(2);
 /// The longest a host waits for the fleet rollout's canary host to report.
 const CANARY_WAIT: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
 /// How long the canary's liveness key may be gone before the wait for it ends.
@@ -123,22 +128,36 @@ impl Daemon {
 
 impl Daemon {
     /// With `[fleet]`: retention of fleet rollouts in etcd, at start and then every
-    /// [`PRUNE_EVERY`]: the oldest finished ones beyond `[fleet] keep_rollouts` are deleted. A task
+    /// [`PRUNE_EVERY`] ([`PRUNE_RETRY`] after a failed pass; a config without `[fleet]` is looked
+    /// at again every [`PRUNE_UNCONFIGURED`]): the oldest finished ones beyond
+    /// `[fleet] keep_rollouts` are deleted. A task
     /// of its own: a first pass over a long history (thousands of rollouts) never delays this
     /// host's part of a new fleet rollout.
     pub async fn fleet_retention(self: Arc<Self>) {
         loop {
-            if let Some(f) = config(&self).ok().and_then(|s| s.fleet) {
-                let c = self.coordinator(&f);
-                match pdctl_core::fleet::prune_rollouts(c.as_ref(), &f.name, f.keep_rollouts as usize).await {
-                    Ok(gone) if !gone.is_empty() => {
-                        tracing::info!("fleet retention: deleted {} finished fleet rollout(s) beyond the newest {} from etcd", gone.len(), f.keep_rollouts);
+            let next = match config(&self).ok().and_then(|s| s.fleet) {
+                None => PRUNE_UNCONFIGURED,
+                Some(f) => {
+                    let c = self.coordinator(&f);
+                    match pdctl_core::fleet::prune_rollouts(c.as_ref(), &f.name, f.keep_rollouts as usize).await {
+                        Ok(gone) => {
+                            if !gone.is_empty() {
+                                tracing::info!(
+                                    "fleet retention: deleted {} finished fleet rollout(s) beyond the newest {} from etcd",
+                                    gone.len(),
+                                    f.keep_rollouts
+                                );
+                            }
+                            PRUNE_EVERY
+                        }
+                        Err(e) => {
+                            tracing::warn!("fleet retention: old fleet rollouts not deleted this time ({e}); trying again in {} s", PRUNE_RETRY.as_secs());
+                            PRUNE_RETRY
+                        }
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!("fleet retention: old fleet rollouts not deleted this time ({e})"),
                 }
-            }
-            tokio::time::sleep(PRUNE_EVERY).await;
+            };
+            tokio::time::sleep(next).await;
         }
     }
 
