@@ -12,7 +12,7 @@ pub use crate::events::{Event, Failure, Outcome, Status, Step, Summary};
 pub use crate::exit::Exit;
 use crate::lifecycle::{Lifecycle, RolloutState};
 pub use crate::names::{FLEET, ROUTER};
-pub use crate::records::{FleetSummary, HostResult};
+pub use crate::records::{FleetSummary, HostResult, HostStatus};
 
 /// What a client asks pdctld to start (`POST /v1/rollouts`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +83,34 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         config: Option<ConfigIdentity>,
     },
+    /// Host maintenance (`pdctl host drain`, or a FleetLock `pre-reboot`): a slot for every
+    /// worker of the host in its role's budget (with `[fleet]`: in one etcd transaction), each
+    /// worker drained through the gateway and stopped (SGLang's own SIGTERM drain), the host
+    /// recorded as in maintenance. Its slots stay held until `HostResume` passed.
+    HostDrain {
+        /// Accept a role with no worker left (without `[fleet]`: this host's workers are the
+        /// only ones the gateway admits of a role).
+        #[serde(default, skip_serializing_if = "is_false")]
+        allow_outage: bool,
+        /// Why (`--reason`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
+    },
+    /// After host maintenance (`pdctl host resume`, a FleetLock `steady-state`, or pdctld's
+    /// start after the reboot): each worker started if the reboot did not, then its ready line
+    /// of this boot, health, pair, router, metrics, stranded KV and the soak — the restart's
+    /// gates — and only then the host's slots given back.
+    HostResume {
+        /// Why (`--reason`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
+    },
     /// Put back what a finished rollout changed: each worker it restarted with changed files, in
     /// reverse order, gets the files it ran before (kept when that rollout recorded the new ones)
     /// and is restarted through every gate. Workers it restarted unchanged are left alone.
@@ -137,6 +165,21 @@ pub struct StartedBy {
     /// Who started that fleet rollout (`uid N on HOST`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet_by: Option<String>,
+    /// The update agent's FleetLock id whose `pre-reboot` (or `steady-state`) started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleetlock: Option<String>,
+}
+
+impl StartedBy {
+    /// Who, in a few words: `fleetlock ID`, `fleet rollout ID`, `uid N`, or `unknown`.
+    pub fn who(&self) -> String {
+        match (&self.fleetlock, &self.fleet_rollout, self.uid) {
+            (Some(id), _, _) => format!("fleetlock {id}"),
+            (None, Some(f), _) => format!("fleet rollout {f}"),
+            (None, None, Some(uid)) => format!("uid {uid}"),
+            (None, None, None) => "unknown".into(),
+        }
+    }
 }
 
 /// What pdctld's own process may not reach (`GET /v1/reach`): its unit's IP sandbox refuses a
@@ -196,6 +239,10 @@ pub enum RolloutKind {
     Revert,
     /// `pdctl rollout weights`.
     Weights,
+    /// `pdctl host drain` (or a FleetLock `pre-reboot`).
+    HostDrain,
+    /// `pdctl host resume` (or a FleetLock `steady-state`, or pdctld's start after a reboot).
+    HostResume,
 }
 
 impl RolloutKind {
@@ -207,6 +254,8 @@ impl RolloutKind {
             RolloutKind::Resume => "resume",
             RolloutKind::Revert => "revert",
             RolloutKind::Weights => "weights",
+            RolloutKind::HostDrain => "host_drain",
+            RolloutKind::HostResume => "host_resume",
         }
     }
 }

@@ -50,11 +50,16 @@ pub enum Step {
     /// A coherent fleet switch: this host's phase written to etcd and the wait for the other
     /// hosts' (`verified`, `out`, `in`, `back`; unit `fleet`).
     Switch,
+    /// Host maintenance (`pdctl host drain`): StopUnit and our job's result — SGLang's own
+    /// SIGTERM drain; the unit stays down until the host's resume.
+    Stop,
+    /// Host maintenance (`pdctl host resume`): StartUnit for a worker the reboot did not start.
+    Start,
 }
 
 impl Step {
     /// Every step, in runbook order.
-    pub const ALL: [Step; 15] = [
+    pub const ALL: [Step; 17] = [
         Step::Preflight,
         Step::Slot,
         Step::Drain,
@@ -70,6 +75,8 @@ impl Step {
         Step::Rollback,
         Step::Weights,
         Step::Switch,
+        Step::Stop,
+        Step::Start,
     ];
 
     /// Lower-case name.
@@ -90,6 +97,8 @@ impl Step {
             Step::Rollback => "rollback",
             Step::Weights => "weights",
             Step::Switch => "switch",
+            Step::Stop => "stop",
+            Step::Start => "start",
         }
     }
 }

@@ -19,6 +19,9 @@ fn logs(unit: &str) -> String {
     format!("`journalctl -u {unit} -n 200`, fix the cause, then {}", retry(unit))
 }
 
+/// After a restart storm.
+const STORM_NEXT: &str = "`pdctl status` and `journalctl -u UNIT -n 200` (why the units restart by themselves); fix that first — the storm ends once the restarts fall out of the window — then retry";
+
 impl Cause {
     /// What to do next, for a failure of `unit` (the failed event's unit, which may be the pseudo
     /// units `router` or `fleet`): commands between backticks, in the order to run them.
@@ -82,9 +85,8 @@ impl Cause {
             Cause::ConfigInvalid { .. } => "fix the config at the file, line and key named, then `pdctl check`".into(),
             Cause::BadRequest { .. } => "`pdctl --help`".into(),
             Cause::Busy { id } => format!("`pdctl rollout watch {id}`"),
-            Cause::RestartStorm { .. } => {
-                "`pdctl status` and `journalctl -u UNIT -n 200` (why the units restart by themselves); fix that first — the storm ends once the restarts fall out of the window — then retry".into()
-            }
+            Cause::RestartStorm { .. } => STORM_NEXT.into(),
+            Cause::InMaintenance { .. } => "`pdctl host status`; after the reboot, `pdctl host resume`".into(),
             Cause::Reconciling { .. } => "`pdctl status` (pdctld is re-admitting the workers it had drained), then run this again".into(),
             Cause::DrainNotRestored { unit, .. } => format!("`pdctl status`, then {}", retry(unit)),
             Cause::RecordsFailing { .. } | Cause::RecordUnwritable { .. } => {

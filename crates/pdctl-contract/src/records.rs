@@ -135,3 +135,95 @@ pub struct FleetWeights {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
 }
+
+/// Where this host's maintenance stands (`pdctl host drain`, a FleetLock `pre-reboot`): written
+/// to pdctld's ledger before anything is touched, kept until the host's workers passed their
+/// gates after the reboot and its slots are given back (`pdctl host status`, `GET /v1/host`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Maintenance {
+    /// The host drain's rollout id (its record holds every step).
+    pub id: String,
+    /// Where it stands.
+    pub phase: MaintenancePhase,
+    /// When the drain began (seconds since the epoch).
+    pub began: u64,
+    /// When the phase began (seconds since the epoch).
+    pub since: u64,
+    /// Who asked: `uid N`, or `fleetlock ID` for an update agent.
+    pub by: String,
+    /// Why (`--reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The kernel's boot id when the drain began: a resume at pdctld's start runs only after a
+    /// reboot (another boot id) or once a worker runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// Each worker of the host as the drain found it, in drain order.
+    pub units: Vec<MaintainedUnit>,
+    /// Why the last drain or resume failed (then the phase says which).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+}
+
+/// One worker of a host in maintenance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaintainedUnit {
+    /// The unit.
+    pub unit: String,
+    /// Its run when the drain began (a resume finds whether it ran through the reboot).
+    pub invocation_id: String,
+    /// The journal's tail before its stop: its ready line after the reboot is looked for after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    /// Stopped by the drain.
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+/// Where a host's maintenance stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaintenancePhase {
+    /// Its slots taken (with `[fleet]`), its workers being drained and stopped.
+    Draining,
+    /// Every worker drained and stopped: the host may reboot (FleetLock `pre-reboot` answers 200).
+    Down,
+    /// Its workers back through the restart's gates; the slots are given back at the end.
+    Resuming,
+    /// A drain or a resume failed: its slots stay held (the budget protects the fleet) until
+    /// `pdctl host resume` passes.
+    Failed,
+}
+
+impl MaintenancePhase {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaintenancePhase::Draining => "draining",
+            MaintenancePhase::Down => "down",
+            MaintenancePhase::Resuming => "resuming",
+            MaintenancePhase::Failed => "failed",
+        }
+    }
+}
+
+/// `GET /v1/host` (`pdctl host status`): this host's maintenance, and whether one may begin now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostStatus {
+    /// Its maintenance on record (`null`: in service).
+    pub maintenance: Option<Maintenance>,
+    /// Why a new maintenance would wait now (outside every window, an alert firing, the fleet
+    /// paused, a rollout running); `null`: it may begin.
+    pub waits: Option<String>,
+    /// Where the FleetLock endpoint listens (`null`: no `[maintenance]`, or none configured).
+    pub fleetlock: Option<String>,
+    /// The FleetLock id and group it answers to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleetlock_id: Option<String>,
+    /// The FleetLock group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleetlock_group: Option<String>,
+}

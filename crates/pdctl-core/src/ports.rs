@@ -179,7 +179,7 @@ pub struct UnitConfig {
     pub kill_mode: Option<String>,
 }
 
-/// How our restart job ended.
+/// How our job (a restart, stop or start) ended.
 #[derive(Debug, Clone)]
 pub struct JobOutcome {
     /// The job's result: `done`, `failed`, `timeout`, `canceled`, `dependency`, `skipped`, …
@@ -411,6 +411,10 @@ pub trait Units: Send + Sync {
     fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::W, UnitsError>> + Send;
     /// Restart and wait for our job.
     fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
+    /// Stop (host maintenance: the unit stays down until the host's resume) and wait for our job.
+    fn stop(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
+    /// Start a unit that is not running (a host's resume) and wait for our job.
+    fn start(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
 }
 
 /// A stream of journal entries for one unit.

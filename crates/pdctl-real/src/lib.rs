@@ -108,6 +108,14 @@ impl Units for SystemdUnits {
         let o = self.0.restart(unit, job_timeout).await.map_err(units_error)?;
         Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
     }
+    async fn stop(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
+        let o = self.0.stop(unit, job_timeout).await.map_err(units_error)?;
+        Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
+    }
+    async fn start(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
+        let o = self.0.start(unit, job_timeout).await.map_err(units_error)?;
+        Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
+    }
 }
 
 /// A libsystemd follower.

@@ -25,6 +25,8 @@ trait Manager {
     fn subscribe(&self) -> zbus::Result<()>;
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
     fn reload(&self) -> zbus::Result<()>;
     #[zbus(signal)]
@@ -248,7 +250,25 @@ pub struct UnitConfig {
     pub kill_mode: String,
 }
 
-/// How our restart job ended.
+/// A job pdctl queues for a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobKind {
+    Restart,
+    Stop,
+    Start,
+}
+
+impl JobKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Restart => "restart",
+            JobKind::Stop => "stop",
+            JobKind::Start => "start",
+        }
+    }
+}
+
+/// How our job (a restart, stop or start) ended.
 #[derive(Debug, Clone)]
 pub struct RestartOutcome {
     /// The job's result: `done`, `failed`, `timeout`, `canceled`, `dependency`, `skipped`, …
@@ -408,10 +428,31 @@ impl Systemd {
     /// `RestartUnit(unit, "replace")` and wait (at most `job_timeout`) for *our* job's JobRemoved.
     /// The JobRemoved stream is opened before the call, so fast jobs are not missed.
     pub async fn restart(&self, unit: &str, job_timeout: Duration) -> Result<RestartOutcome> {
+        self.job(JobKind::Restart, unit, job_timeout).await
+    }
+
+    /// `StopUnit(unit, "replace")`, waited for as [`Systemd::restart`] is.
+    pub async fn stop(&self, unit: &str, job_timeout: Duration) -> Result<RestartOutcome> {
+        self.job(JobKind::Stop, unit, job_timeout).await
+    }
+
+    /// `StartUnit(unit, "replace")`, waited for as [`Systemd::restart`] is.
+    pub async fn start(&self, unit: &str, job_timeout: Duration) -> Result<RestartOutcome> {
+        self.job(JobKind::Start, unit, job_timeout).await
+    }
+
+    /// Queue a `kind` job for `unit` (mode `replace`) and wait, at most `job_timeout`, for its
+    /// JobRemoved (the stream opened before the call, so a fast job is not missed).
+    async fn job(&self, kind: JobKind, unit: &str, job_timeout: Duration) -> Result<RestartOutcome> {
+        let what = kind.as_str();
         let mut removed = call("subscribe to jobs for", unit, CALL_TIMEOUT, self.manager.receive_job_removed()).await?;
         let started = std::time::Instant::now();
-        let job = call("restart", unit, CALL_TIMEOUT, self.manager.restart_unit(unit, "replace")).await?;
-        tracing::debug!(unit, job = job.as_str(), "restart job queued");
+        let job = match kind {
+            JobKind::Restart => call(what, unit, CALL_TIMEOUT, self.manager.restart_unit(unit, "replace")).await?,
+            JobKind::Stop => call(what, unit, CALL_TIMEOUT, self.manager.stop_unit(unit, "replace")).await?,
+            JobKind::Start => call(what, unit, CALL_TIMEOUT, self.manager.start_unit(unit, "replace")).await?,
+        };
+        tracing::debug!(unit, job = job.as_str(), "{what} job queued");
         let wait = async {
             while let Some(sig) = removed.next().await {
                 if let Ok(a) = sig.args() {
@@ -425,9 +466,9 @@ impl Systemd {
         let job_result = match tokio::time::timeout(job_timeout, wait).await {
             Ok(Some(r)) => r,
             Ok(None) => {
-                return Err(Error::Unreachable { bus: self.bus.to_string(), detail: "the bus connection closed while waiting for the restart job".into() })
+                return Err(Error::Unreachable { bus: self.bus.to_string(), detail: format!("the bus connection closed while waiting for the {what} job") })
             }
-            Err(_) => return Err(Error::Timeout { what: format!("the restart job of {unit}"), after: job_timeout }),
+            Err(_) => return Err(Error::Timeout { what: format!("the {what} job of {unit}"), after: job_timeout }),
         };
         let job_time = started.elapsed();
         let state = self.state(unit).await?;

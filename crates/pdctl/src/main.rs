@@ -5,6 +5,7 @@
 mod client;
 mod context;
 mod fleet;
+mod host;
 mod render;
 mod rollout;
 mod status;
@@ -62,6 +63,10 @@ enum Command {
     /// Many hosts behind one gateway, coordinated through etcd ([fleet] in the config).
     #[command(subcommand)]
     Fleet(FleetCmd),
+    /// Host maintenance (a driver, CUDA or kernel update that reboots the host): drain it under
+    /// the fleet's budget before the reboot, resume it through every gate after.
+    #[command(subcommand)]
+    Host(HostCmd),
     /// Print completion candidates, one a line (used by the bash completion script): the
     /// configured units, or pdctld's rollout ids, newest first.
     #[command(hide = true, name = "__complete")]
@@ -69,6 +74,41 @@ enum Command {
         /// `units` or `rollouts`.
         what: String,
     },
+}
+
+#[derive(Subcommand)]
+enum HostCmd {
+    /// Before a reboot: a slot for every worker of this host in its role's budget (with [fleet]:
+    /// in one etcd transaction, the semaphore restarts take), each worker out of the gateway and
+    /// stopped (decodes first), the host recorded as in maintenance. The slots stay held until
+    /// `pdctl host resume` passed.
+    Drain {
+        /// Accept a role with no worker left behind the gateway.
+        #[arg(long)]
+        allow_outage: bool,
+        /// Why (kept in the record with who started it).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Say what it would do and whether it would wait or be refused; touch nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// One JSON object per line (events, then a summary).
+        #[arg(long)]
+        json: bool,
+    },
+    /// After the reboot: each worker started if the boot did not, through its ready line of
+    /// this run, health, pair, router, metrics, stranded KV and the soak; then the slots given
+    /// back. pdctld runs it by itself at its start after a reboot.
+    Resume {
+        /// Why (kept in the record).
+        #[arg(long)]
+        reason: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// This host's maintenance, the FleetLock endpoint, and whether a maintenance may begin now.
+    Status(OutputArgs),
 }
 
 #[derive(Subcommand)]
@@ -336,6 +376,14 @@ async fn dispatch(command: Command, config: &std::path::Path, client: &client::C
         Command::Completions { .. } | Command::Man { .. } => Exit::Ok,
         Command::Candidates { what } => candidates(config, client, &what).await,
         Command::Fleet(f) => fleet_cmd(f, config, client).await,
+        Command::Host(h) => match h {
+            HostCmd::Drain { dry_run: true, json, .. } => host::dry_run(client, config, json).await,
+            HostCmd::Drain { allow_outage, reason, json, .. } => {
+                host::start(client, config, Request::HostDrain { allow_outage, reason, config: None }, json).await
+            }
+            HostCmd::Resume { reason, json } => host::start(client, config, Request::HostResume { reason, config: None }, json).await,
+            HostCmd::Status(a) => host::status(client, a.json).await,
+        },
     }
 }
 

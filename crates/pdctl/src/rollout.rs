@@ -55,7 +55,7 @@ pub async fn ask<T: serde::de::DeserializeOwned>(client: &Client, method: &str, 
 
 /// [`ask`] for a command with `--json`: its error is also the one line on stdout (the `ApiError`
 /// object, or `pdctld_unreachable`), as a refused start's is.
-async fn ask_said<T: serde::de::DeserializeOwned>(client: &Client, path: &str, json: bool) -> Result<T, Exit> {
+pub async fn ask_said<T: serde::de::DeserializeOwned>(client: &Client, path: &str, json: bool) -> Result<T, Exit> {
     said(client.call::<T>("GET", path, None::<&()>).await, json)
 }
 
@@ -120,6 +120,10 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
         pdctl_contract::api::RolloutKind::Resume => "resumed rollout (run by pdctld)",
         pdctl_contract::api::RolloutKind::Revert => "revert (run by pdctld)",
         pdctl_contract::api::RolloutKind::Weights => "weights rollout, every worker at once, without a restart (run by pdctld)",
+        pdctl_contract::api::RolloutKind::HostDrain => "host drain for maintenance: every worker out of the gateway and stopped (run by pdctld)",
+        pdctl_contract::api::RolloutKind::HostResume => {
+            "host resume after maintenance: every worker through its gates, then the slots given back (run by pdctld)"
+        }
     };
     let r = Arc::new(Mutex::new(Renderer::for_units_as(json, &rec.plan, Kind::Rollout, Some(what))));
     lock(&r).note(&format!("pdctl: rollout {id} runs in pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}"));

@@ -169,6 +169,7 @@ async fn run() {
     let d = Arc::new(daemon_for(&args, config, store).await);
     let listener = bind_socket(&args);
     serve_metrics(&args, &d).await;
+    serve_fleetlock(&d).await;
     let app = daemon::http::api(d.clone());
     spawn_background(&d, &args);
     tracing::info!(socket = %args.socket.display(), state_dir = %state_dir.display(), "pdctld serving on {}", args.socket.display());
@@ -276,6 +277,25 @@ async fn serve_metrics(args: &Args, d: &Arc<daemon::Daemon>) {
             tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the metrics endpoint").await });
         }
         Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
+    }
+}
+
+/// The FleetLock endpoint (`[maintenance] fleetlock_listen`, as the config says at pdctld's
+/// start), served by its own accept loop.
+async fn serve_fleetlock(d: &Arc<daemon::Daemon>) {
+    let Some(addr) = daemon::config(d).ok().and_then(|s| s.maintenance).and_then(|m| m.fleetlock_listen) else { return };
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => {
+            tracing::info!("FleetLock endpoint on http://{addr}");
+            let app = daemon::maintenance::fleetlock_api(d.clone());
+            let l = Arc::new(l);
+            let accept = move || {
+                let l = l.clone();
+                async move { l.accept().await.map(|(s, _)| (s, None)) }
+            };
+            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the FleetLock endpoint").await });
+        }
+        Err(e) => tracing::error!("the FleetLock endpoint cannot listen on {addr} ({e}): update agents asking it will not reboot this host"),
     }
 }
 

@@ -77,6 +77,11 @@ pub struct Metrics {
     /// `pdctl_unresolved`: what pdctld has to undo and could not yet (a paused worker, a drain
     /// it cannot re-admit): no rollout starts while it is above 0.
     pub unresolved: Gauge,
+    /// 1 while this host is in maintenance (drained for a reboot, or coming back).
+    pub maintenance: Gauge,
+    /// 1 while this host's maintenance has failed (its workers failed their gates; it keeps its
+    /// slots): the alert.
+    pub maintenance_failed: Gauge,
 }
 
 impl Default for Metrics {
@@ -99,6 +104,14 @@ impl Default for Metrics {
         let self_restarts = Family::<UnitLabel, Counter>::default();
         let storm = Gauge::default();
         let unresolved = Gauge::default();
+        let maintenance = Gauge::default();
+        let maintenance_failed = Gauge::default();
+        registry.register("host_maintenance", "1 while this host is in maintenance (pdctl host drain … host resume)", maintenance.clone());
+        registry.register(
+            "host_maintenance_failed",
+            "1 while this host's maintenance failed: its workers failed their gates after the reboot, and it keeps its slots",
+            maintenance_failed.clone(),
+        );
         registry.register("rollouts", "Rollouts finished, by result", rollouts.clone());
         registry.register("step_duration_seconds", "Duration of passed gates, by step", step_duration.clone());
         registry.register("gate_failures", "Gates that failed, by step and cause code", gate_failures.clone());
@@ -139,6 +152,8 @@ impl Default for Metrics {
             self_restarts,
             storm,
             unresolved,
+            maintenance,
+            maintenance_failed,
         }
     }
 }

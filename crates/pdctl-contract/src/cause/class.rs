@@ -56,6 +56,7 @@ impl Cause {
             Cause::BadRequest { .. } => "bad_request",
             Cause::Busy { .. } => "busy",
             Cause::RestartStorm { .. } => "restart_storm",
+            Cause::InMaintenance { .. } => "in_maintenance",
             Cause::Reconciling { .. } => "reconciling",
             Cause::DrainNotRestored { .. } => "drain_not_restored",
             Cause::RecordsFailing { .. } => "records_failing",
@@ -105,7 +106,7 @@ impl Cause {
             | Cause::RecordUnwritable { .. }
             | Cause::RestoreFailed { .. }
             | Cause::NotAllowed { .. } => FailureKind::Access,
-            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } => FailureKind::Busy,
+            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } | Cause::InMaintenance { .. } => FailureKind::Busy,
             Cause::RecordsFailing { .. } => FailureKind::Access,
             Cause::SystemdRefused { .. }
             | Cause::EventSourceClosed { .. }

@@ -66,6 +66,7 @@ impl Cause {
             Cause::Busy { id: "r1764500000".into() },
             Cause::RestartStorm { who: "sglang-decode.service ×4, sglang-prefill.service ×2".into(), count: 6, limit: 5, within: Duration::from_secs(600) },
             Cause::Reconciling { units: vec![unit()] },
+            Cause::InMaintenance { phase: "down".into(), id: "r1764500000".into() },
             Cause::DrainNotRestored { unit: unit(), why: msg() },
             Cause::RecordsFailing { error: msg() },
             Cause::NoSuchRollout { id: "r1764500000".into() },

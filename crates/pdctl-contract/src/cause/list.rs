@@ -355,6 +355,14 @@ pub enum Cause {
         /// Why it was not judged.
         why: String,
     },
+    /// This host is in maintenance (`pdctl host drain`): its workers are out of service or
+    /// coming back; nothing else is rolled on it until `pdctl host resume` passed.
+    InMaintenance {
+        /// Where its maintenance stands (`draining`, `down`, `resuming`, `failed`).
+        phase: String,
+        /// The host drain that began it.
+        id: String,
+    },
     /// This host's workers restart by themselves (a restart storm): no rollout starts.
     RestartStorm {
         /// Who restarted and how often ("sglang-decode.service ×4").

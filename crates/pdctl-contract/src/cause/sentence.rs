@@ -103,6 +103,9 @@ impl Cause {
                 "this host is in a restart storm: {count} restarts pdctl did not make within {} (more than {limit}): {who}; a rollout now would add restarts to serving that is already falling over",
                 dur(within)
             ),
+            Cause::InMaintenance { phase, id } => format!(
+                "this host is in maintenance ({phase}, host drain {id}): its workers are out of service or coming back, and nothing else is rolled on it until `pdctl host resume` has passed"
+            ),
             Cause::Busy { id } => format!("another rollout is running: {id} (pdctl rollout watch {id}; pdctl rollout abort {id})"),
             Cause::Reconciling { units } => format!(
                 "pdctld is re-admitting workers it had drained before it stopped, or continuing workers a weights rollout left paused ({}); retry when `pdctl status` no longer says reconciling",

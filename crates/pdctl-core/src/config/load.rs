@@ -121,8 +121,9 @@ fn resolve(texts: &[(PathBuf, String)], hostname: Option<&str>) -> Result<Settin
             "the bake judges the changed workers with [verify.slo]'s tolerances: add [verify.slo] (its defaults will do) or remove bake".into(),
         ));
     }
+    let maintenance = sections::maintenance(&o, m.maintenance, m.maintenance_seen, fleet.as_ref(), hostname)?;
     let (bus, journal_directory, procfs) = sections::access(m.systemd, m.journal);
-    Ok(Settings { bus, journal_directory, procfs, router, workers, rollout, verify, fleet, sources: texts.iter().map(|t| t.0.clone()).collect() })
+    Ok(Settings { bus, journal_directory, procfs, router, workers, rollout, verify, fleet, maintenance, sources: texts.iter().map(|t| t.0.clone()).collect() })
 }
 
 #[cfg(test)]
@@ -283,6 +284,31 @@ smoke_request = true
         let e = one(&text).unwrap_err();
         assert!(e.msg.contains("fleet.storm.within") && e.msg.contains("outside 10s to 1day"), "{e}");
         assert_eq!(e.line, Some(text.lines().position(|l| l.starts_with("within")).unwrap() + 1));
+    }
+
+    #[test]
+    fn maintenance_is_off_without_its_table_and_each_key_is_checked() {
+        assert_eq!(one(BASE).unwrap().maintenance, None);
+        let fleet = "[fleet]\netcd = [\"http://127.0.0.1:2379\"]\nname = \"prod\"\nhost = \"gpu-node-a\"\n";
+        let m = one(&format!("{BASE}\n{fleet}[maintenance]\n")).unwrap().maintenance.unwrap();
+        assert_eq!(m.fleetlock_listen, Some("127.0.0.1:9753".parse().unwrap()), "loopback by default");
+        assert_eq!((m.fleetlock_id.as_str(), m.group.as_str()), ("gpu-node-a", "prod"), "the host's name and the fleet's");
+        let m = one(&format!("{BASE}\n[maintenance]\nfleetlock_listen = \"\"\nfleetlock_id = \"z1\"\nwindows = [\"Sat 02:00-06:00 UTC\"]\n"))
+            .unwrap()
+            .maintenance
+            .unwrap();
+        assert_eq!((m.fleetlock_listen, m.group.as_str(), m.windows.len()), (None, "default", 1));
+        for (bad, key, says) in [
+            ("fleetlock_listen = \"localhost\"", "maintenance.fleetlock_listen", "not an address and port"),
+            ("windows = [\"Sat 02:00-06:00 CET\"]", "maintenance.windows", "only UTC"),
+            ("hold_while_alerting = \"http://prom:9090/metrics\"", "maintenance.hold_while_alerting", "Prometheus instant query"),
+            ("reboot = true", "reboot", "unknown field"),
+        ] {
+            let text = format!("{BASE}\n[maintenance]\nfleetlock_id = \"a\"\n{bad}\n");
+            let e = one(&text).unwrap_err();
+            assert!(e.msg.contains(key) && e.msg.contains(says), "{bad}: {e}");
+            assert_eq!(e.line, Some(text.lines().position(|l| l == bad).unwrap() + 1), "{bad}: {e}");
+        }
     }
 
     #[test]

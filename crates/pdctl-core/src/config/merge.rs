@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{line_of, line_of_key, parse_file, Dur, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawStorm, RawSystemd, RawVerify, RawWorker};
+use super::raw::{
+    line_of, line_of_key, parse_file, Dur, RawFleet, RawJournal, RawMaintenance, RawRollout, RawRouter, RawSlo, RawStorm, RawSystemd, RawVerify, RawWorker,
+};
 use super::settings::DURATION_BOUNDS;
 use super::ConfigError;
 
@@ -25,6 +27,11 @@ pub(super) struct Merged {
     pub(super) storm: RawStorm,
     /// A `[fleet]` table was present (even an empty one).
     pub(super) fleet_seen: bool,
+    /// `[maintenance]`, merged key by key.
+    pub(super) maintenance: RawMaintenance,
+    /// A `[maintenance]` table was present (even an empty one: the FleetLock endpoint on its
+    /// default address).
+    pub(super) maintenance_seen: bool,
     /// Each `[[worker]]` with its file and line.
     pub(super) workers: Vec<(PathBuf, usize, RawWorker)>,
     /// Where `ready_pattern` was set.
@@ -145,6 +152,10 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
                 cert_file,
                 key_file
             );
+        }
+        if let Some(s) = raw.maintenance {
+            m.maintenance_seen = true;
+            over!(path, text, maintenance, m.maintenance, s, fleetlock_listen, fleetlock_id, windows, hold_while_alerting);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);

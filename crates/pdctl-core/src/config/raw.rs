@@ -177,9 +177,20 @@ pub(super) struct RawFleet {
     pub(super) key_file: Option<PathBuf>,
 }
 
+/// `[maintenance]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMaintenance {
+    pub(super) fleetlock_listen: Option<String>,
+    pub(super) fleetlock_id: Option<String>,
+    pub(super) windows: Option<Vec<String>>,
+    pub(super) hold_while_alerting: Option<String>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFile {
+    pub(super) maintenance: Option<RawMaintenance>,
     pub(super) fleet: Option<RawFleet>,
     pub(super) systemd: Option<RawSystemd>,
     pub(super) journal: Option<RawJournal>,

@@ -5,10 +5,10 @@
 use std::path::PathBuf;
 
 use super::merge::Origins;
-use super::raw::{BusKind, OneOrMany, RawFleet, RawJournal, RawRollout, RawRouter, RawSlo, RawStorm, RawSystemd, RawVerify, RawWorker};
+use super::raw::{BusKind, OneOrMany, RawFleet, RawJournal, RawMaintenance, RawRollout, RawRouter, RawSlo, RawStorm, RawSystemd, RawVerify, RawWorker};
 use super::settings::{
-    d, parse_gpus, server_url, BusSetting, FleetSettings, FleetTls, KeySource, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout, RouterSettings,
-    SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker,
+    d, parse_gpus, server_url, BusSetting, FleetSettings, FleetTls, KeySource, MaintenanceSettings, MetricsMode, OnFailure, OnStalePair, Replica, Role,
+    Rollout, RouterSettings, SinglePair, Slo, StrandedKv, UnknownLoad, Verify, Worker,
 };
 use super::ConfigError;
 use crate::url::{canonical_url, same_url};
@@ -312,6 +312,57 @@ pub(super) fn fleet(o: &Origins, fl: RawFleet, storm: RawStorm, seen: bool, host
         return Err(o.at("fleet.keep_rollouts", "must be at least 1 (the fleet rollout running is kept whatever this says)".into()));
     }
     Ok(Some(FleetSettings { etcd, name, host, slot_timeout, max_unavailable, user, canary: fl.canary, keep_rollouts, bake, storm, tls }))
+}
+
+/// `[maintenance]` (`None` without the table): the FleetLock endpoint's address and id, the
+/// windows, the alert hold.
+pub(super) fn maintenance(
+    o: &Origins,
+    m: RawMaintenance,
+    seen: bool,
+    fleet: Option<&FleetSettings>,
+    hostname: Option<&str>,
+) -> Result<Option<MaintenanceSettings>, ConfigError> {
+    if !seen {
+        return Ok(None);
+    }
+    let listen = m.fleetlock_listen.unwrap_or_else(|| super::settings::FLEETLOCK_LISTEN.to_string());
+    let fleetlock_listen = if listen.is_empty() {
+        None
+    } else {
+        Some(listen.parse::<std::net::SocketAddr>().map_err(|e| {
+            o.at(
+                "maintenance.fleetlock_listen",
+                format!("{listen:?} is not an address and port ({e}): write it like \"127.0.0.1:9753\", or \"\" for no endpoint"),
+            )
+        })?)
+    };
+    let fleetlock_id = m.fleetlock_id.or_else(|| fleet.map(|f| f.host.clone())).unwrap_or_else(|| hostname.unwrap_or_default().to_string());
+    if fleetlock_id.is_empty() {
+        return Err(o.at(
+            "maintenance.fleetlock_id",
+            "the FleetLock id this host answers to is empty: set fleetlock_id (Zincati sends its node's app-specific id)".into(),
+        ));
+    }
+    let mut windows = Vec::new();
+    for w in m.windows.unwrap_or_default() {
+        windows.push(crate::service::reboot_window::RebootWindow::parse(&w).map_err(|why| o.at("maintenance.windows", why))?);
+    }
+    let hold_while_alerting = match m.hold_while_alerting {
+        Some(u) => {
+            crate::url::canonical_url(&u).map_err(|why| o.at("maintenance.hold_while_alerting", format!("{:?} {why}", crate::url::redacted(&u))))?;
+            if !u.contains("/api/v1/query") {
+                return Err(o.at(
+                    "maintenance.hold_while_alerting",
+                    "must be a Prometheus instant query, like \"http://prometheus:9090/api/v1/query?query=ALERTS{alertstate=%22firing%22}\"".into(),
+                ));
+            }
+            Some(u)
+        }
+        None => None,
+    };
+    let group = fleet.map(|f| f.name.clone()).unwrap_or_else(|| "default".into());
+    Ok(Some(MaintenanceSettings { fleetlock_listen, fleetlock_id, group, windows, hold_while_alerting }))
 }
 
 /// `[systemd]` and `[journal]`: how this process reaches the manager, the journal and procfs.

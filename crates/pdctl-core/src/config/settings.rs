@@ -381,6 +381,28 @@ pub struct Slo {
     pub unjudged: Unjudged,
 }
 
+/// `[maintenance]`: host maintenance (reboots for drivers and kernels) through pdctl's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaintenanceSettings {
+    /// Where the FleetLock endpoint listens (`fleetlock_listen`; loopback by default: the update
+    /// agent runs on the host). `None`: `fleetlock_listen = ""`, no endpoint.
+    pub fleetlock_listen: Option<std::net::SocketAddr>,
+    /// The FleetLock client id this host answers to (`fleetlock_id`; default the host's name:
+    /// `[fleet] host` or the machine's). Any other id is refused: a lock belongs to its host.
+    pub fleetlock_id: String,
+    /// The FleetLock group asked for (`[fleet] name`, or `default` without `[fleet]`, Zincati's
+    /// default group).
+    pub group: String,
+    /// Weekly windows a maintenance may begin in (none: any time).
+    pub windows: Vec<crate::service::reboot_window::RebootWindow>,
+    /// A Prometheus instant-query URL (`…/api/v1/query?query=…`): while it returns any series,
+    /// no maintenance begins.
+    pub hold_while_alerting: Option<String>,
+}
+
+/// The FleetLock endpoint's address when `[maintenance]` does not say (loopback).
+pub const FLEETLOCK_LISTEN: &str = "127.0.0.1:9753";
+
 /// `[fleet]`: this host is one of many behind one gateway, coordinated through etcd v3.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetSettings {
@@ -471,6 +493,8 @@ pub struct Settings {
     pub verify: Verify,
     /// `[fleet]` (`None`: a single host).
     pub fleet: Option<FleetSettings>,
+    /// `[maintenance]`, when the table is present.
+    pub maintenance: Option<MaintenanceSettings>,
     /// Files read, in order.
     pub sources: Vec<PathBuf>,
 }

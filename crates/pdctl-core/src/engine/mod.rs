@@ -27,6 +27,7 @@
 mod context;
 mod fleet;
 mod gates;
+pub mod host;
 mod in_place;
 mod machine;
 mod recovery;

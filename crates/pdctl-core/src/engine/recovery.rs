@@ -264,8 +264,17 @@ where
             return Vec::new();
         };
         let mut out = Vec::new();
+        // A host in maintenance keeps its slots until its resume passed every gate (its workers
+        // serving again after the reboot is not enough); an unreadable record keeps them all.
+        let maintenance = match ledger.maintenance() {
+            Ok(m) => m.map(|m| m.id),
+            Err(_) => return out,
+        };
         for (name, recs) in ledger.slots() {
             if unit.is_some_and(|u| u.replace('/', "_") != name) || ledger.get(&name).is_some() {
+                continue;
+            }
+            if recs.iter().any(|r| maintenance.as_deref() == Some(r.hold.rollout.as_str())) {
                 continue;
             }
             let mut serving = true;

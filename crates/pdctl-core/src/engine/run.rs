@@ -82,7 +82,12 @@ where
                 Work::Weights { target } => self.update_weights_recorded(&plan, target, r.revisions, sink, &mut notes).await,
                 Work::Revert { restore } => self.revert(&plan, restore, sink, r.abort, ctx, &mut notes).await,
                 Work::Restart { .. } => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
+                Work::HostDrain { .. } | Work::HostResume => self.host_work(&plan, &r, ctx, sink, &mut notes).await,
             };
+            if r.work.is_host() {
+                clients.done.store(true, Ordering::SeqCst);
+                return (summary, false);
+            }
             let restarted = self.after_in_place(&plan, &r, ctx, &mut summary, sink, &mut notes).await;
             // A weights rollout changed no file: nothing to quarantine or roll back by revision.
             if r.work.weights().is_none() || restarted {
@@ -109,6 +114,25 @@ where
         let service_before = std::mem::take(&mut *lock(&before));
         let in_place = r.work.weights().is_some_and(|t| t.config) && !restarted;
         Finished { summary, notes, availability_by_unit: crate::service::availability::by_unit(&samples, end), service_before, in_place }
+    }
+
+    /// Host maintenance ([`Work::HostDrain`], [`Work::HostResume`]): its ledger is required
+    /// (the maintenance record outlives the process and the reboot).
+    async fn host_work(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) -> Summary {
+        let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
+        let Some(ledger) = r.ledger else {
+            let f = Fail::from(Cause::RecordUnwritable {
+                dir: "the maintenance record".into(),
+                error: "host maintenance runs only in pdctld, which keeps its ledger".into(),
+            });
+            let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
+            return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
+        };
+        let run = &mut Underway { sink, abort: r.abort, ctx, notes, t: &mut t };
+        match r.work {
+            Work::HostDrain { asked } => self.host_drain(plan, asked, ledger, run).await,
+            _ => self.host_resume(plan, ledger, run).await,
+        }
     }
 
     /// A config rollout loaded in place: on record as what runs, or (failed) restarted instead

@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, slo, slot, soak, stranded_kv, Deferred, Restarted};
+use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, slo, slot, soak, stop, stranded_kv, Deferred, Restarted};
 use crate::engine::step_run::{lock, Fail, StepRun};
-use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED};
+use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED, RAN_THROUGH};
 use crate::engine::{Ctx, Engine, Outage, Repaired};
 use crate::events::{Failure, Sink, Step};
 use crate::fleet::SlotRecord;
@@ -20,13 +20,26 @@ use crate::ports::{Logs, Probes, UnitState, Units};
 use crate::state::revisions;
 
 /// A worker's steps, in the order the runbook gives them: a slot of its role's fleet budget, out
-/// of the gateway, restarted, its ready line of this run, `/health`, its PD pairs probed directly
+/// of the gateway, restarted (or, for host maintenance, stopped for the reboot and started after
+/// it), its ready line of this run, `/health`, its PD pairs probed directly
 /// (still out of the gateway: a stale pair is found and repaired before clients reach it), back
 /// in the gateway, its KV metrics, the KV its prefills held for its old process released (a
 /// decode), and the soak. Preflight runs before the first worker; reconcile, rollback, weights
 /// and switch are steps of a rollout, not of a worker's sequence.
-pub const RUNBOOK: [Step; 10] =
-    [Step::Slot, Step::Drain, Step::Restart, Step::Ready, Step::Health, Step::Pair, Step::Router, Step::Metrics, Step::StrandedKv, Step::Soak];
+pub const RUNBOOK: [Step; 12] = [
+    Step::Slot,
+    Step::Drain,
+    Step::Restart,
+    Step::Stop,
+    Step::Start,
+    Step::Ready,
+    Step::Health,
+    Step::Pair,
+    Step::Router,
+    Step::Metrics,
+    Step::StrandedKv,
+    Step::Soak,
+];
 
 /// Which part of the runbook runs on a worker, and how its steps judge what they find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,14 +60,22 @@ pub enum Sequence {
     Verify,
     /// `check`: health, router, metrics — changing nothing (no registration, no warm-up request).
     Check,
+    /// Host maintenance, before the reboot: out of the gateway and stopped (the host's slots are
+    /// taken for all its workers at once before, and held until its resume passed).
+    HostDown,
+    /// Host maintenance, after the reboot: started if the boot did not, then every gate a
+    /// restart passes; a stale pair fails it.
+    HostUp,
 }
 
 impl Sequence {
     /// Whether the sequence runs `step`.
     pub fn runs(self, step: Step) -> bool {
         match self {
-            Sequence::Restart | Sequence::Repair => RUNBOOK.contains(&step),
-            Sequence::SwitchNew => step != Step::Slot && RUNBOOK.contains(&step),
+            Sequence::Restart | Sequence::Repair => RUNBOOK.contains(&step) && !matches!(step, Step::Stop | Step::Start),
+            Sequence::SwitchNew => RUNBOOK.contains(&step) && !matches!(step, Step::Slot | Step::Stop | Step::Start),
+            Sequence::HostDown => matches!(step, Step::Drain | Step::Stop),
+            Sequence::HostUp => RUNBOOK.contains(&step) && !matches!(step, Step::Slot | Step::Drain | Step::Restart | Step::Stop),
             Sequence::Verify => matches!(step, Step::Health | Step::Pair | Step::Router | Step::Metrics | Step::StrandedKv),
             Sequence::Check => matches!(step, Step::Health | Step::Router | Step::Metrics),
         }
@@ -72,9 +93,10 @@ impl Sequence {
         RUNBOOK.into_iter().enumerate().filter(move |(i, s)| *i >= a && *i <= b && self.runs(*s)).map(|(_, s)| s)
     }
 
-    /// Whether the worker is restarted (else only verified).
+    /// Whether the worker gets a new run — restarted, or started after host maintenance — that
+    /// the later gates hold it to (else it is only verified).
     pub fn restarts(self) -> bool {
-        self.runs(Step::Restart)
+        self.runs(Step::Restart) || self.runs(Step::Start)
     }
 }
 
@@ -100,12 +122,27 @@ pub(in crate::engine) struct WorkerRun<'a, W> {
     restarted: Option<Restarted<W>>,
     /// Decodes restarted to repair a stale pairing its pair gate found (pair → the caller).
     repaired: Repaired,
+    /// Host maintenance: the worker as the host's drain found it (its run, the journal's
+    /// cursor before its stop) — the start step's starting point.
+    pub(in crate::engine) maintained: Option<crate::state::drain_ledger::MaintainedUnit>,
 }
 
 impl<'a, W> WorkerRun<'a, W> {
     /// `w` about to run `seq` in `ctx`.
     pub(in crate::engine) fn new(w: &'a Worker, seq: Sequence, sink: &'a Sink, ctx: Ctx<'a>) -> Self {
-        WorkerRun { w, seq, sink, ctx, slots: Vec::new(), before: None, drain_began: None, deferred: None, restarted: None, repaired: Vec::new() }
+        WorkerRun {
+            w,
+            seq,
+            sink,
+            ctx,
+            slots: Vec::new(),
+            before: None,
+            drain_began: None,
+            deferred: None,
+            restarted: None,
+            repaired: Vec::new(),
+            maintained: None,
+        }
     }
 }
 
@@ -196,6 +233,22 @@ where
             Step::Restart => {
                 let deferred = r.deferred.take();
                 r.restarted = Some(reported(sink, unit, step, restart::restart(self, w, deferred.as_ref())).await?);
+            }
+            Step::Stop => {
+                let deferred = r.deferred.take();
+                reported(sink, unit, step, async { stop::stop(self, w, deferred.as_ref()).await.map(|d| (d, ())) }).await?;
+                // Stopped for the reboot: not a drain to undo any more. The maintenance record
+                // holds it; its resume re-registers it through the router gate.
+                if let Some(l) = ctx.writes.ledger {
+                    l.clear(unit).map_err(|e| (step, Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() })))?;
+                }
+            }
+            Step::Start => {
+                let was = r.maintained.clone();
+                r.restarted = Some(reported(sink, unit, step, stop::start(self, w, was.as_ref())).await?);
+            }
+            Step::Ready if r.restarted.as_ref().is_some_and(|x| x.ran_through) => {
+                StepRun::start(sink, unit, step).skip(RAN_THROUGH);
             }
             Step::Ready => {
                 let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
@@ -307,7 +360,9 @@ where
         };
         let stale = pair::pair_step(self, w, sink, ctx, &after).await?;
         match r.seq {
-            Sequence::Restart => {
+            // A prefill back after a reboot runs a new process on its old address, as after a
+            // restart: decodes that kept its old bootstrap info are repaired the same way.
+            Sequence::Restart | Sequence::HostUp => {
                 for st in stale {
                     match &st.owner {
                         // On the heap: a repair runs a sequence of its own.
@@ -323,7 +378,7 @@ where
                     return Err((Step::Pair, Fail::from(Cause::StalePair { decode: s.decode.unit.clone(), prefill: w.unit.clone() })));
                 }
             }
-            Sequence::Repair | Sequence::Check => {}
+            Sequence::Repair | Sequence::Check | Sequence::HostDown => {}
         }
         Ok(())
     }
@@ -384,7 +439,7 @@ mod tests {
 
     #[test]
     fn every_sequence_keeps_the_runbook_order_and_steps_after_restart_need_it() {
-        for seq in [Sequence::Restart, Sequence::Repair, Sequence::SwitchNew, Sequence::Verify, Sequence::Check] {
+        for seq in [Sequence::Restart, Sequence::Repair, Sequence::SwitchNew, Sequence::Verify, Sequence::Check, Sequence::HostDown, Sequence::HostUp] {
             let steps: Vec<Step> = seq.steps().collect();
             let at = |s: &Step| RUNBOOK.iter().position(|x| x == s);
             assert!(steps.windows(2).all(|p| at(&p[0]) < at(&p[1])), "{seq:?}: {steps:?}");

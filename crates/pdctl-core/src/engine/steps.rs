@@ -38,6 +38,8 @@ pub const NO_OTHER_ROLE: &str = "no worker of the other PD role is configured";
 pub const NOT_REGISTERED: &str = "not registered in the router";
 /// The router gate of a coherent switch's new group before the switch.
 pub const HELD_FOR_SWITCH: &str = "held out of the router until the coherent switch: it runs the new model while the old group serves";
+/// The ready gate after host maintenance of a worker whose run went on through the drain.
+pub const RAN_THROUGH: &str = "its run went on through the host's drain (it was never stopped): its ready line came before";
 /// A rollback of a unit whose files are already its last good revision.
 pub const NOTHING_TO_RESTORE: &str = "nothing to restore: the unit's files are its last good revision";
 
@@ -52,6 +54,10 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
         // The stop drains (SGLang waits for its requests), bounded by each unit's
         // TimeoutStopSec, which the config does not know: the longest pdctl waits for it.
         Step::Restart => crate::sglang::stop::job_limit(r.job_timeout, None),
+        // The same stop, after a drained prefill is kept for its decodes' KV pulls (bounded by
+        // its bootstrap timeout, at most 1h).
+        Step::Stop => crate::sglang::stop::job_limit(r.job_timeout, None) + Duration::from_secs(3600),
+        Step::Start => r.job_timeout,
         Step::Ready => r.ready_timeout,
         Step::Health => r.health_timeout,
         Step::Router => r.router_timeout,
@@ -77,9 +83,17 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
 pub fn rule(step: Step, s: &Settings) -> StepRule {
     use GateMode::{Off, Required, Warn};
     let (mode, off_because) = match step {
-        Step::Preflight | Step::Restart | Step::Ready | Step::Health | Step::Soak | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => {
-            (Required, None)
-        }
+        Step::Preflight
+        | Step::Restart
+        | Step::Stop
+        | Step::Start
+        | Step::Ready
+        | Step::Health
+        | Step::Soak
+        | Step::Reconcile
+        | Step::Rollback
+        | Step::Weights
+        | Step::Switch => (Required, None),
         Step::Slot if s.fleet.is_some() => (Required, None),
         Step::Slot => (Off, Some("no [fleet] configured")),
         // The drain itself always runs; a load it cannot read halts or is a warning.

@@ -32,6 +32,15 @@ pub enum Work<'a> {
         /// What to load.
         target: WeightsTarget<'a>,
     },
+    /// Host maintenance before a reboot (`pdctl host drain`): every worker of the plan out of
+    /// the gateway and stopped under the host's whole budget, held until its resume.
+    HostDrain {
+        /// Who asked, and why.
+        asked: crate::engine::host::Asked<'a>,
+    },
+    /// Host maintenance after the reboot (`pdctl host resume`): every worker through the
+    /// restart's gates, then the host's budget given back.
+    HostResume,
 }
 
 impl<'a> Work<'a> {
@@ -41,6 +50,12 @@ impl<'a> Work<'a> {
             Work::Weights { target } => Some(*target),
             _ => None,
         }
+    }
+
+    /// Whether it is host maintenance (no revision, rollback or quarantine: nothing's files
+    /// change).
+    pub fn is_host(&self) -> bool {
+        matches!(self, Work::HostDrain { .. } | Work::HostResume)
     }
 }
 

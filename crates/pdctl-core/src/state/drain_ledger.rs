@@ -6,7 +6,7 @@
 //!
 //! One JSON file per unit in the ledger directory (pdctld: `<state>/drains/`), written atomically.
 
-pub use pdctl_contract::records::{Drain, Hold};
+pub use pdctl_contract::records::{Drain, Hold, MaintainedUnit, Maintenance, MaintenancePhase};
 use std::path::{Path, PathBuf};
 
 use crate::state::state_file::{atomic_write, STATE_FILE_MODE};
@@ -112,6 +112,38 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    fn maintenance_path(&self) -> PathBuf {
+        self.dir.join("maintenance").join("host.json")
+    }
+
+    /// Write down where this host's maintenance stands (before what it says is done).
+    pub fn record_maintenance(&self, m: &Maintenance) -> std::io::Result<()> {
+        crate::state::state_file::create_private_dir(&self.dir.join("maintenance"))?;
+        let bytes = serde_json::to_vec_pretty(m).map_err(std::io::Error::other)?;
+        atomic_write(&self.maintenance_path(), &bytes, STATE_FILE_MODE)
+    }
+
+    /// This host's maintenance, if one is on record; `Err`: its file does not parse (reported,
+    /// never deleted: a host whose record cannot be read is treated as in maintenance).
+    pub fn maintenance(&self) -> Result<Option<Maintenance>, Unreadable> {
+        let path = self.maintenance_path();
+        match std::fs::read(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Unreadable { path, error: e.to_string() }),
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| Unreadable { path, error: e.to_string() }),
+        }
+    }
+
+    /// Cross the maintenance off (its workers passed their gates, its slots are given back).
+    pub fn clear_maintenance(&self) -> std::io::Result<()> {
+        match std::fs::remove_file(self.maintenance_path()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +173,27 @@ mod tests {
         l.clear("p.service").unwrap();
         l.clear("p.service").unwrap();
         assert_eq!(l.get("p.service"), None);
+        // The maintenance record lives apart from the drains (never read as one).
+        assert_eq!(l.maintenance().unwrap(), None);
+        let m = Maintenance {
+            id: "r2".into(),
+            phase: MaintenancePhase::Down,
+            began: 1,
+            since: 2,
+            by: "fleetlock node-a".into(),
+            reason: None,
+            boot_id: Some("b1".into()),
+            units: vec![MaintainedUnit { unit: "p.service".into(), invocation_id: "abc".into(), cursor: Some("s=1".into()), stopped: true }],
+            failed: None,
+        };
+        l.record_maintenance(&m).unwrap();
+        assert_eq!(l.maintenance().unwrap(), Some(m));
+        assert_eq!(l.all().1.len(), 1, "only the junk file is unreadable");
+        std::fs::write(dir.join("maintenance/host.json"), "{").unwrap();
+        assert!(l.maintenance().is_err(), "an unreadable record is an error, not none");
+        l.clear_maintenance().unwrap();
+        l.clear_maintenance().unwrap();
+        assert_eq!(l.maintenance().unwrap(), None);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

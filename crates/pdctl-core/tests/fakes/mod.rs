@@ -24,6 +24,10 @@ pub use pdctl_probe::service::ServiceScrape;
 pub struct World {
     pub states: HashMap<String, UnitState>,
     pub restarted: Vec<String>,
+    /// Units stopped (host maintenance), in order.
+    pub stopped: Vec<String>,
+    /// Units started, in order.
+    pub started: Vec<String>,
     pub unhealthy: Vec<String>,
     pub env: HashMap<String, Vec<String>>,
     pub next_pid: u32,
@@ -171,6 +175,22 @@ impl Units for FakeUnits {
         let st = state(&format!("inv{}", w.next_pid), w.next_pid);
         w.states.insert(unit.into(), st.clone());
         w.restarted.push(unit.into());
+        Ok(JobOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
+    }
+    async fn stop(&self, unit: &str, _t: Duration) -> Result<JobOutcome, UnitsError> {
+        let mut w = self.0.lock().unwrap();
+        let st = w.states.get_mut(unit).ok_or(UnitsError::NoSuchUnit(format!("unit {unit} does not exist")))?;
+        (st.main_pid, st.active_state, st.sub_state) = (0, "inactive".into(), "dead".into());
+        let st = st.clone();
+        w.stopped.push(unit.into());
+        Ok(JobOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
+    }
+    async fn start(&self, unit: &str, _t: Duration) -> Result<JobOutcome, UnitsError> {
+        let mut w = self.0.lock().unwrap();
+        w.next_pid += 1;
+        let st = state(&format!("inv{}", w.next_pid), w.next_pid);
+        w.states.insert(unit.into(), st.clone());
+        w.started.push(unit.into());
         Ok(JobOutcome { job_result: "done".into(), job_time: Duration::from_millis(1), state: st })
     }
 }

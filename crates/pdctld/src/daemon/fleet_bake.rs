@@ -203,8 +203,13 @@ impl Daemon {
             }
         }
         let reason = format!("fleet rollout {}'s bake: {}", r.id, rv.why);
-        let by =
-            StartedBy { uid: None, reason: Some(reason.clone()), fleet_rollout: Some(r.id.clone()), fleet_by: Some(format!("pdctld on {} (bake)", rv.by)) };
+        let by = StartedBy {
+            uid: None,
+            reason: Some(reason.clone()),
+            fleet_rollout: Some(r.id.clone()),
+            fleet_by: Some(format!("pdctld on {} (bake)", rv.by)),
+            fleetlock: None,
+        };
         let s = match start(self.clone(), Request::Revert { id: local_id.to_string(), reason: Some(reason), config: None }, by).await {
             Ok(Started { id: Some(id), .. }) => self.follow(c, f, &r.id, &id, &mut sent, false).await,
             // Its part changed no file (a plain restart): nothing to put back, and nothing wrong.

@@ -42,7 +42,12 @@ pub(super) async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum
         Err(c) => return api_err(&c),
     };
     let reason = match &req {
-        Request::Restart { reason, .. } | Request::Apply { reason, .. } | Request::Revert { reason, .. } | Request::Weights { reason, .. } => reason.clone(),
+        Request::Restart { reason, .. }
+        | Request::Apply { reason, .. }
+        | Request::Revert { reason, .. }
+        | Request::Weights { reason, .. }
+        | Request::HostDrain { reason, .. }
+        | Request::HostResume { reason, .. } => reason.clone(),
         Request::Resume { .. } => None,
     };
     let by = StartedBy { uid: peer.and_then(|p| p.0.uid), reason, ..Default::default() };
@@ -285,6 +290,11 @@ pub(super) async fn config_identity(State(d): State<Arc<Daemon>>) -> Response {
     }
 }
 
+/// `GET /v1/host`: this host's maintenance, and whether one may begin now.
+pub(super) async fn host(State(d): State<Arc<Daemon>>) -> Response {
+    Json(d.host_status().await).into_response()
+}
+
 pub(super) async fn ping() -> Response {
     Json(serde_json::json!({ "ok": true })).into_response()
 }
@@ -330,6 +340,7 @@ pub fn api(d: Arc<Daemon>) -> Router {
         .route("/v1/diff", get(diff))
         .route("/v1/config", get(config_identity))
         .route("/v1/status", get(status))
+        .route("/v1/host", get(host))
         .route("/v1/ping", get(ping))
         .fallback(|| async { api_err(&Cause::BadRequest { message: "no such endpoint; see docs/cli.md for pdctld's control API".into() }) })
         .method_not_allowed_fallback(|| async {
@@ -360,7 +371,13 @@ pub fn metrics_api(d: Arc<Daemon>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(d): State<Arc<Daemon>>| async move { ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], d.metrics.render()) }),
+            get(|State(d): State<Arc<Daemon>>| async move {
+                // The maintenance gauges are read from the ledger at each scrape.
+                let m = d.store.ledger().maintenance();
+                d.metrics.maintenance.set(i64::from(!matches!(m, Ok(None))));
+                d.metrics.maintenance_failed.set(i64::from(matches!(&m, Ok(Some(x)) if x.phase == pdctl_contract::records::MaintenancePhase::Failed)));
+                ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], d.metrics.render())
+            }),
         )
         .with_state(d)
 }

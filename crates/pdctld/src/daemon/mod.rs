@@ -4,12 +4,13 @@
 //! `pdctl_contract::api`; how it fails in `pdctl_contract::cause`.
 //!
 //! Its rooms: the records and the one running slot ([`shared`]), recovery at start and while idle
-//! ([`recovery`]), driving a rollout ([`rollouts`]), the HTTP API ([`http`]) and fleet
-//! participation ([`fleet`]).
+//! ([`recovery`]), driving a rollout ([`rollouts`]), the HTTP API ([`http`]), fleet
+//! participation ([`fleet`]) and host maintenance with its FleetLock endpoint ([`maintenance`]).
 
 pub mod fleet;
 pub mod fleet_bake;
 pub mod http;
+pub mod maintenance;
 mod recovery;
 mod rollouts;
 mod shared;

@@ -191,6 +191,9 @@ impl Daemon {
         }
         self.reconciling.store(false, Ordering::SeqCst);
         notify_status("idle");
+        // A host maintenance on record: resumed now if the host rebooted (or pdctld stopped
+        // during it), else it waits for its reboot.
+        self.clone().maintenance_at_start().await;
     }
 
     /// While idle: a drain in the ledger whose worker the gateway lists admitted again (the

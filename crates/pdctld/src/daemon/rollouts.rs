@@ -48,20 +48,14 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     let e = engine(&daemon).await?;
     daemon.storm_refusal(&e.settings)?;
     let p = match req {
+        Request::HostDrain { .. } | Request::HostResume { .. } => match plan_host(&daemon, &e, &req)? {
+            Planning::Run(p) => p,
+            Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
+        },
+        _ if daemon.store.ledger().maintenance().is_ok_and(|m| m.is_some()) => return Err(in_maintenance(&daemon)),
         Request::Restart { units, allow_outage, load_changes, .. } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            Planned {
-                kind: RolloutKind::Restart,
-                plan,
-                reasons: BTreeMap::new(),
-                resumes: None,
-                allow_outage,
-                load_changes,
-                reverify: 0,
-                restore: None,
-                weights: None,
-                notes: Vec::new(),
-            }
+            Planned { load_changes, ..Planned::of(RolloutKind::Restart, plan, allow_outage) }
         }
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
         // the timer's sake).
@@ -84,18 +78,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
                 });
             }
             let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            Planned {
-                kind: RolloutKind::Weights,
-                plan,
-                reasons: BTreeMap::new(),
-                resumes: None,
-                allow_outage: true,
-                load_changes: false,
-                reverify: 0,
-                restore: None,
-                weights: Some((model_path, version, fleet_rollout)),
-                notes: Vec::new(),
-            }
+            Planned { weights: Some((model_path, version, fleet_rollout)), ..Planned::of(RolloutKind::Weights, plan, true) }
         }
         Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
             Planning::Run(p) => p,
@@ -142,7 +125,9 @@ fn same_config(daemon: &Daemon, req: &Request) -> Result<(), Cause> {
     | Request::Apply { config: Some(given), .. }
     | Request::Resume { config: Some(given), .. }
     | Request::Weights { config: Some(given), .. }
-    | Request::Revert { config: Some(given), .. } = req
+    | Request::Revert { config: Some(given), .. }
+    | Request::HostDrain { config: Some(given), .. }
+    | Request::HostResume { config: Some(given), .. } = req
     {
         let ours = pdctl_core::config::identity(&daemon.config);
         if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
@@ -216,6 +201,45 @@ struct Planned {
     weights: Option<Weights>,
     /// Said in the record from its start (a config rollout: why it restarts rather than loads).
     notes: Vec<String>,
+}
+
+/// A host in maintenance rolls nothing but its resume.
+fn in_maintenance(daemon: &Daemon) -> Cause {
+    match daemon.store.ledger().maintenance() {
+        Ok(Some(m)) => Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id },
+        _ => Cause::InMaintenance { phase: "unknown".into(), id: "unknown".into() },
+    }
+}
+
+/// Host maintenance's plan: every configured worker. A drain of a host in maintenance already is
+/// refused (as is one whose record cannot be read); a resume of a host in service is nothing to do.
+fn plan_host(daemon: &Daemon, e: &RealEngine, req: &Request) -> Result<Planning, Cause> {
+    let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let on_record = daemon.store.ledger().maintenance().map(|m| m.is_some()).unwrap_or(true);
+    Ok(match req {
+        Request::HostDrain { .. } if on_record => return Err(in_maintenance(daemon)),
+        Request::HostDrain { allow_outage, .. } => Planning::Run(Planned::of(RolloutKind::HostDrain, plan, *allow_outage)),
+        _ if !on_record => Planning::Nothing("this host is not in maintenance: nothing to resume".into()),
+        _ => Planning::Run(Planned::of(RolloutKind::HostResume, plan, true)),
+    })
+}
+
+impl Planned {
+    /// `kind` of `plan`, with nothing else to say (no reasons, resume, revert or weights).
+    fn of(kind: RolloutKind, plan: Plan, allow_outage: bool) -> Planned {
+        Planned {
+            kind,
+            plan,
+            reasons: BTreeMap::new(),
+            resumes: None,
+            allow_outage,
+            load_changes: false,
+            reverify: 0,
+            restore: None,
+            weights: None,
+            notes: Vec::new(),
+        }
+    }
 }
 
 /// What a request comes to: a plan to run, or nothing to roll — said, with no record (an empty
@@ -484,11 +508,14 @@ pub(super) async fn run(
         })
     };
     let dir = daemon.store.revisions_dir();
-    let (allow_outage, load_changes, fleet_rollout) = {
+    let (allow_outage, load_changes, fleet_rollout, by) = {
         let r = lock(&record);
-        (r.allow_outage, r.load_changes, r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()))
+        (r.allow_outage, r.load_changes, r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()), r.started_by.clone().unwrap_or_default())
     };
+    let who = by.who();
     let work = match (restore.as_ref(), weights.as_ref()) {
+        _ if kind == RolloutKind::HostDrain => Work::HostDrain { asked: pdctl_core::engine::host::Asked { by: &who, reason: by.reason.as_deref() } },
+        _ if kind == RolloutKind::HostResume => Work::HostResume,
         (_, Some((model_path, version, fleet))) => Work::Weights {
             target: pdctl_core::engine::WeightsTarget {
                 model_path,

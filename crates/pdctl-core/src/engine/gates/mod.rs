@@ -16,4 +16,5 @@ pub(in crate::engine) mod slo;
 pub(in crate::engine) mod slot;
 pub(in crate::engine) use slo::Mark;
 pub(in crate::engine) mod soak;
+pub(in crate::engine) mod stop;
 pub(in crate::engine) mod stranded_kv;

@@ -83,6 +83,9 @@ pub(in crate::engine) struct Restarted<W> {
     pub(in crate::engine) after: UnitState,
     /// When a deferred drain took it out of the gateway.
     pub(in crate::engine) taken_out: Option<Instant>,
+    /// Host maintenance: its run went on through the host's drain (it was never stopped), so its
+    /// ready line came before; the ready gate has nothing new to wait for.
+    pub(in crate::engine) ran_through: bool,
 }
 
 /// The restart step: a failed unit's state reset, the cursor and watch taken, the restart
@@ -117,19 +120,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
             (out?, Some(taken))
         }
     };
-    let took = crate::sglang::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
-    // The old process's last lines reach the journal through its own stream; a
-    // SIGTERM line without a watchdog check yet is read again (bounded) so the last
-    // check, written just before the exit, is not missed.
-    let mut stop = crate::sglang::stop::report(&[], took, timeout_stop);
-    for _ in 0..5 {
-        let lines = eng.logs.last_lines(unit, 300).await.unwrap_or_default();
-        stop = crate::sglang::stop::report(&lines, took, timeout_stop);
-        if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let stop = stop_report(eng, unit, &out.state, timeout_stop).await;
     let typed = RestartDetail {
         job_result: out.job_result.clone(),
         job_ms: out.job_time.as_millis() as u64,
@@ -156,7 +147,30 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
         return Err(Fail { cause, detail, unit: None });
     }
-    Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at) }))
+    Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at), ran_through: false }))
+}
+
+/// What the stop of `unit`'s old process was (a drain, a watchdog kill, SGLang's own tree kill),
+/// from its last lines and `after` (the unit's state after the job). The old process's last
+/// lines reach the journal through its own stream; a SIGTERM line without a watchdog check yet is
+/// read again (bounded) so the last check, written just before the exit, is not missed.
+pub(in crate::engine) async fn stop_report<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    unit: &str,
+    after: &UnitState,
+    timeout_stop: Option<Duration>,
+) -> crate::sglang::stop::StopReport {
+    let took = crate::sglang::stop::duration(after.active_exit_us, after.inactive_enter_us);
+    let mut stop = crate::sglang::stop::report(&[], took, timeout_stop);
+    for _ in 0..5 {
+        let lines = eng.logs.last_lines(unit, 300).await.unwrap_or_default();
+        stop = crate::sglang::stop::report(&lines, took, timeout_stop);
+        if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop
 }
 
 /// The restart job of a worker whose drain was deferred, taking it out of every replica at

@@ -1,0 +1,376 @@
+//! Host maintenance: a GPU driver, CUDA or kernel update reboots the whole host, every prefill and
+//! decode on it at once. The drain takes the host's whole budget first — with `[fleet]`, a slot
+//! of its role's fleet-wide semaphore for every worker in one etcd transaction, the same
+//! semaphore restarts take, so a reboot and a rollout never exceed `max_unavailable` together —
+//! then takes each worker out of the gateway, waits for what it runs and stops it (a prefill
+//! kept until its decodes pulled their KV). After the reboot the resume holds each worker to the
+//! restart's gates and only then gives the slots back; a host that fails them keeps its slots.
+//! Every step is written to the ledger's maintenance record before it is taken.
+
+use std::sync::atomic::Ordering;
+
+use crate::cause::Cause;
+use crate::config::{Role, Worker};
+use crate::engine::runbook::{Sequence, WorkerRun};
+use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::{gates, Engine, Tally, Underway};
+use crate::events::{Outcome, Step, Summary};
+use crate::plan::Plan;
+use crate::ports::{Logs, Probes, Units};
+use crate::state::drain_ledger::{Ledger, MaintainedUnit, Maintenance, MaintenancePhase};
+
+/// Who asked for a host drain, and why (kept in the maintenance record).
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// `uid N`, or `fleetlock ID`.
+    pub by: &'a str,
+    /// `--reason`.
+    pub reason: Option<&'a str>,
+}
+
+/// The kernel's boot id (a resume at pdctld's start tells a reboot from a restart of pdctld).
+pub fn boot_id(procfs: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(procfs.join("sys/kernel/random/boot_id")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// The order a host's workers are drained in: decodes first (a decode's requests still pull KV
+/// from prefills; a prefill stopped before them would cut them), then prefills, then the rest.
+/// A resume brings them back the other way round (a decode's pair gate needs its prefills).
+fn drain_order(plan: &Plan) -> Vec<&Worker> {
+    let rank = |w: &Worker| match w.role {
+        Role::Decode => 0,
+        Role::Prefill => 1,
+        Role::Regular => 2,
+    };
+    let mut ws: Vec<&Worker> = plan.workers.iter().collect();
+    ws.sort_by_key(|w| rank(w));
+    ws
+}
+
+fn unwritable(e: std::io::Error) -> Fail {
+    Fail::from(Cause::RecordUnwritable { dir: "the maintenance record".into(), error: e.to_string() })
+}
+
+impl<U, L, P> Engine<U, L, P>
+where
+    U: Units,
+    L: Logs,
+    P: Probes,
+{
+    /// Drain the host for a reboot: refused (touching nothing) when it is in maintenance already,
+    /// a unit cannot be read or its stop would not drain, or — without `--allow-outage` — a role
+    /// would be left with no worker the gateway admits; then the record, the slots, every worker
+    /// out of the gateway (decodes first), and every worker stopped. A failure before any stop
+    /// undoes it all (drains re-admitted, slots given back, record crossed off); after one, the
+    /// record says `failed` and keeps the slots until `pdctl host resume` passes.
+    pub(in crate::engine) async fn host_drain(&self, plan: &Plan, asked: Asked<'_>, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
+        let (sink, ctx) = (run.sink, run.ctx);
+        let t = &mut *run.t;
+        let order = drain_order(plan);
+        let Some(first) = order.first().copied() else {
+            return t.summary(Outcome::Succeeded, None);
+        };
+        if let Err(f) = self.host_preflight(&order, ledger, ctx.outage.accepted(), sink).await {
+            return t.summary(Outcome::Failed, Some(self.failure(&first.unit, Step::Preflight, f).await));
+        }
+        let now = crate::fleet::now_secs();
+        let cursor = self.logs.tail_cursor().await.ok().flatten();
+        let mut units = Vec::new();
+        for w in &order {
+            let invocation_id = self.units.state(&w.unit).await.map(|s| s.invocation_id).unwrap_or_default();
+            units.push(MaintainedUnit { unit: w.unit.clone(), invocation_id, cursor: cursor.clone(), stopped: false });
+        }
+        let mut m = Maintenance {
+            id: ctx.writes.id.to_string(),
+            phase: MaintenancePhase::Draining,
+            began: now,
+            since: now,
+            by: asked.by.to_string(),
+            reason: asked.reason.map(String::from),
+            boot_id: boot_id(&self.settings.procfs),
+            units,
+            failed: None,
+        };
+        if let Err(e) = ledger.record_maintenance(&m) {
+            return t.summary(Outcome::Failed, Some(self.failure(&first.unit, Step::Preflight, unwritable(e)).await));
+        }
+        // The host's whole budget at once: every worker's slot in one transaction, or none.
+        if let Err((step, f)) = gates::slot::slot_step(self, &order, sink, ctx).await {
+            let _ = ledger.clear_maintenance();
+            return t.summary(Outcome::Failed, Some(self.failure(&first.unit, step, f).await));
+        }
+        let mut runs: Vec<WorkerRun<'_, U::W>> = order.iter().map(|w| WorkerRun::new(w, Sequence::HostDown, sink, ctx)).collect();
+        // Out of the gateway first, every worker: nothing new reaches the host while the first
+        // ones stop.
+        for r in &mut runs {
+            if let Err((step, f)) = self.run_steps(r, Sequence::HostDown.between(Step::Slot, Step::Drain)).await {
+                let unit = r.w.unit.clone();
+                return self.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
+            }
+        }
+        for (i, r) in runs.iter_mut().enumerate() {
+            if let Err((step, f)) = self.run_steps(r, Sequence::HostDown.between(Step::Stop, Step::Stop)).await {
+                let unit = r.w.unit.clone();
+                return self.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
+            }
+            m.units[i].stopped = true;
+            if let Err(e) = ledger.record_maintenance(&m) {
+                let unit = r.w.unit.clone();
+                return self.host_drain_failed(&unit, Step::Stop, unwritable(e), &mut m, ledger, run).await;
+            }
+            run.t.done.push(r.w.unit.clone());
+        }
+        m.phase = MaintenancePhase::Down;
+        m.since = crate::fleet::now_secs();
+        if let Err(e) = ledger.record_maintenance(&m) {
+            return self.host_drain_failed(&first.unit, Step::Stop, unwritable(e), &mut m, ledger, run).await;
+        }
+        run.notes.push(format!("every worker of this host is out of the gateway and stopped: the host may reboot now (then `pdctl host resume`, or pdctld resumes at its start after the reboot) — host drain {}", m.id));
+        run.t.summary(Outcome::Succeeded, None)
+    }
+
+    /// What refuses a host drain before anything is touched.
+    async fn host_preflight(&self, order: &[&Worker], ledger: &Ledger, allow_outage: bool, sink: &crate::events::Sink) -> Result<(), Fail> {
+        match ledger.maintenance() {
+            Ok(Some(m)) => return Err(Fail::from(Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id })),
+            Ok(None) => {}
+            Err(u) => return Err(Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error })),
+        }
+        for w in order {
+            let s = StepRun::start(sink, &w.unit, Step::Preflight);
+            let checked = async {
+                self.units.state(&w.unit).await?;
+                let cfg = self.units.config(&w.unit).await?;
+                if let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), self.settings.rollout.drain_timeout) {
+                    if self.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
+                        return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode: cfg.kill_mode.unwrap_or_default(), fix }));
+                    }
+                }
+                self.host_outage(w, order, allow_outage).await
+            };
+            match checked.await {
+                Ok(said) => s.pass(serde_json::json!({ "outage": said })),
+                Err(f) => {
+                    s.fail(&f);
+                    return Err(f);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the host's drain leaves `w`'s role with no worker the gateway admits (the other
+    /// hosts' workers, as it lists them; without a gateway: this host's config, where the
+    /// host's workers are all of their role): refused unless accepted (then said).
+    async fn host_outage(&self, w: &Worker, order: &[&Worker], allow_outage: bool) -> Result<Option<String>, Fail> {
+        if w.role == Role::Regular {
+            return Ok(None);
+        }
+        let ours = |url: &str| order.iter().any(|o| crate::url::same_url(&o.url, url));
+        let others = match self.probes.router_workers(0).await {
+            Ok(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && x.admitted() && !x.draining() && !ours(&x.url)).count(),
+            Err(_) => 0,
+        };
+        if others > 0 {
+            return Ok(None);
+        }
+        if !allow_outage {
+            return Err(Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected: None }));
+        }
+        Ok(Some(format!("no other {} worker serves behind the gateway: serving stops until this host is back (accepted: allow_outage)", w.role.as_str())))
+    }
+
+    /// A host drain that failed at `unit`'s `step`: before any stop, everything undone (its
+    /// drains re-admitted, its slots given back, the record crossed off); after one, the record
+    /// says `failed` and keeps the slots (a worker is down: the budget protects the fleet).
+    async fn host_drain_failed(&self, unit: &str, step: Step, f: Fail, m: &mut Maintenance, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
+        let (sink, ctx) = (run.sink, run.ctx);
+        let failure = self.failure(unit, step, f).await;
+        self.reconcile_this_runs_drains(unit, step, ctx, sink, run.notes).await;
+        if m.units.iter().any(|u| u.stopped) {
+            m.phase = MaintenancePhase::Failed;
+            m.since = crate::fleet::now_secs();
+            m.failed = Some(failure.cause.clone());
+            if let Err(e) = ledger.record_maintenance(m) {
+                tracing::error!("the maintenance record could not be written ({e}): this host still holds its slots");
+            }
+            run.notes.push(format!(
+                "stopped and kept out, holding their slots: {} — `pdctl host resume` brings them back through their gates",
+                m.units.iter().filter(|u| u.stopped).map(|u| u.unit.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        } else {
+            self.give_back_host_slots(&m.id, ledger, run.notes).await;
+            let _ = ledger.clear_maintenance();
+            run.notes.push("nothing was stopped: every drain was undone and the host's slots given back".into());
+        }
+        run.t.summary(Outcome::Failed, Some(failure))
+    }
+
+    /// Bring the host back after its maintenance: each worker (prefills first) started if the
+    /// boot did not, and through the restart's gates — its ready line of this run, health, pair,
+    /// router, metrics, stranded KV, the soak — and only once all passed the host's slots given
+    /// back and the record crossed off. A failure keeps the slots and says `failed`.
+    pub(in crate::engine) async fn host_resume(&self, plan: &Plan, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
+        let (sink, ctx, abort) = (run.sink, run.ctx, run.abort);
+        let mut m = match ledger.maintenance() {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                run.notes.push("this host is not in maintenance: nothing to resume".into());
+                return run.t.summary(Outcome::Succeeded, None);
+            }
+            Err(u) => {
+                let f = Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error });
+                let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
+                return run.t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
+            }
+        };
+        m.phase = MaintenancePhase::Resuming;
+        m.since = crate::fleet::now_secs();
+        m.failed = None;
+        let _ = ledger.record_maintenance(&m);
+        let mut order = drain_order(plan);
+        order.reverse();
+        for w in order {
+            if abort.load(Ordering::SeqCst) {
+                return self.host_resume_failed(&mut m, ledger, run.t, None).await;
+            }
+            let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
+            r.maintained = m.units.iter().find(|u| u.unit == w.unit).cloned();
+            if let Err((step, f)) = self.run_sequence(&mut r).await {
+                let failure = self.failure(&w.unit, step, f).await;
+                return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
+            }
+            run.t.done.push(w.unit.clone());
+        }
+        // Every worker passed every gate: the budget goes back.
+        let all_back = self.give_back_host_slots(&m.id, ledger, run.notes).await;
+        if all_back {
+            if let Err(e) = ledger.clear_maintenance() {
+                tracing::warn!("the maintenance record could not be crossed off ({e})");
+            }
+            run.notes.push(format!("every worker passed its gates after the maintenance and the host's slots are given back (host drain {})", m.id));
+        } else {
+            run.notes.push("every worker passed its gates; a slot etcd did not take back yet stays on record and is given back when etcd answers".into());
+        }
+        run.t.summary(Outcome::Succeeded, None)
+    }
+
+    /// A resume that did not finish: the record says `failed` (and why) and keeps the slots.
+    async fn host_resume_failed(&self, m: &mut Maintenance, ledger: &Ledger, t: &mut Tally, failure: Option<crate::events::Failure>) -> Summary {
+        m.phase = MaintenancePhase::Failed;
+        m.since = crate::fleet::now_secs();
+        m.failed = Some(failure.as_ref().map(|f| f.cause.clone()).unwrap_or_else(|| "aborted by an operator".into()));
+        if let Err(e) = ledger.record_maintenance(m) {
+            tracing::error!("the maintenance record could not be written ({e}): this host still holds its slots");
+        }
+        match failure {
+            Some(f) => t.summary(Outcome::Failed, Some(f)),
+            None => t.summary(Outcome::Aborted, None),
+        }
+    }
+
+    /// Give back every fleet slot the host drain `id` took (each crossed off the ledger once
+    /// etcd took it back); whether all went back. Without `[fleet]`: nothing held, `true`.
+    async fn give_back_host_slots(&self, id: &str, ledger: &Ledger, notes: &mut Vec<String>) -> bool {
+        let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
+            return true;
+        };
+        let mut all = true;
+        for (name, recs) in ledger.slots() {
+            if !recs.iter().any(|r| r.hold.rollout == id) {
+                continue;
+            }
+            let mut back = true;
+            for r in &recs {
+                match crate::fleet::release(c.as_ref(), &f.name, &r.role, &r.hold.holder, &r.hold.token).await {
+                    Ok(_) => {}
+                    Err(e) => {
+                        notes.push(format!("{}'s {} slot could not be given back yet ({e}): it stays on record", r.hold.holder, r.role));
+                        back = false;
+                    }
+                }
+            }
+            if back {
+                let _ = ledger.clear_slot(&name);
+            }
+            all &= back;
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::{Engine, RolloutRun, Work};
+    use crate::events::{Event, Outcome, Status, Step};
+    use crate::fakes::{rollout_of, with_router, world, FakeLogs, FakeProbes, FakeUnits, W};
+    use crate::plan::Plan;
+    use crate::state::drain_ledger::{Ledger, MaintenancePhase};
+
+    async fn host_run(w: &W, ledger: &Ledger, work: Work<'_>, allow_outage: bool) -> (crate::events::Summary, Vec<Event>) {
+        let mut s = with_router(w, true);
+        // Only the run's own `--allow-outage` accepts the outage here.
+        s.rollout.allow_outage = false;
+        let plan = Plan::new(&s, &[]).expect("plan");
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let run = RolloutRun { work, ledger: Some(ledger), ..rollout_of(&plan, &abort, allow_outage, false) };
+        let summary = engine.execute(run, &tx).await.summary;
+        drop(tx);
+        let mut events = Vec::new();
+        while let Some(e) = rx.recv().await {
+            events.push(e);
+        }
+        (summary, events)
+    }
+
+    /// A 1P1D host alone behind its gateway: the drain is refused without `--allow-outage`
+    /// (nothing stopped, nothing recorded); with it, both workers leave the gateway and stop,
+    /// the decode first, and the record says `down`; the resume starts both (the prefill first)
+    /// through every gate, re-admits them and crosses the record off.
+    #[tokio::test]
+    async fn a_host_is_drained_and_stopped_decode_first_and_resumed_through_the_gates() {
+        let w = world();
+        let dir = std::env::temp_dir().join(format!("pdctl-host-{}", std::process::id()));
+        let ledger = Ledger::open(&dir).expect("ledger");
+        let asked = super::Asked { by: "uid 0", reason: Some("kernel 6.8.0-51") };
+
+        let (refused, _) = host_run(&w, &ledger, Work::HostDrain { asked }, false).await;
+        assert_eq!(refused.result, Outcome::Failed);
+        assert_eq!(refused.failed.as_ref().map(|f| f.cause_code.as_str()), Some("only_worker_of_role"), "{refused:?}");
+        assert!(w.lock().expect("world").stopped.is_empty(), "a refusal stops nothing");
+        assert_eq!(ledger.maintenance().expect("readable"), None, "a refusal records nothing");
+
+        let (drained, events) = host_run(&w, &ledger, Work::HostDrain { asked }, true).await;
+        assert_eq!(drained.result, Outcome::Succeeded, "{drained:?}");
+        assert_eq!(w.lock().expect("world").stopped, vec!["d.service".to_string(), "p.service".to_string()]);
+        let listed = w.lock().expect("world").router.as_ref().map(|r| r.workers.len()).unwrap_or(0);
+        assert_eq!(listed, 0, "both out of the gateway");
+        let at = |u: &str, s: Step| events.iter().position(|e| e.unit == u && e.step == s && e.status == Status::Passed).unwrap_or(usize::MAX);
+        assert!(at("p.service", Step::Drain) < at("d.service", Step::Stop), "every worker out of the gateway before the first stop");
+        let m = ledger.maintenance().expect("readable").expect("on record");
+        assert_eq!(m.phase, MaintenancePhase::Down);
+        assert!(m.units.iter().all(|u| u.stopped), "{m:?}");
+        assert!(ledger.all().0.is_empty(), "a stopped worker is not a drain to undo");
+
+        let (again, _) = host_run(&w, &ledger, Work::HostDrain { asked }, true).await;
+        assert_eq!(again.failed.as_ref().map(|f| f.cause_code.as_str()), Some("in_maintenance"), "a second drain is refused");
+
+        let (resumed, events) = host_run(&w, &ledger, Work::HostResume, true).await;
+        assert_eq!(resumed.result, Outcome::Succeeded, "{resumed:?}");
+        assert_eq!(w.lock().expect("world").started, vec!["p.service".to_string(), "d.service".to_string()]);
+        for u in ["p.service", "d.service"] {
+            for s in [Step::Start, Step::Ready, Step::Health, Step::Router, Step::Soak] {
+                assert!(at_in(&events, u, s), "{u} passed {s:?}");
+            }
+        }
+        assert_eq!(w.lock().expect("world").router.as_ref().map(|r| r.workers.len()), Some(2), "both admitted again");
+        assert_eq!(ledger.maintenance().expect("readable"), None, "crossed off once every gate passed");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn at_in(events: &[Event], unit: &str, step: Step) -> bool {
+        events.iter().any(|e| e.unit == unit && e.step == step && e.status == Status::Passed)
+    }
+}
