@@ -230,12 +230,15 @@ where
         let _ = ledger.record_maintenance(&m);
         let mut order = drain_order(plan);
         order.reverse();
-        for w in order {
+        for (i, w) in order.iter().copied().enumerate() {
             if abort.load(Ordering::SeqCst) {
                 return self.host_resume_failed(&mut m, ledger, run.t, None).await;
             }
             let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
             r.maintained = m.units.iter().find(|u| u.unit == w.unit).cloned();
+            // Its peers come back after it: none serves behind the gateway yet.
+            let peer = |o: &&Worker| o.role != w.role && o.role != Role::Regular && w.role != Role::Regular;
+            r.peers_out = order.iter().any(|o| peer(o)) && order.iter().take(i).all(|o| !peer(o));
             if let Err((step, f)) = self.run_sequence(&mut r).await {
                 let failure = self.failure(&w.unit, step, f).await;
                 return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;

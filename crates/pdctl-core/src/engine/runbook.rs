@@ -125,6 +125,10 @@ pub(in crate::engine) struct WorkerRun<'a, W> {
     /// Host maintenance: the worker as the host's drain found it (its run, the journal's
     /// cursor before its stop) — the start step's starting point.
     pub(in crate::engine) maintained: Option<crate::state::drain_ledger::MaintainedUnit>,
+    /// Host maintenance: every worker of the other PD role is still down with the host (it
+    /// comes back after this one), so no request can pass the gateway yet; the pair gate
+    /// proved the pair directly.
+    pub(in crate::engine) peers_out: bool,
 }
 
 impl<'a, W> WorkerRun<'a, W> {
@@ -142,6 +146,7 @@ impl<'a, W> WorkerRun<'a, W> {
             restarted: None,
             repaired: Vec::new(),
             maintained: None,
+            peers_out: false,
         }
     }
 }
@@ -413,8 +418,8 @@ where
             // (a decode repaired while its prefill waits drained): no request can pass the
             // router now; the pair gate proved the pair directly.
             let peers = pair::peers(self, w);
-            let peers_drained =
-                !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
+            let peers_drained = r.peers_out
+                || !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
             let d = router::router_recorded(self, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await?;
             // Admitted again: the drain is undone.
             if let Some(l) = ctx.writes.ledger {

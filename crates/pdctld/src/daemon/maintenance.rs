@@ -116,6 +116,10 @@ async fn pre_reboot(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Byte
     if let Some(why) = waits(&d, &s).await {
         return not_yet("waiting", why).into_response();
     }
+    // A drain that failed a moment ago is said, not started again at every ask.
+    if let Some((rid, code, cause)) = failed_drain_lately(&d) {
+        return LockError { status: StatusCode::CONFLICT, kind: "drain_failed", value: format!("host drain {rid} failed ({code}): {cause}") }.into_response();
+    }
     let by = StartedBy { reason: Some(format!("FleetLock pre-reboot by {id}")), fleetlock: Some(id), ..Default::default() };
     match start(d.clone(), Request::HostDrain { allow_outage: false, reason: by.reason.clone(), config: None }, by).await {
         Ok(Started { id: Some(rid), .. }) => {
@@ -158,6 +162,24 @@ async fn steady_state(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: By
     .into_response()
 }
 
+/// Whether the running rollout sits in its slot step (a host drain waiting for the fleet's budget).
+fn waits_for_slot(d: &Daemon) -> bool {
+    lock(&d.running).as_ref().is_some_and(|r| lock(&r.progress).1 == pdctl_contract::events::Step::Slot)
+}
+
+/// How long a failed host drain's cause answers a pre-reboot before another drain is tried.
+const FAILED_DRAIN_HOLDS: u64 = 60;
+
+/// The newest rollout, when it is a host drain that failed within [`FAILED_DRAIN_HOLDS`]: its id,
+/// cause code and cause.
+fn failed_drain_lately(d: &Daemon) -> Option<(String, String, String)> {
+    let (all, _) = d.store.all();
+    let r = all.iter().max_by_key(|r| r.created_at)?;
+    let f = r.summary.as_ref()?.failed.as_ref()?;
+    let recent = r.finished_at.is_some_and(|t| pdctl_core::fleet::now_secs().saturating_sub(t) < FAILED_DRAIN_HOLDS);
+    (r.kind == RolloutKind::HostDrain && recent).then(|| (r.id.clone(), f.cause_code.clone(), f.cause.clone()))
+}
+
 /// What a maintenance on record answers: `Ok` when `pre` (pre-reboot) finds the host down; for a
 /// steady-state, `Ok` means "start the resume" (down, or a resume no longer running).
 fn phase_answer(d: &Daemon, m: &Maintenance, pre: bool) -> Result<(), LockError> {
@@ -166,6 +188,9 @@ fn phase_answer(d: &Daemon, m: &Maintenance, pre: bool) -> Result<(), LockError>
     match (m.phase, pre) {
         (MaintenancePhase::Down, true) => Ok(()),
         (MaintenancePhase::Down, false) => Ok(()),
+        (MaintenancePhase::Draining, _) if waits_for_slot(d) => {
+            Err(not_yet("waiting_for_slot", format!("host drain {} waits for the fleet's slots (pdctl fleet status names their holders)", m.id)))
+        }
         (MaintenancePhase::Draining, _) => Err(not_yet("draining", format!("host drain {} is still draining and stopping this host's workers", m.id))),
         (MaintenancePhase::Resuming, _) if running.as_ref().is_some_and(|(_, k)| *k == RolloutKind::HostResume) => {
             Err(not_yet("resuming", format!("host resume {} is bringing the workers back through their gates", busy.unwrap_or_default())))
@@ -272,7 +297,10 @@ impl Daemon {
         if let Ok(e) = super::engine(&self).await {
             use pdctl_core::ports::Units as _;
             for u in &m.units {
-                if e.units.state(&u.unit).await.is_ok_and(|s| s.active_state == pdctl_core::ports::ActiveState::Active) && u.stopped {
+                let runs = |s: &pdctl_core::ports::UnitState| {
+                    matches!(s.active_state, pdctl_core::ports::ActiveState::Active | pdctl_core::ports::ActiveState::Activating)
+                };
+                if u.stopped && e.units.state(&u.unit).await.is_ok_and(|s| runs(&s)) {
                     running_again = true;
                 }
             }

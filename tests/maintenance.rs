@@ -1,0 +1,252 @@
+//! Host maintenance on a real systemd manager, journald and gateway: `pdctl host drain` takes a
+//! host's workers out of the gateway and stops them (refused without `--allow-outage` when no
+//! other worker of a role serves), the host refuses any other rollout meanwhile, and after a
+//! "reboot" (the units started again by their manager, pdctld started again) pdctld brings every
+//! worker back through the restart's gates by itself. With `[fleet]`, update agents on three
+//! hosts ask the FleetLock endpoint at once and the fleet's budget lets one host at a time go.
+
+use std::path::Path;
+use std::time::Duration;
+
+use pdctl_tests::fleet_hosts::*;
+use pdctl_tests::pdctl_sandbox::etcd::Etcd;
+use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack};
+use pdctl_tests::{raw_api, JsonRun};
+use serde_json::Value;
+
+const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn cli(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
+    pdctl_tests::pdctl_daemon(d, config, args, LIMIT)
+}
+
+fn host_status(d: &Pdctld) -> Value {
+    let (code, v) = raw_api(&d.socket, "GET", "/v1/host", "");
+    assert_eq!(code, 200, "{v:#}");
+    v
+}
+
+/// The newest rollout record of this pdctld.
+fn newest(d: &Pdctld) -> Value {
+    let (_, list) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    let id = list["rollouts"]
+        .as_array()
+        .and_then(|a| a.iter().max_by_key(|r| r["created_at"].as_u64()))
+        .and_then(|r| r["id"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "").1
+}
+
+fn passed(rec: &Value, unit: &str, step: &str) -> bool {
+    rec["events"].as_array().is_some_and(|es| es.iter().any(|e| e["unit"] == unit && e["step"] == step && e["status"] == "passed"))
+}
+
+/// A "reboot" of a sandboxed host: pdctld stopped, every worker unit started again by the
+/// manager (as the boot starts enabled units), pdctld started again.
+fn reboot(s: &Stack, d: &Pdctld) {
+    s.sandbox.systemctl(&["stop", &d.unit]).expect("stop pdctld");
+    for u in [P, D] {
+        s.sandbox.systemctl(&["start", "--no-block", u]).expect("start unit");
+    }
+    s.sandbox.systemctl(&["start", &d.unit]).expect("start pdctld");
+}
+
+#[test]
+fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_gate() {
+    let (s, config, d) = pdctl_tests::stack_with_pdctld();
+    let before = (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"));
+    let router = s.router.clone().expect("router");
+    // The stack's config accepts outages; this host does not.
+    std::fs::write(config.parent().expect("dir").join("config.d/41-no-outage.toml"), "[rollout]\nallow_outage = false\n").expect("fragment");
+
+    // Alone behind its gateway: refused, nothing touched.
+    let r = cli(&d, &config, &["host", "drain", "--json"]);
+    assert_eq!(r.code, 2, "{:#}", r.summary);
+    assert_eq!(r.summary["failed"]["cause_code"], "only_worker_of_role", "{:#}", r.summary);
+    assert_eq!((s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d")), before, "a refusal restarts nothing");
+    assert_eq!(host_status(&d)["maintenance"], Value::Null, "a refusal records nothing");
+
+    let r = cli(&d, &config, &["host", "drain", "--allow-outage", "--reason", "kernel 6.8.0-51", "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    for u in [P, D] {
+        assert_eq!(s.show(u, "ActiveState").expect("state"), "inactive", "{u} stopped");
+        assert!(r.index(u, "stop", "passed").is_some(), "{u}'s stop step");
+    }
+    assert!(r.index(D, "stop", "passed") < r.index(P, "stop", "passed"), "the decode stops before the prefill");
+    assert!(r.index(P, "drain", "passed") < r.index(D, "stop", "passed"), "every worker out of the gateway before the first stop");
+    assert!(healthy_on(&router.url).is_empty(), "the gateway sends nothing to the host");
+    let st = host_status(&d);
+    assert_eq!(st["maintenance"]["phase"], "down", "{st:#}");
+    assert_eq!(st["maintenance"]["by"].as_str().map(|b| b.starts_with("uid ")), Some(true), "{st:#}");
+
+    // Nothing else is rolled on a host in maintenance.
+    let r = cli(&d, &config, &["restart", "--rolling", "--json"]);
+    assert_eq!(r.code, 4, "{:#}", r.summary);
+    assert!(r.stderr.contains("in maintenance") || r.summary.to_string().contains("in_maintenance"), "{:#}\n{}", r.summary, r.stderr);
+
+    // The reboot: pdctld finds its workers running again and resumes by itself.
+    reboot(&s, &d);
+    assert!(until(LIMIT, || host_status(&d)["maintenance"].is_null()), "resumed: {:#}", host_status(&d));
+    let rec = newest(&d);
+    assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("host_resume"), Some("succeeded")), "{rec:#}");
+    for u in [P, D] {
+        for step in ["start", "ready", "health", "router", "soak"] {
+            assert!(passed(&rec, u, step), "{u} passed {step}: {rec:#}");
+        }
+    }
+    assert!(passed(&rec, P, "pair") || passed(&rec, D, "pair"), "the pair probed: {rec:#}");
+    assert_ne!(s.show(P, "InvocationID").expect("p"), before.0, "a new run after the reboot");
+    assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2, "both admitted again");
+    let (code, out, err) = pdctl(&config, &["host", "status", "--socket", &d.socket.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.lines().last().is_some_and(|l| l.contains("in service")), "{out}");
+}
+
+/// A FleetLock request as Zincati sends it: `POST {base}/v1/{what}`, the protocol header, the
+/// client's id and group. Status and body.
+fn fleetlock(base: &str, what: &str, id: &str, group: &str) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let r = pdctl_tests::http()
+            .post(format!("{base}/v1/{what}"))
+            .header("fleet-lock-protocol", "true")
+            .json(&serde_json::json!({"client_params": {"id": id, "group": group}}))
+            .send()
+            .await
+            .expect("FleetLock request");
+        let code = r.status().as_u16();
+        (code, r.json().await.unwrap_or(Value::Null))
+    })
+}
+
+/// `[maintenance]` with the FleetLock endpoint on a free port of this host: its base URL.
+fn with_fleetlock(config: &Path) -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+    let frag = config.parent().expect("dir").join("config.d/40-maintenance.toml");
+    std::fs::write(frag, format!("[maintenance]\nfleetlock_listen = \"127.0.0.1:{port}\"\n")).expect("maintenance");
+    format!("http://127.0.0.1:{port}")
+}
+
+/// What the load saw, per role, as the gateway lists its workers: the fewest ready at once.
+struct Watch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, usize)>,
+}
+
+impl Watch {
+    fn start(router: String, prefills: Vec<String>, decodes: Vec<String>) -> Watch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut p, mut d) = (usize::MAX, usize::MAX);
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let healthy = healthy_on(&router);
+                p = p.min(prefills.iter().filter(|u| healthy.contains(u)).count());
+                d = d.min(decodes.iter().filter(|u| healthy.contains(u)).count());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            (p, d)
+        });
+        Watch { stop, thread }
+    }
+
+    fn stop(self) -> (usize, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("watch")
+    }
+}
+
+/// Three hosts × 1P1D behind one gateway, load through it: an update agent on every host asks
+/// pre-reboot at once; the fleet's budget (one worker of each role) lets one host drain at a
+/// time, each reboots and asks steady-state, and the next goes. No request fails and every role
+/// keeps two of its three workers; each host's time from its first pre-reboot to its 200 at
+/// steady-state is printed. The baseline in the same run: three agents rebooting at will.
+#[test]
+fn update_agents_on_three_hosts_reboot_one_host_at_a_time_through_fleetlock_with_no_failed_request() {
+    let etcd = Etcd::start().expect("etcd");
+    let hosts = three_hosts_behind_one_gateway(&etcd, |_| Vec::new());
+    let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
+    let shared = hosts[0].0.router.clone().expect("router");
+    let bases: Vec<String> = hosts.iter().map(|(_, c, _)| with_fleetlock(c)).collect();
+    // The endpoint is opened at pdctld's start.
+    for (s, _, d) in &hosts {
+        s.sandbox.systemctl(&["restart", &d.unit]).expect("restart pdctld");
+    }
+    let prefills: Vec<String> = hosts.iter().map(|(s, _, _)| s.prefill.url.clone()).collect();
+    let decodes: Vec<String> = hosts.iter().map(|(s, _, _)| s.decode.url.clone()).collect();
+
+    // A foreign id, a wrong group, a missing header: refused, nothing started.
+    assert_eq!(fleetlock(&bases[0], "pre-reboot", "someone-else", "t").0, 403);
+    assert_eq!(fleetlock(&bases[0], "pre-reboot", &names[0], "default").0, 403);
+    assert_eq!(fleetlock(&bases[0], "steady-state", &names[0], "t").0, 200, "no lock held: steady-state is 200");
+
+    let watch = Watch::start(shared.url.clone(), prefills.clone(), decodes.clone());
+    let load = pdctl_tests::Load::start(&shared.url, 10.0, 8);
+    let t0 = std::time::Instant::now();
+    let mut took: Vec<Option<Duration>> = vec![None; 3];
+    let mut down: Vec<bool> = vec![false; 3];
+    let mut asked: Vec<Option<std::time::Instant>> = vec![None; 3];
+    let mut kinds: Vec<String> = Vec::new();
+    while took.iter().any(Option::is_none) && t0.elapsed() < Duration::from_secs(1200) {
+        for i in 0..3 {
+            if took[i].is_some() {
+                continue;
+            }
+            let (s, _, d) = &hosts[i];
+            if !down[i] {
+                let (code, body) = fleetlock(&bases[i], "pre-reboot", &names[i], "t");
+                asked[i].get_or_insert_with(std::time::Instant::now);
+                if code == 200 {
+                    let st = host_status(d);
+                    assert_eq!(st["maintenance"]["phase"], "down", "{}: 200 only once drained and stopped: {st:#}", names[i]);
+                    reboot(s, d);
+                    down[i] = true;
+                } else if let Some(k) = body["kind"].as_str() {
+                    kinds.push(format!("{}: {k}", names[i]));
+                }
+            } else {
+                let (code, _) = fleetlock(&bases[i], "steady-state", &names[i], "t");
+                if code == 200 {
+                    took[i] = asked[i].map(|a| a.elapsed());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let (sent, failed) = load.stop();
+    let (min_p, min_d) = watch.stop();
+    assert!(took.iter().all(Option::is_some), "every host rebooted and came back: {took:?}; answers seen: {kinds:?}");
+    assert!(kinds.iter().any(|k| k.ends_with("draining") || k.ends_with("waiting")), "a host waited its turn: {kinds:?}");
+    assert_eq!(failed, 0, "no request failed through the gateway ({sent} sent)");
+    assert!(min_p >= 2 && min_d >= 2, "never fewer than 2 of 3 per role ready: prefills {min_p}, decodes {min_d}");
+    for (_, _, d) in &hosts {
+        assert!(host_status(d)["maintenance"].is_null(), "every host back in service, its slots given back");
+    }
+    println!(
+        "fleetlock, three hosts: {failed} of {sent} requests failed; fewest ready prefills {min_p}, decodes {min_d}; per host (pre-reboot to steady-state): {}",
+        took.iter().zip(&names).map(|(t, h)| format!("{h} {:.0} s", t.unwrap_or_default().as_secs_f64())).collect::<Vec<_>>().join(", ")
+    );
+
+    // The baseline, same hosts, same load: three agents reboot at will (no pdctl).
+    let watch = Watch::start(shared.url.clone(), prefills, decodes);
+    let load = pdctl_tests::Load::start(&shared.url, 10.0, 8);
+    for (s, _, _) in &hosts {
+        for u in [P, D] {
+            s.sandbox.systemctl(&["stop", "--no-block", u]).expect("stop");
+        }
+    }
+    // The reboot itself (a real one takes minutes; the workers are down all that time).
+    std::thread::sleep(Duration::from_secs(10));
+    for (s, _, _) in &hosts {
+        for u in [P, D] {
+            s.sandbox.systemctl(&["start", "--no-block", u]).expect("start");
+        }
+    }
+    let back = hosts[0].0.wait_router_healthy(6, Duration::from_secs(180)).unwrap_or(0);
+    let (sent, failed) = load.stop();
+    let (min_p, min_d) = watch.stop();
+    println!("baseline, three agents rebooting at will: {failed} of {sent} requests failed; fewest ready prefills {min_p}, decodes {min_d}; {back} of 6 back");
+}
