@@ -51,7 +51,7 @@ impl Exit {
             Exit::GateFailed => "a gate failed; the rollout halted (or was rolled back); `pdctl status`: a worker is not serving",
             Exit::Usage => "bad usage, request or config",
             Exit::Unreachable => "cannot reach systemd / the journal / pdctld / the router in preflight, or permission denied",
-            Exit::Busy => "another rollout is running, or this host is in a restart storm (`restart_storm`)",
+            Exit::Busy => "another rollout is running, or this host is in a restart storm (`restart_storm`) or in maintenance (`in_maintenance`)",
             Exit::Aborted => "aborted by an operator",
             Exit::Detached => "detached by Ctrl-C; the rollout goes on in pdctld (`pdctl rollout watch ID` re-attaches)",
         }

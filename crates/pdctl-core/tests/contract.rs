@@ -58,6 +58,7 @@ fn check(ty: &str, text: &str) -> Result<(), String> {
         "FleetRollout" => round_trip::<pdctl_core::fleet::FleetRollout>(text),
         "Semaphore" => round_trip::<pdctl_core::fleet::Semaphore>(text),
         "HostState" => round_trip::<pdctl_core::fleet::HostState>(text),
+        "HostStatus" => round_trip::<pdctl_core::api::HostStatus>(text),
         "HostBake" => round_trip::<pdctl_core::fleet::HostBake>(text),
         "FleetRevert" => round_trip::<pdctl_core::fleet::FleetRevert>(text),
         "Summary" => round_trip::<Summary>(text).and_then(|_| stream_line(text, |l| matches!(l, StreamLine::Summary(_)))),
