@@ -238,7 +238,7 @@ where
             r.maintained = m.units.iter().find(|u| u.unit == w.unit).cloned();
             // Its peers come back after it: none serves behind the gateway yet.
             let peer = |o: &&Worker| o.role != w.role && o.role != Role::Regular && w.role != Role::Regular;
-            r.peers_out = order.iter().any(|o| peer(o)) && order.iter().take(i).all(|o| !peer(o));
+            r.peers_out = order.iter().any(&peer) && order.iter().take(i).all(|o| !peer(o));
             if let Err((step, f)) = self.run_sequence(&mut r).await {
                 let failure = self.failure(&w.unit, step, f).await;
                 return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
