@@ -28,8 +28,19 @@ fn host_status(d: &Pdctld) -> Value {
     v
 }
 
-/// The newest rollout record of this pdctld.
+/// The newest rollout record of this pdctld, once it has ended (its record is concluded just
+/// after the maintenance record is crossed off).
 fn newest(d: &Pdctld) -> Value {
+    let mut rec = Value::Null;
+    until(Duration::from_secs(30), || {
+        rec = newest_now(d);
+        rec["lifecycle"]["state"] != "running"
+    });
+    rec
+}
+
+/// The newest rollout record of this pdctld, as it is now.
+fn newest_now(d: &Pdctld) -> Value {
     let (_, list) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
     let id = list["rollouts"]
         .as_array()
@@ -207,6 +218,14 @@ fn update_agents_on_three_hosts_reboot_one_host_at_a_time_through_fleetlock_with
                 if code == 200 {
                     let st = host_status(d);
                     assert_eq!(st["maintenance"]["phase"], "down", "{}: 200 only once drained and stopped: {st:#}", names[i]);
+                    // The fleet sees it: in maintenance in its liveness value, holding its slots.
+                    let seen = until(Duration::from_secs(15), || {
+                        let f = fleet_status(&hosts[0].1);
+                        let listed =
+                            f["hosts"].as_array().is_some_and(|hs| hs.iter().any(|h| h["host"] == names[i].as_str() && h["maintenance"]["phase"] == "down"));
+                        listed && f["slots"].to_string().contains("(host maintenance)")
+                    });
+                    assert!(seen, "{} in maintenance in pdctl fleet status: {:#}", names[i], fleet_status(&hosts[0].1));
                     reboot(s, d);
                     down[i] = true;
                 } else if let Some(k) = body["kind"].as_str() {
@@ -254,4 +273,69 @@ fn update_agents_on_three_hosts_reboot_one_host_at_a_time_through_fleetlock_with
     let (sent, failed) = load.stop();
     let (min_p, min_d) = watch.stop();
     println!("baseline, three agents rebooting at will: {failed} of {sent} requests failed; fewest ready prefills {min_p}, decodes {min_d}; {back} of 6 back");
+}
+
+/// pdctld SIGKILLed in the middle of a host drain (the decode stopped, the prefill out of the
+/// gateway or stopping): at its next start the maintenance record says `draining`, and pdctld
+/// brings the host back by itself — every worker started and through its gates, the record gone.
+#[test]
+fn pdctld_sigkilled_mid_host_drain_brings_the_host_back_at_its_next_start() {
+    let (s, config, d) = pdctl_tests::stack_with_pdctld();
+    let mut c = pdctl_tests::live_daemon(&d, &config, &["host", "drain", "--allow-outage", "--json"]);
+    c.wait_line(LIMIT, |e| e["unit"] == D && e["step"] == "stop" && e["status"] == "passed").expect("the decode stopped");
+    pdctl_tests::kill_and_wait(&s, &d.unit);
+    let _ = c.finish(Duration::from_secs(20));
+    let st = std::fs::read_to_string(d.state.join("drains/maintenance/host.json")).expect("the record outlives pdctld");
+    assert!(st.contains("\"draining\""), "{st}");
+    s.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    assert!(until(LIMIT, || host_status(&d)["maintenance"].is_null()), "brought back: {:#}", host_status(&d));
+    let rec = newest(&d);
+    assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("host_resume"), Some("succeeded")), "{rec:#}");
+    assert!(passed(&rec, D, "start") && passed(&rec, D, "ready"), "the stopped decode started and ready again: {rec:#}");
+    assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2, "both admitted again");
+}
+
+/// Two hosts of three behind one gateway, one slot of each role: host a's decode cannot start
+/// after its reboot (a flag its server refuses). a's resume fails at the decode's ready gate and
+/// a keeps its slots (pdctl_host_maintenance_failed = 1); host b's drain then waits for them and
+/// stops nothing. Once a's decode is fixed, `pdctl host resume` passes and gives them back.
+#[test]
+fn a_host_whose_decode_fails_after_its_reboot_keeps_its_slots_and_the_next_host_waits() {
+    let etcd = Etcd::start().expect("etcd");
+    let hosts = three_hosts_behind_one_gateway(&etcd, |_| Vec::new());
+    for (_, c, _) in &hosts {
+        std::fs::write(c.parent().expect("dir").join("config.d/42-slot-wait.toml"), "[fleet]\nslot_timeout = \"15s\"\n").expect("slot wait");
+    }
+    let ((sa, ca, da), (sb, cb, db)) = (&hosts[0], &hosts[1]);
+    let r = cli(da, ca, &["host", "drain", "--reason", "nvidia 570.133", "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    // The update changed something the decode cannot start with.
+    let opts = pdctl_tests::pdctl_sandbox::stack::StackOptions { decode_args: vec!["--model-path".into(), "/models/dsv4".into()], ..Default::default() };
+    let exec = sa.worker_unit(&sa.decode, &opts, &["--bogus-flag".into()]).lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
+    let drop_in = sa.drop_in(D, "50-bad-flag", &format!("[Service]\nExecStart=\n{exec}\n")).expect("drop-in");
+    reboot(sa, da);
+    assert!(until(LIMIT, || host_status(da)["maintenance"]["phase"] == "failed"), "{:#}", host_status(da));
+    let rec = newest(da);
+    let failed = &rec["summary"]["failed"];
+    assert_eq!((failed["unit"].as_str(), failed["step"].as_str()), (Some(D), Some("ready")), "{rec:#}");
+    let metrics = pdctl_tests::pdctl_sandbox::stack::http_get(&da.metrics_url).expect("metrics").1;
+    assert!(metrics.lines().any(|l| l == "pdctl_host_maintenance_failed 1"), "the alert's metric");
+    let st = fleet_status(ca);
+    assert!(st["slots"].to_string().contains("(host maintenance)"), "a still holds its slots: {st:#}");
+
+    // b waits for the slots a keeps, and stops nothing.
+    let b_runs = (sb.show(P, "InvocationID").expect("p"), sb.show(D, "InvocationID").expect("d"));
+    let r = cli(db, cb, &["host", "drain", "--json"]);
+    assert_eq!(r.summary["failed"]["cause_code"], "slot_timeout", "{:#}", r.summary);
+    assert!(r.summary["failed"]["cause"].as_str().is_some_and(|c| c.contains("gpu-node-a/")), "a is named: {:#}", r.summary);
+    assert_eq!((sb.show(P, "InvocationID").expect("p"), sb.show(D, "InvocationID").expect("d")), b_runs, "b stopped nothing");
+    assert!(host_status(db)["maintenance"].is_null(), "b is not in maintenance");
+
+    // Fixed: the resume passes and gives a's slots back.
+    std::fs::remove_file(drop_in).expect("remove the drop-in");
+    sa.sandbox.daemon_reload().expect("reload");
+    let r = cli(da, ca, &["host", "resume", "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert!(host_status(da)["maintenance"].is_null());
+    assert!(!fleet_status(ca)["slots"].to_string().contains("(host maintenance)"), "a's slots are given back");
 }

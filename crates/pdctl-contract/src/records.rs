@@ -136,6 +136,10 @@ pub struct FleetWeights {
     pub version: Option<String>,
 }
 
+/// What a fleet slot held by a host drain says after its rollout id (`r1764511331 (host
+/// maintenance)`): the host may be rebooting, its pdctld down, and the slot is still its own.
+pub const MAINTENANCE_HOLD: &str = " (host maintenance)";
+
 /// Where this host's maintenance stands (`pdctl host drain`, a FleetLock `pre-reboot`): written
 /// to pdctld's ledger before anything is touched, kept until the host's workers passed their
 /// gates after the reboot and its slots are given back (`pdctl host status`, `GET /v1/host`).

@@ -52,6 +52,9 @@ pub async fn status(config: &Path, json: bool) -> Exit {
             .map(|w| format!("{} ({}, {}, KV {})", w.unit, w.role, w.state, w.kv_usage.map(|u| format!("{:.0}%", u * 100.0)).unwrap_or_else(|| "-".into())))
             .collect();
         println!("{:<24} {:<10} {:<14} {}", h.host, h.version, h.rollout.as_deref().unwrap_or("-"), workers.join("; "));
+        if let Some(m) = &h.maintenance {
+            println!("{:<24} in maintenance: {} since {} (host drain {})", "", m.phase.as_str(), fleet::clock(m.since), m.id);
+        }
         if !h.self_restarts.is_empty() {
             let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
             for r in &h.self_restarts {
@@ -72,7 +75,11 @@ pub async fn status(config: &Path, json: bool) -> Exit {
                 h.holder,
                 fleet::clock(h.since),
                 h.rollout,
-                if alive(&h.holder) { "" } else { " — its host is not alive: its worker may be down; `pdctl fleet release` frees it" }
+                match (alive(&h.holder), h.rollout.ends_with(pdctl_contract::records::MAINTENANCE_HOLD)) {
+                    (true, _) => "",
+                    (false, true) => " — its host is in maintenance (rebooting): given back once its workers pass their gates after the reboot",
+                    (false, false) => " — its host is not alive: its worker may be down; `pdctl fleet release` frees it",
+                }
             );
         }
     }

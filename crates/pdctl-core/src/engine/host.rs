@@ -47,6 +47,12 @@ fn drain_order(plan: &Plan) -> Vec<&Worker> {
     ws
 }
 
+/// The `rollout` a host drain's slot holds carry: its id and what it is (pdctl-contract's
+/// [`pdctl_contract::records::MAINTENANCE_HOLD`]).
+pub fn maintenance_hold(id: &str) -> String {
+    format!("{id}{}", pdctl_contract::records::MAINTENANCE_HOLD)
+}
+
 fn unwritable(e: std::io::Error) -> Fail {
     Fail::from(Cause::RecordUnwritable { dir: "the maintenance record".into(), error: e.to_string() })
 }
@@ -94,8 +100,11 @@ where
         if let Err(e) = ledger.record_maintenance(&m) {
             return t.summary(Outcome::Failed, Some(self.failure(&first.unit, Step::Preflight, unwritable(e)).await));
         }
-        // The host's whole budget at once: every worker's slot in one transaction, or none.
-        if let Err((step, f)) = gates::slot::slot_step(self, &order, sink, ctx).await {
+        // The host's whole budget at once: every worker's slot in one transaction, or none. The
+        // holds name the maintenance (`pdctl fleet status` tells a rebooting host from a dead one).
+        let holds_as = maintenance_hold(ctx.writes.id);
+        let slot_ctx = crate::engine::Ctx { writes: crate::engine::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
+        if let Err((step, f)) = gates::slot::slot_step(self, &order, sink, slot_ctx).await {
             let _ = ledger.clear_maintenance();
             return t.summary(Outcome::Failed, Some(self.failure(&first.unit, step, f).await));
         }
@@ -280,7 +289,7 @@ where
         };
         let mut all = true;
         for (name, recs) in ledger.slots() {
-            if !recs.iter().any(|r| r.hold.rollout == id) {
+            if !recs.iter().any(|r| r.hold.rollout == maintenance_hold(id)) {
                 continue;
             }
             let mut back = true;

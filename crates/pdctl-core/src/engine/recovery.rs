@@ -267,7 +267,7 @@ where
         // A host in maintenance keeps its slots until its resume passed every gate (its workers
         // serving again after the reboot is not enough); an unreadable record keeps them all.
         let maintenance = match ledger.maintenance() {
-            Ok(m) => m.map(|m| m.id),
+            Ok(m) => m.map(|m| crate::engine::host::maintenance_hold(&m.id)),
             Err(_) => return out,
         };
         for (name, recs) in ledger.slots() {

@@ -201,8 +201,23 @@ pub struct HostState {
     /// Its workers' restarts pdctl did not make, within the storm rule's window.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub self_restarts: Vec<crate::service::storm::SelfRestart>,
+    /// Its maintenance, while it is in one (its slots are held meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<InMaintenance>,
     /// When this value was written (seconds since the epoch).
     pub updated_at: u64,
+}
+
+/// A host's maintenance in its liveness value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+// Read by other hosts: a newer pdctl's added field is tolerated.
+pub struct InMaintenance {
+    /// The host drain.
+    pub id: String,
+    /// Where it stands.
+    pub phase: pdctl_contract::records::MaintenancePhase,
+    /// Since when (seconds since the epoch).
+    pub since: u64,
 }
 
 /// One worker in a host's liveness value.

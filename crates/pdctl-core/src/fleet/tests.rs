@@ -41,6 +41,7 @@ fn workers_a_host_reports_not_running_count_as_down_by_role() {
         rollout: None,
         workers: vec![w("p", "prefill", "active/running"), w("d", "decode", "activating/auto-restart"), w("d2", "decode", "failed/failed")],
         self_restarts: Vec::new(),
+        maintenance: None,
         updated_at: 0,
     };
     let down = down_workers(&[h]);

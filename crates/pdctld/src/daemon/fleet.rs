@@ -79,6 +79,11 @@ impl Daemon {
                 rollout: self.running_id(),
                 workers,
                 self_restarts: self.self_restarts(&f.storm),
+                maintenance: self.store.ledger().maintenance().ok().flatten().map(|m| pdctl_core::fleet::InMaintenance {
+                    id: m.id,
+                    phase: m.phase,
+                    since: m.since,
+                }),
                 updated_at: now,
             };
             let steady = |s: &pdctl_core::fleet::HostState| {
