@@ -173,7 +173,14 @@ impl Semaphore {
 
 /// What "waiting for a prefill slot: held by … since …" says.
 pub fn waiting_sentence(role: &str, holders: &[Hold], unhealthy: &[String]) -> String {
-    let mut parts: Vec<String> = holders.iter().map(|h| format!("held by {} since {}", h.holder, clock(h.since))).collect();
+    let mut parts: Vec<String> = holders
+        .iter()
+        .map(|h| {
+            // A host in maintenance says so: it is rebooting, not stuck.
+            let what = if h.rollout.ends_with(pdctl_contract::records::MAINTENANCE_HOLD) { " (its host is in maintenance)" } else { "" };
+            format!("held by {}{what} since {}", h.holder, clock(h.since))
+        })
+        .collect();
     parts.extend(unhealthy.iter().map(|u| format!("{u} is unhealthy in the gateway")));
     format!("waiting for a {role} slot: {}", parts.join("; "))
 }

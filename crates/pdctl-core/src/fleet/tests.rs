@@ -82,7 +82,15 @@ fn limits_disagreement_names_the_role_and_both_values() {
 #[test]
 fn the_waiting_sentence_names_holder_and_time() {
     let h = Hold { since: 1_764_511_331, ..hold("gpu-node-b/sglang-prefill.service", "u", "t") };
-    assert_eq!(waiting_sentence("prefill", &[h], &[]), "waiting for a prefill slot: held by gpu-node-b/sglang-prefill.service since 14:02:11");
+    assert_eq!(
+        waiting_sentence("prefill", std::slice::from_ref(&h), &[]),
+        "waiting for a prefill slot: held by gpu-node-b/sglang-prefill.service since 14:02:11"
+    );
+    let m = Hold { rollout: crate::engine::host::maintenance_hold("r1764511330"), ..h };
+    assert_eq!(
+        waiting_sentence("prefill", &[m], &[]),
+        "waiting for a prefill slot: held by gpu-node-b/sglang-prefill.service (its host is in maintenance) since 14:02:11"
+    );
 }
 
 /// An in-memory store with etcd's compare-and-swap semantics (unit tests only; the real

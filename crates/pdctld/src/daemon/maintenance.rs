@@ -23,16 +23,15 @@ use serde::Deserialize;
 use super::rollouts::start;
 use super::{config, lock, Daemon};
 
-/// A FleetLock request's body.
+/// A FleetLock request's body. Another client's extra fields are tolerated (the protocol is
+/// not ours to tighten); the two it requires are checked.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct LockRequest {
     client_params: ClientParams,
 }
 
-/// Who asks.
+/// Who asks: a non-empty id and group (the protocol's group: `^[a-zA-Z0-9.-]+$`).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ClientParams {
     id: String,
     group: String,
@@ -325,5 +324,40 @@ impl Daemon {
             Ok(_) => {}
             Err(c) => tracing::warn!("host maintenance {}: the resume could not start ({}); `pdctl host resume`", m.id, c.sentence()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that answers one request with `body` (as Prometheus's query API does) and closes.
+    async fn answers_once(body: &'static str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(async move {
+            if let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{body}").as_bytes()).await;
+            }
+        });
+        format!("http://{addr}/api/v1/query?query=ALERTS")
+    }
+
+    #[tokio::test]
+    async fn the_hold_query_holds_while_it_returns_a_series_or_cannot_be_asked() {
+        let firing = answers_once(r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"alertname":"GpuXid"},"value":[1,"1"]}]}}"#).await;
+        assert!(alerting(&firing).await.is_some_and(|w| w.contains("returns 1 series")), "a firing alert holds");
+        let quiet = answers_once(r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#).await;
+        assert_eq!(alerting(&quiet).await, None, "no series: no hold");
+        let odd = answers_once(r#"{"status":"error"}"#).await;
+        assert!(alerting(&odd).await.is_some_and(|w| w.contains("held")), "an answer that is not the query API's holds");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        assert!(
+            alerting(&format!("http://127.0.0.1:{port}/api/v1/query?query=x")).await.is_some_and(|w| w.contains("held")),
+            "a query that cannot be asked holds"
+        );
     }
 }
