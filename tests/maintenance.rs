@@ -73,6 +73,14 @@ fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_
     // The stack's config accepts outages; this host does not.
     std::fs::write(config.parent().expect("dir").join("config.d/41-no-outage.toml"), "[rollout]\nallow_outage = false\n").expect("fragment");
 
+    // The dry run says the order and touches nothing.
+    let sock = d.socket.display().to_string();
+    let (code, out, err) = pdctl(&config, &["host", "drain", "--dry-run", "--json", "--socket", &sock]);
+    assert_eq!(code, 0, "{out}{err}");
+    let plan: Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(plan["order"], serde_json::json!([D, P]), "decodes first: {plan}");
+    assert_eq!(plan["refused"], Value::Null, "{plan}");
+
     // Alone behind its gateway: refused, nothing touched.
     let r = cli(&d, &config, &["host", "drain", "--json"]);
     assert_eq!(r.code, 2, "{:#}", r.summary);
@@ -92,6 +100,11 @@ fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_
     let st = host_status(&d);
     assert_eq!(st["maintenance"]["phase"], "down", "{st:#}");
     assert_eq!(st["maintenance"]["by"].as_str().map(|b| b.starts_with("uid ")), Some(true), "{st:#}");
+
+    // A dry run now says it would be refused (exit 4).
+    let (code, out, _) = pdctl(&config, &["host", "drain", "--dry-run", "--socket", &sock]);
+    assert_eq!(code, 4, "{out}");
+    assert!(out.lines().last().is_some_and(|l| l.contains("refused") && l.contains("next: pdctl host status")), "{out}");
 
     // Nothing else is rolled on a host in maintenance.
     let r = cli(&d, &config, &["restart", "--rolling", "--json"]);

@@ -83,18 +83,11 @@ enum HostCmd {
     /// stopped (decodes first), the host recorded as in maintenance. The slots stay held until
     /// `pdctl host resume` passed.
     Drain {
-        /// Accept a role with no worker left behind the gateway.
-        #[arg(long)]
-        allow_outage: bool,
-        /// Why (kept in the record with who started it).
-        #[arg(long)]
-        reason: Option<String>,
         /// Say what it would do and whether it would wait or be refused; touch nothing.
         #[arg(long)]
         dry_run: bool,
-        /// One JSON object per line (events, then a summary).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        start: StartArgs,
     },
     /// After the reboot: each worker started if the boot did not, through its ready line of
     /// this run, health, pair, router, metrics, stranded KV and the soak; then the slots given
@@ -377,8 +370,8 @@ async fn dispatch(command: Command, config: &std::path::Path, client: &client::C
         Command::Candidates { what } => candidates(config, client, &what).await,
         Command::Fleet(f) => fleet_cmd(f, config, client).await,
         Command::Host(h) => match h {
-            HostCmd::Drain { dry_run: true, json, .. } => host::dry_run(client, config, json).await,
-            HostCmd::Drain { allow_outage, reason, json, .. } => {
+            HostCmd::Drain { dry_run: true, start } => host::dry_run(client, config, start.json).await,
+            HostCmd::Drain { start: StartArgs { allow_outage, reason, json }, .. } => {
                 host::start(client, config, Request::HostDrain { allow_outage, reason, config: None }, json).await
             }
             HostCmd::Resume { reason, json } => host::start(client, config, Request::HostResume { reason, config: None }, json).await,
