@@ -53,6 +53,13 @@ pub fn maintenance_hold(id: &str) -> String {
     format!("{id}{}", pdctl_contract::records::MAINTENANCE_HOLD)
 }
 
+/// A worker's preflight before a host drain: the outage it accepts (`None`: none).
+#[derive(serde::Serialize)]
+struct HostPreflight {
+    /// No other worker of its role serves behind the gateway, accepted by `--allow-outage`.
+    outage: Option<String>,
+}
+
 fn unwritable(e: std::io::Error) -> Fail {
     Fail::from(Cause::RecordUnwritable { dir: "the maintenance record".into(), error: e.to_string() })
 }
@@ -158,7 +165,7 @@ where
                 self.host_outage(w, order, allow_outage).await
             };
             match checked.await {
-                Ok(said) => s.pass(serde_json::json!({ "outage": said })),
+                Ok(outage) => s.pass(crate::engine::step_run::detail_of(&HostPreflight { outage })),
                 Err(f) => {
                     s.fail(&f);
                     return Err(f);

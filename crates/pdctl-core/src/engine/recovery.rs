@@ -5,12 +5,12 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::gates;
-use crate::engine::step_run::{within, Fail, StepRun, POLL};
+use crate::engine::step_run::{detail_of, within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
 use crate::engine::{Ctx, Engine, Mode, Staleness};
 use crate::events::{Outcome, Sink, Status, Step, Summary};
@@ -18,6 +18,48 @@ use crate::plan::Plan;
 use crate::ports::{ActiveState, Health, Logs, Probes, SubState, UnitState, Units, UnitsError};
 use crate::state::drain_ledger::{Drain, Hold, Ledger};
 use crate::state::revisions;
+
+/// The rollback's (and a revert's) detail: the revision put back and the files restored.
+#[derive(Serialize)]
+struct Restored<'a> {
+    /// When that revision was recorded (seconds since the epoch).
+    revision_recorded_at: u64,
+    /// The files put back (or moved aside), one sentence each.
+    restored: &'a [String],
+    /// A revert: the unit is restarted onto them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restart: Option<bool>,
+    /// It is a revert (not a rollback after a failed gate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revert: Option<bool>,
+}
+
+/// A rollback that stopped half-way: why, what is back, and the file that is not.
+#[derive(Serialize)]
+struct RestoreStopped<'a> {
+    /// Why, as a sentence.
+    cause: &'a str,
+    /// The files already back.
+    restored: &'a [String],
+    /// The file it could not restore (`None`: every file is back; the reload failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_restored: Option<&'a str>,
+}
+
+/// The reconcile's detail: the drain undone and the gateway's admission.
+#[derive(Serialize)]
+struct Reconciled<'a> {
+    /// The worker still runs the run that was drained.
+    same_run: bool,
+    /// The rollout that drained it.
+    drained_by: &'a str,
+    /// When (seconds since the epoch).
+    drained_at: u64,
+    /// The router gate's detail.
+    router: serde_json::Value,
+    /// How long the reconcile took.
+    waited_ms: u64,
+}
 
 /// "in rollout r17…: <its cause>", for [`Cause::ChangesPending`].
 pub fn quarantine_clause(q: &revisions::Quarantine) -> String {
@@ -90,7 +132,7 @@ where
             Err(er) => {
                 // Stopped half-way: which files are back, and which one is not.
                 let why = er.to_string();
-                step.emit(Status::Failed, json!({ "cause": why, "restored": er.done, "not_restored": er.path }));
+                step.emit(Status::Failed, detail_of(&RestoreStopped { cause: &why, restored: &er.done, not_restored: Some(&er.path) }));
                 return Err(why);
             }
         };
@@ -101,10 +143,10 @@ where
         }
         tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
         if let Err(er) = self.units.reload().await {
-            step.emit(Status::Failed, json!({ "cause": er.to_string(), "restored": done }));
+            step.emit(Status::Failed, detail_of(&RestoreStopped { cause: &er.to_string(), restored: &done, not_restored: None }));
             return Err(er.to_string());
         }
-        step.pass(json!({ "revision_recorded_at": last.recorded_at, "restored": done }));
+        step.pass(detail_of(&Restored { revision_recorded_at: last.recorded_at, restored: &done, restart: None, revert: None }));
         notes.extend(done);
         let plan = Plan { workers: vec![w.clone()] };
         // The restored files are what it ran last: loading them is the point.
@@ -166,7 +208,7 @@ where
                 }
             };
             tracing::warn!(pdctl_unit = %w.unit, "{}: reverting to the revision it ran before (recorded {}): {}", w.unit, before.recorded_at, restored.join("; "));
-            step.pass(json!({ "revision_recorded_at": before.recorded_at, "restored": restored, "restart": true, "revert": true }));
+            step.pass(detail_of(&Restored { revision_recorded_at: before.recorded_at, restored: &restored, restart: Some(true), revert: Some(true) }));
             notes.extend(restored);
             // The restored files are what it ran before: loading them is the point.
             let one = Plan { workers: vec![w.clone()] };
@@ -223,7 +265,9 @@ where
                 };
                 // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
                 // the rollout lock for the whole budget.
-                let gone = st.active_state == ActiveState::Failed || st.sub_state == SubState::AutoRestart || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+                let gone = st.active_state == ActiveState::Failed
+                    || st.sub_state == SubState::AutoRestart
+                    || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
                 if gone || t0.elapsed() >= budget {
                     return Err(Fail::from(Cause::DrainNotRestored {
                         unit: d.unit.clone(),
@@ -234,7 +278,13 @@ where
             }
             let admitted = gates::router::router(self, &w, true, false).await?;
             ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
-            Ok(json!({ "same_run": same_run, "drained_by": d.rollout_id, "drained_at": d.drained_at, "router": admitted, "waited_ms": t0.elapsed().as_millis() as u64 }))
+            Ok(detail_of(&Reconciled {
+                same_run,
+                drained_by: &d.rollout_id,
+                drained_at: d.drained_at,
+                router: admitted,
+                waited_ms: t0.elapsed().as_millis() as u64,
+            }))
         }
         .await;
         match r {
@@ -408,5 +458,33 @@ mod held_tests {
         // Another rollout's old group does not count.
         let other = Drain { rollout_id: "r2".into(), ..old };
         assert!(held_out(&new, &[new.clone(), other]).is_some());
+    }
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_rollback_revert_and_reconcile_details_have_the_keys_of_the_contract() {
+        let files = vec!["f".to_string()];
+        assert_eq!(
+            detail_of(&Restored { revision_recorded_at: 1, restored: &files, restart: None, revert: None }),
+            json!({"revision_recorded_at": 1, "restored": ["f"]})
+        );
+        assert_eq!(
+            detail_of(&Restored { revision_recorded_at: 1, restored: &files, restart: Some(true), revert: Some(true) }),
+            json!({"revision_recorded_at": 1, "restored": ["f"], "restart": true, "revert": true})
+        );
+        assert_eq!(
+            detail_of(&RestoreStopped { cause: "c", restored: &files, not_restored: Some("g") }),
+            json!({"cause": "c", "restored": ["f"], "not_restored": "g"})
+        );
+        assert_eq!(detail_of(&RestoreStopped { cause: "c", restored: &[], not_restored: None }), json!({"cause": "c", "restored": []}));
+        assert_eq!(
+            detail_of(&Reconciled { same_run: true, drained_by: "r1", drained_at: 2, router: json!({"router_id": "i"}), waited_ms: 3 }),
+            json!({"same_run": true, "drained_by": "r1", "drained_at": 2, "router": {"router_id": "i"}, "waited_ms": 3})
+        );
     }
 }

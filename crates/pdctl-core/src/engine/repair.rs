@@ -3,13 +3,46 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde::Serialize;
+
+/// The prefill's pair step while another host's pdctld repairs its decode: the fleet request.
+#[derive(Serialize)]
+struct FleetRepair<'a> {
+    /// The fleet request asking for the repair.
+    repair_through_fleet: &'a str,
+    /// The decode's host.
+    host: &'a str,
+    /// The decode.
+    unit: &'a str,
+}
+
+/// The pair step once another host's pdctld repaired the decode, and the probes that prove it.
+#[derive(Serialize)]
+struct FleetRepaired<'a> {
+    /// The fleet request.
+    repaired_through_fleet: &'a str,
+    /// The decode's host.
+    host: &'a str,
+    /// The decode.
+    unit: &'a str,
+    /// That host's own rollout of the repair.
+    local_id: Option<&'a str>,
+    /// The pair probes after it.
+    probes: &'a [crate::sglang::pairing::PairProbe],
+}
+
+/// A pair still stale after its repair: the probes.
+#[derive(Serialize)]
+struct Probed<'a> {
+    /// The pair probes.
+    probes: &'a [crate::sglang::pairing::PairProbe],
+}
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::gates;
 use crate::engine::runbook::{Sequence, WorkerRun};
-use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::{Ctx, Engine};
 use crate::events::{Event, Sink, Status, Step};
 use crate::ports::{Logs, Probes, Units};
@@ -100,7 +133,7 @@ where
         };
         let value = serde_json::to_vec(&r).unwrap_or_default();
         let s = StepRun::start(sink, &p.unit, Step::Pair);
-        s.emit(Status::Started, json!({ "repair_through_fleet": id, "host": host, "unit": unit }));
+        s.emit(Status::Started, detail_of(&FleetRepair { repair_through_fleet: &id, host, unit }));
         match c.cas(vec![CasChange { key: crate::fleet::rollout_key(&f.name, &id), expect: 0, write: Write::Put(value) }]).await {
             Ok(true) => {}
             Ok(false) => return Err(blocked(format!("the fleet request {id} exists already"))),
@@ -130,11 +163,15 @@ where
         }
         let (verdict, _, probes) = gates::pair::probe_pair(self, p, d).await;
         if verdict != crate::sglang::pairing::Verdict::Paired {
-            let f = Fail { cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }, detail: json!({ "probes": probes }), unit: None };
+            let f = Fail {
+                cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() },
+                detail: detail_of(&Probed { probes: &probes }),
+                unit: None,
+            };
             s.fail(&f);
             return Err((Step::Pair, f));
         }
-        s.pass(json!({ "repaired_through_fleet": id, "host": host, "unit": unit, "local_id": summary.local_id, "probes": probes }));
+        s.pass(detail_of(&FleetRepaired { repaired_through_fleet: &id, host, unit, local_id: summary.local_id.as_deref(), probes: &probes }));
         Ok(())
     }
 }

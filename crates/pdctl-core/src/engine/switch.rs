@@ -21,8 +21,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::gates;
@@ -302,7 +300,7 @@ where
         let s = StepRun::start(sink, &w.unit, Step::Router);
         match gates::router::router_recorded(self, w, true, true, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await {
             Ok(mut d) => {
-                d["switch"] = json!({ "admitted_after_ms": t_out.elapsed().as_millis() as u64 });
+                d["switch"] = crate::engine::step_run::detail_of(&AdmittedAtSwitch { admitted_after_ms: t_out.elapsed().as_millis() as u64 });
                 s.pass(d);
                 Ok(())
             }
@@ -376,4 +374,12 @@ where
     async fn halted_switch(&self, run: &mut Underway<'_>) {
         self.reconcile_this_runs_drains("", Step::Drain, run.ctx, run.sink, run.notes).await;
     }
+}
+
+/// Its part of a new group's router detail (`switch`): when it was admitted, after the old group
+/// was taken out.
+#[derive(serde::Serialize)]
+struct AdmittedAtSwitch {
+    /// After the old group left the gateway.
+    admitted_after_ms: u64,
 }

@@ -25,12 +25,12 @@
 
 use std::time::Instant;
 
-use serde_json::json;
+use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::gates;
-use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::Engine;
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;
@@ -55,6 +55,56 @@ pub struct WeightsTarget<'a> {
 
 /// What a worker served before: `(model_path, weight_version)`.
 type Served = (String, String);
+
+/// Weights a worker serves (`/model_info`): the preflight's detail, each side of a load, and a
+/// load put back (with SGLang's message).
+#[derive(Serialize)]
+struct Weights<'a> {
+    /// The checkpoint.
+    model_path: &'a str,
+    /// Its `weight_version`.
+    weight_version: &'a str,
+    /// What SGLang said of the load that put them back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+}
+
+/// The weights step's detail: what it served, what it serves, and the load.
+#[derive(Serialize)]
+struct Loaded<'a> {
+    /// Before.
+    from: Weights<'a>,
+    /// After.
+    to: Weights<'a>,
+    /// How long its load took.
+    load_ms: u64,
+    /// How it was paused (`retract`, `in_place`).
+    pause: &'a str,
+    /// How long every worker was paused.
+    paused_ms: u64,
+    /// SGLang's message of the load.
+    message: &'a str,
+    /// When its cache was flushed (`None`: never).
+    cache_flushed: Option<String>,
+}
+
+/// One pair probed after a load.
+#[derive(Serialize)]
+struct PairedAfterLoad<'a> {
+    /// The prefill.
+    prefill: &'a str,
+    /// The decode.
+    decode: &'a str,
+    /// Always `paired` (a failure fails the step).
+    result: &'static str,
+}
+
+/// The pair step after a load: every pair of the prefill.
+#[derive(Serialize)]
+struct PairsAfterLoad<'a> {
+    /// Each decode it pairs with.
+    pairs: Vec<PairedAfterLoad<'a>>,
+}
 
 /// The paused workers, and each one's open weights step with what it served and how it paused.
 type Paused<'w> = (Vec<&'w Worker>, Vec<(StepRun<'w>, &'w Worker, Served, PauseMode)>);
@@ -198,14 +248,14 @@ where
         }
         for (((s, _, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
             let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
-            s.pass(json!({
-                "from": { "model_path": served.0, "weight_version": served.1 },
-                "to": { "model_path": to.model_path, "weight_version": version },
-                "load_ms": load_ms,
-                "pause": mode.as_str(),
-                "paused_ms": waited,
-                "message": message,
-                "cache_flushed": cache,
+            s.pass(detail_of(&Loaded {
+                from: Weights { model_path: &served.0, weight_version: &served.1, message: None },
+                to: Weights { model_path: to.model_path, weight_version: &version, message: None },
+                load_ms: *load_ms,
+                pause: mode.as_str(),
+                paused_ms: waited,
+                message: &message,
+                cache_flushed: cache,
             }));
         }
         loaded_notes(to, waited, notes);
@@ -281,7 +331,7 @@ where
             let s = StepRun::start(sink, &w.unit, Step::Preflight);
             match self.weights_preflight(w).await {
                 Ok(served) => {
-                    s.pass(json!({ "model_path": served.0, "weight_version": served.1 }));
+                    s.pass(detail_of(&Weights { model_path: &served.0, weight_version: &served.1, message: None }));
                     before.push((w, served));
                 }
                 Err(f) => {
@@ -404,7 +454,7 @@ where
             paused.push(*w);
             match self.probes.update_weights(&w.url, path, Some(version.as_str()), self.settings.rollout.ready_timeout).await {
                 Ok(m) => {
-                    s.pass(json!({ "model_path": path, "weight_version": version, "message": m }));
+                    s.pass(detail_of(&Weights { model_path: path, weight_version: version, message: Some(&m) }));
                     notes.push(format!("{} serves its previous weights again ({path}, weight_version {version})", w.unit));
                 }
                 Err(e) => {
@@ -438,9 +488,9 @@ where
                     s.fail(&f);
                     return Err((p.unit.clone(), Step::Pair, f));
                 }
-                pairs.push(json!({ "prefill": p.unit, "decode": d.unit, "result": "paired" }));
+                pairs.push(PairedAfterLoad { prefill: &p.unit, decode: &d.unit, result: "paired" });
             }
-            s.pass(json!({ "pairs": pairs }));
+            s.pass(detail_of(&PairsAfterLoad { pairs }));
         }
         for w in &plan.workers {
             self.check_one(w, sink).await.map_err(|(step, f)| (w.unit.clone(), step, f))?;
@@ -462,4 +512,24 @@ fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
         "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
         crate::cause::dur(&std::time::Duration::from_millis(waited))
     ));
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_weights_details_have_the_keys_of_the_contract() {
+        let w = |p, v| Weights { model_path: p, weight_version: v, message: None };
+        let d = Loaded { from: w("/a", "1"), to: w("/b", "2"), load_ms: 3, pause: "retract", paused_ms: 4, message: "ok", cache_flushed: None };
+        assert_eq!(
+            detail_of(&d),
+            json!({"from": {"model_path": "/a", "weight_version": "1"}, "to": {"model_path": "/b", "weight_version": "2"},
+                   "load_ms": 3, "pause": "retract", "paused_ms": 4, "message": "ok", "cache_flushed": null})
+        );
+        assert_eq!(detail_of(&Weights { message: Some("m"), ..w("/a", "1") }), json!({"model_path": "/a", "weight_version": "1", "message": "m"}));
+        let pairs = PairsAfterLoad { pairs: vec![PairedAfterLoad { prefill: "p", decode: "d", result: "paired" }] };
+        assert_eq!(detail_of(&pairs), json!({"pairs": [{"prefill": "p", "decode": "d", "result": "paired"}]}));
+    }
 }

@@ -25,13 +25,13 @@
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::fleet::in_step::Phase;
 use crate::engine::gates;
-use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::switch::{FleetGroups, Groups};
 use crate::engine::{Engine, Tally, Underway};
 use crate::events::{Outcome, Sink, Step, Summary};
@@ -190,11 +190,11 @@ where
         if r.is_ok() && !hosts.is_empty() {
             r = self.await_phase(phase(id, name), hosts, limit, abort).await;
         }
-        let detail = json!({
-            "phase": name,
-            "wrote": mine.map(|m| if m.is_ok() { "ok" } else { "failed" }),
-            "waited_for": hosts,
-            "waited_ms": t0.elapsed().as_millis() as u64,
+        let detail = detail_of(&InStep {
+            phase: name,
+            wrote: mine.map(|m| if m.is_ok() { "ok" } else { "failed" }),
+            waited_for: hosts,
+            waited_ms: t0.elapsed().as_millis() as u64,
         });
         match &r {
             Ok(()) => s.pass(detail),
@@ -272,7 +272,7 @@ where
         let s = StepRun::start(sink, g.old.first().map_or(FLEET, |w| w.unit.as_str()), Step::Drain);
         let mine = match self.take_out(&g.old, ctx).await {
             Ok(()) => {
-                s.pass(json!({ "switch": { "out": Self::names(&g.old) } }));
+                s.pass(detail_of(&TakenOutForSwitch { switch: OutOfGateway { out: Self::names(&g.old) } }));
                 Ok(())
             }
             Err((w, fail)) => {
@@ -349,4 +349,31 @@ where
         let cause = Cause::SwitchFailed { phase: phase.into(), why, held };
         t.summary(Outcome::Failed, Some(self.failure(FLEET, Step::Switch, Fail::from(cause)).await))
     }
+}
+
+/// A phase of the fleet switch (a `switch` step of unit `fleet`).
+#[derive(Serialize)]
+struct InStep<'a> {
+    /// `verified`, `out`, `in`, `back`.
+    phase: &'a str,
+    /// This host's own phase written: `ok`, `failed` (`None`: it writes none in this phase).
+    wrote: Option<&'static str>,
+    /// The hosts it waited for.
+    waited_for: &'a [String],
+    /// How long it waited.
+    waited_ms: u64,
+}
+
+/// The old hosts' drain at the switch: its workers taken out of the gateway.
+#[derive(Serialize)]
+struct TakenOutForSwitch {
+    /// What the switch took out.
+    switch: OutOfGateway,
+}
+
+/// Workers the switch took out of the gateway.
+#[derive(Serialize)]
+struct OutOfGateway {
+    /// Their units.
+    out: Vec<String>,
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
@@ -78,7 +78,7 @@ pub(in crate::engine) async fn pair_step<U: Units, L: Logs, P: Probes>(
             prefill: p.unit.clone(),
             decode: d.unit.clone(),
             result: if refreshed { PairOutcome::Refreshed } else { verdict.outcome() },
-            probes: Some(json!(probes)),
+            probes: serde_json::to_value(&probes).ok(),
             at: Some(crate::lifecycle::now()),
             ..Default::default()
         });

@@ -5,13 +5,14 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::details::PreflightDetail;
 use crate::engine::gates;
-use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges, Outage};
 use crate::events::{Sink, Step};
@@ -363,7 +364,7 @@ async fn coherence_preflight<U: Units, L: Logs, P: Probes>(
         Some(Ok(how)) => Ok(Some((format!("{} changes the model it computes with ({}): rolled as a coherent switch", w.unit, said.join("; ")), how))),
         why_not => Err(Fail {
             cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
-            detail: serde_json::json!({ "changes": changes, "switch_refused": why_not.and_then(Result::err) }),
+            detail: detail_of(&ModelChanges { changes: &changes, switch_refused: why_not.and_then(Result::err) }),
             unit: None,
         }),
     }
@@ -472,7 +473,7 @@ async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, si
         let limits = limits.map_err(|d| Fail::from(Cause::from(d)))?;
         let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
         let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
-        Ok::<Value, Fail>(json!({ "fleet": f.name, "host": f.host, "limits": limits, "paused": paused, "slots": slots }))
+        Ok::<Value, Fail>(detail_of(&FleetSeen { fleet: &f.name, host: &f.host, limits, paused, slots }))
     }
     .await;
     match r {
@@ -512,8 +513,8 @@ async fn preflight_router<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, s
         }
     }
     match lists.len() {
-        1 => s.pass(json!({ "workers": lists.pop() })),
-        _ => s.pass(json!({ "replicas": lists })),
+        1 => s.pass(detail_of(&GatewaySeen { workers: lists.pop(), replicas: None })),
+        _ => s.pass(detail_of(&GatewaySeen { workers: None, replicas: Some(lists) })),
     }
     Ok(())
 }
@@ -562,7 +563,7 @@ pub(in crate::engine) async fn pairing_preflight<U: Units, L: Logs, P: Probes>(
             })
         };
         let Some(theirs) = theirs else {
-            checked.push(json!({"peer": peer.unit, "compared": false, "why": "its settings could not be read"}));
+            checked.push(PeerCompared { peer: &peer.unit, compared: false, why: Some("its settings could not be read"), settings: None });
             continue;
         };
         let m = compare(&ours, &theirs);
@@ -573,13 +574,13 @@ pub(in crate::engine) async fn pairing_preflight<U: Units, L: Logs, P: Probes>(
                     peer: peer.unit.clone(),
                     detail: describe(&m, &format!("{} new", w.unit), &format!("{} running", peer.unit)),
                 },
-                detail: json!({"mismatches": m}),
+                detail: detail_of(&Mismatches { mismatches: &m }),
                 unit: None,
             });
         }
-        checked.push(json!({"peer": peer.unit, "compared": true, "settings": ours}));
+        checked.push(PeerCompared { peer: &peer.unit, compared: true, why: None, settings: Some(ours.clone()) });
     }
-    Ok(json!(checked))
+    Ok(detail_of(&checked))
 }
 
 /// [`crate::sglang::coherence::changes`], less a tokenizer named by another path that holds the same
@@ -595,4 +596,47 @@ async fn model_changes(argv: &[String], running: &crate::sglang::coherence::Runn
         }
     }
     out
+}
+
+/// A model change refused (`mixed_versions`): the flags that change, and why no coherent switch.
+#[derive(Serialize)]
+struct ModelChanges<'a> {
+    changes: &'a [crate::sglang::coherence::FlagChange],
+    switch_refused: Option<String>,
+}
+
+/// The fleet's preflight: its name, this host, the limits, the pause and every role's slots.
+#[derive(Serialize)]
+struct FleetSeen<'a> {
+    fleet: &'a str,
+    host: &'a str,
+    limits: crate::fleet::Limits,
+    paused: Option<crate::fleet::Pause>,
+    slots: std::collections::BTreeMap<String, crate::fleet::Semaphore>,
+}
+
+/// The gateway's preflight: its worker list (one replica) or each replica's.
+#[derive(Serialize)]
+struct GatewaySeen {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workers: Option<Vec<crate::ports::RouterWorker>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicas: Option<Vec<Vec<crate::ports::RouterWorker>>>,
+}
+
+/// One peer's pairing settings compared with the new ExecStart's (`settings`), or why not.
+#[derive(Serialize)]
+struct PeerCompared<'a> {
+    peer: &'a str,
+    compared: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settings: Option<crate::sglang::pairing::PairSettings>,
+}
+
+/// A change its peers cannot pair with: the settings that differ.
+#[derive(Serialize)]
+struct Mismatches<'a> {
+    mismatches: &'a [crate::sglang::pairing::Mismatch],
 }

@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
 use crate::engine::gates;
-use crate::engine::step_run::{within, Fail, POLL};
+use crate::engine::step_run::{detail_of, within, Fail, POLL};
 use crate::engine::Engine;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 use crate::state::drain_ledger::Ledger;
@@ -45,7 +45,7 @@ pub(in crate::engine) async fn router_recorded<U: Units, L: Logs, P: Probes>(
     }
     Ok(match details.len() {
         1 => details.pop().unwrap_or_default(),
-        _ => json!({ "replicas": details, "waited_ms": t0.elapsed().as_millis() as u64 }),
+        _ => detail_of(&OnReplicas { replicas: details, waited_ms: t0.elapsed().as_millis() as u64 }),
     })
 }
 
@@ -167,14 +167,40 @@ async fn serves_through_gateway<U: Units, L: Logs, P: Probes>(
     let other_listed = list.iter().any(|o| o.worker_type == other_role && !o.draining());
     if a.peer_down && !other_listed {
         let cause = Cause::PeerRoleDown { url: w.url.clone(), role: other_role.into(), error: e.to_string() };
-        let detail = json!({
-            "router_id": x.id, "re_registered": a.registered.is_some(), "re_added_after": a.re_added,
-            "ended_early": format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
-            "waited_ms": t0.elapsed().as_millis() as u64,
+        let detail = detail_of(&EndedEarly {
+            router_id: &x.id,
+            re_registered: a.registered.is_some(),
+            re_added_after: a.re_added.as_deref(),
+            ended_early: format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
+            waited_ms: t0.elapsed().as_millis() as u64,
         });
         return Err(Fail { cause, detail, unit: None });
     }
     Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
+}
+
+/// The router step's detail on a gateway of several replicas: each one's.
+#[derive(serde::Serialize)]
+struct OnReplicas {
+    /// Each replica's detail, in config order.
+    replicas: Vec<Value>,
+    /// How long the step took.
+    waited_ms: u64,
+}
+
+/// The router step's detail when no worker of the other role is listed: it ends at once.
+#[derive(serde::Serialize)]
+struct EndedEarly<'a> {
+    /// The gateway's id of the worker.
+    router_id: &'a str,
+    /// pdctl registered it again.
+    re_registered: bool,
+    /// The status it was listed with when pdctl re-added it.
+    re_added_after: Option<&'a str>,
+    /// Why it ended before router_timeout.
+    ended_early: String,
+    /// How long the step took.
+    waited_ms: u64,
 }
 
 /// The router step's detail on one replica (the JSON in docs/cli.md): the gateway's entry, what

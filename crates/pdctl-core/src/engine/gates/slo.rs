@@ -201,7 +201,7 @@ pub(in crate::engine) async fn slo_judge<U: Units, L: Logs, P: Probes>(
                     requests: report.requests,
                     baseline_requests: report.baseline_requests,
                 };
-                return Err(Fail { cause, detail: serde_json::json!({ "slo": report }), unit: None });
+                return Err(Fail { cause, detail: crate::engine::step_run::detail_of(&Judged { slo: &report }), unit: None });
             }
             return Ok(report);
         }
@@ -235,7 +235,7 @@ pub(in crate::engine) async fn slo_when_unjudged<U: Units, L: Logs, P: Probes>(
                         requests: sample.requests,
                         baseline_requests: sample.baseline_requests,
                     },
-                    detail: serde_json::json!({ "slo": sample }),
+                    detail: crate::engine::step_run::detail_of(&Judged { slo: &sample }),
                     unit: None,
                 }),
                 Verdict::NotJudged { why: w2 } => Err(not_judged(format!("{why}; and pdctl's own sample: {w2}"))),
@@ -283,4 +283,11 @@ pub(in crate::engine) async fn slo_sample<U: Units, L: Logs, P: Probes>(eng: &En
 async fn sample_one<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, x: &Worker, partner: &Worker) -> Option<f64> {
     let probe = gates::pair::pair_request(eng, x, partner, 16).await;
     probe.answered().then_some(probe.took.as_secs_f64())
+}
+
+/// A soak failed by the service gate: its report.
+#[derive(serde::Serialize)]
+struct Judged<'a> {
+    /// What was compared with what, and the verdict.
+    slo: &'a Report,
 }
