@@ -72,7 +72,10 @@ impl Daemon {
             let now = pdctl_core::fleet::now_secs();
             let keep = r.within.as_secs().max(3600);
             let mut w = lock(&self.storm);
-            let ours = running || begun != w.rollouts_at_last_look;
+            // A host in maintenance: its workers stop and start with the host (the reboot's
+            // start is no restart storm).
+            let maintained = !matches!(self.store.ledger().maintenance(), Ok(None));
+            let ours = running || begun != w.rollouts_at_last_look || maintained;
             w.rollouts_at_last_look = begun;
             for (unit, seen) in states {
                 if let Some(before) = w.seen.get(&unit) {
