@@ -175,3 +175,22 @@ where
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_fleet_repair_details_have_the_keys_of_the_contract() {
+        assert_eq!(
+            detail_of(&FleetRepair { repair_through_fleet: "f1", host: "b", unit: "d" }),
+            json!({"repair_through_fleet": "f1", "host": "b", "unit": "d"})
+        );
+        assert_eq!(
+            detail_of(&FleetRepaired { repaired_through_fleet: "f1", host: "b", unit: "d", local_id: None, probes: &[] }),
+            json!({"repaired_through_fleet": "f1", "host": "b", "unit": "d", "local_id": null, "probes": []})
+        );
+        assert_eq!(detail_of(&Probed { probes: &[] }), json!({"probes": []}));
+    }
+}

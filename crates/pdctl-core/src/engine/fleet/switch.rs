@@ -377,3 +377,19 @@ struct OutOfGateway {
     /// Their units.
     out: Vec<String>,
 }
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_switch_details_have_the_keys_of_the_contract() {
+        let hosts = vec!["b".to_string()];
+        assert_eq!(
+            detail_of(&InStep { phase: "out", wrote: Some("ok"), waited_for: &hosts, waited_ms: 2 }),
+            json!({"phase": "out", "wrote": "ok", "waited_for": ["b"], "waited_ms": 2})
+        );
+        assert_eq!(detail_of(&TakenOutForSwitch { switch: OutOfGateway { out: vec!["p".into()] } }), json!({"switch": {"out": ["p"]}}));
+    }
+}

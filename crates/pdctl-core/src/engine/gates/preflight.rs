@@ -640,3 +640,19 @@ struct PeerCompared<'a> {
 struct Mismatches<'a> {
     mismatches: &'a [crate::sglang::pairing::Mismatch],
 }
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_preflight_details_have_the_keys_of_the_contract() {
+        assert_eq!(detail_of(&GatewaySeen { workers: Some(Vec::new()), replicas: None }), json!({"workers": []}));
+        assert_eq!(detail_of(&GatewaySeen { workers: None, replicas: Some(vec![Vec::new()]) }), json!({"replicas": [[]]}));
+        let unread = PeerCompared { peer: "d", compared: false, why: Some("its settings could not be read"), settings: None };
+        assert_eq!(detail_of(&unread), json!({"peer": "d", "compared": false, "why": "its settings could not be read"}));
+        assert_eq!(detail_of(&ModelChanges { changes: &[], switch_refused: None }), json!({"changes": [], "switch_refused": null}));
+        assert_eq!(detail_of(&Mismatches { mismatches: &[] }), json!({"mismatches": []}));
+    }
+}

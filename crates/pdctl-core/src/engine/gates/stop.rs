@@ -177,3 +177,17 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
     }
     Ok((detail_of(&detail), Restarted { watch, cursor, after: out.state, taken_out: None, ran_through: false }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_stop_and_start_details_have_the_keys_of_the_contract() {
+        let start = StartDetail { started: false, why: Some("the boot started it"), job_result: None, invocation_id: "i".into(), main_pid: 7 };
+        assert_eq!(detail_of(&start), json!({"started": false, "why": "the boot started it", "invocation_id": "i", "main_pid": 7}));
+        let kept = KeptForKv { held_at_start: 2.0, held_left: 0.0, waited_ms: 3, limit_ms: 4 };
+        assert_eq!(detail_of(&kept), json!({"held_at_start": 2.0, "held_left": 0.0, "waited_ms": 3, "limit_ms": 4}));
+    }
+}
