@@ -52,7 +52,8 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Planning::Run(p) => p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
-        _ if daemon.store.ledger().maintenance().is_ok_and(|m| m.is_some()) => return Err(in_maintenance(&daemon)),
+        // An unreadable maintenance record counts as one: the host may be down for a reboot.
+        _ if !matches!(daemon.store.ledger().maintenance(), Ok(None)) => return Err(in_maintenance(&daemon)),
         Request::Restart { units, allow_outage, load_changes, .. } => {
             let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             Planned { load_changes, ..Planned::of(RolloutKind::Restart, plan, allow_outage) }
@@ -207,7 +208,8 @@ struct Planned {
 fn in_maintenance(daemon: &Daemon) -> Cause {
     match daemon.store.ledger().maintenance() {
         Ok(Some(m)) => Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id },
-        _ => Cause::InMaintenance { phase: "unknown".into(), id: "unknown".into() },
+        Ok(None) => Cause::InMaintenance { phase: "none".into(), id: "none".into() },
+        Err(u) => Cause::InMaintenance { phase: format!("unreadable: {}: {}", u.path.display(), u.error), id: "unknown".into() },
     }
 }
 
