@@ -109,7 +109,14 @@ async fn pre_reboot(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Byte
             return LockError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "record_unreadable", value: format!("{}: {}", u.path.display(), u.error) }
                 .into_response()
         }
-        Ok(Some(m)) => return phase_answer(&d, &m, true).map_or_else(|e| e.into_response(), |()| StatusCode::OK.into_response()),
+        Ok(Some(m)) => {
+            return match phase_answer(&d, &m, true) {
+                Ok(()) => StatusCode::OK.into_response(),
+                // Draining: how many requests its workers still run.
+                Err(e) if e.kind == "draining" => not_yet("draining", format!("{}; {}", e.value, in_flight(&s).await)).into_response(),
+                Err(e) => e.into_response(),
+            };
+        }
         Ok(None) => {}
     }
     if let Some(why) = waits(&d, &s).await {
@@ -204,6 +211,31 @@ fn phase_answer(d: &Daemon, m: &Maintenance, pre: bool) -> Result<(), LockError>
             ),
         )),
     }
+}
+
+/// What this host's workers still run, read from each one's load (bounded: 2 s a worker):
+/// `N requests in flight on this host's workers`, naming those that could not be read.
+async fn in_flight(s: &pdctl_core::config::Settings) -> String {
+    let Ok(e) = pdctl_real::connect(s.clone()).await else { return "its workers' load could not be read".into() };
+    let (mut n, mut unread) = (0u64, Vec::new());
+    for w in &s.workers {
+        match tokio::time::timeout(std::time::Duration::from_secs(2), pdctl_core::ports::Probes::in_flight(&e.probes, &w.url)).await {
+            Ok(Ok(k)) => n += k,
+            // A worker already stopped runs nothing.
+            Ok(Err(_)) if !worker_runs(&e, &w.unit).await => {}
+            _ => unread.push(w.unit.as_str()),
+        }
+    }
+    match unread.as_slice() {
+        [] => format!("{n} request(s) in flight on this host's workers"),
+        u => format!("{n} request(s) in flight on this host's workers ({} not read)", u.join(", ")),
+    }
+}
+
+/// Whether `unit` runs (active or starting).
+async fn worker_runs(e: &pdctl_real::RealEngine, unit: &str) -> bool {
+    use pdctl_core::ports::{ActiveState, Units as _};
+    e.units.state(unit).await.is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating))
 }
 
 /// Why a new maintenance would wait now: a rollout running here, outside every window, the fleet
