@@ -376,8 +376,25 @@ where
     }
 
     pub(in crate::engine) async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
-        let last_lines = if unit == ROUTER || unit == FLEET { Vec::new() } else { self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default() };
+        let last_lines = if unit == ROUTER || unit == FLEET { Vec::new() } else { self.settled_last_lines(unit).await };
         Failure::new(unit, step, &f.cause, last_lines)
+    }
+
+    /// The unit's last lines once its journal has settled. A process's own output reaches
+    /// journald through its stream, the manager's "Failed with result" through the manager: read
+    /// at once, a failed start's last words (an `ExecStartPre=` that printed why) can still be
+    /// on their way. Read again every 200 ms until two reads agree (at most 2 s).
+    async fn settled_last_lines(&self, unit: &str) -> Vec<String> {
+        let mut lines = self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default();
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let again = self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default();
+            if again == lines {
+                break;
+            }
+            lines = again;
+        }
+        lines
     }
 
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
