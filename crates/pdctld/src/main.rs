@@ -267,15 +267,7 @@ async fn serve_metrics(args: &Args, d: &Arc<daemon::Daemon>) {
         return;
     }
     match tokio::net::TcpListener::bind(&args.metrics_listen).await {
-        Ok(l) => {
-            let app = daemon::http::metrics_api(d.clone());
-            let l = Arc::new(l);
-            let accept = move || {
-                let l = l.clone();
-                async move { l.accept().await.map(|(s, _)| (s, None)) }
-            };
-            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the metrics endpoint").await });
-        }
+        Ok(l) => serve_tcp(l, daemon::http::metrics_api(d.clone()), "the metrics endpoint"),
         Err(e) => tracing::warn!("metrics endpoint {} not available: {e}", args.metrics_listen),
     }
 }
@@ -287,16 +279,21 @@ async fn serve_fleetlock(d: &Arc<daemon::Daemon>) {
     match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => {
             tracing::info!("FleetLock endpoint on http://{addr}");
-            let app = daemon::maintenance::fleetlock_api(d.clone());
-            let l = Arc::new(l);
-            let accept = move || {
-                let l = l.clone();
-                async move { l.accept().await.map(|(s, _)| (s, None)) }
-            };
-            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the FleetLock endpoint").await });
+            serve_tcp(l, daemon::maintenance::fleetlock_api(d.clone()), "the FleetLock endpoint");
         }
         Err(e) => tracing::error!("the FleetLock endpoint cannot listen on {addr} ({e}): update agents asking it will not reboot this host"),
     }
+}
+
+/// Serve `app` on a TCP listener in a task of its own ([`serve`], at most
+/// [`METRICS_CONNECTIONS`] at once: a scraper, a dashboard, the host's update agent).
+fn serve_tcp(l: tokio::net::TcpListener, app: axum::Router, what: &'static str) {
+    let l = Arc::new(l);
+    let accept = move || {
+        let l = l.clone();
+        async move { l.accept().await.map(|(s, _)| (s, None)) }
+    };
+    tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, what).await });
 }
 
 /// pdctld's tasks beside the API: the watchdog, the retry of unsaved records, the reconcile of

@@ -98,13 +98,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
 ) -> Result<(Value, Restarted<U::W>), Fail> {
     let unit = w.unit.as_str();
     let before = eng.units.state(unit).await?;
-    // A unit systemd stopped for starting too often refuses a restart until its
-    // failed state is reset. Its Result says so only for a manual start: when the
-    // limit stops an auto-restart it keeps the crash's own (`exit-code`, measured on
-    // systemd 252), so any failed unit is reset before pdctl restarts it.
-    if before.result == "start-limit-hit" || before.active_state == crate::ports::ActiveState::Failed {
-        eng.units.reset_failed(unit).await?;
-    }
+    reset_if_failed(eng, unit, &before).await?;
     let cursor = eng.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?;
     let watch = eng.units.watch(unit).await?;
     // SGLang's stop drains (it waits for its requests in flight, no timeout of its
@@ -148,6 +142,17 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         return Err(Fail { cause, detail, unit: None });
     }
     Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at), ran_through: false }))
+}
+
+/// A unit systemd stopped for starting too often refuses a restart (or a start) until its
+/// failed state is reset. Its Result says so only for a manual start: when the limit stops an
+/// auto-restart it keeps the crash's own (`exit-code`, measured on systemd 252), so any failed
+/// unit is reset before pdctl restarts or starts it.
+pub(in crate::engine) async fn reset_if_failed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, st: &UnitState) -> Result<(), UnitsError> {
+    if st.result == "start-limit-hit" || st.active_state == crate::ports::ActiveState::Failed {
+        eng.units.reset_failed(unit).await?;
+    }
+    Ok(())
 }
 
 /// What the stop of `unit`'s old process was (a drain, a watchdog kill, SGLang's own tree kill),

@@ -156,9 +156,7 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
         let detail = StartDetail { started: false, why: Some(why), job_result: None, invocation_id: st.invocation_id.clone(), main_pid: st.main_pid };
         return Ok((detail_of(&detail), Restarted { watch, cursor: recorded, after: st, taken_out: None, ran_through }));
     }
-    if st.active_state == ActiveState::Failed || st.result == "start-limit-hit" {
-        eng.units.reset_failed(unit).await?;
-    }
+    restart::reset_if_failed(eng, unit, &st).await?;
     let cursor = match recorded {
         Some(c) => Some(c),
         None => eng.logs.tail_cursor().await.map_err(|e| Fail::from(Cause::JournalUnreadable { message: e.to_string() }))?,
