@@ -9,9 +9,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use pdctl_tests::fleet_hosts::*;
+use pdctl_tests::host_maintenance::{host_status, newest, passed, reboot};
 use pdctl_tests::pdctl_sandbox::etcd::Etcd;
-use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack};
-use pdctl_tests::{raw_api, JsonRun};
+use pdctl_tests::pdctl_sandbox::stack::Pdctld;
+use pdctl_tests::JsonRun;
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
@@ -20,49 +21,6 @@ const LIMIT: Duration = Duration::from_secs(180);
 
 fn cli(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
     pdctl_tests::pdctl_daemon(d, config, args, LIMIT)
-}
-
-fn host_status(d: &Pdctld) -> Value {
-    let (code, v) = raw_api(&d.socket, "GET", "/v1/host", "");
-    assert_eq!(code, 200, "{v:#}");
-    v
-}
-
-/// The newest rollout record of this pdctld, once it has ended (its record is concluded just
-/// after the maintenance record is crossed off).
-fn newest(d: &Pdctld) -> Value {
-    let mut rec = Value::Null;
-    until(Duration::from_secs(30), || {
-        rec = newest_now(d);
-        rec["lifecycle"]["state"] != "running"
-    });
-    rec
-}
-
-/// The newest rollout record of this pdctld, as it is now.
-fn newest_now(d: &Pdctld) -> Value {
-    let (_, list) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
-    let id = list["rollouts"]
-        .as_array()
-        .and_then(|a| a.iter().max_by_key(|r| r["created_at"].as_u64()))
-        .and_then(|r| r["id"].as_str())
-        .unwrap_or_default()
-        .to_string();
-    raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "").1
-}
-
-fn passed(rec: &Value, unit: &str, step: &str) -> bool {
-    rec["events"].as_array().is_some_and(|es| es.iter().any(|e| e["unit"] == unit && e["step"] == step && e["status"] == "passed"))
-}
-
-/// A "reboot" of a sandboxed host: pdctld stopped, every worker unit started again by the
-/// manager (as the boot starts enabled units), pdctld started again.
-fn reboot(s: &Stack, d: &Pdctld) {
-    s.sandbox.systemctl(&["stop", &d.unit]).expect("stop pdctld");
-    for u in [P, D] {
-        s.sandbox.systemctl(&["start", "--no-block", u]).expect("start unit");
-    }
-    s.sandbox.systemctl(&["start", &d.unit]).expect("start pdctld");
 }
 
 #[test]

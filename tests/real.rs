@@ -387,3 +387,55 @@ fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
     let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
     assert!(rec["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().is_some_and(|t| t.contains("paused in_place")))), "{rec:#}");
 }
+
+/// Host maintenance on the real server. `pdctl host drain` waits for a long request on the
+/// decode, then stops both servers through SGLang's own drain (the decode first). After a
+/// "reboot" (the manager starts the units again, pdctld starts again) pdctld brings them back by
+/// itself through every gate: the ready line of the boot's own start, found from the cursor
+/// recorded before the stop; the real PD pair; the gateway's re-admission.
+#[test]
+fn a_host_drained_for_maintenance_stops_through_sglangs_drain_and_resumes_through_every_gate() {
+    use pdctl_tests::host_maintenance::{host_status, newest, passed, reboot};
+    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
+    let reqs = long_requests_on_the_decode(&stack, 1, 1500);
+    let args = ["host", "drain", "--allow-outage", "--reason", "driver update", "--json"];
+    let r = pdctl_daemon(&d, &config, &args, Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    let (status, tokens, _) = reqs.into_iter().next().expect("one").join().expect("request thread");
+    assert_eq!((status, tokens), (200, 1500), "the request in flight finished through the host's drain\n{}", logs(&stack));
+    for unit in [P, D] {
+        assert_eq!(stack.show(unit, "ActiveState").expect("ActiveState"), "inactive", "{unit} stopped");
+        let stop = &r.event(unit, "stop", "passed")["detail"];
+        println!("{unit}'s stop for maintenance: {stop}");
+        assert_eq!(stop["stop"]["ended_by"], "drained", "SGLang's drain, not a crash or a SIGKILL: {stop:#}\n{}", logs(&stack));
+    }
+    assert!(r.index(D, "stop", "passed") < r.index(P, "stop", "passed"), "the decode stops before the prefill");
+    assert_eq!(host_status(&d)["maintenance"]["phase"], "down");
+    println!("the decode's drain for maintenance: {}", r.event(D, "drain", "passed")["detail"]);
+
+    let rebooted = std::time::Instant::now();
+    reboot(&stack, &d);
+    let resumed = until(Duration::from_secs(600), Duration::from_millis(500), || host_status(&d)["maintenance"].is_null());
+    let rec = newest(&d);
+    assert!(resumed, "resumed by pdctld at its start: {:#}\n{}", host_status(&d), logs(&stack));
+    println!("back in service {:.0} s after the reboot", rebooted.elapsed().as_secs_f64());
+    assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("host_resume"), Some("succeeded")), "{rec:#}");
+    for unit in [P, D] {
+        for step in ["start", "ready", "health", "router", "metrics", "soak"] {
+            assert!(passed(&rec, unit, step), "{unit} passed {step}: {rec:#}");
+        }
+        // The ready line is this boot's run's, from its main process.
+        let ready = rec["events"]
+            .as_array()
+            .and_then(|es| es.iter().find(|e| e["unit"] == unit && e["step"] == "ready" && e["status"] == "passed"))
+            .map(|e| e["detail"].clone())
+            .unwrap_or_default();
+        let pid = stack.show(unit, "MainPID").expect("MainPID");
+        assert_eq!(ready["pid"].as_u64().map(|p| p.to_string()), Some(pid), "{ready:#}");
+    }
+    assert!(passed(&rec, P, "pair") || passed(&rec, D, "pair"), "the real pair probed: {rec:#}");
+    stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(&stack)));
+    let after = long_requests(&stack, 1, 16).into_iter().next().expect("one").join().expect("request thread");
+    assert_eq!((after.0, after.1), (200, 16), "a request through the gateway after the resume\n{}", logs(&stack));
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 pub use pdctl_sandbox;
 pub mod fleet_hosts;
 pub mod fleet_sim;
+pub mod host_maintenance;
 pub mod router_watch;
 pub use router_watch::{Observed, RouterWatch, MAX_GAP};
 

@@ -488,3 +488,44 @@ mod detail_tests {
         );
     }
 }
+
+/// The reconcile of a drain over fakes: a crash-looping worker is reported, not waited for.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    #[tokio::test]
+    async fn a_drain_of_a_crash_looping_worker_is_reported_not_waited_for() {
+        use pdctl_core::state::drain_ledger::{Drain, Ledger};
+        let w = world();
+        w.lock().unwrap().unhealthy.push("http://p".into());
+        if let Some(st) = w.lock().unwrap().states.get_mut("p.service") {
+            st.active_state = "activating".into();
+            st.sub_state = "auto-restart".into();
+        }
+        let dir = std::env::temp_dir().join(format!("pdctl-fake-ledger-{}", std::process::id()));
+        let ledger = Ledger::open(&dir).unwrap();
+        let d = Drain {
+            unit: "p.service".into(),
+            url: "http://p".into(),
+            role: pdctl_core::config::Role::Prefill,
+            bootstrap_port: None,
+            invocation_id: "old".into(),
+            router_id: "w1".into(),
+            rollout_id: "r1".into(),
+            drained_at: 0,
+            hold: None,
+        };
+        ledger.record(&d).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: settings(), coordinator: None };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        // A budget of 5 minutes: a crash loop is not coming up, so it must not be waited out (the
+        // rollout lock is held meanwhile). The bound only keeps a regression from hanging the suite.
+        let r = tokio::time::timeout(Duration::from_secs(60), engine.reconcile(&d, &ledger, Duration::from_secs(300), &tx)).await.expect("not waited out");
+        let cause = r.unwrap_err();
+        assert_eq!(cause.code(), "drain_not_restored");
+        assert!(cause.sentence().contains("auto-restart"), "{}", cause.sentence());
+        assert!(ledger.get("p.service").is_some(), "the drain stays on record");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

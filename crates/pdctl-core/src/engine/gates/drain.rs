@@ -589,3 +589,26 @@ mod tests {
         assert_eq!(ms((60, 50)), 0, "never past SIGTERM itself");
     }
 }
+
+/// The drain inside a rollout over fakes of the gateway: when it does not defer the take-out.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    /// A stop that would SIGKILL the only worker of its role before SGLang's first drain check (5 s
+    /// after SIGTERM) would kill it while the gateway still routes to it: its drain takes it out
+    /// before the stop, as for any other worker, and says why it was not deferred.
+    #[tokio::test]
+    async fn the_only_worker_whose_stop_ends_before_the_first_drain_check_is_taken_out_before_it() {
+        let w = world();
+        let s = with_router(&w, true);
+        w.lock().unwrap().timeout_stop.insert("p.service".into(), Duration::from_secs(1));
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("drain passed").detail.clone();
+        assert!(drain["not_deferred"].as_str().is_some_and(|t| t.contains("TimeoutStopSec=1.0s")), "{drain}");
+        let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+        let at = |prefix: &str| log.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {log:?}"));
+        assert!(at("deregister w1 after 0 restart(s)") < at("register http://p"), "out before its restart: {log:?}");
+    }
+}

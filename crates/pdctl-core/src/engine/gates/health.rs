@@ -123,3 +123,30 @@ mod tests {
         assert_eq!(HealthDetail::of(1, &["/ready"], Some("x")), json!({"attempts": 1, "checked": ["/ready"], "generate_proved_by": "x"}));
     }
 }
+
+/// The health gate inside a rollout over fakes: what it asks of a PD worker and of its peer.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    /// Where the servers serve `/ready` (0.5.23), a PD worker's health gate and its pair gate's
+    /// check of the peer ask `/ready` alone: 0.5.23's `/health` sleeps 1 s in its generate, and the
+    /// pair gate's PD request proves generation. Without `/ready` both ask `/health`, as before.
+    #[tokio::test]
+    async fn pd_health_and_the_pair_peer_check_ask_ready_where_it_is_served() {
+        let w = world();
+        w.lock().unwrap().ready_served = true;
+        let (summary, events) = run_only(&w, settings(), &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let health = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Health && e.status == Status::Passed).expect("health passed");
+        assert_eq!(health.detail["checked"], serde_json::json!(["/ready"]), "{}", health.detail);
+        assert!(w.lock().unwrap().pairs.iter().any(|(p, d)| p == "http://p" && d == "http://d"), "the pair was probed");
+        assert_eq!(w.lock().unwrap().health_asked, Vec::<String>::new(), "no /health: neither the worker's nor its peer's");
+
+        let w = world();
+        let (summary, _) = run_only(&w, settings(), &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let asked = w.lock().unwrap().health_asked.clone();
+        assert!(asked.iter().any(|u| u == "http://p") && asked.iter().any(|u| u == "http://d"), "without /ready: /health of both: {asked:?}");
+    }
+}

@@ -249,3 +249,99 @@ pub(in crate::engine) async fn judge_pair<U: Units, L: Logs, P: Probes>(
     };
     diagnose(probe, &mismatches, older)
 }
+
+/// The pair gate inside a rollout over fakes of systemd, the journal and the probes: a stale decode
+/// repaired (or the halt, or the refusal without `--allow-outage`), only the restarted worker's pairs
+/// probed.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    #[tokio::test]
+    async fn a_stale_decode_found_by_the_pair_gate_is_repaired_before_the_prefill_is_re_admitted() {
+        let w = world();
+        w.lock().unwrap().stale_cache = true;
+        let (summary, events) = run_only(&w, settings(), &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        assert_eq!(w.lock().unwrap().restarted, vec!["p.service", "d.service"], "the decode restarted as a repair");
+        assert_eq!(summary.units, vec!["d.service", "p.service"]);
+        assert_eq!(summary.repairs.get("d.service").map(String::as_str), Some("p.service"));
+        let pos = |u: &str, s: Step, st: Status| events.iter().position(|e| e.unit == u && e.step == s && e.status == st).unwrap();
+        let pair = &events[pos("p.service", Step::Pair, Status::Passed)];
+        assert_eq!(pair.detail["stale"][0], "d.service");
+        // Two probes: a fixed decode would have answered the second.
+        assert_eq!(pair.detail["pairs"][0]["probes"].as_array().unwrap().len(), 2);
+        // The decode went through every gate (its own pair gate included) before the prefill's router gate.
+        assert!(pos("d.service", Step::Soak, Status::Passed) < pos("p.service", Step::Router, Status::Started));
+        assert!(pos("d.service", Step::Pair, Status::Passed) < pos("d.service", Step::Soak, Status::Passed));
+        assert!(events.iter().filter(|e| e.unit == "d.service" && e.step != Step::Preflight).all(|e| e.repair_of.as_deref() == Some("p.service")));
+        assert!(events.iter().filter(|e| e.unit == "p.service").all(|e| e.repair_of.is_none()));
+    }
+
+    #[tokio::test]
+    async fn on_stale_pair_halt_stops_naming_the_decode_and_restarts_nothing_else() {
+        let w = world();
+        w.lock().unwrap().stale_cache = true;
+        let (summary, _) = run_only(&w, with("on_stale_pair = \"halt\"\n"), &["p.service".into()]).await;
+        let f = summary.failed.expect("halted");
+        assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "stale_pair"));
+        assert!(f.cause.starts_with("d.service still uses the bootstrap info of p.service"), "{}", f.cause);
+        assert_eq!(w.lock().unwrap().restarted, vec!["p.service"]);
+    }
+
+    #[tokio::test]
+    async fn a_fixed_decode_needs_no_repair_and_the_pair_gate_probes_only_the_restarted_workers_pairs() {
+        let w = world();
+        let (summary, events) = run_only(&w, settings(), &["d.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        assert!(summary.repairs.is_empty());
+        assert_eq!(w.lock().unwrap().pairs, vec![("http://p".to_string(), "http://d".to_string())]);
+        assert!(events.iter().any(|e| e.unit == "d.service" && e.step == Step::StrandedKv && e.status == Status::Passed));
+    }
+
+    #[tokio::test]
+    async fn a_stale_decode_that_is_the_only_one_is_not_repaired_without_allow_outage() {
+        let w = world();
+        w.lock().unwrap().stale_cache = true;
+        w.lock().unwrap().states.insert("p2.service".into(), state("old2", 30));
+        w.lock().unwrap().env.insert("p2.service".into(), vec!["CUDA_VISIBLE_DEVICES=8".into()]);
+        let text = "[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+             [[worker]]\nunit = \"p2.service\"\nrole = \"prefill\"\nurl = \"http://p2\"\n\
+             [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+             [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\n";
+        let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
+        let plan = Plan::new(&s, &["p.service".into()]).unwrap();
+        let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let run = rollout_of(&plan, &abort, false, false);
+        let f = engine.execute(run, &tx).await.summary.failed.expect("halted");
+        assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Pair, "repair_blocked"));
+        assert!(f.cause.contains("only decode worker") && f.cause.contains("--allow-outage"), "{}", f.cause);
+        assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "the decode is not restarted");
+    }
+
+    #[tokio::test]
+    async fn a_stale_decodes_requests_left_after_the_drain_are_aborted_before_its_repair() {
+        let w = world();
+        // The gateway (the settings below add drain_timeout = 1s to those of `with_router`).
+        let _ = with_router(&w, true);
+        // The decode's requests wait for KV from the restarted prefill's old process: they never end.
+        w.lock().unwrap().stale_cache = true;
+        w.lock().unwrap().in_flight.insert("http://d".into(), 2);
+        let text = "[router]\nurl = \"http://r:1\"\n[[worker]]\nunit = \"p.service\"\nrole = \"prefill\"\nurl = \"http://p\"\n\
+             [[worker]]\nunit = \"d.service\"\nrole = \"decode\"\nurl = \"http://d\"\n\
+             [rollout]\nmin_healthy = \"1s\"\nhealth_timeout = \"1s\"\nready_timeout = \"2s\"\ndrain_timeout = \"1s\"\nallow_outage = true\n\
+             [verify]\nmetrics = \"off\"\navailability_probe = \"off\"\n";
+        let s = load_texts(&[(PathBuf::from("t.toml"), text.to_string())]).unwrap();
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        assert_eq!(w.lock().unwrap().aborted, vec!["http://d"], "only the stale decode's requests were aborted");
+        let drain =
+            events.iter().find(|e| e.unit == "d.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the repair drained the decode");
+        assert_eq!(drain.detail["aborted"], 2, "{}", drain.detail);
+        assert!(drain.detail["aborted_why"].as_str().unwrap_or("").contains("stale"), "{}", drain.detail);
+        let p_drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the prefill's drain");
+        assert_eq!(p_drain.detail["aborted"], serde_json::Value::Null, "nothing aborted outside a repair by default");
+    }
+}

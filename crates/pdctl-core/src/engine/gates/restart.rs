@@ -294,3 +294,65 @@ mod tests {
         assert_eq!(serde_json::to_value(&d).unwrap_or_default(), with);
     }
 }
+
+/// The restart inside a rollout over fakes of the gateway: when a deferred worker is taken out.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    #[tokio::test]
+    async fn the_only_worker_of_its_role_is_taken_out_by_its_restart_not_before_it() {
+        let w = world();
+        let s = with_router(&w, true);
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let passed = |step: Step| events.iter().find(|e| e.unit == "p.service" && e.step == step && e.status == Status::Passed).expect("passed").detail.clone();
+        let drain = passed(Step::Drain);
+        assert!(drain["taken_out"].as_str().is_some_and(|t| t.starts_with("deferred")), "{drain}");
+        let restart = passed(Step::Restart);
+        assert!(restart["taken_out"]["when"].as_str().is_some_and(|t| t.contains("restart job ended")), "no drain check in these logs: {restart}");
+        let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+        let at = |prefix: &str| log.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {log:?}"));
+        assert!(at("settle_now w1") < at("deregister w1 after 1 restart(s)"), "settle 0 set first, the removal during the restart: {log:?}");
+        // The drain was written down before anything touched the gateway, and undone at re-admission.
+        assert!(w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p"), "re-admitted");
+    }
+
+    /// A deferred worker whose old process is gone before any drain check was logged (killed,
+    /// crashed) serves nothing: it is taken out then, not when the restart job ends.
+    #[tokio::test]
+    async fn a_deferred_worker_whose_old_process_is_gone_is_taken_out_then() {
+        let w = world();
+        let s = with_router(&w, true);
+        w.lock().unwrap().restart_takes = Some(Duration::from_secs(2));
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let restart =
+            events.iter().find(|e| e.unit == "p.service" && e.step == Step::Restart && e.status == Status::Passed).expect("restart passed").detail.clone();
+        assert!(restart["taken_out"]["when"].as_str().is_some_and(|t| t.contains("old process was gone")), "{restart}");
+        assert!(restart["taken_out"]["after_ms"].as_u64().is_some_and(|ms| ms < 2000), "before the job ended: {restart}");
+        let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+        assert!(log.iter().any(|l| l.starts_with("deregister w1 after 0 restart(s)")), "out while the restart job ran: {log:?}");
+    }
+
+    /// A deferred worker whose stop logs no drain check (the fake's journal has none) and whose old
+    /// process keeps running is taken out at its deadline after SIGTERM — 5 s × (1 − the share of
+    /// looks that found it busy), 5 s for this idle one — not only when the restart job ends.
+    #[tokio::test]
+    async fn a_deferred_worker_is_taken_out_by_its_deadline_when_no_drain_check_comes() {
+        let w = world();
+        let s = with_router(&w, true);
+        {
+            let mut world = w.lock().unwrap();
+            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(7)), true);
+        }
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let passed = |step: Step| events.iter().find(|e| e.unit == "p.service" && e.step == step && e.status == Status::Passed).expect("passed").detail.clone();
+        assert_eq!(passed(Step::Drain)["take_out_by_ms"], 5000, "idle in every look");
+        let restart = passed(Step::Restart);
+        let taken = &restart["taken_out"];
+        assert!(taken["when"].as_str().is_some_and(|t| t.starts_with("5.0 s after its SIGTERM")), "{restart}");
+        assert!(taken["after_ms"].as_u64().is_some_and(|ms| (5000..7000).contains(&ms)), "at its deadline, before the job ended: {restart}");
+    }
+}

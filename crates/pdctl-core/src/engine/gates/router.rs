@@ -286,3 +286,42 @@ mod tests {
         assert_eq!(serde_json::to_value(&a).unwrap_or_default(), want);
     }
 }
+
+/// The router gate inside a rollout over fakes of the gateway: a failed entry removed and added
+/// again; a prefill re-admitted while no decode is listed ends at once.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    #[tokio::test]
+    async fn a_worker_the_gateway_lists_failed_is_removed_and_re_added() {
+        let w = world();
+        let s = with_router(&w, true);
+        // The prefill's re-registration comes up `failed` (smg gives up on it); the next one is fine.
+        w.lock().unwrap().router.as_mut().unwrap().statuses = vec!["failed".into()];
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let router = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Router && e.status == Status::Passed).expect("router gate passed");
+        assert_eq!(router.detail["re_added_after"], "failed", "{}", router.detail);
+        let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
+        assert_eq!(log.iter().filter(|l| l.starts_with("register http://p")).count(), 2, "registered, removed, registered again: {log:?}");
+        assert!(log.iter().any(|l| l.starts_with("deregister w3")), "the failed entry was removed: {log:?}");
+    }
+
+    #[tokio::test]
+    async fn re_admitting_a_prefill_while_the_gateway_lists_no_decode_ends_at_once() {
+        let w = world();
+        let s = with_router(&w, false);
+        w.lock().unwrap().router.as_mut().unwrap().smoke_fails = true;
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Failed, "{summary:?}");
+        let f = summary.failed.as_ref().expect("a failure");
+        assert_eq!((f.step, f.cause_code.as_str()), (Step::Router, "peer_role_down"), "{f:?}");
+        let failed = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Router && e.status == Status::Failed).expect("router gate failed");
+        assert!(failed.detail["ended_early"].as_str().unwrap_or("").contains("lists no decode worker"), "{}", failed.detail);
+        assert!(
+            w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p" && x.status.as_deref() == Some("ready")),
+            "the prefill is left admitted"
+        );
+    }
+}

@@ -147,3 +147,30 @@ mod tests {
         assert_eq!(detail_of(&NothingHeld { held: BTreeMap::new(), unreadable: vec![] }), json!({"held": {}, "unreadable": []}));
     }
 }
+
+/// The stranded-KV gate inside a rollout over fakes: how long it waits, by where it read the rooms.
+#[cfg(test)]
+mod over_fakes {
+    use crate::fakes::*;
+
+    #[tokio::test]
+    async fn the_stranded_kv_wait_covers_the_gauges_idle_publish_only_when_read_from_gauges() {
+        // A prefill holds one room when the decode restarts; the next read finds it released.
+        for (source, limit_ms) in [("/v1/loads", 310_000), ("/metrics", 340_000)] {
+            let w = world();
+            w.lock().unwrap().held = vec![PdQueues { held_reqs: 1.0, used_tokens: 9.0, source }];
+            let (summary, events) = run(&w, settings()).await;
+            assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+            let s = &events
+                .iter()
+                .find(|e| e.unit == "d.service" && e.step == Step::StrandedKv && e.status == Status::Passed)
+                .expect("the stranded-KV gate ran")
+                .detail;
+            assert_eq!(s["held_at_start"]["p.service"]["source"], source, "{s}");
+            assert_eq!(s["released"], true, "{s}");
+            // The bootstrap timeout's default (300 s) + 10 s, + SGLang's 30 s idle publish when the
+            // held rooms were read from the lagging gauges.
+            assert_eq!(s["limit_ms"], limit_ms, "{s}");
+        }
+    }
+}
