@@ -266,6 +266,52 @@ fn pdctld_sigkilled_mid_host_drain_brings_the_host_back_at_its_next_start() {
     assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2, "both admitted again");
 }
 
+/// A reboot that lost the journal and set the clock back. A volatile journal
+/// (`/run/log/journal`, journald's default without `/var/log/journal`) is gone after the reboot,
+/// and with it every entry the cursors recorded before the stops point at; `sd_journal_seek_cursor`
+/// then places such a cursor by its wall-clock time alone (neither its seqnum id nor its boot id
+/// matches), and a clock set back across the reboot (a wrong RTC before NTP) puts it after the new
+/// runs' ready lines. The resume looks for them from this boot's first entry instead.
+#[test]
+fn after_a_reboot_that_lost_the_journal_and_set_the_clock_back_the_resume_still_finds_the_ready_lines() {
+    let (s, config, d) = pdctl_tests::stack_with_pdctld();
+    let r = cli(&d, &config, &["host", "drain", "--allow-outage", "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    s.sandbox.systemctl(&["stop", &d.unit]).expect("stop pdctld");
+    // The record as the last boot left it: another boot id, and each cursor in a journal that is
+    // gone (another seqnum id and boot id), a day ahead of this boot's clock.
+    let path = d.state.join("drains/maintenance/host.json");
+    let mut rec: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("the record")).expect("JSON");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock");
+    let ahead_us = now.as_micros() + 86_400_000_000;
+    let gone = format!("s={:032x};i=1;b={:032x};m=1;t={ahead_us:x};x=1", now.as_nanos() ^ 0x5eed, now.as_nanos() ^ 0xb007);
+    assert!(rec["boot_id"].is_string(), "the drain recorded its boot: {rec:#}");
+    rec["boot_id"] = Value::String(format!("{:032x}", now.as_nanos() ^ 0xb007));
+    let mut replaced = 0;
+    for u in rec["units"].as_array_mut().expect("units") {
+        assert!(u["cursor"].is_string(), "the drain recorded a cursor: {u}");
+        u["cursor"] = Value::String(gone.clone());
+        replaced += 1;
+    }
+    assert_eq!(replaced, 2);
+    std::fs::write(&path, rec.to_string()).expect("rewrite the record");
+    for u in [P, D] {
+        s.sandbox.systemctl(&["start", "--no-block", u]).expect("start unit");
+    }
+    s.sandbox.systemctl(&["start", &d.unit]).expect("start pdctld");
+    assert!(until(LIMIT, || host_status(&d)["maintenance"].is_null()), "resumed: {:#}", host_status(&d));
+    let rec = newest(&d);
+    assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("host_resume"), Some("succeeded")), "{rec:#}");
+    for u in [P, D] {
+        let ready = rec["events"]
+            .as_array()
+            .and_then(|es| es.iter().find(|e| e["unit"] == u && e["step"] == "ready" && e["status"] == "passed"))
+            .map(|e| e["detail"].clone())
+            .unwrap_or_default();
+        assert_eq!(ready["pid"].as_u64().map(|p| p.to_string()), s.show(u, "MainPID").ok(), "{u}: the new run's ready line: {ready:#}");
+    }
+}
+
 /// Two hosts of three behind one gateway, one slot of each role: host a's decode cannot start
 /// after its reboot (a flag its server refuses). a's resume fails at the decode's ready gate and
 /// a keeps its slots (pdctl_host_maintenance_failed = 1); host b's drain then waits for them and

@@ -429,6 +429,10 @@ pub trait Logs: Send + Sync {
     type F: Follow;
     /// The tail cursor (take it before the restart).
     fn tail_cursor(&self) -> impl Future<Output = Result<Option<String>, LogError>> + Send;
+    /// The cursor of the first entry of boot `boot_id` (the kernel's boot id) the journal holds;
+    /// `None` when it holds none. After a reboot, a ready line is looked for after it: a cursor
+    /// recorded before the reboot names another boot's journal, placed only by the wall clock.
+    fn boot_head_cursor(&self, boot_id: &str) -> impl Future<Output = Result<Option<String>, LogError>> + Send;
     /// Follow a unit after `cursor`.
     fn follow(&self, cursor: Option<String>, unit: &str) -> Self::F;
     /// The unit's last `n` lines: its own output and its manager's messages about it.

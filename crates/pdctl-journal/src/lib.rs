@@ -97,6 +97,24 @@ fn read_entry(j: &mut Journal) -> std::result::Result<Option<Entry>, std::io::Er
     Ok(Some(Entry { cursor: j.cursor()?, realtime_us: j.timestamp_usec().unwrap_or(0), read_at: SystemTime::now(), fields }))
 }
 
+/// The cursor of the first entry the journal holds of boot `boot_id` (`None` when it holds none).
+/// Following from it reads everything logged since that boot began, in the journal's own order,
+/// whatever the wall clock did across the reboot.
+pub async fn boot_head_cursor(src: &Source, boot_id: &str) -> Result<Option<String>> {
+    let (src, boot) = (src.clone(), boot_id.replace('-', ""));
+    run_blocking(move || {
+        let mut j = open(&src)?;
+        j.match_add("_BOOT_ID", boot.as_str()).map_err(|e| read_err(&src, e))?;
+        j.seek_head().map_err(|e| read_err(&src, e))?;
+        match j.next() {
+            Ok(0) => Ok(None),
+            Ok(_) => j.cursor().map(Some).map_err(|e| read_err(&src, e)),
+            Err(e) => Err(read_err(&src, e)),
+        }
+    })
+    .await
+}
+
 /// The cursor of the journal's current tail (`None` for an empty journal). Take it *before* the
 /// restart; follow from it afterwards.
 pub async fn tail_cursor(src: &Source) -> Result<Option<String>> {

@@ -140,6 +140,9 @@ impl Logs for Journald {
     async fn tail_cursor(&self) -> Result<Option<String>, LogError> {
         pdctl_journal::tail_cursor(&self.0).await.map_err(|e| LogError(e.to_string()))
     }
+    async fn boot_head_cursor(&self, boot_id: &str) -> Result<Option<String>, LogError> {
+        pdctl_journal::boot_head_cursor(&self.0, boot_id).await.map_err(|e| LogError(e.to_string()))
+    }
     fn follow(&self, cursor: Option<String>, unit: &str) -> JournalFollow {
         JournalFollow(Follower::start(&self.0, cursor, unit))
     }

@@ -244,6 +244,7 @@ where
         m.since = crate::fleet::now_secs();
         m.failed = None;
         let _ = ledger.record_maintenance(&m);
+        let boot_head = self.boot_head_after_reboot(&m).await;
         let mut order = drain_order(plan);
         order.reverse();
         for (i, w) in order.iter().copied().enumerate() {
@@ -251,7 +252,12 @@ where
                 return self.host_resume_failed(&mut m, ledger, run.t, None).await;
             }
             let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
-            r.maintained = m.units.iter().find(|u| u.unit == w.unit).cloned();
+            r.maintained = m.units.iter().find(|u| u.unit == w.unit).cloned().map(|mut u| {
+                if boot_head.is_some() {
+                    u.cursor.clone_from(&boot_head);
+                }
+                u
+            });
             // Its peers come back after it: none serves behind the gateway yet.
             let peer = |o: &&Worker| o.role != w.role && o.role != Role::Regular && w.role != Role::Regular;
             r.peers_out = order.iter().any(&peer) && order.iter().take(i).all(|o| !peer(o));
@@ -272,6 +278,27 @@ where
             run.notes.push("every worker passed its gates; a slot etcd did not take back yet stays on record and is given back when etcd answers".into());
         }
         run.t.summary(Outcome::Succeeded, None)
+    }
+
+    /// After a reboot (the record's boot id is not this one), where each ready line is looked for:
+    /// this boot's first entry in the journal. The cursors recorded before the stops name the
+    /// last boot's journal — gone with a volatile one — and `sd_journal_seek_cursor` then places
+    /// them by the wall clock alone: a clock set back across the reboot would put them after the
+    /// new runs' ready lines. `None` (no reboot, or the journal could not say): the recorded ones.
+    async fn boot_head_after_reboot(&self, m: &Maintenance) -> Option<String> {
+        let now = boot_id(&self.settings.procfs)?;
+        if m.boot_id.as_deref().is_none_or(|was| was == now) {
+            return None;
+        }
+        match self.logs.boot_head_cursor(&now).await {
+            Ok(head) => head,
+            Err(e) => {
+                tracing::warn!(
+                    "this boot's first journal entry could not be found ({e}): ready lines are looked for after the cursors recorded before the stops"
+                );
+                None
+            }
+        }
     }
 
     /// A resume that did not finish: the record says `failed` (and why) and keeps the slots.

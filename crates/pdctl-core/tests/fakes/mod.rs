@@ -216,6 +216,9 @@ impl Logs for FakeLogs {
     async fn tail_cursor(&self) -> Result<Option<String>, LogError> {
         Ok(Some("c".into()))
     }
+    async fn boot_head_cursor(&self, boot_id: &str) -> Result<Option<String>, LogError> {
+        Ok(Some(format!("head of boot {boot_id}")))
+    }
     fn follow(&self, _cursor: Option<String>, unit: &str) -> FakeFollow {
         let pid = self.0.lock().unwrap().states.get(unit).map(|s| s.main_pid).unwrap_or(0);
         // The old process flushes its ready line first; then the new run's.
