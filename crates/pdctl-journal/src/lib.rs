@@ -101,16 +101,11 @@ fn read_entry(j: &mut Journal) -> std::result::Result<Option<Entry>, std::io::Er
 /// Following from it reads everything logged since that boot began, in the journal's own order,
 /// whatever the wall clock did across the reboot.
 pub async fn boot_head_cursor(src: &Source, boot_id: &str) -> Result<Option<String>> {
-    let (src, boot) = (src.clone(), boot_id.replace('-', ""));
-    run_blocking(move || {
-        let mut j = open(&src)?;
-        j.match_add("_BOOT_ID", boot.as_str()).map_err(|e| read_err(&src, e))?;
-        j.seek_head().map_err(|e| read_err(&src, e))?;
-        match j.next() {
-            Ok(0) => Ok(None),
-            Ok(_) => j.cursor().map(Some).map_err(|e| read_err(&src, e)),
-            Err(e) => Err(read_err(&src, e)),
-        }
+    let boot = boot_id.replace('-', "");
+    cursor_at(src, move |j| {
+        j.match_add("_BOOT_ID", boot.as_str())?;
+        j.seek_head()?;
+        Ok(j.next()?)
     })
     .await
 }
@@ -118,11 +113,23 @@ pub async fn boot_head_cursor(src: &Source, boot_id: &str) -> Result<Option<Stri
 /// The cursor of the journal's current tail (`None` for an empty journal). Take it *before* the
 /// restart; follow from it afterwards.
 pub async fn tail_cursor(src: &Source) -> Result<Option<String>> {
+    cursor_at(src, |j| {
+        j.seek_tail()?;
+        Ok(j.previous()?)
+    })
+    .await
+}
+
+/// The cursor of the entry `step` moves a fresh reader of `src` to (it returns how many entries
+/// it moved: 0 is none, then `None`).
+async fn cursor_at(
+    src: &Source,
+    step: impl FnOnce(&mut Journal) -> std::result::Result<u64, Box<dyn std::error::Error>> + Send + 'static,
+) -> Result<Option<String>> {
     let src = src.clone();
     run_blocking(move || {
         let mut j = open(&src)?;
-        j.seek_tail().map_err(|e| read_err(&src, e))?;
-        match j.previous() {
+        match step(&mut j) {
             Ok(0) => Ok(None),
             Ok(_) => j.cursor().map(Some).map_err(|e| read_err(&src, e)),
             Err(e) => Err(read_err(&src, e)),
