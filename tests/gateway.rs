@@ -293,7 +293,15 @@ fn every_rollout_reports_what_clients_saw_and_the_probe_opens_no_breaker() {
     let (probes, failed, longest) = (a["probes"].as_u64().unwrap(), a["failed"].as_u64().unwrap(), a["longest_error_ms"].as_u64().unwrap());
     eprintln!("availability: {a}");
     assert!(probes >= 5, "2/s over a rollout of several seconds: {a}");
-    assert_eq!(failed, 0, "the probe sends nothing while a role has no admitted worker: {a}");
+    // The probe sends nothing while a role has no admitted worker: without that it would send
+    // (and fail) all through `unprobed_ms`, 2 a second. What it may see fail is a request the
+    // gateway routed to a stopping only worker still admitted, between its server's exit at its
+    // first drain check and its take-out (the journal line or the process gone, then the
+    // deregistration): at most one per such take-out at 2 probes a second. A CI run on a loaded
+    // machine saw one; a clean run sees none.
+    let deferred = [P, D].iter().filter(|u| r.event(u, "restart", "passed")["detail"]["taken_out"].is_object()).count() as u64;
+    assert!(a["unprobed_ms"].as_u64().unwrap() >= 1000, "the probe held back while a role had no admitted worker: {a}");
+    assert!(failed <= deferred, "the probe sends nothing while a role has no admitted worker ({deferred} deferred take-outs): {a}");
     assert!(longest > 0, "1P1D: each restart interrupts serving, and the figure says so: {a}");
     // The window is the drained-and-restarting time as the gateway saw it, never more than a unit's drain-to-admitted time.
     let window = |u: &str| -> u64 {
