@@ -255,26 +255,6 @@ fn drain_waits_for_requests_in_flight_on_sglang_router_0_3_2() {
     drain_under_load(Gateway::SglangRouter032);
 }
 
-/// `pdctl restart --rolling --json` against `d`, posting to each of `faults` (simulator fault
-/// URLs) when the event `unit`/`step`/`status` arrives.
-fn rollout_with_fault(d: &Pdctld, config: &Path, when: (&str, &str, &str), faults: Vec<String>, deadline: Duration) -> JsonRun {
-    let mut injected = false;
-    let args = ["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()];
-    let r = pdctl_run(&args, deadline, |e| {
-        if !injected && e["unit"] == when.0 && e["step"] == when.1 && e["status"] == when.2 {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                for u in &faults {
-                    pdctl_tests::http().post(u).send().await.unwrap();
-                }
-            });
-            injected = true;
-        }
-    });
-    assert!(injected, "the fault was injected at {when:?}");
-    r
-}
-
 /// `smg_worker_cb_state` of every worker in the router's metrics (0 closed, 1 open).
 fn breakers(stack: &Stack) -> Vec<(String, f64)> {
     let m = pdctl_tests::pdctl_sandbox::stack::http_get(&stack.router.as_ref().unwrap().metrics_url).map(|(_, b)| b).unwrap_or_default();
@@ -330,7 +310,7 @@ fn max_failed_probes_halts_when_clients_see_failures() {
     let d0 = stack.show(D, "InvocationID").unwrap();
     let fail_url = format!("{}/sim/fail_generate?secs=30", stack.decode.url);
     // The decode starts failing every request while the prefill soaks.
-    let r = rollout_with_fault(&d, &config, (P, "soak", "started"), vec![fail_url], LIMIT);
+    let r = pdctl_tests::rollout_with_fault(&d, &config, (P, "soak", "started"), vec![fail_url], LIMIT);
     assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
     assert_eq!(r.summary["failed"]["cause_code"], "clients_failing", "{:#?}", r.summary);
     assert_eq!(r.summary["failed"]["unit"], P);
@@ -377,7 +357,7 @@ fn two_p_two_d_keeps_serving_and_a_3s_fault_is_a_3s_window() {
     let (stack, config, d) = up(opts);
     std::fs::write(config.parent().unwrap().join("config.d/40-soak.toml"), "[rollout]\nmin_healthy = \"6s\"\nallow_outage = false\n").unwrap();
     let faults: Vec<String> = stack.workers().iter().filter(|w| w.role == "decode").map(|w| format!("{}/sim/fail_generate?secs=3", w.url)).collect();
-    let r = rollout_with_fault(&d, &config, (P, "soak", "started"), faults, Duration::from_secs(240));
+    let r = pdctl_tests::rollout_with_fault(&d, &config, (P, "soak", "started"), faults, Duration::from_secs(240));
     assert_eq!(r.code, 0, "no outage needed with two of each role: {:#?} {}", r.summary, r.stderr);
     assert_eq!(r.summary["units"].as_array().unwrap().len(), 4);
     let a = &r.summary["availability"];
@@ -400,7 +380,7 @@ fn circuit_breaker_open(gateway: Gateway) {
     let d0 = stack.show(D, "InvocationID").unwrap();
     let fail_url = format!("{}/sim/fail_generate?secs=120", stack.prefill.url);
     let watch = RouterWatch::start(&stack);
-    let r = rollout_with_fault(&d, &config, (P, "router", "started"), vec![fail_url], LIMIT);
+    let r = pdctl_tests::rollout_with_fault(&d, &config, (P, "router", "started"), vec![fail_url], LIMIT);
     let seen = watch.finish();
     assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
     assert_eq!(r.summary["failed"]["step"], "router");

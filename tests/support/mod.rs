@@ -551,3 +551,29 @@ impl MixedWatch {
         self.thread.join().expect("mixed watch")
     }
 }
+
+/// `pdctl restart --rolling --json` against `d`, posting to each of `faults` (simulator fault
+/// URLs) when the event `unit`/`step`/`status` arrives.
+pub fn rollout_with_fault(
+    d: &pdctl_sandbox::stack::Pdctld,
+    config: &std::path::Path,
+    when: (&str, &str, &str),
+    faults: Vec<String>,
+    deadline: Duration,
+) -> JsonRun {
+    let mut injected = false;
+    let args = ["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()];
+    let r = pdctl_run(&args, deadline, |e| {
+        if !injected && e["unit"] == when.0 && e["step"] == when.1 && e["status"] == when.2 {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                for u in &faults {
+                    http().post(u).send().await.unwrap();
+                }
+            });
+            injected = true;
+        }
+    });
+    assert!(injected, "the fault was injected at {when:?}");
+    r
+}
