@@ -159,7 +159,7 @@ fn a_breach_during_the_bake_reverts_every_changed_host_the_last_first() {
     let (code, lines, err) = fleet_restart_under_load(&hosts, &["--load-changes"]);
     assert_eq!(code, 1, "{lines:#?}\n{err}");
     let last = lines.last().cloned().unwrap_or(Value::Null);
-    let failures: Vec<&Value> = lines.iter().filter(|e| e["status"] == "failed" || e.get("reverted").is_some()).collect();
+    let failures: Vec<&Value> = lines.iter().filter(|e| e["status"] == "failed" || e.get("revert").is_some() || e.get("reverted").is_some()).collect();
     assert_eq!(last["result"], "rolled_back", "{last:#}\nfailed steps and reverts: {failures:#?}");
     for h in names {
         assert_eq!(last["hosts"][h], "succeeded", "every part passed its gates: {last:#}");
