@@ -98,6 +98,10 @@ pub async fn run(cfg: SimConfig) -> i32 {
 /// of its own (systemd's `TimeoutStopSec` and SIGKILL bound it). A server whose health check
 /// failed exits at once.
 pub(crate) async fn graceful_exit(app: &App, watchdog_start: tokio::time::Instant) {
+    // SGLang logs the line and sets `gracefully_exit` in one signal handler on the event loop's
+    // thread, so no request is answered between the two: whoever reads the line sees 503. Here the
+    // HTTP handlers run on other tasks, so the flag goes first.
+    app.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
     log::line(&fill(
         SIGTERM_LINE,
         &[
@@ -106,7 +110,6 @@ pub(crate) async fn graceful_exit(app: &App, watchdog_start: tokio::time::Instan
                 .into(),
         ],
     ));
-    app.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
     if app.unhealthy() {
         log::line("Signal SIGTERM received while health check failed. Force exiting.");
         return;
