@@ -167,8 +167,23 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     Ok(Sample { name, labels, value })
 }
 
+/// The sum of sample values, `0.0` when there are none. Rust's own `Sum` for `f64` starts from
+/// `-0.0` (IEEE 754's additive identity), so an absent counter summed with it would print as
+/// "-0.0 %" in a sentence; this one starts from `+0.0`.
+pub fn total(values: impl IntoIterator<Item = f64>) -> f64 {
+    values.into_iter().fold(0.0, |a, b| a + b)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_total_of_nothing_is_a_positive_zero() {
+        let t = total(std::iter::empty());
+        assert!(t == 0.0 && t.is_sign_positive(), "{t}");
+        assert_eq!(format!("{:.1}", total(std::iter::empty()) * 100.0), "0.0");
+        assert_eq!(total([1.5, 2.0]), 3.5);
+    }
+
     use super::*;
 
     #[test]

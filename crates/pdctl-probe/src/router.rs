@@ -21,13 +21,13 @@ pub fn responses_in(e: &prom::Exposition) -> Option<(f64, f64)> {
     }
     if family.is_empty() || family.iter().any(|s| s.label("path").is_some()) {
         let series: Vec<&prom::Sample> = family.iter().copied().filter(|s| inference(s)).collect();
-        return Some((series.iter().map(|s| s.value).sum(), series.iter().filter(|s| five(s)).map(|s| s.value).sum()));
+        return Some((prom::total(series.iter().map(|s| s.value)), prom::total(series.iter().filter(|s| five(s)).map(|s| s.value))));
     }
     // sglang-router 0.3.2: its responses carry no path (`{status_code, error_code}` only; measured),
     // its requests do: the answered are the inference requests counted, the failed every 5xx it
     // answered (its control plane's included: pdctl's own calls there rarely fail with a 5xx).
-    let answered: f64 = e.samples.iter().filter(|s| s.name == REQUESTS && inference(s)).map(|s| s.value).sum();
-    Some((answered, family.iter().filter(|s| five(s)).map(|s| s.value).sum()))
+    let answered = prom::total(e.samples.iter().filter(|s| s.name == REQUESTS && inference(s)).map(|s| s.value));
+    Some((answered, prom::total(family.iter().filter(|s| five(s)).map(|s| s.value))))
 }
 
 /// The workers whose breaker is open in a gateway's exposition (`smg_worker_cb_state == 1`; 0 is
@@ -155,11 +155,12 @@ impl Router {
         let text = fetch_metrics(http, m).await?;
         let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: m.clone(), err })?;
         let of = |outcome: &str| {
-            e.samples
-                .iter()
-                .filter(|s| s.name == "smg_worker_cb_outcomes_total" && s.label("worker") == Some(worker_url) && s.label("outcome") == Some(outcome))
-                .map(|s| s.value)
-                .sum::<f64>()
+            prom::total(
+                e.samples
+                    .iter()
+                    .filter(|s| s.name == "smg_worker_cb_outcomes_total" && s.label("worker") == Some(worker_url) && s.label("outcome") == Some(outcome))
+                    .map(|s| s.value),
+            )
         };
         let exported = e.types.contains_key("smg_worker_cb_outcomes_total") || e.samples.iter().any(|s| s.name == "smg_worker_cb_outcomes_total");
         Ok(exported.then(|| (of("success"), of("failure"))))

@@ -88,7 +88,7 @@ impl ServiceScrape {
 /// A counter's value summed over its series (either spelling).
 fn counter(samples: &[Sample], name: &str) -> f64 {
     let alt = name.replace(':', "_");
-    samples.iter().filter(|s| s.name == name || s.name == alt).map(|s| s.value).filter(|v| v.is_finite()).sum()
+    crate::prom::total(samples.iter().filter(|s| s.name == name || s.name == alt).map(|s| s.value).filter(|v| v.is_finite()))
 }
 
 #[cfg(test)]
@@ -112,6 +112,8 @@ mod tests {
     fn a_window_is_two_scrapes_apart_and_peers_add_up() {
         let (a, b) = (scrape(10.0, 4.0, 10.0), scrape(30.0, 14.0, 30.0));
         assert_eq!((a.requests, a.ttft.is_none(), a.aborted), (11.0, true, 0.0), "both streaming series summed; no TTFT observed");
+        // No abort counter exported: a positive zero, so a sentence built on it says "0.0 %", not "-0.0 %".
+        assert!(a.aborted.is_sign_positive(), "{}", a.aborted);
         let w = b.since(&a).expect("one window");
         assert_eq!(w.requests, 20.0);
         assert_eq!(w.e2e.as_ref().map(|h| h.buckets.clone()), Some(vec![(0.1, 10.0), (f64::INFINITY, 20.0)]));
