@@ -23,7 +23,7 @@ async fn alone_in_its_role_a_slower_worker_is_judged_against_its_own_figures_fro
         f.cause
     );
     assert_eq!(w.lock().unwrap().restarted, vec!["p.service"], "no second unit after a failed gate");
-    let failed = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Soak && e.status == Status::Failed).unwrap();
+    let failed = event(&events, "p.service", Step::Soak, Status::Failed);
     assert_eq!(failed.detail["slo"]["verdict"], "breach");
     assert_eq!(failed.detail["slo"]["figures"][0]["name"], "e2e_p50");
 }
@@ -47,7 +47,7 @@ async fn too_little_traffic_is_said_not_judged_and_a_same_speed_worker_passes() 
     w.lock().unwrap().served.insert("http://d".into(), vec![served(100.0, 0.2, 0.4), served(0.0, 0.2, 0.4), served(30.0, 0.2, 0.4)]);
     let (summary, events) = run(&w, with_slo("min_requests = 20\nmax_wait = \"0s\"\nunjudged = \"pass\"\n")).await;
     assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-    let soak = |u: &str| events.iter().find(|e| e.unit == u && e.step == Step::Soak && e.status == Status::Passed).unwrap().detail.clone();
+    let soak = |u: &str| event(&events, u, Step::Soak, Status::Passed).detail.clone();
     let p = soak("p.service");
     assert_eq!(p["slo"]["verdict"], "not_judged");
     assert_eq!(p["note"], "p.service's service was not judged: 3 requests on the restarted worker, fewer than min_requests = 20");
@@ -125,7 +125,7 @@ async fn new_weights_pause_every_worker_load_them_all_then_continue_and_a_failed
             for u in ["http://p", "http://d"] {
                 assert_eq!(weights.get(u), Some(&("/models/v2".to_string(), "v2".to_string())), "{u}");
             }
-            let p = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Weights && e.status == Status::Passed).expect("p's weights step");
+            let p = event(&events, "p.service", Step::Weights, Status::Passed);
             assert_eq!((p.detail["from"]["weight_version"].as_str(), p.detail["to"]["weight_version"].as_str()), (Some("default"), Some("v2")));
             assert!(events.iter().any(|e| e.unit == "p.service" && e.step == Step::Pair && e.status == Status::Passed), "the pair probed after the load");
         } else {

@@ -466,3 +466,15 @@ pub fn with_slo(extra: &str) -> Settings {
     );
     load_texts(&[(PathBuf::from("t.toml"), text)]).unwrap()
 }
+
+/// `unit`'s first `step` event with `status` in `events`; a missing one fails the test naming
+/// every event there was, so that the failure says what the rollout did instead.
+pub fn event<'a>(events: &'a [Event], unit: &str, step: Step, status: Status) -> &'a Event {
+    match events.iter().find(|e| e.unit == unit && e.step == step && e.status == status) {
+        Some(e) => e,
+        None => {
+            let seen: Vec<String> = events.iter().map(|e| format!("{} {:?} {:?}", e.unit, e.step, e.status)).collect();
+            panic!("no {unit} {step:?} {status:?} event; the events were: {seen:#?}")
+        }
+    }
+}

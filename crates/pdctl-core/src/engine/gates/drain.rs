@@ -605,7 +605,7 @@ mod over_fakes {
         w.lock().unwrap().timeout_stop.insert("p.service".into(), Duration::from_secs(1));
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("drain passed").detail.clone();
+        let drain = event(&events, "p.service", Step::Drain, Status::Passed).detail.clone();
         assert!(drain["not_deferred"].as_str().is_some_and(|t| t.contains("TimeoutStopSec=1.0s")), "{drain}");
         let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
         let at = |prefix: &str| log.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{prefix}: {log:?}"));

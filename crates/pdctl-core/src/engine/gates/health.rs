@@ -138,7 +138,7 @@ mod over_fakes {
         w.lock().unwrap().ready_served = true;
         let (summary, events) = run_only(&w, settings(), &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let health = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Health && e.status == Status::Passed).expect("health passed");
+        let health = event(&events, "p.service", Step::Health, Status::Passed);
         assert_eq!(health.detail["checked"], serde_json::json!(["/ready"]), "{}", health.detail);
         assert!(w.lock().unwrap().pairs.iter().any(|(p, d)| p == "http://p" && d == "http://d"), "the pair was probed");
         assert_eq!(w.lock().unwrap().health_asked, Vec::<String>::new(), "no /health: neither the worker's nor its peer's");

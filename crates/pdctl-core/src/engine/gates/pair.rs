@@ -337,11 +337,10 @@ mod over_fakes {
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
         assert_eq!(w.lock().unwrap().aborted, vec!["http://d"], "only the stale decode's requests were aborted");
-        let drain =
-            events.iter().find(|e| e.unit == "d.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the repair drained the decode");
+        let drain = event(&events, "d.service", Step::Drain, Status::Passed);
         assert_eq!(drain.detail["aborted"], 2, "{}", drain.detail);
         assert!(drain.detail["aborted_why"].as_str().unwrap_or("").contains("stale"), "{}", drain.detail);
-        let p_drain = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Drain && e.status == Status::Passed).expect("the prefill's drain");
+        let p_drain = event(&events, "p.service", Step::Drain, Status::Passed);
         assert_eq!(p_drain.detail["aborted"], serde_json::Value::Null, "nothing aborted outside a repair by default");
     }
 }

@@ -306,7 +306,7 @@ mod over_fakes {
         let s = with_router(&w, true);
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let passed = |step: Step| events.iter().find(|e| e.unit == "p.service" && e.step == step && e.status == Status::Passed).expect("passed").detail.clone();
+        let passed = |step: Step| event(&events, "p.service", step, Status::Passed).detail.clone();
         let drain = passed(Step::Drain);
         assert!(drain["taken_out"].as_str().is_some_and(|t| t.starts_with("deferred")), "{drain}");
         let restart = passed(Step::Restart);
@@ -327,8 +327,7 @@ mod over_fakes {
         w.lock().unwrap().restart_takes = Some(Duration::from_secs(2));
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let restart =
-            events.iter().find(|e| e.unit == "p.service" && e.step == Step::Restart && e.status == Status::Passed).expect("restart passed").detail.clone();
+        let restart = event(&events, "p.service", Step::Restart, Status::Passed).detail.clone();
         assert!(restart["taken_out"]["when"].as_str().is_some_and(|t| t.contains("old process was gone")), "{restart}");
         assert!(restart["taken_out"]["after_ms"].as_u64().is_some_and(|ms| ms < 2000), "before the job ended: {restart}");
         let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
@@ -348,7 +347,7 @@ mod over_fakes {
         }
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let passed = |step: Step| events.iter().find(|e| e.unit == "p.service" && e.step == step && e.status == Status::Passed).expect("passed").detail.clone();
+        let passed = |step: Step| event(&events, "p.service", step, Status::Passed).detail.clone();
         assert_eq!(passed(Step::Drain)["take_out_by_ms"], 5000, "idle in every look");
         let restart = passed(Step::Restart);
         let taken = &restart["taken_out"];

@@ -301,7 +301,7 @@ mod over_fakes {
         w.lock().unwrap().router.as_mut().unwrap().statuses = vec!["failed".into()];
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let router = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Router && e.status == Status::Passed).expect("router gate passed");
+        let router = event(&events, "p.service", Step::Router, Status::Passed);
         assert_eq!(router.detail["re_added_after"], "failed", "{}", router.detail);
         let log = w.lock().unwrap().router.as_ref().unwrap().log.clone();
         assert_eq!(log.iter().filter(|l| l.starts_with("register http://p")).count(), 2, "registered, removed, registered again: {log:?}");
@@ -317,7 +317,7 @@ mod over_fakes {
         assert_eq!(summary.result, Outcome::Failed, "{summary:?}");
         let f = summary.failed.as_ref().expect("a failure");
         assert_eq!((f.step, f.cause_code.as_str()), (Step::Router, "peer_role_down"), "{f:?}");
-        let failed = events.iter().find(|e| e.unit == "p.service" && e.step == Step::Router && e.status == Status::Failed).expect("router gate failed");
+        let failed = event(&events, "p.service", Step::Router, Status::Failed);
         assert!(failed.detail["ended_early"].as_str().unwrap_or("").contains("lists no decode worker"), "{}", failed.detail);
         assert!(
             w.lock().unwrap().router.as_ref().unwrap().workers.iter().any(|x| x.url == "http://p" && x.status.as_deref() == Some("ready")),
