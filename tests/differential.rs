@@ -347,6 +347,22 @@ impl Session {
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect();
         self.note("metrics: families", json!(families));
+        // The label names of each family's samples (`le` aside): pdctl tells a server's ranks
+        // apart by them (`tp_rank`, `dp_rank`...), so a label the simulator writes and the real
+        // server does not, or the other way round, is a difference.
+        let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for l in text.as_str().unwrap_or("").lines().filter(|l| l.starts_with("sglang:")) {
+            let Some((name, rest)) = l.split_once('{') else { continue };
+            let family = ["_bucket", "_count", "_sum", "_total", "_created"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|f| families.contains_key(*f))
+                .unwrap_or(name);
+            let names = rest.split("\",").filter_map(|kv| kv.split_once("=\"")).map(|(k, _)| k.trim_start_matches(',').to_string()).filter(|k| k != "le");
+            labels.entry(family.to_string()).or_default().extend(names);
+        }
+        let labels: BTreeMap<String, String> = labels.into_iter().map(|(f, n)| (f, n.into_iter().collect::<Vec<_>>().join(","))).collect();
+        self.note("metrics: label names", json!(labels));
     }
 
     /// SIGTERM with a request in flight: the drain, as seen from outside.
@@ -399,12 +415,17 @@ fn differences(sim: &Seen, real: &Seen) -> Vec<String> {
     let keys: BTreeSet<&String> = sim.keys().chain(real.keys()).collect();
     for k in keys {
         let (s, r) = (sim.get(k).unwrap_or(&Value::Null), real.get(k).unwrap_or(&Value::Null));
-        if k == "metrics: families" {
+        if k == "metrics: families" || k == "metrics: label names" {
             for (name, kind) in s.as_object().into_iter().flatten() {
                 match r.get(name) {
                     None => out.push(format!("{k}: the simulator exposes {name}, the real server does not")),
-                    Some(rk) if rk != kind => out.push(format!(
+                    Some(rk) if rk != kind && k == "metrics: families" => out.push(format!(
                         "{k}: {name} is a {} in the simulator, a {} in the real server",
+                        kind.as_str().unwrap_or("?"),
+                        rk.as_str().unwrap_or("?")
+                    )),
+                    Some(rk) if rk != kind => out.push(format!(
+                        "{k}: {name} has labels {} in the simulator, {} in the real server",
                         kind.as_str().unwrap_or("?"),
                         rk.as_str().unwrap_or("?")
                     )),
@@ -451,6 +472,7 @@ fn a_changed_behaviour_is_named() {
         ("auth: POST /generate without the key, with it".to_string(), json!([401, 200])),
         ("/v1/loads: keys".to_string(), json!({"timestamp": "string", "loads": "array"})),
         ("metrics: families".to_string(), json!({"sglang:num_running_reqs": "gauge", "sglang:x": "counter"})),
+        ("metrics: label names".to_string(), json!({"sglang:num_running_reqs": "engine_type,model_name,pp_rank,tp_rank"})),
     ]
     .into_iter()
     .collect();
@@ -459,8 +481,10 @@ fn a_changed_behaviour_is_named() {
     sim.insert("auth: POST /generate without the key, with it".into(), json!([200, 200]));
     sim.insert("/v1/loads: keys".into(), json!({"timestamp": "number", "loads": "array", "extra": "bool"}));
     sim.insert("metrics: families".into(), json!({"sglang:num_running_reqs": "counter", "sglang:sim_only": "gauge"}));
+    sim.insert("metrics: label names".into(), json!({"sglang:num_running_reqs": "engine_type,model_name,tp_rank"}));
     let d = differences(&sim, &real);
     for named in [
+        "metrics: label names: sglang:num_running_reqs has labels engine_type,model_name,tp_rank in the simulator, engine_type,model_name,pp_rank,tp_rank in the real server",
         "auth: POST /generate without the key, with it: the simulator [200,200], the real server [401,200]",
         "/v1/loads: keys: timestamp is \"number\" in the simulator, \"string\" in the real server",
         "/v1/loads: keys: the simulator has extra",
@@ -469,5 +493,5 @@ fn a_changed_behaviour_is_named() {
     ] {
         assert!(d.iter().any(|l| l.contains(named)), "expected {named:?} in {d:#?}");
     }
-    assert_eq!(d.len(), 5, "{d:#?}");
+    assert_eq!(d.len(), 6, "{d:#?}");
 }

@@ -29,3 +29,4 @@ pub mod ports;
 pub mod service;
 pub mod sglang;
 pub mod state;
+pub mod systemd_states;

@@ -11,117 +11,7 @@ use serde::Serialize;
 
 use crate::cause::{Cause, MetricsDiagnosis};
 
-/// A unit's `ActiveState` as systemd names it (`org.freedesktop.systemd1.Unit`); a state this
-/// pdctl does not know is kept by its name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum ActiveState {
-    /// `active`: started (for a service: its main process runs).
-    Active,
-    /// `reloading`.
-    Reloading,
-    /// `inactive`: stopped, or never started.
-    #[default]
-    Inactive,
-    /// `failed`: stopped by a failure (a crash, a start limit).
-    Failed,
-    /// `activating`: starting.
-    Activating,
-    /// `deactivating`: stopping.
-    Deactivating,
-    /// Any other state, by name.
-    Other(String),
-}
-
-impl ActiveState {
-    /// systemd's name for it.
-    pub fn as_str(&self) -> &str {
-        match self {
-            ActiveState::Active => "active",
-            ActiveState::Reloading => "reloading",
-            ActiveState::Inactive => "inactive",
-            ActiveState::Failed => "failed",
-            ActiveState::Activating => "activating",
-            ActiveState::Deactivating => "deactivating",
-            ActiveState::Other(s) => s,
-        }
-    }
-}
-
-impl From<&str> for ActiveState {
-    fn from(s: &str) -> ActiveState {
-        match s {
-            "active" => ActiveState::Active,
-            "reloading" => ActiveState::Reloading,
-            "inactive" => ActiveState::Inactive,
-            "failed" => ActiveState::Failed,
-            "activating" => ActiveState::Activating,
-            "deactivating" => ActiveState::Deactivating,
-            other => ActiveState::Other(other.to_string()),
-        }
-    }
-}
-
-impl From<String> for ActiveState {
-    fn from(s: String) -> ActiveState {
-        ActiveState::from(s.as_str())
-    }
-}
-
-impl std::fmt::Display for ActiveState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A unit's `SubState` as systemd names it for a service; the ones pdctl decides by are named,
-/// any other is kept by its name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum SubState {
-    /// `running`: the main process runs.
-    Running,
-    /// `auto-restart`: waiting to be restarted by `Restart=`.
-    AutoRestart,
-    /// `dead`: not running.
-    #[default]
-    Dead,
-    /// Any other sub-state (`start`, `stop-sigterm`, `exited`, …), by name.
-    Other(String),
-}
-
-impl SubState {
-    /// systemd's name for it.
-    pub fn as_str(&self) -> &str {
-        match self {
-            SubState::Running => "running",
-            SubState::AutoRestart => "auto-restart",
-            SubState::Dead => "dead",
-            SubState::Other(s) => s,
-        }
-    }
-}
-
-impl From<&str> for SubState {
-    fn from(s: &str) -> SubState {
-        match s {
-            "running" => SubState::Running,
-            "auto-restart" => SubState::AutoRestart,
-            "dead" => SubState::Dead,
-            other => SubState::Other(other.to_string()),
-        }
-    }
-}
-
-impl From<String> for SubState {
-    fn from(s: String) -> SubState {
-        SubState::from(s.as_str())
-    }
-}
-
-impl std::fmt::Display for SubState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::systemd_states::{ActiveState, SubState};
 
 /// A unit's runtime state, read uncached.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -159,8 +49,14 @@ pub struct UnitState {
 /// A unit's configuration as systemd parsed it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitConfig {
-    /// argv of each ExecStart= command.
+    /// argv of each ExecStart= command, with a `--config FILE.yaml` merged in as SGLang merges
+    /// it ([`crate::sglang::launch_config`]): what the server runs with.
     pub exec_start: Vec<Vec<String>>,
+    /// The `--config` files ExecStart names: part of the unit's configuration (snapshotted with
+    /// its revision, restored by a rollback, a change of one is a change of the unit).
+    pub config_files: Vec<String>,
+    /// Why a `--config` file cannot be merged (unreadable, not YAML…): SGLang would not start.
+    pub launch_config_error: Option<String>,
     /// `KEY=value` from Environment= (unit and drop-ins merged).
     pub environment: Vec<String>,
     /// EnvironmentFile= paths (and whether a missing one is ignored).
@@ -297,6 +193,30 @@ pub struct KvReport {
     pub queue_reqs: Option<f64>,
     /// The metric names the values were read from.
     pub names: Vec<String>,
+    /// Each stats rank's gauges (one per attention-DP group and pipeline stage; the totals above
+    /// sum their token counts and take the fullest rank's `token_usage`).
+    pub ranks: Vec<KvRank>,
+}
+
+/// One stats rank's KV gauges (the identity used + available + evictable = max holds per rank).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvRank {
+    /// The rank's labels (`dp_rank=1,pp_rank=0,tp_rank=2,moe_ep_rank=2`).
+    pub rank: String,
+    /// Its KV pool size, when exported.
+    pub max_total_tokens: Option<f64>,
+    /// Its `token_usage`.
+    pub token_usage: f64,
+    /// Its tokens in use.
+    pub used_tokens: f64,
+    /// Its free slots, when exported.
+    pub available_tokens: Option<f64>,
+    /// Its evictable slots, when exported.
+    pub evictable_tokens: Option<f64>,
+    /// Its running requests, when exported.
+    pub running_reqs: Option<f64>,
+    /// Its queued requests, when exported.
+    pub queue_reqs: Option<f64>,
 }
 
 /// Why a worker's `/metrics` gives no usable KV gauges.
@@ -306,6 +226,9 @@ pub struct MetricsError {
     pub diagnosis: MetricsDiagnosis,
     /// The probe's sentence.
     pub message: String,
+    /// Stats ranks that have not published yet while others have (attention DP: each group's
+    /// scheduler publishes on its own first batch); 0 otherwise.
+    pub pending_ranks: usize,
 }
 
 impl std::fmt::Display for MetricsError {

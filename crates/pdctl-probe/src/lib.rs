@@ -429,7 +429,11 @@ pub enum MetricsProblem {
 impl MetricsProblem {
     /// Worth waiting for (gauges not published yet) rather than failing at once.
     pub fn may_resolve(&self) -> bool {
-        matches!(self, MetricsProblem::Kv(kv::KvProblem::NotPublished { .. }) | MetricsProblem::Http(HttpError::Unreachable { .. }))
+        matches!(
+            self,
+            MetricsProblem::Kv(kv::KvProblem::NotPublished { .. } | kv::KvProblem::RanksUnpublished { .. })
+                | MetricsProblem::Http(HttpError::Unreachable { .. })
+        )
     }
 }
 

@@ -17,8 +17,8 @@ use pdctl_core::cause::MetricsDiagnosis;
 use pdctl_core::config::{BusSetting, Settings};
 use pdctl_core::engine::Engine;
 use pdctl_core::ports::{
-    Auth, Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState,
-    Units, UnitsError, Watch,
+    Auth, Follow, Health, HttpFailure, JobOutcome, KvRank, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig,
+    UnitState, Units, UnitsError, Watch,
 };
 use pdctl_core::sglang::pairing::{Half, PairProbe, PdQueues};
 
@@ -55,8 +55,24 @@ pub fn unit_state(s: pdctl_systemd::UnitState) -> UnitState {
 }
 
 fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
+    use pdctl_core::sglang::launch_config;
+    let mut config_files = Vec::new();
+    let mut launch_config_error = None;
+    let exec_start = c
+        .exec_start
+        .into_iter()
+        .map(|argv| {
+            config_files.extend(launch_config::config_path(&argv).map(String::from));
+            launch_config::expand(&argv, read_config_file).unwrap_or_else(|e| {
+                launch_config_error = Some(e.to_string());
+                argv
+            })
+        })
+        .collect();
     UnitConfig {
-        exec_start: c.exec_start,
+        exec_start,
+        config_files,
+        launch_config_error,
         environment: c.environment,
         environment_files: c.environment_files,
         fragment_path: c.fragment_path,
@@ -65,6 +81,18 @@ fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
         timeout_stop: (c.timeout_stop_us != u64::MAX).then(|| std::time::Duration::from_micros(c.timeout_stop_us)),
         kill_mode: (!c.kill_mode.is_empty()).then_some(c.kill_mode),
     }
+}
+
+/// A `--config` file's text, at most [`pdctl_core::sglang::launch_config::MAX_BYTES`].
+fn read_config_file(path: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    f.take(pdctl_core::sglang::launch_config::MAX_BYTES + 1).read_to_string(&mut text).map_err(|e| e.to_string())?;
+    if text.len() as u64 > pdctl_core::sglang::launch_config::MAX_BYTES {
+        return Err(format!("larger than {} bytes: not a server config", pdctl_core::sglang::launch_config::MAX_BYTES));
+    }
+    Ok(text)
 }
 
 /// systemd over D-Bus.
@@ -191,11 +219,15 @@ fn metrics_error(p: MetricsProblem) -> MetricsError {
         MetricsProblem::Disabled { .. } => MetricsDiagnosis::Disabled,
         MetricsProblem::Http(_) => MetricsDiagnosis::Unreachable,
         MetricsProblem::Unparseable { .. } => MetricsDiagnosis::Unparseable,
-        MetricsProblem::Kv(KvProblem::NotPublished { .. }) => MetricsDiagnosis::NotPublished,
+        MetricsProblem::Kv(KvProblem::NotPublished { .. } | KvProblem::RanksUnpublished { .. }) => MetricsDiagnosis::NotPublished,
         MetricsProblem::Kv(KvProblem::OtherNames { .. }) => MetricsDiagnosis::UnknownNames,
         MetricsProblem::Kv(KvProblem::Insane(_)) => MetricsDiagnosis::Insane,
     };
-    MetricsError { diagnosis, message: p.to_string() }
+    let pending_ranks = match &p {
+        MetricsProblem::Kv(KvProblem::RanksUnpublished { published, expected, .. }) => expected.saturating_sub(*published),
+        _ => 0,
+    };
+    MetricsError { diagnosis, message: p.to_string(), pending_ranks }
 }
 
 fn kv_report(r: pdctl_probe::kv::KvReport) -> KvReport {
@@ -208,6 +240,20 @@ fn kv_report(r: pdctl_probe::kv::KvReport) -> KvReport {
         running_reqs: r.running_reqs,
         queue_reqs: r.queue_reqs,
         names: r.names,
+        ranks: r
+            .ranks
+            .into_iter()
+            .map(|k| KvRank {
+                rank: k.rank,
+                max_total_tokens: k.max_total_tokens,
+                token_usage: k.token_usage,
+                used_tokens: k.used_tokens,
+                available_tokens: k.available_tokens,
+                evictable_tokens: k.evictable_tokens,
+                running_reqs: k.running_reqs,
+                queue_reqs: k.queue_reqs,
+            })
+            .collect(),
     }
 }
 
@@ -378,9 +424,9 @@ impl Probes for HttpProbes {
             .map(|s| s.value)
             .collect();
         if held.is_empty() {
-            return Err(MetricsError { diagnosis: MetricsDiagnosis::NotPublished, message: format!("{u} has no prefill queue gauges yet") });
+            return Err(MetricsError { diagnosis: MetricsDiagnosis::NotPublished, message: format!("{u} has no prefill queue gauges yet"), pending_ranks: 0 });
         }
-        let used = pdctl_probe::kv::check(&e).map(|r| r.used_tokens).unwrap_or(0.0);
+        let used = pdctl_probe::kv::read(&e).map(|r| r.used_tokens).unwrap_or(0.0);
         Ok(PdQueues { held_reqs: held.iter().sum(), used_tokens: used, source: "/metrics" })
     }
 }

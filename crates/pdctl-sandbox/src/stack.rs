@@ -81,6 +81,9 @@ pub struct StackOptions {
     pub admin_api_key: Option<String>,
     /// More `KEY=value` environment of the decode units (e.g. SGLang's heartbeat settings).
     pub decode_env: Vec<String>,
+    /// Each worker keeps its flags in a YAML file (`<sandbox>/sglang/<unit>.yaml`) and its
+    /// ExecStart is the program with `--config FILE` and its `--port` ([`Stack::config_yaml`]).
+    pub flags_in_config: bool,
 }
 
 impl Default for StackOptions {
@@ -108,6 +111,7 @@ impl Default for StackOptions {
             api_key: None,
             admin_api_key: None,
             decode_env: Vec::new(),
+            flags_in_config: false,
         }
     }
 }
@@ -207,6 +211,33 @@ impl Stack {
         }
     }
 
+    /// The `--config` YAML of a worker ([`StackOptions::flags_in_config`]).
+    pub fn config_yaml(&self, unit: &str) -> PathBuf {
+        self.sandbox.dir().join("sglang").join(format!("{unit}.yaml"))
+    }
+
+    /// Write `args` but `--port` into the worker's YAML ([`Stack::config_yaml`]): a flag with a
+    /// value as `name: "value"`, a bare flag as `name: true`; the ExecStart's words are then
+    /// `--config FILE --port N`, as a deployment that keeps its flags in a file has them.
+    fn flags_to_config(&self, w: &Worker, args: Vec<String>) -> Vec<String> {
+        let path = self.config_yaml(&w.unit);
+        let mut yaml = String::from("# written by the pdctl sandbox: this worker's SGLang flags\n");
+        let mut it = args.into_iter().peekable();
+        while let Some(flag) = it.next() {
+            let Some(name) = flag.strip_prefix("--") else { continue };
+            match it.next_if(|v| !v.starts_with("--")) {
+                Some(_) if name == "port" => {}
+                Some(v) => yaml.push_str(&format!("{name}: \"{}\"\n", v.replace('\\', "\\\\").replace('"', "\\\""))),
+                None => yaml.push_str(&format!("{name}: true\n")),
+            }
+        }
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = std::fs::write(&path, yaml);
+        vec!["--config".into(), path.display().to_string(), "--port".into(), w.port.to_string()]
+    }
+
     /// The unit file of a simulated worker.
     fn sim_worker_unit(&self, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
         let model = self.sandbox.dir().join("models/dsv4");
@@ -242,6 +273,7 @@ impl Stack {
             args.extend(["--admin-api-key".into(), k.clone()]);
         }
         args.extend(extra.iter().cloned());
+        let args = if opts.flags_in_config { self.flags_to_config(w, args) } else { args };
         let exec = std::iter::once(self.sim_bin.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
         format!(
             "[Unit]\nDescription=SGLang {role} server (sglang-sim) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\

@@ -67,8 +67,13 @@ pub struct SimConfig {
     pub transfer_backend: String,
     /// `--dp-size` / `--dp` (default 1).
     pub dp_size: u64,
-    /// `--enable-dp-attention`.
+    /// `--enable-dp-attention` (deprecated in 0.5.23: with `--dp-size N` it resolves to
+    /// `attn_dp_size = N`, `dp_size = 1`; `/server_info` reports it set whenever attention DP runs).
     pub dp_attention: bool,
+    /// `--attn-dp-size` / `--attention-data-parallel-size` (default 1), resolved as 0.5.23's
+    /// `handle_deprecated_dp_attention` does: one scheduler, one KV pool and one stats series per
+    /// attention-DP group.
+    pub attn_dp_size: u32,
     /// `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT` (seconds, default 300, upstream
     /// `srt/environ.py`): how long a prefill holds a room's KV for its decode.
     pub bootstrap_timeout: Duration,
@@ -102,11 +107,35 @@ pub struct SimConfig {
     pub weight_version: String,
     /// Every flag as given, for the `server_args=` line and `/server_info`.
     pub given: BTreeMap<String, String>,
+    /// The words parsed: the command line with its `--config` file merged in front, as
+    /// `/server_info`'s `launch_command` records them.
+    pub launch: Vec<String>,
     /// Simulator-only settings.
     pub sim: SimKnobs,
 }
 
 impl SimConfig {
+    /// How many schedulers log stats: one per attention-DP group.
+    pub fn stats_ranks(&self) -> usize {
+        self.attn_dp_size.max(1) as usize
+    }
+
+    /// The TP width inside one attention-DP group.
+    pub fn attn_tp_size(&self) -> u32 {
+        (self.tp_size / self.attn_dp_size.max(1)).max(1)
+    }
+
+    /// The `tp_rank` of stats rank `r`: its attention-DP group's first rank.
+    pub fn stats_tp_rank(&self, r: usize) -> u32 {
+        u32::try_from(r).unwrap_or(0) * self.attn_tp_size()
+    }
+
+    /// Schedulers carry a `dp_rank` label (0.5.23: when `parallel.dp_rank` is set, i.e. with data
+    /// parallelism of either kind).
+    pub fn dp_ranked(&self) -> bool {
+        self.attn_dp_size > 1 || self.dp_size > 1
+    }
+
     /// The model's compute dtype: `--dtype`, or for `auto` the simulated model's own (bfloat16).
     pub fn model_dtype(&self) -> &'static str {
         match self.dtype.as_str() {
@@ -269,6 +298,8 @@ const USED: &[(&str, Kind)] = &[
     ("--dp-size", Kind::Value),
     ("--dp", Kind::Value),
     ("--enable-dp-attention", Kind::Flag),
+    ("--attn-dp-size", Kind::Value),
+    ("--attention-data-parallel-size", Kind::Value),
     ("--weight-version", Kind::Value),
 ];
 
@@ -348,6 +379,8 @@ pub fn sim_knob_names() -> impl Iterator<Item = &'static str> {
 
 /// Parse `args` (without the program name). `env` looks up `SGLANG_SIM_*` variables.
 pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<SimConfig, ArgError> {
+    let merged = crate::config_file::merge_config(args).map_err(ArgError)?;
+    let args = merged.as_slice();
     let mut given: BTreeMap<String, String> = BTreeMap::new();
     let mut unknown: Vec<String> = Vec::new();
     let mut i = 0;
@@ -410,6 +443,15 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         Some(other) => return Err(ArgError(format!("argument --disaggregation-mode: invalid choice: '{other}' (choose from 'null', 'prefill', 'decode')"))),
     };
     let sim = parse_knobs(&given, env)?;
+    let mut dp_size = int(if given.contains_key("--dp") { "--dp" } else { "--dp-size" }, 1)?.max(1);
+    let mut attn_dp = int(if given.contains_key("--attention-data-parallel-size") { "--attention-data-parallel-size" } else { "--attn-dp-size" }, 1)?.max(1);
+    let dp_attention = given.contains_key("--enable-dp-attention");
+    if dp_attention && attn_dp == 1 {
+        (attn_dp, dp_size) = (dp_size, 1);
+    }
+    if tp_size % attn_dp != 0 {
+        return Err(ArgError(format!("tp_size ({tp_size}) must be divisible by attn_dp_size ({attn_dp})")));
+    }
     let deepseek_v4 = architecture(&model_path).as_deref() == Some("DeepseekV4ForCausalLM");
     Ok(SimConfig {
         host: given.get("--host").cloned().unwrap_or_else(|| "127.0.0.1".into()),
@@ -425,8 +467,9 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         page_size: if deepseek_v4 { DEEPSEEK_V4_PAGE_SIZE } else { int("--page-size", 1)?.max(1) },
         kv_cache_dtype: given.get("--kv-cache-dtype").cloned().unwrap_or_else(|| "auto".into()),
         transfer_backend: resolve_transfer_backend(given.get("--disaggregation-transfer-backend").map(String::as_str)),
-        dp_size: int(if given.contains_key("--dp") { "--dp" } else { "--dp-size" }, 1)?.max(1),
-        dp_attention: given.contains_key("--enable-dp-attention"),
+        dp_size,
+        dp_attention: attn_dp > 1,
+        attn_dp_size: u32::try_from(attn_dp).unwrap_or(u32::MAX),
         bootstrap_timeout: env_secs(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")?,
         waiting_timeout: env_secs(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")?,
         // `max(interval, 2)` and `max(failures, 1)`, as `disaggregation/common/conn.py` clamps them.
@@ -446,6 +489,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         admin_api_key: given.get("--admin-api-key").cloned(),
         weight_version: given.get("--weight-version").cloned().unwrap_or_else(|| "default".into()),
         given,
+        launch: args.to_vec(),
         sim,
     })
 }

@@ -46,7 +46,7 @@ pub fn of(version: Version) -> Value {
     engine.count_abort();
     engine.observe_first_token(false, 0.05);
     engine.observe_later_tokens(0.005, 1);
-    engine.observe_finished(false, 0.06);
+    engine.observe_finished(false, 0.06, 7, 2);
     let mut series: BTreeMap<String, Value> = BTreeMap::new();
     let mut family = String::new();
     for line in engine.render_metrics(false).lines() {

@@ -43,21 +43,54 @@ struct Published {
     deferred_release: u64,
 }
 
+/// One stats rank's KV pool (an attention-DP group's scheduler; the only one without attention
+/// DP) and what it last published: each rank logs its own stats under its own labels.
 #[derive(Debug)]
-struct State {
-    status: Status,
+struct Pool {
     running: u64,
     used: u64,
     evictable: u64,
     decode_iters: u64,
     last_publish: Instant,
     published: Option<Published>,
+    last_decode_tps: f64,
+}
+
+impl State {
+    /// Running requests on every rank.
+    fn running(&self) -> u64 {
+        self.ranks.iter().map(|p| p.running).sum()
+    }
+
+    /// Tokens in use on every rank.
+    fn used(&self) -> u64 {
+        self.ranks.iter().map(|p| p.used).sum()
+    }
+}
+
+impl Pool {
+    fn new() -> Pool {
+        Pool { running: 0, used: 0, evictable: 0, decode_iters: 0, last_publish: Instant::now(), published: None, last_decode_tps: 0.0 }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    status: Status,
+    /// One pool per stats rank ([`SimConfig::attn_dp_size`]).
+    ranks: Vec<Pool>,
+    /// The rank the next request goes to (SGLang's DP controller: `round_robin` for a decode
+    /// and a plain server; a prefill's `follow_bootstrap_room` is a room's remainder, as even).
+    next_rank: usize,
     /// The tokenizer manager's histograms and request counter.
     service: Service,
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
+    /// Prompt and generated tokens of finished requests by `is_streaming` (0.5.23's tokenizer
+    /// manager counts them when a request finishes: `sglang:prompt_tokens_total`,
+    /// `sglang:generation_tokens_total`, labelled `is_streaming`).
+    finished_tokens: std::collections::BTreeMap<bool, (u64, u64)>,
     aborted_total: u64,
-    last_decode_tps: f64,
     /// Prefill: rooms whose KV is held for a decode that has not fetched it yet. Their requests
     /// left the running batch (`running` does not count them), as in SGLang's PD prefill, where a
     /// request waits in the bootstrap or inflight queue, not in `running_batch`.
@@ -79,74 +112,7 @@ struct State {
     retractions: u64,
 }
 
-/// The weights a server serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Weights {
-    /// `model_path` in `/model_info`.
-    pub model_path: String,
-    /// `served_model_name` in `/model_info` (0.5.23 sets it to the new path on a weight update).
-    pub served_model_name: String,
-    /// `weight_version` in `/model_info`.
-    pub version: String,
-    /// What besides the path changes what the model computes, fixed at start: its tokenizer
-    /// (`--tokenizer-path`, else the start's model path — a weight update keeps it; identified
-    /// by its tokenizer files where the path holds any, so the same tokenizer under another path
-    /// is the same), then a quantization, a dtype, a revision, a load format as `--flag=value`.
-    pub build: String,
-    /// Weights loaded by an update whose cache flush was refused (0.5.23: the model runner
-    /// computes with them, `/model_info` still reports the ones before): what computes now.
-    pub unreported: Option<String>,
-}
-
-/// The flags [`Weights::build`] is made of.
-const BUILD_FLAGS: &[&str] = &["--quantization", "--dtype", "--revision", "--load-format"];
-
-/// The tokenizer files compared (the ones `AutoTokenizer.from_pretrained` reads).
-const TOKENIZER_FILES: &[&str] = &[
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "chat_template.jinja",
-];
-
-impl Weights {
-    /// Which model computes with these weights: the path, the version and the build flags (a
-    /// restart onto another path, tokenizer or quantization is another model as much as a new
-    /// weight version is).
-    pub fn identity(&self) -> String {
-        self.unreported.clone().unwrap_or_else(|| format!("{}@{}{}", self.model_path, self.version, self.build))
-    }
-
-    /// The build flags of a configuration ([`Weights::build`]).
-    pub fn build_of(given: &std::collections::BTreeMap<String, String>, model_path: &str) -> String {
-        let tokenizer = given.get("--tokenizer-path").map_or(model_path, String::as_str);
-        let flags: String = BUILD_FLAGS.iter().filter_map(|f| given.get(*f).map(|v| format!(" {f}={v}"))).collect();
-        format!(" tokenizer={}{flags}", Self::tokenizer_identity(tokenizer))
-    }
-
-    /// A tokenizer by its files' contents where `path` holds any, else by its path.
-    fn tokenizer_identity(path: &str) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        let mut any = false;
-        for name in TOKENIZER_FILES {
-            if let Ok(bytes) = std::fs::read(std::path::Path::new(path).join(name)) {
-                (name, bytes).hash(&mut h);
-                any = true;
-            }
-        }
-        if any {
-            format!("files:{:016x}", h.finish())
-        } else {
-            path.trim_end_matches('/').to_string()
-        }
-    }
-}
+pub use crate::served_model::Weights;
 
 /// The simulator-only counter of mixed-version PD requests (not an SGLang metric: named apart).
 pub const MIXED_VERSIONS: &str = "sglang_sim_pd_mixed_version_requests";
@@ -168,6 +134,8 @@ pub struct Engine {
 pub struct Ticket {
     held: u64,
     generated: u64,
+    /// The stats rank whose pool holds it.
+    rank: usize,
 }
 
 impl Engine {
@@ -177,17 +145,13 @@ impl Engine {
             paused: Arc::new(tokio::sync::watch::channel(None).0),
             state: Arc::new(Mutex::new(State {
                 status: Status::Starting,
-                running: 0,
-                used: 0,
-                evictable: 0,
-                decode_iters: 0,
-                last_publish: Instant::now(),
-                published: None,
+                ranks: (0..cfg.stats_ranks()).map(|_| Pool::new()).collect(),
+                next_rank: 0,
                 service: Service::default(),
                 prompt_tokens_total: 0,
                 generation_tokens_total: 0,
+                finished_tokens: std::collections::BTreeMap::new(),
                 aborted_total: 0,
-                last_decode_tps: 0.0,
                 bootstrap_queue: 0,
                 prealloc_queue: 0,
                 deferred_release: 0,
@@ -253,7 +217,7 @@ impl Engine {
         let s = self.lock();
         let queues = s.bootstrap_queue > 0 || s.prealloc_queue > 0 || s.deferred_release > 0;
         let retracted = self.paused.borrow().as_deref() == Some("retract");
-        queues || (!retracted && s.running > 0)
+        queues || (!retracted && s.running() > 0)
     }
 
     /// How many `retract` pauses were continued (a request or room from before one was
@@ -317,8 +281,12 @@ impl Engine {
     }
 
     /// A request finished (not aborted), `secs` after it arrived.
-    pub fn observe_finished(&self, stream: bool, secs: f64) {
-        self.lock().service.finished(stream, secs);
+    pub fn observe_finished(&self, stream: bool, secs: f64, prompt_tokens: u64, generated: u64) {
+        let mut s = self.lock();
+        s.service.finished(stream, secs);
+        let t = s.finished_tokens.entry(stream).or_default();
+        t.0 += prompt_tokens;
+        t.1 += generated;
     }
 
     /// Mark warmup finished.
@@ -337,27 +305,31 @@ impl Engine {
     /// `/get_load`.
     pub fn load(&self) -> (u64, u64, u64) {
         let s = self.lock();
-        (s.running, s.bootstrap_queue + s.prealloc_queue, s.used)
+        (s.running(), s.bootstrap_queue + s.prealloc_queue, s.used())
     }
 
-    fn publish(&self, s: &mut State) {
+    /// Rank `r` logs its stats. The PD queues are the server's, logged by rank 0 (the other
+    /// ranks' stay 0: a simplification of per-rank queues).
+    fn publish(&self, s: &mut State, r: usize) {
         if self.cfg.sim.no_metrics_publish {
             return;
         }
         let max = self.max_total_tokens();
-        s.published = Some(Published {
-            running: s.running,
+        let queues = if r == 0 { (s.bootstrap_queue, s.prealloc_queue, s.deferred_release) } else { (0, 0, 0) };
+        let Some(p) = s.ranks.get_mut(r) else { return };
+        p.published = Some(Published {
+            running: p.running,
             queued: 0,
-            used: s.used,
-            available: max.saturating_sub(s.used + s.evictable),
-            evictable: s.evictable,
-            gen_throughput: s.last_decode_tps,
+            used: p.used,
+            available: max.saturating_sub(p.used + p.evictable),
+            evictable: p.evictable,
+            gen_throughput: p.last_decode_tps,
             cache_hit_rate: 0.0,
-            bootstrap_queue: s.bootstrap_queue,
-            prealloc_queue: s.prealloc_queue,
-            deferred_release: s.deferred_release,
+            bootstrap_queue: queues.0,
+            prealloc_queue: queues.1,
+            deferred_release: queues.2,
         });
-        s.last_publish = Instant::now();
+        p.last_publish = Instant::now();
     }
 
     /// A request arrives: the prefill batch allocates its prompt tokens. Prefill batches
@@ -365,65 +337,74 @@ impl Engine {
     pub fn admit(&self, prompt_tokens: u64) -> Ticket {
         let max = self.max_total_tokens();
         let mut s = self.lock();
-        s.running += 1;
+        let rank = s.next_rank % s.ranks.len().max(1);
+        s.next_rank = s.next_rank.wrapping_add(1);
         s.prompt_tokens_total += prompt_tokens;
         let need = prompt_tokens.min(max);
+        let Some(p) = s.ranks.get_mut(rank) else { return Ticket { held: 0, generated: 0, rank } };
+        p.running += 1;
         // Evict cached (finished) tokens when the free pool is short.
-        let free = max.saturating_sub(s.used + s.evictable);
+        let free = max.saturating_sub(p.used + p.evictable);
         if free < need {
-            s.evictable = s.evictable.saturating_sub(need - free);
+            p.evictable = p.evictable.saturating_sub(need - free);
         }
-        s.used += need;
+        p.used += need;
         if self.cfg.mode != Mode::Decode {
-            let (used, running) = (s.used, s.running);
+            let (used, running) = (p.used, p.running);
             log::line(&format!(
                 "Prefill batch, #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: {:.2}, #running-req: {}, #queue-req: 0",
                 used as f64 / max as f64,
                 running.saturating_sub(1)
             ));
-            self.publish(&mut s);
+            self.publish(&mut s, rank);
         }
-        Ticket { held: need, generated: 0 }
+        Ticket { held: need, generated: 0, rank }
     }
 
     /// One decode iteration produced a token for `t`; every 40 iterations decode stats publish.
     pub fn decode_step(&self, t: &mut Ticket) {
         let max = self.max_total_tokens();
+        let tps = self.cfg.sim.tokens_per_sec;
         let mut s = self.lock();
-        if s.used + s.evictable < max {
-            s.used += 1;
+        let Some(p) = s.ranks.get_mut(t.rank) else { return };
+        if p.used + p.evictable < max {
+            p.used += 1;
             t.held += 1;
         }
         t.generated += 1;
-        s.decode_iters += 1;
-        s.last_decode_tps = self.cfg.sim.tokens_per_sec * s.running.max(1) as f64;
-        if s.decode_iters % DECODE_LOG_INTERVAL == 0 {
+        p.decode_iters += 1;
+        p.last_decode_tps = tps * p.running.max(1) as f64;
+        if p.decode_iters % DECODE_LOG_INTERVAL == 0 {
             log::line(&format!(
                 "Decode batch, #running-req: {}, #token: {}, token usage: {:.2}, gen throughput (token/s): {:.2}, #queue-req: 0",
-                s.running,
-                s.used,
-                s.used as f64 / max as f64,
-                s.last_decode_tps
+                p.running,
+                p.used,
+                p.used as f64 / max as f64,
+                p.last_decode_tps
             ));
-            self.publish(&mut s);
+            self.publish(&mut s, t.rank);
         }
     }
 
     /// The request finished: its tokens move to the radix cache (evictable).
     pub fn finish(&self, t: Ticket) {
         let mut s = self.lock();
-        s.running = s.running.saturating_sub(1);
-        s.used = s.used.saturating_sub(t.held);
-        s.evictable += t.held;
         s.generation_tokens_total += t.generated;
+        if let Some(p) = s.ranks.get_mut(t.rank) {
+            p.running = p.running.saturating_sub(1);
+            p.used = p.used.saturating_sub(t.held);
+            p.evictable += t.held;
+        }
     }
 
     /// Prefill: a request's prefill batch is done and its room is held for the decode: it leaves
     /// the running batch for the bootstrap queue. Nothing is published here; the next idle
     /// publish sees the running gauge stale and publishes at once.
-    pub fn hold_room(&self) {
+    pub fn hold_room(&self, t: &Ticket) {
         let mut s = self.lock();
-        s.running = s.running.saturating_sub(1);
+        if let Some(p) = s.ranks.get_mut(t.rank) {
+            p.running = p.running.saturating_sub(1);
+        }
         s.bootstrap_queue += 1;
     }
 
@@ -432,9 +413,11 @@ impl Engine {
     pub fn release_room(&self, t: Ticket) {
         let mut s = self.lock();
         s.bootstrap_queue = s.bootstrap_queue.saturating_sub(1);
-        s.used = s.used.saturating_sub(t.held);
-        s.evictable += t.held;
         s.generation_tokens_total += t.generated;
+        if let Some(p) = s.ranks.get_mut(t.rank) {
+            p.used = p.used.saturating_sub(t.held);
+            p.evictable += t.held;
+        }
     }
 
     /// Decode: a request enters (`add`) or leaves its prealloc queue (waiting before its
@@ -454,8 +437,9 @@ impl Engine {
     /// A `/health` generate on an idle prefill-capable scheduler is a prefill batch.
     pub fn health_probe(&self) {
         let mut s = self.lock();
-        if self.cfg.mode != Mode::Decode && s.running == 0 {
-            self.publish(&mut s);
+        if self.cfg.mode != Mode::Decode && s.running() == 0 {
+            // The health generate runs on one DP rank: the first.
+            self.publish(&mut s, 0);
         }
     }
 
@@ -465,12 +449,15 @@ impl Engine {
     /// second (SGLang: every idle scheduler loop).
     pub fn idle_tick(&self) {
         let mut s = self.lock();
-        if s.running != 0 {
-            return;
-        }
-        let stale = s.published.is_some_and(|p| p.running != s.running);
-        if stale || s.last_publish.elapsed() >= self.cfg.sim.idle_publish {
-            self.publish(&mut s);
+        for r in 0..s.ranks.len() {
+            let p = &s.ranks[r];
+            if p.running != 0 {
+                continue;
+            }
+            let stale = p.published.is_some_and(|x| x.running != p.running);
+            if stale || p.last_publish.elapsed() >= self.cfg.sim.idle_publish {
+                self.publish(&mut s, r);
+            }
         }
     }
 
@@ -479,7 +466,9 @@ impl Engine {
         if self.busy() {
             return false;
         }
-        self.lock().evictable = 0;
+        for p in &mut self.lock().ranks {
+            p.evictable = 0;
+        }
         true
     }
 
@@ -504,10 +493,12 @@ impl Engine {
                 fams.push(Family::gauge(name, help, samples));
             }
         }
-        if let Some(p) = s.published {
-            let mut stat = |name: &str, help: &str, val: f64| {
-                fams.push(Family::gauge(name, help, vec![(self.labels(0, None), val)]));
-            };
+        // Each stats rank's own series (0.5.23: one per attention-DP group, its `dp_rank` label).
+        let mut stats: Vec<Family> = Vec::new();
+        for (r, pool) in s.ranks.iter().enumerate() {
+            let Some(p) = pool.published else { continue };
+            let tp_rank = self.cfg.stats_tp_rank(r);
+            let mut stat = |name: &str, help: &str, val: f64| Family::add_gauge(&mut stats, name, help, self.labels(tp_rank, None), val);
             let used = p.used as f64;
             stat("sglang:num_running_reqs", "The number of running requests.", p.running as f64);
             stat("sglang:num_queue_reqs", "The number of requests in the waiting queue.", p.queued as f64);
@@ -550,10 +541,11 @@ impl Engine {
                 for (name, help) in
                     [("sglang:num_retracted_reqs", "The number of retracted requests."), ("sglang:num_paused_reqs", "The number of paused requests.")]
                 {
-                    fams.push(Family::gauge(name, help, vec![(self.labels(0, Some(&pid)), 0.0)]));
+                    Family::add_gauge(&mut stats, name, help, self.labels(tp_rank, Some(&pid)), 0.0);
                 }
             }
         }
+        fams.extend(stats);
         self.service_families(&s, &mut fams);
         drop(s);
         let mut out = String::new();
@@ -583,8 +575,9 @@ impl Engine {
         };
         let admitted = s.prompt_tokens_total > 0 || !s.service.requests.is_empty();
         let once = |v: u64| if admitted { vec![(labels.clone(), v as f64)] } else { Vec::new() };
-        push(Family::counter("sglang:prompt_tokens", "Number of prefill tokens processed.", once(s.prompt_tokens_total)));
-        push(Family::counter("sglang:generation_tokens", "Number of generation tokens processed.", once(s.generation_tokens_total)));
+        let tokens = |f: fn(&(u64, u64)) -> u64| s.finished_tokens.iter().map(|(st, t)| (with_stream(*st), f(t) as f64)).collect::<Vec<_>>();
+        push(Family::counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tokens(|t| t.0)));
+        push(Family::counter("sglang:generation_tokens", "Number of generation tokens processed.", tokens(|t| t.1)));
         let requests = s.service.requests.iter().map(|(st, n)| (with_stream(*st), *n as f64)).collect();
         push(Family::counter("sglang:num_requests", "Number of requests processed.", requests));
         // Created at the first abort (0.5.23 labels it per abort: no series before one).
@@ -642,6 +635,9 @@ impl Engine {
         if v.has_rank_labels() {
             l.push(("pp_rank".into(), "0".into()));
             l.push(("tp_rank".into(), tp_rank.to_string()));
+            if self.cfg.dp_ranked() {
+                l.push(("dp_rank".into(), (tp_rank / self.cfg.attn_tp_size()).to_string()));
+            }
         }
         l.sort();
         l
@@ -656,7 +652,7 @@ impl Engine {
     /// Exposed for `/server_info`'s `internal_states`.
     pub fn token_usage(&self) -> f64 {
         let s = self.lock();
-        s.used as f64 / self.max_total_tokens() as f64
+        s.used() as f64 / (self.max_total_tokens() * s.ranks.len().max(1) as u64) as f64
     }
 }
 

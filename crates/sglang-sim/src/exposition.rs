@@ -18,6 +18,15 @@ pub(crate) struct Family {
 }
 
 impl Family {
+    /// Add a gauge sample to the family `name` in `fams`, or a new family (one family per name
+    /// however many ranks write it, as the exposition format requires).
+    pub(crate) fn add_gauge(fams: &mut Vec<Family>, name: &str, help: &str, labels: Vec<(String, String)>, value: f64) {
+        match fams.iter_mut().find(|f| f.name == name) {
+            Some(f) => f.samples.push(("", labels, value)),
+            None => fams.push(Family::gauge(name, help, vec![(labels, value)])),
+        }
+    }
+
     pub(crate) fn gauge(name: &str, help: &str, samples: Vec<(Vec<(String, String)>, f64)>) -> Family {
         Family { name: name.to_string(), help: help.to_string(), kind: "gauge", samples: samples.into_iter().map(|(l, v)| ("", l, v)).collect() }
     }

@@ -8,11 +8,13 @@
 
 pub mod args;
 pub mod catalogue;
+pub mod config_file;
 pub mod engine;
 pub mod exposition;
 pub mod ids;
 pub mod log;
 pub mod pd;
+pub mod served_model;
 pub mod server;
 pub mod service;
 pub mod version;

@@ -226,8 +226,8 @@ impl Pd {
     pub async fn hold(&self, rid: &str, b: &Bootstrap, ticket: Ticket) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let computed = (self.engine.weights().identity(), self.engine.retractions());
+        self.engine.hold_room(&ticket);
         lock(&self.inner.rooms).insert(b.room, Held { ticket: Some(ticket), done: Some(tx), computed });
-        self.engine.hold_room();
         self.inner.added.notify_waiters();
         // The scheduler owns the room, not the HTTP request: a client that goes away does not
         // release it; the hand-off or the bootstrap timeout does.
@@ -489,7 +489,7 @@ async fn route(State(pd): State<Pd>) -> Response {
         "rank_port": port,
         "identity": pd.inner.identity,
         "tp_size": cfg.tp_size,
-        "dp_size": cfg.dp_size,
+        "dp_size": if cfg.dp_size == 1 { u64::from(cfg.attn_dp_size) } else { cfg.dp_size },
         "page_size": cfg.page_size,
         "kv_cache_dtype": cfg.resolved_kv_cache_dtype(),
         "prefill_http_port": cfg.port,

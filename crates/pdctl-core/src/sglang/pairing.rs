@@ -186,21 +186,24 @@ pub struct PairSettings {
     pub dp_size: Option<String>,
 }
 
-/// The settings an ExecStart's argv asks for (`--flag value` and `--flag=value`).
+/// The settings an ExecStart's argv asks for (`--flag value` and `--flag=value`; a flag given
+/// twice — a `--config` file's and the command line's — is the last, as argparse takes it).
 pub fn settings_of_argv(argv: &[String]) -> PairSettings {
     let get = |names: &[&str]| -> Option<String> {
+        let mut found = None;
         let mut it = argv.iter();
         while let Some(a) = it.next() {
             for n in names {
                 if a == n {
-                    return it.next().cloned();
+                    found = it.next().cloned().or(found);
+                    break;
                 }
                 if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                    return Some(v.to_string());
+                    found = Some(v.to_string());
                 }
             }
         }
-        None
+        found
     };
     let dp_attention = argv.iter().any(|a| a == "--enable-dp-attention");
     let backends: Vec<String> = ["--attention-backend", "--decode-attention-backend", "--prefill-attention-backend"].iter().filter_map(|f| get(&[f])).collect();

@@ -136,7 +136,16 @@ fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), String> {
 /// `None`: no `ExecStart=`.
 pub fn effective_argv(rev: &Revision) -> Result<Option<Vec<String>>, String> {
     let (exec, _) = read(rev)?;
-    Ok(exec.first().and_then(|l| l.strip_prefix("ExecStart=")).map(|cmd| cmd.split_whitespace().map(String::from).collect()))
+    let Some(argv) = exec.first().and_then(|l| l.strip_prefix("ExecStart=")).map(|cmd| cmd.split_whitespace().map(String::from).collect::<Vec<_>>()) else {
+        return Ok(None);
+    };
+    // Its `--config` file as the revision holds it (a revision taken before the unit named it:
+    // as the disk has it).
+    let merged = crate::sglang::launch_config::expand(&argv, |path| match rev.files.get(path) {
+        Some(f) => f.contents.clone().ok_or_else(|| "absent".to_string()),
+        None => std::fs::read_to_string(path).map_err(|e| e.to_string()),
+    });
+    merged.map(Some).map_err(|e| e.to_string())
 }
 
 /// The flags of a command line's words with their values (`--flag value`, `--flag=value`; a

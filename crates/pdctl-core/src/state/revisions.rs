@@ -128,6 +128,8 @@ pub fn paths(unit: &str, cfg: &UnitConfig, watch_files: &[PathBuf]) -> BTreeSet<
     for (f, _optional) in &cfg.environment_files {
         out.insert(PathBuf::from(f));
     }
+    // A `--config` YAML is as much the unit's configuration as its drop-ins.
+    out.extend(cfg.config_files.iter().map(PathBuf::from));
     out.extend(watch_files.iter().cloned());
     out
 }

@@ -254,6 +254,7 @@ impl Probes for FakeProbes {
             running_reqs: None,
             queue_reqs: None,
             names: vec![],
+            ranks: Vec::new(),
         })
     }
     async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
@@ -337,7 +338,7 @@ impl Probes for FakeProbes {
         match w.served.get_mut(url) {
             Some(q) if q.len() > 1 => Ok(q.remove(0)),
             Some(q) if q.len() == 1 => Ok(q[0].clone()),
-            _ => Err(MetricsError { diagnosis: pdctl_core::cause::MetricsDiagnosis::Unreachable, message: "no figures".into() }),
+            _ => Err(MetricsError { diagnosis: pdctl_core::cause::MetricsDiagnosis::Unreachable, message: "no figures".into(), pending_ranks: 0 }),
         }
     }
     async fn gateway_outcomes(&self, _url: &str) -> Option<(f64, f64)> {

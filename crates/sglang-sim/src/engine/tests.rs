@@ -93,7 +93,7 @@ fn pd_queue_gauges_move_only_at_a_batch_report_or_the_idle_publish() {
     let e = engine("--model-path m --enable-metrics --disaggregation-mode prefill");
     let t = e.admit(10);
     assert_eq!(sample(&e.render_metrics(false), Q), Some(0.0), "the prefill batch report: nothing held yet");
-    e.hold_room();
+    e.hold_room(&t);
     assert_eq!(e.load(), (0, 1, 10), "live: out of the running batch, waiting in the bootstrap queue");
     assert_eq!(sample(&e.render_metrics(false), Q), Some(0.0), "not published as the room moves");
     e.idle_tick();
@@ -105,7 +105,7 @@ fn pd_queue_gauges_move_only_at_a_batch_report_or_the_idle_publish() {
     assert_eq!(sample(&e.render_metrics(false), Q), Some(1.0), "within the 30 s idle period the gauge keeps the last report");
     let later = engine("--model-path m --enable-metrics --disaggregation-mode prefill --sim-idle-publish-secs 0");
     let t = later.admit(10);
-    later.hold_room();
+    later.hold_room(&t);
     later.idle_tick();
     later.release_room(t);
     later.idle_tick();
@@ -117,7 +117,7 @@ fn pd_queue_gauges_move_only_at_a_batch_report_or_the_idle_publish() {
 fn flush_cache_refuses_while_a_room_is_held() {
     let e = engine("--model-path m --disaggregation-mode prefill");
     let t = e.admit(5);
-    e.hold_room();
+    e.hold_room(&t);
     assert!(!e.flush_cache(), "a held room is work in a PD queue");
     e.release_room(t);
     assert!(e.flush_cache());
@@ -155,7 +155,7 @@ fn openmetrics_uses_underscore_names_and_eof() {
     let t = e.admit(3);
     e.finish(t);
     assert!(!e.render_metrics(false).contains("sglang:num_requests_total"), "counted when a request finishes, not when admitted");
-    e.observe_finished(false, 0.15);
+    e.observe_finished(false, 0.15, 7, 2);
     let text = e.render_metrics(true);
     assert!(text.contains("\nsglang_token_usage{"));
     assert!(!text.contains("sglang:"));
@@ -175,4 +175,41 @@ fn openmetrics_uses_underscore_names_and_eof() {
         assert!(text.contains(&line), "{line} in {text}");
     }
     assert!(!text.contains("time_to_first_token"), "nothing observed, no family");
+}
+
+#[test]
+fn attention_dp_logs_one_series_per_group_each_with_its_own_pool() {
+    // 0.5.23: every TP rank writes the constants with its dp_rank; each DP group's first rank
+    // logs its own stats. Uneven load: the groups' gauges differ, each adds up on its own.
+    let e = engine("--model-path m --tp-size 4 --attn-dp-size 2 --enable-metrics --disaggregation-mode decode --sim-max-total-tokens 1000");
+    assert_eq!(e.config().dp_size, 1);
+    let before = e.render_metrics(false);
+    for (tp, dp) in [(0, 0), (1, 0), (2, 1), (3, 1)] {
+        let want = format!(
+            "sglang:max_total_num_tokens{{dp_rank=\"{dp}\",engine_type=\"decode\",model_name=\"m\",moe_ep_rank=\"0\",pp_rank=\"0\",tp_rank=\"{tp}\"}} 1000.0"
+        );
+        assert!(before.contains(&want), "{want}\n{before}");
+    }
+    let mut a = e.admit(100); // rank 0
+    let mut b = e.admit(300); // rank 1
+    for _ in 0..DECODE_LOG_INTERVAL {
+        e.decode_step(&mut a);
+        e.decode_step(&mut b);
+    }
+    let text = e.render_metrics(false);
+    let at = |name: &str, tp: u32, dp: u32| -> f64 {
+        let prefix = format!("{name}{{dp_rank=\"{dp}\",engine_type=\"decode\",model_name=\"m\",moe_ep_rank=\"0\",pp_rank=\"0\",tp_rank=\"{tp}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{prefix}\n{text}"))
+    };
+    assert_eq!((at("sglang:kv_used_tokens", 0, 0), at("sglang:kv_used_tokens", 2, 1)), (140.0, 340.0));
+    for (tp, dp) in [(0, 0), (2, 1)] {
+        let sum = at("sglang:kv_used_tokens", tp, dp) + at("sglang:kv_available_tokens", tp, dp) + at("sglang:kv_evictable_tokens", tp, dp);
+        assert_eq!(sum, 1000.0, "rank {dp}");
+    }
+    assert!(!text.contains("tp_rank=\"1\"} 140") && text.matches("sglang:kv_used_tokens{").count() == 2, "{text}");
+    e.finish(a);
+    e.finish(b);
+    // The deprecated spelling resolves the same way.
+    let old = engine("--model-path m --tp-size 2 --dp-size 2 --enable-dp-attention");
+    assert_eq!((old.config().attn_dp_size, old.config().dp_size), (2, 1));
 }

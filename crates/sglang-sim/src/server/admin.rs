@@ -101,12 +101,13 @@ pub(crate) async fn server_info(State(app): State<App>) -> Response {
         "page_size": cfg.page_size,
         "kv_cache_dtype": cfg.kv_cache_dtype,
         "dp_size": cfg.dp_size,
+        "attn_dp_size": cfg.attn_dp_size,
         "enable_dp_attention": cfg.dp_attention,
         "disaggregation_transfer_backend": cfg.transfer_backend,
         "load_balance_method": "round_robin",
         // What was asked: the command line without the program (0.5.23 `server_args.py` joins
         // `sys.argv[1:]` with spaces); the other values are resolved.
-        "launch_command": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        "launch_command": cfg.launch.join(" "),
         "status": "ready",
         "max_total_num_tokens": cfg.sim.max_total_tokens,
         "max_req_input_len": cfg.context_length.saturating_sub(8),

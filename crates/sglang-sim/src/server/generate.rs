@@ -204,7 +204,7 @@ pub(crate) async fn execute(
         let kv = if *at == engine.retractions() { kv.clone() } else { engine.weights().identity() };
         engine.count_decoded(&kv);
     }
-    engine.observe_finished(job.stream, job.arrived.elapsed().as_secs_f64());
+    engine.observe_finished(job.stream, job.arrived.elapsed().as_secs_f64(), job.prompt_tokens, produced);
     Ok(produced)
 }
 

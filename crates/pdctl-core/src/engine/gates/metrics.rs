@@ -58,7 +58,11 @@ pub(in crate::engine) async fn metrics_step<U: Units, L: Logs, P: Probes>(
 pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<Value, Fail> {
     let t0 = Instant::now();
     let limit = eng.settings.rollout.metrics_timeout;
-    let mut warmed = None;
+    let mut warmed: Option<String> = None;
+    // Warm-ups sent, and how many may be: one, or with attention DP two for each rank still
+    // unpublished (a decode's DP controller sends each request to the next rank; a prefill's
+    // follows the room, which is random), at most 16.
+    let (mut sent_count, mut may_send) = (0usize, 1usize);
     loop {
         let problem = match within(t0, limit, eng.probes.kv(&w.url)).await {
             Some(Ok(r)) => {
@@ -66,14 +70,17 @@ pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engin
                 return Ok(serde_json::to_value(&d).unwrap_or(Value::Null));
             }
             Some(Err(p)) => p,
-            None => {
-                crate::ports::MetricsError { diagnosis: MetricsDiagnosis::Unreachable, message: format!("{}/metrics did not answer within {limit:?}", w.url) }
-            }
+            None => crate::ports::MetricsError {
+                diagnosis: MetricsDiagnosis::Unreachable,
+                message: format!("{}/metrics did not answer within {limit:?}", w.url),
+                pending_ranks: 0,
+            },
         };
         if !problem.may_resolve() {
             return Err(Cause::MetricsMissing { unit: w.unit.clone(), diagnosis: problem.diagnosis, detail: problem.message, waited: None }.into());
         }
-        if may_warm && warmed.is_none() && eng.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
+        may_send = may_send.max((1 + 2 * problem.pending_ranks).min(16));
+        if may_warm && sent_count < may_send && eng.settings.verify.warmup_request && problem.diagnosis == MetricsDiagnosis::NotPublished {
             // Gauges appear on the first batch; a PD decode server also needs 40 decode steps.
             // A PD worker is warmed with a pair sent straight to it and a serving peer (it may
             // be the only one of its role in the router, or its peers may be out of it).
@@ -84,7 +91,13 @@ pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engin
                 (None, false, Role::Regular) => eng.probes.warm_worker(&w.url).await.map(|_| "sent to the worker".to_string()),
                 (None, false, _) => Ok("not sent: no peer of the other PD role serves".to_string()),
             };
-            warmed = Some(sent.unwrap_or_else(|e| format!("failed: {e}")));
+            sent_count += 1;
+            let said = sent.unwrap_or_else(|e| format!("failed: {e}"));
+            warmed = Some(if sent_count == 1 {
+                said
+            } else {
+                format!("{said} ({sent_count} requests: each attention-DP rank publishes its gauges at its own first batch)")
+            });
             continue; // the request has finished: the gauges may be there now
         }
         if t0.elapsed() >= limit {
@@ -131,6 +144,7 @@ mod tests {
             running_reqs: Some(0.0),
             queue_reqs: None,
             names: vec!["sglang:token_usage".into()],
+            ranks: Vec::new(),
         };
         let mut want = serde_json::to_value(&report).unwrap_or_default();
         want["warm_up_request"] = json!(null);
