@@ -99,3 +99,33 @@ fn a_config_file_sglang_would_refuse_is_refused_in_preflight_naming_it() {
     assert!(cause.contains(&yaml.display().to_string()) && cause.contains("not a mapping"), "{cause}");
     assert!(!r.touched(D));
 }
+
+/// The attention-DP width is read as 0.5.23 resolves it: a decode that changes to a width its
+/// prefill does not have still pairs (the decode reads the prefill's width from its bootstrap
+/// server) and restarts through every gate; a width SGLang refuses to start with is refused in
+/// preflight naming the flags, before anything stops.
+#[test]
+fn a_change_of_attention_dp_width_pairs_and_a_width_sglang_refuses_is_refused_first() {
+    let opts = StackOptions::default();
+    let (stack, config, d) = stack_with_pdctld_opts(&opts);
+    let d0 = stack.show(D, "InvocationID").unwrap();
+    let bad = stack.worker_unit(&stack.decode, &opts, &args("--attn-dp-size 3"));
+    let exec = bad.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart");
+    stack.drop_in(D, "50-dp", &format!("[Service]\nExecStart=\n{exec}\n")).expect("drop-in");
+    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    assert_eq!(r.code, 2, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(D), Some("preflight"), Some("config_invalid")), "{f:#}");
+    assert!(f["cause"].as_str().unwrap_or("").contains("--attn-dp-size 3 does not divide --tp-size 4"), "{f:#}");
+    assert!(!r.touched(D));
+    assert_eq!(stack.show(D, "InvocationID").unwrap(), d0, "nothing stopped");
+    // A width that divides: rolled out, paired with the prefill (no attention DP) on the way.
+    let good = stack.worker_unit(&stack.decode, &opts, &args("--attn-dp-size 2"));
+    let exec = good.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart");
+    stack.drop_in(D, "50-dp", &format!("[Service]\nExecStart=\n{exec}\n")).expect("drop-in");
+    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    assert_eq!(r.event(D, "preflight", "passed")["detail"]["pairing"][0]["settings"]["attn_dp_size"], "2", "{:#}", r.event(D, "preflight", "passed"));
+    r.event(D, "pair", "passed");
+    assert_eq!(r.event(D, "metrics", "passed")["detail"]["ranks"].as_array().map(Vec::len), Some(2));
+}

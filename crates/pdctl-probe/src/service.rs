@@ -21,7 +21,9 @@ pub const ITL: &str = "sglang:inter_token_latency_seconds";
 pub const E2E: &str = "sglang:e2e_request_latency_seconds";
 /// `sglang:num_requests_total` (finished requests).
 pub const REQUESTS: &str = "sglang:num_requests_total";
-/// `sglang:num_aborted_requests_total` (requests aborted through `/abort_request`).
+/// `sglang:num_aborted_requests_total`: aborts sent to the scheduler — a client that went away,
+/// an operator's `/abort_request`, one per `abort_all` (0.5.23 `abort_request`); not an error
+/// count.
 pub const ABORTED: &str = "sglang:num_aborted_requests_total";
 
 /// One scrape's service figures (cumulative since the server started).

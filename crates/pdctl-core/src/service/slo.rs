@@ -34,14 +34,14 @@ impl Window {
         sglang.max(gateway).max(0.0) as u64
     }
 
-    /// The share of requests that failed, and where it was read; `None`: not measured.
+    /// The share of requests that failed, and where it was read; `None`: not measured. Only the
+    /// gateway's outcomes say it: SGLang's `num_aborted_requests_total` is no error count (0.5.23
+    /// `tokenizer_manager.py` `abort_request`: it counts a client that went away, an operator's
+    /// abort, and one per `abort_all` however many requests that ended).
     pub fn error_rate(&self) -> Option<(f64, &'static str)> {
         match self.gateway {
             Some((ok, failed)) if ok + failed > 0.0 => Some((failed / (ok + failed), "the gateway's failed attempts")),
-            _ => {
-                let n = self.service.requests + self.service.aborted;
-                (n > 0.0).then(|| (self.service.aborted / n, "SGLang's aborted requests"))
-            }
+            _ => None,
         }
     }
 }
@@ -253,8 +253,8 @@ mod tests {
         assert!((figure.value - 0.9).abs() < 1e-9 && (figure.baseline - 0.3).abs() < 1e-9, "{figure:?}");
         assert_eq!(figure.sentence(), "end-to-end latency p50 0.90 s vs 0.30 s (×3.0, limit ×1.5)");
         let names: Vec<&str> = r.figures.iter().map(|f| f.name).collect();
-        assert_eq!(names, ["e2e_p50", "error_rate"], "no TTFT or ITL observed on either side: not figures of this role");
-        assert_eq!(r.errors_from, Some("SGLang's aborted requests"), "no gateway outcomes: SGLang's own counter");
+        assert_eq!(names, ["e2e_p50"], "no TTFT or ITL observed on either side: not figures of this role; no error rate without the gateway's outcomes");
+        assert_eq!(r.errors_from, None, "SGLang's aborted counter is not an error count (client disconnects, one per abort_all): not measured");
     }
 
     #[test]

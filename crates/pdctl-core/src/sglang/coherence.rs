@@ -50,21 +50,12 @@ impl FlagChange {
 }
 
 /// The value of `flag` in `argv` (`--flag V` or `--flag=V`; given twice, the last, as argparse
-/// takes it); `--model` is `--model-path`'s alias.
+/// takes it); `--model` is `--model-path`'s alias. The words up to the next flag are one value:
+/// 0.5.23 records `launch_command` as its argv joined with spaces, so a value with a space (a
+/// served model name) comes back as two words, and is read back whole.
 fn value(argv: &[String], flag: &str) -> Option<String> {
     let names: &[&str] = if flag == "--model-path" { &["--model-path", "--model"] } else { &[flag] };
-    let mut found = None;
-    let mut it = argv.iter();
-    while let Some(a) = it.next() {
-        for n in names {
-            if a == n {
-                found = it.next().cloned().or(found);
-            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                found = Some(v.to_string());
-            }
-        }
-    }
-    found
+    crate::sglang::pairing::last_value(argv, names)
 }
 
 /// Every `--flag` the ExecStart gives (for `coherent = "always"`: any setting counts).
@@ -186,6 +177,16 @@ mod tests {
         // A flag asked only by the running server counts too (its default is what the new asks).
         let c = changes(&argv("--model-path /m/a"), &Running::new(json!({"launch_command": "--model-path /m/a --quantization fp8"}), None), &[]);
         assert_eq!(c.iter().map(FlagChange::sentence).collect::<Vec<_>>(), ["--quantization fp8 → (unset)"]);
+    }
+
+    #[test]
+    fn a_value_with_a_space_reads_back_whole_from_launch_command() {
+        // 0.5.23 joins its argv with spaces: "my model" comes back as two words.
+        let running = Running::new(json!({"launch_command": "--model-path /m/a --served-model-name my model --port 1"}), None);
+        let unit: Vec<String> = ["sglang", "--model-path", "/m/a", "--served-model-name", "my model", "--port", "1"].iter().map(|s| s.to_string()).collect();
+        assert!(changes(&unit, &running, &[]).is_empty(), "the same name");
+        let other: Vec<String> = ["sglang", "--model-path", "/m/a", "--served-model-name", "my other", "--port", "1"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(changes(&other, &running, &[]).iter().map(FlagChange::sentence).collect::<Vec<_>>(), ["--served-model-name my model → my other"]);
     }
 
     #[test]

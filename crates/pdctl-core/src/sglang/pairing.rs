@@ -8,8 +8,12 @@
 //! 36029 (merged 2026-08-23) keeps that cache after the prefill restarts on the same address —
 //! always the case on a systemd host — and every request from the decode then fails until the
 //! decode restarts; after the fix one request fails and the next refetches. Prefill and decode
-//! must agree on `page_size` and `kv_cache_dtype` (with DP attention also on `dp_size`) and use
-//! the same transfer backend, or every transfer fails.
+//! must agree on `page_size` and `kv_cache_dtype` and use the same transfer backend, or every
+//! transfer fails. Their attention-DP widths may differ: 0.5.23's prefill registers its width with
+//! its bootstrap server (`disaggregation/common/conn.py`, `_handle_route_put`) and the decode
+//! picks the prefill's rank from it (`disaggregation/decode.py`, `_resolve_prefill_dp_rank`:
+//! `bootstrap_room % prefill dp_size`), as DeepSeek's deployments pair a DP-32 prefill with a
+//! DP-72 decode; a width the server itself refuses ([`width_problem`]) is refused before a restart.
 //!
 //! The pair gate ([`crate::engine`]) sends such a pair itself, straight to the two servers, and
 //! [`diagnose`] reads the answers by their signature.
@@ -164,7 +168,7 @@ pub fn diagnose(p: &PairProbe, mismatches: &[Mismatch], decode_older: Option<boo
 /// A setting two servers must agree on, and their values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mismatch {
-    /// SGLang's name (`page_size`, `kv_cache_dtype`, `dp_size`, `disaggregation_transfer_backend`).
+    /// SGLang's name (`page_size`, `kv_cache_dtype`, `disaggregation_transfer_backend`).
     pub key: String,
     /// The value on one side.
     pub ours: String,
@@ -181,59 +185,101 @@ pub struct PairSettings {
     pub kv_cache_dtype: String,
     /// `--disaggregation-transfer-backend` (default `mooncake`).
     pub transfer_backend: String,
-    /// `--dp-size` when `--enable-dp-attention` is on (`bootstrap_room % dp_size` picks the
-    /// rank); `None` without DP attention.
-    pub dp_size: Option<String>,
+    /// The attention-DP width as 0.5.23 resolves it (`--attn-dp-size N`, or the deprecated
+    /// `--dp-size N --enable-dp-attention`); `None` without attention DP. Shown, not compared:
+    /// the decode reads the prefill's width from its bootstrap server.
+    pub attn_dp_size: Option<String>,
+}
+
+/// The parallel layout an ExecStart asks for, resolved as 0.5.23's `handle_deprecated_dp_attention`
+/// resolves it: `(tp_size, attn_dp_size, dp_size)`.
+pub fn parallel_of_argv(argv: &[String]) -> (u64, u64, u64) {
+    let get = |names: &[&str]| last_value(argv, names).and_then(|v| v.trim().parse::<u64>().ok());
+    let tp = get(&["--tp-size", "--tp", "--tensor-parallel-size"]).unwrap_or(1);
+    let mut dp = get(&["--dp-size", "--dp", "--data-parallel-size"]).unwrap_or(1);
+    let mut attn = get(&["--attn-dp-size", "--attention-data-parallel-size"]).unwrap_or(1);
+    if argv.iter().any(|a| a == "--enable-dp-attention") && attn == 1 {
+        (attn, dp) = (dp, 1);
+    }
+    (tp, attn, dp)
+}
+
+/// A parallel layout SGLang 0.5.23 refuses to start with (`arg_groups/parallel_hook.py`: "tp_size
+/// must be divisible by attn_dp_size * attn_cp_size"; `--dp-size` beside `--attn-dp-size`), said
+/// with the flags.
+pub fn width_problem(argv: &[String]) -> Option<String> {
+    let (tp, attn, dp) = parallel_of_argv(argv);
+    if attn == 0 || tp % attn != 0 {
+        return Some(format!("--attn-dp-size {attn} does not divide --tp-size {tp} (SGLang: \"tp_size must be divisible by attn_dp_size * attn_cp_size\")"));
+    }
+    (attn > 1 && dp > 1)
+        .then(|| format!("--dp-size {dp} beside --attn-dp-size {attn}: SGLang 0.5.23 refuses replicas of an attention-DP server; give one of them"))
+}
+
+/// The value of the last of `names` in `argv` (`--flag V` or `--flag=V`), as argparse keeps it.
+/// The words after `--flag` up to the next flag are its value, joined by a space (SGLang takes
+/// no positional arguments; `launch_command` splits a value with a space into words).
+pub fn last_value(argv: &[String], names: &[&str]) -> Option<String> {
+    let mut found = None;
+    let mut it = argv.iter().peekable();
+    while let Some(a) = it.next() {
+        if names.iter().any(|n| a == n) {
+            let mut words = Vec::new();
+            while let Some(w) = it.next_if(|w| !w.starts_with("--")) {
+                words.push(w.as_str());
+            }
+            if !words.is_empty() {
+                found = Some(words.join(" "));
+            }
+            continue;
+        }
+        if let Some(v) = names.iter().find_map(|n| a.strip_prefix(n).and_then(|r| r.strip_prefix('='))) {
+            found = Some(v.to_string());
+        }
+    }
+    found
 }
 
 /// The settings an ExecStart's argv asks for (`--flag value` and `--flag=value`; a flag given
 /// twice — a `--config` file's and the command line's — is the last, as argparse takes it).
 pub fn settings_of_argv(argv: &[String]) -> PairSettings {
-    let get = |names: &[&str]| -> Option<String> {
-        let mut found = None;
-        let mut it = argv.iter();
-        while let Some(a) = it.next() {
-            for n in names {
-                if a == n {
-                    found = it.next().cloned().or(found);
-                    break;
-                }
-                if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                    found = Some(v.to_string());
-                }
-            }
-        }
-        found
-    };
-    let dp_attention = argv.iter().any(|a| a == "--enable-dp-attention");
+    let get = |names: &[&str]| last_value(argv, names);
+    let (_, attn_dp, _) = parallel_of_argv(argv);
     let backends: Vec<String> = ["--attention-backend", "--decode-attention-backend", "--prefill-attention-backend"].iter().filter_map(|f| get(&[f])).collect();
     PairSettings {
         page_size: resolve_page_size(get(&["--page-size"]).as_deref(), &backends),
         kv_cache_dtype: resolve_kv_dtype(get(&["--kv-cache-dtype"]).as_deref(), get(&["--dtype"]).as_deref()),
         transfer_backend: get(&["--disaggregation-transfer-backend"]).unwrap_or_else(|| "mooncake".into()),
-        dp_size: dp_attention.then(|| get(&["--dp-size", "--dp"]).unwrap_or_else(|| "1".into())),
+        attn_dp_size: (attn_dp > 1).then(|| attn_dp.to_string()),
     }
 }
 
-/// The page size a server runs with (SGLang 0.5.23, `arg_groups/overrides.py`,
-/// `_mla_backend_page_constraints`): `--page-size` (unset: 1), changed to 64 by the attention
-/// backends that need it (`flashmla`, `hpc_ops`; `trtllm_mla` and `cutedsl_mla` unless 32 or 64;
-/// `trtllm_mha` unless 16, 32, 64 or 128).
+/// The page size a server runs with (SGLang 0.5.23, `arg_groups/overrides.py`): `--page-size`
+/// (unset: 1), then each backend's constraint in the wheel's order, each on the value the one
+/// before left (`_mla_backend_page_constraints`): `flashmla` → 64; `trtllm_mla`, `cutedsl_mla`
+/// unless 32 or 64 → 64; `trtllm_mha` unless 16, 32, 64 or 128 → 64; `hpc_ops` unless 64 → 64;
+/// then `_fa4_page_constraint`: `fa4` → 128 (the wheel does so for a non-MLA model on a
+/// Blackwell GPU, where FA4 runs; pdctl cannot see the GPU from a command line and assumes it).
 pub fn resolve_page_size(given: Option<&str>, backends: &[String]) -> String {
-    let Some(page) = given.map(str::trim).filter(|g| !g.is_empty() && *g != "None" && *g != "null") else {
-        return resolve_page_size(Some("1"), backends);
-    };
-    let n: Option<u64> = page.parse().ok();
+    let page = given.map(str::trim).filter(|g| !g.is_empty() && *g != "None" && *g != "null").unwrap_or("1");
     let has = |b: &str| backends.iter().any(|x| x == b);
-    let needs_64 = has("flashmla")
-        || has("hpc_ops") && n != Some(64)
-        || (has("trtllm_mla") || has("cutedsl_mla")) && !matches!(n, Some(32 | 64))
-        || has("trtllm_mha") && !matches!(n, Some(16 | 32 | 64 | 128));
-    if needs_64 {
-        "64".into()
-    } else {
-        page.to_string()
+    let Ok(mut n) = page.parse::<u64>() else { return page.to_string() };
+    if has("flashmla") {
+        n = 64;
     }
+    if (has("trtllm_mla") || has("cutedsl_mla")) && !matches!(n, 32 | 64) {
+        n = 64;
+    }
+    if has("trtllm_mha") && !matches!(n, 16 | 32 | 64 | 128) {
+        n = 64;
+    }
+    if has("hpc_ops") && n != 64 {
+        n = 64;
+    }
+    if has("fa4") {
+        n = 128;
+    }
+    n.to_string()
 }
 
 /// The KV cache dtype a server compares with its PD peer's, resolved as SGLang 0.5.23 does
@@ -263,7 +309,11 @@ pub fn settings_of_info(info: &Value) -> PairSettings {
         Some(Value::Null) | None => default.to_string(),
         Some(v) => v.to_string(),
     };
+    // 0.5.23 reports the resolved `attn_dp_size`; a server before it, `dp_size` with
+    // `enable_dp_attention`.
+    let number = |k: &str| info.get(k).and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())));
     let dp_attention = info.get("enable_dp_attention").and_then(Value::as_bool).unwrap_or(false);
+    let attn_dp = number("attn_dp_size").unwrap_or(if dp_attention { number("dp_size").unwrap_or(1) } else { 1 });
     let backends: Vec<String> = ["attention_backend", "decode_attention_backend", "prefill_attention_backend"]
         .iter()
         .filter_map(|k| info.get(*k).and_then(Value::as_str).map(String::from))
@@ -277,7 +327,7 @@ pub fn settings_of_info(info: &Value) -> PairSettings {
         page_size: resolve_page_size(given("page_size").as_deref(), &backends),
         kv_cache_dtype: resolve_kv_dtype(given("kv_cache_dtype").as_deref(), given("dtype").as_deref()),
         transfer_backend: s("disaggregation_transfer_backend", "mooncake"),
-        dp_size: dp_attention.then(|| s("dp_size", "1")),
+        attn_dp_size: (attn_dp > 1).then(|| attn_dp.to_string()),
     }
 }
 
@@ -292,10 +342,6 @@ pub fn compare(ours: &PairSettings, theirs: &PairSettings) -> Vec<Mismatch> {
     check("page_size", &ours.page_size, &theirs.page_size);
     check("kv_cache_dtype", &ours.kv_cache_dtype, &theirs.kv_cache_dtype);
     check("disaggregation_transfer_backend", &ours.transfer_backend, &theirs.transfer_backend);
-    if ours.dp_size.is_some() || theirs.dp_size.is_some() {
-        let show = |d: &Option<String>| d.clone().unwrap_or_else(|| "1 (no DP attention)".into());
-        check("dp_size", &show(&ours.dp_size), &show(&theirs.dp_size));
-    }
     out
 }
 
@@ -406,15 +452,20 @@ mod tests {
         let ours = settings_of_argv(&argv);
         assert_eq!(ours.page_size, "16");
         assert_eq!(ours.kv_cache_dtype, "float8_e5m2", "resolved as the decode compares it");
-        assert_eq!(ours.dp_size, None);
+        assert_eq!(ours.attn_dp_size, None);
         let theirs = settings_of_info(&serde_json::json!({"page_size": 1, "kv_cache_dtype": "auto", "dp_size": 4, "enable_dp_attention": false}));
         let m = compare(&ours, &theirs);
         assert_eq!(m.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(), ["page_size", "kv_cache_dtype"]);
         assert_eq!(describe(&m[..1], "prefill", "decode"), "page_size 16 (prefill) vs 1 (decode)");
-        // dp_size only matters with DP attention on either side.
-        let dp: Vec<String> = "x --enable-dp-attention --dp 8".split(' ').map(String::from).collect();
-        let m = compare(&settings_of_argv(&dp), &theirs);
-        assert_eq!(m[0].key, "dp_size");
+        // Attention-DP widths are resolved (the deprecated spelling too) and may differ: the
+        // decode reads the prefill's from its bootstrap server.
+        let dp: Vec<String> = "x --enable-dp-attention --dp 8 --tp 8".split(' ').map(String::from).collect();
+        assert_eq!(settings_of_argv(&dp).attn_dp_size.as_deref(), Some("8"));
+        let new: Vec<String> = "x --attn-dp-size 8 --tp 8".split(' ').map(String::from).collect();
+        assert_eq!(settings_of_argv(&new), settings_of_argv(&dp));
+        assert!(compare(&settings_of_argv(&dp), &settings_of_argv(&[])).is_empty(), "a DP-8 prefill pairs with a decode without attention DP");
+        let info = settings_of_info(&serde_json::json!({"attn_dp_size": 4, "dp_size": 1, "enable_dp_attention": true}));
+        assert_eq!(info.attn_dp_size.as_deref(), Some("4"));
         // Unset flags are SGLang's defaults: equal to a server that reports them.
         assert!(compare(&settings_of_argv(&[]), &settings_of_info(&serde_json::json!({"page_size": 1}))).is_empty());
     }
@@ -463,8 +514,22 @@ mod tests {
         assert_eq!(settings_of_argv(&argv("sglang --attention-backend flashmla")).page_size, "64");
         assert_eq!(settings_of_argv(&argv("sglang --attention-backend trtllm_mla --page-size 32")).page_size, "32");
         assert_eq!(settings_of_argv(&argv("sglang --attention-backend trtllm_mha --page-size 8")).page_size, "64");
+        assert_eq!(settings_of_argv(&argv("sglang --attention-backend fa4")).page_size, "128");
+        assert_eq!(settings_of_argv(&argv("sglang --prefill-attention-backend fa4 --page-size 16")).page_size, "128");
         let info = serde_json::json!({"page_size": null, "kv_cache_dtype": "bfloat16", "dtype": "auto", "attention_backend": "flashmla"});
         let running = settings_of_info(&info);
         assert_eq!((running.page_size.as_str(), running.kv_cache_dtype.as_str()), ("64", "bfloat16"));
+    }
+
+    #[test]
+    fn a_width_sglang_refuses_is_named_with_its_flags() {
+        let argv = |a: &str| -> Vec<String> { a.split_whitespace().map(String::from).collect() };
+        assert_eq!(parallel_of_argv(&argv("s --tp 4 --dp-size 2 --enable-dp-attention")), (4, 2, 1), "the deprecated spelling");
+        assert_eq!(width_problem(&argv("s --tp-size 4 --attn-dp-size 2")), None);
+        assert_eq!(width_problem(&argv("s")), None);
+        let p = width_problem(&argv("s --tp-size 4 --attn-dp-size 3")).expect("3 does not divide 4");
+        assert!(p.starts_with("--attn-dp-size 3 does not divide --tp-size 4"), "{p}");
+        let p = width_problem(&argv("s --tp-size 4 --attn-dp-size 2 --dp-size 2")).expect("replicas of an attention-DP server");
+        assert!(p.contains("--dp-size 2 beside --attn-dp-size 2"), "{p}");
     }
 }

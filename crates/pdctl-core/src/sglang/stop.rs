@@ -26,6 +26,16 @@ use serde::Serialize;
 
 /// The stop's SIGTERM line (a substring; `managers/tokenizer_manager.py`).
 pub const SIGTERM_MARK: &str = "Draining requests and shutting down";
+
+/// The watchdog's exit without a drain (`managers/tokenizer_manager.py`, `sigterm_watchdog`):
+/// "Signal SIGTERM received while health check failed. Force exiting." on a server whose status
+/// is UnHealthy (a `/health` that waited more than 20 s, a failed PD warm-up), or "… while force
+/// shutdown flag set. Force exiting." with `SGL_FORCE_SHUTDOWN`.
+pub const FORCE_EXIT_MARK: &str = "Force exiting.";
+
+/// A failed PD warm-up (`entrypoints/http_server.py`): the server logs its ready line all the
+/// same, with its status UnHealthy.
+pub const WARMUP_FAILED_MARK: &str = "Disaggregation warmup failed";
 /// The watchdog's line, followed by the number of requests left.
 pub const REMAINING_MARK: &str = "Gracefully exiting... Remaining number of requests ";
 /// SGLang 0.5.23 serves new requests while SIGTERM drains it (`generate_request` never looks at
@@ -35,6 +45,11 @@ pub const SERVES_WHILE_DRAINING: bool = true;
 /// How often SGLang's watchdog checks (`asyncio.sleep(5)`): a stop with nothing in flight still
 /// takes up to this long.
 pub const WATCHDOG_PERIOD: Duration = Duration::from_secs(5);
+
+/// After its drain SGLang 0.5.23 waits up to 15 s for its scheduler processes to exit
+/// (`_SCHEDULER_EXIT_TIMEOUT_SECS`, `managers/tokenizer_manager.py`) before the process ends: a
+/// stop's bound must leave room for it.
+pub const SCHEDULER_EXIT_WAIT: Duration = Duration::from_secs(15);
 /// systemd's own lines when a stop reached `TimeoutStopSec=` (`State 'stop-sigterm' timed out.
 /// Killing.`) and when it killed the process.
 const KILLED_MARKS: &[&str] = &["timed out. Killing", "with signal SIGKILL", "status=9/KILL"];
@@ -69,7 +84,9 @@ pub struct StopReport {
     /// What ended the process: `drained` (SGLang's own exit after its drain), `timeout_sigkill`
     /// (systemd's SIGKILL at `TimeoutStopSec=`), `sglang_tree_kill` (a child process died — under
     /// `KillMode=control-group`, of the stop's own SIGTERM — and SGLang SIGKILLed its whole tree:
-    /// nothing drained), `exited` (it exited without logging a drain).
+    /// nothing drained), `force_exit` (SGLang's watchdog exited at its first check without
+    /// waiting for the requests in flight: the server was UnHealthy, or `SGL_FORCE_SHUTDOWN`),
+    /// `exited` (it exited without logging a drain).
     pub ended_by: &'static str,
     /// Why the stop took that long, in one sentence.
     pub why: String,
@@ -85,6 +102,7 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
     };
     let counts: Vec<u64> = ours.iter().filter_map(|l| remaining_in(l)).collect();
     let tree_kill = ours.iter().any(|l| TREE_KILL_MARKS.iter().any(|m| l.contains(m)));
+    let forced = ours.iter().find(|l| l.contains(FORCE_EXIT_MARK));
     let timed_out = ours.iter().any(|l| l.contains(TIMEOUT_MARK)) || matches!((stop, timeout_stop), (Some(s), Some(t)) if s >= t);
     let killed = timed_out || !tree_kill && ours.iter().any(|l| KILLED_MARKS.iter().any(|m| l.contains(m)));
     let ms = |d: Duration| d.as_millis() as u64;
@@ -108,6 +126,20 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
                 _ => String::new(),
             }
         )
+    } else if let Some(line) = forced {
+        let because = if line.contains("force shutdown flag") {
+            "SGL_FORCE_SHUTDOWN is set on the unit".to_string()
+        } else if lines.iter().any(|l| l.contains(WARMUP_FAILED_MARK)) {
+            "the server was UnHealthy since its PD warm-up failed (\"Disaggregation warmup failed\" in its log, though it logged the ready line)".to_string()
+        } else {
+            "the server was UnHealthy (its health check had failed: a /health that waited more than 20 s, as behind a long pause or load, marks it so)"
+                .to_string()
+        };
+        format!(
+            "the stop took {took} and was not a drain: {because}, so SGLang force-exited at its first {} s watchdog check without waiting for the requests in flight (\"{}\")",
+            WATCHDOG_PERIOD.as_secs(),
+            line.trim()
+        )
     } else if start.is_none() {
         format!("the stop took {took}; the server logged no SIGTERM drain (it exited without waiting for requests)")
     } else {
@@ -118,11 +150,12 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
             _ => format!("the stop took {took}: nothing was in flight; SGLang exits at its next {} s watchdog check", WATCHDOG_PERIOD.as_secs()),
         }
     };
-    let ended_by = match (killed, tree_kill, start.is_some()) {
-        (true, _, _) => "timeout_sigkill",
-        (false, true, _) => "sglang_tree_kill",
-        (false, false, true) => "drained",
-        (false, false, false) => "exited",
+    let ended_by = match (killed, tree_kill, forced.is_some(), start.is_some()) {
+        (true, _, _, _) => "timeout_sigkill",
+        (false, true, _, _) => "sglang_tree_kill",
+        (false, false, true, _) => "force_exit",
+        (false, false, false, true) => "drained",
+        (false, false, false, false) => "exited",
     };
     StopReport {
         stop_ms: stop.map(ms),
@@ -164,12 +197,13 @@ pub fn risks(unit: &str, timeout_stop: Option<Duration>, drain_timeout: Duration
     let mut out = Vec::new();
     if let Some(b) = bootstrap_timeout.filter(|b| *b + WATCHDOG_PERIOD > t) {
         out.push(format!(
-            "{unit}: a stop waits for rooms held for a decode up to SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={} and then SGLang's next {} s drain check ({} in all), longer than TimeoutStopSec={}: if a decode dies with rooms held, systemd SIGKILLs this prefill with work in flight; set TimeoutStopSec={} or a shorter bootstrap timeout",
+            "{unit}: a stop waits for rooms held for a decode up to SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={} and then SGLang's next {} s drain check ({} in all), longer than TimeoutStopSec={}: if a decode dies with rooms held, systemd SIGKILLs this prefill with work in flight; set TimeoutStopSec={} (that, up to {} more while SGLang joins its schedulers, and a margin) or a shorter bootstrap timeout",
             secs(b),
             WATCHDOG_PERIOD.as_secs(),
             secs(b + WATCHDOG_PERIOD),
             secs(t),
-            secs(b + WATCHDOG_PERIOD + Duration::from_secs(5))
+            secs(b + WATCHDOG_PERIOD + SCHEDULER_EXIT_WAIT + Duration::from_secs(5)),
+            secs(SCHEDULER_EXIT_WAIT),
         ));
     }
     if t < WATCHDOG_PERIOD + Duration::from_secs(1) {
@@ -298,7 +332,7 @@ mod tests {
         assert_eq!(r.len(), 1, "{r:?}");
         assert!(
             r[0].contains("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT=300s and then SGLang's next 5 s drain check (305s in all), longer than TimeoutStopSec=90s")
-                && r[0].contains("TimeoutStopSec=310s"),
+                && r[0].contains("TimeoutStopSec=325s (that, up to 15s more while SGLang joins its schedulers"),
             "{}",
             r[0]
         );
@@ -312,5 +346,21 @@ mod tests {
         assert!(risks("d.service", None, Duration::from_secs(60), Some(Duration::from_secs(300))).is_empty());
         assert_eq!(duration(1_000_000, 3_500_000), Some(Duration::from_millis(2500)));
         assert_eq!(duration(0, 3_500_000), None);
+    }
+
+    #[test]
+    fn an_unhealthy_servers_force_exit_is_not_a_drain() {
+        let sigterm = "[t] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...";
+        let forced = "[t] Signal SIGTERM received while health check failed. Force exiting.";
+        let r = report(&lines(&[sigterm, forced]), Some(Duration::from_millis(5200)), Some(Duration::from_secs(60)));
+        assert_eq!(r.ended_by, "force_exit");
+        assert!(!r.why.contains("nothing was in flight"), "{}", r.why);
+        assert!(r.why.contains("UnHealthy") && r.why.contains("without waiting for the requests in flight"), "{}", r.why);
+        // A failed PD warm-up (the ready line logged all the same) is named as the reason.
+        let warm = "[t] Disaggregation warmup failed (mode=prefill), status codes: [500]";
+        let r = report(&lines(&[warm, "[t] The server is fired up and ready to roll!", sigterm, forced]), None, None);
+        assert!(r.why.contains("PD warm-up failed"), "{}", r.why);
+        let r = report(&lines(&[sigterm, "[t] Signal SIGTERM received while force shutdown flag set. Force exiting."]), None, None);
+        assert!(r.ended_by == "force_exit" && r.why.contains("SGL_FORCE_SHUTDOWN"), "{}", r.why);
     }
 }

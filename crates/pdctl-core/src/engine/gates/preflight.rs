@@ -187,6 +187,9 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     if let Some(why) = &cfg.launch_config_error {
         return Err(Fail::from(Cause::ConfigInvalid { message: format!("{}'s ExecStart --config {why}; SGLang would not start with it", w.unit) }));
     }
+    if let Some(why) = cfg.exec_start.first().and_then(|argv| crate::sglang::pairing::width_problem(argv)) {
+        return Err(Fail::from(Cause::ConfigInvalid { message: format!("{}'s ExecStart asks for {why}; SGLang would not start with it", w.unit) }));
+    }
     let args: Vec<&String> = cfg.exec_start.iter().flatten().collect();
     let metrics_flag = args.iter().any(|a| *a == "--enable-metrics" || a.starts_with("--enable-metrics="));
     if rule(Step::Metrics, &eng.settings).mode == GateMode::Required && !metrics_flag {

@@ -131,8 +131,9 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
         tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
         detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
-    } else if stop.ended_by == "sglang_tree_kill" {
-        // Not the manager's timeout: SGLang killed its own tree after a child died.
+    } else if stop.ended_by == "sglang_tree_kill" || stop.ended_by == "force_exit" {
+        // Not the manager's timeout: SGLang killed its own tree after a child died, or its
+        // watchdog force-exited an UnHealthy server: what ran on it was not waited for.
         let said = format!("{unit}: {}", stop.why);
         tracing::warn!(pdctl_unit = unit, "{said}");
         detail = Said { warning: Some(said), ..Said::default() }.written_into(detail);
@@ -170,7 +171,12 @@ pub(in crate::engine) async fn stop_report<U: Units, L: Logs, P: Probes>(
     for _ in 0..5 {
         let lines = eng.logs.last_lines(unit, 300).await.unwrap_or_default();
         stop = crate::sglang::stop::report(&lines, took, timeout_stop);
-        if stop.checks > 0 || stop.killed || stop.ended_by == "sglang_tree_kill" || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
+        if stop.checks > 0
+            || stop.killed
+            || stop.ended_by == "sglang_tree_kill"
+            || stop.ended_by == "force_exit"
+            || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK))
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
