@@ -53,6 +53,14 @@ fn new_weights_go_in_without_a_restart_with_no_failed_request_and_no_mixed_pair(
     assert_eq!(mixed, 0.0, "no PD request was decoded from KV of another version ({decoded} decoded)");
     let step = r.events.iter().find(|e| e["unit"] == P && e["step"] == "weights" && e["status"] == "passed").expect("the prefill's weights step");
     assert_eq!((step["detail"]["from"]["weight_version"].as_str(), step["detail"]["to"]["weight_version"].as_str()), (Some("default"), Some("ft-1127")));
+    // Under 10 requests a second each worker's cache was flushed after the load, and the record
+    // says how (while paused, after the continue, or in a quiet window).
+    for u in [P, D] {
+        let s = r.events.iter().find(|e| e["unit"] == u && e["step"] == "weights" && e["status"] == "passed").expect("weights step");
+        let how = s["detail"]["cache_flushed"].as_str().unwrap_or("never");
+        assert!(!how.starts_with("not flushed") && how != "never", "{u}: {how}");
+        println!("{u}: cache flushed {how}");
+    }
     let waited = step["detail"]["paused_ms"].as_u64().expect("paused_ms");
     assert!(waited >= 2000, "the pause covers the load (2 s in the simulator): {waited} ms");
     let id = r.summary["id"].as_str().expect("id");
@@ -634,4 +642,39 @@ fn a_new_checkpoint_in_the_units_loads_in_place_when_its_tokenizer_stays_and_the
     let (sent, failed) = load.stop();
     assert!(flowed, "PD requests decoded after the restart ({sent} sent, {failed} failed)");
     assert_eq!(pd_counts(&stack).1, 0.0, "no PD request decoded KV of another model");
+}
+
+/// A worker whose cache cannot be flushed after the load (its scheduler never idle, as a prefill
+/// under sustained load): the rollout does not end `succeeded` — it fails at that worker's
+/// weights step naming it and what to do; the new weights stay on every worker (putting the old
+/// ones back would leave KV of the new ones cached instead), every worker continued, nothing
+/// restarted, and the last line says what is true.
+#[test]
+fn a_cache_that_cannot_be_flushed_after_the_load_fails_the_rollout_naming_the_worker() {
+    let opts = pdctl_tests::pdctl_sandbox::stack::StackOptions { prefill_args: vec!["--sim-cache-never-idle".into()], ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    std::fs::write(config.parent().expect("dir").join("config.d").join("20-health.toml"), "[rollout]\nhealth_timeout = \"3s\"\n").expect("fragment");
+    let before = runs(&stack);
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"], LIMIT);
+    assert_eq!(r.code, 1, "{:#}\n{}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("weights"), Some("weights_failed")), "{f:#}");
+    let cause = f["cause"].as_str().unwrap_or("");
+    assert!(
+        cause.contains("prefix cache was not flushed") && cause.contains("/flush_cache") && cause.contains(&format!("pdctl restart --rolling --unit {P}")),
+        "{cause}"
+    );
+    let step = r.events.iter().find(|e| e["unit"] == P && e["step"] == "weights" && e["status"] == "failed").expect("the prefill's weights step failed");
+    assert!(step["detail"]["cache_flushed"].as_str().is_some_and(|c| c.starts_with("not flushed")), "{step:#}");
+    let dstep = r.events.iter().find(|e| e["unit"] == D && e["step"] == "weights" && e["status"] == "passed").expect("the decode's weights step passed");
+    assert!(dstep["detail"]["cache_flushed"].as_str().is_some_and(|c| !c.starts_with("not flushed")), "{dstep:#}");
+    for url in [&stack.prefill.url, &stack.decode.url] {
+        assert_eq!(model_info(url)["model_path"], "/models/dsv4-ft-1127", "the new weights stay");
+        assert_eq!(ready(url), 200, "continued");
+    }
+    assert_eq!(runs(&stack), before, "nothing was restarted");
+    let (code, out) = human(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1201"]);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap_or("");
+    assert!(last.contains("every worker serves the new weights, but") && last.contains(P) && last.contains("next:"), "{out}");
 }

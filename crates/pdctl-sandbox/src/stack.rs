@@ -206,7 +206,7 @@ impl Stack {
     /// The unit file of a worker: simulated, or the real server ([`StackOptions::server`]).
     pub fn worker_unit(&self, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
         match &self.real {
-            Some(r) => real_worker_unit(r, w, opts, extra),
+            Some(r) => real_worker_unit(r, w, opts, extra, opts.flags_in_config.then(|| self.config_yaml(&w.unit)).as_deref()),
             None => self.sim_worker_unit(w, opts, extra),
         }
     }
@@ -214,28 +214,6 @@ impl Stack {
     /// The `--config` YAML of a worker ([`StackOptions::flags_in_config`]).
     pub fn config_yaml(&self, unit: &str) -> PathBuf {
         self.sandbox.dir().join("sglang").join(format!("{unit}.yaml"))
-    }
-
-    /// Write `args` but `--port` into the worker's YAML ([`Stack::config_yaml`]): a flag with a
-    /// value as `name: "value"`, a bare flag as `name: true`; the ExecStart's words are then
-    /// `--config FILE --port N`, as a deployment that keeps its flags in a file has them.
-    fn flags_to_config(&self, w: &Worker, args: Vec<String>) -> Vec<String> {
-        let path = self.config_yaml(&w.unit);
-        let mut yaml = String::from("# written by the pdctl sandbox: this worker's SGLang flags\n");
-        let mut it = args.into_iter().peekable();
-        while let Some(flag) = it.next() {
-            let Some(name) = flag.strip_prefix("--") else { continue };
-            match it.next_if(|v| !v.starts_with("--")) {
-                Some(_) if name == "port" => {}
-                Some(v) => yaml.push_str(&format!("{name}: \"{}\"\n", v.replace('\\', "\\\\").replace('"', "\\\""))),
-                None => yaml.push_str(&format!("{name}: true\n")),
-            }
-        }
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let _ = std::fs::write(&path, yaml);
-        vec!["--config".into(), path.display().to_string(), "--port".into(), w.port.to_string()]
     }
 
     /// The unit file of a simulated worker.
@@ -273,7 +251,7 @@ impl Stack {
             args.extend(["--admin-api-key".into(), k.clone()]);
         }
         args.extend(extra.iter().cloned());
-        let args = if opts.flags_in_config { self.flags_to_config(w, args) } else { args };
+        let args = if opts.flags_in_config { flags_to_config(&self.config_yaml(&w.unit), w.port, args) } else { args };
         let exec = std::iter::once(self.sim_bin.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
         format!(
             "[Unit]\nDescription=SGLang {role} server (sglang-sim) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
@@ -612,6 +590,31 @@ fn decode_env(w: &Worker, opts: &StackOptions) -> String {
     format!("Environment={}\n", opts.decode_env.join(" "))
 }
 
+/// Write `args` but `--port` into the YAML file `path` (a flag with a value as `name: "value"`, a
+/// bare flag as `name: true`) and return the command line that names it: the words before the
+/// first flag (`-m sglang.launch_server`), `--config FILE` and `--port N`, as a deployment that
+/// keeps its flags in a file has them.
+fn flags_to_config(path: &std::path::Path, port: u16, args: Vec<String>) -> Vec<String> {
+    let mut yaml = String::from("# written by the pdctl sandbox: this worker's SGLang flags\n");
+    let mut lead: Vec<String> = args.iter().take_while(|a| !a.starts_with("--")).cloned().collect();
+    let mut it = args.into_iter().skip(lead.len()).peekable();
+    while let Some(flag) = it.next() {
+        let Some(name) = flag.strip_prefix("--") else { continue };
+        match it.next_if(|v| !v.starts_with("--")) {
+            Some(_) if name == "port" => {}
+            // SGLang 0.5.23 refuses its deprecated store-true spellings in a file.
+            None if name == "disable-cuda-graph" || name == "enable-dp-attention" => lead.push(flag),
+            Some(v) => yaml.push_str(&format!("{name}: \"{}\"\n", v.replace('\\', "\\\\").replace('"', "\\\""))),
+            None => yaml.push_str(&format!("{name}: true\n")),
+        }
+    }
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let _ = std::fs::write(path, yaml);
+    lead.into_iter().chain(["--config".into(), path.display().to_string(), "--port".into(), port.to_string()]).collect()
+}
+
 /// The unit file of a real `sglang==0.5.23` worker on this CPU. Each flag and variable, and why:
 /// - `SGLANG_USE_CPU_ENGINE=1`, `--device cpu --attention-backend torch_native
 ///   --disable-cuda-graph`: the CPU path that needs no CPU build of sglang-kernel (the default x86
@@ -628,7 +631,7 @@ fn decode_env(w: &Worker, opts: &StackOptions) -> String {
 /// - `KillMode=mixed`: the stop's SIGTERM reaches the main process only, which drains;
 ///   `TimeoutStopSec=60`: above a drain (SGLang checks every 5 s; what a stop took here:
 ///   docs/benchmarks.md, "Figures the code's choices rest on").
-pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: &[String]) -> String {
+pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: &[String], config_yaml: Option<&std::path::Path>) -> String {
     let mut args: Vec<String> = vec!["-m".into(), "sglang.launch_server".into()];
     args.extend(r.cpu_flags());
     args.extend(["--port".into(), w.port.to_string(), "--disaggregation-mode".into(), w.role.into()]);
@@ -647,6 +650,10 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
         args.extend(["--admin-api-key".into(), k.clone()]);
     }
     args.extend(extra.iter().cloned());
+    let args = match config_yaml {
+        Some(path) => flags_to_config(path, w.port, args),
+        None => args,
+    };
     let exec = std::iter::once(r.python.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
     format!(
         "[Unit]\nDescription=SGLang {role} server (sglang 0.5.23 on the CPU) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\

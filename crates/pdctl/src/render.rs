@@ -259,13 +259,7 @@ impl Renderer {
             (Outcome::Succeeded, _, Kind::Rollout) if weights => {
                 format!("✓ succeeded{id}: all {} worker(s) serve the new weights, verified, without a restart, in {took}", s.units.len())
             }
-            (_, Some(f), Kind::Rollout) if weights => format!(
-                "✗ weights not taken{id}: {} failed at {} ({}); every worker that had loaded them serves its previous weights again unless a note above says otherwise, and every worker was continued; next: {}",
-                f.unit,
-                f.step.as_str(),
-                f.cause_code,
-                next_of(f)
-            ),
+            (_, Some(f), Kind::Rollout) if weights => weights_failed(&id, f),
             (Outcome::Succeeded, _, Kind::Rollout) => format!("✓ succeeded{id}: all {} unit(s) restarted and verified in {took}", s.units.len()),
             (Outcome::Succeeded, _, Kind::DryRun) if self.fleet_switch => {
                 format!("✓ preflight passed; nothing was touched ({took}); next: pdctl fleet restart --rolling --load-changes (every host in step)")
@@ -345,4 +339,24 @@ pub struct Epilogue {
     pub load_changes: bool,
     /// See `load_changes`.
     pub allow_outage: bool,
+}
+
+/// The last line of a weights rollout that failed: the new weights not taken (every worker back on
+/// its previous ones unless a note says otherwise), or taken by every worker while one's cache
+/// was not flushed after the load.
+fn weights_failed(id: &str, f: &pdctl_contract::events::Failure) -> String {
+    if f.step == pdctl_contract::events::Step::Weights && f.cause.contains("prefix cache was not flushed") {
+        return format!(
+            "✗ failed{id}: every worker serves the new weights, but {}'s prefix cache was not flushed after the load and may answer cached prefixes from KV the old weights computed; next: {}",
+            f.unit,
+            next_of(f)
+        );
+    }
+    format!(
+        "✗ weights not taken{id}: {} failed at {} ({}); every worker that had loaded them serves its previous weights again unless a note above says otherwise, and every worker was continued; next: {}",
+        f.unit,
+        f.step.as_str(),
+        f.cause_code,
+        next_of(f)
+    )
 }

@@ -115,9 +115,10 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// How many schedulers log stats: one per attention-DP group.
+    /// How many schedulers log stats: one per attention-DP group, one per data-parallel replica
+    /// (`--dp-size N` alone: N servers' schedulers behind one DP controller).
     pub fn stats_ranks(&self) -> usize {
-        self.attn_dp_size.max(1) as usize
+        (self.attn_dp_size.max(1) as usize) * (self.dp_size.max(1) as usize)
     }
 
     /// The TP width inside one attention-DP group.
@@ -125,9 +126,37 @@ impl SimConfig {
         (self.tp_size / self.attn_dp_size.max(1)).max(1)
     }
 
-    /// The `tp_rank` of stats rank `r`: its attention-DP group's first rank.
+    /// The `tp_rank` of stats rank `r`: its attention-DP group's first rank (a data-parallel
+    /// replica's ranks count from 0 within it: measured on the real 0.5.23 with `--dp-size 2`).
     pub fn stats_tp_rank(&self, r: usize) -> u32 {
+        if self.dp_size > 1 {
+            return 0;
+        }
         u32::try_from(r).unwrap_or(0) * self.attn_tp_size()
+    }
+
+    /// Every scheduler, as `(tp_rank, dp_rank)`: each writes the constants.
+    pub fn schedulers(&self) -> Vec<(u32, Option<u32>)> {
+        let replicas = u32::try_from(self.dp_size.max(1)).unwrap_or(1);
+        let mut out = Vec::new();
+        for d in 0..replicas {
+            for t in 0..self.tp_size {
+                let dp = if self.dp_size > 1 {
+                    Some(d)
+                } else if self.attn_dp_size > 1 {
+                    Some(t / self.attn_tp_size())
+                } else {
+                    None
+                };
+                out.push((t, dp));
+            }
+        }
+        out
+    }
+
+    /// The `dp_rank` of stats rank `r` (`None`: no data parallelism, no label).
+    pub fn stats_dp_rank(&self, r: usize) -> Option<u32> {
+        self.dp_ranked().then(|| u32::try_from(r).unwrap_or(0))
     }
 
     /// Schedulers carry a `dp_rank` label (0.5.23: when `parallel.dp_rank` is set, i.e. with data
@@ -159,108 +188,7 @@ impl SimConfig {
     }
 }
 
-/// Simulator-only settings and fault knobs (`--sim-*` flags or `SGLANG_SIM_*` variables).
-#[derive(Debug, Clone)]
-pub struct SimKnobs {
-    /// `--sim-version`: which SGLang release to imitate (metric names, labels, /health).
-    pub version: Version,
-    /// `--sim-load-secs`: time from start to the HTTP port opening (weights, KV pool, graphs).
-    pub load: Duration,
-    /// `--sim-warmup-secs`: time from the port opening to the ready line.
-    pub warmup: Duration,
-    /// `--sim-max-total-tokens`: KV pool size in tokens.
-    pub max_total_tokens: u64,
-    /// `--sim-tokens-per-sec`: decode speed per request, so that in-flight requests exist.
-    pub tokens_per_sec: f64,
-    /// `--sim-idle-publish-secs`: the idle metrics publish period (SGLang: 30 s).
-    pub idle_publish: Duration,
-    /// `--sim-health-generate-ms`: how long `/health` takes once up (SGLang waits ≥ 1 s).
-    pub health_generate: Duration,
-    /// `--sim-exit-code N`: fault: print an error and exit with N during start-up.
-    pub exit_code: Option<i32>,
-    /// `--sim-crash-after-ready SECS`: fault: the scheduler dies SECS after the ready line.
-    pub crash_after_ready: Option<Duration>,
-    /// `--sim-never-ready`: fault: the port opens but warmup never finishes.
-    pub never_ready: bool,
-    /// `--sim-warn-traceback`: log a non-fatal warning with a traceback before the ready line, as
-    /// SGLang 0.5.23 does when its post-warmup `freeze_gc` fails (`entrypoints/http_server.py`,
-    /// `logger.warning(..., exc_info=True)`); the start goes on to be ready.
-    pub warn_traceback: bool,
-    /// `--sim-no-load-endpoint`: fault: neither `/v1/loads` nor `/get_load` is served (a server
-    /// pdctl cannot read its in-flight requests from).
-    pub no_load_endpoint: bool,
-    /// `--sim-health-fail-after-ready SECS`: fault: `/health` answers 503 from SECS after ready on.
-    pub health_fail_after_ready: Option<Duration>,
-    /// `--sim-no-metrics-publish`: fault: usage/KV gauges are never published.
-    pub no_metrics_publish: bool,
-    /// `--sim-metrics-hang`: fault: `/metrics` accepts the request and never answers.
-    pub metrics_hang: bool,
-    /// `--sim-flush-ready-on-stop`: fault: on SIGTERM the ready line is written again, as a
-    /// block-buffered stderr flushes it at exit.
-    pub flush_ready_on_stop: bool,
-    /// `--sim-prefill-secs`: how long a prefill batch takes (0: no more than one token's time), so
-    /// that time to first token lands in SGLang's buckets (its first bound is 0.1 s).
-    pub prefill: Duration,
-    /// `--sim-slowdown F`: fault: from the ready line on, prefill and every token take F times as
-    /// long (a change that starts fine and serves slowly).
-    pub slowdown: f64,
-    /// `--sim-fail-fraction P`: fault: from the ready line on, a fraction P (0..1) of generation
-    /// requests fails with a 500 (SGLang's answer to a request the scheduler aborted).
-    pub fail_fraction: f64,
-    /// `--sim-weights-load-secs`: how long `/update_weights_from_disk` takes to load (default 2).
-    pub weights_load: Duration,
-    /// `--sim-weights-fail`: fault: `/update_weights_from_disk` fails after its load time (the
-    /// old weights stay), as a path without a loadable checkpoint does.
-    pub weights_fail: bool,
-    /// `--sim-faults-after SECS`: the service faults (`--sim-slowdown`, `--sim-fail-fraction`)
-    /// set in SECS after the ready line instead of at it: a change that serves well at first and
-    /// badly later (a leak, a cache that fills), which only a bake sees.
-    pub faults_after: Duration,
-    /// `--sim-pair-cache`: what a decode does with a prefill's cached bootstrap info after a
-    /// transfer to it failed.
-    pub pair_cache: PairCache,
-}
-
-/// A decode's bootstrap-info cache, before and after upstream PR 36029 ("refresh stale prefill
-/// bootstrap metadata", merged 2026-08-23).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PairCache {
-    /// After the fix: a failed transfer drops the entry; the next request refetches `/route`.
-    Refresh,
-    /// Before the fix: the entry stays; after its prefill restarts, every request fails until
-    /// the decode restarts.
-    Stale,
-}
-
-impl Default for SimKnobs {
-    fn default() -> Self {
-        SimKnobs {
-            version: Version::LATEST,
-            load: Duration::from_millis(2000),
-            warmup: Duration::from_millis(1000),
-            max_total_tokens: 524_288,
-            tokens_per_sec: 200.0,
-            idle_publish: Duration::from_secs(30),
-            health_generate: Duration::from_millis(1000),
-            exit_code: None,
-            crash_after_ready: None,
-            never_ready: false,
-            warn_traceback: false,
-            no_load_endpoint: false,
-            health_fail_after_ready: None,
-            no_metrics_publish: false,
-            metrics_hang: false,
-            flush_ready_on_stop: false,
-            prefill: Duration::ZERO,
-            slowdown: 1.0,
-            fail_fraction: 0.0,
-            faults_after: Duration::ZERO,
-            weights_load: Duration::from_secs(2),
-            weights_fail: false,
-            pair_cache: PairCache::Refresh,
-        }
-    }
-}
+pub use crate::knobs::{PairCache, SimKnobs};
 
 /// A parse failure, rendered the way argparse renders it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -356,6 +284,7 @@ const SIM: &[(&str, Kind)] = &[
     ("no-metrics-publish", Kind::Flag),
     ("metrics-hang", Kind::Flag),
     ("flush-ready-on-stop", Kind::Flag),
+    ("cache-never-idle", Kind::Flag),
     ("pair-cache", Kind::Value),
     ("prefill-secs", Kind::Value),
     ("slowdown", Kind::Value),
@@ -601,6 +530,7 @@ fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<St
     k.no_metrics_publish = flag("no-metrics-publish");
     k.metrics_hang = flag("metrics-hang");
     k.flush_ready_on_stop = flag("flush-ready-on-stop");
+    k.cache_never_idle = flag("cache-never-idle");
     if let Some(d) = secs("prefill-secs")? {
         k.prefill = d;
     }

@@ -30,6 +30,11 @@ pub fn merge_config(args: &[String]) -> Result<Vec<String>, String> {
         None | Some(Yaml::Null) => {}
         Some(Yaml::Hash(h)) => {
             for (k, v) in h {
+                // 0.5.23 refuses the deprecated store-true spellings in a file.
+                let norm = text_of(&k).replace('-', "_");
+                if norm == "disable_cuda_graph" || norm == "enable_dp_attention" {
+                    return Err(format!("Unsupported config option '{norm}' with action 'DeprecatedStoreTrueAction'"));
+                }
                 let flag = format!("--{}", text_of(&k));
                 match v {
                     Yaml::Boolean(true) => words.push(flag),

@@ -481,7 +481,6 @@ impl Engine {
         let max = self.max_total_tokens() as f64;
         // Constants (≥0.5.11: written by every TP rank at init).
         if v.constants_at_init() {
-            let ranks = self.cfg.tp_size;
             let page = self.cfg.page_size as f64;
             for (name, help, val) in [
                 ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max),
@@ -489,7 +488,7 @@ impl Engine {
                 ("sglang:num_pages", "The number of pages in the KV cache pool.", (max / page).floor()),
                 ("sglang:context_len", "The context length of the model.", self.cfg.context_length as f64),
             ] {
-                let samples = (0..ranks).map(|r| (self.labels(r, None), val)).collect();
+                let samples = self.cfg.schedulers().into_iter().map(|(tp, dp)| (self.labels(tp, dp, None), val)).collect();
                 fams.push(Family::gauge(name, help, samples));
             }
         }
@@ -497,8 +496,8 @@ impl Engine {
         let mut stats: Vec<Family> = Vec::new();
         for (r, pool) in s.ranks.iter().enumerate() {
             let Some(p) = pool.published else { continue };
-            let tp_rank = self.cfg.stats_tp_rank(r);
-            let mut stat = |name: &str, help: &str, val: f64| Family::add_gauge(&mut stats, name, help, self.labels(tp_rank, None), val);
+            let (tp_rank, dp_rank) = (self.cfg.stats_tp_rank(r), self.cfg.stats_dp_rank(r));
+            let mut stat = |name: &str, help: &str, val: f64| Family::add_gauge(&mut stats, name, help, self.labels(tp_rank, dp_rank, None), val);
             let used = p.used as f64;
             stat("sglang:num_running_reqs", "The number of running requests.", p.running as f64);
             stat("sglang:num_queue_reqs", "The number of requests in the waiting queue.", p.queued as f64);
@@ -541,7 +540,7 @@ impl Engine {
                 for (name, help) in
                     [("sglang:num_retracted_reqs", "The number of retracted requests."), ("sglang:num_paused_reqs", "The number of paused requests.")]
                 {
-                    Family::add_gauge(&mut stats, name, help, self.labels(tp_rank, Some(&pid)), 0.0);
+                    Family::add_gauge(&mut stats, name, help, self.labels(tp_rank, dp_rank, Some(&pid)), 0.0);
                 }
             }
         }
@@ -614,7 +613,7 @@ impl Engine {
     }
 
     /// Scheduler labels for a TP rank, sorted by name as the multiprocess collector does.
-    fn labels(&self, tp_rank: u32, pid: Option<&str>) -> Vec<(String, String)> {
+    fn labels(&self, tp_rank: u32, dp_rank: Option<u32>, pid: Option<&str>) -> Vec<(String, String)> {
         let v = self.cfg.sim.version;
         let engine_type = if v.engine_type_by_role() {
             match self.cfg.mode {
@@ -635,8 +634,8 @@ impl Engine {
         if v.has_rank_labels() {
             l.push(("pp_rank".into(), "0".into()));
             l.push(("tp_rank".into(), tp_rank.to_string()));
-            if self.cfg.dp_ranked() {
-                l.push(("dp_rank".into(), (tp_rank / self.cfg.attn_tp_size()).to_string()));
+            if let Some(dp) = dp_rank {
+                l.push(("dp_rank".into(), dp.to_string()));
             }
         }
         l.sort();
@@ -644,7 +643,7 @@ impl Engine {
     }
 
     fn tokenizer_labels(&self) -> Vec<(String, String)> {
-        let mut l = self.labels(0, None);
+        let mut l = self.labels(0, None, None);
         l.retain(|(k, _)| k == "engine_type" || k == "model_name");
         l
     }

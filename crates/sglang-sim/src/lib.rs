@@ -12,6 +12,7 @@ pub mod config_file;
 pub mod engine;
 pub mod exposition;
 pub mod ids;
+pub mod knobs;
 pub mod log;
 pub mod pd;
 pub mod served_model;

@@ -146,7 +146,7 @@ where
             (Outcome::Succeeded, _) => self.record_in_place(plan, dir, notes).await,
             (Outcome::Failed, Some(f)) if f.step != Step::Preflight && self.settings.rollout.weights_fallback == crate::config::WeightsFallback::Restart => {
                 notes.push(format!(
-                    "{} did not take {} in place ({}): every worker serves its previous weights again; rolled out by restarting instead (weights_fallback = \"restart\")",
+                    "{} did not take {} in place ({}; what each worker serves now: the weights step's notes); rolled out by restarting instead (weights_fallback = \"restart\")",
                     f.unit,
                     crate::state::in_place::show_parts(to.model_path, to.version),
                     f.cause_code

@@ -14,10 +14,11 @@
 //! refused when the scheduler is busy — requests running in place, rooms in a decode's PD
 //! queues, a deferred KV release — and then fails the call *after* the weights changed, with
 //! `/model_info` still naming the old ones (measured on the real server). pdctl flushes each
-//! worker's cache itself (`/flush_cache`): while paused where it is idle enough, else right after
-//! the continue, retried until it is (bounded by `health_timeout`); the step's detail says when,
-//! and a worker never flushed is named in the rollout's notes (its prefix cache may serve KV of
-//! the old weights until evicted).
+//! worker's cache itself (`/flush_cache`): while paused where it is idle enough, else after the
+//! continue under whatever load it serves — a plain flush, and for a `retract` worker a short
+//! quiet window (paused alone, flushed, continued) — bounded by `health_timeout`; the step's
+//! detail says how. A worker never flushed fails the rollout at its weights step, naming it (its
+//! prefix cache may serve KV of the old weights until evicted); the new weights stay.
 //!
 //! A failure puts the previous weights back on every worker that loaded the new ones (step
 //! `rollback`, paused again when they had continued) and continues every paused worker; the
@@ -237,18 +238,14 @@ where
         // Every worker serves the new weights: flush what the old ones cached while no request
         // runs, where the scheduler lets it; then all continue.
         let limit = self.settings.rollout.health_timeout;
-        let mut flushed: Vec<Option<String>> = Vec::new();
-        for (w, _) in &before {
-            flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
-        }
+        let mut flushed = self.flush_paused(&before, limit).await;
         let resumed = self.resume_all(&paused, notes).await;
         let waited = paused_at.elapsed().as_millis() as u64;
-        for ((w, _), f) in before.iter().zip(flushed.iter_mut()).filter(|(_, f)| f.is_none()) {
-            *f = Some(self.flush_when_idle(w, limit, notes).await);
-        }
-        for (((s, _, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
+        let modes: Vec<PauseMode> = steps.iter().map(|(_, _, _, m)| *m).collect();
+        let stale_cache = self.flush_after_continue(&before, &mut flushed, &modes, limit).await;
+        for (((s, w, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
             let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
-            s.pass(detail_of(&Loaded {
+            let detail = detail_of(&Loaded {
                 from: Weights { model_path: &served.0, weight_version: &served.1, message: None },
                 to: Weights { model_path: to.model_path, weight_version: &version, message: None },
                 load_ms: *load_ms,
@@ -256,9 +253,20 @@ where
                 paused_ms: waited,
                 message: &message,
                 cache_flushed: cache,
-            }));
+            });
+            match &stale_cache {
+                Some((unit, f)) if *unit == w.unit => s.fail(&Fail { cause: f.cause.clone(), detail, unit: None }),
+                _ => s.pass(detail),
+            }
         }
         loaded_notes(to, waited, notes);
+        // A cache that still holds KV of the old weights: the rollout did not do what it says.
+        // The new weights stay (putting the old ones back would leave KV of the new ones).
+        if let Some((unit, f)) = stale_cache {
+            notes.push(format!("every worker serves {}; {unit}'s prefix cache was not flushed (see the failure): the previous weights were not put back, which would leave KV of the new ones cached instead", to.model_path));
+            let failure = self.failure(&unit, Step::Weights, f).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
+        }
         if let Err((w, f)) = resumed {
             let failure = self.failure(&w, Step::Weights, f).await;
             self.put_back(&before, &loaded, true, sink, notes).await;
@@ -303,14 +311,17 @@ where
     /// place); the first that cannot be paused fails, and those paused before it continue.
     async fn pause_all<'w>(&self, before: &[(&'w Worker, Served)], sink: &'w Sink, notes: &mut Vec<String>) -> Result<Paused<'w>, crate::events::Failure> {
         let pause_limit = self.settings.rollout.health_timeout;
-        if before.iter().any(|(w, _)| self.pause_mode(w) == PauseMode::InPlace) {
+        let mut modes = Vec::new();
+        for (w, _) in before {
+            modes.push(self.pause_mode(w).await);
+        }
+        if modes.contains(&PauseMode::InPlace) {
             notes.push(IN_PLACE_NOTE.to_string());
         }
         let mut paused: Vec<&Worker> = Vec::new();
         let mut steps = Vec::new();
-        for (w, served) in before {
+        for ((w, served), mode) in before.iter().zip(modes) {
             let s = StepRun::start(sink, &w.unit, Step::Weights);
-            let mode = self.pause_mode(w);
             if let Err(e) = self.probes.pause(&w.url, mode, pause_limit).await {
                 let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
                 s.fail(&f);
@@ -384,26 +395,76 @@ where
         self.await_phase(step, &hosts, limit, None).await
     }
 
-    /// Flush `w`'s cache once its scheduler lets it (requests it still runs keep it busy): tried
-    /// every 500 ms up to `limit`. Says when, or that it was not (named in the notes).
-    async fn flush_when_idle(&self, w: &Worker, limit: std::time::Duration, notes: &mut Vec<String>) -> String {
+    /// Each worker's cache flushed while every worker is paused, where its scheduler lets it
+    /// (`None`: refused — requests running in place, rooms held, PD queues).
+    async fn flush_paused(&self, before: &[(&Worker, Served)], limit: std::time::Duration) -> Vec<Option<String>> {
+        let mut flushed = Vec::new();
+        for (w, _) in before {
+            flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
+        }
+        flushed
+    }
+
+    /// Every worker not flushed while paused, flushed after the continue ([`Self::flush_under_load`]);
+    /// the first that could not be, with its failure.
+    async fn flush_after_continue(
+        &self,
+        before: &[(&Worker, Served)],
+        flushed: &mut [Option<String>],
+        modes: &[PauseMode],
+        limit: std::time::Duration,
+    ) -> Option<(String, Fail)> {
+        let mut stale_cache: Option<(String, Fail)> = None;
+        for (((w, _), f), mode) in before.iter().zip(flushed.iter_mut()).zip(modes).filter(|((_, f), _)| f.is_none()) {
+            *f = Some(match self.flush_under_load(w, *mode, limit).await {
+                Ok(how) => how,
+                Err(why) => {
+                    let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: unflushed(w, &why, limit) };
+                    stale_cache.get_or_insert((w.unit.clone(), Fail::from(cause)));
+                    format!("not flushed: {why}")
+                }
+            });
+        }
+        stale_cache
+    }
+
+    /// Flush `w`'s cache after the continue, under whatever load it serves (0.5.23 flushes only
+    /// a fully idle scheduler: requests running, a prefill's held rooms or chunked request, a
+    /// decode's PD queues keep it busy). Tried every 250 ms up to `limit`, each try a plain flush
+    /// and — for a worker paused `retract` — a short quiet window: paused alone (`retract`: what
+    /// runs is retracted and recomputed under the new weights, new requests wait at admission),
+    /// flushed (a retracted request does not count as running), continued at once. Says how it
+    /// was flushed, or why not.
+    async fn flush_under_load(&self, w: &Worker, mode: PauseMode, limit: std::time::Duration) -> Result<String, String> {
         let t0 = Instant::now();
         let mut last = String::from("refused: requests still running or waiting");
+        let mut windows = 0u32;
         while t0.elapsed() < limit {
             match self.probes.flush_cache(&w.url, limit).await {
-                Ok(true) => return format!("after the continue, {} ms later", t0.elapsed().as_millis()),
+                Ok(true) => return Ok(format!("after the continue, {} ms later", t0.elapsed().as_millis())),
                 Ok(false) => {}
                 Err(e) => last = e.to_string(),
             }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            if mode == PauseMode::Retract {
+                windows += 1;
+                let p0 = Instant::now();
+                if let Err(e) = self.probes.pause(&w.url, PauseMode::Retract, limit).await {
+                    last = format!("its quiet window could not pause it: {e}");
+                } else {
+                    let flushed = matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true));
+                    let held = p0.elapsed().as_millis();
+                    if let Err(e) = self.probes.resume(&w.url, limit).await {
+                        return Err(format!("it did not continue after a quiet window ({e}): continue it by hand (POST {}/continue_generation)", w.url));
+                    }
+                    if flushed {
+                        return Ok(format!("in a quiet window after the continue (paused retract {held} ms, window {windows})"));
+                    }
+                    last = format!("refused in {windows} quiet window(s) too: rooms held for a decode, or a decode's PD queues");
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
-        notes.push(format!(
-            "{}: its cache was not flushed within {} ({last}): prefixes it cached before the load may still be served from KV of the old weights until evicted; flush it when idle (POST {}/flush_cache)",
-            w.unit,
-            crate::cause::dur(&limit),
-            w.url
-        ));
-        format!("not flushed: {last}")
+        Err(last)
     }
 
     /// A worker's weights before: it must serve (`/health` 200) and say what it serves.
@@ -418,14 +479,23 @@ where
     }
 
     /// How `w` is paused: `retract` (its requests in flight are recomputed under the new
-    /// weights), except a decode when a prefill has an API key — then `in_place` (see
-    /// [`IN_PLACE_NOTE`]).
-    fn pause_mode(&self, w: &Worker) -> PauseMode {
-        if w.role == Role::Decode && self.settings.workers.iter().any(|p| p.role == Role::Prefill && p.api_key.is_some()) {
-            PauseMode::InPlace
-        } else {
-            PauseMode::Retract
+    /// weights), except a decode when a prefill it may pair with has an API key — then
+    /// `in_place` (see [`IN_PLACE_NOTE`]). Every such prefill counts: this host's (by its
+    /// configured key) and, in a fleet, every other host's the gateway lists (one that answers
+    /// 401 to a call without a key has one).
+    async fn pause_mode(&self, w: &Worker) -> PauseMode {
+        if w.role != Role::Decode {
+            return PauseMode::Retract;
         }
+        if self.settings.workers.iter().any(|p| p.role == Role::Prefill && p.api_key.is_some()) {
+            return PauseMode::InPlace;
+        }
+        for (p, _) in gates::slot::remote_peers(self, w).await {
+            if matches!(self.probes.auth(&p.url).await, crate::ports::Auth::Rejected { .. }) {
+                return PauseMode::InPlace;
+            }
+        }
+        PauseMode::Retract
     }
 
     /// Continue every paused worker; the first that did not continue (all are tried).
@@ -447,7 +517,7 @@ where
         for (w, (path, version)) in before.iter().filter(|(w, _)| loaded.iter().any(|l| l.unit == w.unit)) {
             let s = StepRun::start(sink, &w.unit, Step::Rollback);
             if running {
-                if let Err(e) = self.probes.pause(&w.url, self.pause_mode(w), self.settings.rollout.health_timeout).await {
+                if let Err(e) = self.probes.pause(&w.url, self.pause_mode(w).await, self.settings.rollout.health_timeout).await {
                     notes.push(format!("{} could not be paused to take its previous weights back ({e}): it still serves {}", w.unit, path));
                 }
             }
@@ -512,6 +582,16 @@ fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
         "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
         crate::cause::dur(&std::time::Duration::from_millis(waited))
     ));
+}
+
+/// The sentence of a worker whose cache could not be flushed after a load.
+fn unflushed(w: &Worker, why: &str, limit: std::time::Duration) -> String {
+    format!(
+        "its prefix cache was not flushed within {} after the load ({why}): it serves the new weights, but prompts whose prefix it cached before may be answered from KV the old weights computed until evicted; flush it when it is idle (curl -X POST {}/flush_cache), or restart it through every gate (pdctl restart --rolling --unit {})",
+        crate::cause::dur(&limit),
+        w.url,
+        w.unit
+    )
 }
 
 #[cfg(test)]

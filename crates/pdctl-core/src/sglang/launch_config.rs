@@ -17,6 +17,13 @@
 
 use yaml_rust2::{Yaml, YamlLoader};
 
+/// Keys SGLang 0.5.23 refuses in a config file: flags whose argparse action is neither a
+/// store-true nor a one-value one — the deprecated spellings registered in `server_args.py`
+/// (`DeprecatedStoreTrueAction`). It fails at start with "Unsupported config option
+/// 'disable_cuda_graph' with action 'DeprecatedStoreTrueAction'" (measured on the real server):
+/// give them on the command line.
+pub const NOT_IN_A_FILE: &[&str] = &["disable_cuda_graph", "enable_dp_attention"];
+
 /// The largest `--config` file read (a server config is a few hundred bytes).
 pub const MAX_BYTES: u64 = 1 << 20;
 
@@ -70,6 +77,13 @@ pub fn words_of(text: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for (k, v) in root {
         let Some(key) = scalar(&k) else { return Err(format!("a key is not a flag name: {k:?}")) };
+        let norm = key.replace('-', "_");
+        if NOT_IN_A_FILE.contains(&norm.as_str()) {
+            return Err(format!(
+                "SGLang refuses the key {key} in a config file (\"Unsupported config option '{norm}' with action 'DeprecatedStoreTrueAction'\"): give --{} on the command line",
+                norm.replace('_', "-")
+            ));
+        }
         let flag = format!("--{}", key.replace('_', "-"));
         match v {
             Yaml::Boolean(true) => out.push(flag),
@@ -151,6 +165,8 @@ mod tests {
         assert!(e.what.contains(".yaml or .yml"), "{e}");
         let e = expand(&argv("s --config /etc/p.yaml"), |_| Ok("- a\n- b\n".into())).unwrap_err();
         assert!(e.what.contains("root is not a mapping"), "{e}");
+        let e = expand(&argv("s --config /etc/p.yaml"), |_| Ok("model-path: /m\ndisable-cuda-graph: true\n".into())).unwrap_err();
+        assert!(e.what.contains("Unsupported config option 'disable_cuda_graph'") && e.what.contains("--disable-cuda-graph on the command line"), "{e}");
         let e = expand(&argv("s --config /etc/p.yaml"), |_| Err("No such file or directory".into())).unwrap_err();
         assert_eq!(e.to_string(), "/etc/p.yaml: No such file or directory");
         assert_eq!(expand(&argv("s --config /etc/p.yaml"), |_| Ok(String::new())).unwrap(), argv("s"), "an empty file is no flags");

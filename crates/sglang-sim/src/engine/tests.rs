@@ -213,3 +213,20 @@ fn attention_dp_logs_one_series_per_group_each_with_its_own_pool() {
     let old = engine("--model-path m --tp-size 2 --dp-size 2 --enable-dp-attention");
     assert_eq!((old.config().attn_dp_size, old.config().dp_size), (2, 1));
 }
+
+#[test]
+fn data_parallel_replicas_log_one_series_each_with_their_own_tp_rank_0() {
+    // As the real 0.5.23 does with `--dp-size 2` on this CPU: every series tp_rank 0, dp_rank 0/1.
+    let e = engine("--model-path m --dp-size 2 --enable-metrics --sim-max-total-tokens 1000");
+    let a = e.admit(10);
+    let b = e.admit(20);
+    let text = e.render_metrics(false);
+    for (dp, used) in [(0, 10), (1, 20)] {
+        let l = format!("{{dp_rank=\"{dp}\",engine_type=\"unified\",model_name=\"m\",moe_ep_rank=\"0\",pp_rank=\"0\",tp_rank=\"0\"}}");
+        assert!(text.contains(&format!("sglang:max_total_num_tokens{l} 1000.0")), "{text}");
+        assert!(text.contains(&format!("sglang:kv_used_tokens{l} {used}.0")), "{text}");
+    }
+    assert_eq!(text.matches("sglang:max_total_num_tokens{").count(), 2, "{text}");
+    e.finish(a);
+    e.finish(b);
+}

@@ -237,7 +237,7 @@ pub(crate) async fn v1_loads(State(app): State<App>, axum::extract::Query(q): ax
 }
 
 pub(crate) async fn flush_cache(State(app): State<App>) -> Response {
-    if app.engine.flush_cache() {
+    if !app.engine.config().sim.cache_never_idle && app.engine.flush_cache() {
         (
             StatusCode::OK,
             "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n",
