@@ -75,3 +75,47 @@ fn config_file_units_and_a_two_rank_decode_pass_every_gate_and_a_file_change_tha
     assert!(f["cause"].as_str().unwrap_or("").contains("page_size 16"), "{f:#}");
     assert_eq!((stack.show(P, "InvocationID").unwrap(), stack.show(D, "InvocationID").unwrap()), (p0, d0), "nothing restarted");
 }
+
+/// New weights in place while clients send 10 requests a second through smg, every prompt
+/// beginning with the same long system prompt (what a prefix cache keeps): after the load no
+/// worker may answer a cached prefix from KV the old weights computed. Either every worker's
+/// cache was flushed after its load (the record says how: while paused, after the continue, or
+/// in a short `retract` quiet window) or the rollout failed naming the worker whose cache was
+/// not. Before, a flush that never found the scheduler idle ended `succeeded` with a note.
+#[test]
+fn new_weights_under_ten_requests_a_second_sharing_a_long_prefix_leave_no_cache_of_the_old_weights() {
+    let opts = StackOptions { server: Server::Real, waiting_timeout_secs: 30.0, bootstrap_timeout_secs: 30.0, ..Default::default() };
+    let (stack, config, d) = stack_with_pdctld_opts(&opts);
+    let real = stack.real.clone().expect("the real server");
+    let v2 = real.model_v2.display().to_string();
+    let runs = || (stack.show(P, "InvocationID").expect("p"), stack.show(D, "InvocationID").expect("d"));
+    let before = runs();
+    let system = "You are a careful assistant for an operations team; answer briefly and name your sources. ".repeat(8);
+    let load = Load::start_with(&stack.router.as_ref().expect("router").url, 10.0, 16, None, Some(system));
+    // Traffic before the change, so that the caches hold the shared prefix: 20 answered.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let warm =
+        pdctl_tests::until(Duration::from_secs(120), Duration::from_millis(250), || rt.block_on(pdctl_tests::served_requests(&stack.decode.url)) >= 20.0);
+    assert!(warm, "the load flows through smg before the change");
+    let r = pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", &v2, "--version", "v2", "--json"], Duration::from_secs(600));
+    let (sent, failed) = load.stop();
+    println!("clients through smg during the rollout: {sent} sent, {failed} failed");
+    match r.code {
+        0 => {
+            for unit in [P, D] {
+                let step = &r.event(unit, "weights", "passed")["detail"];
+                let how = step["cache_flushed"].as_str().unwrap_or("");
+                assert!(!how.is_empty() && !how.starts_with("not flushed"), "{unit}: succeeded only with its cache flushed: {step:#}");
+                println!("{unit}: paused {} ms, cache flushed {how}", step["paused_ms"]);
+            }
+        }
+        1 => {
+            let f = &r.summary["failed"];
+            assert_eq!(f["step"], "weights", "{:#}", r.summary);
+            assert!(f["cause"].as_str().unwrap_or("").contains("prefix cache was not flushed"), "{:#}", r.summary);
+            println!("failed, naming the worker whose cache holds old KV: {}", f["cause"]);
+        }
+        c => panic!("exit {c}: {:#}\n{}", r.summary, r.stderr),
+    }
+    assert_eq!(runs(), before, "nothing was restarted");
+}

@@ -7,16 +7,12 @@
 use std::time::Duration;
 
 use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
+use pdctl_tests::{human, model_info, ready};
 use serde_json::Value;
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
-
-fn model_info(url: &str) -> Value {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async { pdctl_tests::http().get(format!("{url}/model_info")).send().await.expect("GET").json::<Value>().await.expect("JSON") })
-}
 
 /// `sglang_sim_pd_*_requests_total` on the decode: `(decoded, mixed)`.
 fn pd_counts(stack: &Stack) -> (f64, f64) {
@@ -85,14 +81,6 @@ fn new_weights_go_in_without_a_restart_with_no_failed_request_and_no_mixed_pair(
         "the header says what runs: {out}"
     );
     assert_eq!(runs(&stack), before, "still nothing restarted");
-}
-
-/// `pdctl ARGS --config C --socket S`, as an operator runs it: exit code and stdout.
-fn human(d: &pdctl_tests::pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> (i32, String) {
-    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
-    let out = std::process::Command::new(bin).args(args).arg("--config").arg(config).arg("--socket").arg(&d.socket).output().expect("run pdctl");
-    // Notes go to stderr, the progress and the last line to stdout: both, in that order.
-    (out.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout)))
 }
 
 /// The hazard is real in the simulator: loading the prefill alone (no pause, the decode left on
@@ -238,12 +226,6 @@ fn mixed_at(url: &str) -> f64 {
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
-}
-
-/// A `/ready` answer's status (0: none).
-fn ready(url: &str) -> u16 {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    rt.block_on(async { pdctl_tests::http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
 }
 
 /// A 1P1D stack whose weight loads take `load_secs`, and a weights rollout followed until the
@@ -677,4 +659,31 @@ fn a_cache_that_cannot_be_flushed_after_the_load_fails_the_rollout_naming_the_wo
     assert_eq!(code, 1, "{out}");
     let last = out.lines().last().unwrap_or("");
     assert!(last.contains("every worker serves the new weights, but") && last.contains(P) && last.contains("next:"), "{out}");
+}
+
+/// A load longer than SGLang's `/health` timeout (here `SGLANG_HEALTH_CHECK_TIMEOUT=2`, 20 s by
+/// default): a `/health` sent during the pause — the gateway's health check — fails and marks the
+/// server UnHealthy (`/ready` 503, and a SIGTERM would force-exit without draining). pdctl's own
+/// `/health` after the continue sets it Up again at once, and the record says what happened and
+/// that it was undone (before, the note claimed requests waited the pause "at most" and said
+/// nothing of the failed health check; the server was left to the next `/health` to recover).
+#[test]
+fn a_pause_longer_than_the_health_timeout_leaves_no_worker_unhealthy() {
+    let slow = vec!["--sim-weights-load-secs".to_string(), "5".to_string()];
+    let opts = StackOptions { prefill_args: slow.clone(), decode_args: slow, worker_env: vec!["SGLANG_HEALTH_CHECK_TIMEOUT=2".into()], ..Default::default() };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let mut c = pdctl_tests::live_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1127", "--json"]);
+    assert!(pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(100), || ready(&stack.decode.url) == 503), "the decode is paused");
+    // The gateway's health check during the pause: it waits 2 s, then fails.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let during = rt.block_on(async { pdctl_tests::http().get(format!("{}/health", stack.decode.url)).send().await.map(|r| r.status().as_u16()).unwrap_or(0) });
+    assert_eq!(during, 503, "a /health during the pause fails after SGLANG_HEALTH_CHECK_TIMEOUT");
+    let end = c.wait_line(LIMIT, |e| e.get("result").is_some()).expect("the rollout ends");
+    assert_eq!(c.finish(LIMIT), Some(0), "{end:#}");
+    assert_eq!(end["result"], "succeeded", "{end:#}");
+    assert_eq!(ready(&stack.decode.url), 200, "the decode is Up again, not left UnHealthy");
+    let id = end["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    let notes = rec["notes"].to_string();
+    assert!(notes.contains("as long as SGLang's /health timeout") && notes.contains(&format!("{D} (Up again)")), "{notes}");
 }

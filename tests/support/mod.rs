@@ -443,6 +443,12 @@ impl Load {
 
     /// [`Load::start`] with `Authorization: Bearer KEY` on every request (a gateway with a key).
     pub fn start_with_key(router: &str, rate: f64, max_new_tokens: u32, key: Option<String>) -> Load {
+        Load::start_with(router, rate, max_new_tokens, key, None)
+    }
+
+    /// [`Load::start_with_key`] whose prompts all begin with `prefix` (a system prompt shared by
+    /// every request, as a prefix cache serves it), then their own words.
+    pub fn start_with(router: &str, rate: f64, max_new_tokens: u32, key: Option<String>, prefix: Option<String>) -> Load {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -458,12 +464,16 @@ impl Load {
                 while !flag.load(Ordering::SeqCst) {
                     tick.tick().await;
                     n += 1;
-                    let (c, url, sent, failed, key) = (c.clone(), url.clone(), sent.clone(), failed.clone(), key.clone());
+                    let (c, url, sent, failed, key, prefix) = (c.clone(), url.clone(), sent.clone(), failed.clone(), key.clone(), prefix.clone());
                     tasks.push(tokio::spawn(async move {
                         sent.fetch_add(1, Ordering::SeqCst);
                         // Prompts that share no prefix, as real traffic mostly does: smg's default
                         // cache-aware policy sends prompts with a common prefix to one worker.
-                        let text = format!("{:016x} {n} asks about the capital of France", sglang_sim::ids::rand_u128() as u64);
+                        let own = format!("{:016x} {n} asks about the capital of France", sglang_sim::ids::rand_u128() as u64);
+                        let text = match &prefix {
+                            Some(p) => format!("{p}{own}"),
+                            None => own,
+                        };
                         let body = serde_json::json!({"text": text, "sampling_params": {"max_new_tokens": max_new_tokens}});
                         let mut req = c.post(&url).json(&body);
                         if let Some(k) = &key {
@@ -576,4 +586,24 @@ pub fn rollout_with_fault(
     });
     assert!(injected, "the fault was injected at {when:?}");
     r
+}
+
+/// A worker's `/model_info`.
+pub fn model_info(url: &str) -> serde_json::Value {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async { http().get(format!("{url}/model_info")).send().await.expect("GET").json::<serde_json::Value>().await.expect("JSON") })
+}
+
+/// `pdctl ARGS --config C --socket S`, as an operator runs it: exit code and stdout.
+pub fn human(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let out = std::process::Command::new(bin).args(args).arg("--config").arg(config).arg("--socket").arg(&d.socket).output().expect("run pdctl");
+    // Notes go to stderr, the progress and the last line to stdout: both, in that order.
+    (out.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout)))
+}
+
+/// A `/ready` answer's status (0: none).
+pub fn ready(url: &str) -> u16 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async { http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
 }

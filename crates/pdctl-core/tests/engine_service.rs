@@ -218,3 +218,43 @@ async fn with_a_key_on_a_prefill_decodes_are_paused_in_place_and_the_notes_say_w
         assert_eq!(out.notes.iter().any(|n| n.contains("paused in_place")), keyed, "{:?}", out.notes);
     }
 }
+
+/// On a decode-only host of a fleet (its prefills on other hosts, keyed), the decode is paused
+/// `in_place`: a `retract` pause would have it re-fetch each retracted request's KV through a
+/// prefill's `/generate` without the key (401). The keyed prefill is another host's, known only
+/// from the gateway's list (it answers 401 without a key); this host's prefill has none.
+#[tokio::test]
+async fn a_decode_pauses_in_place_when_a_prefill_on_another_host_has_a_key() {
+    use pdctl_core::engine::{RolloutRun, WeightsTarget};
+    for keyed in [false, true] {
+        let w = world();
+        let mut r = FakeRouter::default();
+        r.add("http://p", "prefill");
+        r.add("http://d", "decode");
+        r.add("http://other-host-p", "prefill");
+        w.lock().unwrap().router = Some(r);
+        if keyed {
+            w.lock().unwrap().keyed.push("http://other-host-p".into());
+        }
+        let s = with("[router]\nurl = \"http://r:1\"\n[fleet]\netcd = [\"http://e:2379\"]\nname = \"f\"\nhost = \"a\"\n");
+        let plan = Plan::new(&s, &[]).unwrap();
+        let engine = Engine {
+            units: FakeUnits(w.clone()),
+            logs: FakeLogs(w.clone()),
+            probes: FakeProbes(w.clone()),
+            settings: s,
+            coordinator: Some(std::sync::Arc::new(EmptyStore)),
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        drop(rx);
+        let abort = std::sync::atomic::AtomicBool::new(false);
+        let run = RolloutRun {
+            work: pdctl_core::engine::Work::Weights { target: WeightsTarget { model_path: "/models/v2", version: None, fleet_rollout: None, config: false } },
+            ..rollout_of(&plan, &abort, true, false)
+        };
+        let _ = engine.execute(run, &tx).await;
+        let log = w.lock().unwrap().weight_log.clone();
+        let want = if keyed { "pause in_place http://d" } else { "pause http://d" };
+        assert_eq!(log.first().map(String::as_str), Some(want), "keyed: {keyed}: {log:?}");
+    }
+}

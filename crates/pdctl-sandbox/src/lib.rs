@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod etcd;
+pub mod flags_file;
 pub mod init;
 pub mod journal;
 pub mod stack;

@@ -81,6 +81,8 @@ pub struct StackOptions {
     pub admin_api_key: Option<String>,
     /// More `KEY=value` environment of the decode units (e.g. SGLang's heartbeat settings).
     pub decode_env: Vec<String>,
+    /// More `KEY=value` environment of every worker unit (e.g. `SGLANG_HEALTH_CHECK_TIMEOUT`).
+    pub worker_env: Vec<String>,
     /// Each worker keeps its flags in a YAML file (`<sandbox>/sglang/<unit>.yaml`) and its
     /// ExecStart is the program with `--config FILE` and its `--port` ([`Stack::config_yaml`]).
     pub flags_in_config: bool,
@@ -112,6 +114,7 @@ impl Default for StackOptions {
             admin_api_key: None,
             decode_env: Vec::new(),
             flags_in_config: false,
+            worker_env: Vec::new(),
         }
     }
 }
@@ -251,7 +254,7 @@ impl Stack {
             args.extend(["--admin-api-key".into(), k.clone()]);
         }
         args.extend(extra.iter().cloned());
-        let args = if opts.flags_in_config { flags_to_config(&self.config_yaml(&w.unit), w.port, args) } else { args };
+        let args = if opts.flags_in_config { crate::flags_file::flags_to_config(&self.config_yaml(&w.unit), w.port, args) } else { args };
         let exec = std::iter::once(self.sim_bin.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");
         format!(
             "[Unit]\nDescription=SGLang {role} server (sglang-sim) on GPUs {gpus}\nStartLimitIntervalSec=0\n\n\
@@ -584,35 +587,11 @@ impl Stack {
 
 /// `Environment=` lines of [`StackOptions::decode_env`] for a decode unit (none for others).
 fn decode_env(w: &Worker, opts: &StackOptions) -> String {
+    let every = if opts.worker_env.is_empty() { String::new() } else { format!("Environment={}\n", opts.worker_env.join(" ")) };
     if w.role != "decode" || opts.decode_env.is_empty() {
-        return String::new();
+        return every;
     }
-    format!("Environment={}\n", opts.decode_env.join(" "))
-}
-
-/// Write `args` but `--port` into the YAML file `path` (a flag with a value as `name: "value"`, a
-/// bare flag as `name: true`) and return the command line that names it: the words before the
-/// first flag (`-m sglang.launch_server`), `--config FILE` and `--port N`, as a deployment that
-/// keeps its flags in a file has them.
-fn flags_to_config(path: &std::path::Path, port: u16, args: Vec<String>) -> Vec<String> {
-    let mut yaml = String::from("# written by the pdctl sandbox: this worker's SGLang flags\n");
-    let mut lead: Vec<String> = args.iter().take_while(|a| !a.starts_with("--")).cloned().collect();
-    let mut it = args.into_iter().skip(lead.len()).peekable();
-    while let Some(flag) = it.next() {
-        let Some(name) = flag.strip_prefix("--") else { continue };
-        match it.next_if(|v| !v.starts_with("--")) {
-            Some(_) if name == "port" => {}
-            // SGLang 0.5.23 refuses its deprecated store-true spellings in a file.
-            None if name == "disable-cuda-graph" || name == "enable-dp-attention" => lead.push(flag),
-            Some(v) => yaml.push_str(&format!("{name}: \"{}\"\n", v.replace('\\', "\\\\").replace('"', "\\\""))),
-            None => yaml.push_str(&format!("{name}: true\n")),
-        }
-    }
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let _ = std::fs::write(path, yaml);
-    lead.into_iter().chain(["--config".into(), path.display().to_string(), "--port".into(), port.to_string()]).collect()
+    format!("{every}Environment={}\n", opts.decode_env.join(" "))
 }
 
 /// The unit file of a real `sglang==0.5.23` worker on this CPU. Each flag and variable, and why:
@@ -651,7 +630,7 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
     }
     args.extend(extra.iter().cloned());
     let args = match config_yaml {
-        Some(path) => flags_to_config(path, w.port, args),
+        Some(path) => crate::flags_file::flags_to_config(path, w.port, args),
         None => args,
     };
     let exec = std::iter::once(r.python.display().to_string()).chain(args).map(|a| q(&a)).collect::<Vec<_>>().join(" ");

@@ -241,6 +241,7 @@ where
         let mut flushed = self.flush_paused(&before, limit).await;
         let resumed = self.resume_all(&paused, notes).await;
         let waited = paused_at.elapsed().as_millis() as u64;
+        self.healthy_again(&paused, waited, notes).await;
         let modes: Vec<PauseMode> = steps.iter().map(|(_, _, _, m)| *m).collect();
         let stale_cache = self.flush_after_continue(&before, &mut flushed, &modes, limit).await;
         for (((s, w, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
@@ -403,6 +404,34 @@ where
             flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
         }
         flushed
+    }
+
+    /// After a pause as long as a worker's `/health` timeout, a `/health` sent during it (the
+    /// gateway's check) failed and left the server UnHealthy (`/ready` 503, a SIGTERM then
+    /// force-exits): pdctl's own `/health` after the continue sets it Up again. Said in a note.
+    async fn healthy_again(&self, paused: &[&Worker], waited_ms: u64, notes: &mut Vec<String>) {
+        let mut said = Vec::new();
+        for w in paused {
+            let env = self.units.config(&w.unit).await.map(|c| c.environment).unwrap_or_default();
+            let limit = crate::sglang::health_check_timeout(&env);
+            if u128::from(waited_ms) < limit.as_millis() {
+                continue;
+            }
+            let h = self.probes.health(&w.url).await;
+            said.push(format!("{} ({})", w.unit, if h == Health::Up { "Up again".to_string() } else { format!("still not: {h:?}") }));
+            if said.len() == 1 {
+                notes.push(format!(
+                    "the pause ({}) was as long as SGLang's /health timeout ({}, {}): a /health sent during it — the gateway's health check — failed and marked the server UnHealthy (smg 1.13 drops a worker after 3 failed checks, 60 s apart); pdctl's /health after the continue:",
+                    crate::cause::dur(&std::time::Duration::from_millis(waited_ms)),
+                    crate::cause::dur(&limit),
+                    crate::sglang::HEALTH_CHECK_TIMEOUT_ENV
+                ));
+            }
+        }
+        if let Some(n) = notes.last_mut().filter(|_| !said.is_empty()) {
+            n.push(' ');
+            n.push_str(&said.join(", "));
+        }
     }
 
     /// Every worker not flushed while paused, flushed after the continue ([`Self::flush_under_load`]);
@@ -579,7 +608,7 @@ fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
         ));
     }
     notes.push(format!(
-        "every worker was paused for {} while the new weights loaded: requests waited that long at most, none was sent to a worker of another version",
+        "every worker was paused for {} while the new weights loaded: a request that arrived meanwhile waited for its end, one running at the pause finished after it (recomputed under the new weights where paused retract), and none was sent to a worker of another version",
         crate::cause::dur(&std::time::Duration::from_millis(waited))
     ));
 }

@@ -152,6 +152,24 @@ pub const PREFILL_HELD_GAUGES: &[&str] = &[
 /// released on an idle prefill can show in `/metrics` this long after; `/v1/loads` has no lag.
 pub const GAUGE_IDLE_PUBLISH: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a `/health` waits for the scheduler's answer before it fails and marks the server
+/// UnHealthy (`SGLANG_HEALTH_CHECK_TIMEOUT`, seconds; 0.5.23 `entrypoints/http_server.py`
+/// `health_generate`): `/ready` then answers 503 and a SIGTERM force-exits without draining,
+/// until a later `/health` succeeds. A pause longer than this fails every `/health` sent during it
+/// (the gateway's: smg 1.13 checks every 60 s with a 5 s timeout and drops a worker after 3
+/// failures).
+pub const HEALTH_CHECK_TIMEOUT_ENV: &str = "SGLANG_HEALTH_CHECK_TIMEOUT";
+/// Its default when unset (20 s).
+pub const HEALTH_CHECK_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The `/health` timeout of a unit with this environment.
+pub fn health_check_timeout(env: &[String]) -> std::time::Duration {
+    env_number(env, HEALTH_CHECK_TIMEOUT_ENV)
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .unwrap_or(HEALTH_CHECK_TIMEOUT_DEFAULT)
+}
+
 /// How long a decode waits for a room's KV before it fails the request and drops the prefill's
 /// cached bootstrap info (`SGLANG_DISAGGREGATION_WAITING_TIMEOUT`, `srt/environ.py`; seconds).
 pub const WAITING_TIMEOUT_ENV: &str = "SGLANG_DISAGGREGATION_WAITING_TIMEOUT";

@@ -67,6 +67,23 @@ pub struct World {
     /// With `restart_takes`: the old process keeps running through the job (a long stop)
     /// instead of being gone at once.
     pub old_process_stays: bool,
+    /// Workers started with an API key pdctl was not given (a call without it: 401).
+    pub keyed: Vec<String>,
+}
+
+/// A fleet store with nothing in it (no other host has written its liveness or workers).
+pub struct EmptyStore;
+
+impl pdctl_core::ports::Coordinator for EmptyStore {
+    fn get<'a>(&'a self, _key: &'a str) -> pdctl_core::ports::BoxFut<'a, Result<Option<pdctl_core::ports::KvEntry>, pdctl_core::ports::FleetFailure>> {
+        Box::pin(async { Ok(None) })
+    }
+    fn get_prefix<'a>(&'a self, _prefix: &'a str) -> pdctl_core::ports::BoxFut<'a, Result<Vec<pdctl_core::ports::KvEntry>, pdctl_core::ports::FleetFailure>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn cas(&self, _changes: Vec<pdctl_core::ports::CasChange>) -> pdctl_core::ports::BoxFut<'_, Result<bool, pdctl_core::ports::FleetFailure>> {
+        Box::pin(async { Ok(true) })
+    }
 }
 
 /// A gateway as smg 1.x lists workers: each registration takes the next status of `statuses`
@@ -82,7 +99,7 @@ pub struct FakeRouter {
 }
 
 impl FakeRouter {
-    fn add(&mut self, url: &str, worker_type: &str) -> String {
+    pub fn add(&mut self, url: &str, worker_type: &str) -> String {
         self.next_id += 1;
         let status = if self.statuses.is_empty() { "ready".to_string() } else { self.statuses.remove(0) };
         let id = format!("w{}", self.next_id);
@@ -260,7 +277,10 @@ impl Probes for FakeProbes {
     async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
         Ok(self.0.lock().unwrap().in_flight.get(url).copied().unwrap_or(0))
     }
-    async fn auth(&self, _url: &str) -> pdctl_core::ports::Auth {
+    async fn auth(&self, url: &str) -> pdctl_core::ports::Auth {
+        if self.0.lock().unwrap().keyed.iter().any(|k| k == url) {
+            return pdctl_core::ports::Auth::Rejected { endpoint: format!("{url}/server_info"), status: 401, key: "no key".into() };
+        }
         pdctl_core::ports::Auth::Accepted
     }
     async fn abort_all(&self, url: &str) -> Result<(), HttpFailure> {

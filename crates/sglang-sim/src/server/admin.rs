@@ -54,7 +54,8 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
     if app.engine.status() == Status::Starting {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
-    if app.unhealthy() {
+    let fault = matches!((cfg.sim.health_fail_after_ready, app.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after);
+    if fault {
         tokio::time::sleep(cfg.sim.health_generate).await;
         return (StatusCode::SERVICE_UNAVAILABLE, "Health check failed. (simulated)").into_response();
     }
@@ -65,12 +66,15 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
         let limit = std::env::var("SGLANG_HEALTH_CHECK_TIMEOUT").ok().and_then(|v| v.parse().ok()).unwrap_or(20u64);
         if tokio::time::timeout(std::time::Duration::from_secs(limit), app.control.hold_while_paused()).await.is_err() {
             log::line(&format!("Health check failed. Server couldn't get a response from detokenizer for last {limit} seconds."));
+            app.health_failed.store(true, std::sync::atomic::Ordering::SeqCst);
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
     }
     if generation {
         app.engine.health_probe();
         tokio::time::sleep(cfg.sim.health_generate).await;
+        // An answer from the scheduler: Up again.
+        app.health_failed.store(false, std::sync::atomic::Ordering::SeqCst);
     }
     StatusCode::OK.into_response()
 }

@@ -43,6 +43,7 @@ pub async fn run(cfg: SimConfig) -> i32 {
         fail_until: Arc::new(std::sync::Mutex::new(None)),
         requests: Requests::default(),
         shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        health_failed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         control: super::weight_update::Control::new(&engine),
     };
     // The tokenizer manager's `sigterm_watchdog` wakes every 5 s from its start on.

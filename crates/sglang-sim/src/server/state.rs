@@ -32,6 +32,10 @@ pub(crate) struct App {
     pub(crate) shutting_down: Arc<std::sync::atomic::AtomicBool>,
     /// The pause and the model lock (weights without a restart).
     pub(crate) control: weight_update::Control,
+    /// A `/health` timed out (0.5.23 `http_server.py` `health_generate`: no answer from the
+    /// scheduler within `SGLANG_HEALTH_CHECK_TIMEOUT`, as behind a long pause): the server is
+    /// UnHealthy — `/ready` 503, a SIGTERM force-exits — until a later `/health` succeeds.
+    pub(crate) health_failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl App {
@@ -43,7 +47,8 @@ impl App {
 
     /// The `--sim-health-fail-after-ready` fault has set in: the server is UnHealthy.
     pub(crate) fn unhealthy(&self) -> bool {
-        matches!((self.engine.config().sim.health_fail_after_ready, self.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after)
+        self.health_failed.load(std::sync::atomic::Ordering::SeqCst)
+            || matches!((self.engine.config().sim.health_fail_after_ready, self.ready_at.get()), (Some(after), Some(at)) if at.elapsed() >= after)
     }
 }
 
