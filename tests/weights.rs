@@ -686,4 +686,11 @@ fn a_pause_longer_than_the_health_timeout_leaves_no_worker_unhealthy() {
     let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
     let notes = rec["notes"].to_string();
     assert!(notes.contains("as long as SGLang's /health timeout") && notes.contains(&format!("{D} (Up again)")), "{notes}");
+    // The next load is said beforehand: the last one took as long as the health timeout.
+    let r = pdctl_tests::pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1201", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let id = r.summary["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    let notes = rec["notes"].to_string();
+    assert!(notes.contains(&format!("{D}: its last load of new weights took 5")), "{notes}");
 }

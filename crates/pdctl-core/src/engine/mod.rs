@@ -24,6 +24,7 @@
 //! last good revision is restored and run through the same gates ([`Engine::execute`]). A resumed
 //! rollout re-verifies the unit it stopped at and restarts it only if that fails.
 
+mod after_load;
 mod context;
 mod fleet;
 mod gates;

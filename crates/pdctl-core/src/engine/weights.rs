@@ -30,6 +30,11 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::after_load::Served;
+
+/// Each worker's load: how long it took, and SGLang's message with the version it reports (or
+/// why it did not take them).
+type Load = (u64, Result<(String, String), String>);
 use crate::engine::gates;
 use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::Engine;
@@ -53,9 +58,6 @@ pub struct WeightsTarget<'a> {
     /// name these weights (recorded as what each worker runs once they serve them).
     pub config: bool,
 }
-
-/// What a worker served before: `(model_path, weight_version)`.
-type Served = (String, String);
 
 /// Weights a worker serves (`/model_info`): the preflight's detail, each side of a load, and a
 /// load put back (with SGLang's message).
@@ -173,7 +175,7 @@ where
                 };
             }
         }
-        let summary = self.update_weights(plan, to, sink, notes).await;
+        let summary = self.update_weights(plan, to, dir, sink, notes).await;
         if let Some(dir) = dir {
             let _ = std::fs::remove_file(paused_path(dir));
         }
@@ -181,7 +183,14 @@ where
     }
 
     /// Load `to` into every worker of `plan` at once (see the module's documentation).
-    pub(in crate::engine) async fn update_weights(&self, plan: &Plan, to: WeightsTarget<'_>, sink: &Sink, notes: &mut Vec<String>) -> Summary {
+    pub(in crate::engine) async fn update_weights(
+        &self,
+        plan: &Plan,
+        to: WeightsTarget<'_>,
+        dir: Option<&std::path::Path>,
+        sink: &Sink,
+        notes: &mut Vec<String>,
+    ) -> Summary {
         let t0 = Instant::now();
         let end = |result: Outcome, units: Vec<String>, failed| Summary {
             id: None,
@@ -200,6 +209,7 @@ where
         };
         // Decodes first: nothing new reaches a prefill's KV hand-off while it pauses.
         before.sort_by_key(|(w, _)| u8::from(w.role != Role::Decode));
+        self.long_load_ahead(&before, dir, notes).await;
         let (paused, steps) = match self.pause_all(&before, sink, notes).await {
             Ok(p) => p,
             Err(failure) => return end(Outcome::Failed, Vec::new(), Some(failure)),
@@ -216,7 +226,7 @@ where
             }
         }
         let paused_at = Instant::now();
-        let loads = self.load_all(&before, to).await;
+        let loads = self.load_all(&before, to, dir).await;
         let loaded: Vec<&Worker> = before.iter().zip(&loads).filter(|(_, (_, r))| r.is_ok()).map(|((w, _), _)| *w).collect();
         // In a fleet: no host continues before every host serves the new weights.
         if let Some(id) = to.fleet_rollout {
@@ -244,22 +254,7 @@ where
         self.healthy_again(&paused, waited, notes).await;
         let modes: Vec<PauseMode> = steps.iter().map(|(_, _, _, m)| *m).collect();
         let stale_cache = self.flush_after_continue(&before, &mut flushed, &modes, limit).await;
-        for (((s, w, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(&loads).zip(flushed) {
-            let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
-            let detail = detail_of(&Loaded {
-                from: Weights { model_path: &served.0, weight_version: &served.1, message: None },
-                to: Weights { model_path: to.model_path, weight_version: &version, message: None },
-                load_ms: *load_ms,
-                pause: mode.as_str(),
-                paused_ms: waited,
-                message: &message,
-                cache_flushed: cache,
-            });
-            match &stale_cache {
-                Some((unit, f)) if *unit == w.unit => s.fail(&Fail { cause: f.cause.clone(), detail, unit: None }),
-                _ => s.pass(detail),
-            }
-        }
+        close_steps(steps, &loads, flushed, stale_cache.as_ref(), to, waited);
         loaded_notes(to, waited, notes);
         // A cache that still holds KV of the old weights: the rollout did not do what it says.
         // The new weights stay (putting the old ones back would leave KV of the new ones).
@@ -357,7 +352,13 @@ where
 
     /// Every worker loads `to` at once, each bounded like a start, and must then report it in
     /// `/model_info`: per worker, the load's time (ms) and its message and version, or why not.
-    async fn load_all(&self, before: &[(&Worker, Served)], to: WeightsTarget<'_>) -> Vec<(u64, Result<(String, String), String>)> {
+    /// Each load's time is kept in `dir` (what the next rollout warns by, [`crate::engine::after_load::long_load`]).
+    async fn load_all(
+        &self,
+        before: &[(&Worker, Served)],
+        to: WeightsTarget<'_>,
+        dir: Option<&std::path::Path>,
+    ) -> Vec<(u64, Result<(String, String), String>)> {
         let limit = self.settings.rollout.ready_timeout;
         futures_util::future::join_all(before.iter().map(|(w, _)| async move {
             let t = Instant::now();
@@ -376,7 +377,11 @@ where
                 ),
                 Err(e) => Err(e),
             };
-            (t.elapsed().as_millis() as u64, r)
+            let ms = t.elapsed().as_millis() as u64;
+            if let (Some(dir), Ok(_)) = (dir, &r) {
+                let _ = crate::state::revisions::record_load(dir, &w.unit, ms);
+            }
+            (ms, r)
         }))
         .await
     }
@@ -404,96 +409,6 @@ where
             flushed.push(matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true)).then(|| "while paused".to_string()));
         }
         flushed
-    }
-
-    /// After a pause as long as a worker's `/health` timeout, a `/health` sent during it (the
-    /// gateway's check) failed and left the server UnHealthy (`/ready` 503, a SIGTERM then
-    /// force-exits): pdctl's own `/health` after the continue sets it Up again. Said in a note.
-    async fn healthy_again(&self, paused: &[&Worker], waited_ms: u64, notes: &mut Vec<String>) {
-        let mut said = Vec::new();
-        for w in paused {
-            let env = self.units.config(&w.unit).await.map(|c| c.environment).unwrap_or_default();
-            let limit = crate::sglang::health_check_timeout(&env);
-            if u128::from(waited_ms) < limit.as_millis() {
-                continue;
-            }
-            let h = self.probes.health(&w.url).await;
-            said.push(format!("{} ({})", w.unit, if h == Health::Up { "Up again".to_string() } else { format!("still not: {h:?}") }));
-            if said.len() == 1 {
-                notes.push(format!(
-                    "the pause ({}) was as long as SGLang's /health timeout ({}, {}): a /health sent during it — the gateway's health check — failed and marked the server UnHealthy (smg 1.13 drops a worker after 3 failed checks, 60 s apart); pdctl's /health after the continue:",
-                    crate::cause::dur(&std::time::Duration::from_millis(waited_ms)),
-                    crate::cause::dur(&limit),
-                    crate::sglang::HEALTH_CHECK_TIMEOUT_ENV
-                ));
-            }
-        }
-        if let Some(n) = notes.last_mut().filter(|_| !said.is_empty()) {
-            n.push(' ');
-            n.push_str(&said.join(", "));
-        }
-    }
-
-    /// Every worker not flushed while paused, flushed after the continue ([`Self::flush_under_load`]);
-    /// the first that could not be, with its failure.
-    async fn flush_after_continue(
-        &self,
-        before: &[(&Worker, Served)],
-        flushed: &mut [Option<String>],
-        modes: &[PauseMode],
-        limit: std::time::Duration,
-    ) -> Option<(String, Fail)> {
-        let mut stale_cache: Option<(String, Fail)> = None;
-        for (((w, _), f), mode) in before.iter().zip(flushed.iter_mut()).zip(modes).filter(|((_, f), _)| f.is_none()) {
-            *f = Some(match self.flush_under_load(w, *mode, limit).await {
-                Ok(how) => how,
-                Err(why) => {
-                    let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: unflushed(w, &why, limit) };
-                    stale_cache.get_or_insert((w.unit.clone(), Fail::from(cause)));
-                    format!("not flushed: {why}")
-                }
-            });
-        }
-        stale_cache
-    }
-
-    /// Flush `w`'s cache after the continue, under whatever load it serves (0.5.23 flushes only
-    /// a fully idle scheduler: requests running, a prefill's held rooms or chunked request, a
-    /// decode's PD queues keep it busy). Tried every 250 ms up to `limit`, each try a plain flush
-    /// and — for a worker paused `retract` — a short quiet window: paused alone (`retract`: what
-    /// runs is retracted and recomputed under the new weights, new requests wait at admission),
-    /// flushed (a retracted request does not count as running), continued at once. Says how it
-    /// was flushed, or why not.
-    async fn flush_under_load(&self, w: &Worker, mode: PauseMode, limit: std::time::Duration) -> Result<String, String> {
-        let t0 = Instant::now();
-        let mut last = String::from("refused: requests still running or waiting");
-        let mut windows = 0u32;
-        while t0.elapsed() < limit {
-            match self.probes.flush_cache(&w.url, limit).await {
-                Ok(true) => return Ok(format!("after the continue, {} ms later", t0.elapsed().as_millis())),
-                Ok(false) => {}
-                Err(e) => last = e.to_string(),
-            }
-            if mode == PauseMode::Retract {
-                windows += 1;
-                let p0 = Instant::now();
-                if let Err(e) = self.probes.pause(&w.url, PauseMode::Retract, limit).await {
-                    last = format!("its quiet window could not pause it: {e}");
-                } else {
-                    let flushed = matches!(self.probes.flush_cache(&w.url, limit).await, Ok(true));
-                    let held = p0.elapsed().as_millis();
-                    if let Err(e) = self.probes.resume(&w.url, limit).await {
-                        return Err(format!("it did not continue after a quiet window ({e}): continue it by hand (POST {}/continue_generation)", w.url));
-                    }
-                    if flushed {
-                        return Ok(format!("in a quiet window after the continue (paused retract {held} ms, window {windows})"));
-                    }
-                    last = format!("refused in {windows} quiet window(s) too: rooms held for a decode, or a decode's PD queues");
-                }
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
-        Err(last)
     }
 
     /// A worker's weights before: it must serve (`/health` 200) and say what it serves.
@@ -600,6 +515,34 @@ where
 
 /// The notes of new weights loaded and continued: that the units still name their old path (not
 /// a config rollout), and how long requests waited.
+/// Each worker's weights step ends: passed with its load and how its cache was flushed, or
+/// failed when its cache was not (`stale`).
+fn close_steps(
+    steps: Vec<(StepRun<'_>, &Worker, Served, PauseMode)>,
+    loads: &[Load],
+    flushed: Vec<Option<String>>,
+    stale: Option<&(String, Fail)>,
+    to: WeightsTarget<'_>,
+    waited: u64,
+) {
+    for (((s, w, served, mode), (load_ms, r)), cache) in steps.into_iter().zip(loads).zip(flushed) {
+        let (message, version) = r.as_ref().map(|(m, v)| (m.clone(), v.clone())).unwrap_or_default();
+        let detail = detail_of(&Loaded {
+            from: Weights { model_path: &served.0, weight_version: &served.1, message: None },
+            to: Weights { model_path: to.model_path, weight_version: &version, message: None },
+            load_ms: *load_ms,
+            pause: mode.as_str(),
+            paused_ms: waited,
+            message: &message,
+            cache_flushed: cache,
+        });
+        match stale {
+            Some((unit, f)) if *unit == w.unit => s.fail(&Fail { cause: f.cause.clone(), detail, unit: None }),
+            _ => s.pass(detail),
+        }
+    }
+}
+
 fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
     if !to.config {
         notes.push(format!(
@@ -613,20 +556,18 @@ fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
     ));
 }
 
-/// The sentence of a worker whose cache could not be flushed after a load.
-fn unflushed(w: &Worker, why: &str, limit: std::time::Duration) -> String {
-    format!(
-        "its prefix cache was not flushed within {} after the load ({why}): it serves the new weights, but prompts whose prefix it cached before may be answered from KV the old weights computed until evicted; flush it when it is idle (curl -X POST {}/flush_cache), or restart it through every gate (pdctl restart --rolling --unit {})",
-        crate::cause::dur(&limit),
-        w.url,
-        w.unit
-    )
-}
-
 #[cfg(test)]
 mod detail_tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_load_as_long_as_the_health_timeout_is_said_before_the_pause() {
+        use std::time::Duration;
+        assert_eq!(crate::engine::after_load::long_load("d.service", Duration::from_secs(5), Duration::from_secs(20)), None);
+        let said = crate::engine::after_load::long_load("d.service", Duration::from_secs(34), Duration::from_secs(20)).expect("34 s ≥ 20 s");
+        assert!(said.starts_with("d.service: its last load of new weights took 34") && said.contains("(20") && said.contains("3 failed checks"), "{said}");
+    }
 
     #[test]
     fn the_weights_details_have_the_keys_of_the_contract() {

@@ -229,6 +229,30 @@ pub fn record_window(dir: &Path, unit: &str, window_ms: u64) -> std::io::Result<
     atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)
 }
 
+/// How long a worker's last load of new weights in place took (`/update_weights_from_disk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadTime {
+    /// The load, in milliseconds.
+    pub ms: u64,
+    /// When (seconds since the epoch).
+    pub at: u64,
+}
+
+fn load_path(dir: &Path, unit: &str) -> PathBuf {
+    dir.join(format!("{}.load.json", unit.replace('/', "_")))
+}
+
+/// Record how long `unit`'s load of new weights took.
+pub fn record_load(dir: &Path, unit: &str, ms: u64) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(&LoadTime { ms, at: now() }).map_err(std::io::Error::other)?;
+    atomic_write(&load_path(dir, unit), &bytes, STATE_FILE_MODE)
+}
+
+/// How long `unit`'s last load of new weights took, if one was measured.
+pub fn last_load(dir: &Path, unit: &str) -> Option<LoadTime> {
+    serde_json::from_slice(&std::fs::read(load_path(dir, unit)).ok()?).ok()
+}
+
 /// How long `unit`'s last verified start took, if one was measured.
 pub fn last_start(dir: &Path, unit: &str) -> Option<StartTime> {
     serde_json::from_slice(&std::fs::read(start_path(dir, unit)).ok()?).ok()
