@@ -54,7 +54,9 @@ pub struct RankId(Vec<(&'static str, String)>);
 
 impl RankId {
     fn of(s: &crate::prom::Sample) -> RankId {
-        RankId(RANK_LABELS.iter().filter_map(|k| s.label(k).map(|v| (*k, v.to_string()))).collect())
+        // A worker's label values reach sentences and records: no control characters.
+        let clean = |v: &str| v.chars().map(|c| if c.is_control() { '?' } else { c }).collect::<String>();
+        RankId(RANK_LABELS.iter().filter_map(|k| s.label(k).map(|v| (*k, clean(v)))).collect())
     }
 
     /// The group of ranks that log one set of stats together: the same `dp_rank` and `pp_rank`

@@ -40,26 +40,25 @@ where
     /// force-exits): pdctl's own `/health` after the continue sets it Up again. Said in a note.
     pub(in crate::engine) async fn healthy_again(&self, paused: &[&Worker], waited_ms: u64, notes: &mut Vec<String>) {
         let mut said = Vec::new();
+        let mut shortest: Option<std::time::Duration> = None;
         for w in paused {
             let env = self.units.config(&w.unit).await.map(|c| c.environment).unwrap_or_default();
             let limit = crate::sglang::health_check_timeout(&env);
             if u128::from(waited_ms) < limit.as_millis() {
                 continue;
             }
+            shortest = Some(shortest.map_or(limit, |s| s.min(limit)));
             let h = self.probes.health(&w.url).await;
             said.push(format!("{} ({})", w.unit, if h == Health::Up { "Up again".to_string() } else { format!("still not: {h:?}") }));
-            if said.len() == 1 {
-                notes.push(format!(
-                    "the pause ({}) was as long as SGLang's /health timeout ({}, {}): a /health sent during it — the gateway's health check — failed and marked the server UnHealthy (smg 1.13 drops a worker after 3 failed checks, 60 s apart); pdctl's /health after the continue:",
-                    crate::cause::dur(&std::time::Duration::from_millis(waited_ms)),
-                    crate::cause::dur(&limit),
-                    crate::sglang::HEALTH_CHECK_TIMEOUT_ENV
-                ));
-            }
         }
-        if let Some(n) = notes.last_mut().filter(|_| !said.is_empty()) {
-            n.push(' ');
-            n.push_str(&said.join(", "));
+        if let Some(limit) = shortest {
+            notes.push(format!(
+                "the pause ({}) was as long as SGLang's /health timeout ({}, {}): a /health sent during it — the gateway's health check — failed and marked the server UnHealthy (smg 1.13 drops a worker after 3 failed checks, 60 s apart); pdctl's /health after the continue: {}",
+                crate::cause::dur(&std::time::Duration::from_millis(waited_ms)),
+                crate::cause::dur(&limit),
+                crate::sglang::HEALTH_CHECK_TIMEOUT_ENV,
+                said.join(", ")
+            ));
         }
     }
 

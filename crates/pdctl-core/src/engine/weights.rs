@@ -307,10 +307,8 @@ where
     /// place); the first that cannot be paused fails, and those paused before it continue.
     async fn pause_all<'w>(&self, before: &[(&'w Worker, Served)], sink: &'w Sink, notes: &mut Vec<String>) -> Result<Paused<'w>, crate::events::Failure> {
         let pause_limit = self.settings.rollout.health_timeout;
-        let mut modes = Vec::new();
-        for (w, _) in before {
-            modes.push(self.pause_mode(w).await);
-        }
+        let keyed = self.a_paired_prefill_is_keyed(before.iter().map(|(w, _)| *w)).await;
+        let modes: Vec<PauseMode> = before.iter().map(|(w, _)| pause_mode(w, keyed)).collect();
         if modes.contains(&PauseMode::InPlace) {
             notes.push(IN_PLACE_NOTE.to_string());
         }
@@ -422,24 +420,20 @@ where
             .map_err(|e| Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("its /model_info cannot be read ({e}): nothing was paused") }))
     }
 
-    /// How `w` is paused: `retract` (its requests in flight are recomputed under the new
-    /// weights), except a decode when a prefill it may pair with has an API key — then
-    /// `in_place` (see [`IN_PLACE_NOTE`]). Every such prefill counts: this host's (by its
-    /// configured key) and, in a fleet, every other host's the gateway lists (one that answers
-    /// 401 to a call without a key has one).
-    async fn pause_mode(&self, w: &Worker) -> PauseMode {
-        if w.role != Role::Decode {
-            return PauseMode::Retract;
-        }
+    /// Whether a prefill the decodes among `workers` may pair with has an API key (their
+    /// [`pause_mode`]): this host's, by its configured key, and in a fleet every other host's
+    /// the gateway lists (one that answers 401 to a call without a key has one). Asked once.
+    async fn a_paired_prefill_is_keyed<'w>(&self, mut workers: impl Iterator<Item = &'w Worker>) -> bool {
         if self.settings.workers.iter().any(|p| p.role == Role::Prefill && p.api_key.is_some()) {
-            return PauseMode::InPlace;
+            return true;
         }
-        for (p, _) in gates::slot::remote_peers(self, w).await {
+        let Some(decode) = workers.find(|w| w.role == Role::Decode) else { return false };
+        for (p, _) in gates::slot::remote_peers(self, decode).await {
             if matches!(self.probes.auth(&p.url).await, crate::ports::Auth::Rejected { .. }) {
-                return PauseMode::InPlace;
+                return true;
             }
         }
-        PauseMode::Retract
+        false
     }
 
     /// Continue every paused worker; the first that did not continue (all are tried).
@@ -458,10 +452,11 @@ where
     /// each a `rollback` step; then every one of them continues.
     async fn put_back(&self, before: &[(&Worker, Served)], loaded: &[&Worker], running: bool, sink: &Sink, notes: &mut Vec<String>) {
         let mut paused = Vec::new();
+        let keyed = running && self.a_paired_prefill_is_keyed(loaded.iter().copied()).await;
         for (w, (path, version)) in before.iter().filter(|(w, _)| loaded.iter().any(|l| l.unit == w.unit)) {
             let s = StepRun::start(sink, &w.unit, Step::Rollback);
             if running {
-                if let Err(e) = self.probes.pause(&w.url, self.pause_mode(w).await, self.settings.rollout.health_timeout).await {
+                if let Err(e) = self.probes.pause(&w.url, pause_mode(w, keyed), self.settings.rollout.health_timeout).await {
                     notes.push(format!("{} could not be paused to take its previous weights back ({e}): it still serves {}", w.unit, path));
                 }
             }
@@ -515,6 +510,17 @@ where
 
 /// The notes of new weights loaded and continued: that the units still name their old path (not
 /// a config rollout), and how long requests waited.
+/// How `w` is paused: `retract` (its requests in flight are recomputed under the new weights),
+/// except a decode when a prefill it may pair with has an API key (`keyed`) — then `in_place`
+/// (see [`IN_PLACE_NOTE`]).
+fn pause_mode(w: &Worker, keyed: bool) -> PauseMode {
+    if w.role == Role::Decode && keyed {
+        PauseMode::InPlace
+    } else {
+        PauseMode::Retract
+    }
+}
+
 /// Each worker's weights step ends: passed with its load and how its cache was flushed, or
 /// failed when its cache was not (`stale`).
 fn close_steps(

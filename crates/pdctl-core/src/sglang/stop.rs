@@ -136,9 +136,8 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
                 .to_string()
         };
         format!(
-            "the stop took {took} and was not a drain: {because}, so SGLang force-exited at its first {} s watchdog check without waiting for the requests in flight (\"{}\")",
+            "the stop took {took} and was not a drain: {because}, so SGLang force-exited at its first {} s watchdog check without waiting for the requests in flight (it logged \"{FORCE_EXIT_MARK}\")",
             WATCHDOG_PERIOD.as_secs(),
-            line.trim()
         )
     } else if start.is_none() {
         format!("the stop took {took}; the server logged no SIGTERM drain (it exited without waiting for requests)")
