@@ -565,8 +565,10 @@ fn the_only_decode_serves_through_its_stop_until_its_drain_check_on_sglang_route
 
 /// smg 1.13 as installed (its source: `HealthCheckUpdate` in `crates/protocols/src/worker.rs`,
 /// `workflow/steps/local/update_worker_properties.rs` and `drain_workers.rs`): `PATCH
-/// /workers/{id}` `{"health": {"drain_settle_secs": 0}}`, sent as pdctl sends it right before a
-/// `DELETE` (an update smg queues as a job, `202`), is applied before that `DELETE`'s drain step:
+/// /workers/{id}` `{"health": {"drain_settle_secs": 0}}` as pdctl sends it: smg queues it as a
+/// job (`202`) and runs its jobs concurrently, so the `DELETE` waits until the worker's entry no
+/// longer lists the update's job (sent at once, it may drain at the old settle: this test failed
+/// so once on a loaded machine). Then
 /// the prefill is removed at once, while the decode, left at the default 5 s and deleted right
 /// after it, is still listed `draining` when the prefill is gone. (That the rebuilt entry keeps
 /// the prefill's bootstrap port: PD requests through it while it drains are answered,
@@ -587,6 +589,17 @@ fn smg_1_13_removes_a_worker_patched_to_drain_settle_0_at_once() {
     let status = |req: reqwest::RequestBuilder| rt.block_on(async { req.send().await.map(|x| x.status().as_u16()).unwrap_or(0) });
     let patched = status(c.patch(format!("{r}/workers/{pid}")).json(&serde_json::json!({"health": {"drain_settle_secs": 0}})));
     assert_eq!(patched, 202, "smg queues the update as a job");
+    // smg runs its jobs concurrently: pdctl deletes only once the update's job is gone from
+    // the worker's entry (applied), and so does this test.
+    let job = || {
+        let (_, b) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{r}/workers/{pid}")).expect("the gateway answers");
+        serde_json::from_str::<serde_json::Value>(&b).ok().map(|v| v["job_status"].clone()).unwrap_or_default()
+    };
+    assert!(
+        pdctl_tests::until(Duration::from_secs(10), Duration::from_millis(20), || job()["job_type"] != "UpdateWorker"),
+        "smg applied the update: {}",
+        job()
+    );
     assert_eq!((status(c.delete(format!("{r}/workers/{pid}"))), status(c.delete(format!("{r}/workers/{did}")))), (202, 202));
     let t0 = Instant::now();
     while entry(&stack.prefill.url).is_some() {

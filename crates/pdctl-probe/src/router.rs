@@ -170,15 +170,26 @@ impl Router {
     /// next `DELETE` keeps the worker listed `draining` before removing it (5 s by default; a
     /// partial health update, `HealthCheckUpdate` in smg's `crates/protocols/src/worker.rs`,
     /// applied by the `update_worker_properties` workflow step, which keeps the worker's type,
-    /// bootstrap port and status). smg answers 202 and applies it as a job. sglang-router 0.3.2
-    /// has no such route and no settle.
+    /// bootstrap port and status). smg answers 202 and applies it as a job, and runs its jobs
+    /// concurrently (`workflow/job_queue.rs`): a `DELETE` sent before the update's job is done
+    /// may drain at the old settle. So `Ok` only once `GET /workers/{id}` no longer lists the
+    /// update's job (smg drops a job's `job_status` when it succeeds and keeps a failed one),
+    /// within [`SETTLE_APPLIED_WITHIN`]. sglang-router 0.3.2 has no such route and no settle.
     pub async fn set_drain_settle(&self, http: &Http, id: &str, secs: u64) -> Result<(), HttpError> {
         let u = format!("{}/workers/{id}", self.url.trim_end_matches('/'));
         let (status, body) = http.patch_json(&u, &json!({"health": {"drain_settle_secs": secs}})).await?;
-        if (200..300).contains(&status) {
-            Ok(())
-        } else {
-            Err(HttpError::Status { url: u, status, body: snippet(&body) })
+        if !(200..300).contains(&status) {
+            return Err(HttpError::Status { url: u, status, body: snippet(&body) });
+        }
+        let t0 = tokio::time::Instant::now();
+        loop {
+            let entry = http.get_json(&u).await?;
+            match update_job(&entry) {
+                UpdateJob::Done => return Ok(()),
+                UpdateJob::Failed(why) => return Err(HttpError::Status { url: u, status: 202, body: format!("the update's job failed: {}", snippet(&why)) }),
+                UpdateJob::Running if t0.elapsed() >= SETTLE_APPLIED_WITHIN => return Err(HttpError::Timeout { url: u, after: SETTLE_APPLIED_WITHIN }),
+                UpdateJob::Running => tokio::time::sleep(Duration::from_millis(25)).await,
+            }
         }
     }
 
@@ -207,9 +218,46 @@ impl Router {
     }
 }
 
+/// How long smg may take to apply a `drain_settle_secs` update (its job takes milliseconds
+/// on an idle gateway).
+pub const SETTLE_APPLIED_WITHIN: Duration = Duration::from_secs(3);
+
+/// Where smg's `UpdateWorker` job stands, as one `GET /workers/{id}` entry says.
+#[derive(Debug, PartialEq, Eq)]
+enum UpdateJob {
+    /// Pending or processing.
+    Running,
+    /// Gone (done) or another job's status now.
+    Done,
+    /// Failed, with smg's message.
+    Failed(String),
+}
+
+fn update_job(entry: &Value) -> UpdateJob {
+    let job = &entry["job_status"];
+    if job["job_type"].as_str() != Some("UpdateWorker") {
+        return UpdateJob::Done;
+    }
+    match job["status"].as_str() {
+        Some("failed") => UpdateJob::Failed(job["message"].as_str().unwrap_or("no message").to_string()),
+        Some("pending") | Some("processing") => UpdateJob::Running,
+        _ => UpdateJob::Done,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_settle_update_is_applied_once_smg_no_longer_lists_its_job() {
+        let job = |t: &str, st: &str| json!({"id": "w", "job_status": {"job_type": t, "status": st, "message": "boom"}});
+        assert_eq!(update_job(&job("UpdateWorker", "pending")), UpdateJob::Running);
+        assert_eq!(update_job(&job("UpdateWorker", "processing")), UpdateJob::Running);
+        assert_eq!(update_job(&job("UpdateWorker", "failed")), UpdateJob::Failed("boom".into()));
+        assert_eq!(update_job(&json!({"id": "w"})), UpdateJob::Done);
+        assert_eq!(update_job(&job("RemoveWorker", "processing")), UpdateJob::Done);
+    }
 
     #[test]
     fn the_gateways_answers_are_counted_and_its_5xx_are_the_failed_ones() {
