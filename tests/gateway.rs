@@ -168,12 +168,14 @@ fn long_request(stack: &Stack) -> std::thread::JoinHandle<Option<u16>> {
 /// SGLang 0.5.23's stop waits for the requests the drain left (its SIGTERM watchdog checks every
 /// 5 s): the restart job lasts that long, the request finishes, and the restart step says why. The
 /// decode is the only one of its role, yet its drain is not deferred to the stop: it runs a
-/// request, and its TimeoutStopSec (10 s) alone would give it less time than drain_timeout (10 s)
-/// and then the stop.
+/// request. Margins that hold on a loaded machine: the request decodes for ~25 s, the drain waits
+/// 10 s after pdctl's preflight (seconds on a loaded machine), so 5-15 s are left at SIGTERM —
+/// more than the 5 s to the server's first check (a ~16 s request left 1 s of margin: it failed
+/// once beside a second suite), less than the unit's `TimeoutStopSec=40`.
 #[test]
 fn the_stop_waits_for_what_the_drain_left_and_the_restart_step_says_why() {
-    let (stack, config, d) = up(StackOptions::default());
-    let load = long_request(&stack);
+    let (stack, config, d) = up(StackOptions { timeout_stop_secs: 40, ..Default::default() });
+    let load = request_in_flight(&stack, 5000);
     let r = run(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let drain = &r.event(D, "drain", "passed")["detail"];
@@ -563,16 +565,12 @@ fn the_only_decode_serves_through_its_stop_until_its_drain_check_on_sglang_route
     the_only_worker_serves_through_its_stop_until_its_drain_check(Gateway::SglangRouter032, D);
 }
 
-/// smg 1.13 as installed (its source: `HealthCheckUpdate` in `crates/protocols/src/worker.rs`,
-/// `workflow/steps/local/update_worker_properties.rs` and `drain_workers.rs`): `PATCH
-/// /workers/{id}` `{"health": {"drain_settle_secs": 0}}` as pdctl sends it: smg queues it as a
-/// job (`202`) and runs its jobs concurrently, so the `DELETE` waits until the worker's entry no
-/// longer lists the update's job (sent at once, it may drain at the old settle: this test failed
-/// so once on a loaded machine). Then
-/// the prefill is removed at once, while the decode, left at the default 5 s and deleted right
-/// after it, is still listed `draining` when the prefill is gone. (That the rebuilt entry keeps
-/// the prefill's bootstrap port: PD requests through it while it drains are answered,
-/// `the_only_prefill_serves_through_its_stop_until_its_drain_check_on_smg_1_13`.)
+/// smg 1.13 as installed (`HealthCheckUpdate` in its `crates/protocols/src/worker.rs`,
+/// `update_worker_properties.rs`, `drain_workers.rs`): `PATCH /workers/{id}` `{"health":
+/// {"drain_settle_secs": 0}}` is a job (`202`) run concurrently with others, so the `DELETE`
+/// waits until the entry no longer lists it, as pdctl does (sent at once it drained at the old
+/// settle once on a loaded machine). Then the prefill is removed at once, while the decode, at
+/// the default 5 s and deleted right after it, is still `draining` when the prefill is gone.
 #[test]
 fn smg_1_13_removes_a_worker_patched_to_drain_settle_0_at_once() {
     let (stack, _config) = pdctl_tests::stack_with_config(&StackOptions { gateway: Gateway::Smg113, ..Default::default() });
@@ -589,8 +587,6 @@ fn smg_1_13_removes_a_worker_patched_to_drain_settle_0_at_once() {
     let status = |req: reqwest::RequestBuilder| rt.block_on(async { req.send().await.map(|x| x.status().as_u16()).unwrap_or(0) });
     let patched = status(c.patch(format!("{r}/workers/{pid}")).json(&serde_json::json!({"health": {"drain_settle_secs": 0}})));
     assert_eq!(patched, 202, "smg queues the update as a job");
-    // smg runs its jobs concurrently: pdctl deletes only once the update's job is gone from
-    // the worker's entry (applied), and so does this test.
     let job = || {
         let (_, b) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{r}/workers/{pid}")).expect("the gateway answers");
         serde_json::from_str::<serde_json::Value>(&b).ok().map(|v| v["job_status"].clone()).unwrap_or_default()

@@ -31,21 +31,34 @@ fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_
     // The stack's config accepts outages; this host does not.
     std::fs::write(config.parent().expect("dir").join("config.d/41-no-outage.toml"), "[rollout]\nallow_outage = false\n").expect("fragment");
 
-    // The dry run says the order and touches nothing.
+    // Alone behind its gateway: the dry run runs the drain's own preflight and predicts its
+    // refusal (it used to say `"refused": null`, exit 0), decodes first, touching nothing.
     let sock = d.socket.display().to_string();
     let (code, out, err) = pdctl(&config, &["host", "drain", "--dry-run", "--json", "--socket", &sock]);
-    assert_eq!(code, 0, "{out}{err}");
-    let plan: Value = serde_json::from_str(out.trim()).expect("one JSON object");
-    assert_eq!(plan["order"], serde_json::json!([D, P]), "decodes first: {plan}");
-    assert_eq!(plan["refused"], Value::Null, "{plan}");
+    let lines: Vec<Value> = out.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let dry = lines.last().cloned().unwrap_or_default();
+    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(dry["failed"]["cause_code"], "only_worker_of_role", "{out}");
+    let order: Vec<&str> = lines.iter().filter(|e| e["step"] == "preflight" && e["status"] == "started").filter_map(|e| e["unit"].as_str()).collect();
+    assert_eq!(order, [D], "decodes first, and the decode is the first refused: {out}");
 
-    // Alone behind its gateway: refused, nothing touched.
+    // The drain itself: refused the same way, nothing touched; its sentence speaks of the
+    // reboot and its `next` is the same verb with what it lacks (it used to suggest a restart).
     let r = cli(&d, &config, &["host", "drain", "--json"]);
     assert_eq!(r.code, 2, "{:#}", r.summary);
     assert_eq!(r.summary["failed"]["cause_code"], "only_worker_of_role", "{:#}", r.summary);
+    assert_eq!(r.summary["failed"]["cause_code"], dry["failed"]["cause_code"], "the dry run said it");
+    let cause = r.summary["failed"]["cause"].as_str().unwrap_or_default();
+    assert!(cause.contains("reboot") && cause.contains("the gateway admits 0 other decode worker(s) of 1 it lists"), "{cause}");
+    let next = r.summary["failed"]["next"].as_str().unwrap_or_default();
+    assert!(next.starts_with("`pdctl host drain --allow-outage`"), "{next}");
     assert_eq!((s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d")), before, "a refusal restarts nothing");
     assert_eq!(host_status(&d)["maintenance"], Value::Null, "a refusal records nothing");
+    let (code, out, err) = pdctl(&config, &["host", "drain", "--dry-run", "--allow-outage", "--socket", &sock]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.lines().last().is_some_and(|l| l.contains("next: pdctl host drain --allow-outage")), "{out}");
 
+    // The `next` it gave, run (with a reason).
     let r = cli(&d, &config, &["host", "drain", "--allow-outage", "--reason", "kernel 6.8.0-51", "--json"]);
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
     for u in [P, D] {
@@ -63,6 +76,17 @@ fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_
     let (code, out, _) = pdctl(&config, &["host", "drain", "--dry-run", "--socket", &sock]);
     assert_eq!(code, 4, "{out}");
     assert!(out.lines().last().is_some_and(|l| l.contains("refused") && l.contains("next: pdctl host status")), "{out}");
+
+    // The host in maintenance is said everywhere: a restart's dry run is refused as the
+    // restart is (it used to say `peer_role_down`, exit 1), and `pdctl status` says why its
+    // workers do not serve and what to do (it used to say "idle" and `next: pdctl check`).
+    let (code, out, _) = pdctl(&config, &["restart", "--rolling", "--dry-run", "--socket", &sock]);
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("in maintenance"), "{out}");
+    let (code, out, _) = pdctl(&config, &["status", "--socket", &sock]);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(last.contains("this host is in maintenance (down") && last.contains("next: `pdctl host status`"), "{out}");
 
     // Nothing else is rolled on a host in maintenance.
     let r = cli(&d, &config, &["restart", "--rolling", "--json"]);
@@ -264,6 +288,20 @@ fn pdctld_sigkilled_mid_host_drain_brings_the_host_back_at_its_next_start() {
     assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("host_resume"), Some("succeeded")), "{rec:#}");
     assert!(passed(&rec, D, "start") && passed(&rec, D, "ready"), "the stopped decode started and ready again: {rec:#}");
     assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2, "both admitted again");
+    // The cut drain is over: its record says what pdctld's start did, and pasting `rollout
+    // resume` of it (what the cut CLI suggested) is refused, naming `pdctl host drain`, and
+    // stops nothing — it used to print "✓ succeeded … all 0 unit(s) restarted and verified".
+    let (_, list) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    let drain = list["rollouts"].as_array().and_then(|a| a.iter().find(|r| r["kind"] == "host_drain")).expect("the drain's record").clone();
+    let id = drain["id"].as_str().expect("id");
+    let (_, rec) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert!(rec["notes"].to_string().contains("this drain is over"), "the drain's record says it was undone: {rec:#}");
+    let r = cli(&d, &config, &["rollout", "resume", id, "--json"]);
+    assert_ne!(r.code, 0, "{:#} {}", r.summary, r.stderr);
+    assert!(format!("{} {}", r.summary, r.stderr).contains("pdctl host drain"), "the refusal names the verb: {:#} {}", r.summary, r.stderr);
+    for u in [P, D] {
+        assert_eq!(s.show(u, "ActiveState").expect("state"), "active", "{u} still serves");
+    }
 }
 
 /// A reboot that lost the journal and set the clock back. A volatile journal
@@ -355,4 +393,40 @@ fn a_host_whose_decode_fails_after_its_reboot_keeps_its_slots_and_the_next_host_
     assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
     assert!(host_status(da)["maintenance"].is_null());
     assert!(!fleet_status(ca)["slots"].to_string().contains("(host maintenance)"), "a's slots are given back");
+}
+
+/// One answer to "is this the only worker of its role?": a second pair behind the same gateway
+/// stands for another host's (pdctld knows this host's pair only), `allow_outage = false`. A
+/// restart of this host's prefill and a drain of this host count the other host's admitted
+/// prefill alike and go ahead (the restart used to be refused as "the only prefill worker" while
+/// the drain of both was allowed); with that prefill out of the gateway both refuse, each saying
+/// the count it used.
+#[test]
+fn a_prefill_on_another_host_counts_for_a_restart_and_a_host_drain_alike() {
+    let (s, config, d) = pdctl_tests::stack_with_pdctld_opts(&pdctl_tests::pdctl_sandbox::stack::StackOptions { pairs: 2, ..Default::default() });
+    for path in [config.clone(), d.config.clone()] {
+        let text = std::fs::read_to_string(&path).expect("config");
+        std::fs::write(&path, pdctl_tests::config_with_only(&text, &[P, D])).expect("config");
+    }
+    std::fs::write(config.parent().expect("dir").join("config.d/41-no-outage.toml"), "[rollout]\nallow_outage = false\n").expect("fragment");
+    s.sandbox.systemctl(&["restart", &d.unit]).expect("pdctld starts again with this host's pair");
+    assert!(until(LIMIT, || pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"] == false), "pdctld started");
+    let sock = d.socket.display().to_string();
+
+    let r = cli(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "the other host's prefill serves: {:#} {}", r.summary, r.stderr);
+    let (code, out, err) = pdctl(&config, &["host", "drain", "--dry-run", "--socket", &sock]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    let router = s.router.clone().expect("router").url;
+    let other = s.workers().into_iter().find(|w| w.role == "prefill" && w.unit != P).expect("the other prefill").clone();
+    pdctl_tests::gateway_worker(&router, &other, false);
+    let counted = "the gateway admits 0 other prefill worker(s) of 1 it lists";
+    let (code, out, _) = pdctl(&config, &["restart", "--rolling", "--unit", P, "--dry-run", "--socket", &sock]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains(counted), "{out}");
+    let (code, out, _) = pdctl(&config, &["host", "drain", "--dry-run", "--socket", &sock]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains(counted), "{out}");
+    assert!(healthy_on(&router).len() == 3, "nothing else was touched");
 }

@@ -351,6 +351,8 @@ const MAX_FN_LINES: usize = 100;
 /// A table reads best whole; anything else is split instead of added here.
 const LONG_ALLOWED: &[(&str, &str)] = &[
     ("crates/pdctl-contract/src/cause/sentence.rs::sentence", "one match arm per cause: the table of every refusal's sentence"),
+    ("crates/pdctl-contract/src/cause/examples.rs::examples", "one line per cause: the table of sample causes the docs' tables are held to"),
+    ("crates/pdctl-contract/src/next.rs::next_step", "one match arm per cause: the table of every refusal's next step"),
     ("crates/pdctl-core/src/config/merge.rs::merge", "one line per config key a fragment may override: the table of overrides"),
     ("crates/sglang-sim/src/args.rs::parse", "one match arm per SGLang flag the simulator takes: the table of flags"),
 ];

@@ -8,6 +8,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 pub use pdctl_sandbox;
+pub mod capacity;
 pub mod fleet_hosts;
 pub mod fleet_sim;
 pub mod host_maintenance;
@@ -433,6 +434,19 @@ pub fn kill_and_wait(stack: &pdctl_sandbox::stack::Stack, unit: &str) {
 pub struct Load {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<(u64, u64)>>,
+    answers: std::sync::Arc<std::sync::Mutex<Vec<Answer>>>,
+}
+
+/// One request of a [`Load`]: when it was sent (seconds after the load started), how long its
+/// answer took (seconds) and whether it succeeded.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer {
+    /// Sent this long after the start.
+    pub sent_at: f64,
+    /// Its answer this long after it was sent (or its failure).
+    pub took: f64,
+    /// 2xx.
+    pub ok: bool,
 }
 
 impl Load {
@@ -453,6 +467,8 @@ impl Load {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let url = format!("{router}/generate");
+        let answers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = answers.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
             rt.block_on(async move {
@@ -461,11 +477,14 @@ impl Load {
                 let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
                 let mut tasks = Vec::new();
                 let mut n: u64 = 0;
+                let t0 = std::time::Instant::now();
                 while !flag.load(Ordering::SeqCst) {
                     tick.tick().await;
                     n += 1;
-                    let (c, url, sent, failed, key, prefix) = (c.clone(), url.clone(), sent.clone(), failed.clone(), key.clone(), prefix.clone());
+                    let (c, url, sent, failed, key, prefix, log) =
+                        (c.clone(), url.clone(), sent.clone(), failed.clone(), key.clone(), prefix.clone(), log.clone());
                     tasks.push(tokio::spawn(async move {
+                        let at = std::time::Instant::now();
                         sent.fetch_add(1, Ordering::SeqCst);
                         // Prompts that share no prefix, as real traffic mostly does: smg's default
                         // cache-aware policy sends prompts with a common prefix to one worker.
@@ -483,6 +502,10 @@ impl Load {
                         if !ok {
                             failed.fetch_add(1, Ordering::SeqCst);
                         }
+                        let answer = Answer { sent_at: at.duration_since(t0).as_secs_f64(), took: at.elapsed().as_secs_f64(), ok };
+                        if let Ok(mut l) = log.lock() {
+                            l.push(answer);
+                        }
                     }));
                 }
                 for t in tasks {
@@ -491,13 +514,21 @@ impl Load {
                 (sent.load(Ordering::SeqCst), failed.load(Ordering::SeqCst))
             })
         });
-        Load { stop, thread: Some(thread) }
+        Load { stop, thread: Some(thread), answers }
     }
 
     /// Stop sending, wait for the answers in flight; `(sent, failed)`.
-    pub fn stop(mut self) -> (u64, u64) {
+    pub fn stop(self) -> (u64, u64) {
+        let (sent, failed, _) = self.stop_with_answers();
+        (sent, failed)
+    }
+
+    /// [`Load::stop`], with every request's [`Answer`] in the order they came back.
+    pub fn stop_with_answers(mut self) -> (u64, u64, Vec<Answer>) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.thread.take().and_then(|t| t.join().ok()).unwrap_or((0, 0))
+        let (sent, failed) = self.thread.take().and_then(|t| t.join().ok()).unwrap_or((0, 0));
+        let answers = self.answers.lock().map(|a| a.clone()).unwrap_or_default();
+        (sent, failed, answers)
     }
 }
 
@@ -606,4 +637,40 @@ pub fn human(d: &pdctl_sandbox::stack::Pdctld, config: &std::path::Path, args: &
 pub fn ready(url: &str) -> u16 {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async { http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
+}
+
+/// pdctld's config `text` with only the `[[worker]]` tables of `units`: the others then stand
+/// for another host's workers behind the same gateway.
+pub fn config_with_only(text: &str, units: &[&str]) -> String {
+    let first = text.find("[[worker]]").unwrap_or(text.len());
+    let (head, rest) = text.split_at(first);
+    let tail_at = rest.find("\n[rollout]").map(|i| i + 1).unwrap_or(rest.len());
+    let (workers, tail) = rest.split_at(tail_at);
+    let kept: String =
+        workers.split("[[worker]]").filter(|b| units.iter().any(|u| b.contains(&format!("unit = \"{u}\"")))).map(|b| format!("[[worker]]{b}")).collect();
+    format!("{head}{kept}{tail}")
+}
+
+/// Take `w` out of smg at `router` (`DELETE /workers/{id}`, waited until it is no longer
+/// listed) or put it back (`POST /workers` with its type and bootstrap port).
+pub fn gateway_worker(router: &str, w: &pdctl_sandbox::stack::Worker, admit: bool) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let listed = || {
+        let (_, b) = pdctl_sandbox::stack::http_get(&format!("{router}/workers")).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap_or(serde_json::Value::Null);
+        v["workers"].as_array().and_then(|ws| ws.iter().find(|x| x["url"] == w.url.as_str()).cloned())
+    };
+    if admit {
+        let mut body = serde_json::json!({"url": w.url, "worker_type": w.role});
+        if let Some(b) = w.bootstrap_port {
+            body["bootstrap_port"] = serde_json::json!(b);
+        }
+        let status = rt.block_on(async { http().post(format!("{router}/workers")).json(&body).send().await.map(|r| r.status().as_u16()).unwrap_or(0) });
+        assert!((200..300).contains(&status), "smg took {} back: {status}", w.url);
+    } else {
+        let id = listed().and_then(|x| x["id"].as_str().map(String::from)).expect("listed");
+        let status = rt.block_on(async { http().delete(format!("{router}/workers/{id}")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) });
+        assert!((200..300).contains(&status), "smg let {} go: {status}", w.url);
+        assert!(until(Duration::from_secs(30), Duration::from_millis(100), || listed().is_none()), "smg no longer lists {}", w.url);
+    }
 }

@@ -37,6 +37,9 @@ impl Cause {
             Cause::JournalUnreadable { .. } => "`journalctl -n 1` as pdctld's user (the journal must be readable), then `pdctl check`".into(),
             Cause::EventSourceClosed { .. } => format!("`pdctl status`, then {}", retry(unit)),
             Cause::MetricsDisabled { unit } => format!("add --enable-metrics to {unit}'s ExecStart (a drop-in), then `pdctl rollout apply`"),
+            Cause::OnlyWorkerOfRole { role, host_drain: true, .. } => {
+                format!("`pdctl host drain --allow-outage` to accept the outage until the host is back, or add a {role} worker on another host")
+            }
             Cause::OnlyWorkerOfRole { unit, role, .. } => {
                 format!("`pdctl restart --rolling --unit {unit} --allow-outage` to accept the outage, or add a second {role} worker")
             }

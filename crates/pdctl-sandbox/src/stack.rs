@@ -31,6 +31,8 @@ pub struct StackOptions {
     /// `KillMode=` of the worker units: `mixed` (SIGTERM to the main process only: SGLang
     /// drains), or systemd's default `control-group` to show what that does.
     pub kill_mode: &'static str,
+    /// `TimeoutStopSec=` of the simulated worker units (10 s by default).
+    pub timeout_stop_secs: u32,
     /// A `config.json` for the simulated model directory (e.g. a DeepSeek-V4 architecture,
     /// whose page size SGLang 0.5.23 resolves to 256 whatever `--page-size` says).
     pub model_config: Option<String>,
@@ -93,6 +95,7 @@ impl Default for StackOptions {
         StackOptions {
             server: Server::Sim,
             kill_mode: "mixed",
+            timeout_stop_secs: 10,
             model_config: None,
             model_files: Vec::new(),
             prefill_args: Vec::new(),
@@ -261,7 +264,8 @@ impl Stack {
              [Service]\nType=simple\nEnvironment=CUDA_VISIBLE_DEVICES={cuda}\n\
              Environment=SGLANG_SIM_LOAD_SECS={load} SGLANG_SIM_WARMUP_SECS={warm}\n\
              Environment=SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={bootstrap}\n\
-             {decode_env}ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec=10\nKillMode={kill_mode}\n",
+             {decode_env}ExecStart={exec}\nRestart={restart}\nRestartSec=1\nTimeoutStopSec={stop}\nKillMode={kill_mode}\n",
+            stop = opts.timeout_stop_secs,
             decode_env = decode_env(w, opts),
             kill_mode = opts.kill_mode,
             role = w.role,

@@ -89,7 +89,28 @@ pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Opt
 /// pdctld's view of pending changes where it can be asked).
 pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: bool, load_changes: bool, client: &crate::client::Client) -> Exit {
     let known = known_changes(client, config).await;
+    // pdctld refuses every rollout on a host in maintenance: so does its dry run, with the
+    // same cause (not a preflight's `peer_role_down` about the stopped workers).
+    let maintenance = client.call::<pdctl_contract::api::HostStatus>("GET", "/v1/host", None::<&()>).await.ok().and_then(|h| h.maintenance);
     match prepare(config, only).await {
+        Ok((_, plan)) if maintenance.is_some() => {
+            let m = maintenance.expect("some");
+            let cause = pdctl_contract::cause::Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id };
+            let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
+            let summary = pdctl_contract::api::Summary {
+                id: None,
+                availability: None,
+                repairs: Default::default(),
+                result: pdctl_contract::api::Outcome::Failed,
+                elapsed_ms: 0,
+                units: Vec::new(),
+                checked: Vec::new(),
+                failed: Some(pdctl_contract::api::Failure::new(&unit, pdctl_contract::api::Step::Preflight, &cause, Vec::new())),
+            };
+            let r = Renderer::new(json, &plan, Kind::DryRun);
+            r.summary(&summary, &crate::render::Epilogue { plan: plan.workers.iter().map(|w| w.unit.clone()).collect(), ..Default::default() });
+            Exit::of(&summary)
+        }
         Ok((engine, plan)) => {
             // The command that does what this previewed: the same units, flags and config.
             let mut next = String::from("pdctl restart --rolling");
@@ -110,6 +131,27 @@ pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: b
         }
         Err(c) => c,
     }
+}
+
+/// `pdctl host drain --dry-run` once pdctld said the host is not in maintenance: the drain's own
+/// preflight of every worker (`Engine::host_drain_dry_run`, the code the drain runs), here, with
+/// live output; `next` is the command that does what this previewed.
+pub async fn host_drain_dry_run(config: &Path, json: bool, allow_outage: bool, next: String) -> Exit {
+    let (engine, plan) = match prepare(config, &[]).await {
+        Ok(p) => p,
+        Err(c) => return c,
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let order: Vec<String> = pdctl_core::engine::host::drain_order_of(&plan.workers).iter().map(|w| w.unit.clone()).collect();
+    let renderer = Renderer::for_units_as(json, &order, Kind::DryRun, Some("dry run (preflight only, nothing is touched) of a host drain"));
+    let printer = tokio::spawn(renderer.with_next(next).run(rx));
+    let summary = engine.host_drain_dry_run(&plan, allow_outage, &tx).await;
+    drop(tx);
+    if let Ok(r) = printer.await {
+        let after = crate::render::Epilogue { plan: plan.workers.iter().map(|w| w.unit.clone()).collect(), ..Default::default() };
+        r.summary(&summary, &after);
+    }
+    Exit::of(&summary)
 }
 
 /// What a dry run is given.

@@ -84,8 +84,10 @@ pub async fn start(client: &Client, config: &Path, req: Request, json: bool) -> 
     rollout::start(client, config, &req, json).await
 }
 
-/// `pdctl host drain --dry-run`: what pdctld would do now, touching nothing.
-pub async fn dry_run(client: &Client, config: &Path, json: bool) -> Exit {
+/// `pdctl host drain --dry-run`: what pdctld would do now, touching nothing — refused as the
+/// drain would be: in maintenance already (pdctld's record, exit 4), or by the drain's own
+/// preflight of each worker, run here (`only_worker_of_role` exit 2, an unsafe `KillMode`…).
+pub async fn dry_run(client: &Client, config: &Path, json: bool, allow_outage: bool) -> Exit {
     let s: HostStatus = match rollout::ask_said(client, "/v1/host", json).await {
         Ok(s) => s,
         Err(c) => return c,
@@ -97,17 +99,17 @@ pub async fn dry_run(client: &Client, config: &Path, json: bool) -> Exit {
             return Exit::Usage;
         }
     };
-    let mut order: Vec<&pdctl_core::config::Worker> = settings.workers.iter().collect();
-    order.sort_by_key(|w| match w.role {
-        pdctl_core::config::Role::Decode => 0,
-        pdctl_core::config::Role::Prefill => 1,
-        pdctl_core::config::Role::Regular => 2,
-    });
-    let units: Vec<&str> = order.iter().map(|w| w.unit.as_str()).collect();
-    let refused = s.maintenance.as_ref().map(|m| format!("this host is in maintenance already ({}, host drain {})", m.phase.as_str(), m.id));
-    if json {
-        println!("{}", serde_json::json!({ "dry_run": true, "order": units, "refused": refused, "waits": s.waits, "fleet": settings.fleet.is_some() }));
-    } else {
+    let units: Vec<String> = pdctl_core::engine::host::drain_order_of(&settings.workers).iter().map(|w| w.unit.clone()).collect();
+    if let Some(m) = &s.maintenance {
+        let refused = format!("this host is in maintenance already ({}, host drain {})", m.phase.as_str(), m.id);
+        if json {
+            println!("{}", serde_json::json!({ "dry_run": true, "order": units, "refused": refused, "waits": s.waits, "fleet": settings.fleet.is_some() }));
+        } else {
+            println!("pdctl: dry run: refused: {refused}; next: pdctl host status");
+        }
+        return Exit::Busy;
+    }
+    if !json {
         let budget = if settings.fleet.is_some() {
             "a slot of each worker's role in the fleet's budget, all in one etcd transaction"
         } else {
@@ -117,14 +119,7 @@ pub async fn dry_run(client: &Client, config: &Path, json: bool) -> Exit {
         if let Some(w) = &s.waits {
             println!("it would wait now: {w}");
         }
-        match &refused {
-            Some(r) => println!("pdctl: dry run: refused: {r}; next: pdctl host status"),
-            None => println!("pdctl: dry run: nothing was touched; next: pdctl host drain --reason \"…\""),
-        }
     }
-    if refused.is_some() {
-        Exit::Busy
-    } else {
-        Exit::Ok
-    }
+    let next = if allow_outage { "pdctl host drain --allow-outage" } else { "pdctl host drain" };
+    crate::context::host_drain_dry_run(config, json, allow_outage, next.to_string()).await
 }

@@ -370,7 +370,7 @@ async fn dispatch(command: Command, config: &std::path::Path, client: &client::C
         Command::Candidates { what } => candidates(config, client, &what).await,
         Command::Fleet(f) => fleet_cmd(f, config, client).await,
         Command::Host(h) => match h {
-            HostCmd::Drain { dry_run: true, start } => host::dry_run(client, config, start.json).await,
+            HostCmd::Drain { dry_run: true, start } => host::dry_run(client, config, start.json, start.allow_outage).await,
             HostCmd::Drain { start: StartArgs { allow_outage, reason, json }, .. } => {
                 host::start(client, config, Request::HostDrain { allow_outage, reason, config: None }, json).await
             }

@@ -260,6 +260,8 @@ impl Renderer {
                 format!("✓ succeeded{id}: all {} worker(s) serve the new weights, verified, without a restart, in {took}", s.units.len())
             }
             (_, Some(f), Kind::Rollout) if weights => weights_failed(&id, f),
+            (Outcome::Succeeded, _, Kind::Rollout) if host_done(after, &id, &took).is_some() => host_done(after, &id, &took).unwrap_or_default(),
+            (Outcome::Succeeded, _, Kind::Rollout) if s.units.is_empty() => format!("✓ succeeded{id}: nothing was restarted ({took}); next: pdctl status"),
             (Outcome::Succeeded, _, Kind::Rollout) => format!("✓ succeeded{id}: all {} unit(s) restarted and verified in {took}", s.units.len()),
             (Outcome::Succeeded, _, Kind::DryRun) if self.fleet_switch => {
                 format!("✓ preflight passed; nothing was touched ({took}); next: pdctl fleet restart --rolling --load-changes (every host in step)")
@@ -359,4 +361,17 @@ fn weights_failed(id: &str, f: &pdctl_contract::events::Failure) -> String {
         f.cause_code,
         next_of(f)
     )
+}
+
+/// A host drain's or a host resume's last line when it succeeded: what it did, not "restarted".
+fn host_done(after: &Epilogue, id: &str, took: &str) -> Option<String> {
+    use pdctl_contract::api::RolloutKind;
+    let n = after.plan.len();
+    match after.kind {
+        Some(RolloutKind::HostDrain) => Some(format!(
+            "✓ succeeded{id}: all {n} worker(s) out of the gateway and stopped in {took}: the host may reboot; next: after the reboot pdctld resumes it by itself (pdctl host status)"
+        )),
+        Some(RolloutKind::HostResume) => Some(format!("✓ succeeded{id}: all {n} worker(s) back in service, each through its gates, in {took}; next: pdctl host status")),
+        _ => None,
+    }
 }

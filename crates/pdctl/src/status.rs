@@ -100,7 +100,16 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
             json!({ "state": "not reachable", "error": e.to_string() })
         }
     };
-    let (code, workers) = run(config, json).await;
+    // A host in maintenance stops its workers on purpose: said first, and the last line's
+    // next step is the maintenance's, not `pdctl check`.
+    let maintenance = match client.call::<pdctl_contract::api::HostStatus>("GET", "/v1/host", None::<&()>).await {
+        Ok(h) => h.maintenance.map(|m| format!("this host is in maintenance ({}, host drain {}, by {})", m.phase.as_str(), m.id, m.by)),
+        Err(_) => None,
+    };
+    if let (Some(m), false) = (&maintenance, json) {
+        println!("pdctld: ! {m}: its workers are stopped on purpose until `pdctl host resume` (pdctld runs it by itself after the reboot)");
+    }
+    let (code, workers) = run(config, json, maintenance.as_deref()).await;
     if json {
         println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed }));
     }
@@ -120,7 +129,8 @@ fn age(at: &str) -> String {
 
 /// Run `pdctl status` for the workers: the table (not with `json`), and each worker's row as
 /// JSON, with the exit code.
-pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
+/// `maintenance`: pdctld said the host is in maintenance (the sentence).
+pub async fn run(config: &Path, json: bool, maintenance: Option<&str>) -> (Exit, Vec<Value>) {
     let s = match context::settings(config) {
         Ok(s) => s,
         Err(c) => return (c, Vec::new()),
@@ -184,7 +194,9 @@ pub async fn run(config: &Path, json: bool) -> (Exit, Vec<Value>) {
             Exit::Unreachable
         }
         Ok(_) if not_serving => {
-            if !json {
+            if let (Some(m), false) = (maintenance, json) {
+                println!("pdctl: ✗ {m}: its workers are not serving on purpose; next: `pdctl host status` (after the reboot, `pdctl host resume`)");
+            } else if !json {
                 println!(
                     "pdctl: ✗ a worker is not serving (see STATE / ROUTER / HEALTHY); next: `pdctl check` (which gate fails), `journalctl -u UNIT -n 200`"
                 );

@@ -154,6 +154,12 @@ pub enum Cause {
         /// How long serving stops: its last measured window out of the router, or its last
         /// start (`None`: never measured).
         expected: Option<crate::clock::StartTime>,
+        /// What was counted: the gateway's admitted workers of the role on every host, or
+        /// this host's config when no gateway was read.
+        peers: String,
+        /// Refused to a host drain (the worker stops until the host is back from its reboot),
+        /// not to a restart.
+        host_drain: bool,
     },
     /// Two workers' GPU sets overlap.
     GpuOverlap {
@@ -647,9 +653,10 @@ mod tests {
             assert!(c.code().chars().all(|ch| ch.is_ascii_lowercase() || ch == '_'), "{}", c.code());
             assert!(!c.sentence().is_empty());
         }
-        // metrics_disabled is one cause found in two places (preflight's ExecStart, the gate's 404).
+        // metrics_disabled is one cause found in two places (preflight's ExecStart, the gate's
+        // 404); only_worker_of_role is said to a restart and to a host drain.
         let codes: std::collections::BTreeSet<&str> = Cause::examples().iter().map(Cause::code).collect();
-        assert_eq!(codes.len(), Cause::examples().len() - 1);
+        assert_eq!(codes.len(), Cause::examples().len() - 2);
     }
 
     #[test]

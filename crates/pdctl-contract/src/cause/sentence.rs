@@ -16,8 +16,11 @@ impl Cause {
             Cause::MetricsDisabled { unit } => format!(
                 "the metrics gate is required but --enable-metrics is not in the ExecStart of {unit}: add it to the unit (then daemon-reload), or set [verify] metrics = \"warn\" or \"off\""
             ),
-            Cause::OnlyWorkerOfRole { unit, role, expected } => format!(
-                "{unit} is the only {role} worker: restarting it stops serving for {}; pass --allow-outage (or set [rollout] allow_outage = true) to accept that, or add a second {role} worker",
+            Cause::OnlyWorkerOfRole { unit, role, peers, host_drain: true, .. } => format!(
+                "{unit} is the only {role} worker ({peers}): draining this host for its reboot stops serving {role} requests until the host is back and resumed; pass --allow-outage to pdctl host drain (or set [rollout] allow_outage = true) to accept that, or add a {role} worker on another host"
+            ),
+            Cause::OnlyWorkerOfRole { unit, role, expected, peers, host_drain: false } => format!(
+                "{unit} is the only {role} worker ({peers}): restarting it stops serving for {}; pass --allow-outage (or set [rollout] allow_outage = true) to accept that, or add a second {role} worker",
                 outage(expected)
             ),
             Cause::GpuOverlap { unit, gpus, other, other_gpus } => {

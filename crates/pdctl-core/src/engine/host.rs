@@ -37,12 +37,17 @@ pub fn boot_id(procfs: &std::path::Path) -> Option<String> {
 /// from prefills; a prefill stopped before them would cut them), then prefills, then the rest.
 /// A resume brings them back the other way round (a decode's pair gate needs its prefills).
 fn drain_order(plan: &Plan) -> Vec<&Worker> {
+    drain_order_of(&plan.workers)
+}
+
+/// [`drain_order`] of `workers` (what a dry run prints).
+pub fn drain_order_of(workers: &[Worker]) -> Vec<&Worker> {
     let rank = |w: &Worker| match w.role {
         Role::Decode => 0,
         Role::Prefill => 1,
         Role::Regular => 2,
     };
-    let mut ws: Vec<&Worker> = plan.workers.iter().collect();
+    let mut ws: Vec<&Worker> = workers.iter().collect();
     ws.sort_by_key(|w| rank(w));
     ws
 }
@@ -58,6 +63,33 @@ pub fn maintenance_hold(id: &str) -> String {
 struct HostPreflight {
     /// No other worker of its role serves behind the gateway, accepted by `--allow-outage`.
     outage: Option<String>,
+}
+
+/// Whether the host's drain leaves `w`'s role with no worker the gateway admits (every
+/// host's, as it lists them, but this host's `down`; without a gateway: this host's config,
+/// where the host's workers are all of their role): refused unless accepted (then said).
+fn host_outage(
+    w: &Worker,
+    down: &[&str],
+    gateway: Option<&[crate::ports::RouterWorker]>,
+    configured: &[Worker],
+    allow_outage: bool,
+) -> Result<Option<String>, crate::engine::role_floor::Peers> {
+    if w.role == Role::Regular {
+        return Ok(None);
+    }
+    let peers = crate::engine::role_floor::peers(w.role, down, gateway, configured);
+    if !peers.alone() {
+        return Ok(None);
+    }
+    if !allow_outage {
+        return Err(peers);
+    }
+    Ok(Some(format!(
+        "no other {} worker serves behind the gateway ({}): serving stops until this host is back (accepted: allow_outage)",
+        w.role.as_str(),
+        peers.basis
+    )))
 }
 
 fn unwritable(e: std::io::Error) -> Fail {
@@ -83,8 +115,8 @@ where
         let Some(first) = order.first().copied() else {
             return t.summary(Outcome::Succeeded, None);
         };
-        if let Err(f) = self.host_preflight(&order, ledger, ctx.outage.accepted(), sink).await {
-            return t.summary(Outcome::Failed, Some(self.failure(&first.unit, Step::Preflight, f).await));
+        if let Err((unit, f)) = self.host_preflight(&order, ledger, ctx.outage.accepted(), sink).await {
+            return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
         }
         let now = crate::fleet::now_secs();
         let cursor = self.logs.tail_cursor().await.ok().flatten();
@@ -146,12 +178,23 @@ where
     }
 
     /// What refuses a host drain before anything is touched.
-    async fn host_preflight(&self, order: &[&Worker], ledger: &Ledger, allow_outage: bool, sink: &crate::events::Sink) -> Result<(), Fail> {
+    async fn host_preflight(&self, order: &[&Worker], ledger: &Ledger, allow_outage: bool, sink: &crate::events::Sink) -> Result<(), (String, Fail)> {
+        let first = order.first().map(|w| w.unit.clone()).unwrap_or_default();
         match ledger.maintenance() {
-            Ok(Some(m)) => return Err(Fail::from(Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id })),
+            Ok(Some(m)) => return Err((first, Fail::from(Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id }))),
             Ok(None) => {}
-            Err(u) => return Err(Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error })),
+            Err(u) => return Err((first, Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error }))),
         }
+        self.host_units_preflight(order, allow_outage, sink).await
+    }
+
+    /// The drain's preflight of each worker, the same for `pdctl host drain --dry-run` (run by
+    /// the CLI, which asks pdctld whether the host is in maintenance): the unit is read, its
+    /// stop would drain, and — without `allow_outage` — its role keeps a worker the gateway
+    /// admits on another host ([`crate::engine::role_floor`], the count restarts use).
+    async fn host_units_preflight(&self, order: &[&Worker], allow_outage: bool, sink: &crate::events::Sink) -> Result<(), (String, Fail)> {
+        let gateway = if self.settings.verify.router { self.probes.router_workers(0).await.ok() } else { None };
+        let down: Vec<&str> = order.iter().map(|w| w.url.as_str()).collect();
         for w in order {
             let s = StepRun::start(sink, &w.unit, Step::Preflight);
             let checked = async {
@@ -162,38 +205,47 @@ where
                         return Err(Fail::from(Cause::KillModeUnsafe { unit: w.unit.clone(), kill_mode: cfg.kill_mode.unwrap_or_default(), fix }));
                     }
                 }
-                self.host_outage(w, order, allow_outage).await
+                host_outage(w, &down, gateway.as_deref(), &self.settings.workers, allow_outage).map_err(|peers| {
+                    Fail::from(Cause::OnlyWorkerOfRole {
+                        unit: w.unit.clone(),
+                        role: w.role.as_str().into(),
+                        expected: None,
+                        peers: peers.basis,
+                        host_drain: true,
+                    })
+                })
             };
             match checked.await {
                 Ok(outage) => s.pass(crate::engine::step_run::detail_of(&HostPreflight { outage })),
                 Err(f) => {
                     s.fail(&f);
-                    return Err(f);
+                    return Err((w.unit.clone(), f));
                 }
             }
         }
         Ok(())
     }
 
-    /// Whether the host's drain leaves `w`'s role with no worker the gateway admits (the other
-    /// hosts' workers, as it lists them; without a gateway: this host's config, where the
-    /// host's workers are all of their role): refused unless accepted (then said).
-    async fn host_outage(&self, w: &Worker, order: &[&Worker], allow_outage: bool) -> Result<Option<String>, Fail> {
-        if w.role == Role::Regular {
-            return Ok(None);
-        }
-        let ours = |url: &str| order.iter().any(|o| crate::url::same_url(&o.url, url));
-        let others = match self.probes.router_workers(0).await {
-            Ok(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && x.admitted() && !x.draining() && !ours(&x.url)).count(),
-            Err(_) => 0,
+    /// `pdctl host drain --dry-run`: the drain's own preflight of every worker
+    /// ([`Self::host_units_preflight`]), touching nothing; the caller has asked pdctld whether
+    /// the host is in maintenance already.
+    pub async fn host_drain_dry_run(&self, plan: &Plan, allow_outage: bool, sink: &crate::events::Sink) -> Summary {
+        let t0 = std::time::Instant::now();
+        let order = drain_order(plan);
+        let failed = match self.host_units_preflight(&order, allow_outage || self.settings.rollout.allow_outage, sink).await {
+            Ok(()) => None,
+            Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
-        if others > 0 {
-            return Ok(None);
+        Summary {
+            id: None,
+            availability: None,
+            repairs: Default::default(),
+            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
+            elapsed_ms: t0.elapsed().as_millis() as u64,
+            units: Vec::new(),
+            checked: Vec::new(),
+            failed,
         }
-        if !allow_outage {
-            return Err(Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected: None }));
-        }
-        Ok(Some(format!("no other {} worker serves behind the gateway: serving stops until this host is back (accepted: allow_outage)", w.role.as_str())))
     }
 
     /// A host drain that failed at `unit`'s `step`: before any stop, everything undone (its

@@ -33,6 +33,7 @@ mod in_place;
 mod machine;
 mod recovery;
 mod repair;
+mod role_floor;
 mod run;
 pub mod runbook;
 mod step_run;

@@ -352,7 +352,19 @@ impl Daemon {
         };
         let by = StartedBy { reason: Some(format!("pdctld's start: host maintenance {} resumed ({why})", m.id)), ..Default::default() };
         match start(self.clone(), Request::HostResume { reason: by.reason.clone(), config: None }, by).await {
-            Ok(Started { id: Some(id), .. }) => tracing::info!("host maintenance {}: resume {id} started ({why})", m.id),
+            Ok(Started { id: Some(id), .. }) => {
+                tracing::info!("host maintenance {}: resume {id} started ({why})", m.id);
+                // The drain's own record said where it was cut short ("out of the router and
+                // not serving"): what pdctld's start did instead is said beside it.
+                if let Some(mut rec) = self.load(&m.id) {
+                    rec.notes.push(format!(
+                        "pdctld's start resumed this host ({why}) as {id}: its workers are brought back in service; this drain is over, not resumable — run pdctl host drain to take the host down again"
+                    ));
+                    if let Err(er) = self.store.save(&rec) {
+                        tracing::warn!("host maintenance {}: its record could not be updated: {er}", m.id);
+                    }
+                }
+            }
             Ok(_) => {}
             Err(c) => tracing::warn!("host maintenance {}: the resume could not start ({}); `pdctl host resume`", m.id, c.sentence()),
         }

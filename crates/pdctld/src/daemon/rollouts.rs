@@ -220,7 +220,12 @@ fn plan_host(daemon: &Daemon, e: &RealEngine, req: &Request) -> Result<Planning,
     let on_record = daemon.store.ledger().maintenance().map(|m| m.is_some()).unwrap_or(true);
     Ok(match req {
         Request::HostDrain { .. } if on_record => return Err(in_maintenance(daemon)),
-        Request::HostDrain { allow_outage, .. } => Planning::Run(Planned::of(RolloutKind::HostDrain, plan, *allow_outage)),
+        Request::HostDrain { allow_outage, .. } => {
+            // The record's plan in the order the drain takes them (decodes first), as said.
+            let order: Vec<String> = pdctl_core::engine::host::drain_order_of(&plan.workers).iter().map(|w| w.unit.clone()).collect();
+            let plan = Plan::in_order(&e.settings, &order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+            Planning::Run(Planned::of(RolloutKind::HostDrain, plan, *allow_outage))
+        }
         _ if !on_record => Planning::Nothing("this host is not in maintenance: nothing to resume".into()),
         _ => Planning::Run(Planned::of(RolloutKind::HostResume, plan, true)),
     })
@@ -327,6 +332,11 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
         RolloutKind::Weights => Some("an interrupted weights rollout is not resumed (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout weights again"),
         RolloutKind::Revert => Some("an interrupted revert is not resumed: run pdctl rollout revert with the reverted rollout's id again (workers already put back are left as they are)"),
         RolloutKind::Apply if old.in_place => Some("an interrupted config rollout that was loading new weights in place is not resumed as a restart (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout apply again"),
+        // A host's maintenance is resumed only as itself: pdctld's start already brought an
+        // interrupted drain's workers back (or finished its resume), so a rolling resume would
+        // restart nothing and say it succeeded while the host serves.
+        RolloutKind::HostDrain => Some("an interrupted host drain is not resumed as a rollout: pdctld brought the host's workers back in service when it started (`pdctl host status` says where the host is); to take the host down for its reboot, run pdctl host drain again"),
+        RolloutKind::HostResume => Some("an interrupted host resume is not resumed as a rollout: pdctld resumes the host by itself at its start (`pdctl host status`); run pdctl host resume to do it now"),
         _ => None,
     };
     if let Some(needs) = again {

@@ -63,8 +63,9 @@ struct Seen {
     reloaded: bool,
     /// GPU sets of the workers checked so far.
     gpu_sets: Vec<(String, BTreeSet<u32>)>,
-    /// With [fleet], the gateway's workers (the whole fleet's).
-    fleet_view: Option<Vec<crate::ports::RouterWorker>>,
+    /// The gateway's workers (every host's), when it is verified and answered: who else
+    /// serves each role ([`crate::engine::role_floor`]).
+    gateway: Option<Vec<crate::ports::RouterWorker>>,
 }
 
 fn fmt_set(s: &BTreeSet<u32>) -> String {
@@ -80,11 +81,8 @@ pub(in crate::engine) async fn preflight<U: Units, L: Logs, P: Probes>(
     dry: bool,
     ctx: Ctx<'_>,
 ) -> Result<(), (String, Fail)> {
-    let fleet_view = match (&eng.settings.fleet, eng.settings.verify.router) {
-        (Some(_), true) => eng.probes.router_workers(0).await.ok(),
-        _ => None,
-    };
-    let mut seen = Seen { reloaded: false, gpu_sets: Vec::new(), fleet_view };
+    let gateway = if eng.settings.verify.router { eng.probes.router_workers(0).await.ok() } else { None };
+    let mut seen = Seen { reloaded: false, gpu_sets: Vec::new(), gateway };
     for w in &plan.workers {
         let s = StepRun::start(sink, &w.unit, Step::Preflight);
         match preflight_worker(eng, w, plan, dry, ctx, &mut seen).await {
@@ -217,8 +215,9 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     let (said, coherence) = coherence_preflight(eng, w, plan, &cfg, disk_argv.as_deref(), ctx).await?.unzip();
     warnings.extend(said);
     let coherence = coherence.flatten();
-    let outage = outage_of(eng, w, plan, seen.fleet_view.as_deref(), ctx)
-        .map_err(|expected| Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected }))?;
+    let outage = outage_of(eng, w, plan, seen.gateway.as_deref(), ctx).map_err(|(expected, peers)| {
+        Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected, peers: peers.basis, host_drain: false })
+    })?;
     let detail = PreflightDetail {
         outage,
         active_state: st.active_state.to_string(),
@@ -419,14 +418,11 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
-    fleet_view: Option<&[crate::ports::RouterWorker]>,
+    gateway: Option<&[crate::ports::RouterWorker]>,
     ctx: Ctx<'_>,
-) -> Result<Option<String>, Option<crate::clock::StartTime>> {
-    let alone = match fleet_view {
-        Some(list) => list.iter().filter(|x| x.worker_type == w.role.as_str() && !x.draining()).count() <= 1,
-        None => eng.settings.workers.iter().filter(|o| o.role == w.role).count() == 1,
-    };
-    let (true, true) = (alone, ctx.outage.restarts()) else { return Ok(None) };
+) -> Result<Option<String>, (Option<crate::clock::StartTime>, crate::engine::role_floor::Peers)> {
+    let peers = crate::engine::role_floor::peers(w.role, &[&w.url], gateway, &eng.settings.workers);
+    let (true, true) = (peers.alone(), ctx.outage.restarts()) else { return Ok(None) };
     let allowed = ctx.outage.accepted();
     let expected = match (ctx.writes.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
         (Some(d), _) => revisions::last_start(d, &w.unit),
@@ -434,7 +430,7 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
         (None, None) => None,
     };
     if !allowed {
-        return Err(expected);
+        return Err((expected, peers));
     }
     // A 1P1D pair restarted at once: one interruption for both, said as such.
     let together = match plan.workers.as_slice() {
