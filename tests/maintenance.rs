@@ -406,7 +406,7 @@ fn a_prefill_on_another_host_counts_for_a_restart_and_a_host_drain_alike() {
     let (s, config, d) = pdctl_tests::stack_with_pdctld_opts(&pdctl_tests::pdctl_sandbox::stack::StackOptions { pairs: 2, ..Default::default() });
     for path in [config.clone(), d.config.clone()] {
         let text = std::fs::read_to_string(&path).expect("config");
-        std::fs::write(&path, pdctl_tests::config_with_only(&text, &[P, D])).expect("config");
+        std::fs::write(&path, pdctl_tests::fleet_hosts::config_with_only(&text, &[P, D])).expect("config");
     }
     std::fs::write(config.parent().expect("dir").join("config.d/41-no-outage.toml"), "[rollout]\nallow_outage = false\n").expect("fragment");
     s.sandbox.systemctl(&["restart", &d.unit]).expect("pdctld starts again with this host's pair");
@@ -420,7 +420,7 @@ fn a_prefill_on_another_host_counts_for_a_restart_and_a_host_drain_alike() {
 
     let router = s.router.clone().expect("router").url;
     let other = s.workers().into_iter().find(|w| w.role == "prefill" && w.unit != P).expect("the other prefill").clone();
-    pdctl_tests::gateway_worker(&router, &other, false);
+    pdctl_tests::fleet_hosts::gateway_worker(&router, &other, false);
     let counted = "the gateway admits 0 other prefill worker(s) of 1 it lists";
     let (code, out, _) = pdctl(&config, &["restart", "--rolling", "--unit", P, "--dry-run", "--socket", &sock]);
     assert_eq!(code, 2, "{out}");

@@ -345,7 +345,7 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
     // 2. One pair's host drained for maintenance while the other pair serves, then resumed.
     for path in [config.clone(), d.config.clone()] {
         let text = std::fs::read_to_string(&path).expect("config");
-        std::fs::write(&path, pdctl_tests::config_with_only(&text, &[P, D])).expect("config");
+        std::fs::write(&path, pdctl_tests::fleet_hosts::config_with_only(&text, &[P, D])).expect("config");
     }
     stack.sandbox.systemctl(&["restart", &d.unit]).expect("pdctld starts again");
     let settled = || raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"] == false;

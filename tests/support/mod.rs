@@ -638,39 +638,3 @@ pub fn ready(url: &str) -> u16 {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async { http().get(format!("{url}/ready")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) })
 }
-
-/// pdctld's config `text` with only the `[[worker]]` tables of `units`: the others then stand
-/// for another host's workers behind the same gateway.
-pub fn config_with_only(text: &str, units: &[&str]) -> String {
-    let first = text.find("[[worker]]").unwrap_or(text.len());
-    let (head, rest) = text.split_at(first);
-    let tail_at = rest.find("\n[rollout]").map(|i| i + 1).unwrap_or(rest.len());
-    let (workers, tail) = rest.split_at(tail_at);
-    let kept: String =
-        workers.split("[[worker]]").filter(|b| units.iter().any(|u| b.contains(&format!("unit = \"{u}\"")))).map(|b| format!("[[worker]]{b}")).collect();
-    format!("{head}{kept}{tail}")
-}
-
-/// Take `w` out of smg at `router` (`DELETE /workers/{id}`, waited until it is no longer
-/// listed) or put it back (`POST /workers` with its type and bootstrap port).
-pub fn gateway_worker(router: &str, w: &pdctl_sandbox::stack::Worker, admit: bool) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let listed = || {
-        let (_, b) = pdctl_sandbox::stack::http_get(&format!("{router}/workers")).unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&b).unwrap_or(serde_json::Value::Null);
-        v["workers"].as_array().and_then(|ws| ws.iter().find(|x| x["url"] == w.url.as_str()).cloned())
-    };
-    if admit {
-        let mut body = serde_json::json!({"url": w.url, "worker_type": w.role});
-        if let Some(b) = w.bootstrap_port {
-            body["bootstrap_port"] = serde_json::json!(b);
-        }
-        let status = rt.block_on(async { http().post(format!("{router}/workers")).json(&body).send().await.map(|r| r.status().as_u16()).unwrap_or(0) });
-        assert!((200..300).contains(&status), "smg took {} back: {status}", w.url);
-    } else {
-        let id = listed().and_then(|x| x["id"].as_str().map(String::from)).expect("listed");
-        let status = rt.block_on(async { http().delete(format!("{router}/workers/{id}")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) });
-        assert!((200..300).contains(&status), "smg let {} go: {status}", w.url);
-        assert!(until(Duration::from_secs(30), Duration::from_millis(100), || listed().is_none()), "smg no longer lists {}", w.url);
-    }
-}

@@ -219,6 +219,23 @@ pub struct Summary {
     pub availability: Option<crate::availability::Availability>,
 }
 
+impl Summary {
+    /// The summary of what restarts nothing (a dry run, a refusal before anything was touched):
+    /// succeeded unless `failed`.
+    pub fn untouched(elapsed_ms: u64, failed: Option<Failure>) -> Summary {
+        Summary {
+            id: None,
+            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
+            elapsed_ms,
+            units: Vec::new(),
+            checked: Vec::new(),
+            repairs: Default::default(),
+            failed,
+            availability: None,
+        }
+    }
+}
+
 /// Where events go.
 pub type Sink = tokio::sync::mpsc::UnboundedSender<Event>;
 

@@ -97,16 +97,8 @@ pub async fn dry_run(config: &Path, only: &[String], json: bool, allow_outage: b
             let m = maintenance.expect("some");
             let cause = pdctl_contract::cause::Cause::InMaintenance { phase: m.phase.as_str().into(), id: m.id };
             let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
-            let summary = pdctl_contract::api::Summary {
-                id: None,
-                availability: None,
-                repairs: Default::default(),
-                result: pdctl_contract::api::Outcome::Failed,
-                elapsed_ms: 0,
-                units: Vec::new(),
-                checked: Vec::new(),
-                failed: Some(pdctl_contract::api::Failure::new(&unit, pdctl_contract::api::Step::Preflight, &cause, Vec::new())),
-            };
+            let failure = pdctl_contract::api::Failure::new(&unit, pdctl_contract::api::Step::Preflight, &cause, Vec::new());
+            let summary = pdctl_contract::api::Summary::untouched(0, Some(failure));
             let r = Renderer::new(json, &plan, Kind::DryRun);
             r.summary(&summary, &crate::render::Epilogue { plan: plan.workers.iter().map(|w| w.unit.clone()).collect(), ..Default::default() });
             Exit::of(&summary)

@@ -412,16 +412,7 @@ where
             Ok(()) => None,
             Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
         };
-        Summary {
-            id: None,
-            availability: None,
-            repairs: Default::default(),
-            result: if failed.is_some() { Outcome::Failed } else { Outcome::Succeeded },
-            elapsed_ms: t0.elapsed().as_millis() as u64,
-            units: Vec::new(),
-            checked: Vec::new(),
-            failed,
-        }
+        Summary::untouched(t0.elapsed().as_millis() as u64, failed)
     }
 }
 

@@ -163,16 +163,7 @@ where
                 let s = StepRun::start(sink, unit, Step::Preflight);
                 let f = Fail::from(cause.clone());
                 s.fail(&f);
-                return Summary {
-                    id: None,
-                    result: Outcome::Failed,
-                    elapsed_ms: 0,
-                    units: Vec::new(),
-                    checked: Vec::new(),
-                    repairs: Default::default(),
-                    availability: None,
-                    failed: Some(self.failure(unit, Step::Preflight, Fail::from(cause)).await),
-                };
+                return Summary::untouched(0, Some(self.failure(unit, Step::Preflight, Fail::from(cause)).await));
             }
         }
         let summary = self.update_weights(plan, to, dir, sink, notes).await;
