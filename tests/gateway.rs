@@ -512,6 +512,9 @@ fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gatewa
     assert!(
         taken["when"].as_str().is_some_and(|w| w.starts_with("at its server's first drain check")
             || w.starts_with("when the gateway's own health checks")
+            // The server exits at that same check with nothing in flight: its state can reach
+            // pdctl before journald delivers the check's line (a fresh-clone run, once).
+            || w.starts_with("when its old process was gone before a drain check was logged")
             || (w.contains("s after its SIGTERM, before its server's first drain check") && taken["after_ms"].as_u64().is_some_and(|ms| ms >= by_ms))),
         "{restart:#}"
     );
