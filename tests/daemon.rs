@@ -231,6 +231,10 @@ fn bad_flag_applied_by_the_timer_service_is_rolled_back() {
     assert_eq!(rec["kind"], "apply");
     assert_eq!(rec["state"], "rolled_back", "{rec:#}");
     assert_eq!(rec["failed"]["unit"], P);
+    // The failed start's own last words, not the rollback's start that followed it.
+    assert_eq!(rec["failed"]["cause_code"], "fatal_line", "{rec:#}");
+    let last = rec["failed"]["last_lines"].to_string();
+    assert!(last.contains("unrecognized arguments: --bogus-flag"), "{last}");
     // The failure's note that its drain is kept is no longer so once the rollback re-admitted it.
     let (_, full) = pdctl_tests::raw_api(&d.socket, "GET", &format!("/v1/rollouts/{}", rec["id"].as_str().unwrap()), "");
     let notes = full["notes"].to_string();

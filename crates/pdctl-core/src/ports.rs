@@ -142,6 +142,11 @@ impl LogEntry {
     pub fn message(&self) -> &str {
         self.get("MESSAGE").unwrap_or("")
     }
+    /// Logged by pdctl or pdctld about the unit (their syslog identifier, or a `PDCTL_*` field),
+    /// not by the unit or its manager.
+    pub fn is_pdctl_own(&self) -> bool {
+        self.get("SYSLOG_IDENTIFIER").is_some_and(|s| s == "pdctld" || s == "pdctl") || self.fields.keys().any(|k| k.starts_with("PDCTL_"))
+    }
     /// `_PID`.
     pub fn pid(&self) -> Option<u32> {
         self.get("_PID").and_then(|p| p.parse().ok())

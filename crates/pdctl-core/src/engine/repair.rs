@@ -167,6 +167,7 @@ where
                 cause: Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() },
                 detail: detail_of(&Probed { probes: &probes }),
                 unit: None,
+                last_lines: Vec::new(),
             };
             s.fail(&f);
             return Err((Step::Pair, f));

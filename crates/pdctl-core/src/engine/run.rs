@@ -376,7 +376,13 @@ where
     }
 
     pub(in crate::engine) async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
-        let last_lines = if unit == ROUTER || unit == FLEET { Vec::new() } else { self.settled_last_lines(unit).await };
+        let last_lines = if unit == ROUTER || unit == FLEET {
+            Vec::new()
+        } else if !f.last_lines.is_empty() {
+            f.last_lines
+        } else {
+            self.settled_last_lines(unit).await
+        };
         Failure::new(unit, step, &f.cause, last_lines)
     }
 

@@ -22,11 +22,15 @@ pub(in crate::engine) struct Fail {
     /// The unit that failed, when it is not the one being rolled (a decode restarted as a
     /// repair of the prefill's stale pairing).
     pub(in crate::engine) unit: Option<String>,
+    /// The failed run's own last lines, as the ready gate's follower saw them up to its exit
+    /// (empty: the unit's journal tail is read when the failure is reported). A unit that systemd
+    /// restarts by itself, or a rollback's start, writes more lines after them.
+    pub(in crate::engine) last_lines: Vec<String>,
 }
 
 impl From<Cause> for Fail {
     fn from(cause: Cause) -> Fail {
-        Fail { cause, detail: Value::Null, unit: None }
+        Fail { cause, detail: Value::Null, unit: None, last_lines: Vec::new() }
     }
 }
 

@@ -534,7 +534,7 @@ fn close_steps(
             cache_flushed: cache,
         });
         match stale {
-            Some((unit, f)) if *unit == w.unit => s.fail(&Fail { cause: f.cause.clone(), detail, unit: None }),
+            Some((unit, f)) if *unit == w.unit => s.fail(&Fail { cause: f.cause.clone(), detail, unit: None, last_lines: Vec::new() }),
             _ => s.pass(detail),
         }
     }

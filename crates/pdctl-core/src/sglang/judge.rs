@@ -10,6 +10,9 @@ use crate::ports::{ActiveState, LogEntry, SubState, UnitState};
 pub const MSG_PROCESS_EXIT: &str = "98e322203f7a4ed290d09fe03c09fe15";
 /// `SD_MESSAGE_UNIT_FAILURE_RESULT`: the manager's "Failed with result".
 pub const MSG_FAILURE_RESULT: &str = "d9b373ed55a64feb8242e02dbe79a49c";
+/// `SD_MESSAGE_UNIT_STARTING`: the manager's "Starting …", logged before it forks the run's
+/// first process (`ExecStartPre=` or the main one).
+pub const MSG_UNIT_STARTING: &str = "7d4958e842da4a758f6c1cdc7b36dcc5";
 
 /// The identity of the run we restarted.
 #[derive(Debug, Clone, Default)]
@@ -94,6 +97,24 @@ impl Judge {
             }
         }
         false
+    }
+
+    /// The run (its InvocationID) a manager's message `id` is about, when `e` is one.
+    pub fn manager_message<'e>(&self, e: &'e LogEntry, id: &str) -> Option<&'e str> {
+        if e.get("MESSAGE_ID") != Some(id) || !from_a_manager(e) {
+            return None;
+        }
+        e.get("USER_INVOCATION_ID").or_else(|| e.get("INVOCATION_ID")).filter(|i| !i.is_empty())
+    }
+
+    /// A fatal line by its text alone, whichever process logged it (the matching pattern and
+    /// the line): for a run known to have exited, a line between the manager's "Starting" of
+    /// the run pdctl started and that run's "Failed with result" is the run's own even where
+    /// neither its InvocationID nor its PID can be checked (the process was gone before it was
+    /// judged).
+    pub fn fatal_text(&self, e: &LogEntry) -> Option<String> {
+        let msg = e.message();
+        self.fatal_patterns.iter().find(|p| !p.is_empty() && msg.contains(p.as_str())).map(|p| format!("{p}: {msg}"))
     }
 
     /// Classify one entry.
@@ -212,6 +233,19 @@ mod tests {
         assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", "100")])), Verdict::Ready);
         assert_eq!(j.judge(&entry(&[("MESSAGE", READY), ("_PID", "99")])), Verdict::ForeignReady, "the old process flushing its buffer");
         assert_eq!(j.judge(&entry(&[("MESSAGE", &format!("[t] INFO:     {READY_LINE}")), ("_PID", "100")])), Verdict::Ready, "uvicorn prefix");
+    }
+
+    #[test]
+    fn a_managers_message_names_its_run_and_a_fatal_line_is_found_by_its_text() {
+        let j = judge("new", 100);
+        let starting = |uid: &str| entry(&[("MESSAGE", "Starting x.service..."), ("MESSAGE_ID", MSG_UNIT_STARTING), ("INVOCATION_ID", "other"), ("_UID", uid)]);
+        assert_eq!(j.manager_message(&starting("0"), MSG_UNIT_STARTING), Some("other"), "any run's, not only the judged one's");
+        assert_eq!(j.manager_message(&starting("0"), MSG_FAILURE_RESULT), None, "another message");
+        assert_eq!(j.manager_message(&starting("65534"), MSG_UNIT_STARTING), None, "written by a client, not a manager");
+        let gone = entry(&[("MESSAGE", "launch_server.py: error: unrecognized arguments: --x"), ("_PID", "7")]);
+        assert_eq!(j.judge(&gone), Verdict::Ignore, "not attributable to the run by its PID");
+        assert_eq!(j.fatal_text(&gone).as_deref(), Some("unrecognized arguments: launch_server.py: error: unrecognized arguments: --x"));
+        assert_eq!(j.fatal_text(&entry(&[("MESSAGE", READY)])), None);
     }
 
     #[test]

@@ -104,7 +104,7 @@ pub(in crate::engine) async fn pair_step<U: Units, L: Logs, P: Probes>(
                 Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
             }
         };
-        failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None });
+        failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None, last_lines: Vec::new() });
     }
     // A pair that failed because the restarted worker itself went down is that crash.
     if failed.is_some() {

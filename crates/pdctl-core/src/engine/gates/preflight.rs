@@ -371,6 +371,7 @@ async fn coherence_preflight<U: Units, L: Logs, P: Probes>(
             cause: Cause::MixedVersions { unit: w.unit.clone(), changes: said.join("; "), peers: names.join(", ") },
             detail: detail_of(&ModelChanges { changes: &changes, switch_refused: why_not.and_then(Result::err) }),
             unit: None,
+            last_lines: Vec::new(),
         }),
     }
 }
@@ -578,6 +579,7 @@ pub(in crate::engine) async fn pairing_preflight<U: Units, L: Logs, P: Probes>(
                 },
                 detail: detail_of(&Mismatches { mismatches: &m }),
                 unit: None,
+                last_lines: Vec::new(),
             });
         }
         checked.push(PeerCompared { peer: &peer.unit, compared: true, why: None, settings: Some(ours.clone()) });

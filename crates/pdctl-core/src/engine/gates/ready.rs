@@ -1,6 +1,7 @@
 //! The ready gate: the ready line of *this* run (its InvocationID and MainPID), failing fast on a
 //! fatal line, the manager's failure, or a crash.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::details::ReadyDetail;
@@ -8,9 +9,9 @@ use crate::details::ReadyDetail;
 use crate::cause::{Cause, Phase};
 use crate::config::Worker;
 use crate::engine::step_run::Fail;
-use crate::engine::Engine;
-use crate::ports::{Follow, Logs, Probes, UnitState, Units, Watch};
-use crate::sglang::judge::{crashed_since, Judge, Run, Verdict};
+use crate::engine::{Engine, LAST_LINES};
+use crate::ports::{Follow, LogEntry, Logs, Probes, UnitState, Units, Watch};
+use crate::sglang::judge::{crashed_since, Judge, Run, Verdict, MSG_FAILURE_RESULT, MSG_UNIT_STARTING};
 
 pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
@@ -20,7 +21,7 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
     after: &UnitState,
 ) -> Result<ReadyDetail, Fail> {
     let ro = &eng.settings.rollout;
-    let judge = Judge {
+    let mut judge = Judge {
         ready_pattern: ro.ready_pattern.clone(),
         fatal_patterns: ro.fatal_patterns.clone(),
         run: Run {
@@ -37,12 +38,15 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
     // A traceback of this run so far: the explanation if the run exits, nothing if it gets ready.
     let mut suspect: Option<String> = None;
     let mut crashed: Option<String> = crashed_since(after, after);
+    // The unit's lines since the restart: a failed start's own last words, whatever systemd
+    // (`Restart=`) or a rollback starts after it.
+    let mut seen = RunLines::default();
     while crashed.is_none() {
         tokio::select! {
             e = follow.next() => match e {
                 None => return Err(Cause::EventSourceClosed { what: "the journal follower".into() }.into()),
                 Some(Err(e)) => return Err(Cause::JournalUnreadable { message: e.to_string() }.into()),
-                Some(Ok(entry)) => match judge.judge(&entry) {
+                Some(Ok(entry)) => match seen.pushed(&entry, &judge) {
                     Verdict::Ready => {
                         return Ok(ReadyDetail {
                             line: entry.message().to_string(),
@@ -55,7 +59,7 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
                             since_restart_ms: t0.elapsed().as_millis() as u64,
                         })
                     }
-                    Verdict::Fatal(line) => return Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
+                    Verdict::Fatal(line) => return Err(seen.fail(Cause::FatalLine { unit: w.unit.clone(), line })),
                     Verdict::ManagerFailure(m) => crashed = Some(format!("systemd reports: {m}")),
                     Verdict::ForeignReady => foreign += 1,
                     Verdict::Suspect(l) => suspect = suspect.or(Some(l)),
@@ -67,6 +71,13 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
                     return Err(Cause::EventSourceClosed { what: "the D-Bus connection to systemd".into() }.into());
                 }
                 let st = eng.units.state(&w.unit).await?;
+                // A unit with `ExecStartPre=` has no main process yet when the restart's job
+                // ends: its PID, once forked, is what tells this run's lines where journald
+                // records no InvocationID (a process that exits at once is gone before its
+                // lines are judged).
+                if st.invocation_id == judge.run.invocation_id && st.main_pid != 0 {
+                    judge.run.main_pid = st.main_pid;
+                }
                 crashed = crashed_since(&st, after);
             }
             _ = &mut deadline => {
@@ -77,24 +88,68 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
     // The unit died: look briefly for the fatal line that explains it. Found, the cause is
     // that line (`fatal_line`), whichever of the two arrived first: an argparse rejection
     // is always `fatal_line`, never `crashed` by a race between journald and systemd.
+    // The failure's last lines end where the run ended: at the manager's "Failed with result"
+    // (a line of this run that journald delivers later still counts; the next start's do not).
     let why = crashed.unwrap_or_default();
-    let fatal = tokio::time::timeout(Duration::from_secs(1), async {
+    let mut fatal: Option<String> = None;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
         while let Some(Ok(e)) = follow.next().await {
-            match judge.judge(&e) {
-                Verdict::Fatal(l) => return Some(l),
+            match seen.pushed(&e, &judge) {
+                Verdict::Fatal(l) if fatal.is_none() => fatal = Some(l),
                 Verdict::Suspect(l) if suspect.is_none() => suspect = Some(l),
                 _ => {}
             }
+            if seen.ended && (fatal.is_some() || seen.window_fatal.is_some()) {
+                return;
+            }
         }
-        None
     })
-    .await
-    .ok()
-    .flatten()
-    // The run exited: a traceback it logged is what explains it.
-    .or(suspect);
-    match fatal {
-        Some(line) => Err(Cause::FatalLine { unit: w.unit.clone(), line }.into()),
-        None => Err(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why }.into()),
+    .await;
+    // The run exited: a fatal line of its window, or a traceback it logged, is what explains it.
+    match fatal.or(seen.window_fatal.take()).or(suspect) {
+        Some(line) => Err(seen.fail(Cause::FatalLine { unit: w.unit.clone(), line })),
+        None => Err(seen.fail(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why })),
+    }
+}
+
+/// What the follower delivered of the run pdctl started — from the restart's cursor to the
+/// manager's "Failed with result" of the first run that started after it (with `Restart=` and a
+/// start that fails at once, systemd may have started the next one before pdctl reads the
+/// unit's state) —: its last [`LAST_LINES`] messages (pdctl's own left out), oldest first, and
+/// its first fatal line by text.
+#[derive(Default)]
+struct RunLines {
+    lines: VecDeque<String>,
+    /// The InvocationID of the first run the manager said it was starting.
+    first_run: Option<String>,
+    /// That run's "Failed with result" was seen.
+    ended: bool,
+    window_fatal: Option<String>,
+}
+
+impl RunLines {
+    /// Keep `e`, and judge it.
+    fn pushed(&mut self, e: &LogEntry, judge: &Judge) -> Verdict {
+        if self.ended {
+            return judge.judge(e);
+        }
+        if self.first_run.is_none() {
+            self.first_run = judge.manager_message(e, MSG_UNIT_STARTING).map(String::from);
+        }
+        if !e.is_pdctl_own() {
+            if self.lines.len() == LAST_LINES {
+                self.lines.pop_front();
+            }
+            self.lines.push_back(e.message().to_string());
+            if self.first_run.is_some() && self.window_fatal.is_none() {
+                self.window_fatal = judge.fatal_text(e);
+            }
+        }
+        self.ended = self.first_run.is_some() && judge.manager_message(e, MSG_FAILURE_RESULT) == self.first_run.as_deref();
+        judge.judge(e)
+    }
+
+    fn fail(self, cause: Cause) -> Fail {
+        Fail { last_lines: self.lines.into(), ..Fail::from(cause) }
     }
 }

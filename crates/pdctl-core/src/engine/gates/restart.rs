@@ -140,7 +140,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
     }
     if out.job_result != "done" {
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
-        return Err(Fail { cause, detail, unit: None });
+        return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
     }
     Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at), ran_through: false }))
 }

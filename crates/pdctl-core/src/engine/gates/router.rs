@@ -174,7 +174,7 @@ async fn serves_through_gateway<U: Units, L: Logs, P: Probes>(
             ended_early: format!("the gateway lists no {other_role} worker: none can be admitted while this gate waits"),
             waited_ms: t0.elapsed().as_millis() as u64,
         });
-        return Err(Fail { cause, detail, unit: None });
+        return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
     }
     Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
 }

@@ -201,7 +201,7 @@ pub(in crate::engine) async fn slo_judge<U: Units, L: Logs, P: Probes>(
                     requests: report.requests,
                     baseline_requests: report.baseline_requests,
                 };
-                return Err(Fail { cause, detail: crate::engine::step_run::detail_of(&Judged { slo: &report }), unit: None });
+                return Err(Fail { cause, detail: crate::engine::step_run::detail_of(&Judged { slo: &report }), unit: None, last_lines: Vec::new() });
             }
             return Ok(report);
         }
@@ -237,6 +237,7 @@ pub(in crate::engine) async fn slo_when_unjudged<U: Units, L: Logs, P: Probes>(
                     },
                     detail: crate::engine::step_run::detail_of(&Judged { slo: &sample }),
                     unit: None,
+                    last_lines: Vec::new(),
                 }),
                 Verdict::NotJudged { why: w2 } => Err(not_judged(format!("{why}; and pdctl's own sample: {w2}"))),
                 Verdict::Pass => Ok(sample),

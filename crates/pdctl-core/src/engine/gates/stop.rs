@@ -106,7 +106,7 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U
     }
     if out.job_result != "done" {
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
-        return Err(Fail { cause, detail, unit: None });
+        return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
     }
     Ok(detail)
 }
@@ -171,7 +171,7 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
     };
     if out.job_result != "done" {
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
-        return Err(Fail { cause, detail: detail_of(&detail), unit: None });
+        return Err(Fail { cause, detail: detail_of(&detail), unit: None, last_lines: Vec::new() });
     }
     Ok((detail_of(&detail), Restarted { watch, cursor, after: out.state, taken_out: None, ran_through: false }))
 }

@@ -93,7 +93,7 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
     let failed = detail_of(&detail);
     detail.released = Some(false);
     let Some(s) = s.warn_or_keep(mode, &cause, detail_of(&detail)) else { return Ok(()) };
-    let f = Fail { cause, detail: failed, unit: None };
+    let f = Fail { cause, detail: failed, unit: None, last_lines: Vec::new() };
     s.fail(&f);
     Err((Step::StrandedKv, f))
 }

@@ -1,0 +1,54 @@
+//! A failed start is reported with its own last words: the line that explains it (an argparse
+//! rejection, as the journal has it just before systemd's exit line) is the failure's cause and
+//! is among the failure's last log lines, under `on_failure = "rollback"` and a unit that systemd
+//! restarts by itself (`Restart=on-failure`, as production units are written), where the lines of
+//! later starts (the crash loop's, the rollback's) follow it in the journal. On the sandbox (real
+//! systemd, journald, D-Bus) behind the real gateway.
+
+use std::path::Path;
+use std::time::Duration;
+
+use pdctl_tests::pdctl_sandbox::stack::StackOptions;
+use pdctl_tests::{pdctl_daemon, stack_with_pdctld_opts};
+
+const P: &str = "sglang-dsv4-prefill.service";
+const LIMIT: Duration = Duration::from_secs(150);
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+#[test]
+fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines_under_restart_on_failure_and_rollback() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { restart: "on-failure".into(), ..StackOptions::default() });
+    std::fs::write(config.parent().unwrap().join("config.d/10-rollback.toml"), "[rollout]\non_failure = \"rollback\"\n").unwrap();
+    let text = std::fs::read_to_string(stack.sandbox.unit_dir().join(P)).unwrap();
+    let exec = text.lines().find(|l| l.starts_with("ExecStart=")).unwrap().to_string();
+    // Each start says its number first: the failed start pdctl made is number 1; systemd starts
+    // number 2 at once after it failed (no start limit; each later start waits 0.3 s after
+    // saying its number, so that the loop does not keep the manager busy).
+    let counter = stack.sandbox.dir().join("starts");
+    let pre = format!("/bin/sh -c 'n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo \"start number $n\"; [ $n -eq 1 ] || sleep 0.3'", c = counter.display());
+    stack.drop_in(P, "50-turbo", &format!("[Unit]\nStartLimitIntervalSec=0\n[Service]\nRestartSec=0\nExecStartPre={pre}\nExecStart=\n{exec} --enable-turbo-mode\n")).unwrap();
+    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--if-changed", "--json"], LIMIT);
+    assert_eq!(r.summary["result"], "rolled_back", "{:#?} {}", r.summary, r.stderr);
+    let f = &r.summary["failed"];
+    assert_eq!(f["unit"], P, "{f:#}");
+    assert_eq!(f["step"], "ready", "{f:#}");
+    assert_eq!(f["cause_code"], "fatal_line", "{f:#}");
+    assert!(f["cause"].as_str().unwrap().contains("unrecognized arguments: --enable-turbo-mode"), "{f:#}");
+    let last: Vec<&str> = f["last_lines"].as_array().unwrap().iter().filter_map(|l| l.as_str()).collect();
+    assert!(last.iter().any(|l| l.contains("unrecognized arguments: --enable-turbo-mode")), "{last:#?}");
+    assert!(last.iter().any(|l| l.contains("start number 1")) && !last.iter().any(|l| l.contains("start number 2")), "this start's lines only: {last:#?}");
+    let starts: u32 = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
+    assert!(starts >= 2, "systemd started it again after the failure ({starts} starts): the test observed what it is about");
+    // The record keeps the same failure; the human summary shows the line.
+    let rec = pdctl_tests::record(&d.socket, r.summary["id"].as_str().unwrap());
+    assert_eq!(rec["summary"]["failed"]["last_lines"], f["last_lines"], "{rec:#}");
+    let shown = std::process::Command::new(pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap())
+        .args(["rollout", "show", r.summary["id"].as_str().unwrap(), "--config", &s(&config), "--socket", &s(&d.socket)])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("unrecognized arguments: --enable-turbo-mode"), "{shown}");
+}
