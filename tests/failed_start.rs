@@ -42,6 +42,14 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     assert!(last.iter().any(|l| l.contains("start number 1")) && !last.iter().any(|l| l.contains("start number 2")), "this start's lines only: {last:#?}");
     let starts: u32 = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
     assert!(starts >= 2, "systemd started it again after the failure ({starts} starts): the test observed what it is about");
+    // The worker was down after its failed start; the rollback re-admitted it: no step failed
+    // but the start (the reconcile before it says it waits for the rollback).
+    let failed: Vec<&serde_json::Value> = r.events.iter().filter(|e| e["status"] == "failed").collect();
+    assert!(failed.len() == 1 && failed[0]["step"] == "ready", "{failed:#?}");
+    assert!(r.events.iter().any(|e| e["step"] == "reconcile" && e["status"] == "skipped"), "{:#?}", r.events);
+    // Why it restarted rather than loading in place names the flag, not new weights.
+    let notes = r.summary.to_string() + &pdctl_tests::record(&d.socket, r.summary["id"].as_str().unwrap())["notes"].to_string();
+    assert!(!notes.contains("new weights in only some PD workers") && notes.contains("not loaded in place: sglang-dsv4-prefill.service: "), "{notes}");
     // The record keeps the same failure; the human summary shows the line.
     let rec = pdctl_tests::record(&d.socket, r.summary["id"].as_str().unwrap());
     assert_eq!(rec["summary"]["failed"]["last_lines"], f["last_lines"], "{rec:#}");

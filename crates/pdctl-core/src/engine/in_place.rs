@@ -32,10 +32,6 @@ where
         if self.settings.fleet.is_some() {
             return Err("with [fleet] the other hosts' workers would pair with these across versions (`pdctl fleet weights` loads every host in step)".into());
         }
-        // Loading some PD workers alone would pair them with the others across versions.
-        if let Some(w) = self.settings.workers.iter().find(|w| w.role != Role::Regular && !units.contains(&w.unit)) {
-            return Err(format!("{} does not change with the others: new weights in only some PD workers would pair versions", w.unit));
-        }
         let mut per_worker = Vec::new();
         for unit in units {
             let Some(w) = self.settings.workers.iter().find(|w| &w.unit == unit) else { continue };
@@ -52,7 +48,14 @@ where
             };
             per_worker.push((unit.clone(), t));
         }
-        one_target(&per_worker)
+        // What the change is comes first: a change that is not new weights says so, never that
+        // some worker does not take the new weights.
+        let t = one_target(&per_worker)?;
+        // Loading some PD workers alone would pair them with the others across versions.
+        if let Some(w) = self.settings.workers.iter().find(|w| w.role != Role::Regular && !units.contains(&w.unit)) {
+            return Err(format!("{} does not change with the others: new weights in only some PD workers would pair versions", w.unit));
+        }
+        Ok(t)
     }
 
     /// After an in-place load: every worker's current files are recorded as the revision it runs

@@ -229,6 +229,13 @@ where
     /// loses for good a worker registered while it is still starting). Anything else stays in
     /// the ledger and is reported. Returns a note for the record.
     pub async fn reconcile(&self, d: &Drain, ledger: &Ledger, budget: Duration, sink: &Sink) -> Result<String, Cause> {
+        self.reconcile_as(d, ledger, budget, sink, false).await
+    }
+
+    /// [`Engine::reconcile`]; `rollback_follows`: the failed unit's rollback comes next, so a
+    /// worker that is not serving is said to wait for it (step `skipped`), not to have failed —
+    /// its drain stays on record either way until a gate re-admits it.
+    pub(in crate::engine) async fn reconcile_as(&self, d: &Drain, ledger: &Ledger, budget: Duration, sink: &Sink, rollback_follows: bool) -> Result<String, Cause> {
         let s = StepRun::start(sink, &d.unit, Step::Reconcile);
         if let Some(why) = held_out(d, &ledger.all().0) {
             s.skip(&why);
@@ -297,6 +304,13 @@ where
                     d.rollout_id,
                     if slot.is_empty() { String::new() } else { format!("; {slot}") }
                 ))
+            }
+            Err(f) if rollback_follows && matches!(f.cause, Cause::DrainNotRestored { .. }) => {
+                s.skip(&format!(
+                    "{}; on_failure = \"rollback\": the rollback that follows puts its last good revision back and re-admits it through every gate",
+                    f.cause.sentence()
+                ));
+                Err(f.cause)
             }
             Err(f) => {
                 s.fail(&f);

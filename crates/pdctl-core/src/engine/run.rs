@@ -366,9 +366,15 @@ where
     /// (the one rolled, a decode being repaired) is re-admitted if it serves.
     pub(in crate::engine) async fn reconcile_this_runs_drains(&self, unit: &str, step: Step, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
         let Some(l) = ctx.writes.ledger else { return };
+        // As `after_failure` decides: a failed unit that was restarted is rolled back next.
+        let rollback_follows = self.settings.rollout.on_failure == OnFailure::Rollback
+            && ctx.writes.revisions.is_some()
+            && !matches!(step, Step::Slot | Step::Preflight)
+            && unit != ROUTER
+            && unit != FLEET;
         for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.writes.id) {
             let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
-            notes.push(match self.reconcile(&d, l, budget, sink).await {
+            notes.push(match self.reconcile_as(&d, l, budget, sink, rollback_follows && d.unit == unit).await {
                 Ok(n) => n,
                 Err(c) => c.sentence(),
             });
