@@ -302,6 +302,30 @@ fn pdctld_sigkilled_mid_host_drain_brings_the_host_back_at_its_next_start() {
     for u in [P, D] {
         assert_eq!(s.show(u, "ActiveState").expect("state"), "active", "{u} still serves");
     }
+    // The history's columns hold `host_resume`; the resume pdctld made by itself says so.
+    let table = text(&d, &config, &["rollout", "history"]);
+    let head = table.lines().next().expect("a header");
+    let at = |l: &str, col: &str| head.find(col).map(|i| l.get(i..).unwrap_or("").split_whitespace().next().unwrap_or("").to_string());
+    for l in table.lines().skip(1) {
+        assert!(["restart", "apply", "host_drain", "host_resume"].contains(&at(l, "KIND").unwrap_or_default().as_str()), "KIND at its column: {l}\n{table}");
+        assert!(["succeeded", "failed", "rolled_back", "interrupted", "aborted"].contains(&at(l, "STATE").unwrap_or_default().as_str()), "STATE at its column: {l}\n{table}");
+    }
+    let shown = text(&d, &config, &["rollout", "show", newest(&d)["id"].as_str().expect("id")]);
+    let by = shown.lines().find(|l| l.starts_with("by ")).unwrap_or_default().to_string();
+    assert!(by.contains("pdctld itself") && by.contains("pdctld's start"), "{shown}");
+    let shown = text(&d, &config, &["rollout", "show", id]);
+    assert!(shown.lines().any(|l| l.starts_with("by ") && l.contains("uid 0")), "{shown}");
+}
+
+/// What the CLI prints for people (stdout and stderr).
+fn text(d: &Pdctld, config: &Path, args: &[&str]) -> String {
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
+    let o = std::process::Command::new(bin)
+        .args(args)
+        .args(["--config", config.to_str().expect("utf-8"), "--socket", d.socket.to_str().expect("utf-8")])
+        .output()
+        .expect("pdctl runs");
+    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
 }
 
 /// A reboot that lost the journal and set the clock back. A volatile journal

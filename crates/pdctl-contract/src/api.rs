@@ -168,15 +168,21 @@ pub struct StartedBy {
     /// The update agent's FleetLock id whose `pre-reboot` (or `steady-state`) started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleetlock: Option<String>,
+    /// pdctld started it by itself (at its start: the resume of a host whose maintenance was
+    /// under way), not for a caller.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pdctld: bool,
 }
 
 impl StartedBy {
-    /// Who, in a few words: `fleetlock ID`, `fleet rollout ID`, `uid N`, or `unknown`.
+    /// Who, in a few words: `fleetlock ID`, `fleet rollout ID`, `uid N`, `pdctld itself`, or
+    /// `unknown` (a caller whose uid the control socket could not tell).
     pub fn who(&self) -> String {
         match (&self.fleetlock, &self.fleet_rollout, self.uid) {
             (Some(id), _, _) => format!("fleetlock {id}"),
             (None, Some(f), _) => format!("fleet rollout {f}"),
             (None, None, Some(uid)) => format!("uid {uid}"),
+            (None, None, None) if self.pdctld => "pdctld itself".into(),
             (None, None, None) => "unknown".into(),
         }
     }

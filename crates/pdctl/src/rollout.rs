@@ -227,10 +227,9 @@ pub async fn show(client: &Client, id: &str, json: bool) -> Exit {
     }
     println!("plan      {}", rec.plan.join(" → "));
     if let Some(b) = &rec.started_by {
-        let who = match (&b.fleet_rollout, &b.fleet_by, b.uid) {
-            (Some(f), Some(by), _) => format!("fleet rollout {f} (started by {by})"),
-            (_, _, Some(uid)) => format!("uid {uid}"),
-            _ => "unknown".into(),
+        let who = match (&b.fleet_rollout, &b.fleet_by) {
+            (Some(f), Some(by)) => format!("fleet rollout {f} (started by {by})"),
+            _ => b.who(),
         };
         println!("by        {who}{}", b.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default());
     }
@@ -310,7 +309,12 @@ pub async fn history(client: &Client, json: bool) -> Exit {
         }
         return Exit::Ok;
     }
-    println!("{:<16} {:<8} {:<12} {:<20} DETAIL", "ID", "KIND", "STATE", "CREATED");
+    // Each column as wide as its longest cell (`host_resume`, `rolled_back`), so none runs into
+    // the next.
+    let wi = h.rollouts.iter().map(|i| i.id.len()).chain(["ID".len()]).max().unwrap_or(2);
+    let wk = h.rollouts.iter().map(|i| i.kind.as_str().len()).chain(["KIND".len()]).max().unwrap_or(4);
+    let ws = h.rollouts.iter().map(|i| i.state.as_str().len()).chain(["corrupt".len()]).max().unwrap_or(7);
+    println!("{:<wi$} {:<wk$} {:<ws$} {:<20} DETAIL", "ID", "KIND", "STATE", "CREATED");
     for i in &h.rollouts {
         let created = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(i.created_at)).to_string();
         let detail = if let Some(f) = &i.failed {
@@ -320,10 +324,10 @@ pub async fn history(client: &Client, json: bool) -> Exit {
         } else {
             i.plan.join(", ")
         };
-        println!("{:<16} {:<8} {:<12} {:<20} {detail}", i.id, i.kind.as_str(), i.state.as_str(), created);
+        println!("{:<wi$} {:<wk$} {:<ws$} {:<20} {detail}", i.id, i.kind.as_str(), i.state.as_str(), created);
     }
     for c in &h.corrupt {
-        println!("{:<16} {:<8} {:<12} {:<20} {}: {}", "?", "?", "corrupt", "?", c.file, c.error);
+        println!("{:<wi$} {:<wk$} {:<ws$} {:<20} {}: {}", "?", "?", "corrupt", "?", c.file, c.error);
     }
     Exit::Ok
 }

@@ -303,7 +303,7 @@ impl Daemon {
             let _ = fleet_put(&c, &summary_key, &not_started(format!("{h} failed first: the fleet rollout halts everywhere"))).await;
             return;
         }
-        let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()), fleetlock: None };
+        let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()), fleetlock: None, pdctld: false };
         let request = match &r.weights {
             Some(w) => Request::Weights {
                 model_path: w.model_path.clone(),

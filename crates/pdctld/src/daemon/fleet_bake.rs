@@ -209,6 +209,7 @@ impl Daemon {
             fleet_rollout: Some(r.id.clone()),
             fleet_by: Some(format!("pdctld on {} (bake)", rv.by)),
             fleetlock: None,
+            pdctld: false,
         };
         let s = match start(self.clone(), Request::Revert { id: local_id.to_string(), reason: Some(reason), config: None }, by).await {
             Ok(Started { id: Some(id), .. }) => self.follow(c, f, &r.id, &id, &mut sent, false).await,

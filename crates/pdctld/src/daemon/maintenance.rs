@@ -350,7 +350,7 @@ impl Daemon {
             MaintenancePhase::Down => "its workers run again",
             _ => "pdctld stopped during it",
         };
-        let by = StartedBy { reason: Some(format!("pdctld's start: host maintenance {} resumed ({why})", m.id)), ..Default::default() };
+        let by = StartedBy { reason: Some(format!("pdctld's start: host maintenance {} resumed ({why})", m.id)), pdctld: true, ..Default::default() };
         match start(self.clone(), Request::HostResume { reason: by.reason.clone(), config: None }, by).await {
             Ok(Started { id: Some(id), .. }) => {
                 tracing::info!("host maintenance {}: resume {id} started ({why})", m.id);
