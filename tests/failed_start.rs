@@ -59,4 +59,6 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
         .unwrap();
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("unrecognized arguments: --enable-turbo-mode"), "{shown}");
+    // When the only prefill left the gateway: deferred by its drain, taken out in its stop.
+    assert!(shown.contains("taken out: deferred: the only prefill worker") && shown.contains("taken out at its server's first drain check"), "{shown}");
 }

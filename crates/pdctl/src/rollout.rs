@@ -362,7 +362,8 @@ fn event_detail(d: &serde_json::Value) -> String {
         return cell;
     }
     let Some(o) = d.as_object() else { return String::new() };
-    o.iter()
+    let cells: Vec<String> = o
+        .iter()
         .filter_map(|(k, v)| match v {
             serde_json::Value::String(t) if t.len() <= 40 => Some(format!("{k}={t}")),
             serde_json::Value::Number(n) => Some(format!("{k}={n}")),
@@ -370,8 +371,24 @@ fn event_detail(d: &serde_json::Value) -> String {
             _ => None,
         })
         .take(4)
-        .collect::<Vec<_>>()
-        .join(" ")
+        .collect();
+    let mut said = vec![cells.join(" ")];
+    // When a worker left the gateway is said whole: the drain's deferral (or why there was
+    // none), and the restart's taking out at its server's drain check.
+    match d.get("taken_out") {
+        Some(serde_json::Value::String(t)) => said.push(format!("taken out: {t}")),
+        Some(t @ serde_json::Value::Object(_)) => {
+            let when = t.get("when").and_then(|w| w.as_str()).unwrap_or("at its stop");
+            let after = t.get("after_ms").and_then(|a| a.as_u64()).map(|ms| format!(", {:.1} s into the stop", ms as f64 / 1000.0)).unwrap_or_default();
+            said.push(format!("taken out {when}{after}"));
+        }
+        _ => {}
+    }
+    if let Some(n) = d.get("not_deferred").and_then(|n| n.as_str()) {
+        said.push(format!("not deferred: {n}"));
+    }
+    said.retain(|s| !s.is_empty());
+    said.join("; ")
 }
 
 /// `pdctl rollout diff`.
@@ -459,5 +476,13 @@ mod tests {
         assert_eq!(event_detail(&nj), "service not judged: 3 requests on the restarted worker, fewer than min_requests = 20");
         // A failed soak says its cause, which names the figure already.
         assert_eq!(event_detail(&json!({"cause": "slow", "slo": {"verdict": "breach"}})), "slow");
+    }
+
+    #[test]
+    fn when_a_worker_left_the_gateway_is_said_whole() {
+        let drain = json!({"looks": 3, "not_deferred": "1 request(s) in flight that a stop would not wait for: taken out now"});
+        assert_eq!(event_detail(&drain), "looks=3; not deferred: 1 request(s) in flight that a stop would not wait for: taken out now");
+        let restart = json!({"job_ms": 2086, "taken_out": {"after_ms": 2065, "when": "at its server's first drain check: 0 request(s) left"}});
+        assert_eq!(event_detail(&restart), "job_ms=2086; taken out at its server's first drain check: 0 request(s) left, 2.1 s into the stop");
     }
 }
