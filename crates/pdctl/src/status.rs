@@ -40,6 +40,7 @@ fn opt(v: Option<f64>) -> String {
 /// `--json` one object: `{"pdctld": …, "workers": [...], "serving": bool}`.
 pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::Client) -> Exit {
     let mut daemon_ok = true;
+    let mut pairs = Vec::new();
     let line = match client.call::<DaemonStatus>("GET", "/v1/status", None::<&()>).await {
         Ok(v) => {
             if !json {
@@ -69,20 +70,8 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
                         q.unit, q.rollout_id, q.cause
                     );
                 }
-                let mut decodes: Vec<&str> = v.pairs.iter().map(|p| p.decode.as_str()).collect();
-                decodes.dedup();
-                for d in decodes {
-                    let with: Vec<String> = v
-                        .pairs
-                        .iter()
-                        .filter(|p| p.decode == d)
-                        .map(|p| {
-                            format!("{} {} ({} ago, rollout {})", p.prefill, if p.ok { "ok" } else { p.result.as_str() }, age(&p.checked_at), p.rollout_id)
-                        })
-                        .collect();
-                    println!("pdctld: {d} pairs with: {}", with.join("; "));
-                }
             }
+            pairs = v.pairs.clone();
             serde_json::to_value(&v).unwrap_or(Value::Null)
         }
         Err(crate::client::CallError::Refused(e)) => {
@@ -109,7 +98,7 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
     if let (Some(m), false) = (&maintenance, json) {
         println!("pdctld: ! {m}: its workers are stopped on purpose until `pdctl host resume` (pdctld runs it by itself after the reboot)");
     }
-    let (code, workers) = run(config, json, maintenance.as_deref()).await;
+    let (code, workers) = run(config, json, maintenance.as_deref(), &pairs).await;
     if json {
         println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed }));
     }
@@ -117,6 +106,36 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
         Exit::Ok if !daemon_ok => Exit::Unreachable,
         c => c,
     }
+}
+
+/// Each decode's last pair probes ("pdctld: D pairs with: P ok (3m ago, rollout r1)"): a probe
+/// is history, so a pair one of whose workers is not serving now says so instead of "ok".
+fn print_pairs(pairs: &[pdctl_contract::api::PairStatus], down: &[String]) {
+    let mut decodes: Vec<&str> = pairs.iter().map(|p| p.decode.as_str()).collect();
+    decodes.dedup();
+    for d in decodes {
+        let with: Vec<String> = pairs
+            .iter()
+            .filter(|p| p.decode == d)
+            .map(|p| {
+                let when = format!("{} ago, rollout {}", age(&p.checked_at), p.rollout_id);
+                match [&p.decode, &p.prefill].into_iter().find(|u| down.contains(u)) {
+                    Some(u) => format!("{} not now: {u} is not serving (last probe {}: {when})", p.prefill, if p.ok { "ok" } else { p.result.as_str() }),
+                    None => format!("{} {} ({when})", p.prefill, if p.ok { "ok" } else { p.result.as_str() }),
+                }
+            })
+            .collect();
+        println!("pdctld: {d} pairs with: {}", with.join("; "));
+    }
+}
+
+/// How long `pdctl status` waits for any one answer (systemd, the gateway, a worker's metrics or
+/// model info) before it says that one did not answer.
+const STATUS_CALL: Duration = Duration::from_secs(3);
+
+/// `f`, or "WHAT did not answer within 3s".
+async fn within<T>(what: &str, f: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(STATUS_CALL, f).await.unwrap_or_else(|_| Err(format!("{what} did not answer within {}s", STATUS_CALL.as_secs())))
 }
 
 /// "3m 12s" since an RFC 3339 time ("?" when it does not parse).
@@ -130,29 +149,53 @@ fn age(at: &str) -> String {
 /// Run `pdctl status` for the workers: the table (not with `json`), and each worker's row as
 /// JSON, with the exit code.
 /// `maintenance`: pdctld said the host is in maintenance (the sentence).
-pub async fn run(config: &Path, json: bool, maintenance: Option<&str>) -> (Exit, Vec<Value>) {
+/// `pairs`: pdctld's last pair probe of each decode and prefill, said after the table beside
+/// what each worker is now.
+pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[pdctl_contract::api::PairStatus]) -> (Exit, Vec<Value>) {
     let s = match context::settings(config) {
         Ok(s) => s,
         Err(c) => return (c, Vec::new()),
     };
-    let sd = SystemdUnits::connect(&s).await;
+    let sd = within("systemd", async { SystemdUnits::connect(&s).await.map_err(|e| e.to_string()) }).await;
     let probes = pdctl_real::probes(&s);
-    let router = if s.router.is_some() { Some(probes.router_workers(0).await.map_err(|e| e.to_string())) } else { None };
+    let router = if s.router.is_some() { Some(within("the gateway", async { probes.router_workers(0).await.map_err(|e| e.to_string()) }).await) } else { None };
+    // Every worker asked at once, each call bounded: one that accepts and never answers costs
+    // the command one bound, not one per call.
+    let mut asked = tokio::task::JoinSet::new();
+    for (i, w) in s.workers.iter().enumerate() {
+        let (sd, probes, w) = (sd.clone(), probes.clone(), w.clone());
+        asked.spawn(async move {
+            let state = async {
+                match &sd {
+                    Ok(sd) => within(&w.unit, async { sd.state(&w.unit).await.map_err(|e| e.to_string()) }).await,
+                    Err(e) => Err(e.clone()),
+                }
+            };
+            let kv = within(&w.url, async { probes.kv(&w.url).await.map_err(|e| e.to_string()) });
+            // What it serves (`/model_info`: its weight version, and the path after a weights rollout).
+            let weights = within(&w.url, async { probes.model_info(&w.url).await.map_err(|e| e.to_string()) });
+            let (state, kv, weights) = tokio::join!(state, kv, weights);
+            (i, state, kv, weights.ok())
+        });
+    }
+    let mut fetched: Vec<Option<(Unit, Kv, Option<(String, String)>)>> = vec![None; s.workers.len()];
+    while let Some(r) = asked.join_next().await {
+        if let Ok((i, state, kv, weights)) = r {
+            if let Some(slot) = fetched.get_mut(i) {
+                *slot = Some((state, kv, weights));
+            }
+        }
+    }
     let mut errors: Vec<String> = Vec::new();
     let mut not_serving = false;
+    let mut down: Vec<String> = Vec::new();
     let mut rows: Vec<Vec<String>> =
         vec![["UNIT", "ROLE", "STATE", "PID", "RUN", "ACTIVE SINCE", "ROUTER", "HEALTHY", "KV USED", "RUNNING", "QUEUED", "WEIGHTS"]
             .map(String::from)
             .to_vec()];
     let mut json_rows = Vec::new();
-    for w in &s.workers {
-        let state = match &sd {
-            Ok(sd) => sd.state(&w.unit).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let kv = probes.kv(&w.url).await.map_err(|e| e.to_string());
-        // What it serves (`/model_info`: its weight version, and the path after a weights rollout).
-        let weights = probes.model_info(&w.url).await.ok();
+    for (w, got) in s.workers.iter().zip(fetched) {
+        let (state, kv, weights) = got.unwrap_or_else(|| (Err("not asked".into()), Err("not asked".into()), None));
         let listed = match &router {
             None => None,
             Some(Err(e)) => Some(Err(e.clone())),
@@ -166,6 +209,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>) -> (Exit,
         };
         if !active || !healthy_in_router {
             not_serving = true;
+            down.push(w.unit.clone());
         }
         if json {
             let mut row = json_row(w, &state, &listed, &kv, active && healthy_in_router);
@@ -181,6 +225,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>) -> (Exit,
     }
     if !json {
         print_table(&rows, &[3, 9, 10]);
+        print_pairs(pairs, &down);
     }
     if !json && !errors.is_empty() {
         println!();
