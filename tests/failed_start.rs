@@ -12,6 +12,7 @@ use pdctl_tests::pdctl_sandbox::stack::StackOptions;
 use pdctl_tests::{pdctl_daemon, stack_with_pdctld_opts};
 
 const P: &str = "sglang-dsv4-prefill.service";
+const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
 
 fn s(p: &Path) -> String {
@@ -61,4 +62,35 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     assert!(shown.contains("unrecognized arguments: --enable-turbo-mode"), "{shown}");
     // When the only prefill left the gateway: deferred by its drain, taken out in its stop.
     assert!(shown.contains("taken out: deferred: the only prefill worker") && shown.contains("taken out at its server's first drain check"), "{shown}");
+}
+
+/// A halted rolling restart's `next` retries what the rollout has left — the failed unit and
+/// those not started — with the flags it ran with, and runs as printed (it named the failed unit
+/// alone and dropped `--allow-outage`, which this host's config does not give).
+#[test]
+fn a_halted_restarts_next_retries_what_is_left_with_its_flags_and_runs_as_printed() {
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld();
+    std::fs::write(config.parent().unwrap().join("config.d/41-no-outage.toml"), "[rollout]\nallow_outage = false\n").unwrap();
+    let text = std::fs::read_to_string(stack.sandbox.unit_dir().join(P)).unwrap();
+    let exec = text.lines().find(|l| l.starts_with("ExecStart=")).unwrap().to_string();
+    stack.drop_in(P, "50-turbo", &format!("[Service]\nExecStart=\n{exec} --enable-turbo-mode\n")).unwrap();
+    let (code, out) = text_of(&config, &d.socket, &["restart", "--rolling", "--allow-outage", "--load-changes"]);
+    assert_eq!(code, 1, "{out}");
+    let last = out.lines().last().unwrap_or_default().to_string();
+    assert!(last.contains("halted") && last.contains(&format!("`pdctl restart --rolling --unit {P} --unit {D} --allow-outage --load-changes`")), "{out}");
+    // Fixed, the command as printed (the text between the backticks after "then").
+    std::fs::remove_file(stack.sandbox.unit_dir().join(format!("{P}.d/50-turbo.conf"))).unwrap();
+    let cmd = last.split("then `").nth(1).and_then(|r| r.split('`').next()).unwrap_or_else(|| panic!("a command in {last}"));
+    let args: Vec<&str> = cmd.split_whitespace().skip(1).collect();
+    let (code, out) = text_of(&config, &d.socket, &args);
+    assert_eq!(code, 0, "{cmd}\n{out}");
+    assert!(out.lines().last().is_some_and(|l| l.contains("✓ succeeded") && l.contains("all 2 unit(s)")), "{out}");
+}
+
+fn text_of(config: &Path, socket: &Path, args: &[&str]) -> (i32, String) {
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").unwrap();
+    let o = std::process::Command::new(bin).args(args).args(["--config", &s(config), "--socket", &s(socket)]).output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr));
+    assert!(!out.is_empty(), "pdctl {args:?} printed nothing on stdout: {err}");
+    (o.status.code().unwrap_or(-1), out)
 }

@@ -273,21 +273,7 @@ impl Renderer {
             (Outcome::Aborted, _, _) => {
                 let rest: Vec<&str> =
                     after.plan.iter().map(String::as_str).filter(|u| !s.units.iter().any(|d| d == u) && s.failed.as_ref().is_none_or(|f| f.unit != *u)).collect();
-                let next = if rest.is_empty() {
-                    "pdctl status".to_string()
-                } else {
-                    let mut n = String::from("pdctl restart --rolling");
-                    for u in &rest {
-                        n.push_str(&format!(" --unit {u}"));
-                    }
-                    if after.allow_outage {
-                        n.push_str(" --allow-outage");
-                    }
-                    if after.load_changes {
-                        n.push_str(" --load-changes");
-                    }
-                    n
-                };
+                let next = if rest.is_empty() { "pdctl status".to_string() } else { restart_of(&rest, after) };
                 format!("■ aborted by an operator{id} after {took}: verified {verified}; not started: {not_started}; next: {next}")
             }
             (Outcome::RolledBack, Some(f), _) => format!(
@@ -296,19 +282,48 @@ impl Renderer {
                 f.step.as_str(),
                 f.cause_code
             ),
-            (_, Some(f), Kind::Rollout) => format!(
-                "✗ halted{id} at {} ({}, {}){}; verified before it: {verified}; not started: {not_started}; next: {}",
-                f.unit,
-                f.step.as_str(),
-                f.cause_code,
-                state(&f.unit),
-                next_of(f)
-            ),
+            (_, Some(f), Kind::Rollout) => {
+                use pdctl_contract::api::RolloutKind;
+                // The retry it names covers what this rollout has left — the failed unit and
+                // those not started — with the flags it ran with (it named the failed unit alone,
+                // without them).
+                let rest: Vec<&str> = after.plan.iter().map(String::as_str).filter(|u| !s.units.iter().any(|d| d == u)).collect();
+                let retry = format!("`pdctl restart --rolling --unit {}`", f.unit);
+                let next = match after.kind {
+                    Some(RolloutKind::Restart | RolloutKind::Apply) if rest.contains(&f.unit.as_str()) => {
+                        next_of(f).replace(&retry, &format!("`{}`", restart_of(&rest, after)))
+                    }
+                    _ => next_of(f),
+                };
+                format!(
+                    "✗ halted{id} at {} ({}, {}){}; verified before it: {verified}; not started: {not_started}; next: {next}",
+                    f.unit,
+                    f.step.as_str(),
+                    f.cause_code,
+                    state(&f.unit)
+                )
+            }
             (_, Some(f), _) => format!("✗ {} failed at {} ({}); nothing was touched; next: {}", f.unit, f.step.as_str(), f.cause_code, next_of(f)),
             (_, None, _) => format!("✗ {:?} without a failed gate{id}", s.result),
         };
         println!("pdctl: {line}");
     }
+}
+
+/// `pdctl restart --rolling --unit …` for `units`, with the rollout's `--allow-outage` and
+/// `--load-changes`.
+fn restart_of(units: &[&str], after: &Epilogue) -> String {
+    let mut n = String::from("pdctl restart --rolling");
+    for u in units {
+        n.push_str(&format!(" --unit {u}"));
+    }
+    if after.allow_outage {
+        n.push_str(" --allow-outage");
+    }
+    if after.load_changes {
+        n.push_str(" --load-changes");
+    }
+    n
 }
 
 /// The failure's next step (from its cause), or for a record written before pdctl said one, the
