@@ -64,7 +64,17 @@ fn new_weights_go_in_without_a_restart_with_no_failed_request_and_no_mixed_pair(
     assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("weights"), Some("succeeded")), "{rec:#}");
     assert!(rec["notes"].as_array().is_some_and(|n| n.iter().any(|x| x.as_str().unwrap_or("").starts_with("every worker was paused for"))), "{rec:#}");
     // What an operator reads: the dry run touches nothing, the last line says what happened.
+    // A checkpoint that is not on the host, or a path with `..`: refused, as the dry run says
+    // (it used to say "✓ dry run" for a missing one).
     let (code, out) = human(&d, &config, &["rollout", "weights", "--model-path", "/models/dsv4-ft-1201", "--dry-run"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.lines().last().is_some_and(|l| l.contains("does not exist on this host") && l.contains("nothing was touched")), "{out}");
+    let (code, out) = human(&d, &config, &["rollout", "weights", "--model-path", "/models/../etc", "--dry-run"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("`..`"), "{out}");
+    let ft1201 = stack.sandbox.dir().join("models/dsv4-ft-1201").display().to_string();
+    std::fs::create_dir_all(&ft1201).expect("the checkpoint's directory");
+    let (code, out) = human(&d, &config, &["rollout", "weights", "--model-path", &ft1201, "--dry-run"]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("serves /models/dsv4-ft-1127 (weight_version ft-1127)")

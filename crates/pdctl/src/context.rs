@@ -210,6 +210,11 @@ pub async fn weights_dry_run(config: &Path, model_path: &str, version: Option<&s
         eprintln!("pdctl: ✗ rollout weights loads every worker of one host at once; with [fleet] other hosts' workers would pair with them across versions; nothing was touched; next: pdctl fleet weights --model-path {model_path}");
         return Exit::Usage;
     }
+    // The real run refuses a checkpoint directory that is not on this host: so does its dry run.
+    if let Some(why) = pdctl_core::sglang::model_dir_problem(model_path, false) {
+        println!("pdctl: ✗ dry run: {why}; nothing was touched; next: pdctl rollout weights --model-path PATH --dry-run with the checkpoint in place");
+        return Exit::Usage;
+    }
     let probes = pdctl_real::probes(&s);
     let mut rows = Vec::new();
     let mut unreadable = 0;

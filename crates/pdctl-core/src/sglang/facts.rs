@@ -206,12 +206,36 @@ pub fn model_path_problem(path: &str) -> Option<String> {
         Some("the model path is empty: give --model-path the absolute path of the checkpoint directory the servers load".into())
     } else if path.chars().any(char::is_control) {
         Some(format!("the model path {path:?} contains a control character: give the absolute path of the checkpoint directory"))
+    } else if path.split('/').any(|c| c == ".." || c == ".") {
+        Some(format!(
+            "the model path {path:?} has a `.` or `..` component: the record, `[rollout] model_paths` and the servers would each read it differently; give the resolved absolute path of the checkpoint directory"
+        ))
     } else if !path.starts_with('/') {
         Some(format!(
             "the model path {path:?} is relative: each server would resolve it against its own working directory (or read it as a model hub id); give the absolute path of the checkpoint directory"
         ))
     } else {
         None
+    }
+}
+
+/// What is wrong with the checkpoint directory `path` as this process sees it: missing, or not a
+/// directory (`None`: it is one, or this process cannot look — a permission error is the
+/// servers' to judge). `hidden_home`: this process runs with systemd's `ProtectHome=yes`, so a
+/// path under `/home`, `/root` or `/run/user` cannot be checked here and is not judged. The dry
+/// run of `pdctl rollout weights` asks (the real run loads nothing it cannot: a server that
+/// fails the load puts every worker back on its previous weights).
+pub fn model_dir_problem(path: &str, hidden_home: bool) -> Option<String> {
+    if hidden_home && ["/home/", "/root/", "/run/user/"].iter().any(|h| path.starts_with(h)) {
+        return None;
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(format!("the model path {path} is not a directory: give the checkpoint directory the servers load")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some(format!("the model path {path} does not exist on this host: copy the checkpoint there first (the servers would fail to load it)"))
+        }
+        Err(_) => None,
     }
 }
 
@@ -278,5 +302,18 @@ mod model_path_tests {
         assert!(model_path_problem("").is_some_and(|w| w.contains("empty")));
         assert!(model_path_problem("models/ft").is_some_and(|w| w.contains("relative")));
         assert_eq!(model_path_problem("/models/dsv4-ft-1127"), None);
+        // `/models/../etc` would pass a `/models` bound as text and load /etc.
+        for dotted in ["/models/../etc", "/models/./ft", "/models/ft/.."] {
+            assert!(model_path_problem(dotted).is_some_and(|w| w.contains("`..`")), "{dotted}");
+        }
+    }
+
+    #[test]
+    fn a_missing_checkpoint_directory_is_named_and_a_hidden_home_not_judged() {
+        use super::model_dir_problem;
+        assert_eq!(model_dir_problem("/", false), None);
+        assert!(model_dir_problem("/nonexistent/pdctl-model", false).is_some_and(|w| w.contains("does not exist")));
+        assert!(model_dir_problem("/proc/self/status", false).is_some_and(|w| w.contains("not a directory")));
+        assert_eq!(model_dir_problem("/home/nobody/no-such-model", true), None);
     }
 }
