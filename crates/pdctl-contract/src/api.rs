@@ -120,6 +120,10 @@ pub enum Request {
         /// Why (`--reason`; a fleet bake's breach says which figure).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
+        /// `--allow-outage`, asked for this revert; absent: as the reverted rollout ran (a fleet
+        /// bake's revert of its own rollout), never taken from it for an operator's revert.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        allow_outage: Option<bool>,
         /// The config the client planned with (see `Restart`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         config: Option<ConfigIdentity>,

@@ -286,6 +286,10 @@ enum RolloutCmd {
         /// Why (kept in the record).
         #[arg(long)]
         reason: Option<String>,
+        /// Accept serving stopping while the only worker of a role restarts (not taken from the
+        /// reverted rollout: asked here, or `[rollout] allow_outage`).
+        #[arg(long)]
+        allow_outage: bool,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -440,12 +444,12 @@ async fn rollout_cmd(r: RolloutCmd, config: &std::path::Path, client: &client::C
             };
             rollout::start(client, config, &Request::Weights { model_path, version, reason, fleet_rollout: None, config: identity }, json).await
         }
-        RolloutCmd::Revert { id, reason, json } => {
+        RolloutCmd::Revert { id, reason, allow_outage, json } => {
             let identity = match rollout::same_config(client, config, json).await {
                 Ok(i) => i,
                 Err(c) => return c,
             };
-            rollout::start(client, config, &Request::Revert { id, reason, config: identity }, json).await
+            rollout::start(client, config, &Request::Revert { id, reason, allow_outage: Some(allow_outage), config: identity }, json).await
         }
         RolloutCmd::History(a) => rollout::history(client, a.json).await,
         RolloutCmd::Show { id, json } => rollout::show(client, &id, json).await,

@@ -186,6 +186,14 @@ where
             availability: None,
             failed,
         };
+        // A refusal touches nothing: the preflight each worker's restart will run (the outage it
+        // would cause among them) is asked before any file is put back; only its verdict is said.
+        let (quiet, _unheard) = tokio::sync::mpsc::unbounded_channel();
+        let asked = Ctx { load_changes: true, ..ctx };
+        if let Err((unit, f)) = crate::engine::gates::preflight::preflight(self, plan, &quiet, true, asked).await {
+            StepRun::start(sink, &unit, Step::Preflight).fail(&f);
+            return end(Outcome::Failed, &done, Some(self.failure(&unit, Step::Preflight, f).await));
+        }
         for w in &plan.workers {
             if abort.load(std::sync::atomic::Ordering::SeqCst) {
                 return end(Outcome::Aborted, &done, None);

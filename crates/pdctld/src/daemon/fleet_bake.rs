@@ -211,7 +211,7 @@ impl Daemon {
             fleetlock: None,
             pdctld: false,
         };
-        let s = match start(self.clone(), Request::Revert { id: local_id.to_string(), reason: Some(reason), config: None }, by).await {
+        let s = match start(self.clone(), Request::Revert { id: local_id.to_string(), reason: Some(reason), allow_outage: None, config: None }, by).await {
             Ok(Started { id: Some(id), .. }) => self.follow(c, f, &r.id, &id, &mut sent, false).await,
             // Its part changed no file (a plain restart): nothing to put back, and nothing wrong.
             Ok(Started { message, .. }) => ended(HostResult::Succeeded, None, message.unwrap_or_default()),

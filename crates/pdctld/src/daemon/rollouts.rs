@@ -81,7 +81,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
             Planned { weights: Some((model_path, version, fleet_rollout)), ..Planned::of(RolloutKind::Weights, plan, true) }
         }
-        Request::Revert { id: old_id, .. } => match plan_revert(&daemon, &e, &old_id)? {
+        Request::Revert { id: old_id, allow_outage, .. } => match plan_revert(&daemon, &e, &old_id, allow_outage)? {
             Planning::Run(p) => p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
@@ -389,7 +389,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
 /// A revert's plan: the workers rollout `old_id` restarted with changed files (those whose
 /// revision from before it was kept), the last first, each with that revision; nothing when it
 /// changed no worker's files (nothing to put back).
-fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Planning, Cause> {
+fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str, allow_outage: Option<bool>) -> Result<Planning, Cause> {
     let old = daemon.load(old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.to_string() })?;
     if old.lifecycle.state() == RolloutState::Running {
         return Err(Cause::WrongState {
@@ -441,7 +441,7 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str) -> Result<Planning
         plan,
         reasons,
         resumes: None,
-        allow_outage: old.allow_outage,
+        allow_outage: allow_outage.unwrap_or(old.allow_outage),
         load_changes: true,
         reverify: 0,
         restore: Some(restore),
