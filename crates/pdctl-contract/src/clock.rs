@@ -22,4 +22,26 @@ pub struct StartTime {
     /// Milliseconds out of the router, drain to re-admission, at its last verified restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_ms: Option<u64>,
+    /// When that window ended (its re-admission; milliseconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_until_ms: Option<u64>,
+    /// The window is the interruption of a 1P1D pair restarted together with this unit
+    /// (`single_pair = "together"`): from the first take-out to the last re-admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub together_with: Option<String>,
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// "40s ago", "12min ago", "3h ago", "2d ago" since `at` (seconds since the epoch).
+pub fn ago(at: u64) -> String {
+    match now().saturating_sub(at) {
+        s @ 0..=119 => format!("{s}s ago"),
+        s @ 120..=7_199 => format!("{}min ago", s / 60),
+        s @ 7_200..=172_799 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86_400),
+    }
 }

@@ -27,7 +27,7 @@ impl Cause {
             Cause::OnlyWorkerOfRole {
                 unit: unit(),
                 role: "prefill".into(),
-                expected: Some(crate::clock::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000) }),
+                expected: Some(crate::clock::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000), window_until_ms: None, together_with: None }),
                 peers: "the gateway admits 0 other prefill worker(s) of 1 it lists".into(),
                 host_drain: false,
             },

@@ -621,14 +621,19 @@ pub fn dur(d: &Duration) -> String {
     }
 }
 
-/// "about 11s (its last measured window out of the router: drain, stop, start, gates,
-/// re-admission)"; where only a start was measured, that start as a lower bound; or what is known
+/// "about 11s (its last measured window out of the router: take-out, stop, start, gates,
+/// re-admission, 3h ago)" — for a pair restarted together, their last interruption; where only a start was measured, that start as a lower bound; or what is known
 /// without a measurement.
 pub fn outage(expected: &Option<crate::clock::StartTime>) -> String {
     let secs = |ms: u64| ms.div_ceil(1000).max(1);
     match expected {
-        Some(crate::clock::StartTime { window_ms: Some(w), .. }) => {
-            format!("about {}s (its last measured window out of the router: drain, stop, start, gates, re-admission)", secs(*w))
+        Some(crate::clock::StartTime { window_ms: Some(w), together_with: Some(other), at, .. }) => format!(
+            "about {}s (the pair's last measured interruption, restarted together with {other}: first take-out to last re-admission, {})",
+            secs(*w),
+            crate::clock::ago(*at)
+        ),
+        Some(crate::clock::StartTime { window_ms: Some(w), at, .. }) => {
+            format!("about {}s (its last measured window out of the router: take-out, stop, start, gates, re-admission, {})", secs(*w), crate::clock::ago(*at))
         }
         Some(s) if s.ms > 0 => {
             format!("more than {}s (its last measured start, {}s, plus its drain, stop and re-admission, not measured here yet)", secs(s.ms), secs(s.ms))

@@ -339,6 +339,12 @@ where
         let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp), self.restart_one(d, sink, cd));
         if rp.is_ok() && rd.is_ok() {
             gates::slot::release_slots(self, &p.unit, &slots, ctx).await;
+            // The outage to expect next time is the pair's: first take-out to last re-admission.
+            if let Some(dir) = ctx.writes.revisions {
+                if let Err(e) = crate::state::revisions::record_pair_window(dir, &p.unit, &d.unit) {
+                    tracing::warn!("cannot record the interruption of {} and {} restarted together: {e}", p.unit, d.unit);
+                }
+            }
         }
         for (w, r) in [(p, rp), (d, rd)] {
             match r {

@@ -411,8 +411,10 @@ where
             StepRun::start(sink, unit, Step::Router).skip(rule(Step::Router, &self.settings).off_because.unwrap_or_default());
             return Ok(());
         }
-        // Out of the router since its drain — or since the restart took it out (deferred).
-        let out_since = r.restarted.as_ref().and_then(|x| x.taken_out).or(r.drain_began).unwrap_or_else(Instant::now);
+        // Out of the router since its drain — or since the restart took it out (deferred). A
+        // run resumed after its drain does not know when that was: it records no window (one
+        // from here would be its router gate alone, and the next estimate would say "about 2s").
+        let out_since = r.restarted.as_ref().and_then(|x| x.taken_out).or(r.drain_began);
         reported(sink, unit, Step::Router, async {
             // Every worker of the other PD role out of the router by this rollout's own drains
             // (a decode repaired while its prefill waits drained): no request can pass the
@@ -427,7 +429,7 @@ where
             }
             // Drain, stop, start, gates, re-admission: the outage to expect next time if it
             // is alone in its role.
-            if let Some(dir) = ctx.writes.revisions {
+            if let (Some(dir), Some(out_since)) = (ctx.writes.revisions, out_since) {
                 if let Err(e) = revisions::record_window(dir, unit, out_since.elapsed().as_millis() as u64) {
                     tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
                 }

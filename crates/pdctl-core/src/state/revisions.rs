@@ -13,7 +13,7 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::clock::now;
+use crate::clock::{now, now_ms};
 pub use crate::clock::StartTime;
 use crate::ports::UnitConfig;
 pub use crate::state::state_file::{atomic_write, create_private_dir, STATE_DIR_MODE, STATE_FILE_MODE};
@@ -217,16 +217,37 @@ fn start_path(dir: &Path, unit: &str) -> PathBuf {
 
 /// Record how long `unit`'s verified start took (its last window is kept).
 pub fn record_start(dir: &Path, unit: &str, ms: u64) -> std::io::Result<()> {
-    let window_ms = last_start(dir, unit).and_then(|s| s.window_ms);
-    let bytes = serde_json::to_vec(&StartTime { ms, at: now(), window_ms }).map_err(std::io::Error::other)?;
+    let t = match last_start(dir, unit) {
+        Some(last) => StartTime { ms, at: now(), ..last },
+        None => StartTime { ms, at: now(), window_ms: None, window_until_ms: None, together_with: None },
+    };
+    let bytes = serde_json::to_vec(&t).map_err(std::io::Error::other)?;
     atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)
 }
 
-/// Record how long `unit` was out of the router, drain to re-admission (its start is kept).
+/// Record how long `unit` was out of the router, take-out to re-admission, ending now (its start
+/// is kept).
 pub fn record_window(dir: &Path, unit: &str, window_ms: u64) -> std::io::Result<()> {
     let ms = last_start(dir, unit).map(|s| s.ms).unwrap_or(0);
-    let bytes = serde_json::to_vec(&StartTime { ms, at: now(), window_ms: Some(window_ms) }).map_err(std::io::Error::other)?;
+    let t = StartTime { ms, at: now(), window_ms: Some(window_ms), window_until_ms: Some(now_ms()), together_with: None };
+    let bytes = serde_json::to_vec(&t).map_err(std::io::Error::other)?;
     atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)
+}
+
+/// After a 1P1D pair restarted together: each one's window becomes the pair's interruption, from
+/// the first take-out to the last re-admission (what clients saw: no request passes while either
+/// is out), where both windows of this restart are on record.
+pub fn record_pair_window(dir: &Path, a: &str, b: &str) -> std::io::Result<()> {
+    let (Some(ta), Some(tb)) = (last_start(dir, a), last_start(dir, b)) else { return Ok(()) };
+    let span = |t: &StartTime| Some((t.window_until_ms?.saturating_sub(t.window_ms?), t.window_until_ms?));
+    let (Some((from_a, to_a)), Some((from_b, to_b))) = (span(&ta), span(&tb)) else { return Ok(()) };
+    let union = to_a.max(to_b).saturating_sub(from_a.min(from_b));
+    for (unit, t, other) in [(a, ta, b), (b, tb, a)] {
+        let t = StartTime { window_ms: Some(union), together_with: Some(other.to_string()), ..t };
+        let bytes = serde_json::to_vec(&t).map_err(std::io::Error::other)?;
+        atomic_write(&start_path(dir, unit), &bytes, STATE_FILE_MODE)?;
+    }
+    Ok(())
 }
 
 /// How long a worker's last load of new weights in place took (`/update_weights_from_disk`).

@@ -425,11 +425,12 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
     let peers = crate::engine::role_floor::peers(w.role, &[&w.url], gateway, &eng.settings.workers);
     let (true, true) = (peers.alone(), ctx.outage.restarts()) else { return Ok(None) };
     let allowed = ctx.outage.accepted();
-    let expected = match (ctx.writes.revisions, ctx.known.and_then(|k| k.get(&w.unit))) {
-        (Some(d), _) => revisions::last_start(d, &w.unit),
+    let expected_of = |unit: &str| match (ctx.writes.revisions, ctx.known.and_then(|k| k.get(unit))) {
+        (Some(d), _) => revisions::last_start(d, unit),
         (None, Some(k)) => k.timing.clone(),
         (None, None) => None,
     };
+    let expected = expected_of(&w.unit);
     if !allowed {
         return Err((expected, peers));
     }
@@ -448,6 +449,12 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
     let how = match together {
         Some(other) => format!("restarted together with {other} (single_pair = \"together\"): serving stops once, while both restart"),
         None => "serving stops while it restarts".to_string(),
+    };
+    // Together, both say the same interruption: the pair's when it was measured, else the
+    // longer of the two windows on record (each from its own take-out: a lower bound).
+    let expected = match together {
+        Some(other) => [expected, expected_of(other)].into_iter().flatten().max_by_key(|t| (t.together_with.is_some(), t.window_ms, t.ms)),
+        None => expected,
     };
     Ok(Some(format!("{} is the only {} worker: {how}, for {} (accepted: allow_outage)", w.unit, w.role.as_str(), crate::cause::outage(&expected))))
 }
