@@ -104,6 +104,23 @@ fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_
         }
     }
     assert!(passed(&rec, P, "pair") || passed(&rec, D, "pair"), "the pair probed: {rec:#}");
+    // Both were started by the boot: verified together, not one after the other's soak (the
+    // decode waited for the prefill's router gate and soak, 5.2 s).
+    let events = rec["events"].as_array().cloned().unwrap_or_default();
+    let index = |u: &str, step: &str| events.iter().position(|e| e["unit"] == u && e["step"] == step && e["status"] == "passed");
+    let at = |u: &str, step: &str| {
+        let e = events.iter().find(|e| e["unit"] == u && e["step"] == step && e["status"] == "passed").expect("passed");
+        humantime::parse_rfc3339(e["at"].as_str().expect("at")).expect("RFC 3339")
+    };
+    // When each logged its ready line (journald's receive time), not when pdctl got to it.
+    let line = |u: &str| {
+        let e = events.iter().find(|e| e["unit"] == u && e["step"] == "ready" && e["status"] == "passed").expect("ready");
+        std::time::UNIX_EPOCH + Duration::from_micros(e["detail"]["journal_realtime_us"].as_u64().expect("journal_realtime_us"))
+    };
+    let (ready, admitted) = (line(P).max(line(D)), at(P, "router").max(at(D, "router")));
+    println!("1P1D resume: both ready lines → both admitted {:?}", admitted.duration_since(ready).unwrap_or_default());
+    assert!(index(D, "router") < index(P, "soak") && index(P, "router") < index(D, "soak"), "both admitted before either soak ended: {rec:#}");
+
     assert_ne!(s.show(P, "InvocationID").expect("p"), before.0, "a new run after the reboot");
     assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2, "both admitted again");
     let (code, out, err) = pdctl(&config, &["host", "status", "--socket", &d.socket.display().to_string()]);

@@ -16,7 +16,7 @@ use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::{gates, Engine, Tally, Underway};
 use crate::events::{Outcome, Step, Summary};
 use crate::plan::Plan;
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::{ActiveState, Logs, Probes, Units};
 use crate::state::drain_ledger::{Ledger, MaintainedUnit, Maintenance, MaintenancePhase};
 
 /// Who asked for a host drain, and why (kept in the maintenance record).
@@ -290,20 +290,56 @@ where
         let boot_head = self.boot_head_after_reboot(&m).await;
         let mut order = drain_order(plan);
         order.reverse();
-        for (i, w) in order.iter().copied().enumerate() {
-            if abort.load(Ordering::SeqCst) {
-                return self.host_resume_failed(&mut m, ledger, run.t, None).await;
-            }
-            let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
-            r.maintained = m.units.iter().find(|u| u.unit == w.unit).cloned().map(|mut u| {
+        // What the boot started already is verified together, each through every gate (a
+        // prefill's pair probe waits for nothing: the later of a pair to be ready probes it);
+        // only what must be started is started, in order, after them.
+        let mut booted = Vec::new();
+        let mut stopped = Vec::new();
+        for w in order.iter().copied() {
+            let running = self.units.state(&w.unit).await.is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
+            if running { booted.push(w) } else { stopped.push(w) }
+        }
+        let peer = |a: &Worker, b: &Worker| a.role != b.role && a.role != Role::Regular && b.role != Role::Regular;
+        // Its recorded stop (and, after a reboot, this boot's journal head for its ready line).
+        let maintained = |w: &Worker| {
+            m.units.iter().find(|u| u.unit == w.unit).cloned().map(|mut u| {
                 if boot_head.is_some() {
                     u.cursor.clone_from(&boot_head);
                 }
                 u
-            });
+            })
+        };
+        if abort.load(Ordering::SeqCst) {
+            return self.host_resume_failed(&mut m, ledger, run.t, None).await;
+        }
+        let together = futures_util::future::join_all(booted.iter().map(|w| {
+            let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
+            r.maintained = maintained(w);
+            // Its peers come back beside it: none may serve behind the gateway yet.
+            r.peers_out = order.iter().any(|o| peer(o, w));
+            async move { (w, self.run_sequence(&mut r).await) }
+        }))
+        .await;
+        let mut failed = None;
+        for (w, res) in together {
+            match res {
+                Ok(_) => run.t.done.push(w.unit.clone()),
+                Err((step, f)) if failed.is_none() => failed = Some((w.unit.clone(), step, f)),
+                Err(_) => {}
+            }
+        }
+        if let Some((unit, step, f)) = failed {
+            let failure = self.failure(&unit, step, f).await;
+            return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
+        }
+        for (i, w) in stopped.iter().copied().enumerate() {
+            if abort.load(Ordering::SeqCst) {
+                return self.host_resume_failed(&mut m, ledger, run.t, None).await;
+            }
+            let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
+            r.maintained = maintained(w);
             // Its peers come back after it: none serves behind the gateway yet.
-            let peer = |o: &&Worker| o.role != w.role && o.role != Role::Regular && w.role != Role::Regular;
-            r.peers_out = order.iter().any(&peer) && order.iter().take(i).all(|o| !peer(o));
+            r.peers_out = order.iter().any(|o| peer(o, w)) && !booted.iter().chain(stopped.iter().take(i)).any(|o| peer(o, w));
             if let Err((step, f)) = self.run_sequence(&mut r).await {
                 let failure = self.failure(&w.unit, step, f).await;
                 return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
