@@ -348,7 +348,9 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
     let first = usize::from(!old.lifecycle.position().is_some_and(|p| p.step == Step::Slot));
     // A unit after it that this rollout already restarted (`single_pair = "together"` restarts
     // both at once) and whose run is still that one is re-verified too, not restarted again:
-    // its InvocationID now is the one its restart recorded.
+    // its InvocationID now is the one its restart recorded — or, where pdctld died before that
+    // event reached the record (the stream hears of it first), its run began after this
+    // rollout did (a run no older than the rollout loaded what the rollout would load).
     let mut lead: Vec<String> = old.plan.get(from).cloned().into_iter().collect();
     let mut rest = Vec::new();
     for u in old.plan.iter().skip(from + 1) {
@@ -358,8 +360,10 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
             .rev()
             .find(|ev| ev.unit == *u && ev.step == Step::Restart && ev.status == pdctl_contract::events::Status::Passed)
             .and_then(|ev| ev.detail.get("invocation_id").and_then(|v| v.as_str()).map(String::from));
-        let now = e.units.state(u).await.ok().map(|s| s.invocation_id);
-        if first == 1 && restarted_as.is_some() && restarted_as == now {
+        let state = e.units.state(u).await.ok();
+        let now = state.as_ref().map(|s| s.invocation_id.clone());
+        let began_since = state.as_ref().is_some_and(|s| s.exec_main_start_us > old.created_at.saturating_mul(1_000_000));
+        if first == 1 && ((restarted_as.is_some() && restarted_as == now) || (restarted_as.is_none() && began_since)) {
             lead.push(u.clone());
         } else {
             rest.push(u.clone());
