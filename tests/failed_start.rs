@@ -29,9 +29,44 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     // number 2 at once after it failed (no start limit; each later start waits 0.3 s after
     // saying its number, so that the loop does not keep the manager busy).
     let counter = stack.sandbox.dir().join("starts");
-    let pre = format!("/bin/sh -c 'n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo \"start number $n\"; [ $n -eq 1 ] || sleep 0.3'", c = counter.display());
-    stack.drop_in(P, "50-turbo", &format!("[Unit]\nStartLimitIntervalSec=0\n[Service]\nRestartSec=0\nExecStartPre={pre}\nExecStart=\n{exec} --enable-turbo-mode\n")).unwrap();
-    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--if-changed", "--json"], LIMIT);
+    let pre = format!(
+        "/bin/sh -c 'n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo \"start number $n\"; [ $n -eq 1 ] || sleep 0.3'",
+        c = counter.display()
+    );
+    stack
+        .drop_in(
+            P,
+            "50-turbo",
+            &format!("[Unit]\nStartLimitIntervalSec=0\n[Service]\nRestartSec=0\nExecStartPre={pre}\nExecStart=\n{exec} --enable-turbo-mode\n"),
+        )
+        .unwrap();
+    // While the restart stops the old run, a local account writes a line "about" the unit
+    // (`logger --journald UNIT=…`): not the unit's, so never among its last words.
+    let forged = std::sync::atomic::AtomicBool::new(false);
+    let r = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let stopping =
+                pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(20), || stack.show(P, "ActiveState").is_ok_and(|a| a == "deactivating"));
+            if !stopping {
+                return;
+            }
+            // As many as the failure keeps, so that some would be among its last lines.
+            for i in 0..25 {
+                let mut c = stack.sandbox.command("/usr/bin/setpriv");
+                c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "logger", "--journald"]).stdin(std::process::Stdio::piped());
+                if let Ok(mut child) = c.spawn() {
+                    if let Some(mut stdin) = child.stdin.take() {
+                        let _ = std::io::Write::write_all(&mut stdin, format!("MESSAGE=FORGED {i} by nobody\nUNIT={P}\nUSER_UNIT={P}\n").as_bytes());
+                    }
+                    if child.wait().is_ok_and(|st| st.success()) {
+                        forged.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            }
+        });
+        pdctl_daemon(&d, &config, &["rollout", "apply", "--if-changed", "--json"], LIMIT)
+    });
+    assert!(forged.load(std::sync::atomic::Ordering::SeqCst), "the forged line was written during the stop: the test observed what it is about");
     assert_eq!(r.summary["result"], "rolled_back", "{:#?} {}", r.summary, r.stderr);
     let f = &r.summary["failed"];
     assert_eq!(f["unit"], P, "{f:#}");
@@ -41,6 +76,7 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     let last: Vec<&str> = f["last_lines"].as_array().unwrap().iter().filter_map(|l| l.as_str()).collect();
     assert!(last.iter().any(|l| l.contains("unrecognized arguments: --enable-turbo-mode")), "{last:#?}");
     assert!(last.iter().any(|l| l.contains("start number 1")) && !last.iter().any(|l| l.contains("start number 2")), "this start's lines only: {last:#?}");
+    assert!(!last.iter().any(|l| l.contains("FORGED")), "another account's line is not the unit's: {last:#?}");
     let starts: u32 = std::fs::read_to_string(&counter).unwrap().trim().parse().unwrap();
     assert!(starts >= 2, "systemd started it again after the failure ({starts} starts): the test observed what it is about");
     // The worker was down after its failed start; the rollback re-admitted it: no step failed

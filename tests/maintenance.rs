@@ -106,20 +106,7 @@ fn a_host_is_drained_for_maintenance_and_after_its_reboot_resumed_through_every_
     assert!(passed(&rec, P, "pair") || passed(&rec, D, "pair"), "the pair probed: {rec:#}");
     // Both were started by the boot: verified together, not one after the other's soak (the
     // decode waited for the prefill's router gate and soak, 5.2 s).
-    let events = rec["events"].as_array().cloned().unwrap_or_default();
-    let index = |u: &str, step: &str| events.iter().position(|e| e["unit"] == u && e["step"] == step && e["status"] == "passed");
-    let at = |u: &str, step: &str| {
-        let e = events.iter().find(|e| e["unit"] == u && e["step"] == step && e["status"] == "passed").expect("passed");
-        humantime::parse_rfc3339(e["at"].as_str().expect("at")).expect("RFC 3339")
-    };
-    // When each logged its ready line (journald's receive time), not when pdctl got to it.
-    let line = |u: &str| {
-        let e = events.iter().find(|e| e["unit"] == u && e["step"] == "ready" && e["status"] == "passed").expect("ready");
-        std::time::UNIX_EPOCH + Duration::from_micros(e["detail"]["journal_realtime_us"].as_u64().expect("journal_realtime_us"))
-    };
-    let (ready, admitted) = (line(P).max(line(D)), at(P, "router").max(at(D, "router")));
-    println!("1P1D resume: both ready lines → both admitted {:?}", admitted.duration_since(ready).unwrap_or_default());
-    assert!(index(D, "router") < index(P, "soak") && index(P, "router") < index(D, "soak"), "both admitted before either soak ended: {rec:#}");
+    resumed_together(&rec);
 
     assert_ne!(s.show(P, "InvocationID").expect("p"), before.0, "a new run after the reboot");
     assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2, "both admitted again");
@@ -143,6 +130,95 @@ fn fleetlock(base: &str, what: &str, id: &str, group: &str) -> (u16, Value) {
         let code = r.status().as_u16();
         (code, r.json().await.unwrap_or(Value::Null))
     })
+}
+
+/// The resume of a 1P1D host whose boot started both workers verified them together: both
+/// admitted before either soak ended. Prints the window from the later ready line to the later
+/// re-admission (4.1 s one after the other, 1.07 s together).
+fn resumed_together(rec: &Value) {
+    let events = rec["events"].as_array().cloned().unwrap_or_default();
+    let index = |u: &str, step: &str| events.iter().position(|e| e["unit"] == u && e["step"] == step && e["status"] == "passed");
+    let at = |u: &str, step: &str| {
+        let e = events.iter().find(|e| e["unit"] == u && e["step"] == step && e["status"] == "passed").expect("passed");
+        humantime::parse_rfc3339(e["at"].as_str().expect("at")).expect("RFC 3339")
+    };
+    // When each logged its ready line (journald's receive time), not when pdctl got to it.
+    let line = |u: &str| {
+        let e = events.iter().find(|e| e["unit"] == u && e["step"] == "ready" && e["status"] == "passed").expect("ready");
+        std::time::UNIX_EPOCH + Duration::from_micros(e["detail"]["journal_realtime_us"].as_u64().expect("journal_realtime_us"))
+    };
+    let (ready, admitted) = (line(P).max(line(D)), at(P, "router").max(at(D, "router")));
+    println!("1P1D resume: both ready lines → both admitted {:?}", admitted.duration_since(ready).unwrap_or_default());
+    assert!(index(D, "router") < index(P, "soak") && index(P, "router") < index(D, "soak"), "both admitted before either soak ended: {rec:#}");
+}
+
+/// A FleetLock request sent by the local account `uid` (`setpriv`, as a process of that user
+/// would send it): status and body.
+fn fleetlock_as(uid: u32, base: &str, what: &str, id: &str, group: &str, header: bool) -> (u16, String) {
+    let script = "import sys, json, urllib.request, urllib.error\n\
+url, idv, grp, hdr = sys.argv[1:5]\n\
+req = urllib.request.Request(url, data=json.dumps({'client_params': {'id': idv, 'group': grp}}).encode(), method='POST')\n\
+req.add_header('content-type', 'application/json')\n\
+if hdr == '1': req.add_header('fleet-lock-protocol', 'true')\n\
+try:\n    r = urllib.request.urlopen(req, timeout=60); print(r.status); print(r.read().decode())\n\
+except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n";
+    let uid = uid.to_string();
+    let o = std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            &uid,
+            "--regid",
+            &uid,
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            script,
+            &format!("{base}/v1/{what}"),
+            id,
+            group,
+            if header { "1" } else { "0" },
+        ])
+        .output()
+        .expect("setpriv python3");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (code, body) = out.split_once('\n').unwrap_or((&out, ""));
+    (code.trim().parse().unwrap_or_else(|_| panic!("no status: {out}{}", String::from_utf8_lossy(&o.stderr))), body.trim().to_string())
+}
+
+/// The FleetLock protocol carries no credential, and the endpoint listens on loopback: any local
+/// account could drain the host (three requests as `nobody`, the refusals telling it the id and
+/// then the group). Only root and the accounts in `[maintenance] fleetlock_users` may ask — told
+/// by the kernel's socket table — and everyone else is refused 403 without either being named:
+/// nothing stops, nothing is recorded. Named there, the same account drains the host, and the
+/// record says its uid.
+#[test]
+fn only_root_and_the_update_agents_account_may_drain_the_host_through_fleetlock() {
+    let (s, config, d) = pdctl_tests::stack_with_pdctld();
+    let base = with_fleetlock(&config);
+    let ours = config.parent().expect("dir").join("config.d/41-agent.toml");
+    std::fs::write(&ours, "[maintenance]\nfleetlock_id = \"node-a\"\n").expect("fragment");
+    s.sandbox.systemctl(&["restart", &d.unit]).expect("restart pdctld: the endpoint opens at its start");
+    let before = (s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d"));
+    const NOBODY: u32 = 65534;
+    for (id, group, header) in [("x", "y", false), ("someone", "default", true), ("node-a", "default", true)] {
+        let (code, body) = fleetlock_as(NOBODY, &base, "pre-reboot", id, group, header);
+        assert_eq!(code, 403, "{id} {group}: {body}");
+        assert!(body.contains("\"forbidden\"") && body.contains("uid 65534") && !body.contains("node-a") && !body.contains("\"default\""), "{body}");
+    }
+    assert_eq!((s.show(P, "InvocationID").expect("p"), s.show(D, "InvocationID").expect("d")), before, "nothing stopped");
+    assert!(host_status(&d)["maintenance"].is_null(), "nothing recorded");
+    let (_, list) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    assert!(!list.to_string().contains("host_drain"), "no drain: {list:#}");
+
+    // The update agent's account, named: it drains the host.
+    std::fs::write(&ours, "[maintenance]\nfleetlock_id = \"node-a\"\nfleetlock_users = [\"nobody\"]\n").expect("fragment");
+    let (code, body) = fleetlock_as(NOBODY, &base, "pre-reboot", "node-a", "default", true);
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("host drain") && body.contains("started"), "{body}");
+    assert!(until(LIMIT, || host_status(&d)["maintenance"]["phase"] == "down"), "drained: {:#}", host_status(&d));
+    let rec = newest(&d);
+    assert_eq!((rec["kind"].as_str(), rec["started_by"]["uid"].as_u64()), (Some("host_drain"), Some(u64::from(NOBODY))), "{rec:#}");
+    assert_eq!(rec["started_by"]["fleetlock"], "node-a", "{rec:#}");
 }
 
 /// `[maintenance]` with the FleetLock endpoint on a free port of this host: its base URL.
@@ -325,7 +401,10 @@ fn pdctld_sigkilled_mid_host_drain_brings_the_host_back_at_its_next_start() {
     let at = |l: &str, col: &str| head.find(col).map(|i| l.get(i..).unwrap_or("").split_whitespace().next().unwrap_or("").to_string());
     for l in table.lines().skip(1) {
         assert!(["restart", "apply", "host_drain", "host_resume"].contains(&at(l, "KIND").unwrap_or_default().as_str()), "KIND at its column: {l}\n{table}");
-        assert!(["succeeded", "failed", "rolled_back", "interrupted", "aborted"].contains(&at(l, "STATE").unwrap_or_default().as_str()), "STATE at its column: {l}\n{table}");
+        assert!(
+            ["succeeded", "failed", "rolled_back", "interrupted", "aborted"].contains(&at(l, "STATE").unwrap_or_default().as_str()),
+            "STATE at its column: {l}\n{table}"
+        );
     }
     let shown = text(&d, &config, &["rollout", "show", newest(&d)["id"].as_str().expect("id")]);
     let by = shown.lines().find(|l| l.starts_with("by ")).unwrap_or_default().to_string();

@@ -1,6 +1,7 @@
 //! `pdctl status` says what is true now: a pair probe is history, so a pair one of whose workers
 //! is not serving does not read "ok"; and a worker whose port accepts and never answers costs the
-//! command one bounded wait, said as such, not one wait per call. On the sandbox (real systemd,
+//! command one bounded wait, said as such, not one wait per call; a worker's answer (its weight
+//! version) that would drive the terminal is shown, its escapes made visible, not sent. On the sandbox (real systemd,
 //! journald, D-Bus) behind the real gateway, with pdctld.
 
 use std::path::Path;
@@ -23,7 +24,7 @@ fn human(config: &Path, socket: &Path, args: &[&str]) -> (i32, String) {
 }
 
 #[test]
-fn a_pair_with_a_stopped_decode_is_not_ok_and_a_silent_port_is_one_bounded_wait() {
+fn a_pair_with_a_stopped_decode_is_not_ok_escapes_are_shown_not_sent_and_a_silent_port_is_one_bounded_wait() {
     let (stack, config, d) = stack_with_pdctld();
     // A restart of the prefill probes its pair with the decode: pdctld keeps that probe.
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", P, "--json"], LIMIT);
@@ -32,6 +33,17 @@ fn a_pair_with_a_stopped_decode_is_not_ok_and_a_silent_port_is_one_bounded_wait(
     assert_eq!(code, 0, "{out}");
     let pairs = out.lines().find(|l| l.contains("pairs with:")).unwrap_or_else(|| panic!("the pair is shown: {out}")).to_string();
     assert!(pairs.contains(&format!("{P} ok (")), "{out}");
+
+    // A worker's answer that would drive the terminal (its weight version): shown, made safe.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let model = stack.sandbox.dir().join("models/dsv4").display().to_string();
+    let loaded = rt.block_on(async {
+        let body = serde_json::json!({"model_path": model, "weight_version": "\u{1b}]0;PWNED\u{7}\u{1b}[2J"});
+        pdctl_tests::http().post(format!("{}/update_weights_from_disk", stack.prefill.url)).json(&body).send().await.map(|r| r.status().as_u16()).unwrap_or(0)
+    });
+    assert_eq!(loaded, 200, "the simulator took the version");
+    let (_, out) = human(&config, &d.socket, &["status"]);
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}') && out.contains("PWNED"), "escapes shown, not sent: {out:?}");
 
     // The decode stops: the probe is not news of now.
     stack.sandbox.systemctl(&["stop", D]).unwrap();

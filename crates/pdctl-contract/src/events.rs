@@ -181,10 +181,11 @@ impl Failure {
         Failure {
             unit: unit.to_string(),
             step,
-            cause: cause.sentence(),
+            // Kept in records, the API and etcd, printed on terminals: no secrets, no escapes (a
+            // cause quotes workers' answers: a 5xx body, a weight version).
+            cause: crate::redact::line(&cause.sentence()),
             cause_code: cause.code().to_string(),
             kind: cause.kind(),
-            // Kept in records, the API and etcd, printed on terminals: no secrets, no escapes.
             last_lines: last_lines.iter().map(|l| crate::redact::line(l)).collect(),
             next: cause.next_step(unit),
         }

@@ -21,5 +21,6 @@ pub mod names;
 pub mod next;
 pub mod records;
 pub mod redact;
+pub mod started_by;
 pub mod url;
 pub mod window;

@@ -96,6 +96,7 @@ impl Cause {
                 "free space or fix the permissions of pdctld's state directory (/var/lib/pdctl), then `pdctl status`".into()
             }
             Cause::NoSuchRollout { .. } | Cause::WrongState { .. } => "`pdctl rollout history`".into(),
+            Cause::TooManyStreams { .. } => "close another stream of this account (each watch of a running rollout holds one), then ask again; `pdctl rollout history` lists the rollouts".into(),
             // A quarantined change is not rolled out by `rollout apply` (it answers "nothing to
             // do: quarantined"): only an explicit --load-changes takes it, or a fix of the files.
             Cause::ChangesPending { unit, quarantined: Some(_), .. } => {

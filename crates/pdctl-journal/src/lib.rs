@@ -90,6 +90,27 @@ fn add_unit_matches(j: &mut Journal, unit: &str) -> std::result::Result<(), std:
     Ok(())
 }
 
+/// Whether an entry the unit's matches found is the unit's: its own output (journald's trusted
+/// `_SYSTEMD_UNIT`/`_SYSTEMD_USER_UNIT`), or a service manager's message about it (`UNIT=` and
+/// `USER_UNIT=` are fields any client may write, so only from a trusted `_UID` of root or this
+/// process's user, as a manager's are). A line any local user wrote with `logger --journald
+/// UNIT=…` is not: it never reaches a gate, a stop report or a failure's last lines.
+fn is_the_units(fields: &BTreeMap<String, String>, unit: &str) -> bool {
+    if fields.get("_SYSTEMD_UNIT").or_else(|| fields.get("_SYSTEMD_USER_UNIT")).is_some_and(|u| u == unit) {
+        return true;
+    }
+    let about = fields.get("UNIT").or_else(|| fields.get("USER_UNIT")).is_some_and(|u| u == unit);
+    about && from_a_manager(fields)
+}
+
+/// Written by a service manager: its trusted `_UID` is root's or this process's own.
+fn from_a_manager(fields: &BTreeMap<String, String>) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    static OWN: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let Some(uid) = fields.get("_UID").and_then(|u| u.parse::<u32>().ok()) else { return false };
+    uid == 0 || *OWN.get_or_init(|| std::fs::metadata("/proc/self").ok().map(|m| m.uid())) == Some(uid)
+}
+
 fn read_entry(j: &mut Journal) -> std::result::Result<Option<Entry>, std::io::Error> {
     let Some(fields) = j.next_entry()? else {
         return Ok(None);
@@ -155,7 +176,7 @@ pub async fn last_lines(src: &Source, unit: &str, n: usize) -> Result<Vec<String
         let mut out = Vec::new();
         while out.len() < n {
             match j.previous_entry() {
-                Ok(Some(f)) if is_pdctl_own(&f) => {}
+                Ok(Some(f)) if is_pdctl_own(&f) || !is_the_units(&f, &unit) => {}
                 Ok(Some(f)) => out.push(f.get("MESSAGE").cloned().unwrap_or_default()),
                 Ok(None) => break,
                 Err(e) => return Err(read_err(&src, e)),
@@ -216,7 +237,7 @@ fn follow_loop(src: &Source, cursor: Option<&str>, unit: &str, stop: &AtomicBool
             j.seek_cursor(c).map_err(|e| read_err(src, e))?;
             // seek_cursor positions *at* the cursor's entry: skip it (it is before the restart).
             if let Some(e) = read_entry(&mut j).map_err(|e| read_err(src, e))? {
-                if !j.test_cursor(c).unwrap_or(false) && tx.send(Ok(e)).is_err() {
+                if !j.test_cursor(c).unwrap_or(false) && is_the_units(&e.fields, unit) && tx.send(Ok(e)).is_err() {
                     return Ok(());
                 }
             }
@@ -228,11 +249,31 @@ fn follow_loop(src: &Source, cursor: Option<&str>, unit: &str, stop: &AtomicBool
     }
     while !stop.load(Ordering::Relaxed) {
         while let Some(e) = read_entry(&mut j).map_err(|e| read_err(src, e))? {
-            if tx.send(Ok(e)).is_err() {
+            if is_the_units(&e.fields, unit) && tx.send(Ok(e)).is_err() {
                 return Ok(());
             }
         }
         j.wait(Some(POLL)).map_err(|e| read_err(src, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_units_lines_are_its_own_output_and_its_managers_messages_not_anyones_unit_field() {
+        let u = "sglang-prefill.service";
+        assert!(is_the_units(&fields(&[("_SYSTEMD_UNIT", u), ("_UID", "1000")]), u), "its own output");
+        assert!(is_the_units(&fields(&[("_SYSTEMD_USER_UNIT", u)]), u), "a user unit's output");
+        assert!(is_the_units(&fields(&[("UNIT", u), ("_UID", "0"), ("_PID", "1")]), u), "the system manager's message");
+        assert!(!is_the_units(&fields(&[("UNIT", u), ("USER_UNIT", u), ("_UID", "65534")]), u), "`logger --journald UNIT=…` by nobody");
+        assert!(!is_the_units(&fields(&[("UNIT", u)]), u), "no trusted uid");
+        assert!(!is_the_units(&fields(&[("_SYSTEMD_UNIT", "other.service"), ("UNIT", u), ("_UID", "65534")]), u));
+    }
 }

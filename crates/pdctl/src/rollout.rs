@@ -354,6 +354,11 @@ fn service_cell(slo: &serde_json::Value) -> Option<String> {
 /// An event's detail in a table cell: the cause, reason or warning when there is one, else its
 /// first few plain facts (`key=value`), never an empty cell for an event that has any.
 fn event_detail(d: &serde_json::Value) -> String {
+    // Details quote workers' answers: made safe for the terminal at this one boundary.
+    pdctl_contract::redact::line(&event_detail_raw(d))
+}
+
+fn event_detail_raw(d: &serde_json::Value) -> String {
     let said = pdctl_contract::details::Said::of(d);
     if let Some(t) = said.cause.or(said.reason).or(said.warning) {
         return t;

@@ -108,6 +108,37 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
     }
 }
 
+/// Every worker asked at once (its unit, its KV, what it serves), each call bounded: one that
+/// accepts and never answers costs the command one bound, not one per call. In `workers`' order.
+async fn ask_workers(workers: &[pdctl_core::config::Worker], sd: &Result<SystemdUnits, String>, probes: &pdctl_real::HttpProbes) -> Vec<Option<Fetched>> {
+    let mut asked = tokio::task::JoinSet::new();
+    for (i, w) in workers.iter().enumerate() {
+        let (sd, probes, w) = (sd.clone(), probes.clone(), w.clone());
+        asked.spawn(async move {
+            let state = async {
+                match &sd {
+                    Ok(sd) => within(&w.unit, async { sd.state(&w.unit).await.map_err(|e| e.to_string()) }).await,
+                    Err(e) => Err(e.clone()),
+                }
+            };
+            let kv = within(&w.url, async { probes.kv(&w.url).await.map_err(|e| e.to_string()) });
+            // What it serves (`/model_info`: its weight version, and the path after a weights rollout).
+            let weights = within(&w.url, async { probes.model_info(&w.url).await.map_err(|e| e.to_string()) });
+            let (state, kv, weights) = tokio::join!(state, kv, weights);
+            (i, state, kv, weights.ok())
+        });
+    }
+    let mut fetched: Vec<Option<Fetched>> = vec![None; workers.len()];
+    while let Some(r) = asked.join_next().await {
+        if let Ok((i, state, kv, weights)) = r {
+            if let Some(slot) = fetched.get_mut(i) {
+                *slot = Some((state, kv, weights));
+            }
+        }
+    }
+    fetched
+}
+
 /// Each decode's last pair probes ("pdctld: D pairs with: P ok (3m ago, rollout r1)"): a probe
 /// is history, so a pair one of whose workers is not serving now says so instead of "ok".
 fn print_pairs(pairs: &[pdctl_contract::api::PairStatus], down: &[String]) {
@@ -159,33 +190,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
     let sd = within("systemd", async { SystemdUnits::connect(&s).await.map_err(|e| e.to_string()) }).await;
     let probes = pdctl_real::probes(&s);
     let router = if s.router.is_some() { Some(within("the gateway", async { probes.router_workers(0).await.map_err(|e| e.to_string()) }).await) } else { None };
-    // Every worker asked at once, each call bounded: one that accepts and never answers costs
-    // the command one bound, not one per call.
-    let mut asked = tokio::task::JoinSet::new();
-    for (i, w) in s.workers.iter().enumerate() {
-        let (sd, probes, w) = (sd.clone(), probes.clone(), w.clone());
-        asked.spawn(async move {
-            let state = async {
-                match &sd {
-                    Ok(sd) => within(&w.unit, async { sd.state(&w.unit).await.map_err(|e| e.to_string()) }).await,
-                    Err(e) => Err(e.clone()),
-                }
-            };
-            let kv = within(&w.url, async { probes.kv(&w.url).await.map_err(|e| e.to_string()) });
-            // What it serves (`/model_info`: its weight version, and the path after a weights rollout).
-            let weights = within(&w.url, async { probes.model_info(&w.url).await.map_err(|e| e.to_string()) });
-            let (state, kv, weights) = tokio::join!(state, kv, weights);
-            (i, state, kv, weights.ok())
-        });
-    }
-    let mut fetched: Vec<Option<(Unit, Kv, Option<(String, String)>)>> = vec![None; s.workers.len()];
-    while let Some(r) = asked.join_next().await {
-        if let Ok((i, state, kv, weights)) = r {
-            if let Some(slot) = fetched.get_mut(i) {
-                *slot = Some((state, kv, weights));
-            }
-        }
-    }
+    let fetched = ask_workers(&s.workers, &sd, &probes).await;
     let mut errors: Vec<String> = Vec::new();
     let mut not_serving = false;
     let mut down: Vec<String> = Vec::new();
@@ -230,7 +235,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
     if !json && !errors.is_empty() {
         println!();
         for e in &errors {
-            println!("  {e}");
+            println!("  {}", pdctl_contract::redact::line(e));
         }
     }
     let code = match sd {
@@ -256,6 +261,9 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
 /// Print `rows` (the first is the header) in columns as wide as their widest cell; the columns
 /// in `right` are right-aligned (numbers).
 fn print_table(rows: &[Vec<String>], right: &[usize]) {
+    // Cells quote workers' answers (a weight version, an error): made safe for the terminal.
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| pdctl_contract::redact::line(c)).collect()).collect();
+    let rows = &rows;
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width: Vec<usize> = (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|x| x.chars().count()).max().unwrap_or(0)).collect();
     for r in rows {
@@ -271,6 +279,8 @@ type Unit = Result<pdctl_core::ports::UnitState, String>;
 type Listed = Option<Result<Option<pdctl_core::ports::RouterWorker>, String>>;
 /// The worker's KV report.
 type Kv = Result<KvReport, String>;
+/// What `pdctl status` asked of one worker: its unit, its KV, what it serves (path, version).
+type Fetched = (Unit, Kv, Option<(String, String)>);
 
 /// One worker's `--json` row.
 fn json_row(w: &pdctl_core::config::Worker, state: &Unit, listed: &Listed, kv: &Kv, serving: bool) -> Value {

@@ -5,6 +5,7 @@
 
 mod daemon;
 mod metrics;
+mod peer;
 mod store;
 
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -279,7 +280,20 @@ async fn serve_fleetlock(d: &Arc<daemon::Daemon>) {
     match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => {
             tracing::info!("FleetLock endpoint on http://{addr}");
-            serve_tcp(l, daemon::maintenance::fleetlock_api(d.clone()), "the FleetLock endpoint");
+            // Each caller known by its account (loopback only: the config refuses any other
+            // address), read off the kernel's socket table while the connection is open.
+            let l = Arc::new(l);
+            let accept = move || {
+                let l = l.clone();
+                async move {
+                    let (s, peer) = l.accept().await?;
+                    let local = s.local_addr()?;
+                    let uid = tokio::task::spawn_blocking(move || peer::loopback_peer_uid(peer, local)).await.ok().flatten();
+                    Ok((s, uid))
+                }
+            };
+            let app = daemon::maintenance::fleetlock_api(d.clone());
+            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the FleetLock endpoint").await });
         }
         Err(e) => tracing::error!("the FleetLock endpoint cannot listen on {addr} ({e}): update agents asking it will not reboot this host"),
     }
@@ -323,6 +337,8 @@ fn spawn_background(d: &Arc<daemon::Daemon>, args: &Args) {
 /// Connections the control socket serves at once; more are closed at once (a local client
 /// retries).
 const MAX_CONNECTIONS: usize = 256;
+/// Connections of pdctld's own account beyond [`MAX_CONNECTIONS`] (its watchdog's ping).
+const OWN_CONNECTIONS: usize = 4;
 /// Connections the metrics endpoint serves at once (a scraper or two, a dashboard).
 const METRICS_CONNECTIONS: usize = 32;
 /// A client must send its request head within this time (from the moment it connects); its
@@ -343,6 +359,11 @@ where
     Fut: std::future::Future<Output = std::io::Result<(S, Option<u32>)>>,
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    // pdctld's own connections (the watchdog's ping through its socket) never wait for a slot
+    // the clients hold: a few of their own.
+    let own = Arc::new(tokio::sync::Semaphore::new(OWN_CONNECTIONS));
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
     loop {
         let (stream, uid) = match accept().await {
             Ok(c) => c,
@@ -354,9 +375,13 @@ where
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => s,
+            Err(_) if uid == Some(me) => match own.clone().try_acquire_owned() {
+                Ok(s) => s,
+                Err(_) => continue,
+            },
+            Err(_) => continue,
         };
         let peer = daemon::http::Peer { uid };
         let svc = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));

@@ -61,6 +61,7 @@ impl Cause {
             Cause::DrainNotRestored { .. } => "drain_not_restored",
             Cause::RecordsFailing { .. } => "records_failing",
             Cause::NoSuchRollout { .. } => "no_such_rollout",
+            Cause::TooManyStreams { .. } => "too_many_streams",
             Cause::WrongState { .. } => "wrong_state",
             Cause::RecordUnwritable { .. } => "record_unwritable",
             Cause::ChangesPending { .. } => "changes_pending",
@@ -106,7 +107,9 @@ impl Cause {
             | Cause::RecordUnwritable { .. }
             | Cause::RestoreFailed { .. }
             | Cause::NotAllowed { .. } => FailureKind::Access,
-            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } | Cause::InMaintenance { .. } => FailureKind::Busy,
+            Cause::Busy { .. } | Cause::Reconciling { .. } | Cause::RestartStorm { .. } | Cause::InMaintenance { .. } | Cause::TooManyStreams { .. } => {
+                FailureKind::Busy
+            }
             Cause::RecordsFailing { .. } => FailureKind::Access,
             Cause::SystemdRefused { .. }
             | Cause::EventSourceClosed { .. }
@@ -154,6 +157,7 @@ impl Cause {
     pub fn http_status(&self) -> u16 {
         match self {
             Cause::NoSuchRollout { .. } => 404,
+            Cause::TooManyStreams { .. } => 429,
             Cause::NotAllowed { .. } => 403,
             Cause::WrongState { .. } => 409,
             Cause::RecordUnwritable { .. } => 500,

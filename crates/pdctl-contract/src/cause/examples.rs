@@ -27,7 +27,7 @@ impl Cause {
             Cause::OnlyWorkerOfRole {
                 unit: unit(),
                 role: "prefill".into(),
-                expected: Some(crate::clock::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000), window_until_ms: None, together_with: None }),
+                expected: Some(Box::new(crate::clock::StartTime { ms: 74_000, at: 0, window_ms: Some(81_000), window_until_ms: None, together_with: None })),
                 peers: "the gateway admits 0 other prefill worker(s) of 1 it lists".into(),
                 host_drain: false,
             },
@@ -73,6 +73,7 @@ impl Cause {
             Cause::DrainNotRestored { unit: unit(), why: msg() },
             Cause::RecordsFailing { error: msg() },
             Cause::NoSuchRollout { id: "r1764500000".into() },
+            Cause::TooManyStreams { who: "uid 1000".into(), limit: 16 },
             Cause::WrongState { id: "r1764500000".into(), state: "succeeded".into(), needs: msg() },
             Cause::RecordUnwritable { dir: "/var/lib/pdctl".into(), error: msg() },
             Cause::ChangesPending { unit: unit(), changes: msg(), quarantined: Some(msg()) },

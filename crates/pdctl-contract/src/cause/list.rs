@@ -153,7 +153,7 @@ pub enum Cause {
         role: String,
         /// How long serving stops: its last measured window out of the router, or its last
         /// start (`None`: never measured).
-        expected: Option<crate::clock::StartTime>,
+        expected: Option<Box<crate::clock::StartTime>>,
         /// What was counted: the gateway's admitted workers of the role on every host, or
         /// this host's config when no gateway was read.
         peers: String,
@@ -460,6 +460,13 @@ pub enum Cause {
         /// The last error.
         error: String,
     },
+    /// One account has as many event streams open as it may (`GET /v1/rollouts/ID/events`).
+    TooManyStreams {
+        /// Whose (`uid N`, or `an unknown account`).
+        who: String,
+        /// The limit per account.
+        limit: usize,
+    },
     /// No rollout with that id.
     NoSuchRollout {
         /// The id.
@@ -611,37 +618,6 @@ pub enum Cause {
     },
 }
 
-/// A duration for people: "30.1s", "250ms", "2m05s" (never "30.081551416s").
-pub fn dur(d: &Duration) -> String {
-    let ms = d.as_millis();
-    match ms {
-        0..=999 => format!("{ms}ms"),
-        1_000..=59_999 => format!("{:.1}s", d.as_secs_f64()),
-        _ => format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000),
-    }
-}
-
-/// "about 11s (its last measured window out of the router: take-out, stop, start, gates,
-/// re-admission, 3h ago)" — for a pair restarted together, their last interruption; where only a start was measured, that start as a lower bound; or what is known
-/// without a measurement.
-pub fn outage(expected: &Option<crate::clock::StartTime>) -> String {
-    let secs = |ms: u64| ms.div_ceil(1000).max(1);
-    match expected {
-        Some(crate::clock::StartTime { window_ms: Some(w), together_with: Some(other), at, .. }) => format!(
-            "about {}s (the pair's last measured interruption, restarted together with {other}: first take-out to last re-admission, {})",
-            secs(*w),
-            crate::clock::ago(*at)
-        ),
-        Some(crate::clock::StartTime { window_ms: Some(w), at, .. }) => {
-            format!("about {}s (its last measured window out of the router: take-out, stop, start, gates, re-admission, {})", secs(*w), crate::clock::ago(*at))
-        }
-        Some(s) if s.ms > 0 => {
-            format!("more than {}s (its last measured start, {}s, plus its drain, stop and re-admission, not measured here yet)", secs(s.ms), secs(s.ms))
-        }
-        _ => "as long as its drain, stop, start and re-admission take (not measured here yet; a real model's start alone takes 60-80 s)".into(),
-    }
-}
-
 impl std::fmt::Display for Cause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.sentence())
@@ -651,6 +627,7 @@ impl std::fmt::Display for Cause {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cause::dur;
 
     #[test]
     fn codes_are_snake_case_and_sentences_end_cleanly() {

@@ -4,8 +4,10 @@
 //! below — nothing anywhere matches the text of a message.
 
 mod class;
+mod durations;
 mod examples;
 mod list;
 mod sentence;
 
+pub use durations::{dur, outage};
 pub use list::*;

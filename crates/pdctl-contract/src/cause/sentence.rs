@@ -21,7 +21,7 @@ impl Cause {
             ),
             Cause::OnlyWorkerOfRole { unit, role, expected, peers, host_drain: false } => format!(
                 "{unit} is the only {role} worker ({peers}): restarting it stops serving for {}; pass --allow-outage (or set [rollout] allow_outage = true) to accept that, or add a second {role} worker",
-                outage(expected)
+                outage(expected.as_deref())
             ),
             Cause::GpuOverlap { unit, gpus, other, other_gpus } => {
                 format!("GPUs {gpus} of {unit} overlap with GPUs {other_gpus} of {other}: two servers cannot share GPUs; fix gpus or CUDA_VISIBLE_DEVICES")
@@ -121,6 +121,9 @@ impl Cause {
                 "pdctld cannot save its rollout records ({error}); no rollout starts until it can: free space or fix the state directory's permissions, then retry"
             ),
             Cause::NoSuchRollout { id } => format!("no rollout {id}; list them with pdctl rollout history"),
+            Cause::TooManyStreams { who, limit } => {
+                format!("{who} has {limit} event streams of pdctld open, as many as one account may: close one (each `pdctl rollout watch ID` holds one) and ask again")
+            }
             Cause::WrongState { id, state, needs } => format!("rollout {id} is {state}: {needs}"),
             Cause::RecordUnwritable { dir, error } => {
                 format!("cannot write the rollout record in {dir}: {error}; check the state directory's space and permissions")

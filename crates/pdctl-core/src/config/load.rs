@@ -298,8 +298,18 @@ smoke_request = true
             .maintenance
             .unwrap();
         assert_eq!((m.fleetlock_listen, m.group.as_str(), m.windows.len()), (None, "default", 1));
+        assert!(m.fleetlock_users.is_empty(), "nobody but root by default");
+        let m = one(&format!("{BASE}\n[maintenance]\nfleetlock_id = \"z1\"\nfleetlock_listen = \"[::1]:9753\"\nfleetlock_users = [\"zincati\"]\n"))
+            .unwrap()
+            .maintenance
+            .unwrap();
+        assert_eq!(m.fleetlock_users, ["zincati"]);
         for (bad, key, says) in [
             ("fleetlock_listen = \"localhost\"", "maintenance.fleetlock_listen", "not an address and port"),
+            // The protocol carries no credential: who asks is known on loopback only.
+            ("fleetlock_listen = \"0.0.0.0:9753\"", "maintenance.fleetlock_listen", "not a loopback address"),
+            ("fleetlock_listen = \"10.0.0.5:9753\"", "maintenance.fleetlock_listen", "not a loopback address"),
+            ("fleetlock_users = [\"zincati\", \"\"]", "maintenance.fleetlock_users", "not an account name"),
             ("windows = [\"Sat 02:00-06:00 CET\"]", "maintenance.windows", "only UTC"),
             ("hold_while_alerting = \"http://prom:9090/metrics\"", "maintenance.hold_while_alerting", "Prometheus instant query"),
             ("reboot = true", "reboot", "unknown field"),

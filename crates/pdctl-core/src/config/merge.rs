@@ -155,7 +155,7 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
         }
         if let Some(s) = raw.maintenance {
             m.maintenance_seen = true;
-            over!(path, text, maintenance, m.maintenance, s, fleetlock_listen, fleetlock_id, windows, hold_while_alerting);
+            over!(path, text, maintenance, m.maintenance, s, fleetlock_listen, fleetlock_id, fleetlock_users, windows, hold_while_alerting);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);

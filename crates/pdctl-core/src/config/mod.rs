@@ -19,6 +19,6 @@ pub use crate::url::{canonical_url, same_url};
 pub use load::*;
 pub use raw::{BusKind, Dur};
 pub use settings::{
-    parse_gpus, BusSetting, Coherent, FleetSettings, FleetTls, InPlace, KeySource, KillModePolicy, MetricsMode, OnFailure, OnStalePair, Replica, Role, Rollout,
-    RouterSettings, Settings, SinglePair, Slo, StrandedKv, Unjudged, UnknownLoad, Verify, WeightsFallback, Worker, DURATION_BOUNDS,
+    parse_gpus, BusSetting, Coherent, FleetSettings, FleetTls, InPlace, KeySource, KillModePolicy, MaintenanceSettings, MetricsMode, OnFailure, OnStalePair,
+    Replica, Role, Rollout, RouterSettings, Settings, SinglePair, Slo, StrandedKv, Unjudged, UnknownLoad, Verify, WeightsFallback, Worker, DURATION_BOUNDS,
 };

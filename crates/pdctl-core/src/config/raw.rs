@@ -183,6 +183,7 @@ pub(super) struct RawFleet {
 pub(super) struct RawMaintenance {
     pub(super) fleetlock_listen: Option<String>,
     pub(super) fleetlock_id: Option<String>,
+    pub(super) fleetlock_users: Option<Vec<String>>,
     pub(super) windows: Option<Vec<String>>,
     pub(super) hold_while_alerting: Option<String>,
 }

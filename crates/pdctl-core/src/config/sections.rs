@@ -330,12 +330,21 @@ pub(super) fn maintenance(
     let fleetlock_listen = if listen.is_empty() {
         None
     } else {
-        Some(listen.parse::<std::net::SocketAddr>().map_err(|e| {
+        let addr = listen.parse::<std::net::SocketAddr>().map_err(|e| {
             o.at(
                 "maintenance.fleetlock_listen",
                 format!("{listen:?} is not an address and port ({e}): write it like \"127.0.0.1:9753\", or \"\" for no endpoint"),
             )
-        })?)
+        })?;
+        // The protocol carries no credential: only on loopback does pdctld know who asks (the
+        // kernel's socket table names the caller's account).
+        if !addr.ip().is_loopback() {
+            return Err(o.at(
+                "maintenance.fleetlock_listen",
+                format!("{listen} is not a loopback address: FleetLock requests carry no credential and pdctld can tell who sends one only on loopback (the update agent runs on the host); listen on 127.0.0.1 or [::1]"),
+            ));
+        }
+        Some(addr)
     };
     let fleetlock_id = m.fleetlock_id.or_else(|| fleet.map(|f| f.host.clone())).unwrap_or_else(|| hostname.unwrap_or_default().to_string());
     if fleetlock_id.is_empty() {
@@ -361,8 +370,12 @@ pub(super) fn maintenance(
         }
         None => None,
     };
+    let fleetlock_users = m.fleetlock_users.unwrap_or_default();
+    if let Some(bad) = fleetlock_users.iter().find(|u| u.is_empty() || u.len() > 32 || !u.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))) {
+        return Err(o.at("maintenance.fleetlock_users", format!("{bad:?} is not an account name: list local accounts, like [\"zincati\"]")));
+    }
     let group = fleet.map(|f| f.name.clone()).unwrap_or_else(|| "default".into());
-    Ok(Some(MaintenanceSettings { fleetlock_listen, fleetlock_id, group, windows, hold_while_alerting }))
+    Ok(Some(MaintenanceSettings { fleetlock_listen, fleetlock_id, fleetlock_users, group, windows, hold_while_alerting }))
 }
 
 /// `[systemd]` and `[journal]`: how this process reaches the manager, the journal and procfs.

@@ -390,6 +390,10 @@ pub struct MaintenanceSettings {
     /// The FleetLock client id this host answers to (`fleetlock_id`; default the host's name:
     /// `[fleet] host` or the machine's). Any other id is refused: a lock belongs to its host.
     pub fleetlock_id: String,
+    /// The local accounts besides root whose update agent may ask the FleetLock endpoint
+    /// (`fleetlock_users`, e.g. `["zincati"]`; none by default). The protocol carries no
+    /// credential: on loopback pdctld tells the caller's account from the kernel's socket table.
+    pub fleetlock_users: Vec<String>,
     /// The FleetLock group asked for (`[fleet] name`, or `default` without `[fleet]`, Zincati's
     /// default group).
     pub group: String,

@@ -296,8 +296,16 @@ where
         let mut booted = Vec::new();
         let mut stopped = Vec::new();
         for w in order.iter().copied() {
-            let running = self.units.state(&w.unit).await.is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
-            if running { booted.push(w) } else { stopped.push(w) }
+            let running = self
+                .units
+                .state(&w.unit)
+                .await
+                .is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
+            if running {
+                booted.push(w)
+            } else {
+                stopped.push(w)
+            }
         }
         let peer = |a: &Worker, b: &Worker| a.role != b.role && a.role != Role::Regular && b.role != Role::Regular;
         // Its recorded stop (and, after a reboot, this boot's journal head for its ready line).

@@ -243,7 +243,14 @@ where
     /// [`Engine::reconcile`]; `rollback_follows`: the failed unit's rollback comes next, so a
     /// worker that is not serving is said to wait for it (step `skipped`), not to have failed —
     /// its drain stays on record either way until a gate re-admits it.
-    pub(in crate::engine) async fn reconcile_as(&self, d: &Drain, ledger: &Ledger, budget: Duration, sink: &Sink, rollback_follows: bool) -> Result<String, Cause> {
+    pub(in crate::engine) async fn reconcile_as(
+        &self,
+        d: &Drain,
+        ledger: &Ledger,
+        budget: Duration,
+        sink: &Sink,
+        rollback_follows: bool,
+    ) -> Result<String, Cause> {
         let s = StepRun::start(sink, &d.unit, Step::Reconcile);
         if let Some(why) = held_out(d, &ledger.all().0) {
             s.skip(&why);

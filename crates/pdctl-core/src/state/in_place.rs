@@ -172,6 +172,24 @@ fn flags(words: &[String]) -> Vec<(String, String)> {
 
 /// The first flag that differs between two command lines, said as a change
 /// ("--dtype bfloat16 → float16", "--quantization fp8 added", "--program changes").
+/// A changed line of a unit's files (a unit file, a drop-in or an env file) as it may be said
+/// (in `rollout diff`, a record's notes, pdctld's log): the value of an environment variable —
+/// an env file's `NAME=…` or an `Environment=NAME=…` setting — is never shown, since they carry
+/// tokens (`HF_TOKEN=…`), and the values of secret-bearing flags are masked. A unit setting
+/// (`TimeoutStopSec=30`) is said as it is.
+fn said(line: &str) -> String {
+    let l = crate::redact::line(line);
+    let (head, rest) = match l.strip_prefix("Environment=") {
+        Some(r) => ("Environment=", r),
+        None => ("", l.trim_start_matches("export ")),
+    };
+    let env_name = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    match rest.trim_start_matches('"').split_once('=') {
+        Some((key, _)) if !head.is_empty() || env_name(key) => format!("{head}{key}=… (value not shown)"),
+        _ => l.clone(),
+    }
+}
+
 fn first_change(old: &[String], new: &[String]) -> String {
     let (a, b) = (flags(old), flags(new));
     let show = |v: &str| if v.is_empty() { String::new() } else { format!(" {v}") };
@@ -201,7 +219,7 @@ pub fn target(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str
         let (a, b) = (old_rest.get(p).cloned().unwrap_or_default(), new_rest.get(p).cloned().unwrap_or_default());
         if a != b {
             let changed = b.iter().find(|l| !a.contains(l)).or_else(|| a.iter().find(|l| !b.contains(l))).cloned().unwrap_or_default();
-            return Err(format!("{p} changes more than its ExecStart's weights ({changed})"));
+            return Err(format!("{p} changes more than its ExecStart's weights ({})", said(&changed)));
         }
     }
     let ([a], [b]) = (old_exec.as_slice(), new_exec.as_slice()) else {
@@ -209,7 +227,10 @@ pub fn target(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str
     };
     let (Some((ar, av)), Some((br, bv))) = (split_exec(a), split_exec(b)) else { return Err("its ExecStart does not read".into()) };
     if ar != br {
-        return Err(format!("its ExecStart changes {} besides --model-path and --weight-version: only new weights load in place", first_change(&ar, &br)));
+        return Err(format!(
+            "its ExecStart changes {} besides --model-path and --weight-version: only new weights load in place",
+            crate::redact::line(&first_change(&ar, &br))
+        ));
     }
     let Some(model_path) = bv.get("--model-path").filter(|p| !p.is_empty()).cloned() else {
         return Err("its new ExecStart names no --model-path".into());
@@ -264,6 +285,16 @@ pub fn show_parts(model_path: &str, version: Option<&str>) -> String {
 mod tests {
     use super::*;
     use crate::state::revisions::FileRev;
+
+    #[test]
+    fn a_changed_lines_secrets_are_never_said() {
+        assert_eq!(said("HF_TOKEN=hf_NEWSECRET"), "HF_TOKEN=… (value not shown)");
+        assert_eq!(said("export HF_TOKEN=hf_NEWSECRET"), "HF_TOKEN=… (value not shown)");
+        assert_eq!(said("Environment=HF_TOKEN=hf_x"), "Environment=HF_TOKEN=… (value not shown)");
+        assert_eq!(said("TimeoutStopSec=30"), "TimeoutStopSec=30", "a unit setting is said");
+        let flag = crate::redact::line(&first_change(&["sglang".into()], &["sglang".into(), "--api-key".into(), "sk-live-123".into()]));
+        assert!(flag.contains("--api-key") && !flag.contains("sk-live-123"), "{flag}");
+    }
 
     fn rev(files: &[(&str, &str)]) -> Revision {
         Revision {
@@ -328,7 +359,7 @@ mod tests {
         let e = target(&old, &rev(&[("/u", &UNIT.replace("Restart=no", "Restart=on-failure"))]), by_path).unwrap_err();
         assert!(e.contains("Restart=on-failure"), "{e}");
         let e = target(&old, &rev(&[("/u", UNIT), ("/e", "A=1")]), by_path).unwrap_err();
-        assert!(e.contains("/e changes more") && e.contains("A=1"), "{e}");
+        assert!(e.contains("/e changes more") && e.contains("A=… (value not shown)") && !e.contains("A=1"), "an env value is never said: {e}");
         assert!(target(&old, &old, by_path).unwrap_err().contains("do not change"));
         // A new version of the same path: the tokenizer stays.
         let free = UNIT.replace(" --tokenizer-path /m/tok", "");

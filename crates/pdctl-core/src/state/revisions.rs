@@ -13,8 +13,8 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::clock::{now, now_ms};
 pub use crate::clock::StartTime;
+use crate::clock::{now, now_ms};
 use crate::ports::UnitConfig;
 pub use crate::state::state_file::{atomic_write, create_private_dir, STATE_DIR_MODE, STATE_FILE_MODE};
 

@@ -10,6 +10,13 @@ use super::rollouts::start;
 use super::{config, engine, lock, Daemon};
 
 /// The liveness value is rewritten when it changes, and at least this often (its `updated_at`).
+/// Fleet parts of this host waiting or running at once (one runs; the others wait for a canary
+/// or the running slot): a bound, so that requests from a bad peer cannot pile up waits.
+const MAX_PARTS_WAITING: usize = 8;
+/// How far in the future a request's `created_at` may be (clocks of hosts differ a little).
+const FUTURE_SLACK_SECS: u64 = 300;
+static PARTS_WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 const LIVENESS_REWRITE_SECS: u64 = 60;
 /// The fleet-wide storm check runs when this host's own restarts change (and once more this
 /// long after), else at least every `pdctl_core::fleet::STORM_FALLBACK`.
@@ -217,6 +224,34 @@ impl Daemon {
                 if c.get(&mine).await.ok().flatten().is_some() {
                     continue;
                 }
+                // Input from other hosts is checked, never trusted: a request written in the
+                // future, or naming a canary that is not one of its hosts, is named and skipped
+                // (each would wait hours); at most MAX_PARTS_WAITING parts wait at once.
+                let skip = if r.created_at > pdctl_core::fleet::now_secs() + FUTURE_SLACK_SECS {
+                    Some(format!(
+                        "skipped: its created_at ({}) is in the future by more than {FUTURE_SLACK_SECS} s (a clock or a writer is wrong)",
+                        r.created_at
+                    ))
+                } else if r.canary.as_ref().is_some_and(|k| !r.hosts.contains(k)) {
+                    Some(format!("skipped: its canary {:?} is not one of its hosts", r.canary.as_deref().unwrap_or_default()))
+                } else if PARTS_WAITING.load(Ordering::SeqCst) >= MAX_PARTS_WAITING {
+                    Some(format!("skipped: {MAX_PARTS_WAITING} fleet rollouts already wait on this host; start it again once they ended"))
+                } else {
+                    None
+                };
+                if let Some(why) = skip {
+                    tracing::warn!("fleet rollout {}: {why}", r.id);
+                    let s = pdctl_core::fleet::HostSummary {
+                        host: f.host.clone(),
+                        result: HostResult::NotStarted,
+                        local_id: None,
+                        summary: None,
+                        why: Some(why),
+                        finished_at: Some(pdctl_core::fleet::now_secs()),
+                    };
+                    let _ = fleet_put(&c, &mine, &s).await;
+                    continue;
+                }
                 if r.created_at < born {
                     // Unanswered, from before this pdctld started: its local part was cut short
                     // by the previous pdctld's stop.
@@ -231,7 +266,13 @@ impl Daemon {
                     let _ = fleet_put(&c, &mine, &s).await;
                     continue;
                 }
-                tokio::spawn(self.clone().fleet_part(f.clone(), r));
+                PARTS_WAITING.fetch_add(1, Ordering::SeqCst);
+                let me = self.clone();
+                let f = f.clone();
+                tokio::spawn(async move {
+                    me.fleet_part(f, r).await;
+                    PARTS_WAITING.fetch_sub(1, Ordering::SeqCst);
+                });
             }
             pdctl_core::fleet::wait_for_requests(c.as_ref(), &p, before, pdctl_core::fleet::REQUESTS_FALLBACK).await;
         }
@@ -253,7 +294,10 @@ impl Daemon {
     }
 
     pub(super) async fn fleet_part(self: Arc<Self>, f: pdctl_core::config::FleetSettings, r: pdctl_core::fleet::FleetRollout) {
-        let c = pdctl_real::EtcdCoordinator::new(&f);
+        // The daemon's one etcd connection: a part per request on its own connection let 250
+        // forged requests exhaust the descriptors.
+        let shared = self.coordinator(&f);
+        let c: &pdctl_real::EtcdCoordinator = shared.as_ref();
         let summary_key = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
         let not_started = |why: String| pdctl_core::fleet::HostSummary {
             host: f.host.clone(),
@@ -271,14 +315,14 @@ impl Daemon {
             let t0 = std::time::Instant::now();
             let mut gone_since: Option<std::time::Instant> = None;
             loop {
-                match fleet_summaries(&c, &f.name, &r.id).await.get(canary) {
+                match fleet_summaries(c, &f.name, &r.id).await.get(canary) {
                     Some(s) if s.result == HostResult::Succeeded => break,
                     Some(s) => {
-                        let _ = fleet_put(&c, &summary_key, &not_started(format!("the canary {canary} did not succeed ({:?})", s.result))).await;
+                        let _ = fleet_put(c, &summary_key, &not_started(format!("the canary {canary} did not succeed ({:?})", s.result))).await;
                         return;
                     }
                     None => {
-                        let alive = pdctl_core::fleet::hosts(&c, &f.name).await.map(|h| h.iter().any(|x| &x.host == canary)).unwrap_or(true);
+                        let alive = pdctl_core::fleet::hosts(c, &f.name).await.map(|h| h.iter().any(|x| &x.host == canary)).unwrap_or(true);
                         gone_since = if alive { None } else { gone_since.or(Some(std::time::Instant::now())) };
                         let why = if gone_since.is_some_and(|g| g.elapsed() >= CANARY_GONE) {
                             Some(format!(
@@ -291,7 +335,7 @@ impl Daemon {
                             None
                         };
                         if let Some(why) = why {
-                            let _ = fleet_put(&c, &summary_key, &not_started(why)).await;
+                            let _ = fleet_put(c, &summary_key, &not_started(why)).await;
                             return;
                         }
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await
@@ -299,11 +343,12 @@ impl Daemon {
                 }
             }
         }
-        if let Some((h, _)) = fleet_summaries(&c, &f.name, &r.id).await.into_iter().find(|(_, s)| s.result == HostResult::Failed) {
-            let _ = fleet_put(&c, &summary_key, &not_started(format!("{h} failed first: the fleet rollout halts everywhere"))).await;
+        if let Some((h, _)) = fleet_summaries(c, &f.name, &r.id).await.into_iter().find(|(_, s)| s.result == HostResult::Failed) {
+            let _ = fleet_put(c, &summary_key, &not_started(format!("{h} failed first: the fleet rollout halts everywhere"))).await;
             return;
         }
-        let by = StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()), fleetlock: None, pdctld: false };
+        let by =
+            StartedBy { uid: None, reason: r.reason.clone(), fleet_rollout: Some(r.id.clone()), fleet_by: Some(r.by.clone()), fleetlock: None, pdctld: false };
         let request = match &r.weights {
             Some(w) => Request::Weights {
                 model_path: w.model_path.clone(),
@@ -321,19 +366,19 @@ impl Daemon {
             Ok(Started { id: Some(id), .. }) => id,
             Ok(_) => return,
             Err(cause) => {
-                let _ = fleet_put(&c, &summary_key, &not_started(cause.sentence())).await;
+                let _ = fleet_put(c, &summary_key, &not_started(cause.sentence())).await;
                 return;
             }
         };
         let mut sent = 0usize;
-        let s = self.follow(&c, &f, &r.id, &id, &mut sent, true).await;
+        let s = self.follow(c, &f, &r.id, &id, &mut sent, true).await;
         let succeeded = s.result == HostResult::Succeeded;
         // Written until etcd takes it: fleet watchers wait for it.
-        while fleet_put(&c, &summary_key, &s).await.is_err() {
+        while fleet_put(c, &summary_key, &s).await.is_err() {
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
         if let (true, Some(secs)) = (succeeded, r.bake_secs) {
-            self.bake_then_revert(&c, &f, &r, &id, std::time::Duration::from_secs(secs), sent).await;
+            self.bake_then_revert(c, &f, &r, &id, std::time::Duration::from_secs(secs), sent).await;
         }
     }
 

@@ -180,7 +180,13 @@ pub(super) async fn get_one(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<S
 }
 
 /// NDJSON: every event from the beginning, then live ones, then the summary.
-pub(super) async fn events(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<String>) -> Response {
+pub(super) async fn events(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<Peer>>, UrlPath(id): UrlPath<String>) -> Response {
+    // Readers are capped per account: 256 streams of one socket-group member held every
+    // connection, the watchdog's ping among them, and systemd killed pdctld mid-rollout.
+    let slot = match super::shared::StreamSlot::take(&d, peer.and_then(|p| p.0.uid)) {
+        Ok(s) => s,
+        Err(c) => return api_err(&c),
+    };
     let (backlog, rx): (VecDeque<StreamLine>, Option<broadcast::Receiver<StreamLine>>) = match lock(&d.running).as_ref().filter(|r| r.id == id) {
         Some(r) => {
             let rec = lock(&r.record);
@@ -197,19 +203,20 @@ pub(super) async fn events(State(d): State<Arc<Daemon>>, UrlPath(id): UrlPath<St
         },
     };
     let line = |v: &StreamLine| Bytes::from(format!("{}\n", serde_json::to_string(v).unwrap_or_default()));
-    let stream = futures_util::stream::unfold((backlog, rx, false), move |(mut q, mut rx, done)| async move {
+    // The slot travels with the stream's state: given back when the stream ends or is dropped.
+    let stream = futures_util::stream::unfold((backlog, rx, false, slot), move |(mut q, mut rx, done, slot)| async move {
         if done {
             return None;
         }
         if let Some(v) = q.pop_front() {
-            return Some((Ok::<_, Infallible>(line(&v)), (q, rx, false)));
+            return Some((Ok::<_, Infallible>(line(&v)), (q, rx, false, slot)));
         }
         let r = rx.as_mut()?;
         loop {
             match r.recv().await {
                 Ok(v) => {
                     let last = !matches!(v, StreamLine::Event(_));
-                    return Some((Ok(line(&v)), (q, rx, last)));
+                    return Some((Ok(line(&v)), (q, rx, last, slot)));
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return None,

@@ -65,19 +65,38 @@ pub fn fleetlock_api(d: Arc<Daemon>) -> Router {
         .with_state(d)
 }
 
-/// The request checked as the protocol asks, and the lock's owner: this host's id in this
-/// host's group only (a lock belongs to its host).
-fn checked(d: &Daemon, headers: &HeaderMap, body: &Bytes) -> Result<(String, pdctl_core::config::Settings), LockError> {
+/// Who may ask for this host's reboot lock: root and the accounts of `[maintenance]
+/// fleetlock_users`, told by the kernel's socket table (the protocol carries no credential).
+/// Anyone else is refused before anything else is read or said — not the id or group this host
+/// answers to either.
+fn authorized(m: &pdctl_core::config::MaintenanceSettings, uid: Option<u32>) -> Result<u32, LockError> {
+    let forbidden = |value: String| LockError { status: StatusCode::FORBIDDEN, kind: "forbidden", value };
+    let Some(uid) = uid else {
+        return Err(forbidden("pdctld cannot tell which account sent this request (the kernel's socket table does not list its end): nothing was done".into()));
+    };
+    if uid == 0 || m.fleetlock_users.iter().any(|u| crate::peer::uid_of(u) == Ok(uid)) {
+        return Ok(uid);
+    }
+    Err(forbidden(format!(
+        "uid {uid} may not ask for this host's reboot lock: only root and the accounts in [maintenance] fleetlock_users may; nothing was done"
+    )))
+}
+
+/// The request checked as the protocol asks — from an account that may ask — and the lock's
+/// owner: this host's id in this host's group only (a lock belongs to its host). Returns the
+/// id, the config and the caller's uid.
+fn checked(d: &Daemon, peer: Option<u32>, headers: &HeaderMap, body: &Bytes) -> Result<(String, pdctl_core::config::Settings, u32), LockError> {
     let bad = |value: String| LockError { status: StatusCode::BAD_REQUEST, kind: "bad_request", value };
+    let s = config(d).map_err(|c| LockError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "config_invalid", value: c.sentence() })?;
+    let Some(m) = &s.maintenance else {
+        return Err(LockError { status: StatusCode::NOT_FOUND, kind: "not_configured", value: "pdctld's config has no [maintenance]".into() });
+    };
+    let uid = authorized(m, peer)?;
     if headers.get("fleet-lock-protocol").and_then(|v| v.to_str().ok()) != Some("true") {
         return Err(bad("a FleetLock request carries the header `fleet-lock-protocol: true`".into()));
     }
     let req: LockRequest =
         serde_json::from_slice(body).map_err(|e| bad(format!("the body is not {{\"client_params\": {{\"id\": …, \"group\": …}}}} ({e})")))?;
-    let s = config(d).map_err(|c| LockError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "config_invalid", value: c.sentence() })?;
-    let Some(m) = &s.maintenance else {
-        return Err(LockError { status: StatusCode::NOT_FOUND, kind: "not_configured", value: "pdctld's config has no [maintenance]".into() });
-    };
     let id = req.client_params.id;
     if id != m.fleetlock_id {
         return Err(LockError {
@@ -93,14 +112,14 @@ fn checked(d: &Daemon, headers: &HeaderMap, body: &Bytes) -> Result<(String, pdc
             value: format!("this host is in group {:?} (its [fleet] name, or \"default\" without one), not {:?}", m.group, req.client_params.group),
         });
     }
-    Ok((id, s))
+    Ok((id, s, uid))
 }
 
 /// `POST /v1/pre-reboot`: 200 once the host is drained and stopped (recursive: asked again by
 /// its owner while down, 200 again). The first ask starts the host drain; until it is done each
 /// ask says why not yet.
-async fn pre_reboot(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -> Response {
-    let (id, s) = match checked(&d, &headers, &body) {
+async fn pre_reboot(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<super::http::Peer>>, headers: HeaderMap, body: Bytes) -> Response {
+    let (id, s, uid) = match checked(&d, peer.and_then(|p| p.0.uid), &headers, &body) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -126,7 +145,7 @@ async fn pre_reboot(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Byte
     if let Some((rid, code, cause)) = failed_drain_lately(&d) {
         return LockError { status: StatusCode::CONFLICT, kind: "drain_failed", value: format!("host drain {rid} failed ({code}): {cause}") }.into_response();
     }
-    let by = StartedBy { reason: Some(format!("FleetLock pre-reboot by {id}")), fleetlock: Some(id), ..Default::default() };
+    let by = StartedBy { uid: Some(uid), reason: Some(format!("FleetLock pre-reboot by {id}")), fleetlock: Some(id), ..Default::default() };
     match start(d.clone(), Request::HostDrain { allow_outage: false, reason: by.reason.clone(), config: None }, by).await {
         Ok(Started { id: Some(rid), .. }) => {
             not_yet("draining", format!("host drain {rid} started: every worker out of the gateway and stopped first (pdctl rollout watch {rid})"))
@@ -140,8 +159,8 @@ async fn pre_reboot(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Byte
 /// `POST /v1/steady-state`: 200 once the host's workers passed their gates after the reboot and
 /// its slots are given back (no lock held: 200). The first ask after the reboot starts the
 /// resume, when pdctld's own start has not.
-async fn steady_state(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: Bytes) -> Response {
-    let (id, _) = match checked(&d, &headers, &body) {
+async fn steady_state(State(d): State<Arc<Daemon>>, peer: Option<axum::Extension<super::http::Peer>>, headers: HeaderMap, body: Bytes) -> Response {
+    let (id, _, uid) = match checked(&d, peer.and_then(|p| p.0.uid), &headers, &body) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -157,7 +176,7 @@ async fn steady_state(State(d): State<Arc<Daemon>>, headers: HeaderMap, body: By
         return e.into_response();
     }
     // Down (or a resume cut short): resume now.
-    let by = StartedBy { reason: Some(format!("FleetLock steady-state by {id}")), fleetlock: Some(id), ..Default::default() };
+    let by = StartedBy { uid: Some(uid), reason: Some(format!("FleetLock steady-state by {id}")), fleetlock: Some(id), ..Default::default() };
     match start(d.clone(), Request::HostResume { reason: by.reason.clone(), config: None }, by).await {
         Ok(Started { id: Some(rid), .. }) => {
             not_yet("resuming", format!("host resume {rid} started: every worker through its gates, then the slots given back (pdctl rollout watch {rid})"))

@@ -74,6 +74,44 @@ pub struct Daemon {
     /// The fleet's etcd, one connection for the idle loops (by endpoints, user and TLS: a new
     /// one when the config changes them).
     pub(crate) etcd: Mutex<Option<(String, Arc<pdctl_real::EtcdCoordinator>)>>,
+    /// Event streams open per account (its uid; `None`: one the socket could not tell): at most
+    /// [`STREAMS_PER_ACCOUNT`] each, so no reader holds every connection of the control socket.
+    pub(crate) streams: Mutex<BTreeMap<Option<u32>, usize>>,
+}
+
+/// Event streams one account may hold open at once.
+pub const STREAMS_PER_ACCOUNT: usize = 16;
+
+/// One open event stream of an account, given back when the stream ends (dropped with it).
+pub(crate) struct StreamSlot {
+    d: Arc<Daemon>,
+    uid: Option<u32>,
+}
+
+impl StreamSlot {
+    /// A slot for `uid`'s stream, or the refusal when it holds [`STREAMS_PER_ACCOUNT`] already.
+    pub(crate) fn take(d: &Arc<Daemon>, uid: Option<u32>) -> Result<StreamSlot, Cause> {
+        let mut open = lock(&d.streams);
+        let n = open.entry(uid).or_insert(0);
+        if *n >= STREAMS_PER_ACCOUNT {
+            let who = uid.map(|u| format!("uid {u}")).unwrap_or_else(|| "an account the socket could not tell".into());
+            return Err(Cause::TooManyStreams { who, limit: STREAMS_PER_ACCOUNT });
+        }
+        *n += 1;
+        Ok(StreamSlot { d: d.clone(), uid })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = lock(&self.d.streams);
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// The error response of `cause`: its HTTP status and the documented JSON body.
@@ -146,6 +184,7 @@ impl Daemon {
             rollouts_begun: std::sync::atomic::AtomicU64::new(0),
             baselines: Mutex::new(BTreeMap::new()),
             etcd: Mutex::new(None),
+            streams: Mutex::new(BTreeMap::new()),
         };
         let (records, corrupt) = d.store.all();
         for c in &corrupt {

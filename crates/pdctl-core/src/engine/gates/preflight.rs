@@ -215,9 +215,7 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     let (said, coherence) = coherence_preflight(eng, w, plan, &cfg, disk_argv.as_deref(), ctx).await?.unzip();
     warnings.extend(said);
     let coherence = coherence.flatten();
-    let outage = outage_of(eng, w, plan, seen.gateway.as_deref(), ctx).map_err(|(expected, peers)| {
-        Fail::from(Cause::OnlyWorkerOfRole { unit: w.unit.clone(), role: w.role.as_str().into(), expected, peers: peers.basis, host_drain: false })
-    })?;
+    let outage = outage_of(eng, w, plan, seen.gateway.as_deref(), ctx).map_err(Fail::from)?;
     let detail = PreflightDetail {
         outage,
         active_state: st.active_state.to_string(),
@@ -414,14 +412,14 @@ fn stop_and_pair_risks<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &
 
 /// The only worker of its role: restarting it stops serving (PD needs both roles). With
 /// [fleet], counted over the whole fleet as the router sees it; else this host's. Refused
-/// unless an outage is allowed (`Err`: the outage to expect); then said.
+/// unless an outage is allowed (`Err`: the refusal, with the outage to expect); then said.
 fn outage_of<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
     gateway: Option<&[crate::ports::RouterWorker]>,
     ctx: Ctx<'_>,
-) -> Result<Option<String>, (Option<crate::clock::StartTime>, crate::engine::role_floor::Peers)> {
+) -> Result<Option<String>, Cause> {
     let peers = crate::engine::role_floor::peers(w.role, &[&w.url], gateway, &eng.settings.workers);
     let (true, true) = (peers.alone(), ctx.outage.restarts()) else { return Ok(None) };
     let allowed = ctx.outage.accepted();
@@ -432,7 +430,8 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
     };
     let expected = expected_of(&w.unit);
     if !allowed {
-        return Err((expected, peers));
+        let (unit, role) = (w.unit.clone(), w.role.as_str().into());
+        return Err(Cause::OnlyWorkerOfRole { unit, role, expected: expected.map(Box::new), peers: peers.basis, host_drain: false });
     }
     // A 1P1D pair restarted at once: one interruption for both, said as such.
     let together = match plan.workers.as_slice() {
@@ -456,7 +455,7 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
         Some(other) => [expected, expected_of(other)].into_iter().flatten().max_by_key(|t| (t.together_with.is_some(), t.window_ms, t.ms)),
         None => expected,
     };
-    Ok(Some(format!("{} is the only {} worker: {how}, for {} (accepted: allow_outage)", w.unit, w.role.as_str(), crate::cause::outage(&expected))))
+    Ok(Some(format!("{} is the only {} worker: {how}, for {} (accepted: allow_outage)", w.unit, w.role.as_str(), crate::cause::outage(expected.as_ref()))))
 }
 
 /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
