@@ -248,3 +248,40 @@ fn with_two_gateway_replicas_each_is_drained_re_registered_and_checked_for_admis
         assert!(healthy_on(url).contains(&stack.prefill.url), "{url} admits the prefill again");
     }
 }
+
+/// Input from other hosts is decoded and checked, never trusted: requests written to etcd that
+/// name this host with a `created_at` a day in the future, or a canary that is not one of their
+/// hosts, are each answered `not_started` saying why — none is waited on (250 such requests
+/// each started a wait of up to 12 h on its own etcd connection: the descriptors ran out).
+#[test]
+fn forged_fleet_requests_naming_this_host_are_skipped_and_said_never_waited_on() {
+    let etcd = Etcd::start().expect("etcd");
+    let (stack, config, d) = host(&etcd.url(), "gpu-node-a");
+    assert!(until(Duration::from_secs(30), || alive(&fleet_status(&config), "gpu-node-a")), "host a is alive in etcd");
+    let p0 = stack.show(P, "InvocationID").expect("p");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let (id, canary, created_at) = if i % 2 == 0 { (format!("f{i}"), None, now + 86_400) } else { (format!("f{i}"), Some("ghost"), now) };
+        let v = serde_json::json!({"id": id, "hosts": ["gpu-node-a"], "allow_outage": true, "by": "uid 0 on elsewhere", "canary": canary, "created_at": created_at});
+        let key = pdctl_core::fleet::rollout_key("t", &id);
+        let put = std::process::Command::new("etcdctl").args(["--endpoints", &etcd.url(), "put", &key, &v.to_string()]).output().expect("etcdctl");
+        assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+        ids.push((id, canary.is_some()));
+    }
+    let summary = |id: &str| -> Value {
+        let key = pdctl_core::fleet::host_summary_key("t", id, "gpu-node-a");
+        let o = std::process::Command::new("etcdctl").args(["--endpoints", &etcd.url(), "get", &key, "--print-value-only"]).output().expect("etcdctl");
+        serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    };
+    assert!(until(Duration::from_secs(60), || ids.iter().all(|(id, _)| !summary(id).is_null())), "every request answered");
+    for (id, ghost) in &ids {
+        let s = summary(id);
+        assert_eq!(s["result"], "not_started", "{id}: {s}");
+        let why = s["why"].as_str().unwrap_or_default();
+        let expected = if *ghost { "is not one of its hosts" } else { "is in the future" };
+        assert!(why.contains(expected), "{id}: {why}");
+    }
+    assert_eq!(stack.show(P, "InvocationID").expect("p"), p0, "nothing restarted");
+    assert_eq!(raw_api(&d.socket, "GET", "/v1/ping", "").0, 200, "pdctld answers");
+}

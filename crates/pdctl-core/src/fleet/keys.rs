@@ -394,6 +394,14 @@ pub struct HostSummary {
     pub finished_at: Option<u64>,
 }
 
+impl HostSummary {
+    /// `host`'s part ended now with `result` and no local rollout (not started, or cut short
+    /// before one), saying why.
+    pub fn ended_without_rollout(host: &str, result: HostResult, why: String) -> HostSummary {
+        HostSummary { host: host.to_string(), result, local_id: None, summary: None, why: Some(why), finished_at: Some(crate::fleet::now_secs()) }
+    }
+}
+
 /// Where fleet rollout requests are (every pdctld reads this prefix, so it holds only requests).
 pub fn requests_prefix(name: &str) -> String {
     format!("{}requests/", prefix(name))

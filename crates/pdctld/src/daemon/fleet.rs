@@ -241,28 +241,15 @@ impl Daemon {
                 };
                 if let Some(why) = skip {
                     tracing::warn!("fleet rollout {}: {why}", r.id);
-                    let s = pdctl_core::fleet::HostSummary {
-                        host: f.host.clone(),
-                        result: HostResult::NotStarted,
-                        local_id: None,
-                        summary: None,
-                        why: Some(why),
-                        finished_at: Some(pdctl_core::fleet::now_secs()),
-                    };
+                    let s = pdctl_core::fleet::HostSummary::ended_without_rollout(&f.host, HostResult::NotStarted, why);
                     let _ = fleet_put(&c, &mine, &s).await;
                     continue;
                 }
                 if r.created_at < born {
                     // Unanswered, from before this pdctld started: its local part was cut short
                     // by the previous pdctld's stop.
-                    let s = pdctl_core::fleet::HostSummary {
-                        host: f.host.clone(),
-                        result: HostResult::Interrupted,
-                        local_id: None,
-                        summary: None,
-                        why: Some("pdctld stopped during its part; resume the local rollout (pdctl rollout history) once checked".into()),
-                        finished_at: Some(pdctl_core::fleet::now_secs()),
-                    };
+                    let why = "pdctld stopped during its part; resume the local rollout (pdctl rollout history) once checked".to_string();
+                    let s = pdctl_core::fleet::HostSummary::ended_without_rollout(&f.host, HostResult::Interrupted, why);
                     let _ = fleet_put(&c, &mine, &s).await;
                     continue;
                 }
@@ -299,14 +286,7 @@ impl Daemon {
         let shared = self.coordinator(&f);
         let c: &pdctl_real::EtcdCoordinator = shared.as_ref();
         let summary_key = pdctl_core::fleet::host_summary_key(&f.name, &r.id, &f.host);
-        let not_started = |why: String| pdctl_core::fleet::HostSummary {
-            host: f.host.clone(),
-            result: HostResult::NotStarted,
-            local_id: None,
-            summary: None,
-            why: Some(why),
-            finished_at: Some(pdctl_core::fleet::now_secs()),
-        };
+        let not_started = |why: String| pdctl_core::fleet::HostSummary::ended_without_rollout(&f.host, HostResult::NotStarted, why);
         // The canary goes first; the others start only once it succeeded. (New weights go into
         // every host at once, in step: no canary.)
         if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host && r.weights.is_none()) {
