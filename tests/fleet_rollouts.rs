@@ -153,10 +153,23 @@ fn a_breach_during_the_bake_reverts_every_changed_host_the_last_first() {
             "[rollout]\nmin_healthy = \"3s\"\n[verify.slo]\nmin_requests = 20\nmax_wait = \"60s\"\n[fleet]\nbake = \"60s\"\n",
         )
         .expect("slo and bake");
-        s.drop_in(D, "50-late-fail", "[Service]\nEnvironment=SGLANG_SIM_FAIL_FRACTION=0.3\nEnvironment=SGLANG_SIM_FAULTS_AFTER=45\n").expect("drop-in");
+        // A change that fails 30 % of requests, late: an hour after its start — brought forward
+        // to the moment the bake begins (`/sim/faults_now`), so that it sets in after every
+        // host's gates however slow the machine, and within the bake however fast.
+        s.drop_in(D, "50-late-fail", "[Service]\nEnvironment=SGLANG_SIM_FAIL_FRACTION=0.3\nEnvironment=SGLANG_SIM_FAULTS_AFTER=3600\n").expect("drop-in");
     }
     let (_, ca, _) = &hosts[0];
-    let (code, lines, err) = fleet_restart_under_load(&hosts, &["--load-changes"]);
+    let decodes: Vec<String> = hosts.iter().map(|(s, _, _)| s.workers().iter().find(|w| w.role == "decode").expect("a decode").url.clone()).collect();
+    let mut late = false;
+    let (code, lines, err) = fleet_restart_under_load_watching(&hosts, &["--load-changes"], |l| {
+        if !late && l["bake"]["state"] == "baking" {
+            late = true;
+            for u in &decodes {
+                http_post(&format!("{u}/sim/faults_now"), &Value::Null);
+            }
+        }
+    });
+    assert!(late, "the bake began: {lines:#?}");
     assert_eq!(code, 1, "{lines:#?}\n{err}");
     let last = lines.last().cloned().unwrap_or(Value::Null);
     let failures: Vec<&Value> = lines.iter().filter(|e| e["status"] == "failed" || e.get("revert").is_some() || e.get("reverted").is_some()).collect();
@@ -169,7 +182,8 @@ fn a_breach_during_the_bake_reverts_every_changed_host_the_last_first() {
         }
     }
     let bake = last["bake"].as_str().unwrap_or("");
-    assert!(bake.starts_with("breach on gpu-node-") && bake.contains(D) && bake.contains("error rate"), "{bake}");
+    // The decode's failures are the pair's: either worker's figures may be the first judged.
+    assert!(bake.starts_with("breach on gpu-node-") && (bake.contains(D) || bake.contains(P)) && bake.contains("error rate"), "{bake}");
     // The revert goes from the last host to finish to the first, each after the one before it.
     let revert = lines.iter().find_map(|l| l.get("revert")).cloned().expect("the revert request");
     let order: Vec<String> = revert["order"].as_array().expect("order").iter().filter_map(|h| h.as_str().map(String::from)).collect();

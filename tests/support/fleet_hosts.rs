@@ -88,6 +88,11 @@ pub fn max_holders_ever(etcd: &str, role: &str) -> (usize, Vec<Vec<String>>) {
 
 /// `pdctl fleet restart` from host a's CLI and pdctld; the JSON lines it printed and its exit code.
 pub fn fleet_restart(config: &Path, d: &Pdctld, extra: &[&str]) -> (i32, Vec<Value>, String) {
+    fleet_restart_watching(config, d, extra, |_| {})
+}
+
+/// [`fleet_restart`], calling `on_line` with each line as it arrives (to act on an event).
+pub fn fleet_restart_watching(config: &Path, d: &Pdctld, extra: &[&str], mut on_line: impl FnMut(&Value)) -> (i32, Vec<Value>, String) {
     let mut args = vec!["fleet", "restart", "--rolling", "--json", "--socket"];
     let socket = d.socket.display().to_string();
     args.push(&socket);
@@ -106,6 +111,7 @@ pub fn fleet_restart(config: &Path, d: &Pdctld, extra: &[&str]) -> (i32, Vec<Val
     let mut seen = Vec::new();
     let end = Instant::now() + Duration::from_secs(420);
     while let Ok(v) = lines.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        on_line(&v);
         seen.push(v);
     }
     // A fleet rollout still followed at the deadline is ended here: the test fails, never hangs.
@@ -123,6 +129,11 @@ pub fn fleet_restart(config: &Path, d: &Pdctld, extra: &[&str]) -> (i32, Vec<Val
 /// [`fleet_restart`] from the first host once every host is alive in etcd and its gateway lists
 /// both workers, with clients sending 8 requests a second through each host's gateway meanwhile.
 pub fn fleet_restart_under_load(hosts: &[(Stack, PathBuf, Pdctld)], extra: &[&str]) -> (i32, Vec<Value>, String) {
+    fleet_restart_under_load_watching(hosts, extra, |_| {})
+}
+
+/// [`fleet_restart_under_load`], calling `on_line` with each line as it arrives.
+pub fn fleet_restart_under_load_watching(hosts: &[(Stack, PathBuf, Pdctld)], extra: &[&str], on_line: impl FnMut(&Value)) -> (i32, Vec<Value>, String) {
     let (_, ca, da) = &hosts[0];
     let names: Vec<String> = hosts.iter().map(|(_, c, _)| host_of(c)).collect();
     assert!(until(Duration::from_secs(30), || {
@@ -133,7 +144,7 @@ pub fn fleet_restart_under_load(hosts: &[(Stack, PathBuf, Pdctld)], extra: &[&st
         assert_eq!(s.wait_router_healthy(2, Duration::from_secs(60)).expect("router"), 2);
     }
     let loads: Vec<crate::Load> = hosts.iter().map(|(s, _, _)| crate::Load::start(&s.router.as_ref().expect("router").url, 8.0, 4)).collect();
-    let out = fleet_restart(ca, da, extra);
+    let out = fleet_restart_watching(ca, da, extra, on_line);
     for l in loads {
         l.stop();
     }

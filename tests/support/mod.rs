@@ -602,21 +602,48 @@ pub fn rollout_with_fault(
     faults: Vec<String>,
     deadline: Duration,
 ) -> JsonRun {
-    let mut injected = false;
+    rollout_with_faults_timed(d, config, when, faults, deadline).0
+}
+
+/// [`rollout_with_fault`], and how long the injection took from the first request sent to the
+/// last answer: faults of N seconds injected on several workers all hold together for at least
+/// N seconds less that spread (on a loaded machine the spread is hundreds of milliseconds).
+pub fn rollout_with_faults_timed(
+    d: &pdctl_sandbox::stack::Pdctld,
+    config: &std::path::Path,
+    when: (&str, &str, &str),
+    faults: Vec<String>,
+    deadline: Duration,
+) -> (JsonRun, Duration) {
+    let mut spread = None;
     let args = ["restart", "--rolling", "--json", "--config", config.to_str().unwrap(), "--socket", d.socket.to_str().unwrap()];
     let r = pdctl_run(&args, deadline, |e| {
-        if !injected && e["unit"] == when.0 && e["step"] == when.1 && e["status"] == when.2 {
+        if spread.is_none() && e["unit"] == when.0 && e["step"] == when.1 && e["status"] == when.2 {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let began = std::time::Instant::now();
             rt.block_on(async {
-                for u in &faults {
-                    http().post(u).send().await.unwrap();
+                // All at once, so the faults overlap as much as the machine allows.
+                let sent: Vec<_> = faults.iter().map(|u| tokio::spawn(http().post(u).send())).collect();
+                for s in sent {
+                    s.await.expect("task").expect("the fault was accepted");
                 }
             });
-            injected = true;
+            spread = Some(began.elapsed());
         }
     });
-    assert!(injected, "the fault was injected at {when:?}");
-    r
+    let spread = spread.unwrap_or_else(|| panic!("the fault was injected at {when:?}"));
+    (r, spread)
+}
+
+/// When `unit` left the router in run `r`: at its drain's start, or — the only worker of its
+/// role, its drain deferred to its stop — when its restart took it out.
+pub fn out_of_router_since(r: &JsonRun, unit: &str) -> std::time::SystemTime {
+    let at = |step: &str, status: &str| humantime::parse_rfc3339(r.event(unit, step, status)["at"].as_str().unwrap()).unwrap();
+    let restart = r.events.iter().find(|e| e["unit"] == unit && e["step"] == "restart" && e["status"] != "started");
+    match restart.and_then(|e| e["detail"]["taken_out"]["after_ms"].as_u64()) {
+        Some(ms) => at("restart", "started") + Duration::from_millis(ms),
+        None => at("drain", "started"),
+    }
 }
 
 /// A worker's `/model_info`.

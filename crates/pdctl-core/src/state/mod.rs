@@ -5,4 +5,5 @@
 pub mod drain_ledger;
 pub mod in_place;
 pub mod revisions;
+pub mod safe_path;
 pub mod state_file;

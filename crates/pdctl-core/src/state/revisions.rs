@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 pub use crate::clock::StartTime;
 use crate::clock::{now, now_ms};
 use crate::ports::UnitConfig;
+use crate::state::safe_path;
 pub use crate::state::state_file::{atomic_write, create_private_dir, STATE_DIR_MODE, STATE_FILE_MODE};
 
 /// One file of a revision.
@@ -88,12 +89,6 @@ pub struct Revision {
     pub why: String,
     /// Path → file.
     pub files: BTreeMap<String, FileRev>,
-}
-
-/// The mode a restored file gets: the one it has now, else 0644 (unit files are world-readable).
-fn mode_of(p: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o644)
 }
 
 fn sha(bytes: &[u8]) -> String {
@@ -381,11 +376,20 @@ pub fn stale_reasons(current: &Revision, last: Option<&Revision>, exec_main_star
 /// it had done before, and where it stopped.
 pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<Vec<String>, RestoreError> {
     let mut done = Vec::new();
+    // Each write and each rename acts on its directory as opened by `safe_path` — never through a
+    // link an account other than root could have put on the way — and never on the path again.
     let write = |p: &str, old: &FileRev, c: &str| {
-        let path = Path::new(p);
-        let owner = old.owner.or_else(|| FileOwner::of(path));
-        let mode = owner.map_or_else(|| mode_of(path), |o| o.mode);
-        crate::state::state_file::atomic_write_owned(path, c.as_bytes(), mode, owner.map(|o| (o.uid, o.gid)))
+        let (dir, name) = safe_path::open_parent(Path::new(p))?;
+        let now = safe_path::owner_in(&dir, &name).map(|(mode, uid, gid)| FileOwner { mode, uid, gid });
+        let owner = old.owner.or(now);
+        // Recorded, else the one it has now, else 0644 (unit files are world-readable).
+        let mode = owner.map_or(0o644, |o| o.mode);
+        safe_path::write_in(&dir, &name, c.as_bytes(), mode, owner.map(|o| (o.uid, o.gid)))
+    };
+    let aside = |p: &str, aside: &str| {
+        let (dir, name) = safe_path::open_parent(Path::new(p))?;
+        let new_name = Path::new(aside).file_name().unwrap_or_default();
+        safe_path::rename_in(&dir, &name, new_name)
     };
     let stop = |done: &mut Vec<String>, path: &str, error: std::io::Error| RestoreError { done: std::mem::take(done), path: path.to_string(), error };
     for (p, f) in &current.files {
@@ -399,9 +403,9 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<
                 done.push(format!("restored {p}"));
             }
             Some(_) | None if f.sha256 != "absent" => {
-                let aside = format!("{p}.pdctl-rejected-{rollout_id}");
-                std::fs::rename(p, &aside).map_err(|e| stop(&mut done, p, e))?;
-                done.push(format!("moved {p} aside to {aside}"));
+                let to = format!("{p}.pdctl-rejected-{rollout_id}");
+                aside(p, &to).map_err(|e| stop(&mut done, p, e))?;
+                done.push(format!("moved {p} aside to {to}"));
             }
             _ => {}
         }
@@ -415,6 +419,14 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<
         }
     }
     Ok(done)
+}
+
+/// The directories on the way to `files` that an account other than root can change, each with
+/// who (deduplicated): a restore writes there only through real directories, and stops at a link
+/// such an account could have placed (`safe_path`), so an operator should know of them.
+pub fn exposed<'a>(files: impl IntoIterator<Item = &'a PathBuf>) -> Vec<String> {
+    let all: BTreeSet<String> = files.into_iter().flat_map(|p| safe_path::writable_by_others(p)).collect();
+    all.into_iter().collect()
 }
 
 /// The files of `last` a restore would rewrite or put back that cannot be written here (their

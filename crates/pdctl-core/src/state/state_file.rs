@@ -1,5 +1,5 @@
 //! pdctl's own state files (records, revisions, the drain ledger, slots): private modes and
-//! atomic writes. A leaf: it imports nothing of this crate.
+//! atomic writes. It imports only `safe_path`, the write it shares with restores.
 
 use std::path::Path;
 
@@ -32,31 +32,13 @@ pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
 
 /// [`atomic_write`], and the file given `owner` (uid, gid) before it takes `path`'s place.
 pub fn atomic_write_owned(path: &Path, bytes: &[u8], mode: u32, owner: Option<(u32, u32)>) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let tmp = dir.join(format!(".{name}.{}.{}.{nanos:08x}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode & 0o777).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        // Last: once another user owns it, changing its mode would need CAP_FOWNER, which
-        // pdctld's unit does not grant (CAP_CHOWN does this).
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        }
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    std::fs::File::open(dir)?.sync_all()
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Some(name) = path.file_name() else {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} names no file", path.display())));
+    };
+    // pdctl's own directory: opened by its path (a unit's files go through `safe_path::open_dir`).
+    let dir = std::fs::File::open(dir)?;
+    super::safe_path::write_in(&dir.into(), name, bytes, mode, owner)
 }
 
 /// Read a file to configure from: a regular file (a symlink to one is followed, as systemd

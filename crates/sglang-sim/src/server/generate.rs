@@ -225,6 +225,14 @@ pub(crate) async fn fail_generate(
     StatusCode::OK.into_response()
 }
 
+/// `POST /sim/faults_now` (a simulator knob): the service faults set in now rather than
+/// `--sim-faults-after` seconds after the ready line.
+pub(crate) async fn faults_now(State(app): State<App>) -> Response {
+    app.faults_now.store(true, std::sync::atomic::Ordering::SeqCst);
+    log::line("simulated fault: the service faults act from now on");
+    StatusCode::OK.into_response()
+}
+
 /// `POST /sim/stall_transfers?secs=N` (a simulator knob): on a decode, requests arriving in the
 /// next N seconds wait N seconds before they fetch their KV.
 pub(crate) async fn stall_transfers(

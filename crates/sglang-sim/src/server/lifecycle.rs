@@ -41,6 +41,7 @@ pub async fn run(cfg: SimConfig) -> i32 {
         pd: pd.clone(),
         ready_at: Arc::new(std::sync::OnceLock::new()),
         fail_until: Arc::new(std::sync::Mutex::new(None)),
+        faults_now: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         requests: Requests::default(),
         shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         health_failed: Arc::new(std::sync::atomic::AtomicBool::new(false)),

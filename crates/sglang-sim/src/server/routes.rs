@@ -11,7 +11,7 @@ use crate::args::SimConfig;
 use crate::log;
 
 use super::admin::{abort_request, flush_cache, get_load, health, metrics, model_info, models, ready, server_info, v1_loads};
-use super::generate::{chat, completions, fail_generate, generate, stall_transfers};
+use super::generate::{chat, completions, fail_generate, faults_now, generate, stall_transfers};
 use super::App;
 
 /// The routes a server with this configuration serves (the `/sim/…` knobs apart) with their
@@ -82,7 +82,10 @@ pub(crate) fn handler(path: &str, methods: &[&str]) -> Option<MethodRouter<App>>
 }
 
 pub(crate) fn routes(app: App) -> Router {
-    let mut r = Router::new().route("/sim/fail_generate", post(fail_generate)).route("/sim/stall_transfers", post(stall_transfers));
+    let mut r = Router::new()
+        .route("/sim/fail_generate", post(fail_generate))
+        .route("/sim/faults_now", post(faults_now))
+        .route("/sim/stall_transfers", post(stall_transfers));
     for (path, methods) in served_routes(app.engine.config()) {
         match handler(path, methods) {
             Some(h) => r = r.route(path, h),

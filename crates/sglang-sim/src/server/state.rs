@@ -26,6 +26,9 @@ pub(crate) struct App {
     /// Fault injected at run time (`POST /sim/fail_generate?secs=N`): generation requests
     /// answer 500 until then.
     pub(crate) fail_until: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// `POST /sim/faults_now`: the service faults act from now on, whatever `--sim-faults-after`
+    /// says (a test sets the moment a late fault begins by an event, not by a clock).
+    pub(crate) faults_now: Arc<std::sync::atomic::AtomicBool>,
     /// The requests in flight (the tokenizer manager's `rid_to_state`).
     pub(crate) requests: Requests,
     /// SIGTERM received (`gracefully_exit`): `/health` and `/ready` answer 503.
@@ -40,9 +43,9 @@ pub(crate) struct App {
 
 impl App {
     /// The service faults (`--sim-slowdown`, `--sim-fail-fraction`) act: from the ready line
-    /// plus `--sim-faults-after` on (a change that started fine).
+    /// plus `--sim-faults-after` on (a change that started fine), or from `/sim/faults_now` on.
     pub(crate) fn service_faults_on(&self) -> bool {
-        self.ready_at.get().is_some_and(|at| at.elapsed() >= self.engine.config().sim.faults_after)
+        self.faults_now.load(std::sync::atomic::Ordering::SeqCst) || self.ready_at.get().is_some_and(|at| at.elapsed() >= self.engine.config().sim.faults_after)
     }
 
     /// The `--sim-health-fail-after-ready` fault has set in: the server is UnHealthy.

@@ -198,12 +198,11 @@ async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     if ctx.outage.restarts() {
         a_peer_serves(eng, w, plan).await?;
     }
-    if let Some(c) = rollback_unwritable(eng, w, ctx) {
-        return Err(Fail::from(c));
-    }
+    let exposed = rollback_writes(eng, w, &cfg, ctx).map_err(Fail::from)?;
     let api_key_check = api_key_check(eng, w, &st).await?;
     let pairing = pairing_preflight(eng, w, plan, &cfg).await?;
     let mut warnings = stop_and_pair_risks(eng, w, &cfg);
+    warnings.extend(exposed);
     warnings.extend(kill_mode_check(eng, w, &cfg).map_err(Fail::from)?);
     // A dry run does not reload the manager: the restart's command line is read from the files.
     let disk_argv = if dry && needs_reload {
@@ -263,15 +262,37 @@ fn gpus_disjoint(w: &Worker, cfg: &crate::ports::UnitConfig, seen: &mut Seen) ->
     Ok(gpus)
 }
 
-/// With `on_failure = "rollback"` (a real rollout in pdctld): every file the rollback would
-/// restore can be written by this process, or the worker would be left half-restored (`Some`:
-/// the refusal).
-fn rollback_unwritable<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<Cause> {
-    let (true, crate::config::OnFailure::Rollback, Some(dir)) = (ctx.outage.restarts(), eng.settings.rollout.on_failure, ctx.writes.revisions) else {
-        return None;
+/// With `on_failure = "rollback"`: every file the rollback would restore can be written by this
+/// process (known in pdctld, which keeps the revisions), or the worker would be left
+/// half-restored (`Err`: the refusal); the directories on the way to the unit's files that another
+/// account can change are said, in a dry run too (a warning: a restore stops at a link such an
+/// account placed there rather than follow it).
+fn rollback_writes<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    cfg: &crate::ports::UnitConfig,
+    ctx: Ctx<'_>,
+) -> Result<Vec<String>, Cause> {
+    let (true, crate::config::OnFailure::Rollback) = (ctx.outage.restarts(), eng.settings.rollout.on_failure) else {
+        return Ok(Vec::new());
     };
-    let dirs = revisions::load(dir, &w.unit).map(|last| revisions::unwritable(&last)).unwrap_or_default();
-    (!dirs.is_empty()).then(|| Cause::RollbackUnwritable { unit: w.unit.clone(), dirs })
+    if let Some(last) = ctx.writes.revisions.and_then(|dir| revisions::load(dir, &w.unit)) {
+        let dirs = revisions::unwritable(&last);
+        if !dirs.is_empty() {
+            return Err(Cause::RollbackUnwritable { unit: w.unit.clone(), dirs });
+        }
+    }
+    let exposed = revisions::exposed(&revisions::paths(&w.unit, cfg, &w.watch_files));
+    Ok((!exposed.is_empty())
+        .then(|| {
+            format!(
+                "{}: a rollback would write its files under {}, where an account other than root can replace a directory with a link: it would stop there rather than follow one; keep a unit's files in directories only root can write",
+                w.unit,
+                exposed.join(", ")
+            )
+        })
+        .into_iter()
+        .collect())
 }
 
 /// Does this restart change the model a PD worker computes with ([`crate::sglang::coherence`])? While
