@@ -474,45 +474,57 @@ fn idle_metrics_connections_and_slow_bodies_do_not_freeze_the_control_socket() {
     drop((idle, slow));
 }
 
-/// One pdctld per state directory: a second one started on the same state directory and socket
-/// (by hand, or a second unit) exits at once naming the PID that holds it — before it touches
-/// the socket, which the first keeps serving (before: the second unlinked the first's socket and
-/// both ran on one ledger).
+/// One pdctld per state directory and per socket: a second one started on the same state
+/// directory, or on its own state directory and the same socket (by hand, or a second unit),
+/// exits at once naming the PID that holds it — before it touches the socket, which the first
+/// keeps serving (before: the second unlinked the first's socket and bound its own).
 #[test]
-fn a_second_pdctld_on_the_same_state_directory_exits_naming_the_first() {
+fn a_second_pdctld_on_the_same_state_directory_or_socket_exits_naming_the_first() {
     let (stack, config, d) = up();
     let pid = stack.show("pdctld.service", "MainPID").unwrap();
-    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctld", "PDCTLD_BIN").unwrap();
-    let mut second = std::process::Command::new(bin)
-        .arg("--config")
-        .arg(&config)
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("--state-dir")
-        .arg(&d.state)
-        .arg("--metrics-listen")
-        .arg("off")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = second.try_wait().unwrap() {
-            break Some(st);
-        }
-        if t0.elapsed() > Duration::from_secs(20) {
-            let _ = second.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let second = |state: &Path| {
+        let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctld", "PDCTLD_BIN").unwrap();
+        let mut second = std::process::Command::new(bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("--socket")
+            .arg(&d.socket)
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--metrics-listen")
+            .arg("off")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = second.try_wait().unwrap() {
+                break Some(st);
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                let _ = second.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(second.stderr.as_mut().unwrap(), &mut err).unwrap();
+        (status.expect("the second pdctld exits by itself").code(), err)
     };
-    let mut err = String::new();
-    std::io::Read::read_to_string(second.stderr.as_mut().unwrap(), &mut err).unwrap();
-    let status = status.expect("the second pdctld exits by itself");
-    assert_eq!(status.code(), Some(3), "{err}");
+    // The same state directory.
+    let (code, err) = second(&d.state);
+    assert_eq!(code, Some(3), "{err}");
     assert!(err.contains(&format!("another pdctld (PID {pid}) already runs with the state directory")), "{err}");
     assert!(pings(&d.socket, Duration::from_secs(5)), "the first still serves its socket");
+    // Its own state directory, the same socket: it used to unlink the first's socket and bind its
+    // own (the first kept running, unreachable).
+    let other = d.state.with_file_name("state-of-a-second-pdctld");
+    let (code, err) = second(&other);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains(&format!("another pdctld (PID {pid}) already listens on {}", d.socket.display())), "{err}");
+    assert!(pings(&d.socket, Duration::from_secs(5)), "the first still serves its socket");
     assert_eq!(stack.show("pdctld.service", "MainPID").unwrap(), pid);
+    let _ = std::fs::remove_dir_all(&other);
 }
 
 /// A `paused.json` that does not read (a torn write, a disk error) cannot say which workers a

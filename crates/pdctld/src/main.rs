@@ -6,6 +6,7 @@
 mod daemon;
 mod metrics;
 mod peer;
+mod serve;
 mod store;
 
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -16,6 +17,8 @@ use std::time::Duration;
 use clap::Parser;
 use pdctl_contract::api::Exit;
 use tracing_subscriber::prelude::*;
+
+use serve::{serve, Caller, MAX_CONNECTIONS, METRICS_CONNECTIONS};
 
 #[derive(Parser)]
 #[command(name = "pdctld", version, about = "pdctl's daemon: owns rollouts of SGLang units")]
@@ -106,13 +109,12 @@ fn group_id(group: &str) -> Result<u32, String> {
     }
 }
 
-/// An exclusive lock on `dir/pdctld.lock` (`flock`, released by the kernel when the process
-/// ends, however it ends), with this process's PID written into it; `Err`: the sentence naming
-/// the pdctld that holds it.
-fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+/// An exclusive lock on `path` (`flock`, released by the kernel when the process ends, however
+/// it ends), with this process's PID written into it; `Err`: who holds it ("another pdctld (PID
+/// N)"), or why the file cannot be opened.
+fn hold_lock(path: &std::path::Path) -> Result<std::fs::File, Result<String, String>> {
     use std::io::{Read as _, Seek as _, Write as _};
     use std::os::fd::AsRawFd as _;
-    let path = dir.join("pdctld.lock");
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -120,24 +122,47 @@ fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
         .truncate(false)
         .mode(0o640)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| format!("cannot open {} ({e}); check --state-dir and its permissions", path.display()))?;
+        .open(path)
+        .map_err(|e| Err(format!("cannot open {} ({e})", path.display())))?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut held = String::new();
         let _ = f.read_to_string(&mut held);
         let pid = held.trim();
-        let who = if pid.is_empty() { "another pdctld".to_string() } else { format!("another pdctld (PID {pid})") };
-        return Err(format!(
-            "{who} already runs with the state directory {}: one pdctld per state directory (stop it first — systemctl stop pdctld — or give this one its own --state-dir and --socket)",
-            dir.display()
-        ));
+        return Err(Ok(if pid.is_empty() { "another pdctld".to_string() } else { format!("another pdctld (PID {pid})") }));
     }
     let written = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| writeln!(f, "{}", std::process::id()));
     if let Err(e) = written {
         tracing::warn!("cannot write this PID into {}: {e}", path.display());
     }
     Ok(f)
+}
+
+/// The state directory's lock (`dir/pdctld.lock`); `Err`: the sentence naming the pdctld that
+/// holds it.
+fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    hold_lock(&dir.join("pdctld.lock")).map_err(|e| match e {
+        Ok(who) => format!(
+            "{who} already runs with the state directory {}: one pdctld per state directory (stop it first — systemctl stop pdctld — or give this one its own --state-dir and --socket)",
+            dir.display()
+        ),
+        Err(why) => format!("{why}; check --state-dir and its permissions"),
+    })
+}
+
+/// The control socket's lock (`SOCKET.lock`, beside it), taken before the socket is replaced: a
+/// second pdctld on another state directory would otherwise unlink the first's socket and bind
+/// its own, leaving the first running and unreachable. `Err`: the sentence naming the holder.
+fn lock_socket(socket: &std::path::Path) -> Result<std::fs::File, String> {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".lock");
+    hold_lock(std::path::Path::new(&name)).map_err(|e| match e {
+        Ok(who) => format!(
+            "{who} already listens on {}: one pdctld per socket (stop it first — systemctl stop pdctld — or give this one its own --socket)",
+            socket.display()
+        ),
+        Err(why) => format!("{why}; check --socket and its directory's permissions"),
+    })
 }
 
 /// Each worker thread's stack: a rollout's steps nest (a repair's whole sequence runs inside the
@@ -168,7 +193,7 @@ async fn run() {
         tracing::warn!("config error (rollouts will be refused until it is fixed): {e}");
     }
     let d = Arc::new(daemon_for(&args, config, store).await);
-    let listener = bind_socket(&args);
+    let (listener, _socket_lock) = bind_socket(&args);
     serve_metrics(&args, &d).await;
     serve_fleetlock(&d).await;
     let app = daemon::http::api(d.clone());
@@ -179,11 +204,11 @@ async fn run() {
         // Who is on the other end (the kernel's word, SO_PEERCRED): the audit trail's uid.
         listener.accept().await.map(|(s, _)| {
             let uid = s.peer_cred().ok().map(|c| c.uid());
-            (s, uid)
+            (s, uid, Caller::of(uid, None))
         })
     };
     tokio::select! {
-        _ = serve(accept, app, MAX_CONNECTIONS, "the control socket") => {}
+        _ = serve(accept, app, MAX_CONNECTIONS, None, "the control socket") => {}
         _ = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(mut s) => { s.recv().await; }
@@ -240,11 +265,19 @@ fn open_state(args: &Args) -> (PathBuf, store::Store, std::fs::File) {
     (state_dir, store, lock)
 }
 
-/// The control socket: bound afresh (0660, given to `--socket-group` when set).
-fn bind_socket(args: &Args) -> tokio::net::UnixListener {
+/// The control socket: locked, then bound afresh (0660, given to `--socket-group` when set); the
+/// lock is held, its descriptor open, for the process's life.
+fn bind_socket(args: &Args) -> (tokio::net::UnixListener, std::fs::File) {
     if let Some(dir) = args.socket.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
+    let lock = match lock_socket(&args.socket) {
+        Ok(f) => f,
+        Err(why) => {
+            eprintln!("pdctld: {why}");
+            Exit::Unreachable.exit_process();
+        }
+    };
     let _ = std::fs::remove_file(&args.socket);
     let listener = match tokio::net::UnixListener::bind(&args.socket) {
         Ok(l) => l,
@@ -259,7 +292,7 @@ fn bind_socket(args: &Args) -> tokio::net::UnixListener {
             tracing::warn!("cannot give the socket to group {g}: {e}");
         }
     }
-    listener
+    (listener, lock)
 }
 
 /// The metrics endpoint (`--metrics-listen`, unless `off`), served by its own accept loop.
@@ -289,25 +322,30 @@ async fn serve_fleetlock(d: &Arc<daemon::Daemon>) {
                     let (s, peer) = l.accept().await?;
                     let local = s.local_addr()?;
                     let uid = tokio::task::spawn_blocking(move || peer::loopback_peer_uid(peer, local)).await.ok().flatten();
-                    Ok((s, uid))
+                    Ok((s, uid, Caller::of(uid, Some(peer.ip()))))
                 }
             };
             let app = daemon::maintenance::fleetlock_api(d.clone());
-            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, "the FleetLock endpoint").await });
+            let each = Some(serve::PER_CALLER);
+            tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, each, "the FleetLock endpoint").await });
         }
         Err(e) => tracing::error!("the FleetLock endpoint cannot listen on {addr} ({e}): update agents asking it will not reboot this host"),
     }
 }
 
 /// Serve `app` on a TCP listener in a task of its own ([`serve`], at most
-/// [`METRICS_CONNECTIONS`] at once: a scraper, a dashboard, the host's update agent).
+/// [`METRICS_CONNECTIONS`] at once: a scraper, a dashboard). Not capped per caller: telling a
+/// local caller's account means reading the kernel's socket table per connection, which a
+/// reconnecting client makes grow with every closed connection (measured: 0 of 30 scrapes
+/// answered beside three accounts reconnecting 40 connections each, the accept loop held up by
+/// the table); an exact query by the connection's addresses (sock_diag) would not be.
 fn serve_tcp(l: tokio::net::TcpListener, app: axum::Router, what: &'static str) {
     let l = Arc::new(l);
     let accept = move || {
         let l = l.clone();
-        async move { l.accept().await.map(|(s, _)| (s, None)) }
+        async move { l.accept().await.map(|(s, peer)| (s, None, Caller::of(None, Some(peer.ip())))) }
     };
-    tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, what).await });
+    tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, None, what).await });
 }
 
 /// pdctld's tasks beside the API: the watchdog, the retry of unsaved records, the reconcile of
@@ -332,69 +370,6 @@ fn spawn_background(d: &Arc<daemon::Daemon>, args: &Args) {
     tokio::spawn(d.clone().fleet_rollouts());
     tokio::spawn(d.clone().fleet_retention());
     tokio::spawn(d.clone().storm_watch());
-}
-
-/// Connections the control socket serves at once; more are closed at once (a local client
-/// retries).
-const MAX_CONNECTIONS: usize = 256;
-/// Connections of pdctld's own account beyond [`MAX_CONNECTIONS`] (its watchdog's ping).
-const OWN_CONNECTIONS: usize = 4;
-/// Connections the metrics endpoint serves at once (a scraper or two, a dashboard).
-const METRICS_CONNECTIONS: usize = 32;
-/// A client must send its request head within this time (from the moment it connects); its
-/// body then within `daemon::http`'s body timeout.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// An accept loop with one discipline for every listener of pdctld: at most `max` connections,
-/// each closed unless it sends its request head within [`HEADER_TIMEOUT`] (its body within the
-/// API's body timeout), one request per connection (no idle keep-alive). So neither half-open
-/// nor slow connections, on the control socket or the metrics port, can exhaust pdctld's file
-/// descriptors — which its rollouts need for their journal, D-Bus, HTTP and record files (the
-/// unit's `LimitNOFILE=` leaves room for far more than both caps) — or starve the API.
-/// `accept` yields a connection and the peer's uid where the kernel tells it (a UNIX socket).
-async fn serve<S, F, Fut>(mut accept: F, app: axum::Router, max: usize, what: &'static str)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = std::io::Result<(S, Option<u32>)>>,
-{
-    let slots = Arc::new(tokio::sync::Semaphore::new(max));
-    // pdctld's own connections (the watchdog's ping through its socket) never wait for a slot
-    // the clients hold: a few of their own.
-    let own = Arc::new(tokio::sync::Semaphore::new(OWN_CONNECTIONS));
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    loop {
-        let (stream, uid) = match accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // EMFILE and the like: back off instead of spinning; the connections in hand
-                // time out and free their descriptors.
-                tracing::warn!("{what} cannot accept a connection: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(s) => s,
-            Err(_) if uid == Some(me) => match own.clone().try_acquire_owned() {
-                Ok(s) => s,
-                Err(_) => continue,
-            },
-            Err(_) => continue,
-        };
-        let peer = daemon::http::Peer { uid };
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone().layer(axum::Extension(peer)));
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .keep_alive(false)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-            let _ = conn.await;
-            drop(slot);
-        });
-    }
 }
 
 /// Feed systemd's watchdog only while the control socket accepts and answers (`GET /v1/ping`
