@@ -1,7 +1,8 @@
 //! Readers of pdctld cannot take it down: event streams are capped per account (one
 //! socket-group member held 256 streams open during a rollout, every connection of the control
 //! socket, the watchdog's ping among them, and systemd killed pdctld: the rollout ended
-//! `interrupted`). On the sandbox behind the real gateway, with pdctld.
+//! `interrupted`), and connections to the metrics port are capped per account (three accounts
+//! took every slot). On the sandbox behind the real gateway, with pdctld.
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::net::UnixStream;
@@ -65,4 +66,59 @@ fn one_account_holds_at_most_16_event_streams_and_pdctld_keeps_answering_and_rol
     assert!(again, "a closed stream's slot is given back");
     drop(open);
     assert_eq!(c.finish(LIMIT), Some(0), "the rollout ran to its end");
+}
+
+/// Holds `n` connections to `addr` open, opening a new one whenever pdctld closes one (as a
+/// client denying the scrapers would); prints "holding" once it holds them all.
+const HOLDER: &str = r#"
+import socket, sys, time
+addr, n = sys.argv[1].rsplit(":", 1), int(sys.argv[2])
+conns, said = [], False
+while True:
+    alive = []
+    for c in conns:
+        try:
+            closed = c.recv(1, socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            closed = False
+        except OSError:
+            closed = True
+        if closed:
+            c.close()
+        else:
+            alive.append(c)
+    while len(alive) < n:
+        alive.append(socket.create_connection((addr[0], int(addr[1]))))
+    conns = alive
+    if not said:
+        print("holding", flush=True)
+        said = True
+    time.sleep(0.05)
+"#;
+
+/// Three local accounts holding 40 connections each to the metrics port (reopened as pdctld
+/// closes them) took every one of its 32 slots: 0 of 30 scrapes were answered. Each account now
+/// holds at most 4 (the kernel tells pdctld whose each connection is), and every scrape is
+/// answered.
+#[test]
+fn three_accounts_holding_connections_cannot_deny_the_metrics_port() {
+    let (_stack, _config, d) = pdctl_tests::stack_with_pdctld();
+    let addr = d.metrics_url.trim_start_matches("http://").split('/').next().expect("address").to_string();
+    let mut holders = Vec::new();
+    for uid in ["40001", "40002", "40003"] {
+        let mut c = std::process::Command::new("/usr/bin/setpriv");
+        c.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "/usr/bin/python3", "-c", HOLDER, &addr, "40"]);
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+        let mut child = c.spawn().expect("setpriv");
+        let out = child.stdout.take().expect("stdout");
+        let said = pdctl_tests::line_reader(out, Some);
+        assert_eq!(said.recv_timeout(Duration::from_secs(30)).ok().as_deref(), Some("holding"), "account {uid} holds its connections");
+        holders.push(child);
+    }
+    let answered = (0..30).filter(|_| pdctl_tests::pdctl_sandbox::stack::http_get(&d.metrics_url).is_ok_and(|(s, b)| s == 200 && b.contains("pdctl_"))).count();
+    for mut h in holders {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    assert_eq!(answered, 30, "every scrape answered beside three accounts' 120 connections");
 }

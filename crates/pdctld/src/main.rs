@@ -334,18 +334,21 @@ async fn serve_fleetlock(d: &Arc<daemon::Daemon>) {
 }
 
 /// Serve `app` on a TCP listener in a task of its own ([`serve`], at most
-/// [`METRICS_CONNECTIONS`] at once: a scraper, a dashboard). Not capped per caller: telling a
-/// local caller's account means reading the kernel's socket table per connection, which a
-/// reconnecting client makes grow with every closed connection (measured: 0 of 30 scrapes
-/// answered beside three accounts reconnecting 40 connections each, the accept loop held up by
-/// the table); an exact query by the connection's addresses (sock_diag) would not be.
+/// [`METRICS_CONNECTIONS`] at once — a scraper, a dashboard — and [`serve::PER_CALLER`] of one
+/// caller: a local account as the kernel tells it, else an address).
 fn serve_tcp(l: tokio::net::TcpListener, app: axum::Router, what: &'static str) {
     let l = Arc::new(l);
     let accept = move || {
         let l = l.clone();
-        async move { l.accept().await.map(|(s, peer)| (s, None, Caller::of(None, Some(peer.ip())))) }
+        async move {
+            let (s, peer) = l.accept().await?;
+            let local = s.local_addr()?;
+            let uid = tokio::task::spawn_blocking(move || peer::loopback_peer_uid(peer, local)).await.ok().flatten();
+            // The uid is the cap's key only: the metrics API asks nobody's.
+            Ok((s, None, Caller::of(uid, Some(peer.ip()))))
+        }
     };
-    tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, None, what).await });
+    tokio::spawn(async move { serve(accept, app, METRICS_CONNECTIONS, Some(serve::PER_CALLER), what).await });
 }
 
 /// pdctld's tasks beside the API: the watchdog, the retry of unsaved records, the reconcile of

@@ -1,33 +1,77 @@
 //! Who is on the other end of a loopback TCP connection. The FleetLock protocol carries no
-//! credential, but on loopback the kernel knows the peer socket's owner: the socket table
-//! (`/proc/net/tcp`, `/proc/net/tcp6`, pdctld's network namespace) lists the caller's own end of
-//! the connection — its address as pdctld sees the peer, the remote end pdctld's — with the uid
-//! that owns it, as identd answers it. Read with the `procfs` crate.
+//! credential, but on loopback the kernel knows the peer socket's owner: asked for the caller's
+//! own end of the connection by its four addresses (`sock_diag`, an exact lookup in the kernel's
+//! socket hash, as `ss` asks it), it answers with the uid that owns it, as identd does. One
+//! request and one answer per connection, whatever the number of sockets: reading the whole
+//! socket table (`/proc/net/tcp`) per connection instead grows with every closed connection
+//! waiting out its TIME_WAIT, and a client reconnecting in a loop held up the accept loop with it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
-/// The uid owning the caller's end of the connection `peer` → `local` (both on this host), if
-/// the table lists it; `None` for a peer that is not local, or a table that cannot be read.
+/// `SOCK_DIAG_BY_FAMILY` (linux/sock_diag.h).
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// Where `idiag_uid` lies in the answer: after the 16-byte `nlmsghdr`, `struct inet_diag_msg`'s
+/// family, state, timer, retrans (4), `inet_diag_sockid` (48), expires, rqueue, wqueue (12).
+const UID_AT: usize = 16 + 4 + 48 + 12;
+
+/// The uid owning the caller's end of the connection `peer` → `local` (both on this host), as the
+/// kernel tells it; `None` for a peer that is not local, a socket it does not know, or a kernel
+/// that cannot be asked (pdctld's unit allows `AF_NETLINK` for this).
 pub fn loopback_peer_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    if !peer.ip().is_loopback() && !is_mapped_loopback(&peer) {
+    let (peer_ip, local_ip) = (canonical(&peer), canonical(&local));
+    if !peer_ip.is_loopback() {
         return None;
     }
-    let same = |a: &SocketAddr, b: &SocketAddr| a.port() == b.port() && canonical(a) == canonical(b);
-    let v4 = procfs::net::tcp().unwrap_or_default();
-    let v6 = procfs::net::tcp6().unwrap_or_default();
-    v4.into_iter().chain(v6).find(|e| same(&e.local_address, &peer) && same(&e.remote_address, &local)).map(|e| e.uid)
+    let fd = rustix::net::socket(rustix::net::AddressFamily::NETLINK, rustix::net::SocketType::DGRAM, Some(rustix::net::netlink::SOCK_DIAG)).ok()?;
+    rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, Some(Duration::from_secs(1))).ok()?;
+    let ask = request(peer_ip, peer.port(), local_ip, local.port())?;
+    rustix::net::sendto(&fd, &ask, rustix::net::SendFlags::empty(), &rustix::net::netlink::SocketAddrNetlink::new(0, 0)).ok()?;
+    let mut answer = [0u8; 512];
+    let (_, n) = rustix::net::recv(&fd, &mut answer[..], rustix::net::RecvFlags::empty()).ok()?;
+    // Anything else (`NLMSG_ERROR`: no such socket) tells no one.
+    let kind = u16::from_ne_bytes([answer[4], answer[5]]);
+    if kind != SOCK_DIAG_BY_FAMILY || n < UID_AT + 4 {
+        return None;
+    }
+    Some(u32::from_ne_bytes([answer[UID_AT], answer[UID_AT + 1], answer[UID_AT + 2], answer[UID_AT + 3]]))
 }
 
-/// An IPv4-mapped IPv6 address as the IPv4 one (a dual-stack socket lists its peer so).
-fn canonical(a: &SocketAddr) -> std::net::IpAddr {
+/// The 72-byte request for the TCP socket `src` → `dst` (`nlmsghdr` + `inet_diag_req_v2`; the
+/// layout is the kernel's stable ABI): `None` when the two are not of one family.
+fn request(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Option<Vec<u8>> {
+    let (family, s, d) = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => (libc::AF_INET as u8, s.octets().to_vec(), d.octets().to_vec()),
+        (IpAddr::V6(s), IpAddr::V6(d)) => (libc::AF_INET6 as u8, s.octets().to_vec(), d.octets().to_vec()),
+        _ => return None,
+    };
+    let mut m = Vec::with_capacity(72);
+    m.extend_from_slice(&72u32.to_ne_bytes()); // nlmsg_len
+    m.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes()); // nlmsg_type
+    m.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes()); // nlmsg_flags: one socket, no dump
+    m.extend_from_slice(&1u32.to_ne_bytes()); // nlmsg_seq
+    m.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid
+    m.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]); // family, protocol, ext, pad
+    m.extend_from_slice(&u32::MAX.to_ne_bytes()); // idiag_states: any
+    m.extend_from_slice(&sport.to_be_bytes());
+    m.extend_from_slice(&dport.to_be_bytes());
+    for a in [s, d] {
+        let mut addr = [0u8; 16];
+        addr[..a.len()].copy_from_slice(&a);
+        m.extend_from_slice(&addr);
+    }
+    m.extend_from_slice(&0u32.to_ne_bytes()); // idiag_if
+    m.extend_from_slice(&[0xff; 8]); // idiag_cookie: INET_DIAG_NOCOOKIE
+    (m.len() == 72).then_some(m)
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 one (a dual-stack socket lists its peer so; the
+/// caller's own socket is then an IPv4 one).
+fn canonical(a: &SocketAddr) -> IpAddr {
     match a.ip() {
-        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(std::net::IpAddr::V6(v6)),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
         ip => ip,
     }
-}
-
-fn is_mapped_loopback(a: &SocketAddr) -> bool {
-    canonical(a).is_loopback()
 }
 
 /// The uid of a local account name (`getpwnam_r`), or why not.

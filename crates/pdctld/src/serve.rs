@@ -16,9 +16,10 @@ const OWN_CONNECTIONS: usize = 4;
 /// Connections the metrics endpoint (and the FleetLock endpoint) serves at once (a scraper or
 /// two, a dashboard, the host's update agent).
 pub const METRICS_CONNECTIONS: usize = 32;
-/// Connections one local account may hold at once on the FleetLock endpoint (an update agent
-/// needs one: no keep-alive), whose caller's account is known already: eight accounts would have
-/// to collude to fill it.
+/// Connections one caller may hold at once on the metrics and FleetLock endpoints: a scraper or
+/// an update agent needs one (no keep-alive). Three local accounts holding 40 connections each
+/// took every slot of the metrics port (0 of 30 scrapes answered); at 4 each, eight callers would
+/// have to collude to fill it.
 pub const PER_CALLER: usize = 4;
 /// A client must send its request head within this time (from the moment it connects); its
 /// body then within `daemon::http`'s body timeout.
