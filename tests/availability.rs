@@ -3,23 +3,14 @@
 //! breaker, a halt on clients' failures, a fault's window as long as the fault, and a window kept
 //! open to the end of a halt.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pdctl_tests::pdctl_sandbox::stack::{Pdctld, Stack, StackOptions};
-use pdctl_tests::{out_of_router_since, pdctl_daemon, JsonRun};
+use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
+use pdctl_tests::{out_of_router_since, pdctl_daemon as daemon, stack_with_pdctld_opts as stack_with};
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
 const LIMIT: Duration = Duration::from_secs(150);
-
-fn up(opts: StackOptions) -> (Stack, PathBuf, Pdctld) {
-    pdctl_tests::stack_with_pdctld_opts(&opts)
-}
-
-fn run(d: &Pdctld, config: &Path, args: &[&str]) -> JsonRun {
-    pdctl_daemon(d, config, args, LIMIT)
-}
 
 /// `smg_worker_cb_state` of every worker in the router's metrics (0 closed, 1 open).
 fn breakers(stack: &Stack) -> Vec<(String, f64)> {
@@ -32,8 +23,8 @@ fn breakers(stack: &Stack) -> Vec<(String, f64)> {
 
 #[test]
 fn every_rollout_reports_what_clients_saw_and_the_probe_opens_no_breaker() {
-    let (stack, config, d) = up(StackOptions::default());
-    let r = run(&d, &config, &["restart", "--rolling", "--json"]);
+    let (stack, config, d) = stack_with(&StackOptions::default());
+    let r = daemon(&d, &config, &["restart", "--rolling", "--json"], LIMIT);
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let a = &r.summary["availability"];
     let (probes, failed, longest) = (a["probes"].as_u64().unwrap(), a["failed"].as_u64().unwrap(), a["longest_error_ms"].as_u64().unwrap());
@@ -71,7 +62,7 @@ fn every_rollout_reports_what_clients_saw_and_the_probe_opens_no_breaker() {
 
 #[test]
 fn max_failed_probes_halts_when_clients_see_failures() {
-    let (stack, config, d) = up(StackOptions::default());
+    let (stack, config, d) = stack_with(&StackOptions::default());
     std::fs::write(config.parent().unwrap().join("config.d/40-clients.toml"), "[rollout]\nmax_failed_probes = 2\nmin_healthy = \"4s\"\n").unwrap();
     let d0 = stack.show(D, "InvocationID").unwrap();
     let fail_url = format!("{}/sim/fail_generate?secs=30", stack.decode.url);
@@ -95,7 +86,7 @@ fn two_p_two_d_keeps_serving_and_a_3s_fault_is_a_3s_window() {
     // the gateway's doing, which pdctl reports; this test measures the probe's precision, so the
     // breakers are kept out of it.
     let opts = StackOptions { pairs: 2, router_args: vec!["--cb-failure-threshold".into(), "1000".into()], ..Default::default() };
-    let (stack, config, d) = up(opts);
+    let (stack, config, d) = stack_with(&opts);
     std::fs::write(config.parent().unwrap().join("config.d/40-soak.toml"), "[rollout]\nmin_healthy = \"6s\"\nallow_outage = false\n").unwrap();
     let faults: Vec<String> = stack.workers().iter().filter(|w| w.role == "decode").map(|w| format!("{}/sim/fail_generate?secs=3", w.url)).collect();
     let (r, spread) = pdctl_tests::rollout_with_faults_timed(&d, &config, (P, "soak", "started"), faults, Duration::from_secs(240));
@@ -123,9 +114,9 @@ fn two_p_two_d_keeps_serving_and_a_3s_fault_is_a_3s_window() {
 /// to the end (`open_at_end`), never "0 ms", and latency not measured is `null`, never 0.
 #[test]
 fn a_halt_keeps_the_error_window_open_to_the_end() {
-    let (stack, config, d) = up(StackOptions::default());
+    let (stack, config, d) = stack_with(&StackOptions::default());
     stack.drop_in(P, "50-exit", "[Service]\nEnvironment=SGLANG_SIM_EXIT_CODE=3\n").unwrap();
-    let r = run(&d, &config, &["restart", "--rolling", "--load-changes", "--json"]);
+    let r = daemon(&d, &config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
     assert_eq!(r.code, 1, "{:#?} {}", r.summary, r.stderr);
     let a = &r.summary["availability"];
     assert_eq!(a["open_at_end"], true, "{a}");
