@@ -27,11 +27,14 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     let exec = text.lines().find(|l| l.starts_with("ExecStart=")).unwrap().to_string();
     // Each start says its number first: the failed start pdctl made is number 1; systemd starts
     // number 2 at once after it failed (no start limit; each later start waits 0.3 s after
-    // saying its number, so that the loop does not keep the manager busy).
+    // saying its number, so that the loop does not keep the manager busy). Start 1 then waits
+    // (10 s at most) for the forger below to be done, so that its lines lie within this run.
     let counter = stack.sandbox.dir().join("starts");
+    let done = stack.sandbox.dir().join("forged");
     let pre = format!(
-        "/bin/sh -c 'n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo \"start number $n\"; [ $n -eq 1 ] || sleep 0.3'",
-        c = counter.display()
+        "/bin/sh -c 'n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo \"start number $n\"; if [ $n -eq 1 ]; then i=0; while [ ! -e {f} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; else sleep 0.3; fi'",
+        c = counter.display(),
+        f = done.display()
     );
     stack
         .drop_in(
@@ -40,14 +43,15 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
             &format!("[Unit]\nStartLimitIntervalSec=0\n[Service]\nRestartSec=0\nExecStartPre={pre}\nExecStart=\n{exec} --enable-turbo-mode\n"),
         )
         .unwrap();
-    // While the restart stops the old run, a local account writes a line "about" the unit
-    // (`logger --journald UNIT=…`): not the unit's, so never among its last words.
+    // While the failed start runs (after its manager's "Starting", before its end: the window
+    // its last words are read from), a local account writes lines "about" the unit (`logger
+    // --journald UNIT=…`): not the unit's, so never among its last words.
     let forged = std::sync::atomic::AtomicBool::new(false);
     let r = std::thread::scope(|sc| {
         sc.spawn(|| {
-            let stopping =
-                pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(20), || stack.show(P, "ActiveState").is_ok_and(|a| a == "deactivating"));
-            if !stopping {
+            let first =
+                pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(20), || std::fs::read_to_string(&counter).is_ok_and(|n| n.trim() == "1"));
+            if !first {
                 return;
             }
             // As many as the failure keeps, so that some would be among its last lines.
@@ -63,10 +67,14 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
                     }
                 }
             }
+            std::fs::write(&done, "").unwrap();
         });
         pdctl_daemon(&d, &config, &["rollout", "apply", "--if-changed", "--json"], LIMIT)
     });
-    assert!(forged.load(std::sync::atomic::Ordering::SeqCst), "the forged line was written during the stop: the test observed what it is about");
+    assert!(forged.load(std::sync::atomic::Ordering::SeqCst), "the forged lines were written during the failed start: the test observed what it is about");
+    // They are in the journal under the unit's name, as a reader trusting `USER_UNIT=` would take them.
+    let by_name = stack.sandbox.journalctl(&[&format!("USER_UNIT={P}"), "--no-pager", "-o", "cat"]).map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    assert!(by_name.is_ok_and(|j| j.contains("FORGED 24 by nobody")), "the forged lines are in the journal under the unit's name: the test observed");
     assert_eq!(r.summary["result"], "rolled_back", "{:#?} {}", r.summary, r.stderr);
     let f = &r.summary["failed"];
     assert_eq!(f["unit"], P, "{f:#}");
