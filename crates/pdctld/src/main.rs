@@ -109,10 +109,17 @@ fn group_id(group: &str) -> Result<u32, String> {
     }
 }
 
+/// Why a lock was not taken.
+enum NotLocked {
+    /// Who holds it ("another pdctld (PID N)").
+    Held(String),
+    /// Why its file cannot be opened.
+    Unopened(String),
+}
+
 /// An exclusive lock on `path` (`flock`, released by the kernel when the process ends, however
-/// it ends), with this process's PID written into it; `Err`: who holds it ("another pdctld (PID
-/// N)"), or why the file cannot be opened.
-fn hold_lock(path: &std::path::Path) -> Result<std::fs::File, Result<String, String>> {
+/// it ends), with this process's PID written into it.
+fn hold_lock(path: &std::path::Path) -> Result<std::fs::File, NotLocked> {
     use std::io::{Read as _, Seek as _, Write as _};
     use std::os::fd::AsRawFd as _;
     let mut f = std::fs::OpenOptions::new()
@@ -123,13 +130,13 @@ fn hold_lock(path: &std::path::Path) -> Result<std::fs::File, Result<String, Str
         .mode(0o640)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| Err(format!("cannot open {} ({e})", path.display())))?;
+        .map_err(|e| NotLocked::Unopened(format!("cannot open {} ({e})", path.display())))?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut held = String::new();
         let _ = f.read_to_string(&mut held);
         let pid = held.trim();
-        return Err(Ok(if pid.is_empty() { "another pdctld".to_string() } else { format!("another pdctld (PID {pid})") }));
+        return Err(NotLocked::Held(if pid.is_empty() { "another pdctld".to_string() } else { format!("another pdctld (PID {pid})") }));
     }
     let written = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| writeln!(f, "{}", std::process::id()));
     if let Err(e) = written {
@@ -142,11 +149,11 @@ fn hold_lock(path: &std::path::Path) -> Result<std::fs::File, Result<String, Str
 /// holds it.
 fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
     hold_lock(&dir.join("pdctld.lock")).map_err(|e| match e {
-        Ok(who) => format!(
+        NotLocked::Held(who) => format!(
             "{who} already runs with the state directory {}: one pdctld per state directory (stop it first — systemctl stop pdctld — or give this one its own --state-dir and --socket)",
             dir.display()
         ),
-        Err(why) => format!("{why}; check --state-dir and its permissions"),
+        NotLocked::Unopened(why) => format!("{why}; check --state-dir and its permissions"),
     })
 }
 
@@ -157,11 +164,11 @@ fn lock_socket(socket: &std::path::Path) -> Result<std::fs::File, String> {
     let mut name = socket.as_os_str().to_owned();
     name.push(".lock");
     hold_lock(std::path::Path::new(&name)).map_err(|e| match e {
-        Ok(who) => format!(
+        NotLocked::Held(who) => format!(
             "{who} already listens on {}: one pdctld per socket (stop it first — systemctl stop pdctld — or give this one its own --socket)",
             socket.display()
         ),
-        Err(why) => format!("{why}; check --socket and its directory's permissions"),
+        NotLocked::Unopened(why) => format!("{why}; check --socket and its directory's permissions"),
     })
 }
 
