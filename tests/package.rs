@@ -1,5 +1,6 @@
 //! The Debian package, built from the binaries the suite already built (scripts/package-deb):
-//! its file list, control data, conffiles and maintainer scripts, and lintian reporting no errors.
+//! its file list, control data, conffiles and maintainer scripts, the accounts its sysusers.d file
+//! creates, the polkit rule and drop-in for pdctld as its own user, and lintian reporting no errors.
 
 use std::process::Command;
 
@@ -24,6 +25,8 @@ fn the_debian_package_has_the_binaries_units_conffiles_man_pages_and_completions
         "./etc/pdctl/pdctl.toml",
         "./etc/pdctl/config.d/README",
         "./usr/lib/sysusers.d/pdctl.conf",
+        "./usr/share/polkit-1/rules.d/50-pdctl.rules",
+        "./usr/share/pdctl/pdctld-as-pdctl-user.conf",
         "./usr/share/man/man1/pdctl.1.gz",
         "./usr/share/man/man1/pdctl-fleet.1.gz",
         "./usr/share/man/man8/pdctld.8.gz",
@@ -49,6 +52,27 @@ fn the_debian_package_has_the_binaries_units_conffiles_man_pages_and_completions
     run("dpkg-deb", &["-x", &deb, x.to_str().expect("path")]);
     let service = std::fs::read_to_string(x.join("lib/systemd/system/pdctld.service")).expect("unit");
     assert!(service.contains("ExecStart=/usr/sbin/pdctld --socket-group pdctl --socket"), "{service}");
+    // The accounts for pdctld as its own user: what the postinst's systemd-sysusers creates,
+    // created here in the extracted tree.
+    assert!(postinst.contains("systemd-sysusers pdctl.conf"), "{postinst}");
+    let sysusers = Command::new("systemd-sysusers")
+        .arg(format!("--root={}", x.display()))
+        .arg(x.join("usr/lib/sysusers.d/pdctl.conf"))
+        .output()
+        .expect("systemd-sysusers");
+    assert!(sysusers.status.success(), "{}", String::from_utf8_lossy(&sysusers.stderr));
+    let passwd = std::fs::read_to_string(x.join("etc/passwd")).expect("passwd");
+    let group = std::fs::read_to_string(x.join("etc/group")).expect("group");
+    let gid_of = |name: &str| group.lines().find(|l| l.starts_with(&format!("{name}:"))).and_then(|l| l.split(':').nth(2)).map(str::to_string);
+    let user = passwd.lines().find(|l| l.starts_with("pdctl:")).unwrap_or_else(|| panic!("the pdctl user: {passwd}"));
+    assert_eq!(user.split(':').nth(3).map(str::to_string), gid_of("pdctl"), "its primary group is pdctl: {user}");
+    assert!(user.contains(":/var/lib/pdctl:"), "its home is its state directory: {user}");
+    assert!(gid_of("pdctl-units").is_some(), "the group of the directories it may write in: {group}");
+    // The rule names the example config's units for that user; the drop-in runs pdctld as it.
+    let rule = std::fs::read_to_string(x.join("usr/share/polkit-1/rules.d/50-pdctl.rules")).expect("rule");
+    assert!(rule.contains("subject.user != \"pdctl\"") && rule.contains("\"sglang-prefill.service\", \"sglang-decode.service\""), "{rule}");
+    let dropin = std::fs::read_to_string(x.join("usr/share/pdctl/pdctld-as-pdctl-user.conf")).expect("drop-in");
+    assert!(dropin.contains("\nUser=pdctl\n") && dropin.contains("\nCapabilityBoundingSet=\n"), "{dropin}");
     let completion = std::fs::read_to_string(x.join("usr/share/bash-completion/completions/pdctl")).expect("completion");
     assert!(completion.contains("fleet") && completion.contains("rollout"), "generated from the CLI definition");
     // lintian: no errors (warnings are printed for the record).

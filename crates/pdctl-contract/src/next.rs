@@ -32,7 +32,7 @@ impl Cause {
                 "`systemctl is-system-running` (the manager must answer over D-Bus), then `pdctl check`".into()
             }
             Cause::AccessDenied { .. } | Cause::SystemdRefused { .. } => {
-                "run pdctl as root (or allow pdctld's user to manage the units: docs/install.md), then `pdctl check`".into()
+                "`pdctl polkit-rule --write` (pdctld as its own user: the rule for the configured units; docs/install.md) or run pdctld as root, then `pdctl check`".into()
             }
             Cause::JournalUnreadable { .. } => "`journalctl -n 1` as pdctld's user (the journal must be readable), then `pdctl check`".into(),
             Cause::EventSourceClosed { .. } => format!("`pdctl status`, then {}", retry(unit)),

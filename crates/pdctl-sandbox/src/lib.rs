@@ -25,6 +25,7 @@ pub mod flags_file;
 pub mod init;
 pub mod journal;
 pub mod stack;
+pub mod system;
 
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::CommandExt as _;
@@ -306,7 +307,7 @@ pub fn free_port() -> Result<u16> {
 }
 
 /// Cgroup directories to move the sandbox into, so that two sandboxes never share unit cgroups.
-fn prepare_cgroups(tag: &str) -> Vec<PathBuf> {
+pub(crate) fn prepare_cgroups(tag: &str) -> Vec<PathBuf> {
     let Ok(text) = std::fs::read_to_string("/proc/self/cgroup") else {
         return Vec::new();
     };
@@ -336,7 +337,7 @@ fn prepare_cgroups(tag: &str) -> Vec<PathBuf> {
 }
 
 /// Remove a cgroup directory tree, deepest first (cgroupfs only removes empty groups).
-fn remove_cgroup(dir: &Path) {
+pub(crate) fn remove_cgroup(dir: &Path) {
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
             if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {

@@ -128,7 +128,7 @@ pub enum Error {
         detail: String,
     },
     /// Permission denied.
-    #[error("permission denied to {action} {unit}; run pdctl as root, or grant this user org.freedesktop.systemd1.manage-units with a polkit rule")]
+    #[error("permission denied to {action} {unit}: polkit does not let this account do it; where pdctld runs as its own user, `pdctl polkit-rule --write` writes the rule for the configured units, else run pdctld as root")]
     AccessDenied {
         /// What was attempted.
         action: String,
@@ -136,7 +136,7 @@ pub enum Error {
         unit: String,
     },
     /// polkit wants an interactive password.
-    #[error("systemd asks for interactive authentication to {action} {unit}; run pdctl as root (sudo), or grant this user org.freedesktop.systemd1.manage-units with a polkit rule")]
+    #[error("systemd asks for interactive authentication to {action} {unit}: polkit's rules do not let this account do it; where pdctld runs as its own user, `pdctl polkit-rule --write` writes the rule for the configured units, else run pdctld as root")]
     InteractiveAuth {
         /// What was attempted.
         action: String,

@@ -6,6 +6,7 @@ mod client;
 mod context;
 mod fleet;
 mod host;
+mod polkit;
 mod render;
 mod rollout;
 mod status;
@@ -46,6 +47,16 @@ enum Command {
     /// its config names on other hosts (etcd, the gateway, workers).
     UnitDropin {
         /// Write it to /etc/systemd/system/pdctld.service.d/50-pdctl-addresses.conf.
+        #[arg(long)]
+        write: bool,
+    },
+    /// Print (or --write) the polkit rule that lets pdctld, run as its own account (not root),
+    /// start, stop and restart exactly the configured units and reload systemd; nothing else.
+    PolkitRule {
+        /// The account pdctld.service runs as (`User=` of its drop-in).
+        #[arg(long, default_value = "pdctl", value_name = "NAME")]
+        user: String,
+        /// Write it to /etc/polkit-1/rules.d/50-pdctl.rules.
         #[arg(long)]
         write: bool,
     },
@@ -370,6 +381,7 @@ async fn dispatch(command: Command, config: &std::path::Path, client: &client::C
         Command::Check(a) => context::check(config, a.json, client).await,
         Command::Status(a) => status::run_with_daemon(config, a.json, client).await,
         Command::UnitDropin { write } => unit::run(config, write),
+        Command::PolkitRule { user, write } => polkit::run(config, &user, write),
         Command::Completions { .. } | Command::Man { .. } => Exit::Ok,
         Command::Candidates { what } => candidates(config, client, &what).await,
         Command::Fleet(f) => fleet_cmd(f, config, client).await,

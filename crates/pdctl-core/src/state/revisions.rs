@@ -384,7 +384,17 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<
         let owner = old.owner.or(now);
         // Recorded, else the one it has now, else 0644 (unit files are world-readable).
         let mode = owner.map_or(0o644, |o| o.mode);
-        safe_path::write_in(&dir, &name, c.as_bytes(), mode, owner.map(|o| (o.uid, o.gid)))
+        // pdctld run as its own account (not root) cannot give a file to another: the file is
+        // then its own, in its directory's group (setgid: the group that may write there), with
+        // the recorded mode; the record says so.
+        let me = rustix::process::geteuid().as_raw();
+        let (owner, kept) = match owner {
+            Some(o) if me != 0 && o.uid != me => {
+                (None, format!(" (as uid {me}'s, mode {:04o}: pdctld is not root, so owner uid {} was not kept)", o.mode, o.uid))
+            }
+            o => (o.map(|o| (o.uid, o.gid)), String::new()),
+        };
+        safe_path::write_in(&dir, &name, c.as_bytes(), mode, owner).map(|()| kept)
     };
     let aside = |p: &str, aside: &str| {
         let (dir, name) = safe_path::open_parent(Path::new(p))?;
@@ -399,8 +409,8 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<
                 done.push(format!("not restored: {p} changed after the running process started and its old content is unknown; check it by hand"));
             }
             Some(old @ FileRev { contents: Some(c), .. }) => {
-                write(p, old, c).map_err(|e| stop(&mut done, p, e))?;
-                done.push(format!("restored {p}"));
+                let kept = write(p, old, c).map_err(|e| stop(&mut done, p, e))?;
+                done.push(format!("restored {p}{kept}"));
             }
             Some(_) | None if f.sha256 != "absent" => {
                 let to = format!("{p}.pdctl-rejected-{rollout_id}");
@@ -413,8 +423,8 @@ pub fn restore(last: &Revision, current: &Revision, rollout_id: &str) -> Result<
     for (p, old) in &last.files {
         if !current.files.contains_key(p) {
             if let Some(c) = &old.contents {
-                write(p, old, c).map_err(|e| stop(&mut done, p, e))?;
-                done.push(format!("restored {p}"));
+                let kept = write(p, old, c).map_err(|e| stop(&mut done, p, e))?;
+                done.push(format!("restored {p}{kept}"));
             }
         }
     }
@@ -429,12 +439,17 @@ pub fn exposed<'a>(files: impl IntoIterator<Item = &'a PathBuf>) -> Vec<String> 
     all.into_iter().collect()
 }
 
-/// The files of `last` a restore would rewrite or put back that cannot be written here (their
-/// directory read-only to this process: outside a systemd sandbox's `ReadWritePaths=`, or not
-/// root's to write), each with why; empty when all can.
-pub fn unwritable(last: &Revision) -> Vec<String> {
+/// The directories a restore of `last` over `now` would write in — those of the files that differ
+/// (rewritten, put back, or new and moved aside) — that cannot be written here (read-only to this
+/// process: outside a systemd sandbox's `ReadWritePaths=`, or not its account's to write: pdctld
+/// as its own user writes in its workers' drop-in directories only), each with why; empty when
+/// all can.
+pub fn unwritable(last: &Revision, now: &Revision) -> Vec<String> {
     let mut out = Vec::new();
-    let dirs: BTreeSet<&Path> = last.files.keys().filter_map(|p| Path::new(p).parent()).collect();
+    let sha = |r: &'_ Revision, p: &String| r.files.get(p).map_or("absent", |f| f.sha256.as_str()).to_string();
+    let differs = |p: &String| sha(last, p) != sha(now, p);
+    let changed = last.files.keys().chain(now.files.keys()).filter(|p| differs(p));
+    let dirs: BTreeSet<&Path> = changed.filter_map(|p| Path::new(p).parent()).collect();
     for d in dirs {
         let Ok(c) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) else { continue };
         // SAFETY: a valid C string; access(2) reads nothing else.

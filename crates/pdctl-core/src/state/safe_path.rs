@@ -169,17 +169,66 @@ pub fn rename_in(dir: &OwnedFd, name: &OsStr, new_name: &OsStr) -> std::io::Resu
 }
 
 /// The directories on the way to `path` (lexically, each as it is now) that an account other than
-/// root can write in, each with who: there such an account could put a link where a directory
-/// was. Directories that do not exist are skipped.
+/// root — and other than pdctld's own, when it runs as one — can write in, each with who: there
+/// such an account could put a link where a directory was. Directories that do not exist are
+/// skipped.
 pub fn writable_by_others(path: &Path) -> Vec<String> {
+    let me = Own::now();
     path.ancestors()
         .skip(1)
         .filter_map(|d| {
             let st = rustix::fs::stat(d).ok()?;
             (FileType::from_raw_mode(st.st_mode) == FileType::Directory).then_some(())?;
+            (!me.alone_may_write(&st)).then_some(())?;
             others_may_write(&st).map(|why| format!("{} ({why})", d.display()))
         })
         .collect()
+}
+
+/// pdctld's own account when it is not root (the packaged `pdctld-as-pdctl-user.conf`): the
+/// directories it is given to write in are its own — owned by it, or writable through a group
+/// no other account is in (`pdctl-units`, by /etc/group and /etc/passwd).
+struct Own {
+    uid: u32,
+    name: Option<String>,
+    passwd: String,
+    group: String,
+}
+
+impl Own {
+    fn now() -> Own {
+        let uid = rustix::process::geteuid().as_raw();
+        if uid == 0 {
+            return Own { uid, name: None, passwd: String::new(), group: String::new() };
+        }
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+        let name = passwd.lines().map(|l| l.split(':').collect::<Vec<_>>()).find(|f| f.len() > 3 && f[2].parse() == Ok(uid)).map(|f| f[0].to_string());
+        Own { uid, name, passwd, group }
+    }
+
+    /// Only this account (besides root) may change `st`'s entries.
+    fn alone_may_write(&self, st: &Stat) -> bool {
+        let mode = st.st_mode & 0o7777;
+        if self.uid == 0 || mode & 0o002 != 0 {
+            return false;
+        }
+        let owner_ours = st.st_uid == 0 || st.st_uid == self.uid;
+        let group_ours = mode & 0o020 == 0 || st.st_gid == 0 || self.sole_member(st.st_gid);
+        owner_ours && group_ours
+    }
+
+    /// No account but this one is in the group `gid` (as a member or by its primary group).
+    fn sole_member(&self, gid: u32) -> bool {
+        let Some(me) = &self.name else { return false };
+        let field = |l: &str, i: usize| l.split(':').nth(i).map(str::to_string);
+        let listed = self.group.lines().find(|l| field(l, 2).and_then(|g| g.parse().ok()) == Some(gid));
+        let Some(entry) = listed else { return false };
+        let members_ok = field(entry, 3).unwrap_or_default().split(',').filter(|m| !m.is_empty()).all(|m| m == me);
+        let primary_ok =
+            self.passwd.lines().filter(|l| field(l, 3).and_then(|g| g.parse().ok()) == Some(gid)).all(|l| field(l, 0).as_deref() == Some(me.as_str()));
+        members_ok && primary_ok
+    }
 }
 
 #[cfg(test)]

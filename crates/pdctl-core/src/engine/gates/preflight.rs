@@ -276,13 +276,14 @@ fn rollback_writes<U: Units, L: Logs, P: Probes>(
     let (true, crate::config::OnFailure::Rollback) = (ctx.outage.restarts(), eng.settings.rollout.on_failure) else {
         return Ok(Vec::new());
     };
+    let paths = revisions::paths(&w.unit, cfg, &w.watch_files);
     if let Some(last) = ctx.writes.revisions.and_then(|dir| revisions::load(dir, &w.unit)) {
-        let dirs = revisions::unwritable(&last);
+        let dirs = revisions::unwritable(&last, &revisions::snapshot(&w.unit, &paths, "preflight"));
         if !dirs.is_empty() {
             return Err(Cause::RollbackUnwritable { unit: w.unit.clone(), dirs });
         }
     }
-    let exposed = revisions::exposed(&revisions::paths(&w.unit, cfg, &w.watch_files));
+    let exposed = revisions::exposed(&paths);
     Ok((!exposed.is_empty())
         .then(|| {
             format!(
