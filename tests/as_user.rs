@@ -200,6 +200,8 @@ fn pdctld_as_the_pdctl_user_restarts_rolls_back_and_drains_only_its_units_throug
     let (p0, d0) = (show(&sm, P, "InvocationID"), show(&sm, D, "InvocationID"));
     let (code, sum, out) = pdctl(&sm, &pdctl_bin, &["restart", "--rolling", "--json"]);
     assert_eq!((code, sum["result"].as_str()), (0, Some("succeeded")), "{out}");
+    // The drop-in directories are root's and pdctl-units' (only pdctl is in it): not another's.
+    assert!(!out.contains("an account other than root can replace"), "no warning of its own directories: {out}");
     assert!(show(&sm, P, "InvocationID") != p0 && show(&sm, D, "InvocationID") != d0, "both restarted");
 
     rollback(&sm, &pdctl_bin, uid);
