@@ -336,6 +336,31 @@ pub(crate) fn prepare_cgroups(tag: &str) -> Vec<PathBuf> {
     out
 }
 
+/// Have `cmd`'s process join `cgroups` (each `cgroup.procs`) between fork and exec, so that it and
+/// everything it starts live there; with `die_with_parent`, it is also SIGKILLed when the thread
+/// that started it ends (`PR_SET_PDEATHSIG`).
+pub(crate) fn enter_cgroups_at_exec(cmd: &mut Command, cgroups: &[PathBuf], die_with_parent: bool) {
+    let procs: Vec<std::ffi::CString> =
+        cgroups.iter().filter_map(|d| std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok()).collect();
+    // SAFETY: the closure only calls async-signal-safe functions (open, write, close, prctl) on
+    // pointers prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                }
+            }
+            if die_with_parent {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Remove a cgroup directory tree, deepest first (cgroupfs only removes empty groups).
 pub(crate) fn remove_cgroup(dir: &Path) {
     if let Ok(rd) = std::fs::read_dir(dir) {
@@ -369,8 +394,6 @@ impl Sandbox {
         // A per-sandbox cgroup named like a slice: the manager roots its units there, and
         // journald, skipping slices, still derives `_SYSTEMD_UNIT=x.service` from the path.
         let cgroups = prepare_cgroups(&format!("{tag}.slice"));
-        let procs: Vec<std::ffi::CString> =
-            cgroups.iter().filter_map(|d| std::ffi::CString::new(d.join("cgroup.procs").to_string_lossy().as_bytes()).ok()).collect();
 
         let mut cmd = Command::new("/usr/bin/unshare");
         cmd.args(["--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--"])
@@ -381,20 +404,7 @@ impl Sandbox {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.path().join("init.log")).map(Stdio::from).unwrap_or_else(|_| Stdio::null()));
-        // SAFETY: the closure only calls async-signal-safe functions (open, write, close) on
-        // pointers prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                for p in &procs {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd >= 0 {
-                        libc::write(fd, b"0".as_ptr().cast(), 1);
-                        libc::close(fd);
-                    }
-                }
-                Ok(())
-            });
-        }
+        enter_cgroups_at_exec(&mut cmd, &cgroups, false);
         let mut unshare = cmd.spawn().map_err(io("start unshare"))?;
         let stdin = unshare.stdin.take();
         let stdout = unshare.stdout.take();

@@ -15,7 +15,6 @@
 //! `PR_SET_PDEATHSIG`) ends every process in it.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -183,28 +182,12 @@ impl SystemManager {
         );
         let tag = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| format!("pdctl-system-{}", std::process::id()));
         let cgroups = crate::prepare_cgroups(&format!("{tag}.slice"));
-        let procs: Vec<std::ffi::CString> =
-            cgroups.iter().filter_map(|c| std::ffi::CString::new(c.join("cgroup.procs").to_string_lossy().as_bytes()).ok()).collect();
         let mut cmd = Command::new("/usr/bin/unshare");
         cmd.args(["--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--", "/bin/sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(d.join("boot.log")).map(Stdio::from).unwrap_or_else(|_| Stdio::null()));
-        // SAFETY: the closure only calls async-signal-safe functions (open, write, close, prctl)
-        // on pointers prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                for p in &procs {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd >= 0 {
-                        libc::write(fd, b"0".as_ptr().cast(), 1);
-                        libc::close(fd);
-                    }
-                }
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        crate::enter_cgroups_at_exec(&mut cmd, &cgroups, true);
         let unshare = cmd.spawn().map_err(io("start unshare"))?;
         let mut sm = SystemManager { unshare, init_pid: 0, dir, cgroups };
         sm.wait_up()?;
