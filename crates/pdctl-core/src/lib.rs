@@ -26,6 +26,7 @@ pub mod fleet;
 pub mod fuzzing;
 pub mod plan;
 pub mod ports;
+pub mod resume;
 pub mod service;
 pub mod sglang;
 pub mod state;

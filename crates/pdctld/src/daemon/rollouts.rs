@@ -315,65 +315,26 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
-/// record says it was resumed by `id`).
+/// record says it was resumed by `id`). What is resumed, from where and what is re-verified is
+/// decided by `pdctl_core::resume::order`; here the record is loaded, systemd asked, the record
+/// saved.
 async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) -> Result<Planned, Cause> {
     let mut old = daemon.load(&old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.clone() })?;
-    let wrong = |state: RolloutState| Cause::WrongState {
+    let mut now = BTreeMap::new();
+    for u in &old.plan {
+        if let Ok(st) = e.units.state(u).await {
+            now.insert(u.clone(), pdctl_core::resume::RunNow { invocation_id: st.invocation_id, exec_main_start_us: st.exec_main_start_us });
+        }
+    }
+    let decided = pdctl_core::resume::order(&old, &now)?;
+    let plan = Plan::in_order(&e.settings, &decided.order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let (allow_outage, load_changes) = (old.allow_outage, old.load_changes);
+    let state = old.lifecycle.state();
+    old.lifecycle.resume(id).map_err(|_| Cause::WrongState {
         id: old_id.clone(),
         state: state.as_str().into(),
         needs: "only an interrupted rollout can be resumed, and only once".into(),
-    };
-    if old.lifecycle.state() != RolloutState::Interrupted {
-        return Err(wrong(old.lifecycle.state()));
-    }
-    // Its workers were continued when pdctld started; its files or weights are not resumed
-    // as a rolling restart would take them.
-    let again = match old.kind {
-        RolloutKind::Weights => Some("an interrupted weights rollout is not resumed (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout weights again"),
-        RolloutKind::Revert => Some("an interrupted revert is not resumed: run pdctl rollout revert with the reverted rollout's id again (workers already put back are left as they are)"),
-        RolloutKind::Apply if old.in_place => Some("an interrupted config rollout that was loading new weights in place is not resumed as a restart (pdctld continued its workers when it started): `pdctl status` shows each worker's weights; run pdctl rollout apply again"),
-        // A host's maintenance is resumed only as itself: pdctld's start already brought an
-        // interrupted drain's workers back (or finished its resume), so a rolling resume would
-        // restart nothing and say it succeeded while the host serves.
-        RolloutKind::HostDrain => Some("an interrupted host drain is not resumed as a rollout: pdctld brought the host's workers back in service when it started (`pdctl host status` says where the host is); to take the host down for its reboot, run pdctl host drain again"),
-        RolloutKind::HostResume => Some("an interrupted host resume is not resumed as a rollout: pdctld resumes the host by itself at its start (`pdctl host status`); run pdctl host resume to do it now"),
-        _ => None,
-    };
-    if let Some(needs) = again {
-        return Err(Cause::WrongState { id: old_id.clone(), state: old.lifecycle.state().as_str().into(), needs: needs.into() });
-    }
-    let from = old.lifecycle.position().and_then(|p| old.plan.iter().position(|u| *u == p.unit)).unwrap_or(0);
-    // Stopped while waiting for a fleet slot: that unit was never touched, so it is restarted,
-    // not re-verified.
-    let first = usize::from(!old.lifecycle.position().is_some_and(|p| p.step == Step::Slot));
-    // A unit after it that this rollout already restarted (`single_pair = "together"` restarts
-    // both at once) and whose run is still that one is re-verified too, not restarted again:
-    // its InvocationID now is the one its restart recorded — or, where pdctld died before that
-    // event reached the record (the stream hears of it first), its run began after this
-    // rollout did (a run no older than the rollout loaded what the rollout would load).
-    let mut lead: Vec<String> = old.plan.get(from).cloned().into_iter().collect();
-    let mut rest = Vec::new();
-    for u in old.plan.iter().skip(from + 1) {
-        let restarted_as = old
-            .events
-            .iter()
-            .rev()
-            .find(|ev| ev.unit == *u && ev.step == Step::Restart && ev.status == pdctl_contract::events::Status::Passed)
-            .and_then(|ev| ev.detail.get("invocation_id").and_then(|v| v.as_str()).map(String::from));
-        let state = e.units.state(u).await.ok();
-        let now = state.as_ref().map(|s| s.invocation_id.clone());
-        let began_since = state.as_ref().is_some_and(|s| s.exec_main_start_us > old.created_at.saturating_mul(1_000_000));
-        if first == 1 && ((restarted_as.is_some() && restarted_as == now) || (restarted_as.is_none() && began_since)) {
-            lead.push(u.clone());
-        } else {
-            rest.push(u.clone());
-        }
-    }
-    let reverify = if first == 1 { lead.len() } else { 0 };
-    let order: Vec<String> = lead.into_iter().chain(rest).collect();
-    let plan = Plan::in_order(&e.settings, &order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    let (allow_outage, load_changes) = (old.allow_outage, old.load_changes);
-    old.lifecycle.resume(id).map_err(|_| wrong(old.lifecycle.state()))?;
+    })?;
     daemon.store.save(&old).map_err(|er| Cause::RecordUnwritable { dir: daemon.store.dir().display().to_string(), error: er.to_string() })?;
     lock(&daemon.unsaved).remove(&old_id);
     Ok(Planned {
@@ -383,7 +344,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
         resumes: Some(old_id),
         allow_outage,
         load_changes,
-        reverify,
+        reverify: decided.reverify,
         restore: None,
         weights: None,
         notes: Vec::new(),
