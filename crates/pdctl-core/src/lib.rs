@@ -27,6 +27,7 @@ pub mod fuzzing;
 pub mod plan;
 pub mod ports;
 pub mod resume;
+pub mod revert;
 pub mod service;
 pub mod sglang;
 pub mod state;

@@ -351,55 +351,24 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
     })
 }
 
-/// A revert's plan: the workers rollout `old_id` restarted with changed files (those whose
-/// revision from before it was kept), the last first, each with that revision; nothing when it
-/// changed no worker's files (nothing to put back).
+/// A revert's plan: what `pdctl_core::revert::order` decides over the rollout's record and the
+/// revisions kept for its workers (read here), with the reverting rollout's own settings.
 fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str, allow_outage: Option<bool>) -> Result<Planning, Cause> {
+    use pdctl_core::revert::{order, Kept, RevertOrder};
+    use pdctl_core::state::revisions;
     let old = daemon.load(old_id).ok_or_else(|| Cause::NoSuchRollout { id: old_id.to_string() })?;
-    if old.lifecycle.state() == RolloutState::Running {
-        return Err(Cause::WrongState {
-            id: old_id.to_string(),
-            state: old.lifecycle.state().as_str().into(),
-            needs: "a running rollout cannot be reverted: abort it first (pdctl rollout abort)".into(),
-        });
-    }
     let dir = daemon.store.revisions_dir();
     let done = old.summary.as_ref().map(|s| s.units.clone()).unwrap_or_default();
-    let mut restore = BTreeMap::new();
-    let mut reasons = BTreeMap::new();
-    let mut units = Vec::new();
-    // A worker whose running process was started (and verified) with the files the rollout
-    // replaced has nothing to revert: a second revert is a no-op, not another restart.
-    let mut already = Vec::new();
-    for u in done.iter().rev() {
-        if let Some(rev) = pdctl_core::state::revisions::load_before(&dir, old_id, u) {
-            let running = pdctl_core::state::revisions::load(&dir, u);
-            if running.is_some_and(|r| pdctl_core::state::revisions::fingerprint(&r) == pdctl_core::state::revisions::fingerprint(&rev)) {
-                already.push(u.clone());
-                continue;
-            }
-            reasons.insert(u.clone(), vec![format!("revert of rollout {old_id}: back to the files it ran before (recorded {})", rev.recorded_at)]);
-            restore.insert(u.clone(), rev);
-            units.push(u.clone());
-        }
-    }
-    if units.is_empty() && !already.is_empty() {
-        let by = daemon
-            .store
-            .all()
-            .0
-            .into_iter()
-            .filter(|r| r.reverts.as_deref() == Some(old_id) && r.lifecycle.state() == RolloutState::Succeeded)
-            .max_by_key(|r| r.created_at)
-            .map(|r| format!(" (rollout {} reverted it)", r.id))
-            .unwrap_or_default();
-        return Ok(Planning::Nothing(format!("nothing to revert: {} already running the files rollout {old_id} replaced{by}", already.join(", "))));
-    }
-    if units.is_empty() {
-        return Ok(Planning::Nothing(format!(
-            "nothing to revert: rollout {old_id} changed no worker's files (its restarts loaded what the workers already had)"
-        )));
-    }
+    let kept: BTreeMap<String, Kept> =
+        done.iter().map(|u| (u.clone(), Kept { before: revisions::load_before(&dir, old_id, u), running: revisions::load(&dir, u) })).collect();
+    let reverted_by = || {
+        let by = daemon.store.all().0.into_iter().filter(|r| r.reverts.as_deref() == Some(old_id) && r.lifecycle.state() == RolloutState::Succeeded);
+        by.max_by_key(|r| r.created_at).map(|r| r.id.clone())
+    };
+    let (units, restore, reasons) = match order(&old, &kept, reverted_by)? {
+        RevertOrder::Nothing(why) => return Ok(Planning::Nothing(why)),
+        RevertOrder::Run { units, restore, reasons } => (units, restore, reasons),
+    };
     let plan = Plan::in_order(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
     Ok(Planning::Run(Planned {
         kind: RolloutKind::Revert,
