@@ -61,12 +61,19 @@ fn show(sm: &SystemManager, unit: &str, prop: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn wait(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+fn until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + deadline;
     while !f() {
-        assert!(Instant::now() < end, "{what}: not within {deadline:?}");
+        if Instant::now() > end {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+    true
+}
+
+fn wait(what: &str, deadline: Duration, f: impl FnMut() -> bool) {
+    assert!(until(deadline, f), "{what}: not within {deadline:?}");
 }
 
 /// `busctl call` of the manager as `account` (no agent: what polkit decides by rules alone).
@@ -87,15 +94,15 @@ fn rule_for(pdctl_bin: &Path, cfg: &str) -> String {
     String::from_utf8_lossy(&rule.stdout).into_owned()
 }
 
-/// The shipped unit, run from the built binary with its config in the shared directory; the unit
+/// The shipped unit, run from the built binary (copied into the shared directory: its
+/// `PrivateTmp=yes` hides a checkout under /tmp or /var/tmp) with its config there too; the unit
 /// directory writable for rollbacks (/etc/systemd/system on a host).
-fn pdctld_unit(root: &Path, pdctld: &Path, metrics_port: u16) -> String {
+fn pdctld_unit(root: &Path, metrics_port: u16) -> String {
     let unit = std::fs::read_to_string(root.join("units/pdctld.service")).unwrap();
     unit.lines()
         .map(|l| match l {
             l if l.starts_with("ExecStart=") => format!(
-                "ExecStart={} --config {SHARED}/pdctl.toml --socket-group pdctl --socket /run/pdctl/pdctl.sock --state-dir /var/lib/pdctl --metrics-listen 127.0.0.1:{metrics_port} --stop-timeout 20s",
-                s(pdctld)
+                "ExecStart={SHARED}/bin/pdctld --config {SHARED}/pdctl.toml --socket-group pdctl --socket /run/pdctl/pdctl.sock --state-dir /var/lib/pdctl --metrics-listen 127.0.0.1:{metrics_port} --stop-timeout 20s"
             ),
             l if l.starts_with("ReadWritePaths=") => format!("{l} {UNIT_DIR}"),
             l if l.starts_with("ReadOnlyPaths=") => "ReadOnlyPaths=-/etc/pdctl".to_string(),
@@ -119,12 +126,13 @@ fn boot(pdctl_bin: &Path) -> SystemManager {
             (P.into(), sim_unit(&sim, "prefill", pp, Some(pb))),
             (D.into(), sim_unit(&sim, "decode", dp, None)),
             ("other.service".into(), "[Service]\nExecStart=/bin/sleep 100000\n".into()),
-            ("pdctld.service".into(), pdctld_unit(&root, &pdctld, mp)),
+            ("pdctld.service".into(), pdctld_unit(&root, mp)),
             ("pdctld.service.d/20-as-pdctl-user.conf".into(), as_user),
             // A drop-in of root's a rollout will change and the rollback write back.
             (format!("{P}.d/10-env.conf"), "[Service]\nEnvironment=PDCTL_TEST_MARK=1\n".into()),
         ],
         files: vec![("pdctl.toml".into(), cfg.clone())],
+        programs: vec![("bin/pdctld".into(), pdctld)],
         start: vec![P.into(), D.into(), "other.service".into(), "pdctld.service".into()],
         rules: vec![("50-pdctl.rules".into(), rule_for(pdctl_bin, &cfg))],
         sysusers: vec![root.join("units/pdctl.sysusers.conf")],
@@ -136,7 +144,13 @@ fn boot(pdctl_bin: &Path) -> SystemManager {
         ],
     };
     let sm = SystemManager::boot(&boot).expect("a system manager with a bus, polkitd and journald");
-    wait("pdctld active", Duration::from_secs(30), || show(&sm, "pdctld.service", "ActiveState") == "active");
+    if !until(Duration::from_secs(30), || show(&sm, "pdctld.service", "ActiveState") == "active") {
+        let log = sm
+            .run(&["journalctl", "--no-pager", "-n", "30", "-u", "pdctld.service"])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!("pdctld not active within 30 s; its journal:\n{log}");
+    }
     wait("both workers up", Duration::from_secs(60), || show(&sm, P, "ActiveState") == "active" && show(&sm, D, "ActiveState") == "active");
     sm
 }

@@ -20,6 +20,7 @@ pub(crate) mod fakes;
 
 pub use pdctl_contract::{api, cause, clock, details, events, exit, lifecycle, names, next, redact, url, window};
 
+pub mod apply;
 pub mod config;
 pub mod engine;
 pub mod fleet;

@@ -59,6 +59,9 @@ pub struct Boot {
     pub units: Vec<(String, String)>,
     /// Files (path under the shared directory, text) written before boot.
     pub files: Vec<(String, String)>,
+    /// Programs copied into the shared directory (path under it, source), mode 0755: a unit
+    /// with `PrivateTmp=yes` does not see a build under /tmp or /var/tmp, but sees /run.
+    pub programs: Vec<(String, PathBuf)>,
     /// Units to start at boot (their start is not waited for).
     pub start: Vec<String>,
     /// polkit rules (file name, text) for `/etc/polkit-1/rules.d`.
@@ -137,6 +140,14 @@ fn prepare(b: &Boot, d: &Path) -> Result<()> {
         let p = rules.join(name);
         std::fs::write(&p, text).map_err(io(format!("write the rule {name}")))?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).map_err(io("chmod a rule"))?;
+    }
+    for (sub, from) in &b.programs {
+        let to = shared.join(sub);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(io(format!("create {}", parent.display())))?;
+        }
+        std::fs::copy(from, &to).map_err(io(format!("copy {} into the sandbox", from.display())))?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).map_err(io("chmod a program"))?;
     }
     for (sub, owner, group, mode) in &b.dirs {
         let p = shared.join(sub);

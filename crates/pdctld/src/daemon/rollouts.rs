@@ -258,30 +258,25 @@ enum Planning {
     Nothing(String),
 }
 
-/// A config rollout's plan: the stale workers (all with `all`), never a quarantined change.
+/// A config rollout's plan: which workers (`pdctl_core::apply::order`: the stale ones, all with
+/// `all`, never a quarantined change), systemd reloaded when their files changed, and whether the
+/// change loads in place.
 async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outage: bool) -> Result<Planning, Cause> {
     let stale = e.staleness(dir).await?;
-    // A change that already failed is not rolled out again until its files change.
-    let held: Vec<String> =
-        stale.iter().filter_map(|w| w.quarantined.as_ref().map(|q| format!("{} (its change failed in {}: {})", w.unit, q.rollout_id, q.cause))).collect();
-    for h in &held {
+    use pdctl_core::apply::ApplyOrder;
+    let order = pdctl_core::apply::order(stale, all);
+    let (ApplyOrder::Nothing { held, .. } | ApplyOrder::Run { held, .. }) = &order;
+    for h in held {
         tracing::warn!("not rolling out {h}; change its files to try again");
     }
-    let chosen = pdctl_core::engine::Staleness::to_roll(&stale, all);
-    if chosen.is_empty() {
-        return Ok(Planning::Nothing(if held.is_empty() {
-            "no worker is stale; nothing to do".to_string()
-        } else {
-            format!("nothing to do: quarantined, not rolled out again: {}", held.join("; "))
-        }));
-    }
+    let (chosen, reload, reasons) = match order {
+        ApplyOrder::Nothing { why, .. } => return Ok(Planning::Nothing(why)),
+        ApplyOrder::Run { units, reload, reasons, .. } => (units, reload, reasons),
+    };
     let plan = Plan::new(&e.settings, &chosen).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    // A changed unit file or drop-in needs a daemon-reload before the restart; reloading is
-    // idempotent and cheap, so do it whenever a worker is rolled for a change.
-    if stale.iter().any(|w| !w.reasons.is_empty() && chosen.contains(&w.unit)) {
+    if reload {
         e.units.reload().await.map_err(|er| er.cause())?;
     }
-    let reasons = stale.into_iter().map(|w| (w.unit, w.reasons)).collect();
     // New weights only: loaded into the running servers, not restarted (`[rollout] in_place`).
     let mut notes = Vec::new();
     let weights = match e.in_place_target(dir, &chosen).await {
