@@ -85,14 +85,14 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
             }
         }
     }
-    // The unit died: look briefly for the fatal line that explains it. Found, the cause is
+    // The unit died: look briefly (up to FATAL_LOOK) for the fatal line that explains it. Found, the cause is
     // that line (`fatal_line`), whichever of the two arrived first: an argparse rejection
     // is always `fatal_line`, never `crashed` by a race between journald and systemd.
     // The failure's last lines end where the run ended: at the manager's "Failed with result"
     // (a line of this run that journald delivers later still counts; the next start's do not).
     let why = crashed.unwrap_or_default();
     let mut fatal: Option<String> = None;
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    let _ = tokio::time::timeout(FATAL_LOOK, async {
         while let Some(Ok(e)) = follow.next().await {
             match seen.pushed(&e, &judge) {
                 Verdict::Fatal(l) if fatal.is_none() => fatal = Some(l),
@@ -111,6 +111,14 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
         None => Err(seen.fail(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why })),
     }
 }
+
+/// How long, after a start died, its fatal line is looked for in the journal. journald may
+/// deliver a process's last stderr lines after the manager's "Failed with result" (their streams
+/// are read apart): measured on a loaded machine (two test suites at once), an argparse
+/// rejection's lines came more than 1 s after it, and the start was called `crashed`, not
+/// `fatal_line`. The look ends as soon as the line and the run's end are both seen, so only a
+/// crash without any fatal line waits it out.
+const FATAL_LOOK: Duration = Duration::from_secs(3);
 
 /// What the follower delivered of the run pdctl started — from the restart's cursor to the
 /// manager's "Failed with result" of the first run that started after it (with `Restart=` and a
@@ -131,7 +139,16 @@ impl RunLines {
     /// Keep `e`, and judge it.
     fn pushed(&mut self, e: &LogEntry, judge: &Judge) -> Verdict {
         if self.ended {
-            return judge.judge(e);
+            // A line of this run journald delivered after the manager's end of it (its stderr
+            // stream read late): its fatal line is still its last word, and kept.
+            let v = judge.judge(e);
+            if matches!(v, Verdict::Fatal(_)) && !e.is_pdctl_own() {
+                if self.lines.len() == LAST_LINES {
+                    self.lines.pop_front();
+                }
+                self.lines.push_back(e.message().to_string());
+            }
+            return v;
         }
         if self.first_run.is_none() {
             self.first_run = judge.manager_message(e, MSG_UNIT_STARTING).map(String::from);
