@@ -133,25 +133,36 @@ struct RunLines {
     /// That run's "Failed with result" was seen.
     ended: bool,
     window_fatal: Option<String>,
+    /// The runs the manager said it was starting after that first one (`Restart=`).
+    later_runs: Vec<String>,
 }
 
 impl RunLines {
     /// Keep `e`, and judge it.
     fn pushed(&mut self, e: &LogEntry, judge: &Judge) -> Verdict {
+        if let Some(inv) = judge.manager_message(e, MSG_UNIT_STARTING) {
+            match &self.first_run {
+                None => self.first_run = Some(inv.to_string()),
+                Some(first) if first != inv && !self.later_runs.iter().any(|r| r == inv) => self.later_runs.push(inv.to_string()),
+                Some(_) => {}
+            }
+        }
         if self.ended {
-            // A line of this run journald delivered after the manager's end of it (its stderr
-            // stream read late): its fatal line is still its last word, and kept.
+            // A line journald delivered after the manager's end of the run (its stderr stream
+            // read late): the run's fatal line is still its last word, and kept.
             let v = judge.judge(e);
-            if matches!(v, Verdict::Fatal(_)) && !e.is_pdctl_own() {
+            let late = match &v {
+                Verdict::Fatal(l) => Some(l.clone()),
+                _ => self.late_word(e, judge),
+            };
+            if let Some(line) = late {
                 if self.lines.len() == LAST_LINES {
                     self.lines.pop_front();
                 }
                 self.lines.push_back(e.message().to_string());
+                self.window_fatal = self.window_fatal.take().or(Some(line));
             }
             return v;
-        }
-        if self.first_run.is_none() {
-            self.first_run = judge.manager_message(e, MSG_UNIT_STARTING).map(String::from);
         }
         if !e.is_pdctl_own() {
             if self.lines.len() == LAST_LINES {
@@ -166,7 +177,105 @@ impl RunLines {
         judge.judge(e)
     }
 
+    /// A fatal line, delivered after the first run ended, that is that run's own. Where journald
+    /// recorded the line's InvocationID, it decides. Where it did not (user managers of systemd
+    /// 252), the PID decides: when pdctl judges that same run, the line must be its process's;
+    /// when systemd had already started the next run before pdctl read the unit (`Restart=`
+    /// after a start that failed at once), the first run's PID was never seen, so a line that is
+    /// not the judged run's is the first run's — while no third run has started.
+    fn late_word(&self, e: &LogEntry, judge: &Judge) -> Option<String> {
+        let first = self.first_run.as_deref()?;
+        if e.is_pdctl_own() {
+            return None;
+        }
+        let text = judge.fatal_text(e)?;
+        let ours = match e.get("_SYSTEMD_INVOCATION_ID") {
+            Some(inv) if inv == first => true,
+            // On systemd 239-244 a user unit's lines carry user@UID.service's id.
+            Some(_) if e.get("_SYSTEMD_USER_UNIT").is_none() => false,
+            _ if judge.run.invocation_id == first => judge.of_this_run(e),
+            _ => self.later_runs.len() <= 1 && !judge.of_this_run(e),
+        };
+        ours.then_some(text)
+    }
+
     fn fail(self, cause: Cause) -> Fail {
         Fail { last_lines: self.lines.into(), ..Fail::from(cause) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::sglang::judge::{MSG_FAILURE_RESULT, MSG_UNIT_STARTING};
+    use crate::sglang::{FATAL_PATTERNS, READY_LINE};
+
+    fn entry(fields: &[(&str, &str)]) -> LogEntry {
+        LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields: fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    fn judge(inv: &str, pid: u32) -> Judge {
+        Judge {
+            ready_pattern: READY_LINE.into(),
+            fatal_patterns: FATAL_PATTERNS.iter().map(|s| s.to_string()).collect(),
+            run: Run { invocation_id: inv.into(), main_pid: pid, procfs: "/nonexistent".into() },
+        }
+    }
+
+    fn manager(id: &str, inv: &str, msg: &str) -> LogEntry {
+        entry(&[("MESSAGE", msg), ("MESSAGE_ID", id), ("USER_INVOCATION_ID", inv), ("_UID", "0")])
+    }
+
+    const ARGPARSE: &str = "launch_server.py: error: unrecognized arguments: --enable-turbo-mode";
+
+    /// Run 1 (pdctl's start) fails at once; systemd starts run 2 before pdctl reads the unit, so
+    /// pdctl judges run 2 (PID 200); run 1's argparse line (PID 150) arrives after its end.
+    fn run_1_then_late(judged: &Judge, late: &LogEntry) -> RunLines {
+        let mut seen = RunLines::default();
+        for e in [
+            manager(MSG_UNIT_STARTING, "r1", "Starting p.service..."),
+            entry(&[("MESSAGE", "start number 1"), ("_PID", "140")]),
+            manager(MSG_FAILURE_RESULT, "r1", "p.service: Failed with result 'exit-code'."),
+            manager(MSG_UNIT_STARTING, "r2", "Starting p.service..."),
+        ] {
+            seen.pushed(&e, judged);
+        }
+        assert!(seen.ended && seen.window_fatal.is_none());
+        seen.pushed(late, judged);
+        seen
+    }
+
+    #[test]
+    fn a_late_fatal_line_of_the_first_run_counts_when_pdctl_already_judges_the_next_run() {
+        let seen = run_1_then_late(&judge("r2", 200), &entry(&[("MESSAGE", ARGPARSE), ("_PID", "150")]));
+        assert!(seen.window_fatal.as_deref().is_some_and(|l| l.contains("unrecognized arguments")), "run 1's own last word");
+        assert_eq!(seen.lines.back().map(String::as_str), Some(ARGPARSE), "among its last lines");
+    }
+
+    #[test]
+    fn a_late_line_of_another_run_does_not() {
+        // Judging run 1 itself (PID 150): a line of PID 300 is a later run's, not run 1's.
+        let mut seen = RunLines::default();
+        let j = judge("r1", 150);
+        for e in [manager(MSG_UNIT_STARTING, "r1", "Starting"), manager(MSG_FAILURE_RESULT, "r1", "Failed")] {
+            seen.pushed(&e, &j);
+        }
+        seen.pushed(&entry(&[("MESSAGE", ARGPARSE), ("_PID", "300")]), &j);
+        assert!(seen.window_fatal.is_none(), "a later run's line");
+        seen.pushed(&entry(&[("MESSAGE", ARGPARSE), ("_PID", "150")]), &j);
+        assert!(seen.window_fatal.is_some(), "run 1's own, late");
+        // Where journald records the InvocationID, it decides.
+        let seen = run_1_then_late(&judge("r2", 200), &entry(&[("MESSAGE", ARGPARSE), ("_PID", "150"), ("_SYSTEMD_INVOCATION_ID", "r9")]));
+        assert!(seen.window_fatal.is_none(), "another run's by its InvocationID");
+        let seen = run_1_then_late(&judge("r2", 200), &entry(&[("MESSAGE", ARGPARSE), ("_PID", "150"), ("_SYSTEMD_INVOCATION_ID", "r1")]));
+        assert!(seen.window_fatal.is_some(), "run 1's by its InvocationID");
+        // The judged run's own line is its Fatal verdict, not the first run's late word; a third
+        // run's start ends the attribution by PID.
+        let mut seen = run_1_then_late(&judge("r2", 200), &entry(&[("MESSAGE", "unrelated"), ("_PID", "150")]));
+        seen.pushed(&manager(MSG_UNIT_STARTING, "r3", "Starting"), &judge("r2", 200));
+        seen.pushed(&entry(&[("MESSAGE", ARGPARSE), ("_PID", "400")]), &judge("r2", 200));
+        assert!(seen.window_fatal.is_none(), "a third run's line");
     }
 }
