@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use crate::cause::Cause;
 use crate::config::Worker;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::Fail;
-use crate::engine::Engine;
 use crate::ports::{Health, Logs, PauseMode, Probes, Units};
 
 /// What a worker served before: `(model_path, weight_version)`.

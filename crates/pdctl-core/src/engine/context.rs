@@ -5,7 +5,8 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use crate::config::Worker;
-use crate::engine::{switch, KnownChanges};
+use crate::engine::work::KnownChanges;
+use crate::engine::work::SwitchPlan;
 use crate::events::{Failure, Outcome, Summary};
 use crate::state::drain_ledger::Ledger;
 
@@ -80,7 +81,7 @@ pub(in crate::engine) struct Scope<'a> {
     pub(in crate::engine) pair_scope: Option<&'a [String]>,
     /// The plan may be rolled as a coherent switch ([`switch::Groups`]): the coherence preflight
     /// says a change needs it instead of refusing it.
-    pub(in crate::engine) switch: Option<&'a switch::SwitchPlan>,
+    pub(in crate::engine) switch: Option<&'a SwitchPlan>,
 }
 
 /// What a run writes besides its events — none of it for `check` or a dry run

@@ -11,22 +11,17 @@ use std::sync::atomic::Ordering;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::context::{Tally, Underway};
+use crate::engine::gates;
+use crate::engine::halt;
+use crate::engine::machine::Engine;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
-use crate::engine::{gates, Engine, Tally, Underway};
+use crate::engine::work::Asked;
 use crate::events::{Outcome, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{ActiveState, Logs, Probes, Units};
 use crate::state::drain_ledger::{Ledger, MaintainedUnit, Maintenance, MaintenancePhase};
-
-/// Who asked for a host drain, and why (kept in the maintenance record).
-#[derive(Debug, Clone, Copy)]
-pub struct Asked<'a> {
-    /// `uid N`, or `fleetlock ID`.
-    pub by: &'a str,
-    /// `--reason`.
-    pub reason: Option<&'a str>,
-}
 
 /// The kernel's boot id (a resume at pdctld's start tells a reboot from a restart of pdctld).
 pub fn boot_id(procfs: &std::path::Path) -> Option<String> {
@@ -116,7 +111,7 @@ where
             return t.summary(Outcome::Succeeded, None);
         };
         if let Err((unit, f)) = self.host_preflight(&order, ledger, ctx.outage.accepted(), sink).await {
-            return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
+            return t.summary(Outcome::Failed, Some(halt::failure(self, &unit, Step::Preflight, f).await));
         }
         let now = crate::fleet::now_secs();
         let cursor = self.logs.tail_cursor().await.ok().flatten();
@@ -137,15 +132,15 @@ where
             failed: None,
         };
         if let Err(e) = ledger.record_maintenance(&m) {
-            return t.summary(Outcome::Failed, Some(self.failure(&first.unit, Step::Preflight, unwritable(e)).await));
+            return t.summary(Outcome::Failed, Some(halt::failure(self, &first.unit, Step::Preflight, unwritable(e)).await));
         }
         // The host's whole budget at once: every worker's slot in one transaction, or none. The
         // holds name the maintenance (`pdctl fleet status` tells a rebooting host from a dead one).
         let holds_as = maintenance_hold(ctx.writes.id);
-        let slot_ctx = crate::engine::Ctx { writes: crate::engine::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
+        let slot_ctx = crate::engine::context::Ctx { writes: crate::engine::context::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
         if let Err((step, f)) = gates::slot::slot_step(self, &order, sink, slot_ctx).await {
             let _ = ledger.clear_maintenance();
-            return t.summary(Outcome::Failed, Some(self.failure(&first.unit, step, f).await));
+            return t.summary(Outcome::Failed, Some(halt::failure(self, &first.unit, step, f).await));
         }
         let mut runs: Vec<WorkerRun<'_, U::W>> = order.iter().map(|w| WorkerRun::new(w, Sequence::HostDown, sink, ctx)).collect();
         // Out of the gateway first, every worker: nothing new reaches the host while the first
@@ -234,7 +229,7 @@ where
         let order = drain_order(plan);
         let failed = match self.host_units_preflight(&order, allow_outage || self.settings.rollout.allow_outage, sink).await {
             Ok(()) => None,
-            Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
+            Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),
         };
         Summary::untouched(t0.elapsed().as_millis() as u64, failed)
     }
@@ -244,8 +239,8 @@ where
     /// says `failed` and keeps the slots (a worker is down: the budget protects the fleet).
     async fn host_drain_failed(&self, unit: &str, step: Step, f: Fail, m: &mut Maintenance, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
         let (sink, ctx) = (run.sink, run.ctx);
-        let failure = self.failure(unit, step, f).await;
-        self.reconcile_this_runs_drains(unit, step, ctx, sink, run.notes).await;
+        let failure = halt::failure(self, unit, step, f).await;
+        halt::reconcile_drains(self, unit, step, ctx, sink, run.notes).await;
         if m.units.iter().any(|u| u.stopped) {
             m.phase = MaintenancePhase::Failed;
             m.since = crate::fleet::now_secs();
@@ -280,7 +275,7 @@ where
             Err(u) => {
                 let f = Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error });
                 let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
-                return run.t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
+                return run.t.summary(Outcome::Failed, Some(halt::failure(self, &unit, Step::Preflight, f).await));
             }
         };
         m.phase = MaintenancePhase::Resuming;
@@ -337,7 +332,7 @@ where
             }
         }
         if let Some((unit, step, f)) = failed {
-            let failure = self.failure(&unit, step, f).await;
+            let failure = halt::failure(self, &unit, step, f).await;
             return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
         }
         for (i, w) in stopped.iter().copied().enumerate() {
@@ -349,7 +344,7 @@ where
             // Its peers come back after it: none serves behind the gateway yet.
             r.peers_out = order.iter().any(|o| peer(o, w)) && !booted.iter().chain(stopped.iter().take(i)).any(|o| peer(o, w));
             if let Err((step, f)) = self.run_sequence(&mut r).await {
-                let failure = self.failure(&w.unit, step, f).await;
+                let failure = halt::failure(self, &w.unit, step, f).await;
                 return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
             }
             run.t.done.push(w.unit.clone());
@@ -434,7 +429,8 @@ where
 
 #[cfg(test)]
 mod tests {
-    use crate::engine::{Engine, RolloutRun, Work};
+    use crate::engine::machine::Engine;
+    use crate::engine::work::{RolloutRun, Work};
     use crate::events::{Event, Outcome, Status, Step};
     use crate::fakes::{rollout_of, with_router, world, FakeLogs, FakeProbes, FakeUnits, W};
     use crate::plan::Plan;

@@ -1,6 +1,6 @@
 //! A config rollout whose only change is the weights (`[rollout] in_place = "auto"`): the new
 //! `--model-path`/`--weight-version` of every PD worker's files are loaded into the running
-//! servers as `pdctl rollout weights` loads them ([`crate::engine::WeightsTarget`]) — all paused,
+//! servers as `pdctl rollout weights` loads them ([`crate::engine::work::WeightsTarget`]) — all paused,
 //! all loaded, all verified, all continued: requests wait, none fails, no PD request pairs two
 //! versions — instead of a rolling restart, which would pair a new prefill with an old decode for
 //! as long as both run. Then each worker's files are recorded as the revision it runs (its next
@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crate::config::{InPlace, Role};
-use crate::engine::Engine;
+use crate::engine::machine::Engine;
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
 use crate::state::in_place::{one_target, target, Target};

@@ -9,10 +9,14 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::Worker;
+use crate::engine::context::{Ctx, Mode};
 use crate::engine::gates;
+use crate::engine::halt;
+use crate::engine::machine::Engine;
+use crate::engine::roll;
 use crate::engine::step_run::{detail_of, within, Fail, StepRun, POLL};
 use crate::engine::steps::NOTHING_TO_RESTORE;
-use crate::engine::{Ctx, Engine, Mode, Staleness};
+use crate::engine::work::Staleness;
 use crate::events::{Outcome, Sink, Status, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{ActiveState, Health, Logs, Probes, SubState, UnitState, Units, UnitsError};
@@ -59,11 +63,6 @@ struct Reconciled<'a> {
     router: serde_json::Value,
     /// How long the reconcile took.
     waited_ms: u64,
-}
-
-/// "in rollout r17…: <its cause>", for [`Cause::ChangesPending`].
-pub fn quarantine_clause(q: &revisions::Quarantine) -> String {
-    format!("in rollout {}: {}", q.rollout_id, q.cause)
 }
 
 impl<U, L, P> Engine<U, L, P>
@@ -150,7 +149,7 @@ where
         notes.extend(done);
         let plan = Plan { workers: vec![w.clone()] };
         // The restored files are what it ran last: loading them is the point.
-        let s = self.run(&plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
+        let s = roll::plan(self, &plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
         match s.result {
             Outcome::Succeeded => {
                 notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
@@ -192,7 +191,7 @@ where
         let asked = Ctx { load_changes: true, ..ctx };
         if let Err((unit, f)) = crate::engine::gates::preflight::preflight(self, plan, &quiet, true, asked).await {
             StepRun::start(sink, &unit, Step::Preflight).fail(&f);
-            return end(Outcome::Failed, &done, Some(self.failure(&unit, Step::Preflight, f).await));
+            return end(Outcome::Failed, &done, Some(halt::failure(self, &unit, Step::Preflight, f).await));
         }
         for w in &plan.workers {
             if abort.load(std::sync::atomic::Ordering::SeqCst) {
@@ -212,7 +211,7 @@ where
                 Err(error) => {
                     let f = Fail::from(Cause::RestoreFailed { unit: w.unit.clone(), error });
                     step.fail(&f);
-                    return end(Outcome::Failed, &done, Some(self.failure(&w.unit, Step::Rollback, f).await));
+                    return end(Outcome::Failed, &done, Some(halt::failure(self, &w.unit, Step::Rollback, f).await));
                 }
             };
             tracing::warn!(pdctl_unit = %w.unit, "{}: reverting to the revision it ran before (recorded {}): {}", w.unit, before.recorded_at, restored.join("; "));
@@ -220,7 +219,7 @@ where
             notes.extend(restored);
             // The restored files are what it ran before: loading them is the point.
             let one = Plan { workers: vec![w.clone()] };
-            let s = self.run(&one, sink, Mode::Rollout, abort, Ctx { load_changes: true, ..ctx }, notes).await;
+            let s = roll::plan(self, &one, sink, Mode::Rollout, abort, Ctx { load_changes: true, ..ctx }, notes).await;
             done.extend(s.units.iter().cloned());
             if s.result != Outcome::Succeeded {
                 return end(s.result, &done, s.failed);

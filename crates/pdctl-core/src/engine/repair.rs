@@ -40,10 +40,11 @@ struct Probed<'a> {
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::context::Ctx;
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{detail_of, Fail, StepRun};
-use crate::engine::{Ctx, Engine};
 use crate::events::{Event, Sink, Status, Step};
 use crate::ports::{Logs, Probes, Units};
 
@@ -88,7 +89,7 @@ where
             }
         };
         let work = async move {
-            let ctx = Ctx { scope: crate::engine::Scope { together_with: None, ..ctx.scope }, abort_in_flight: true, ..ctx };
+            let ctx = Ctx { scope: crate::engine::context::Scope { together_with: None, ..ctx.scope }, abort_in_flight: true, ..ctx };
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             // On the heap: a sequence inside a sequence (this repair runs inside the prefill's pair
             // step) overflowed a debug build's worker stack.

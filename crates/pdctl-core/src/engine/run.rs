@@ -3,16 +3,19 @@
 //! `on_failure = "rollback"`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cause::Cause;
-use crate::config::{OnFailure, Role, Worker};
+use crate::engine::context::{Clients, Ctx, Mode, Outage, Scope, Tally, Underway, Writes};
 use crate::engine::gates;
-use crate::engine::step_run::{lock, Fail, StepRun};
-use crate::engine::switch::{Groups, SwitchPlan};
-use crate::engine::{Clients, Ctx, Engine, Finished, KnownChanges, Mode, Outage, RolloutRun, Scope, Tally, Underway, Work, Writes, LAST_LINES};
-use crate::events::{Failure, Outcome, Sink, Step, Summary};
-use crate::names::{FLEET, ROUTER};
+use crate::engine::halt;
+use crate::engine::machine::Engine;
+use crate::engine::policy::{self, AfterInPlace, Failed, Rollback};
+use crate::engine::roll;
+use crate::engine::step_run::{lock, Fail};
+use crate::engine::work::SwitchPlan;
+use crate::engine::work::{Finished, KnownChanges, RolloutRun, Work};
+use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
 
@@ -25,12 +28,12 @@ where
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
-        self.run(plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &mut notes).await
+        roll::plan(self, plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        let mut s = self.run(plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &mut Vec::new()).await;
+        let mut s = roll::plan(self, plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &mut Vec::new()).await;
         // Nothing was restarted: the units passed their checks.
         s.checked = std::mem::take(&mut s.units);
         s
@@ -81,7 +84,7 @@ where
             let mut summary = match r.work {
                 Work::Weights { target } => self.update_weights_recorded(&plan, target, r.revisions, sink, &mut notes).await,
                 Work::Revert { restore } => self.revert(&plan, restore, sink, r.abort, ctx, &mut notes).await,
-                Work::Restart { .. } => self.run(&plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
+                Work::Restart { .. } => roll::plan(self, &plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
                 Work::HostDrain { .. } | Work::HostResume => self.host_work(&plan, &r, ctx, sink, &mut notes).await,
             };
             if r.work.is_host() {
@@ -126,7 +129,7 @@ where
                 error: "host maintenance runs only in pdctld, which keeps its ledger".into(),
             });
             let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
-            return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
+            return t.summary(Outcome::Failed, Some(halt::failure(self, &unit, Step::Preflight, f).await));
         };
         let run = &mut Underway { sink, abort: r.abort, ctx, notes, t: &mut t };
         match r.work {
@@ -142,22 +145,27 @@ where
         let (Some(to), Some(dir)) = (r.work.weights().filter(|t| t.config), r.revisions) else {
             return false;
         };
-        match (summary.result, &summary.failed) {
-            (Outcome::Succeeded, _) => self.record_in_place(plan, dir, notes).await,
-            (Outcome::Failed, Some(f)) if f.step != Step::Preflight && self.settings.rollout.weights_fallback == crate::config::WeightsFallback::Restart => {
+        let f = match (summary.result, &summary.failed) {
+            (Outcome::Succeeded, _) => {
+                self.record_in_place(plan, dir, notes).await;
+                return false;
+            }
+            (Outcome::Failed, Some(f)) => f.clone(),
+            _ => return false,
+        };
+        match policy::after_in_place(Failed { step: f.step, unit: &f.unit }, &self.settings.rollout) {
+            AfterInPlace::RestartInstead => {
                 notes.push(format!(
                     "{} did not take {} in place ({}; what each worker serves now: the weights step's notes); rolled out by restarting instead (weights_fallback = \"restart\")",
                     f.unit,
                     crate::state::in_place::show_parts(to.model_path, to.version),
                     f.cause_code
                 ));
-                *summary = self.run(plan, sink, Mode::Rollout, r.abort, ctx, notes).await;
+                *summary = roll::plan(self, plan, sink, Mode::Rollout, r.abort, ctx, notes).await;
                 return true;
             }
-            (Outcome::Failed, Some(f)) if f.step != Step::Preflight && f.unit != FLEET => {
-                notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
-            }
-            _ => {}
+            AfterInPlace::Quarantine => notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await),
+            AfterInPlace::Nothing => {}
         }
         false
     }
@@ -169,28 +177,29 @@ where
         let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) else {
             return;
         };
-        if f.step != Step::Preflight && f.unit != ROUTER && f.unit != FLEET {
+        let then = policy::after_restart(Failed { step: f.step, unit: &f.unit }, &self.settings.rollout, true);
+        if then.quarantine {
             notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await);
         }
-        // A refusal touches nothing: a slot never granted, or a preflight that refused before the
-        // unit was restarted, leaves every file where it is (the change was never tried; the
-        // operator or the next `rollout apply` decides).
-        let refused = matches!(f.step, Step::Slot | Step::Preflight);
-        let rolls_back = self.settings.rollout.on_failure == OnFailure::Rollback && f.unit != ROUTER && f.unit != FLEET;
-        if rolls_back && refused {
-            notes.push(format!(
+        match then.rollback {
+            Rollback::No => {}
+            // A refusal touches nothing: a slot never granted, or a preflight that refused before
+            // the unit was restarted, leaves every file where it is (the change was never tried;
+            // the operator or the next `rollout apply` decides).
+            Rollback::Refused => notes.push(format!(
                 "{} was refused before anything restarted ({}): on_failure = \"rollback\" moved no file and reloaded nothing",
                 f.unit, f.cause_code
-            ));
-        } else if rolls_back {
-            let unit = f.unit.clone();
-            match self.rollback(&unit, ctx, dir, sink, notes).await {
-                Ok(true) => {
-                    summary.result = Outcome::RolledBack;
-                    readmitted_by_rollback(&unit, notes);
+            )),
+            Rollback::Yes => {
+                let unit = f.unit.clone();
+                match self.rollback(&unit, ctx, dir, sink, notes).await {
+                    Ok(true) => {
+                        summary.result = Outcome::RolledBack;
+                        readmitted_by_rollback(&unit, notes);
+                    }
+                    Ok(false) => {}
+                    Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
                 }
-                Ok(false) => {}
-                Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),
             }
         }
     }
@@ -206,215 +215,6 @@ where
         }
     }
 
-    pub(in crate::engine) async fn run(&self, plan: &Plan, sink: &Sink, mode: Mode, abort: &AtomicBool, ctx: Ctx<'_>, notes: &mut Vec<String>) -> Summary {
-        let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
-        let switch_plan;
-        let ctx = match (mode, ctx.scope.switch) {
-            (Mode::Rollout, None) => {
-                switch_plan = SwitchPlan { groups: self.switch_groups(plan, ctx.fleet_rollout, false).await, needed: AtomicBool::new(false) };
-                Ctx { scope: Scope { switch: Some(&switch_plan), ..ctx.scope }, ..ctx }
-            }
-            _ => ctx,
-        };
-        if let Err((unit, f)) = gates::preflight::preflight(self, plan, sink, false, ctx).await {
-            return t.summary(Outcome::Failed, Some(self.failure(&unit, Step::Preflight, f).await));
-        }
-        // A change of the model the workers compute with, on a host with two groups of both
-        // roles (or, with [fleet], across the hosts behind the gateway): the old group serves
-        // while the new one is restarted and verified, then the gateway switches (see
-        // `switch.rs` and `fleet/switch.rs`). Before `single_pair = "together"`: with [fleet] a
-        // 1P1D host's pair restarted together would pair with other hosts' old workers.
-        if let (Mode::Rollout, Some(sw)) = (mode, ctx.scope.switch) {
-            // A fleet rollout's part that needs no switch here (no change of the model on this
-            // host) says so at once: hosts that do switch would otherwise wait for it in vain.
-            if let (false, Ok(Groups { fleet: Some(f), .. })) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
-                self.no_fleet_switch(f, notes).await;
-            }
-            if let (true, Ok(g)) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
-                let run = &mut Underway { sink, abort, ctx, notes, t: &mut t };
-                return match self.run_switch(plan, g, run).await {
-                    Ok(()) => {
-                        let rest: Vec<&Worker> = plan.workers.iter().filter(|w| !run.t.done.contains(&w.unit)).collect();
-                        match self.roll_each(&rest, plan.workers.len(), mode, run).await {
-                            Ok(()) => run.t.summary(Outcome::Succeeded, None),
-                            Err(s) => s,
-                        }
-                    }
-                    Err(s) => s,
-                };
-            }
-        }
-        // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
-        // interruption instead of two).
-        if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, self.settings.rollout.single_pair, plan.workers.as_slice()) {
-            if p.role == Role::Prefill && d.role == Role::Decode {
-                return match self.run_together(p, d, sink, ctx, notes, &mut t.done).await {
-                    Ok(()) => t.summary(Outcome::Succeeded, None),
-                    Err(failure) => t.summary(Outcome::Failed, Some(failure)),
-                };
-            }
-        }
-        let all: Vec<&Worker> = plan.workers.iter().collect();
-        match self.roll_each(&all, plan.workers.len(), mode, &mut Underway { sink, abort, ctx, notes, t: &mut t }).await {
-            Ok(()) => t.summary(Outcome::Succeeded, None),
-            Err(s) => s,
-        }
-    }
-
-    /// Each of `workers` in turn through its restart (or check) sequence, halting at the first
-    /// failure (`Err`: the summary to return); `total`: the plan's size (no client gate after
-    /// its last unit).
-    pub(in crate::engine) async fn roll_each(&self, workers: &[&Worker], total: usize, mode: Mode, run: &mut Underway<'_>) -> Result<(), Summary> {
-        let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
-        let Underway { notes, t, .. } = run;
-        for w in workers.iter().copied() {
-            if abort.load(Ordering::SeqCst) {
-                return Err(t.summary(Outcome::Aborted, None));
-            }
-            if t.done.contains(&w.unit) {
-                notes.push(format!(
-                    "{} was not restarted again: it was restarted and verified earlier in this rollout, as a repair of {}",
-                    w.unit,
-                    t.repairs.get(&w.unit).map(String::as_str).unwrap_or("a prefill")
-                ));
-                continue;
-            }
-            if let Some(c) = ctx.clients {
-                *lock(&c.current) = Some(w.unit.clone());
-            }
-            let r = match mode {
-                Mode::Rollout => self.restart_one(w, sink, ctx).await,
-                Mode::Check => self.check_one(w, sink).await.map(|()| Vec::new()),
-            };
-            let repaired = match r {
-                Ok(rep) => rep,
-                Err((step, f)) => {
-                    let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
-                    let failure = self.failure(&unit, step, f).await;
-                    self.reconcile_this_runs_drains(&unit, step, ctx, sink, notes).await;
-                    return Err(t.summary(Outcome::Failed, Some(failure)));
-                }
-            };
-            for (d, of) in repaired {
-                // Another host's decode records its revision there.
-                if let (Some(dir), true) = (ctx.writes.revisions, self.settings.workers.iter().any(|x| x.unit == d.unit)) {
-                    notes.push(self.record_revision(&d, dir, ctx.writes.id).await);
-                }
-                notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
-                t.done.push(d.unit.clone());
-                t.repairs.insert(d.unit.clone(), of);
-            }
-            if let (Mode::Rollout, Some(dir)) = (mode, ctx.writes.revisions) {
-                notes.push(self.record_revision(w, dir, ctx.writes.id).await);
-            }
-            t.done.push(w.unit.clone());
-            // What clients saw is a gate too: no next unit after too many failed requests.
-            if let (Some(c), Some(max)) = (ctx.clients, self.settings.rollout.max_failed_probes) {
-                let failed = c.failed.load(Ordering::SeqCst);
-                if failed > max && t.done.len() < total {
-                    let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
-                    StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
-                    t.done.pop();
-                    return Err(t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Soak, f).await)));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A 1P1D pair restarted at once (`single_pair = "together"`), each through every gate; with
-    /// [fleet], both slots in one transaction or none. The units verified are added to `done`.
-    async fn run_together(&self, p: &Worker, d: &Worker, sink: &Sink, ctx: Ctx<'_>, notes: &mut Vec<String>, done: &mut Vec<String>) -> Result<(), Failure> {
-        if let Some(c) = ctx.clients {
-            *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
-        }
-        let slots = match gates::slot::slot_step(self, &[p, d], sink, ctx).await {
-            Ok(s) => s,
-            Err((step, f)) => return Err(self.failure(&p.unit, step, f).await),
-        };
-        let drained = tokio::sync::Barrier::new(2);
-        let (tp, td) = (crate::engine::Together { unit: &d.unit, drained: &drained }, crate::engine::Together { unit: &p.unit, drained: &drained });
-        let (cp, cd) =
-            (Ctx { scope: Scope { together_with: Some(tp), ..ctx.scope }, ..ctx }, Ctx { scope: Scope { together_with: Some(td), ..ctx.scope }, ..ctx });
-        let (rp, rd) = tokio::join!(self.restart_one(p, sink, cp), self.restart_one(d, sink, cd));
-        if rp.is_ok() && rd.is_ok() {
-            gates::slot::release_slots(self, &p.unit, &slots, ctx).await;
-            // The outage to expect next time is the pair's: first take-out to last re-admission.
-            if let Some(dir) = ctx.writes.revisions {
-                if let Err(e) = crate::state::revisions::record_pair_window(dir, &p.unit, &d.unit) {
-                    tracing::warn!("cannot record the interruption of {} and {} restarted together: {e}", p.unit, d.unit);
-                }
-            }
-        }
-        for (w, r) in [(p, rp), (d, rd)] {
-            match r {
-                Ok(_) => {
-                    if let Some(dir) = ctx.writes.revisions {
-                        notes.push(self.record_revision(w, dir, ctx.writes.id).await);
-                    }
-                    done.push(w.unit.clone());
-                }
-                Err((step, f)) => {
-                    let failure = self.failure(&w.unit, step, f).await;
-                    if let Some(l) = ctx.writes.ledger.filter(|l| l.get(&w.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)) {
-                        if let Some(dr) = l.get(&w.unit) {
-                            notes.push(self.reconcile(&dr, l, self.settings.rollout.ready_timeout, sink).await.unwrap_or_else(|c| c.sentence()));
-                        }
-                    }
-                    return Err(failure);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// After a failed step: a drain this run made is never left behind — each worker it drained
-    /// (the one rolled, a decode being repaired) is re-admitted if it serves.
-    pub(in crate::engine) async fn reconcile_this_runs_drains(&self, unit: &str, step: Step, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) {
-        let Some(l) = ctx.writes.ledger else { return };
-        // As `after_failure` decides: a failed unit that was restarted is rolled back next.
-        let rollback_follows = self.settings.rollout.on_failure == OnFailure::Rollback
-            && ctx.writes.revisions.is_some()
-            && !matches!(step, Step::Slot | Step::Preflight)
-            && unit != ROUTER
-            && unit != FLEET;
-        for d in l.all().0.into_iter().filter(|d| d.rollout_id == ctx.writes.id) {
-            let budget = if step == Step::Restart && d.unit == unit { self.settings.rollout.ready_timeout } else { Duration::ZERO };
-            notes.push(match self.reconcile_as(&d, l, budget, sink, rollback_follows && d.unit == unit).await {
-                Ok(n) => n,
-                Err(c) => c.sentence(),
-            });
-        }
-    }
-
-    pub(in crate::engine) async fn failure(&self, unit: &str, step: Step, f: Fail) -> Failure {
-        let last_lines = if unit == ROUTER || unit == FLEET {
-            Vec::new()
-        } else if !f.last_lines.is_empty() {
-            f.last_lines
-        } else {
-            self.settled_last_lines(unit).await
-        };
-        Failure::new(unit, step, &f.cause, last_lines)
-    }
-
-    /// The unit's last lines once its journal has settled. A process's own output reaches
-    /// journald through its stream, the manager's "Failed with result" through the manager: read
-    /// at once, a failed start's last words (an `ExecStartPre=` that printed why) can still be
-    /// on their way. Read again every 200 ms until two reads agree (at most 2 s).
-    async fn settled_last_lines(&self, unit: &str) -> Vec<String> {
-        let mut lines = self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default();
-        for _ in 0..10 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let again = self.logs.last_lines(unit, LAST_LINES).await.unwrap_or_default();
-            if again == lines {
-                break;
-            }
-            lines = again;
-        }
-        lines
-    }
-
     /// `--dry-run`: the plan's preflight verdict, touching nothing (no daemon-reload either).
     /// `load_changes`: as the real run's ([`RolloutRun::load_changes`]); `known`: pdctld's view of
     /// pending changes and quarantines, where it could be asked.
@@ -428,7 +228,7 @@ where
         };
         let failed = match gates::preflight::preflight(self, plan, sink, true, ctx).await {
             Ok(()) => None,
-            Err((unit, f)) => Some(self.failure(&unit, Step::Preflight, f).await),
+            Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),
         };
         Summary::untouched(t0.elapsed().as_millis() as u64, failed)
     }

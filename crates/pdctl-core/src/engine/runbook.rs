@@ -10,10 +10,12 @@ use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::context::{Ctx, Outage, Repaired};
 use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, slo, slot, soak, stop, stranded_kv, Deferred, Restarted};
+use crate::engine::halt;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED, RAN_THROUGH};
-use crate::engine::{Ctx, Engine, Outage, Repaired};
 use crate::events::{Failure, Sink, Step};
 use crate::fleet::SlotRecord;
 use crate::ports::{Logs, Probes, UnitState, Units};
@@ -220,9 +222,9 @@ where
         match self.run_steps(&mut r, Sequence::Restart.between(Step::Restart, Step::Ready)).await {
             Ok(()) => match r.restarted {
                 Some(x) => Ok(x.after),
-                None => Err(self.failure(&w.unit, Step::Restart, Fail::from(Cause::EventSourceClosed { what: "the restart step".into() })).await),
+                None => Err(halt::failure(self, &w.unit, Step::Restart, Fail::from(Cause::EventSourceClosed { what: "the restart step".into() })).await),
             },
-            Err((step, f)) => Err(self.failure(&w.unit, step, f).await),
+            Err((step, f)) => Err(halt::failure(self, &w.unit, step, f).await),
         }
     }
 

@@ -16,85 +16,24 @@
 //!    through every gate, paired only with workers of the new model, and re-admitted.
 //!
 //! A crash leaves no pair of two models routable: held drains are not undone as plain ones
-//! ([`crate::engine::Engine::reconcile`]).
+//! ([`crate::engine::machine::Engine::reconcile`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::context::{Ctx, Tally, Underway};
 use crate::engine::gates;
+use crate::engine::halt;
+use crate::engine::machine::Engine;
 use crate::engine::runbook::{Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
-use crate::engine::{Ctx, Engine, Tally, Underway};
+use crate::engine::work::Groups;
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
 use crate::state::drain_ledger::Hold;
-
-/// The two groups of a coherent switch, each holding both PD roles.
-#[derive(Debug, Clone)]
-pub(in crate::engine) struct Groups {
-    /// Restarted first, out of the gateway, then switched in.
-    pub(in crate::engine) new: Vec<Worker>,
-    /// Serves until the switch, then restarted and re-admitted one at a time.
-    pub(in crate::engine) old: Vec<Worker>,
-    /// With `[fleet]`: the groups are hosts, moved in step (this host's workers are all in
-    /// `new` or all in `old`); see `fleet/switch.rs`.
-    pub(in crate::engine) fleet: Option<FleetGroups>,
-}
-
-/// A fleet switch's groups of hosts (see `fleet/switch.rs`; its plan and phases are there).
-#[derive(Debug, Clone)]
-pub(in crate::engine) struct FleetGroups {
-    /// The fleet rollout (`None`: a dry run, as if every live host took part).
-    pub(in crate::engine) id: Option<String>,
-    /// Restarted first, out of the gateway, then switched in.
-    pub(in crate::engine) new_hosts: Vec<String>,
-    /// Serve until the switch, then restarted.
-    pub(in crate::engine) old_hosts: Vec<String>,
-    /// This host is in the new group.
-    pub(in crate::engine) mine_new: bool,
-    /// Prefills and decodes of the new group, then of the old one (fleet-wide).
-    pub(in crate::engine) counts: [(usize, usize); 2],
-    /// How long an old host waits for every new host to be `verified` (their slots, restarts
-    /// and gates).
-    pub(in crate::engine) verify_wait: Duration,
-}
-
-/// Whether a plan may be rolled as a coherent switch, and whether its preflight found that it must.
-#[derive(Debug)]
-pub(in crate::engine) struct SwitchPlan {
-    /// The groups, or why the plan cannot be switched (said with `mixed_versions`).
-    pub(in crate::engine) groups: Result<Groups, String>,
-    /// Set by the coherence preflight: some worker's change breaks coherence.
-    pub(in crate::engine) needed: AtomicBool,
-}
-
-impl Groups {
-    pub(in crate::engine) fn units(ws: &[Worker]) -> Vec<String> {
-        ws.iter().map(|w| w.unit.clone()).collect()
-    }
-
-    /// What the plan does and the capacity at each phase, in one sentence (the dry run says it).
-    pub(in crate::engine) fn sentence(&self, all: &[&Worker]) -> String {
-        if let Some(f) = &self.fleet {
-            return f.sentence();
-        }
-        let count = |ws: &[Worker], r: Role| ws.iter().filter(|w| w.role == r).count();
-        let total = |r: Role| all.iter().filter(|w| w.role == r).count();
-        let (np, nd) = (total(Role::Prefill), total(Role::Decode));
-        format!(
-            "coherent switch: {new} restart onto the new model out of the router while {old} serve ({op} of {np} prefills, {od} of {nd} decodes); \
-             then the gateway switches from the old group to the new one (no PD pair is routable until it admits the new group: about 1 s behind smg 1.13 or sglang-router 0.3.2, measured and reported); \
-             then {old} restart and rejoin one at a time",
-            new = Self::units(&self.new).join(", "),
-            old = Self::units(&self.old).join(", "),
-            op = count(&self.old, Role::Prefill),
-            od = count(&self.old, Role::Decode),
-        )
-    }
-}
 
 impl<U, L, P> Engine<U, L, P>
 where
@@ -147,9 +86,10 @@ where
         Ok(Groups { new, old, fleet: None })
     }
 
-    /// The switch's three phases (module docs). `Err`: the summary of a halted run; the units
-    /// verified are in `t.done`.
-    pub(in crate::engine) async fn run_switch(&self, plan: &Plan, g: &Groups, run: &mut Underway<'_>) -> Result<(), Summary> {
+    /// The switch's first two phases (module docs): `Ok` with the old group, which the roll
+    /// layer restarts next (phase 3, through every gate, decodes first). `Err`: the summary of
+    /// a halted run; the units verified are in `t.done`.
+    pub(in crate::engine) async fn run_switch<'g>(&self, plan: &Plan, g: &'g Groups, run: &mut Underway<'_>) -> Result<Vec<&'g Worker>, Summary> {
         if let Some(f) = &g.fleet {
             return Box::pin(self.run_fleet_switch(plan, g, f, run)).await;
         }
@@ -161,18 +101,17 @@ where
         if let Err((w, f)) = self.take_out(&g.old, ctx).await {
             // Part of the old group may be out already: it comes back (the new group stays out).
             run.notes.push(self.switch_back(g, ctx, sink, "the old group could not be taken out of the gateway").await);
-            return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Drain, f).await)));
+            return Err(run.t.summary(Outcome::Failed, Some(halt::failure(self, &w.unit, Step::Drain, f).await)));
         }
         let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
         if let Some((w, f)) = admitted.into_iter().find_map(Result::err) {
             run.notes.push(self.switch_back(g, ctx, sink, "the gateway did not admit the new group").await);
-            return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Router, f).await)));
+            return Err(run.t.summary(Outcome::Failed, Some(halt::failure(self, &w.unit, Step::Router, f).await)));
         }
         let switched = self.switched(g, t_out, ctx, run.t).await;
         run.notes.extend(switched);
-        // 3. The old group, through every gate, decodes first.
-        let old: Vec<&Worker> = g.old.iter().collect();
-        self.roll_each(&old, plan.workers.len(), crate::engine::Mode::Rollout, run).await
+        // 3. The old group, through every gate, decodes first: the roll layer's.
+        Ok(g.old.iter().collect())
     }
 
     /// Phase 1: the new group out, restarted onto the new model and verified inside itself,
@@ -181,7 +120,7 @@ where
     pub(in crate::engine) async fn restart_new_group(&self, g: &Groups, run: &mut Underway<'_>) -> Result<(), Summary> {
         let new_units = Groups::units(&g.new);
         let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
-        let held = Ctx { scope: crate::engine::Scope { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx.scope }, ..ctx };
+        let held = Ctx { scope: crate::engine::context::Scope { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx.scope }, ..ctx };
         let run = &mut Underway { ctx: held, sink, abort, notes: &mut *run.notes, t: &mut *run.t };
         // 1. The new group: out, restarted, verified inside itself (its prefills first: its
         // decodes then start after them and cache no old prefill process).
@@ -364,7 +303,7 @@ where
     /// stays out (the old group serves), said in the notes.
     async fn switch_failed(&self, w: &Worker, step: Step, f: Fail, run: &mut Underway<'_>) -> Summary {
         let unit = f.unit.clone().unwrap_or_else(|| w.unit.clone());
-        let failure = self.failure(&unit, step, f).await;
+        let failure = halt::failure(self, &unit, step, f).await;
         self.halted_switch(run).await;
         run.t.summary(Outcome::Failed, Some(failure))
     }
@@ -372,7 +311,7 @@ where
     /// What this rollout holds out, said (and left out: each runs another model than the group
     /// serving).
     async fn halted_switch(&self, run: &mut Underway<'_>) {
-        self.reconcile_this_runs_drains("", Step::Drain, run.ctx, run.sink, run.notes).await;
+        halt::reconcile_drains(self, "", Step::Drain, run.ctx, run.sink, run.notes).await;
     }
 }
 

@@ -31,33 +31,20 @@ use serde::Serialize;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::after_load::Served;
+use crate::engine::halt;
+use crate::engine::work::WeightsTarget;
 
 /// Each worker's load: how long it took, and SGLang's message with the version it reports (or
 /// why it did not take them).
 type Load = (u64, Result<(String, String), String>);
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, StepRun};
-use crate::engine::Engine;
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;
 use crate::plan::Plan;
 use crate::ports::PauseMode;
 use crate::ports::{Health, Logs, Probes, Units};
-
-/// The weights to load.
-#[derive(Debug, Clone, Copy)]
-pub struct WeightsTarget<'a> {
-    /// The checkpoint (`model_path` of `/update_weights_from_disk`).
-    pub model_path: &'a str,
-    /// Its version (`weight_version`), when given.
-    pub version: Option<&'a str>,
-    /// This host's part of fleet rollout ID (`pdctl fleet weights`): every host pauses, then
-    /// loads, then continues only once every host has loaded (a step in etcd per phase).
-    pub fleet_rollout: Option<&'a str>,
-    /// A config rollout's change loaded in place ([`crate::state::in_place`]): the units' files already
-    /// name these weights (recorded as what each worker runs once they serve them).
-    pub config: bool,
-}
 
 /// Weights a worker serves (`/model_info`): the preflight's detail, each side of a load, and a
 /// load put back (with SGLang's message).
@@ -163,7 +150,7 @@ where
                 let s = StepRun::start(sink, unit, Step::Preflight);
                 let f = Fail::from(cause.clone());
                 s.fail(&f);
-                return Summary::untouched(0, Some(self.failure(unit, Step::Preflight, Fail::from(cause)).await));
+                return Summary::untouched(0, Some(halt::failure(self, unit, Step::Preflight, Fail::from(cause)).await));
             }
         }
         let summary = self.update_weights(plan, to, dir, sink, notes).await;
@@ -213,7 +200,7 @@ where
                     s.fail(&f);
                 }
                 let _ = self.resume_all(&paused, notes).await;
-                return end(Outcome::Failed, Vec::new(), Some(self.failure(FLEET, Step::Weights, f).await));
+                return end(Outcome::Failed, Vec::new(), Some(halt::failure(self, FLEET, Step::Weights, f).await));
             }
         }
         let paused_at = Instant::now();
@@ -251,17 +238,17 @@ where
         // The new weights stay (putting the old ones back would leave KV of the new ones).
         if let Some((unit, f)) = stale_cache {
             notes.push(format!("every worker serves {}; {unit}'s prefix cache was not flushed (see the failure): the previous weights were not put back, which would leave KV of the new ones cached instead", to.model_path));
-            let failure = self.failure(&unit, Step::Weights, f).await;
+            let failure = halt::failure(self, &unit, Step::Weights, f).await;
             return end(Outcome::Failed, Vec::new(), Some(failure));
         }
         if let Err((w, f)) = resumed {
-            let failure = self.failure(&w, Step::Weights, f).await;
+            let failure = halt::failure(self, &w, Step::Weights, f).await;
             self.put_back(&before, &loaded, true, sink, notes).await;
             return end(Outcome::Failed, Vec::new(), Some(failure));
         }
         // Verified as served: each pair straight, then each worker's own gates.
         if let Err((unit, step, f)) = self.weights_verify(plan, sink).await {
-            let failure = self.failure(&unit, step, f).await;
+            let failure = halt::failure(self, &unit, step, f).await;
             self.put_back(&before, &loaded, true, sink, notes).await;
             return end(Outcome::Failed, Vec::new(), Some(failure));
         }
@@ -281,7 +268,7 @@ where
         notes: &mut Vec<String>,
     ) -> crate::events::Failure {
         let f = Fail::from(cause.clone());
-        let failure = self.failure(unit, Step::Weights, Fail::from(cause)).await;
+        let failure = halt::failure(self, unit, Step::Weights, Fail::from(cause)).await;
         for (s, x, ..) in steps {
             if unit == FLEET || x.unit == unit {
                 s.fail(&f);
@@ -311,7 +298,7 @@ where
                 let f = Fail::from(Cause::WeightsFailed { unit: w.unit.clone(), why: format!("it could not be paused: {e}") });
                 s.fail(&f);
                 let _ = self.resume_all(&paused, notes).await;
-                return Err(self.failure(&w.unit, Step::Weights, f).await);
+                return Err(halt::failure(self, &w.unit, Step::Weights, f).await);
             }
             paused.push(*w);
             steps.push((s, *w, served.clone(), mode));
@@ -332,7 +319,7 @@ where
                 }
                 Err(f) => {
                     s.fail(&f);
-                    return Err(self.failure(&w.unit, Step::Preflight, f).await);
+                    return Err(halt::failure(self, &w.unit, Step::Preflight, f).await);
                 }
             }
         }
@@ -383,7 +370,7 @@ where
             return mine;
         }
         let hosts = self.rollout_hosts(id).await?.hosts;
-        let step = crate::engine::fleet::in_step::Phase { id, kind: "weights", name: phase };
+        let step = crate::engine::work::Phase { id, kind: crate::engine::work::FleetStep::Weights, name: phase };
         self.write_phase(step, &mine).await?;
         mine?;
         let limit = self.settings.rollout.ready_timeout + std::time::Duration::from_secs(60);

@@ -1,10 +1,14 @@
 //! What a rollout is asked to do ([`Work`], [`RolloutRun`]), what pdctld knows of each worker's
-//! files ([`Known`], [`Staleness`]), and how it ended ([`Finished`]).
+//! files ([`Known`], [`Staleness`]), and how it ended ([`Finished`]); and the types the layers
+//! of the engine hand each other: who asked for a host drain ([`Asked`]), the weights to load
+//! ([`WeightsTarget`]), a coherent switch's groups ([`SwitchPlan`]), a fleet step's phase
+//! ([`Phase`]).
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use crate::engine::WeightsTarget;
+use crate::config::{Role, Worker};
 use crate::events::Summary;
 use crate::plan::Plan;
 use crate::state::drain_ledger::Ledger;
@@ -36,7 +40,7 @@ pub enum Work<'a> {
     /// the gateway and stopped under the host's whole budget, held until its resume.
     HostDrain {
         /// Who asked, and why.
-        asked: crate::engine::host::Asked<'a>,
+        asked: Asked<'a>,
     },
     /// Host maintenance after the reboot (`pdctl host resume`): every worker through the
     /// restart's gates, then the host's budget given back.
@@ -132,4 +136,122 @@ pub struct Finished {
     pub service_before: std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>,
     /// A config rollout's new weights were loaded in place (not restarted).
     pub in_place: bool,
+}
+
+/// Who asked for a host drain, and why (kept in the maintenance record).
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// `uid N`, or `fleetlock ID`.
+    pub by: &'a str,
+    /// `--reason`.
+    pub reason: Option<&'a str>,
+}
+
+/// The weights to load.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightsTarget<'a> {
+    /// The checkpoint (`model_path` of `/update_weights_from_disk`).
+    pub model_path: &'a str,
+    /// Its version (`weight_version`), when given.
+    pub version: Option<&'a str>,
+    /// This host's part of fleet rollout ID (`pdctl fleet weights`): every host pauses, then
+    /// loads, then continues only once every host has loaded (a step in etcd per phase).
+    pub fleet_rollout: Option<&'a str>,
+    /// A config rollout's change loaded in place ([`crate::state::in_place`]): the units' files already
+    /// name these weights (recorded as what each worker runs once they serve them).
+    pub config: bool,
+}
+
+/// The two groups of a coherent switch, each holding both PD roles.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct Groups {
+    /// Restarted first, out of the gateway, then switched in.
+    pub(in crate::engine) new: Vec<Worker>,
+    /// Serves until the switch, then restarted and re-admitted one at a time.
+    pub(in crate::engine) old: Vec<Worker>,
+    /// With `[fleet]`: the groups are hosts, moved in step (this host's workers are all in
+    /// `new` or all in `old`); see `fleet/switch.rs`.
+    pub(in crate::engine) fleet: Option<FleetGroups>,
+}
+
+/// A fleet switch's groups of hosts (see `fleet/switch.rs`; its plan and phases are there).
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct FleetGroups {
+    /// The fleet rollout (`None`: a dry run, as if every live host took part).
+    pub(in crate::engine) id: Option<String>,
+    /// Restarted first, out of the gateway, then switched in.
+    pub(in crate::engine) new_hosts: Vec<String>,
+    /// Serve until the switch, then restarted.
+    pub(in crate::engine) old_hosts: Vec<String>,
+    /// This host is in the new group.
+    pub(in crate::engine) mine_new: bool,
+    /// Prefills and decodes of the new group, then of the old one (fleet-wide).
+    pub(in crate::engine) counts: [(usize, usize); 2],
+    /// How long an old host waits for every new host to be `verified` (their slots, restarts
+    /// and gates).
+    pub(in crate::engine) verify_wait: Duration,
+}
+
+/// Whether a plan may be rolled as a coherent switch, and whether its preflight found that it must.
+#[derive(Debug)]
+pub(in crate::engine) struct SwitchPlan {
+    /// The groups, or why the plan cannot be switched (said with `mixed_versions`).
+    pub(in crate::engine) groups: Result<Groups, String>,
+    /// Set by the coherence preflight: some worker's change breaks coherence.
+    pub(in crate::engine) needed: AtomicBool,
+}
+
+impl Groups {
+    pub(in crate::engine) fn units(ws: &[Worker]) -> Vec<String> {
+        ws.iter().map(|w| w.unit.clone()).collect()
+    }
+
+    /// What the plan does and the capacity at each phase, in one sentence (the dry run says it).
+    pub(in crate::engine) fn sentence(&self, all: &[&Worker]) -> String {
+        if let Some(f) = &self.fleet {
+            return f.sentence();
+        }
+        let count = |ws: &[Worker], r: Role| ws.iter().filter(|w| w.role == r).count();
+        let total = |r: Role| all.iter().filter(|w| w.role == r).count();
+        let (np, nd) = (total(Role::Prefill), total(Role::Decode));
+        format!(
+            "coherent switch: {new} restart onto the new model out of the router while {old} serve ({op} of {np} prefills, {od} of {nd} decodes); \
+             then the gateway switches from the old group to the new one (no PD pair is routable until it admits the new group: about 1 s behind smg 1.13 or sglang-router 0.3.2, measured and reported); \
+             then {old} restart and rejoin one at a time",
+            new = Self::units(&self.new).join(", "),
+            old = Self::units(&self.old).join(", "),
+            op = count(&self.old, Role::Prefill),
+            od = count(&self.old, Role::Decode),
+        )
+    }
+}
+
+/// One phase of a fleet rollout in step: which rollout, which kind of step, which phase.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::engine) struct Phase<'a> {
+    /// The fleet rollout's id.
+    pub(in crate::engine) id: &'a str,
+    /// The kind of step.
+    pub(in crate::engine) kind: FleetStep,
+    /// The phase's name (`paused`, `loaded`; `verified`, `out`, `in`, `back`).
+    pub(in crate::engine) name: &'static str,
+}
+
+/// The kinds of fleet steps hosts take together (a key's part in etcd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum FleetStep {
+    /// `pdctl fleet weights`: paused, loaded, continued.
+    Weights,
+    /// The fleet's coherent switch: verified, out, in, back.
+    Switch,
+}
+
+impl FleetStep {
+    /// Its name in etcd's keys.
+    pub(in crate::engine) fn as_str(self) -> &'static str {
+        match self {
+            FleetStep::Weights => "weights",
+            FleetStep::Switch => "switch",
+        }
+    }
 }

@@ -14,7 +14,43 @@ use pdctl_probe::quantile::Histogram;
 pub use pdctl_probe::service::ServiceScrape;
 use serde::Serialize;
 
-use crate::config::Slo;
+/// What the service gate does when the gateway sent the restarted worker (or its baseline) too
+/// little traffic to judge (`[verify.slo] unjudged`): a canary that saw no traffic is no pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unjudged {
+    /// pdctl judges with its own sample: `min_requests` PD request pairs sent straight to the
+    /// restarted worker (with a serving worker of the other role) and the same to a peer of its
+    /// role, compared by end-to-end p50 and error rate with the same tolerances. Where no such
+    /// sample can be sent (a regular worker, no peer of its role, no serving other role) it fails.
+    Probe,
+    /// Fail the soak (`slo_not_judged`).
+    Fail,
+    /// Pass, saying it was not judged (the behaviour before this setting).
+    Pass,
+}
+
+/// `[verify.slo]`: the service gate at the end of the soak. A restarted worker's figures over the
+/// soak window are compared with its role's other workers over the same window — or, where it is
+/// the only worker of its role, with its own figures from before its drain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slo {
+    /// Largest allowed ratio of time-to-first-token p50 (restarted ÷ baseline).
+    pub ttft_ratio: f64,
+    /// Largest allowed ratio of inter-token-latency p50.
+    pub itl_ratio: f64,
+    /// Largest allowed ratio of end-to-end latency p50.
+    pub e2e_ratio: f64,
+    /// Largest allowed fraction of the restarted worker's requests that failed.
+    pub error_rate: f64,
+    /// Requests the restarted worker (and its baseline) must have served for a figure to be
+    /// judged; fewer: "not judged", never a pass.
+    pub min_requests: u64,
+    /// How long the soak may wait beyond `min_healthy` for `min_requests`.
+    pub max_wait: std::time::Duration,
+    /// What too little traffic leads to ([`Unjudged`]; default `probe`).
+    pub unjudged: Unjudged,
+}
 
 /// One side's figures over its window.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -235,7 +271,7 @@ mod tests {
             error_rate: 0.01,
             min_requests: 20,
             max_wait: std::time::Duration::from_secs(120),
-            unjudged: crate::config::Unjudged::Probe,
+            unjudged: Unjudged::Probe,
         }
     }
 

@@ -455,7 +455,7 @@ pub(super) async fn run(
     };
     let who = by.who();
     let work = match (restore.as_ref(), weights.as_ref()) {
-        _ if kind == RolloutKind::HostDrain => Work::HostDrain { asked: pdctl_core::engine::host::Asked { by: &who, reason: by.reason.as_deref() } },
+        _ if kind == RolloutKind::HostDrain => Work::HostDrain { asked: pdctl_core::engine::Asked { by: &who, reason: by.reason.as_deref() } },
         _ if kind == RolloutKind::HostResume => Work::HostResume,
         (_, Some((model_path, version, fleet))) => Work::Weights {
             target: pdctl_core::engine::WeightsTarget {

@@ -12,7 +12,7 @@ use pdctl_probe::service::ServiceScrape;
 use crate::config::Slo;
 use crate::engine::gates;
 use crate::engine::gates::Mark;
-use crate::engine::Engine;
+use crate::engine::machine::Engine;
 use crate::ports::{Logs, Probes, Units};
 use crate::service::slo::{judge, Baseline, Report, Verdict, Window};
 

@@ -8,7 +8,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::engine::Engine;
+use crate::engine::machine::Engine;
+use crate::engine::work::Phase;
 use crate::fleet::{phase_key, rollout_hosts_prefix, rollout_key, FleetRollout, HostPhase};
 use crate::ports::{CasChange, Logs, Probes, Units, Write};
 
@@ -18,17 +19,6 @@ const REREAD: Duration = Duration::from_secs(5);
 /// The phase a host writes (failed, with why) when it takes no part in the steps of its kind:
 /// a wait for that host ends at once.
 pub(in crate::engine) const NONE: &str = "none";
-
-/// One phase of a fleet rollout in step: which rollout, which kind of step, which phase.
-#[derive(Debug, Clone, Copy)]
-pub(in crate::engine) struct Phase<'a> {
-    /// The fleet rollout's id.
-    pub(in crate::engine) id: &'a str,
-    /// `weights` or `switch`.
-    pub(in crate::engine) kind: &'static str,
-    /// The phase's name (`paused`, `loaded`; `verified`, `out`, `in`, `back`).
-    pub(in crate::engine) name: &'static str,
-}
 
 impl<U, L, P> Engine<U, L, P>
 where
@@ -50,7 +40,7 @@ where
     /// (10 tries, half a second apart).
     pub(in crate::engine) async fn write_phase(&self, phase: Phase<'_>, mine: &Result<(), String>) -> Result<(), String> {
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Ok(()) };
-        let key = phase_key(&f.name, phase.id, &f.host, phase.kind, phase.name);
+        let key = phase_key(&f.name, phase.id, &f.host, phase.kind.as_str(), phase.name);
         let value = serde_json::to_vec(&HostPhase { host: f.host.clone(), ok: mine.is_ok(), why: mine.clone().err() }).unwrap_or_default();
         for _ in 0..10 {
             let expect = c.get(&key).await.ok().flatten().map(|e| e.mod_revision).unwrap_or(0);
@@ -69,9 +59,9 @@ where
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Ok(()) };
         let deadline = Instant::now() + limit;
         let prefix = rollout_hosts_prefix(&f.name, phase.id);
-        let suffix = format!("/{}/{}", phase.kind, phase.name);
+        let suffix = format!("/{}/{}", phase.kind.as_str(), phase.name);
         // A host that takes no part in this kind of step says so once (`none`, with why).
-        let none = format!("/{}/{NONE}", phase.kind);
+        let none = format!("/{}/{NONE}", phase.kind.as_str());
         let mut aborted = false;
         loop {
             let before = c.revision().await.unwrap_or(0);

@@ -29,11 +29,12 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::fleet::in_step::Phase;
+use crate::engine::context::{Tally, Underway};
 use crate::engine::gates;
+use crate::engine::halt;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, StepRun};
-use crate::engine::switch::{FleetGroups, Groups};
-use crate::engine::{Engine, Tally, Underway};
+use crate::engine::work::{FleetGroups, FleetStep, Groups, Phase};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;
 use crate::plan::Plan;
@@ -64,7 +65,7 @@ impl FleetGroups {
 
 /// Phase `name` of fleet switch `id`.
 fn phase<'a>(id: &'a str, name: &'static str) -> Phase<'a> {
-    Phase { id, kind: "switch", name }
+    Phase { id, kind: FleetStep::Switch, name }
 }
 
 impl<U, L, P> Engine<U, L, P>
@@ -152,7 +153,13 @@ where
     }
 
     /// This host's part of the fleet switch (module docs). `Err`: the summary of a halted run.
-    pub(in crate::engine) async fn run_fleet_switch(&self, plan: &Plan, g: &Groups, f: &FleetGroups, run: &mut Underway<'_>) -> Result<(), Summary> {
+    pub(in crate::engine) async fn run_fleet_switch<'g>(
+        &self,
+        plan: &Plan,
+        g: &'g Groups,
+        f: &FleetGroups,
+        run: &mut Underway<'_>,
+    ) -> Result<Vec<&'g Worker>, Summary> {
         let Some(id) = f.id.as_deref() else {
             return Err(self.switch_halted("verified", "a dry run's groups cannot be run".into(), String::new(), run.t).await);
         };
@@ -161,7 +168,7 @@ where
         // Out, in and back follow a drain, a re-registration or a deregistration on each host.
         let step_wait = r.drain_timeout + r.router_timeout + r.health_timeout + Duration::from_secs(60);
         if f.mine_new {
-            Box::pin(self.fleet_switch_new(g, f, run, id, step_wait)).await
+            Box::pin(self.fleet_switch_new(g, f, run, id, step_wait)).await.map(|()| Vec::new())
         } else {
             Box::pin(self.fleet_switch_old(plan, g, f, run, id, step_wait)).await
         }
@@ -219,7 +226,7 @@ where
                 Err((_, fail)) => {
                     let why = format!("{}: no fleet slot ({})", w.unit, fail.cause.sentence());
                     let _ = self.in_step(sink, id, "verified", Some(&Err(why)), &[], step_wait, None).await;
-                    return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, Step::Slot, fail).await)));
+                    return Err(run.t.summary(Outcome::Failed, Some(halt::failure(self, &w.unit, Step::Slot, fail).await)));
                 }
             }
         }
@@ -260,7 +267,15 @@ where
     /// An old host's part: every new host `verified` → out → `out`; every old host `out` and
     /// every new host `in` → its slots (once the new hosts gave theirs back), then restarted one
     /// at a time (else back in, once every new host that was admitted is out again).
-    async fn fleet_switch_old(&self, plan: &Plan, g: &Groups, f: &FleetGroups, run: &mut Underway<'_>, id: &str, step_wait: Duration) -> Result<(), Summary> {
+    async fn fleet_switch_old<'g>(
+        &self,
+        _plan: &Plan,
+        g: &'g Groups,
+        f: &FleetGroups,
+        run: &mut Underway<'_>,
+        id: &str,
+        step_wait: Duration,
+    ) -> Result<Vec<&'g Worker>, Summary> {
         let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
         let serving = "this host's workers serve the old model as before".to_string();
         if let Err(why) = self.in_step(sink, id, "verified", None, &f.new_hosts, f.verify_wait, Some(abort)).await {
@@ -308,13 +323,10 @@ where
         // its slot back once verified).
         for w in &g.old {
             if let Err((step, fail)) = gates::slot::slot_step(self, &[w], sink, ctx).await {
-                return Err(run.t.summary(Outcome::Failed, Some(self.failure(&w.unit, step, fail).await)));
+                return Err(run.t.summary(Outcome::Failed, Some(halt::failure(self, &w.unit, step, fail).await)));
             }
         }
-        let old: Vec<&Worker> = g.old.iter().collect();
-        // Boxed: the restart sequences' futures are large, and this one sits deep (a debug
-        // build's worker thread overflowed its stack without it).
-        Box::pin(self.roll_each(&old, plan.workers.len(), crate::engine::Mode::Rollout, run)).await
+        Ok(g.old.iter().collect())
     }
 
     /// This host's part of fleet rollout `f` changes no worker's model: said in etcd (the
@@ -333,7 +345,7 @@ where
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Vec::new() };
         let mut at = Vec::new();
         for h in hosts {
-            if matches!(c.get(&crate::fleet::phase_key(&f.name, phase.id, h, phase.kind, phase.name)).await, Ok(Some(_))) {
+            if matches!(c.get(&crate::fleet::phase_key(&f.name, phase.id, h, phase.kind.as_str(), phase.name)).await, Ok(Some(_))) {
                 at.push(h.clone());
             }
         }
@@ -347,7 +359,7 @@ where
     /// The summary of a fleet switch halted at `phase` (`switch_failed`, on the fleet).
     async fn switch_halted(&self, phase: &str, why: String, held: String, t: &mut Tally) -> Summary {
         let cause = Cause::SwitchFailed { phase: phase.into(), why, held };
-        t.summary(Outcome::Failed, Some(self.failure(FLEET, Step::Switch, Fail::from(cause)).await))
+        t.summary(Outcome::Failed, Some(halt::failure(self, FLEET, Step::Switch, Fail::from(cause)).await))
     }
 }
 

@@ -8,9 +8,10 @@ use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::Worker;
+use crate::engine::context::Ctx;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
-use crate::engine::{Ctx, Engine};
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 use crate::state::drain_ledger::{Drain, Hold, Ledger};
 

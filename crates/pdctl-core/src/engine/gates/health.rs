@@ -7,8 +7,8 @@ use serde_json::Value;
 
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{within, Fail, POLL};
-use crate::engine::Engine;
 use crate::ports::{Health, Logs, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 

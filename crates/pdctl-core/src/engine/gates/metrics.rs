@@ -7,10 +7,11 @@ use serde_json::Value;
 
 use crate::cause::{Cause, MetricsDiagnosis};
 use crate::config::{Role, Worker};
+use crate::engine::context::Ctx;
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{within, Fail, StepRun, POLL};
 use crate::engine::steps::rule;
-use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Step};
 use crate::ports::{Health, Logs, Probes, Units};
 

@@ -11,10 +11,12 @@ use serde_json::Value;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::details::PreflightDetail;
+use crate::engine::context::{Ctx, Outage};
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::steps::{rule, GateMode};
-use crate::engine::{quarantine_clause, Ctx, Engine, KnownChanges, Outage};
+use crate::engine::work::KnownChanges;
 use crate::events::{Sink, Step};
 use crate::names::{FLEET, ROUTER};
 use crate::plan::Plan;
@@ -49,7 +51,7 @@ fn pending_changes(
     changes.dedup();
     let quarantined = match known {
         Some(k) => k.quarantined.clone(),
-        None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| quarantine_clause(&q)),
+        None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| revisions::quarantine_clause(&q)),
     };
     if changes.is_empty() && quarantined.is_none() {
         return None;

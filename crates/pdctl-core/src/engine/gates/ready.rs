@@ -8,8 +8,8 @@ use crate::details::ReadyDetail;
 
 use crate::cause::{Cause, Phase};
 use crate::config::Worker;
+use crate::engine::machine::{Engine, LAST_LINES};
 use crate::engine::step_run::Fail;
-use crate::engine::{Engine, LAST_LINES};
 use crate::ports::{Follow, LogEntry, Logs, Probes, UnitState, Units, Watch};
 use crate::sglang::judge::{crashed_since, Judge, Run, Verdict, MSG_FAILURE_RESULT, MSG_UNIT_STARTING};
 

@@ -12,8 +12,8 @@ use crate::cause::Cause;
 use crate::config::Worker;
 use crate::details::Said;
 use crate::engine::gates::Deferred;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{Fail, POLL};
-use crate::engine::Engine;
 use crate::ports::{Follow, JobOutcome, Logs, Probes, UnitState, Units, UnitsError};
 
 /// When a deferred drain's worker left the gateway during its restart.

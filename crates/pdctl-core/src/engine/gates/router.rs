@@ -8,8 +8,8 @@ use serde_json::Value;
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, within, Fail, POLL};
-use crate::engine::Engine;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 use crate::state::drain_ledger::Ledger;
 

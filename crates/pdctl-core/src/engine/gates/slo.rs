@@ -11,8 +11,8 @@ use pdctl_probe::service::ServiceScrape;
 use crate::cause::Cause;
 use crate::config::{Role, Slo, Unjudged, Worker};
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::Fail;
-use crate::engine::Engine;
 use crate::ports::{Logs, Probes, Units};
 use crate::service::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
 

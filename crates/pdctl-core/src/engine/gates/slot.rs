@@ -5,8 +5,9 @@ use std::time::Instant;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::context::Ctx;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{Fail, StepRun};
-use crate::engine::{Ctx, Engine};
 use crate::events::{Sink, Status, Step};
 use crate::ports::{Logs, Probes, Units};
 

@@ -11,8 +11,9 @@ use crate::engine::gates;
 use pdctl_probe::service::ServiceScrape;
 
 use crate::config::{Role, Worker};
+use crate::engine::context::Clients;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{lock, Fail};
-use crate::engine::{Clients, Engine};
 use crate::ports::{Logs, Probes, UnitState, Units, Watch};
 use crate::service::slo::Verdict;
 use crate::sglang::judge::crashed_since;

@@ -12,8 +12,8 @@ use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::details::Said;
 use crate::engine::gates::{restart, Deferred, Restarted};
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail};
-use crate::engine::Engine;
 use crate::ports::{ActiveState, Logs, Probes, Units};
 use crate::state::drain_ledger::MaintainedUnit;
 

@@ -10,9 +10,9 @@ use serde::Serialize;
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::gates;
+use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::engine::steps::rule;
-use crate::engine::Engine;
 use crate::events::{Sink, Step};
 use crate::ports::{Logs, Probes, Units};
 
