@@ -58,12 +58,19 @@ pub enum Step {
 }
 
 impl Step {
-    /// Every step, in runbook order.
-    pub const ALL: [Step; 17] = [
-        Step::Preflight,
+    /// A worker's steps, in the order the runbook gives them: a slot of its role's fleet budget,
+    /// out of the gateway, restarted (or, for host maintenance, stopped for the reboot and
+    /// started after it), its ready line of this run, `/health`, its PD pairs probed directly
+    /// (still out of the gateway: a stale pair is found and repaired before clients reach it),
+    /// back in the gateway, its KV metrics, the KV its prefills held for its old process
+    /// released (a decode), and the soak. Written here once: every sequence the engine runs on a
+    /// worker is a filter of it (`pdctl_core::engine::runbook`).
+    pub const RUNBOOK: [Step; 12] = [
         Step::Slot,
         Step::Drain,
         Step::Restart,
+        Step::Stop,
+        Step::Start,
         Step::Ready,
         Step::Health,
         Step::Pair,
@@ -71,13 +78,28 @@ impl Step {
         Step::Metrics,
         Step::StrandedKv,
         Step::Soak,
-        Step::Reconcile,
-        Step::Rollback,
-        Step::Weights,
-        Step::Switch,
-        Step::Stop,
-        Step::Start,
     ];
+
+    /// The steps of a rollout that are not a worker's: preflight (before the first worker),
+    /// then those around the runbook — a drain undone, a rollback, a load of new weights, a
+    /// fleet switch's phase.
+    pub const OF_THE_ROLLOUT: [Step; 5] = [Step::Preflight, Step::Reconcile, Step::Rollback, Step::Weights, Step::Switch];
+
+    /// Every step: preflight, the runbook in its order, then the rollout's own others.
+    pub const ALL: [Step; 17] = {
+        let mut all = [Step::Preflight; 17];
+        let mut i = 0;
+        while i < Step::RUNBOOK.len() {
+            all[1 + i] = Step::RUNBOOK[i];
+            i += 1;
+        }
+        let mut j = 1;
+        while j < Step::OF_THE_ROLLOUT.len() {
+            all[Step::RUNBOOK.len() + j] = Step::OF_THE_ROLLOUT[j];
+            j += 1;
+        }
+        all
+    };
 
     /// Lower-case name.
     pub fn as_str(self) -> &'static str {
@@ -250,5 +272,38 @@ impl crate::exit::Exit {
             (Outcome::Failed | Outcome::RolledBack, Some(f)) => f.kind.exit(),
             (Outcome::Failed | Outcome::RolledBack, None) => crate::exit::Exit::GateFailed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_step_once_preflight_then_the_runbook_in_its_order_then_the_rollouts_own() {
+        let names: std::collections::BTreeSet<&str> = Step::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names.len(), Step::ALL.len(), "no step twice");
+        // Every variant is in ALL: a step added to the enum and not to a list fails here.
+        for s in Step::ALL {
+            let listed = match s {
+                Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => Step::OF_THE_ROLLOUT.contains(&s),
+                Step::Slot
+                | Step::Drain
+                | Step::Restart
+                | Step::Stop
+                | Step::Start
+                | Step::Ready
+                | Step::Health
+                | Step::Pair
+                | Step::Router
+                | Step::Metrics
+                | Step::StrandedKv
+                | Step::Soak => Step::RUNBOOK.contains(&s),
+            };
+            assert!(listed, "{s:?}");
+        }
+        assert_eq!(Step::ALL[0], Step::Preflight);
+        assert_eq!(&Step::ALL[1..=Step::RUNBOOK.len()], &Step::RUNBOOK[..], "the runbook's order");
+        assert_eq!(&Step::ALL[Step::RUNBOOK.len() + 1..], &Step::OF_THE_ROLLOUT[1..]);
     }
 }

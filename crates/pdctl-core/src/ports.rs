@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::cause::{Cause, MetricsDiagnosis};
 
-pub use crate::systemd_states::{ActiveState, SubState};
+pub use crate::systemd_states::{ActiveState, JobResult, ServiceResult, SubState};
 
 /// A unit's runtime state, read uncached.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct UnitState {
     /// Automatic restarts so far.
     pub n_restarts: u32,
     /// Service result (`success`, `exit-code`, `timeout`, `start-limit-hit`, …).
-    pub result: String,
+    pub result: ServiceResult,
     /// CLD_* code of the main process's exit (1 exited, 2 killed, 3 dumped core).
     pub exec_main_code: i32,
     /// Exit status or signal of the main process.
@@ -79,7 +79,7 @@ pub struct UnitConfig {
 #[derive(Debug, Clone)]
 pub struct JobOutcome {
     /// The job's result: `done`, `failed`, `timeout`, `canceled`, `dependency`, `skipped`, …
-    pub job_result: String,
+    pub job_result: JobResult,
     /// Time from the call to our job's removal.
     pub job_time: Duration,
     /// The unit right after the job (uncached).
@@ -619,5 +619,10 @@ mod tests {
         assert_eq!(ActiveState::from("failed"), ActiveState::Failed);
         assert_eq!(ActiveState::from("maintenance"), ActiveState::Other("maintenance".into()));
         assert_eq!(SubState::from("auto-restart"), SubState::AutoRestart);
+        assert_eq!((ActiveState::default(), SubState::default()), (ActiveState::Inactive, SubState::Dead));
+        assert_eq!(JobResult::from("done"), JobResult::Done);
+        assert_eq!(JobResult::from("canceled").to_string(), "canceled");
+        assert_eq!(ServiceResult::from("start-limit-hit"), ServiceResult::StartLimitHit);
+        assert_eq!(ServiceResult::from("exit-code"), ServiceResult::Other("exit-code".into()));
     }
 }

@@ -1,114 +1,94 @@
-//! A unit's `ActiveState` and `SubState` as systemd names them: the states pdctl decides by are
-//! named, any other is kept by its name. A leaf: imports nothing of the crate.
+//! The names systemd gives a unit's states and a job's and a service's results: the ones pdctl
+//! decides by are variants, any other is kept by its name. A leaf: imports nothing of the crate.
 
-/// A unit's `ActiveState` as systemd names it (`org.freedesktop.systemd1.Unit`); a state this
-/// pdctl does not know is kept by its name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum ActiveState {
-    /// `active`: started (for a service: its main process runs).
-    Active,
-    /// `reloading`.
-    Reloading,
-    /// `inactive`: stopped, or never started.
-    #[default]
-    Inactive,
-    /// `failed`: stopped by a failure (a crash, a start limit).
-    Failed,
-    /// `activating`: starting.
-    Activating,
-    /// `deactivating`: stopping.
-    Deactivating,
-    /// Any other state, by name.
-    Other(String),
-}
-
-impl ActiveState {
-    /// systemd's name for it.
-    pub fn as_str(&self) -> &str {
-        match self {
-            ActiveState::Active => "active",
-            ActiveState::Reloading => "reloading",
-            ActiveState::Inactive => "inactive",
-            ActiveState::Failed => "failed",
-            ActiveState::Activating => "activating",
-            ActiveState::Deactivating => "deactivating",
-            ActiveState::Other(s) => s,
+/// An enum of systemd's names: the named variants, `Other(String)` for the rest, the first
+/// named variant the default; `as_str`, `From<&str>`, `From<String>`, `Display`.
+macro_rules! systemd_names {
+    ($(#[$doc:meta])* $name:ident { $first_doc:literal $first:ident = $first_s:literal, $($vdoc:literal $v:ident = $s:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub enum $name {
+            #[doc = $first_doc]
+            #[default]
+            $first,
+            $(#[doc = $vdoc] $v,)*
+            /// Any other, by systemd's name.
+            Other(String),
         }
-    }
-}
 
-impl From<&str> for ActiveState {
-    fn from(s: &str) -> ActiveState {
-        match s {
-            "active" => ActiveState::Active,
-            "reloading" => ActiveState::Reloading,
-            "inactive" => ActiveState::Inactive,
-            "failed" => ActiveState::Failed,
-            "activating" => ActiveState::Activating,
-            "deactivating" => ActiveState::Deactivating,
-            other => ActiveState::Other(other.to_string()),
+        impl $name {
+            /// systemd's name for it.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $name::$first => $first_s,
+                    $($name::$v => $s,)*
+                    $name::Other(s) => s,
+                }
+            }
         }
-    }
-}
 
-impl From<String> for ActiveState {
-    fn from(s: String) -> ActiveState {
-        ActiveState::from(s.as_str())
-    }
-}
-
-impl std::fmt::Display for ActiveState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A unit's `SubState` as systemd names it for a service; the ones pdctl decides by are named,
-/// any other is kept by its name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum SubState {
-    /// `running`: the main process runs.
-    Running,
-    /// `auto-restart`: waiting to be restarted by `Restart=`.
-    AutoRestart,
-    /// `dead`: not running.
-    #[default]
-    Dead,
-    /// Any other sub-state (`start`, `stop-sigterm`, `exited`, …), by name.
-    Other(String),
-}
-
-impl SubState {
-    /// systemd's name for it.
-    pub fn as_str(&self) -> &str {
-        match self {
-            SubState::Running => "running",
-            SubState::AutoRestart => "auto-restart",
-            SubState::Dead => "dead",
-            SubState::Other(s) => s,
+        impl From<&str> for $name {
+            fn from(s: &str) -> $name {
+                match s {
+                    $first_s => $name::$first,
+                    $($s => $name::$v,)*
+                    other => $name::Other(other.to_string()),
+                }
+            }
         }
-    }
-}
 
-impl From<&str> for SubState {
-    fn from(s: &str) -> SubState {
-        match s {
-            "running" => SubState::Running,
-            "auto-restart" => SubState::AutoRestart,
-            "dead" => SubState::Dead,
-            other => SubState::Other(other.to_string()),
+        impl From<String> for $name {
+            fn from(s: String) -> $name {
+                $name::from(s.as_str())
+            }
         }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+systemd_names! {
+    /// A unit's `ActiveState` (`org.freedesktop.systemd1.Unit`).
+    ActiveState {
+        "`inactive`: stopped, or never started." Inactive = "inactive",
+        "`active`: started (for a service: its main process runs)." Active = "active",
+        "`reloading`." Reloading = "reloading",
+        "`failed`: stopped by a failure (a crash, a start limit)." Failed = "failed",
+        "`activating`: starting." Activating = "activating",
+        "`deactivating`: stopping." Deactivating = "deactivating",
     }
 }
 
-impl From<String> for SubState {
-    fn from(s: String) -> SubState {
-        SubState::from(s.as_str())
+systemd_names! {
+    /// A service's `SubState` (`start`, `stop-sigterm`, `exited`, … are kept by name).
+    SubState {
+        "`dead`: not running." Dead = "dead",
+        "`running`: the main process runs." Running = "running",
+        "`auto-restart`: waiting to be restarted by `Restart=`." AutoRestart = "auto-restart",
     }
 }
 
-impl std::fmt::Display for SubState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+systemd_names! {
+    /// How a job ended (the `JobRemoved` signal's result).
+    JobResult {
+        "`done`: it did what it was asked (for a start or restart: not failed *yet*)." Done = "done",
+        "`canceled`: another job replaced it." Canceled = "canceled",
+        "`timeout`: `JobTimeoutSec=` ran out." Timeout = "timeout",
+        "`failed`: the unit failed while the job ran." Failed = "failed",
+        "`dependency`: a unit it needs failed." Dependency = "dependency",
+        "`skipped`: there was nothing to do." Skipped = "skipped",
+    }
+}
+
+systemd_names! {
+    /// A service's `Result` (`exit-code`, `signal`, `core-dump`, `timeout`, `oom-kill`, … are
+    /// kept by name).
+    ServiceResult {
+        "`success`." Success = "success",
+        "`start-limit-hit`: `StartLimitBurst=` starts within `StartLimitIntervalSec=`; systemd starts it no more." StartLimitHit = "start-limit-hit",
     }
 }

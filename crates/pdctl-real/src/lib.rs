@@ -44,7 +44,7 @@ pub fn unit_state(s: pdctl_systemd::UnitState) -> UnitState {
         main_pid: s.main_pid,
         exec_main_pid: s.exec_main_pid,
         n_restarts: s.n_restarts,
-        result: s.result,
+        result: s.result.into(),
         exec_main_code: s.exec_main_code,
         exec_main_status: s.exec_main_status,
         active_enter_us: s.active_enter_us,
@@ -134,15 +134,15 @@ impl Units for SystemdUnits {
     }
     async fn restart(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
         let o = self.0.restart(unit, job_timeout).await.map_err(units_error)?;
-        Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
+        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: unit_state(o.state) })
     }
     async fn stop(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
         let o = self.0.stop(unit, job_timeout).await.map_err(units_error)?;
-        Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
+        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: unit_state(o.state) })
     }
     async fn start(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
         let o = self.0.start(unit, job_timeout).await.map_err(units_error)?;
-        Ok(JobOutcome { job_result: o.job_result, job_time: o.job_time, state: unit_state(o.state) })
+        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: unit_state(o.state) })
     }
 }
 

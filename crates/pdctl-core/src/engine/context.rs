@@ -10,13 +10,6 @@ use crate::engine::work::SwitchPlan;
 use crate::events::{Failure, Outcome, Summary};
 use crate::state::drain_ledger::Ledger;
 
-/// What `check` does not do: restart, soak, and anything that changes the router.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::engine) enum Mode {
-    Rollout,
-    Check,
-}
-
 /// The other half of a 1P1D pair restarted at once (`single_pair = "together"`), and the point
 /// both pass between their drain and their stop. A decode's request waits for its KV from the
 /// prefill (and a prefill's request for its decode to take the KV): a prefill stopped while its

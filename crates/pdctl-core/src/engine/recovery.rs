@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::engine::context::{Ctx, Mode};
+use crate::engine::context::Ctx;
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -149,7 +149,7 @@ where
         notes.extend(done);
         let plan = Plan { workers: vec![w.clone()] };
         // The restored files are what it ran last: loading them is the point.
-        let s = roll::plan(self, &plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
+        let s = roll::plan(self, &plan, sink, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
         match s.result {
             Outcome::Succeeded => {
                 notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
@@ -219,7 +219,7 @@ where
             notes.extend(restored);
             // The restored files are what it ran before: loading them is the point.
             let one = Plan { workers: vec![w.clone()] };
-            let s = roll::plan(self, &one, sink, Mode::Rollout, abort, Ctx { load_changes: true, ..ctx }, notes).await;
+            let s = roll::plan(self, &one, sink, abort, Ctx { load_changes: true, ..ctx }, notes).await;
             done.extend(s.units.iter().cloned());
             if s.result != Outcome::Succeeded {
                 return end(s.result, &done, s.failed);
@@ -280,8 +280,8 @@ where
                 let st = self.units.state(&d.unit).await?;
                 // A restart passes through deactivating and, briefly, inactive: only a failed unit,
                 // or one that stays inactive, is not coming up.
-                stopped_since = match st.active_state.as_str() {
-                    "inactive" => stopped_since.or(Some(Instant::now())),
+                stopped_since = match st.active_state {
+                    ActiveState::Inactive => stopped_since.or(Some(Instant::now())),
                     _ => None,
                 };
                 // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold

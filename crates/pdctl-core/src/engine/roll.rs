@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::context::{Ctx, Mode, Scope, Tally, Underway};
+use crate::engine::context::{Ctx, Scope, Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -23,15 +23,14 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     plan: &Plan,
     sink: &Sink,
-    mode: Mode,
     abort: &AtomicBool,
     ctx: Ctx<'_>,
     notes: &mut Vec<String>,
 ) -> Summary {
     let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
     let switch_plan;
-    let ctx = match (mode, ctx.scope.switch) {
-        (Mode::Rollout, None) => {
+    let ctx = match (ctx.outage.restarts(), ctx.scope.switch) {
+        (true, None) => {
             switch_plan = SwitchPlan { groups: eng.switch_groups(plan, ctx.fleet_rollout, false).await, needed: AtomicBool::new(false) };
             Ctx { scope: Scope { switch: Some(&switch_plan), ..ctx.scope }, ..ctx }
         }
@@ -45,7 +44,7 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
     // while the new one is restarted and verified, then the gateway switches (see
     // `switch.rs` and `fleet/switch.rs`). Before `single_pair = "together"`: with [fleet] a
     // 1P1D host's pair restarted together would pair with other hosts' old workers.
-    if let (Mode::Rollout, Some(sw)) = (mode, ctx.scope.switch) {
+    if let (true, Some(sw)) = (ctx.outage.restarts(), ctx.scope.switch) {
         // A fleet rollout's part that needs no switch here (no change of the model on this
         // host) says so at once: hosts that do switch would otherwise wait for it in vain.
         if let (false, Ok(Groups { fleet: Some(f), .. })) = (sw.needed.load(Ordering::SeqCst), &sw.groups) {
@@ -59,9 +58,9 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
                 let old = eng.run_switch(plan, g, run).await?;
                 // Boxed: the restart sequences' futures are large, and this one sits deep (a
                 // debug build's worker thread overflowed its stack without it).
-                Box::pin(each(eng, &old, plan.workers.len(), mode, run)).await?;
+                Box::pin(each(eng, &old, plan.workers.len(), run)).await?;
                 let rest: Vec<&Worker> = plan.workers.iter().filter(|w| !run.t.done.contains(&w.unit)).collect();
-                each(eng, &rest, plan.workers.len(), mode, run).await
+                each(eng, &rest, plan.workers.len(), run).await
             };
             return match rolled.await {
                 Ok(()) => run.t.summary(Outcome::Succeeded, None),
@@ -71,7 +70,7 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
     }
     // `single_pair = "together"` on a 1P1D plan: both at once, each through every gate (one
     // interruption instead of two).
-    if let (Mode::Rollout, crate::config::SinglePair::Together, [p, d]) = (mode, eng.settings.rollout.single_pair, plan.workers.as_slice()) {
+    if let (true, crate::config::SinglePair::Together, [p, d]) = (ctx.outage.restarts(), eng.settings.rollout.single_pair, plan.workers.as_slice()) {
         if p.role == Role::Prefill && d.role == Role::Decode {
             return match together(eng, p, d, sink, ctx, notes, &mut t.done).await {
                 Ok(()) => t.summary(Outcome::Succeeded, None),
@@ -80,7 +79,7 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
         }
     }
     let all: Vec<&Worker> = plan.workers.iter().collect();
-    match each(eng, &all, plan.workers.len(), mode, &mut Underway { sink, abort, ctx, notes, t: &mut t }).await {
+    match each(eng, &all, plan.workers.len(), &mut Underway { sink, abort, ctx, notes, t: &mut t }).await {
         Ok(()) => t.summary(Outcome::Succeeded, None),
         Err(s) => s,
     }
@@ -93,7 +92,6 @@ pub(in crate::engine) async fn each<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     workers: &[&Worker],
     total: usize,
-    mode: Mode,
     run: &mut Underway<'_>,
 ) -> Result<(), Summary> {
     let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
@@ -113,9 +111,10 @@ pub(in crate::engine) async fn each<U: Units, L: Logs, P: Probes>(
         if let Some(c) = ctx.clients {
             *lock(&c.current) = Some(w.unit.clone());
         }
-        let r = match mode {
-            Mode::Rollout => eng.restart_one(w, sink, ctx).await,
-            Mode::Check => eng.check_one(w, sink).await.map(|()| Vec::new()),
+        // A check restarts nothing: each worker through its check sequence.
+        let r = match ctx.outage.restarts() {
+            true => eng.restart_one(w, sink, ctx).await,
+            false => eng.check_one(w, sink).await.map(|()| Vec::new()),
         };
         let repaired = match r {
             Ok(rep) => rep,
@@ -135,7 +134,7 @@ pub(in crate::engine) async fn each<U: Units, L: Logs, P: Probes>(
             t.done.push(d.unit.clone());
             t.repairs.insert(d.unit.clone(), of);
         }
-        if let (Mode::Rollout, Some(dir)) = (mode, ctx.writes.revisions) {
+        if let (true, Some(dir)) = (ctx.outage.restarts(), ctx.writes.revisions) {
             notes.push(eng.record_revision(w, dir, ctx.writes.id).await);
         }
         t.done.push(w.unit.clone());

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::cause::Cause;
-use crate::engine::context::{Clients, Ctx, Mode, Outage, Scope, Tally, Underway, Writes};
+use crate::engine::context::{Clients, Ctx, Outage, Scope, Tally, Underway, Writes};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -28,12 +28,12 @@ where
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
         let mut notes = Vec::new();
-        roll::plan(self, plan, sink, Mode::Rollout, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &mut notes).await
+        roll::plan(self, plan, sink, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &mut notes).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        let mut s = roll::plan(self, plan, sink, Mode::Check, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &mut Vec::new()).await;
+        let mut s = roll::plan(self, plan, sink, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &mut Vec::new()).await;
         // Nothing was restarted: the units passed their checks.
         s.checked = std::mem::take(&mut s.units);
         s
@@ -84,7 +84,7 @@ where
             let mut summary = match r.work {
                 Work::Weights { target } => self.update_weights_recorded(&plan, target, r.revisions, sink, &mut notes).await,
                 Work::Revert { restore } => self.revert(&plan, restore, sink, r.abort, ctx, &mut notes).await,
-                Work::Restart { .. } => roll::plan(self, &plan, sink, Mode::Rollout, r.abort, ctx, &mut notes).await,
+                Work::Restart { .. } => roll::plan(self, &plan, sink, r.abort, ctx, &mut notes).await,
                 Work::HostDrain { .. } | Work::HostResume => self.host_work(&plan, &r, ctx, sink, &mut notes).await,
             };
             if r.work.is_host() {
@@ -161,7 +161,7 @@ where
                     crate::state::in_place::show_parts(to.model_path, to.version),
                     f.cause_code
                 ));
-                *summary = roll::plan(self, plan, sink, Mode::Rollout, r.abort, ctx, notes).await;
+                *summary = roll::plan(self, plan, sink, r.abort, ctx, notes).await;
                 return true;
             }
             AfterInPlace::Quarantine => notes.extend(self.quarantine_if_changed(&f.unit, &f.cause, dir, r.id).await),

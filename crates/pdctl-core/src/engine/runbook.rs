@@ -21,27 +21,12 @@ use crate::fleet::SlotRecord;
 use crate::ports::{Logs, Probes, UnitState, Units};
 use crate::state::revisions;
 
-/// A worker's steps, in the order the runbook gives them: a slot of its role's fleet budget, out
-/// of the gateway, restarted (or, for host maintenance, stopped for the reboot and started after
-/// it), its ready line of this run, `/health`, its PD pairs probed directly
-/// (still out of the gateway: a stale pair is found and repaired before clients reach it), back
-/// in the gateway, its KV metrics, the KV its prefills held for its old process released (a
-/// decode), and the soak. Preflight runs before the first worker; reconcile, rollback, weights
-/// and switch are steps of a rollout, not of a worker's sequence.
-pub const RUNBOOK: [Step; 12] = [
-    Step::Slot,
-    Step::Drain,
-    Step::Restart,
-    Step::Stop,
-    Step::Start,
-    Step::Ready,
-    Step::Health,
-    Step::Pair,
-    Step::Router,
-    Step::Metrics,
-    Step::StrandedKv,
-    Step::Soak,
-];
+/// A worker's steps, in the order the runbook gives them ([`Step::RUNBOOK`], where it is
+/// written once, beside the steps): a slot, out of the gateway, restarted (or stopped and
+/// started around a reboot), ready, `/health`, its pairs, back in the gateway, its KV metrics,
+/// stranded KV released, the soak. Preflight runs before the first worker; reconcile, rollback,
+/// weights and switch are steps of a rollout, not of a worker's sequence.
+pub const RUNBOOK: [Step; 12] = Step::RUNBOOK;
 
 /// Which part of the runbook runs on a worker, and how its steps judge what they find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -194,7 +194,7 @@ where
         };
         // In a fleet: every host paused before any loads.
         if let Some(id) = to.fleet_rollout {
-            if let Err(why) = self.weights_step(id, "paused", Ok(())).await {
+            if let Err(why) = self.weights_step(id, crate::engine::work::PhaseName::Paused, Ok(())).await {
                 let f = Fail::from(Cause::WeightsFailed { unit: FLEET.into(), why: format!("not every host paused: {why}") });
                 for (s, ..) in steps {
                     s.fail(&f);
@@ -212,7 +212,7 @@ where
                 Some(((w, _), (_, Err(why)))) => Err(format!("{}: {why}", w.unit)),
                 _ => Ok(()),
             };
-            if let (Ok(()), Err(why)) = (&mine, self.weights_step(id, "loaded", mine.clone()).await) {
+            if let (Ok(()), Err(why)) = (&mine, self.weights_step(id, crate::engine::work::PhaseName::Loaded, mine.clone()).await) {
                 let why = format!("another host did not take them ({why}): every host loads its previous weights again");
                 let failure = self.undo_loads(FLEET, Cause::WeightsFailed { unit: FLEET.into(), why }, steps, (&before, &loaded, &paused), sink, notes).await;
                 return end(Outcome::Failed, Vec::new(), Some(failure));
@@ -365,7 +365,7 @@ where
     /// Fleet weights rollout `id`: write this host's `phase` (`mine`: whether it got there), then
     /// wait (bounded) until every host of the rollout wrote it; `Err`: this host's failure, the
     /// first other host's, or who did not get there in time.
-    async fn weights_step(&self, id: &str, phase: &'static str, mine: Result<(), String>) -> Result<(), String> {
+    async fn weights_step(&self, id: &str, phase: crate::engine::work::PhaseName, mine: Result<(), String>) -> Result<(), String> {
         if self.coordinator.is_none() || self.settings.fleet.is_none() {
             return mine;
         }

@@ -233,8 +233,8 @@ pub(in crate::engine) struct Phase<'a> {
     pub(in crate::engine) id: &'a str,
     /// The kind of step.
     pub(in crate::engine) kind: FleetStep,
-    /// The phase's name (`paused`, `loaded`; `verified`, `out`, `in`, `back`).
-    pub(in crate::engine) name: &'static str,
+    /// The phase.
+    pub(in crate::engine) name: PhaseName,
 }
 
 /// The kinds of fleet steps hosts take together (a key's part in etcd).
@@ -252,6 +252,41 @@ impl FleetStep {
         match self {
             FleetStep::Weights => "weights",
             FleetStep::Switch => "switch",
+        }
+    }
+}
+
+/// The phases of the fleet's steps, in the order hosts reach them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::engine) enum PhaseName {
+    /// Weights: every worker of the host paused.
+    Paused,
+    /// Weights: the new weights loaded and verified.
+    Loaded,
+    /// Switch: the new group restarted and verified, held out.
+    Verified,
+    /// Switch: the old group taken out of the gateway.
+    Out,
+    /// Switch: the new group admitted.
+    In,
+    /// Switch: the new group out again after a failed switch.
+    Back,
+    /// A host that takes no part in the steps of this kind (written failed, with why): a wait
+    /// for it ends at once.
+    None,
+}
+
+impl PhaseName {
+    /// Its name in etcd's keys and in the `switch` step's detail.
+    pub(in crate::engine) fn as_str(self) -> &'static str {
+        match self {
+            PhaseName::Paused => "paused",
+            PhaseName::Loaded => "loaded",
+            PhaseName::Verified => "verified",
+            PhaseName::Out => "out",
+            PhaseName::In => "in",
+            PhaseName::Back => "back",
+            PhaseName::None => "none",
         }
     }
 }

@@ -9,16 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::engine::machine::Engine;
-use crate::engine::work::Phase;
+use crate::engine::work::{Phase, PhaseName};
 use crate::fleet::{phase_key, rollout_hosts_prefix, rollout_key, FleetRollout, HostPhase};
 use crate::ports::{CasChange, Logs, Probes, Units, Write};
 
 /// The longest a wait goes without reading the phases again (the watch's bounded fallback).
 const REREAD: Duration = Duration::from_secs(5);
-
-/// The phase a host writes (failed, with why) when it takes no part in the steps of its kind:
-/// a wait for that host ends at once.
-pub(in crate::engine) const NONE: &str = "none";
 
 impl<U, L, P> Engine<U, L, P>
 where
@@ -40,7 +36,7 @@ where
     /// (10 tries, half a second apart).
     pub(in crate::engine) async fn write_phase(&self, phase: Phase<'_>, mine: &Result<(), String>) -> Result<(), String> {
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Ok(()) };
-        let key = phase_key(&f.name, phase.id, &f.host, phase.kind.as_str(), phase.name);
+        let key = phase_key(&f.name, phase.id, &f.host, phase.kind.as_str(), phase.name.as_str());
         let value = serde_json::to_vec(&HostPhase { host: f.host.clone(), ok: mine.is_ok(), why: mine.clone().err() }).unwrap_or_default();
         for _ in 0..10 {
             let expect = c.get(&key).await.ok().flatten().map(|e| e.mod_revision).unwrap_or(0);
@@ -49,7 +45,7 @@ where
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        Err(format!("this host's '{}' could not be written to etcd", phase.name))
+        Err(format!("this host's '{}' could not be written to etcd", phase.name.as_str()))
     }
 
     /// Every host of `hosts` wrote `phase` (at most `limit`; `abort` ends the wait early).
@@ -59,9 +55,9 @@ where
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Ok(()) };
         let deadline = Instant::now() + limit;
         let prefix = rollout_hosts_prefix(&f.name, phase.id);
-        let suffix = format!("/{}/{}", phase.kind.as_str(), phase.name);
+        let suffix = format!("/{}/{}", phase.kind.as_str(), phase.name.as_str());
         // A host that takes no part in this kind of step says so once (`none`, with why).
-        let none = format!("/{}/{NONE}", phase.kind.as_str());
+        let none = format!("/{}/{}", phase.kind.as_str(), PhaseName::None.as_str());
         let mut aborted = false;
         loop {
             let before = c.revision().await.unwrap_or(0);
@@ -82,7 +78,7 @@ where
                 return Ok(());
             }
             if aborted {
-                return Err(format!("the rollout was aborted while waiting for {} to get to '{}'", missing.join(", "), phase.name));
+                return Err(format!("the rollout was aborted while waiting for {} to get to '{}'", missing.join(", "), phase.name.as_str()));
             }
             // Woken by the phase keys' own changes; read again at least every REREAD.
             let reread = Instant::now() + REREAD;
@@ -95,7 +91,7 @@ where
                     break;
                 }
                 if Instant::now() >= deadline {
-                    return Err(format!("{} did not get to '{}' within {}", missing.join(", "), phase.name, crate::cause::dur(&limit)));
+                    return Err(format!("{} did not get to '{}' within {}", missing.join(", "), phase.name.as_str(), crate::cause::dur(&limit)));
                 }
                 if Instant::now() >= reread {
                     break;

@@ -34,7 +34,7 @@ use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, StepRun};
-use crate::engine::work::{FleetGroups, FleetStep, Groups, Phase};
+use crate::engine::work::{FleetGroups, FleetStep, Groups, Phase, PhaseName};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::names::FLEET;
 use crate::plan::Plan;
@@ -64,7 +64,7 @@ impl FleetGroups {
 }
 
 /// Phase `name` of fleet switch `id`.
-fn phase<'a>(id: &'a str, name: &'static str) -> Phase<'a> {
+fn phase(id: &str, name: PhaseName) -> Phase<'_> {
     Phase { id, kind: FleetStep::Switch, name }
 }
 
@@ -161,7 +161,7 @@ where
         run: &mut Underway<'_>,
     ) -> Result<Vec<&'g Worker>, Summary> {
         let Some(id) = f.id.as_deref() else {
-            return Err(self.switch_halted("verified", "a dry run's groups cannot be run".into(), String::new(), run.t).await);
+            return Err(self.switch_halted(PhaseName::Verified, "a dry run's groups cannot be run".into(), String::new(), run.t).await);
         };
         run.notes.push(f.sentence());
         let r = &self.settings.rollout;
@@ -182,7 +182,7 @@ where
         &self,
         sink: &Sink,
         id: &str,
-        name: &'static str,
+        name: PhaseName,
         mine: Option<&Result<(), String>>,
         hosts: &[String],
         limit: Duration,
@@ -198,7 +198,7 @@ where
             r = self.await_phase(phase(id, name), hosts, limit, abort).await;
         }
         let detail = detail_of(&InStep {
-            phase: name,
+            phase: name.as_str(),
             wrote: mine.map(|m| if m.is_ok() { "ok" } else { "failed" }),
             waited_for: hosts,
             waited_ms: t0.elapsed().as_millis() as u64,
@@ -206,7 +206,7 @@ where
         match &r {
             Ok(()) => s.pass(detail),
             Err(why) => {
-                let mut f = Fail::from(Cause::SwitchFailed { phase: name.into(), why: why.clone(), held: String::new() });
+                let mut f = Fail::from(Cause::SwitchFailed { phase: name.as_str().into(), why: why.clone(), held: String::new() });
                 f.detail = detail;
                 s.fail(&f);
             }
@@ -225,22 +225,22 @@ where
                 Ok(s) => slots.push((w, s)),
                 Err((_, fail)) => {
                     let why = format!("{}: no fleet slot ({})", w.unit, fail.cause.sentence());
-                    let _ = self.in_step(sink, id, "verified", Some(&Err(why)), &[], step_wait, None).await;
+                    let _ = self.in_step(sink, id, PhaseName::Verified, Some(&Err(why)), &[], step_wait, None).await;
                     return Err(run.t.summary(Outcome::Failed, Some(halt::failure(self, &w.unit, Step::Slot, fail).await)));
                 }
             }
         }
         if let Err(s) = Box::pin(self.restart_new_group(g, run)).await {
             let why = s.failed.as_ref().map(|x| format!("{}: {}", x.unit, x.cause)).unwrap_or_else(|| "halted".into());
-            let _ = self.in_step(sink, id, "verified", Some(&Err(why)), &[], step_wait, None).await;
+            let _ = self.in_step(sink, id, PhaseName::Verified, Some(&Err(why)), &[], step_wait, None).await;
             return Err(s);
         }
         // Verified → every old host out of the gateway.
-        if let Err(why) = self.in_step(sink, id, "verified", Some(&Ok(())), &[], step_wait, None).await {
-            return Err(self.switch_halted("verified", why, held_out, run.t).await);
+        if let Err(why) = self.in_step(sink, id, PhaseName::Verified, Some(&Ok(())), &[], step_wait, None).await {
+            return Err(self.switch_halted(PhaseName::Verified, why, held_out, run.t).await);
         }
-        if let Err(why) = self.in_step(sink, id, "out", None, &f.old_hosts, f.verify_wait + step_wait, Some(abort)).await {
-            return Err(self.switch_halted("out", why, held_out, run.t).await);
+        if let Err(why) = self.in_step(sink, id, PhaseName::Out, None, &f.old_hosts, f.verify_wait + step_wait, Some(abort)).await {
+            return Err(self.switch_halted(PhaseName::Out, why, held_out, run.t).await);
         }
         let t_out = Instant::now();
         let admitted = futures_util::future::join_all(g.new.iter().map(|w| self.admit_at_switch(w, sink, ctx, t_out))).await;
@@ -249,12 +249,12 @@ where
             None => Ok(()),
         };
         let waits: &[String] = if mine.is_ok() { &f.new_hosts } else { &[] };
-        let all_in = self.in_step(sink, id, "in", Some(&mine), waits, step_wait, Some(abort)).await.and(mine);
+        let all_in = self.in_step(sink, id, PhaseName::In, Some(&mine), waits, step_wait, Some(abort)).await.and(mine);
         if let Err(why) = all_in {
             // Out again before the old hosts take theirs back in.
             run.notes.push(self.switch_back(g, ctx, sink, "the new hosts were not all admitted").await);
-            let _ = self.in_step(sink, id, "back", Some(&Ok(())), &[], step_wait, None).await;
-            return Err(self.switch_halted("in", why, held_out, run.t).await);
+            let _ = self.in_step(sink, id, PhaseName::Back, Some(&Ok(())), &[], step_wait, None).await;
+            return Err(self.switch_halted(PhaseName::In, why, held_out, run.t).await);
         }
         let switched = self.switched(g, t_out, ctx, run.t).await;
         run.notes.extend(switched);
@@ -278,9 +278,9 @@ where
     ) -> Result<Vec<&'g Worker>, Summary> {
         let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
         let serving = "this host's workers serve the old model as before".to_string();
-        if let Err(why) = self.in_step(sink, id, "verified", None, &f.new_hosts, f.verify_wait, Some(abort)).await {
-            let _ = self.in_step(sink, id, "out", Some(&Err(format!("not taken out: {why}"))), &[], step_wait, None).await;
-            return Err(self.switch_halted("verified", why, serving, run.t).await);
+        if let Err(why) = self.in_step(sink, id, PhaseName::Verified, None, &f.new_hosts, f.verify_wait, Some(abort)).await {
+            let _ = self.in_step(sink, id, PhaseName::Out, Some(&Err(format!("not taken out: {why}"))), &[], step_wait, None).await;
+            return Err(self.switch_halted(PhaseName::Verified, why, serving, run.t).await);
         }
         // The switch's window begins: the old hosts' workers out of the gateway (stated in the
         // plan; their slots follow, once the new hosts serve and gave theirs back).
@@ -296,15 +296,15 @@ where
             }
         };
         let waits: &[String] = if mine.is_ok() { &f.old_hosts } else { &[] };
-        let switched = match self.in_step(sink, id, "out", Some(&mine), waits, step_wait, Some(abort)).await.and(mine) {
-            Ok(()) => self.in_step(sink, id, "in", None, &f.new_hosts, step_wait, Some(abort)).await.map_err(|why| ("in", why)),
-            Err(why) => Err(("out", why)),
+        let switched = match self.in_step(sink, id, PhaseName::Out, Some(&mine), waits, step_wait, Some(abort)).await.and(mine) {
+            Ok(()) => self.in_step(sink, id, PhaseName::In, None, &f.new_hosts, step_wait, Some(abort)).await.map_err(|why| (PhaseName::In, why)),
+            Err(why) => Err((PhaseName::Out, why)),
         };
         if let Err((at, why)) = switched {
             // Back in only once no new host's workers are admitted: those that wrote `in` go
             // out again first (`back`).
-            let admitted = self.hosts_at(phase(id, "in"), &f.new_hosts).await;
-            let out_again = if admitted.is_empty() { Ok(()) } else { self.in_step(sink, id, "back", None, &admitted, step_wait, None).await };
+            let admitted = self.hosts_at(phase(id, PhaseName::In), &f.new_hosts).await;
+            let out_again = if admitted.is_empty() { Ok(()) } else { self.in_step(sink, id, PhaseName::Back, None, &admitted, step_wait, None).await };
             return Err(match out_again {
                 Ok(()) => {
                     run.notes.push(self.switch_back(g, ctx, sink, "the fleet switch did not go through").await);
@@ -335,7 +335,7 @@ where
     pub(in crate::engine) async fn no_fleet_switch(&self, f: &FleetGroups, notes: &mut Vec<String>) {
         let Some(id) = f.id.as_deref() else { return };
         let why = "its part changes no worker's model (are its unit files those of the new model?): it takes no part in a coherent switch".to_string();
-        if let Err(e) = self.write_phase(phase(id, crate::engine::fleet::in_step::NONE), &Err(why)).await {
+        if let Err(e) = self.write_phase(phase(id, PhaseName::None), &Err(why)).await {
             notes.push(format!("that this host takes no part in a coherent fleet switch could not be written to etcd ({e}): a host that switches waits for it until its own limit"));
         }
     }
@@ -345,7 +345,7 @@ where
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else { return Vec::new() };
         let mut at = Vec::new();
         for h in hosts {
-            if matches!(c.get(&crate::fleet::phase_key(&f.name, phase.id, h, phase.kind.as_str(), phase.name)).await, Ok(Some(_))) {
+            if matches!(c.get(&crate::fleet::phase_key(&f.name, phase.id, h, phase.kind.as_str(), phase.name.as_str())).await, Ok(Some(_))) {
                 at.push(h.clone());
             }
         }
@@ -357,8 +357,8 @@ where
     }
 
     /// The summary of a fleet switch halted at `phase` (`switch_failed`, on the fleet).
-    async fn switch_halted(&self, phase: &str, why: String, held: String, t: &mut Tally) -> Summary {
-        let cause = Cause::SwitchFailed { phase: phase.into(), why, held };
+    async fn switch_halted(&self, phase: PhaseName, why: String, held: String, t: &mut Tally) -> Summary {
+        let cause = Cause::SwitchFailed { phase: phase.as_str().into(), why, held };
         t.summary(Outcome::Failed, Some(halt::failure(self, FLEET, Step::Switch, Fail::from(cause)).await))
     }
 }

@@ -14,7 +14,7 @@ use crate::details::Said;
 use crate::engine::gates::Deferred;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{Fail, POLL};
-use crate::ports::{Follow, JobOutcome, Logs, Probes, UnitState, Units, UnitsError};
+use crate::ports::{Follow, JobOutcome, JobResult, Logs, Probes, ServiceResult, UnitState, Units, UnitsError};
 
 /// When a deferred drain's worker left the gateway during its restart.
 #[derive(Debug, Clone)]
@@ -116,7 +116,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
     };
     let stop = stop_report(eng, unit, &out.state, timeout_stop).await;
     let typed = RestartDetail {
-        job_result: out.job_result.clone(),
+        job_result: out.job_result.to_string(),
         job_ms: out.job_time.as_millis() as u64,
         job_limit_ms: limit.as_millis() as u64,
         old_invocation_id: before.invocation_id.clone(),
@@ -138,8 +138,8 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         tracing::warn!(pdctl_unit = unit, "{said}");
         detail = Said { warning: Some(said), ..Said::default() }.written_into(detail);
     }
-    if out.job_result != "done" {
-        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
+    if out.job_result != JobResult::Done {
+        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.to_string(), service_result: out.state.result.to_string() };
         return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
     }
     Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at), ran_through: false }))
@@ -150,7 +150,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
 /// auto-restart it keeps the crash's own (`exit-code`, measured on systemd 252), so any failed
 /// unit is reset before pdctl restarts or starts it.
 pub(in crate::engine) async fn reset_if_failed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, st: &UnitState) -> Result<(), UnitsError> {
-    if st.result == "start-limit-hit" || st.active_state == crate::ports::ActiveState::Failed {
+    if st.result == ServiceResult::StartLimitHit || st.active_state == crate::ports::ActiveState::Failed {
         eng.units.reset_failed(unit).await?;
     }
     Ok(())

@@ -14,7 +14,7 @@ use crate::details::Said;
 use crate::engine::gates::{restart, Deferred, Restarted};
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail};
-use crate::ports::{ActiveState, Logs, Probes, Units};
+use crate::ports::{ActiveState, JobResult, Logs, Probes, Units};
 use crate::state::drain_ledger::MaintainedUnit;
 
 /// The stop step's detail.
@@ -90,7 +90,7 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U
     let out = eng.units.stop(unit, limit).await?;
     let stop = restart::stop_report(eng, unit, &out.state, timeout_stop).await;
     let typed = StopDetail {
-        job_result: out.job_result.clone(),
+        job_result: out.job_result.to_string(),
         job_ms: out.job_time.as_millis() as u64,
         job_limit_ms: limit.as_millis() as u64,
         invocation_id: before.invocation_id,
@@ -104,8 +104,8 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U
         tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
         detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
     }
-    if out.job_result != "done" {
-        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
+    if out.job_result != JobResult::Done {
+        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.to_string(), service_result: out.state.result.to_string() };
         return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
     }
     Ok(detail)
@@ -165,12 +165,12 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
     let detail = StartDetail {
         started: true,
         why: None,
-        job_result: Some(out.job_result.clone()),
+        job_result: Some(out.job_result.to_string()),
         invocation_id: out.state.invocation_id.clone(),
         main_pid: out.state.main_pid,
     };
-    if out.job_result != "done" {
-        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.clone(), service_result: out.state.result.clone() };
+    if out.job_result != JobResult::Done {
+        let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.to_string(), service_result: out.state.result.to_string() };
         return Err(Fail { cause, detail: detail_of(&detail), unit: None, last_lines: Vec::new() });
     }
     Ok((detail_of(&detail), Restarted { watch, cursor, after: out.state, taken_out: None, ran_through: false }))
