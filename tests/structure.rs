@@ -311,6 +311,19 @@ fn no_crate_has_an_import_cycle_between_its_files() {
 }
 
 #[test]
+fn pdctl_core_reaches_the_drivers_only_through_its_ports() {
+    // Its own dependencies: no driver crate, no client of the outside world. What it reads of
+    // what the drivers fetch, it reads with pdctl-parse.
+    let toml = std::fs::read_to_string(root().join("crates/pdctl-core/Cargo.toml")).expect("crates/pdctl-core/Cargo.toml");
+    let deps = toml.split("[dependencies]").nth(1).unwrap_or_default().split("\n[").next().unwrap_or_default();
+    let names: Vec<&str> = deps.lines().filter_map(|l| l.split(['=', '.']).next()).map(str::trim).filter(|n| !n.is_empty() && !n.starts_with('#')).collect();
+    assert!(names.contains(&"pdctl-parse") && names.contains(&"pdctl-contract"), "the scan reads the dependencies: {names:?}");
+    let drivers = ["pdctl-systemd", "pdctl-journal", "pdctl-probe", "pdctl-fleet", "pdctl-real", "reqwest", "hyper", "zbus", "systemd", "etcd-client"];
+    let linked: Vec<&&str> = drivers.iter().filter(|d| names.contains(d)).collect();
+    assert!(linked.is_empty(), "pdctl-core links {linked:?}: reach it through a port (crates/pdctl-core/src/ports.rs) implemented in pdctl-real");
+}
+
+#[test]
 fn the_architecture_doc_names_every_room_of_the_tree() {
     let doc = std::fs::read_to_string(root().join("docs/architecture.md")).expect("docs/architecture.md");
     let rooms = doc.split("## Where each thing is decided").next().unwrap_or_default();

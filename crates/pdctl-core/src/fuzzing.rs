@@ -20,8 +20,8 @@ pub fn config(data: &[u8]) {
 /// `/metrics` text: parse, then look for SGLang's KV gauges.
 pub fn prom(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        if let Ok(e) = pdctl_probe::prom::parse(text) {
-            let _ = pdctl_probe::kv::check(&e);
+        if let Ok(e) = pdctl_parse::prom::parse(text) {
+            let _ = pdctl_parse::kv::check(&e);
         }
     }
 }
@@ -87,12 +87,12 @@ pub fn worker_json(data: &[u8]) {
 /// differences between two scrapes, quantiles, the gateway's answers and breakers.
 pub fn service(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(e) = pdctl_probe::prom::parse(text) else { return };
-    let s = pdctl_probe::service::ServiceScrape::from_exposition(&e);
-    let _ = s.since(&pdctl_probe::service::ServiceScrape::default());
+    let Ok(e) = pdctl_parse::prom::parse(text) else { return };
+    let s = pdctl_parse::service::ServiceScrape::from_exposition(&e);
+    let _ = s.since(&pdctl_parse::service::ServiceScrape::default());
     let _ = s.plus(&s);
-    let _ = pdctl_probe::responses_in(&e);
-    let _ = pdctl_probe::open_breakers_in(&e);
+    let _ = pdctl_parse::gateway::responses_in(&e);
+    let _ = pdctl_parse::gateway::open_breakers_in(&e);
 }
 
 /// pdctld's files on disk: a drain in the ledger, `paused.json`, a revision, a quarantine.

@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
-
 use crate::cause::{Cause, MetricsDiagnosis};
 
 pub use crate::systemd_states::{ActiveState, JobResult, ServiceResult, SubState};
@@ -179,50 +177,8 @@ pub enum Health {
     Down(String),
 }
 
-/// What the KV gauges say.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct KvReport {
-    /// KV pool size, when exported.
-    pub max_total_tokens: Option<f64>,
-    /// `token_usage` (0..1).
-    pub token_usage: f64,
-    /// Tokens in use.
-    pub used_tokens: f64,
-    /// Free slots, when exported.
-    pub available_tokens: Option<f64>,
-    /// Evictable slots, when exported.
-    pub evictable_tokens: Option<f64>,
-    /// Running requests, when exported.
-    pub running_reqs: Option<f64>,
-    /// Queued requests, when exported.
-    pub queue_reqs: Option<f64>,
-    /// The metric names the values were read from.
-    pub names: Vec<String>,
-    /// Each stats rank's gauges (one per attention-DP group and pipeline stage; the totals above
-    /// sum their token counts and take the fullest rank's `token_usage`).
-    pub ranks: Vec<KvRank>,
-}
-
-/// One stats rank's KV gauges (the identity used + available + evictable = max holds per rank).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct KvRank {
-    /// The rank's labels (`dp_rank=1,pp_rank=0,tp_rank=2,moe_ep_rank=2`).
-    pub rank: String,
-    /// Its KV pool size, when exported.
-    pub max_total_tokens: Option<f64>,
-    /// Its `token_usage`.
-    pub token_usage: f64,
-    /// Its tokens in use.
-    pub used_tokens: f64,
-    /// Its free slots, when exported.
-    pub available_tokens: Option<f64>,
-    /// Its evictable slots, when exported.
-    pub evictable_tokens: Option<f64>,
-    /// Its running requests, when exported.
-    pub running_reqs: Option<f64>,
-    /// Its queued requests, when exported.
-    pub queue_reqs: Option<f64>,
-}
+/// What a worker's KV gauges say, in total and per stats rank (read by `pdctl-parse`).
+pub use pdctl_parse::kv::{KvReport, RankKv};
 
 /// Why a worker's `/metrics` gives no usable KV gauges.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,38 +208,8 @@ impl MetricsError {
     }
 }
 
-/// One worker as the router lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RouterWorker {
-    /// The router's id for it.
-    pub id: String,
-    /// Its URL.
-    pub url: String,
-    /// `prefill`, `decode`, `regular`.
-    pub worker_type: String,
-    /// Health as the router sees it.
-    pub is_healthy: bool,
-    /// Requests the router has in flight to it.
-    pub load: i64,
-    /// The gateway's own word on it, where it gives one (smg 1.x: `pending`, `ready`,
-    /// `not_ready`, `failed`, `draining`); `None` on sglang-router 0.3.2.
-    pub status: Option<String>,
-    /// A prefill's bootstrap port, as registered.
-    pub bootstrap_port: Option<u16>,
-}
-
-impl RouterWorker {
-    /// Still being removed (smg 1.x keeps a deleted worker listed as `draining` for ~5 s): it
-    /// is not registered, whatever else the entry says.
-    pub fn draining(&self) -> bool {
-        self.status.as_deref() == Some("draining")
-    }
-
-    /// Admitted: healthy, and `ready` where the gateway reports a status (`pending` is not).
-    pub fn admitted(&self) -> bool {
-        self.is_healthy && self.status.as_deref().is_none_or(|s| s == "ready")
-    }
-}
+/// One worker as the gateway lists it (read by `pdctl-parse`).
+pub use pdctl_parse::gateway::RouterWorker;
 
 /// How `/pause_generation` stops the requests in flight (0.5.23 `scheduler.py`
 /// `pause_generation`; new requests wait at their admission either way).
@@ -413,7 +339,7 @@ pub trait Probes: Send + Sync {
     /// IP sandbox, `IPAddressAllow=`, refuses with EPERM before anything is sent).
     fn reach(&self, url: &str) -> impl Future<Output = Reach> + Send;
     /// A worker's service figures now (latency histograms, request counters; cumulative).
-    fn service(&self, url: &str) -> impl Future<Output = Result<pdctl_probe::service::ServiceScrape, MetricsError>> + Send;
+    fn service(&self, url: &str) -> impl Future<Output = Result<pdctl_parse::service::ServiceScrape, MetricsError>> + Send;
     /// The gateway's attempts to a worker, `(successes, failures)`, summed over the replicas that
     /// export them (`None`: none does, or no metrics URL is configured).
     fn gateway_outcomes(&self, url: &str) -> impl Future<Output = Option<(f64, f64)>> + Send;

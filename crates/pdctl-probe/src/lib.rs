@@ -4,12 +4,10 @@
 
 #![warn(missing_docs)]
 
-pub mod kv;
-pub mod prom;
-pub mod quantile;
+pub use pdctl_parse::gateway::{open_breakers_in, responses_in, RouterWorker};
+pub use pdctl_parse::{kv, prom, quantile, service};
 pub mod router;
-pub use router::{open_breakers_in, responses_in, Router, RouterWorker};
-pub mod service;
+pub use router::Router;
 pub mod weights;
 
 use std::time::Duration;

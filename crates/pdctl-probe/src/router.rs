@@ -4,57 +4,6 @@
 
 use super::*;
 
-/// [`Router::responses`] of one scrape.
-pub fn responses_in(e: &prom::Exposition) -> Option<(f64, f64)> {
-    const RESPONSES: &str = "smg_http_responses_total";
-    const REQUESTS: &str = "smg_http_requests_total";
-    // Clients' inference requests only: not the control plane (`/workers`, `/health`, …).
-    fn inference(s: &prom::Sample) -> bool {
-        s.label("path").is_some_and(|p| p == "/generate" || p.starts_with("/v1/"))
-    }
-    fn five(s: &prom::Sample) -> bool {
-        s.label("status_code").is_some_and(|c| c.starts_with('5'))
-    }
-    let family: Vec<&prom::Sample> = e.samples.iter().filter(|s| s.name == RESPONSES).collect();
-    if family.is_empty() && !e.types.contains_key(RESPONSES) {
-        return None;
-    }
-    if family.is_empty() || family.iter().any(|s| s.label("path").is_some()) {
-        let series: Vec<&prom::Sample> = family.iter().copied().filter(|s| inference(s)).collect();
-        return Some((prom::total(series.iter().map(|s| s.value)), prom::total(series.iter().filter(|s| five(s)).map(|s| s.value))));
-    }
-    // sglang-router 0.3.2: its responses carry no path (`{status_code, error_code}` only; measured),
-    // its requests do: the answered are the inference requests counted, the failed every 5xx it
-    // answered (its control plane's included: pdctl's own calls there rarely fail with a 5xx).
-    let answered = prom::total(e.samples.iter().filter(|s| s.name == REQUESTS && inference(s)).map(|s| s.value));
-    Some((answered, prom::total(family.iter().filter(|s| five(s)).map(|s| s.value))))
-}
-
-/// The workers whose breaker is open in a gateway's exposition (`smg_worker_cb_state == 1`; 0 is
-/// closed, 2 half-open, -1 a removed worker's kept series).
-pub fn open_breakers_in(e: &prom::Exposition) -> Vec<String> {
-    e.samples.iter().filter(|s| s.name == "smg_worker_cb_state" && s.value == 1.0).filter_map(|s| s.label("worker").map(String::from)).collect()
-}
-
-/// One worker as the router lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct RouterWorker {
-    /// The router's UUID for it.
-    pub id: String,
-    /// Its URL.
-    pub url: String,
-    /// `prefill`, `decode`, `regular`.
-    pub worker_type: String,
-    /// Health as the router sees it.
-    pub is_healthy: bool,
-    /// Requests the router has in flight to it.
-    pub load: i64,
-    /// smg 1.x: `pending`, `ready`, `not_ready`, `failed` or `draining` (absent on 0.3.2).
-    pub status: Option<String>,
-    /// A prefill's bootstrap port, as registered.
-    pub bootstrap_port: Option<u16>,
-}
-
 /// The SGLang gateway's API used by the gates: `sglang-router` 0.3.2 and `smg` 1.x (the same
 /// endpoints; 1.x adds a worker `status` and keeps a deleted worker listed as `draining` for
 /// `drain_settle_secs`, 5 s by default).
@@ -71,19 +20,7 @@ impl Router {
     pub async fn workers(&self, http: &Http) -> Result<Vec<RouterWorker>, HttpError> {
         let u = format!("{}/workers", self.url.trim_end_matches('/'));
         let v = http.get_json(&u).await?;
-        let list = v.get("workers").and_then(Value::as_array).ok_or_else(|| HttpError::Body { url: u.clone(), detail: "no \"workers\" array".into() })?;
-        Ok(list
-            .iter()
-            .map(|w| RouterWorker {
-                id: w.get("id").and_then(Value::as_str).unwrap_or_default().into(),
-                url: w.get("url").and_then(Value::as_str).unwrap_or_default().into(),
-                worker_type: w.get("worker_type").and_then(Value::as_str).unwrap_or_default().into(),
-                is_healthy: w.get("is_healthy").and_then(Value::as_bool).unwrap_or(false),
-                load: w.get("load").and_then(Value::as_i64).unwrap_or(0),
-                status: w.get("status").and_then(Value::as_str).map(String::from),
-                bootstrap_port: w.get("bootstrap_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()),
-            })
-            .collect())
+        pdctl_parse::gateway::workers_in(&v).ok_or_else(|| HttpError::Body { url: u.clone(), detail: "no \"workers\" array".into() })
     }
 
     /// `POST /workers` (re-registration of a worker the router dropped). Returns the router's id.

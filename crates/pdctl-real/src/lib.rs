@@ -17,8 +17,8 @@ use pdctl_core::cause::MetricsDiagnosis;
 use pdctl_core::config::{BusSetting, Settings};
 use pdctl_core::engine::Engine;
 use pdctl_core::ports::{
-    Auth, Follow, Health, HttpFailure, JobOutcome, KvRank, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig,
-    UnitState, Units, UnitsError, Watch,
+    Auth, Follow, Health, HttpFailure, JobOutcome, KvReport, LogEntry, LogError, Logs, MetricsError, PairTarget, Probes, RouterWorker, UnitConfig, UnitState,
+    Units, UnitsError, Watch,
 };
 use pdctl_core::sglang::pairing::{Half, PairProbe, PdQueues};
 
@@ -230,33 +230,6 @@ fn metrics_error(p: MetricsProblem) -> MetricsError {
     MetricsError { diagnosis, message: p.to_string(), pending_ranks }
 }
 
-fn kv_report(r: pdctl_probe::kv::KvReport) -> KvReport {
-    KvReport {
-        max_total_tokens: r.max_total_tokens,
-        token_usage: r.token_usage,
-        used_tokens: r.used_tokens,
-        available_tokens: r.available_tokens,
-        evictable_tokens: r.evictable_tokens,
-        running_reqs: r.running_reqs,
-        queue_reqs: r.queue_reqs,
-        names: r.names,
-        ranks: r
-            .ranks
-            .into_iter()
-            .map(|k| KvRank {
-                rank: k.rank,
-                max_total_tokens: k.max_total_tokens,
-                token_usage: k.token_usage,
-                used_tokens: k.used_tokens,
-                available_tokens: k.available_tokens,
-                evictable_tokens: k.evictable_tokens,
-                running_reqs: k.running_reqs,
-                queue_reqs: k.queue_reqs,
-            })
-            .collect(),
-    }
-}
-
 impl Probes for HttpProbes {
     async fn health(&self, url: &str) -> Health {
         match pdctl_probe::health(&self.http, url).await {
@@ -273,7 +246,7 @@ impl Probes for HttpProbes {
         })
     }
     async fn kv(&self, url: &str) -> Result<KvReport, MetricsError> {
-        pdctl_probe::kv_metrics(&self.http, url).await.map(kv_report).map_err(metrics_error)
+        pdctl_probe::kv_metrics(&self.http, url).await.map_err(metrics_error)
     }
     async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {
         pdctl_probe::in_flight(&self.http, url).await.map_err(failure)
@@ -304,19 +277,7 @@ impl Probes for HttpProbes {
     }
     async fn router_workers(&self, r: usize) -> Result<Vec<RouterWorker>, HttpFailure> {
         let router = self.routers.get(r).ok_or_else(no_router)?;
-        let list = router.workers(&self.http).await.map_err(failure)?;
-        Ok(list
-            .into_iter()
-            .map(|w| RouterWorker {
-                id: w.id,
-                url: w.url,
-                worker_type: w.worker_type,
-                is_healthy: w.is_healthy,
-                load: w.load,
-                status: w.status,
-                bootstrap_port: w.bootstrap_port,
-            })
-            .collect())
+        router.workers(&self.http).await.map_err(failure)
     }
     async fn register(&self, r: usize, url: &str, worker_type: &str, bootstrap_port: Option<u16>) -> Result<String, HttpFailure> {
         self.routers.get(r).ok_or_else(no_router)?.register(&self.http, url, worker_type, bootstrap_port).await.map_err(failure)

@@ -91,7 +91,7 @@ pub(in crate::engine) struct Writes<'a> {
     /// Notes for the summary from deep inside a worker's gates (a service not judged).
     pub(in crate::engine) notes: Option<&'a std::sync::Mutex<Vec<String>>>,
     /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
-    pub(in crate::engine) before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>>>,
+    pub(in crate::engine) before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_parse::service::ServiceScrape>>>,
 }
 
 #[derive(Clone, Copy)]

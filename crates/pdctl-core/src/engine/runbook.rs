@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use pdctl_probe::service::ServiceScrape;
+use pdctl_parse::service::ServiceScrape;
 use serde_json::Value;
 
 use crate::cause::Cause;

@@ -133,7 +133,7 @@ pub struct Finished {
     pub availability_by_unit: std::collections::BTreeMap<String, crate::service::availability::Availability>,
     /// Each restarted worker's service figures from before its drain (taken with `[verify.slo]`
     /// when the fleet bakes, or when it is the only worker of its role): the bake's baseline.
-    pub service_before: std::collections::BTreeMap<String, pdctl_probe::service::ServiceScrape>,
+    pub service_before: std::collections::BTreeMap<String, pdctl_parse::service::ServiceScrape>,
     /// A config rollout's new weights were loaded in place (not restarted).
     pub in_place: bool,
 }

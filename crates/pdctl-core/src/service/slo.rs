@@ -9,9 +9,9 @@
 //! `min_requests` requests in their windows; a figure neither side observed (a PD prefill has no
 //! time to first token) is not a figure of that role.
 
-use pdctl_probe::quantile::Histogram;
+use pdctl_parse::quantile::Histogram;
 /// A worker's service figures at one scrape (re-exported for the daemon's bake baselines).
-pub use pdctl_probe::service::ServiceScrape;
+pub use pdctl_parse::service::ServiceScrape;
 use serde::Serialize;
 
 /// What the service gate does when the gateway sent the restarted worker (or its baseline) too

@@ -17,8 +17,8 @@ pub use pdctl_core::ports::{
     UnitsError, Watch,
 };
 pub use pdctl_core::sglang::pairing::{Half, PairProbe, PdQueues};
-pub use pdctl_probe::quantile::Histogram;
-pub use pdctl_probe::service::ServiceScrape;
+pub use pdctl_parse::quantile::Histogram;
+pub use pdctl_parse::service::ServiceScrape;
 
 #[derive(Default)]
 pub struct World {
@@ -272,6 +272,7 @@ impl Probes for FakeProbes {
             queue_reqs: None,
             names: vec![],
             ranks: Vec::new(),
+            unpublished: Vec::new(),
         })
     }
     async fn in_flight(&self, url: &str) -> Result<u64, HttpFailure> {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use pdctl_probe::service::ServiceScrape;
+use pdctl_parse::service::ServiceScrape;
 
 use crate::config::Slo;
 use crate::engine::gates;

@@ -146,6 +146,7 @@ mod tests {
             queue_reqs: None,
             names: vec!["sglang:token_usage".into()],
             ranks: Vec::new(),
+            unpublished: Vec::new(),
         };
         let mut want = serde_json::to_value(&report).unwrap_or_default();
         want["warm_up_request"] = json!(null);

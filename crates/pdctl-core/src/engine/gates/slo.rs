@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use pdctl_probe::service::ServiceScrape;
+use pdctl_parse::service::ServiceScrape;
 
 use crate::cause::Cause;
 use crate::config::{Role, Slo, Unjudged, Worker};

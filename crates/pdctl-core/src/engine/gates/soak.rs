@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::cause::{Cause, Phase};
 use crate::engine::gates;
-use pdctl_probe::service::ServiceScrape;
+use pdctl_parse::service::ServiceScrape;
 
 use crate::config::{Role, Worker};
 use crate::engine::context::Clients;

@@ -148,7 +148,9 @@ pub struct KvReport {
     /// Each stats rank's gauges.
     pub ranks: Vec<RankKv>,
     /// Rank groups whose schedulers wrote their constants but no usage gauges yet (a DP rank
-    /// that has run no batch publishes at its 30 s idle publish).
+    /// that has run no batch publishes at its 30 s idle publish). Never in a report that
+    /// passed, so not serialized when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unpublished: Vec<String>,
 }
 
