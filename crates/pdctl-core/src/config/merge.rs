@@ -41,121 +41,57 @@ pub(super) struct Merged {
 /// Which file (and line) last set each `table.key`, and the files themselves.
 pub(super) struct Origins<'a> {
     texts: &'a [(PathBuf, String)],
-    keys: BTreeMap<String, (PathBuf, Option<usize>)>,
+    keys: Keys,
 }
 
-/// Merge `texts` (`(path, contents)` in merge order).
+/// Which file and line set each `table.key`.
+type Keys = BTreeMap<String, (PathBuf, Option<usize>)>;
+
+/// Each key `src` sets overrides `dst`'s, and is noted in `keys` as set by `path` (at its line).
+/// A table is named by its ident (`rollout`), a sub-table by its dotted name (`"verify.slo"`).
+macro_rules! over {
+    ($keys:expr, $sect:ident, $path:expr, $text:expr, $dst:expr, $src:expr, $($f:ident),*) => {
+        over!($keys, stringify!($sect), $path, $text, $dst, $src, $($f),*)
+    };
+    ($keys:expr, $prefix:expr, $path:expr, $text:expr, $dst:expr, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
+        $dst.$f = $src.$f;
+        $keys.insert(format!("{}.{}", $prefix, stringify!($f)), ($path.to_path_buf(), line_of_key($text, stringify!($f))));
+    } )* };
+}
+
+/// Merge `texts` (`(path, contents)` in merge order): each file's tables over the files before
+/// it, key by key; the workers of every file, in order.
 pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>), ConfigError> {
     let mut m = Merged::default();
-    let mut keys = BTreeMap::new();
-    macro_rules! over {
-        ($path:expr, $text:expr, $sect:ident, $dst:expr, $src:expr, $($f:ident),*) => {
-            over!(@in stringify!($sect), $path, $text, $dst, $src, $($f),*)
-        };
-        (@in $prefix:expr, $path:expr, $text:expr, $dst:expr, $src:expr, $($f:ident),*) => { $( if $src.$f.is_some() {
-            $dst.$f = $src.$f;
-            keys.insert(format!("{}.{}", $prefix, stringify!($f)), ($path.clone(), line_of_key($text, stringify!($f))));
-        } )* };
-    }
+    let mut keys = Keys::new();
     for (path, text) in texts {
         let raw = parse_file(path, text)?;
+        let k = &mut keys;
         if let Some(s) = raw.systemd {
-            over!(path, text, systemd, m.systemd, s, bus, address);
+            over!(k, systemd, path, text, m.systemd, s, bus, address);
         }
         if let Some(s) = raw.journal {
-            over!(path, text, journal, m.journal, s, directory, procfs);
+            over!(k, journal, path, text, m.journal, s, directory, procfs);
         }
         if let Some(s) = raw.router {
-            over!(path, text, router, m.router, s, url, metrics_url, api_key_file);
+            over!(k, router, path, text, m.router, s, url, metrics_url, api_key_file);
         }
         if let Some(s) = raw.rollout {
             if let Some(p) = &s.ready_pattern {
                 m.ready_origin = Some((path.clone(), line_of(text, p.span().start)));
             }
-            over!(
-                path,
-                text,
-                rollout,
-                m.rollout,
-                s,
-                order,
-                ready_pattern,
-                fatal_patterns,
-                ready_timeout,
-                health_timeout,
-                router_timeout,
-                metrics_timeout,
-                job_timeout,
-                min_healthy,
-                on_failure,
-                max_unavailable,
-                drain,
-                drain_timeout,
-                allow_outage,
-                single_pair,
-                coherent,
-                coherent_flags,
-                model_roots,
-                in_place,
-                weights_fallback,
-                max_failed_probes,
-                on_stale_pair,
-                abort_after_drain_timeout,
-                unknown_load,
-                kill_mode
-            );
+            rollout(&mut m.rollout, s, k, path, text);
         }
-        if let Some(mut s) = raw.verify {
-            if let Some(slo) = s.slo.take() {
-                let dst = m.slo.get_or_insert_with(RawSlo::default);
-                over!(@in "verify.slo", path, text, dst, slo, ttft_ratio, itl_ratio, e2e_ratio, error_rate, min_requests, max_wait, unjudged);
-            }
-            over!(
-                path,
-                text,
-                verify,
-                m.verify,
-                s,
-                router,
-                metrics,
-                smoke_request,
-                warmup_request,
-                availability_probe,
-                pair,
-                pair_timeout,
-                stranded_kv,
-                stranded_kv_timeout
-            );
+        if let Some(s) = raw.verify {
+            verify(&mut m, s, k, path, text);
         }
-        if let Some(mut s) = raw.fleet {
+        if let Some(s) = raw.fleet {
             m.fleet_seen = true;
-            if let Some(st) = s.storm.take() {
-                over!(@in "fleet.storm", path, text, m.storm, st, restarts, within);
-            }
-            over!(
-                path,
-                text,
-                fleet,
-                m.fleet,
-                s,
-                etcd,
-                name,
-                host,
-                slot_timeout,
-                max_unavailable,
-                user,
-                password_file,
-                canary,
-                keep_rollouts,
-                bake,
-                ca_file,
-                cert_file,
-                key_file
-            );
+            fleet(&mut m, s, k, path, text);
         }
         if let Some(s) = raw.maintenance {
             m.maintenance_seen = true;
-            over!(path, text, maintenance, m.maintenance, s, fleetlock_listen, fleetlock_id, fleetlock_users, windows, hold_while_alerting);
+            over!(k, maintenance, path, text, m.maintenance, s, fleetlock_listen, fleetlock_id, fleetlock_users, windows, hold_while_alerting);
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);
@@ -163,6 +99,96 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
         }
     }
     Ok((m, Origins { texts, keys }))
+}
+
+/// `[rollout]`'s keys over the files before.
+fn rollout(dst: &mut RawRollout, s: RawRollout, keys: &mut Keys, path: &Path, text: &str) {
+    over!(
+        keys,
+        rollout,
+        path,
+        text,
+        dst,
+        s,
+        order,
+        ready_pattern,
+        fatal_patterns,
+        ready_timeout,
+        health_timeout,
+        router_timeout,
+        metrics_timeout,
+        job_timeout,
+        min_healthy,
+        on_failure,
+        max_unavailable,
+        drain,
+        drain_timeout,
+        allow_outage,
+        single_pair,
+        coherent,
+        coherent_flags,
+        model_roots,
+        in_place,
+        weights_fallback,
+        max_failed_probes,
+        on_stale_pair,
+        abort_after_drain_timeout,
+        unknown_load,
+        kill_mode
+    );
+}
+
+/// `[verify]` and `[verify.slo]`'s keys over the files before.
+fn verify(m: &mut Merged, mut s: RawVerify, keys: &mut Keys, path: &Path, text: &str) {
+    if let Some(slo) = s.slo.take() {
+        let dst = m.slo.get_or_insert_with(RawSlo::default);
+        over!(keys, "verify.slo", path, text, dst, slo, ttft_ratio, itl_ratio, e2e_ratio, error_rate, min_requests, max_wait, unjudged);
+    }
+    over!(
+        keys,
+        verify,
+        path,
+        text,
+        m.verify,
+        s,
+        router,
+        metrics,
+        smoke_request,
+        warmup_request,
+        availability_probe,
+        pair,
+        pair_timeout,
+        stranded_kv,
+        stranded_kv_timeout
+    );
+}
+
+/// `[fleet]` and `[fleet.storm]`'s keys over the files before.
+fn fleet(m: &mut Merged, mut s: RawFleet, keys: &mut Keys, path: &Path, text: &str) {
+    if let Some(st) = s.storm.take() {
+        over!(keys, "fleet.storm", path, text, m.storm, st, restarts, within);
+    }
+    over!(
+        keys,
+        fleet,
+        path,
+        text,
+        m.fleet,
+        s,
+        etcd,
+        name,
+        host,
+        slot_timeout,
+        max_unavailable,
+        user,
+        password_file,
+        canary,
+        keep_rollouts,
+        bake,
+        ca_file,
+        cert_file,
+        key_file
+    );
 }
 
 impl Origins<'_> {

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::context::{Ctx, Outage, Repaired};
-use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, slo, slot, soak, stop, stranded_kv, Deferred, Restarted};
+use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, service_level, slot, soak, stop, stranded_kv, Deferred, Restarted};
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{lock, Fail, StepRun};
@@ -326,7 +326,7 @@ where
     /// rollback onto its last good revision) is judged against those, not against the run that
     /// just failed.
     async fn before_drain(&self, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
-        let measured = slo::slo_before(self, w).await;
+        let measured = service_level::slo_before(self, w).await;
         let Some(keep) = ctx.writes.before else { return measured };
         let mut kept = lock(keep);
         match kept.get(&w.unit) {

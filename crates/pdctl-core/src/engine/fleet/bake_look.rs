@@ -57,7 +57,7 @@ where
     pub async fn bake_start(&self, units: &[String]) -> BakeMarks {
         let mut marks = Vec::new();
         for w in self.settings.workers.iter().filter(|w| units.contains(&w.unit)) {
-            marks.push((w.unit.clone(), gates::slo::mark(self, &w.unit, &w.url).await));
+            marks.push((w.unit.clone(), gates::service_level::mark(self, &w.unit, &w.url).await));
         }
         BakeMarks { marks }
     }
@@ -91,7 +91,7 @@ where
                 out.push(not_judged(unit, "its figures from before its drain were not kept (pdctld restarted since, or they could not be read then)".into()));
                 continue;
             };
-            match gates::slo::window_since(self, mark).await {
+            match gates::service_level::window_since(self, mark).await {
                 Ok(mine) => {
                     let report = judge(slo, &mine, &Window { service: base.clone(), gateway: None }, Baseline::OwnBeforeDrain);
                     out.push(BakeLook { unit: unit.clone(), report });

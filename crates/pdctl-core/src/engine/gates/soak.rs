@@ -31,7 +31,7 @@ pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
     let unit = w.unit.as_str();
     let limit = eng.settings.rollout.min_healthy;
     let slo_start = match &eng.settings.verify.slo {
-        Some(_) => Some(gates::slo::slo_start(eng, w).await),
+        Some(_) => Some(gates::service_level::slo_start(eng, w).await),
         None => None,
     };
     let crashed = |why: String| Fail::from(Cause::Crashed { unit: unit.to_string(), phase: Phase::Soak, why });
@@ -53,8 +53,8 @@ pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
     }
     let slo = match (&eng.settings.verify.slo, slo_start) {
         (Some(slo), Some(start)) => {
-            let report = gates::slo::slo_judge(eng, w, slo, start, before).await?;
-            Some(gates::slo::slo_when_unjudged(eng, w, slo, report).await?)
+            let report = gates::service_level::slo_judge(eng, w, slo, start, before).await?;
+            Some(gates::service_level::slo_when_unjudged(eng, w, slo, report).await?)
         }
         _ => None,
     };
