@@ -15,7 +15,7 @@ use crate::engine::context::{Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
-use crate::engine::runbook::{Sequence, WorkerRun};
+use crate::engine::runbook::{self, Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::work::Asked;
 use crate::events::{Outcome, Step, Summary};
@@ -97,81 +97,6 @@ where
     L: Logs,
     P: Probes,
 {
-    /// Drain the host for a reboot: refused (touching nothing) when it is in maintenance already,
-    /// a unit cannot be read or its stop would not drain, or — without `--allow-outage` — a role
-    /// would be left with no worker the gateway admits; then the record, the slots, every worker
-    /// out of the gateway (decodes first), and every worker stopped. A failure before any stop
-    /// undoes it all (drains re-admitted, slots given back, record crossed off); after one, the
-    /// record says `failed` and keeps the slots until `pdctl host resume` passes.
-    pub(in crate::engine) async fn host_drain(&self, plan: &Plan, asked: Asked<'_>, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
-        let (sink, ctx) = (run.sink, run.ctx);
-        let t = &mut *run.t;
-        let order = drain_order(plan);
-        let Some(first) = order.first().copied() else {
-            return t.summary(Outcome::Succeeded, None);
-        };
-        if let Err((unit, f)) = self.host_preflight(&order, ledger, ctx.outage.accepted(), sink).await {
-            return t.summary(Outcome::Failed, Some(halt::failure(self, &unit, Step::Preflight, f).await));
-        }
-        let now = crate::fleet::now_secs();
-        let cursor = self.logs.tail_cursor().await.ok().flatten();
-        let mut units = Vec::new();
-        for w in &order {
-            let invocation_id = self.units.state(&w.unit).await.map(|s| s.invocation_id).unwrap_or_default();
-            units.push(MaintainedUnit { unit: w.unit.clone(), invocation_id, cursor: cursor.clone(), stopped: false });
-        }
-        let mut m = Maintenance {
-            id: ctx.writes.id.to_string(),
-            phase: MaintenancePhase::Draining,
-            began: now,
-            since: now,
-            by: asked.by.to_string(),
-            reason: asked.reason.map(String::from),
-            boot_id: boot_id(&self.settings.procfs),
-            units,
-            failed: None,
-        };
-        if let Err(e) = ledger.record_maintenance(&m) {
-            return t.summary(Outcome::Failed, Some(halt::failure(self, &first.unit, Step::Preflight, unwritable(e)).await));
-        }
-        // The host's whole budget at once: every worker's slot in one transaction, or none. The
-        // holds name the maintenance (`pdctl fleet status` tells a rebooting host from a dead one).
-        let holds_as = maintenance_hold(ctx.writes.id);
-        let slot_ctx = crate::engine::context::Ctx { writes: crate::engine::context::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
-        if let Err((step, f)) = gates::slot::slot_step(self, &order, sink, slot_ctx).await {
-            let _ = ledger.clear_maintenance();
-            return t.summary(Outcome::Failed, Some(halt::failure(self, &first.unit, step, f).await));
-        }
-        let mut runs: Vec<WorkerRun<'_, U::W>> = order.iter().map(|w| WorkerRun::new(w, Sequence::HostDown, sink, ctx)).collect();
-        // Out of the gateway first, every worker: nothing new reaches the host while the first
-        // ones stop.
-        for r in &mut runs {
-            if let Err((step, f)) = self.run_steps(r, Sequence::HostDown.between(Step::Slot, Step::Drain)).await {
-                let unit = r.w.unit.clone();
-                return self.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
-            }
-        }
-        for (i, r) in runs.iter_mut().enumerate() {
-            if let Err((step, f)) = self.run_steps(r, Sequence::HostDown.between(Step::Stop, Step::Stop)).await {
-                let unit = r.w.unit.clone();
-                return self.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
-            }
-            m.units[i].stopped = true;
-            if let Err(e) = ledger.record_maintenance(&m) {
-                let unit = r.w.unit.clone();
-                return self.host_drain_failed(&unit, Step::Stop, unwritable(e), &mut m, ledger, run).await;
-            }
-            run.t.done.push(r.w.unit.clone());
-        }
-        m.phase = MaintenancePhase::Down;
-        m.since = crate::fleet::now_secs();
-        if let Err(e) = ledger.record_maintenance(&m) {
-            return self.host_drain_failed(&first.unit, Step::Stop, unwritable(e), &mut m, ledger, run).await;
-        }
-        run.notes.push(format!("every worker of this host is out of the gateway and stopped: the host may reboot now (then `pdctl host resume`, or pdctld resumes at its start after the reboot) — host drain {}", m.id));
-        run.t.summary(Outcome::Succeeded, None)
-    }
-
     /// What refuses a host drain before anything is touched.
     async fn host_preflight(&self, order: &[&Worker], ledger: &Ledger, allow_outage: bool, sink: &crate::events::Sink) -> Result<(), (String, Fail)> {
         let first = order.first().map(|w| w.unit.clone()).unwrap_or_default();
@@ -260,108 +185,6 @@ where
         run.t.summary(Outcome::Failed, Some(failure))
     }
 
-    /// Bring the host back after its maintenance: each worker (prefills first) started if the
-    /// boot did not, and through the restart's gates — its ready line of this run, health, pair,
-    /// router, metrics, stranded KV, the soak — and only once all passed the host's slots given
-    /// back and the record crossed off. A failure keeps the slots and says `failed`.
-    pub(in crate::engine) async fn host_resume(&self, plan: &Plan, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
-        let (sink, ctx, abort) = (run.sink, run.ctx, run.abort);
-        let mut m = match ledger.maintenance() {
-            Ok(Some(m)) => m,
-            Ok(None) => {
-                run.notes.push("this host is not in maintenance: nothing to resume".into());
-                return run.t.summary(Outcome::Succeeded, None);
-            }
-            Err(u) => {
-                let f = Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error });
-                let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
-                return run.t.summary(Outcome::Failed, Some(halt::failure(self, &unit, Step::Preflight, f).await));
-            }
-        };
-        m.phase = MaintenancePhase::Resuming;
-        m.since = crate::fleet::now_secs();
-        m.failed = None;
-        let _ = ledger.record_maintenance(&m);
-        let boot_head = self.boot_head_after_reboot(&m).await;
-        let mut order = drain_order(plan);
-        order.reverse();
-        // What the boot started already is verified together, each through every gate (a
-        // prefill's pair probe waits for nothing: the later of a pair to be ready probes it);
-        // only what must be started is started, in order, after them.
-        let mut booted = Vec::new();
-        let mut stopped = Vec::new();
-        for w in order.iter().copied() {
-            let running = self
-                .units
-                .state(&w.unit)
-                .await
-                .is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
-            if running {
-                booted.push(w)
-            } else {
-                stopped.push(w)
-            }
-        }
-        let peer = |a: &Worker, b: &Worker| a.role != b.role && a.role != Role::Regular && b.role != Role::Regular;
-        // Its recorded stop (and, after a reboot, this boot's journal head for its ready line).
-        let maintained = |w: &Worker| {
-            m.units.iter().find(|u| u.unit == w.unit).cloned().map(|mut u| {
-                if boot_head.is_some() {
-                    u.cursor.clone_from(&boot_head);
-                }
-                u
-            })
-        };
-        if abort.load(Ordering::SeqCst) {
-            return self.host_resume_failed(&mut m, ledger, run.t, None).await;
-        }
-        let together = futures_util::future::join_all(booted.iter().map(|w| {
-            let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
-            r.maintained = maintained(w);
-            // Its peers come back beside it: none may serve behind the gateway yet.
-            r.peers_out = order.iter().any(|o| peer(o, w));
-            async move { (w, self.run_sequence(&mut r).await) }
-        }))
-        .await;
-        let mut failed = None;
-        for (w, res) in together {
-            match res {
-                Ok(_) => run.t.done.push(w.unit.clone()),
-                Err((step, f)) if failed.is_none() => failed = Some((w.unit.clone(), step, f)),
-                Err(_) => {}
-            }
-        }
-        if let Some((unit, step, f)) = failed {
-            let failure = halt::failure(self, &unit, step, f).await;
-            return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
-        }
-        for (i, w) in stopped.iter().copied().enumerate() {
-            if abort.load(Ordering::SeqCst) {
-                return self.host_resume_failed(&mut m, ledger, run.t, None).await;
-            }
-            let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
-            r.maintained = maintained(w);
-            // Its peers come back after it: none serves behind the gateway yet.
-            r.peers_out = order.iter().any(|o| peer(o, w)) && !booted.iter().chain(stopped.iter().take(i)).any(|o| peer(o, w));
-            if let Err((step, f)) = self.run_sequence(&mut r).await {
-                let failure = halt::failure(self, &w.unit, step, f).await;
-                return self.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
-            }
-            run.t.done.push(w.unit.clone());
-        }
-        // Every worker passed every gate: the budget goes back.
-        let all_back = self.give_back_host_slots(&m.id, ledger, run.notes).await;
-        if all_back {
-            if let Err(e) = ledger.clear_maintenance() {
-                tracing::warn!("the maintenance record could not be crossed off ({e})");
-            }
-            run.notes.push(format!("every worker passed its gates after the maintenance and the host's slots are given back (host drain {})", m.id));
-        } else {
-            run.notes.push("every worker passed its gates; a slot etcd did not take back yet stays on record and is given back when etcd answers".into());
-        }
-        run.t.summary(Outcome::Succeeded, None)
-    }
-
     /// After a reboot (the record's boot id is not this one), where each ready line is looked for:
     /// this boot's first entry in the journal. The cursors recorded before the stops name the
     /// last boot's journal — gone with a volatile one — and `sd_journal_seek_cursor` then places
@@ -425,6 +248,186 @@ where
         }
         all
     }
+}
+
+/// Drain the host for a reboot: refused (touching nothing) when it is in maintenance already,
+/// a unit cannot be read or its stop would not drain, or — without `--allow-outage` — a role
+/// would be left with no worker the gateway admits; then the record, the slots, every worker
+/// out of the gateway (decodes first), and every worker stopped. A failure before any stop
+/// undoes it all (drains re-admitted, slots given back, record crossed off); after one, the
+/// record says `failed` and keeps the slots until `pdctl host resume` passes.
+pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    plan: &Plan,
+    asked: Asked<'_>,
+    ledger: &Ledger,
+    run: &mut Underway<'_>,
+) -> Summary {
+    let (sink, ctx) = (run.sink, run.ctx);
+    let t = &mut *run.t;
+    let order = drain_order(plan);
+    let Some(first) = order.first().copied() else {
+        return t.summary(Outcome::Succeeded, None);
+    };
+    if let Err((unit, f)) = eng.host_preflight(&order, ledger, ctx.outage.accepted(), sink).await {
+        return t.summary(Outcome::Failed, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
+    }
+    let now = crate::fleet::now_secs();
+    let cursor = eng.logs.tail_cursor().await.ok().flatten();
+    let mut units = Vec::new();
+    for w in &order {
+        let invocation_id = eng.units.state(&w.unit).await.map(|s| s.invocation_id).unwrap_or_default();
+        units.push(MaintainedUnit { unit: w.unit.clone(), invocation_id, cursor: cursor.clone(), stopped: false });
+    }
+    let mut m = Maintenance {
+        id: ctx.writes.id.to_string(),
+        phase: MaintenancePhase::Draining,
+        began: now,
+        since: now,
+        by: asked.by.to_string(),
+        reason: asked.reason.map(String::from),
+        boot_id: boot_id(&eng.settings.procfs),
+        units,
+        failed: None,
+    };
+    if let Err(e) = ledger.record_maintenance(&m) {
+        return t.summary(Outcome::Failed, Some(halt::failure(eng, &first.unit, Step::Preflight, unwritable(e)).await));
+    }
+    // The host's whole budget at once: every worker's slot in one transaction, or none. The
+    // holds name the maintenance (`pdctl fleet status` tells a rebooting host from a dead one).
+    let holds_as = maintenance_hold(ctx.writes.id);
+    let slot_ctx = crate::engine::context::Ctx { writes: crate::engine::context::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
+    if let Err((step, f)) = gates::slot::slot_step(eng, &order, sink, slot_ctx).await {
+        let _ = ledger.clear_maintenance();
+        return t.summary(Outcome::Failed, Some(halt::failure(eng, &first.unit, step, f).await));
+    }
+    let mut runs: Vec<WorkerRun<'_, U::W>> = order.iter().map(|w| WorkerRun::new(w, Sequence::HostDown, sink, ctx)).collect();
+    // Out of the gateway first, every worker: nothing new reaches the host while the first
+    // ones stop.
+    for r in &mut runs {
+        if let Err((step, f)) = runbook::run_steps(eng, r, Sequence::HostDown.between(Step::Slot, Step::Drain)).await {
+            let unit = r.w.unit.clone();
+            return eng.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
+        }
+    }
+    for (i, r) in runs.iter_mut().enumerate() {
+        if let Err((step, f)) = runbook::run_steps(eng, r, Sequence::HostDown.between(Step::Stop, Step::Stop)).await {
+            let unit = r.w.unit.clone();
+            return eng.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
+        }
+        m.units[i].stopped = true;
+        if let Err(e) = ledger.record_maintenance(&m) {
+            let unit = r.w.unit.clone();
+            return eng.host_drain_failed(&unit, Step::Stop, unwritable(e), &mut m, ledger, run).await;
+        }
+        run.t.done.push(r.w.unit.clone());
+    }
+    m.phase = MaintenancePhase::Down;
+    m.since = crate::fleet::now_secs();
+    if let Err(e) = ledger.record_maintenance(&m) {
+        return eng.host_drain_failed(&first.unit, Step::Stop, unwritable(e), &mut m, ledger, run).await;
+    }
+    run.notes.push(format!("every worker of this host is out of the gateway and stopped: the host may reboot now (then `pdctl host resume`, or pdctld resumes at its start after the reboot) — host drain {}", m.id));
+    run.t.summary(Outcome::Succeeded, None)
+}
+
+/// Bring the host back after its maintenance: each worker (prefills first) started if the
+/// boot did not, and through the restart's gates — its ready line of this run, health, pair,
+/// router, metrics, stranded KV, the soak — and only once all passed the host's slots given
+/// back and the record crossed off. A failure keeps the slots and says `failed`.
+pub(in crate::engine) async fn resume<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, plan: &Plan, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
+    let (sink, ctx, abort) = (run.sink, run.ctx, run.abort);
+    let mut m = match ledger.maintenance() {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            run.notes.push("this host is not in maintenance: nothing to resume".into());
+            return run.t.summary(Outcome::Succeeded, None);
+        }
+        Err(u) => {
+            let f = Fail::from(Cause::RecordUnwritable { dir: u.path.display().to_string(), error: u.error });
+            let unit = plan.workers.first().map(|w| w.unit.clone()).unwrap_or_default();
+            return run.t.summary(Outcome::Failed, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
+        }
+    };
+    m.phase = MaintenancePhase::Resuming;
+    m.since = crate::fleet::now_secs();
+    m.failed = None;
+    let _ = ledger.record_maintenance(&m);
+    let boot_head = eng.boot_head_after_reboot(&m).await;
+    let mut order = drain_order(plan);
+    order.reverse();
+    // What the boot started already is verified together, each through every gate (a
+    // prefill's pair probe waits for nothing: the later of a pair to be ready probes it);
+    // only what must be started is started, in order, after them.
+    let mut booted = Vec::new();
+    let mut stopped = Vec::new();
+    for w in order.iter().copied() {
+        let running =
+            eng.units.state(&w.unit).await.is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
+        if running {
+            booted.push(w)
+        } else {
+            stopped.push(w)
+        }
+    }
+    let peer = |a: &Worker, b: &Worker| a.role != b.role && a.role != Role::Regular && b.role != Role::Regular;
+    // Its recorded stop (and, after a reboot, this boot's journal head for its ready line).
+    let maintained = |w: &Worker| {
+        m.units.iter().find(|u| u.unit == w.unit).cloned().map(|mut u| {
+            if boot_head.is_some() {
+                u.cursor.clone_from(&boot_head);
+            }
+            u
+        })
+    };
+    if abort.load(Ordering::SeqCst) {
+        return eng.host_resume_failed(&mut m, ledger, run.t, None).await;
+    }
+    let together = futures_util::future::join_all(booted.iter().map(|w| {
+        let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
+        r.maintained = maintained(w);
+        // Its peers come back beside it: none may serve behind the gateway yet.
+        r.peers_out = order.iter().any(|o| peer(o, w));
+        async move { (w, runbook::run_sequence(eng, &mut r).await) }
+    }))
+    .await;
+    let mut failed = None;
+    for (w, res) in together {
+        match res {
+            Ok(_) => run.t.done.push(w.unit.clone()),
+            Err((step, f)) if failed.is_none() => failed = Some((w.unit.clone(), step, f)),
+            Err(_) => {}
+        }
+    }
+    if let Some((unit, step, f)) = failed {
+        let failure = halt::failure(eng, &unit, step, f).await;
+        return eng.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
+    }
+    for (i, w) in stopped.iter().copied().enumerate() {
+        if abort.load(Ordering::SeqCst) {
+            return eng.host_resume_failed(&mut m, ledger, run.t, None).await;
+        }
+        let mut r = WorkerRun::new(w, Sequence::HostUp, sink, ctx);
+        r.maintained = maintained(w);
+        // Its peers come back after it: none serves behind the gateway yet.
+        r.peers_out = order.iter().any(|o| peer(o, w)) && !booted.iter().chain(stopped.iter().take(i)).any(|o| peer(o, w));
+        if let Err((step, f)) = runbook::run_sequence(eng, &mut r).await {
+            let failure = halt::failure(eng, &w.unit, step, f).await;
+            return eng.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
+        }
+        run.t.done.push(w.unit.clone());
+    }
+    // Every worker passed every gate: the budget goes back.
+    let all_back = eng.give_back_host_slots(&m.id, ledger, run.notes).await;
+    if all_back {
+        if let Err(e) = ledger.clear_maintenance() {
+            tracing::warn!("the maintenance record could not be crossed off ({e})");
+        }
+        run.notes.push(format!("every worker passed its gates after the maintenance and the host's slots are given back (host drain {})", m.id));
+    } else {
+        run.notes.push("every worker passed its gates; a slot etcd did not take back yet stays on record and is given back when etcd answers".into());
+    }
+    run.t.summary(Outcome::Succeeded, None)
 }
 
 #[cfg(test)]

@@ -116,119 +116,6 @@ where
         })
     }
 
-    /// Restore `unit`'s last good revision, reload, and run it through the same gates. Only
-    /// after a restart (a refusal is never rolled back: it changed nothing). `Ok(false)`: there
-    /// was nothing to take back — the unit has the files of its last good revision — and nothing
-    /// is restarted for it (the same files again would be a retry, not a rollback).
-    pub(in crate::engine) async fn rollback(&self, unit: &str, ctx: Ctx<'_>, dir: &Path, sink: &Sink, notes: &mut Vec<String>) -> Result<bool, String> {
-        let w = self.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
-        let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
-        let cfg = self.units.config(unit).await.map_err(|er| er.to_string())?;
-        let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
-        let step = StepRun::start(sink, unit, Step::Rollback);
-        let done = match revisions::restore(&last, &current, ctx.writes.id) {
-            Ok(d) => d,
-            Err(er) => {
-                // Stopped half-way: which files are back, and which one is not.
-                let why = er.to_string();
-                step.emit(Status::Failed, detail_of(&RestoreStopped { cause: &why, restored: &er.done, not_restored: Some(&er.path) }));
-                return Err(why);
-            }
-        };
-        if done.is_empty() {
-            step.skip(NOTHING_TO_RESTORE);
-            notes.push(format!("{unit} already has the files of its last good revision: nothing to roll back, so it was not restarted again"));
-            return Ok(false);
-        }
-        tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
-        if let Err(er) = self.units.reload().await {
-            step.emit(Status::Failed, detail_of(&RestoreStopped { cause: &er.to_string(), restored: &done, not_restored: None }));
-            return Err(er.to_string());
-        }
-        step.pass(detail_of(&Restored { revision_recorded_at: last.recorded_at, restored: &done, restart: None, revert: None }));
-        notes.extend(done);
-        let plan = Plan { workers: vec![w.clone()] };
-        // The restored files are what it ran last: loading them is the point.
-        let s = roll::plan(self, &plan, sink, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
-        match s.result {
-            Outcome::Succeeded => {
-                notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
-                Ok(true)
-            }
-            _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
-        }
-    }
-
-    /// A revert (`Request::Revert`; a fleet bake's breach): each worker of the plan, in plan order,
-    /// gets back the files it ran before the reverted rollout (`befores`; step `rollback`: files
-    /// restored, the manager reloaded) and is restarted through every gate (and fleet slot) with
-    /// them. One worker's files are put back only when it is its turn, so no other worker restarts
-    /// on a change it was not meant to load; the first that fails halts the revert.
-    pub(in crate::engine) async fn revert(
-        &self,
-        plan: &Plan,
-        befores: &std::collections::BTreeMap<String, revisions::Revision>,
-        sink: &Sink,
-        abort: &AtomicBool,
-        ctx: Ctx<'_>,
-        notes: &mut Vec<String>,
-    ) -> Summary {
-        let t0 = Instant::now();
-        let mut done: Vec<String> = Vec::new();
-        let end = |result: Outcome, done: &[String], failed: Option<crate::events::Failure>| Summary {
-            id: None,
-            result,
-            elapsed_ms: t0.elapsed().as_millis() as u64,
-            units: done.to_vec(),
-            checked: Vec::new(),
-            repairs: Default::default(),
-            availability: None,
-            failed,
-        };
-        // A refusal touches nothing: the preflight each worker's restart will run (the outage it
-        // would cause among them) is asked before any file is put back; only its verdict is said.
-        let (quiet, _unheard) = tokio::sync::mpsc::unbounded_channel();
-        let asked = Ctx { load_changes: true, ..ctx };
-        if let Err((unit, f)) = crate::engine::gates::preflight::preflight(self, plan, &quiet, true, asked).await {
-            StepRun::start(sink, &unit, Step::Preflight).fail(&f);
-            return end(Outcome::Failed, &done, Some(halt::failure(self, &unit, Step::Preflight, f).await));
-        }
-        for w in &plan.workers {
-            if abort.load(std::sync::atomic::Ordering::SeqCst) {
-                return end(Outcome::Aborted, &done, None);
-            }
-            let Some(before) = befores.get(&w.unit) else { continue };
-            let step = StepRun::start(sink, &w.unit, Step::Rollback);
-            let restored = async {
-                let cfg = self.units.config(&w.unit).await.map_err(|er| er.to_string())?;
-                let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
-                let d = revisions::restore(before, &current, ctx.writes.id).map_err(|er| er.to_string())?;
-                self.units.reload().await.map_err(|er| format!("the manager did not reload them: {er}"))?;
-                Ok::<_, String>(d)
-            };
-            let restored = match restored.await {
-                Ok(d) => d,
-                Err(error) => {
-                    let f = Fail::from(Cause::RestoreFailed { unit: w.unit.clone(), error });
-                    step.fail(&f);
-                    return end(Outcome::Failed, &done, Some(halt::failure(self, &w.unit, Step::Rollback, f).await));
-                }
-            };
-            tracing::warn!(pdctl_unit = %w.unit, "{}: reverting to the revision it ran before (recorded {}): {}", w.unit, before.recorded_at, restored.join("; "));
-            step.pass(detail_of(&Restored { revision_recorded_at: before.recorded_at, restored: &restored, restart: Some(true), revert: Some(true) }));
-            notes.extend(restored);
-            // The restored files are what it ran before: loading them is the point.
-            let one = Plan { workers: vec![w.clone()] };
-            let s = roll::plan(self, &one, sink, abort, Ctx { load_changes: true, ..ctx }, notes).await;
-            done.extend(s.units.iter().cloned());
-            if s.result != Outcome::Succeeded {
-                return end(s.result, &done, s.failed);
-            }
-            notes.push(format!("{} runs the revision it ran before (recorded {}) and passed every gate", w.unit, before.recorded_at));
-        }
-        end(Outcome::Succeeded, &done, None)
-    }
-
     /// Undo a drain pdctl made (step `reconcile`): the worker is re-admitted to the router only
     /// when it serves. Still on the run that was drained and healthy: re-registered at once (that
     /// process passed the gates). On a new run: only after `/health` and the router gate pass,
@@ -451,6 +338,126 @@ pub(in crate::engine) fn held_out(d: &Drain, ledger: &[Drain]) -> Option<String>
             Some(format!("it still runs the old model and the new group serves (the coherent switch of {} stopped after the switch); {next}", d.rollout_id))
         }
     }
+}
+
+/// Restore `unit`'s last good revision, reload, and run it through the same gates. Only
+/// after a restart (a refusal is never rolled back: it changed nothing). `Ok(false)`: there
+/// was nothing to take back — the unit has the files of its last good revision — and nothing
+/// is restarted for it (the same files again would be a retry, not a rollback).
+pub(in crate::engine) async fn rollback<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    unit: &str,
+    ctx: Ctx<'_>,
+    dir: &Path,
+    sink: &Sink,
+    notes: &mut Vec<String>,
+) -> Result<bool, String> {
+    let w = eng.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
+    let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
+    let cfg = eng.units.config(unit).await.map_err(|er| er.to_string())?;
+    let current = revisions::snapshot(unit, &revisions::paths(unit, &cfg, &w.watch_files), "current");
+    let step = StepRun::start(sink, unit, Step::Rollback);
+    let done = match revisions::restore(&last, &current, ctx.writes.id) {
+        Ok(d) => d,
+        Err(er) => {
+            // Stopped half-way: which files are back, and which one is not.
+            let why = er.to_string();
+            step.emit(Status::Failed, detail_of(&RestoreStopped { cause: &why, restored: &er.done, not_restored: Some(&er.path) }));
+            return Err(why);
+        }
+    };
+    if done.is_empty() {
+        step.skip(NOTHING_TO_RESTORE);
+        notes.push(format!("{unit} already has the files of its last good revision: nothing to roll back, so it was not restarted again"));
+        return Ok(false);
+    }
+    tracing::warn!(pdctl_unit = %unit, "{unit}: rolling back to its last good revision: {}", done.join("; "));
+    if let Err(er) = eng.units.reload().await {
+        step.emit(Status::Failed, detail_of(&RestoreStopped { cause: &er.to_string(), restored: &done, not_restored: None }));
+        return Err(er.to_string());
+    }
+    step.pass(detail_of(&Restored { revision_recorded_at: last.recorded_at, restored: &done, restart: None, revert: None }));
+    notes.extend(done);
+    let plan = Plan { workers: vec![w.clone()] };
+    // The restored files are what it ran last: loading them is the point.
+    let s = roll::plan(eng, &plan, sink, &AtomicBool::new(false), Ctx { load_changes: true, ..ctx }, notes).await;
+    match s.result {
+        Outcome::Succeeded => {
+            notes.push(format!("{unit} runs its last good revision (recorded {}) and passed every gate", last.recorded_at));
+            Ok(true)
+        }
+        _ => Err(format!("the old revision did not pass either: {}", s.failed.map(|f| f.cause).unwrap_or_default())),
+    }
+}
+
+/// A revert (`Request::Revert`; a fleet bake's breach): each worker of the plan, in plan order,
+/// gets back the files it ran before the reverted rollout (`befores`; step `rollback`: files
+/// restored, the manager reloaded) and is restarted through every gate (and fleet slot) with
+/// them. One worker's files are put back only when it is its turn, so no other worker restarts
+/// on a change it was not meant to load; the first that fails halts the revert.
+pub(in crate::engine) async fn revert<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    plan: &Plan,
+    befores: &std::collections::BTreeMap<String, revisions::Revision>,
+    sink: &Sink,
+    abort: &AtomicBool,
+    ctx: Ctx<'_>,
+    notes: &mut Vec<String>,
+) -> Summary {
+    let t0 = Instant::now();
+    let mut done: Vec<String> = Vec::new();
+    let end = |result: Outcome, done: &[String], failed: Option<crate::events::Failure>| Summary {
+        id: None,
+        result,
+        elapsed_ms: t0.elapsed().as_millis() as u64,
+        units: done.to_vec(),
+        checked: Vec::new(),
+        repairs: Default::default(),
+        availability: None,
+        failed,
+    };
+    // A refusal touches nothing: the preflight each worker's restart will run (the outage it
+    // would cause among them) is asked before any file is put back; only its verdict is said.
+    let (quiet, _unheard) = tokio::sync::mpsc::unbounded_channel();
+    let asked = Ctx { load_changes: true, ..ctx };
+    if let Err((unit, f)) = crate::engine::gates::preflight::preflight(eng, plan, &quiet, true, asked).await {
+        StepRun::start(sink, &unit, Step::Preflight).fail(&f);
+        return end(Outcome::Failed, &done, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
+    }
+    for w in &plan.workers {
+        if abort.load(std::sync::atomic::Ordering::SeqCst) {
+            return end(Outcome::Aborted, &done, None);
+        }
+        let Some(before) = befores.get(&w.unit) else { continue };
+        let step = StepRun::start(sink, &w.unit, Step::Rollback);
+        let restored = async {
+            let cfg = eng.units.config(&w.unit).await.map_err(|er| er.to_string())?;
+            let current = revisions::snapshot(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), "current");
+            let d = revisions::restore(before, &current, ctx.writes.id).map_err(|er| er.to_string())?;
+            eng.units.reload().await.map_err(|er| format!("the manager did not reload them: {er}"))?;
+            Ok::<_, String>(d)
+        };
+        let restored = match restored.await {
+            Ok(d) => d,
+            Err(error) => {
+                let f = Fail::from(Cause::RestoreFailed { unit: w.unit.clone(), error });
+                step.fail(&f);
+                return end(Outcome::Failed, &done, Some(halt::failure(eng, &w.unit, Step::Rollback, f).await));
+            }
+        };
+        tracing::warn!(pdctl_unit = %w.unit, "{}: reverting to the revision it ran before (recorded {}): {}", w.unit, before.recorded_at, restored.join("; "));
+        step.pass(detail_of(&Restored { revision_recorded_at: before.recorded_at, restored: &restored, restart: Some(true), revert: Some(true) }));
+        notes.extend(restored);
+        // The restored files are what it ran before: loading them is the point.
+        let one = Plan { workers: vec![w.clone()] };
+        let s = roll::plan(eng, &one, sink, abort, Ctx { load_changes: true, ..ctx }, notes).await;
+        done.extend(s.units.iter().cloned());
+        if s.result != Outcome::Succeeded {
+            return end(s.result, &done, s.failed);
+        }
+        notes.push(format!("{} runs the revision it ran before (recorded {}) and passed every gate", w.unit, before.recorded_at));
+    }
+    end(Outcome::Succeeded, &done, None)
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ use crate::config::{Role, Worker};
 use crate::engine::context::Ctx;
 use crate::engine::gates;
 use crate::engine::machine::Engine;
-use crate::engine::runbook::{Sequence, WorkerRun};
+use crate::engine::runbook::{self, Sequence, WorkerRun};
 use crate::engine::step_run::{detail_of, Fail, StepRun};
 use crate::events::{Event, Sink, Status, Step};
 use crate::ports::{Logs, Probes, Units};
@@ -93,7 +93,7 @@ where
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             // On the heap: a sequence inside a sequence (this repair runs inside the prefill's pair
             // step) overflowed a debug build's worker stack.
-            let r = Box::pin(self.run_sequence(&mut WorkerRun::new(d, Sequence::Repair, &tx, ctx))).await;
+            let r = Box::pin(runbook::run_sequence(self, &mut WorkerRun::new(d, Sequence::Repair, &tx, ctx))).await;
             drop(tx);
             r
         };

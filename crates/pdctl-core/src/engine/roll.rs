@@ -13,6 +13,7 @@ use crate::engine::context::{Ctx, Scope, Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
+use crate::engine::runbook;
 use crate::engine::step_run::{lock, Fail, StepRun};
 use crate::engine::work::{Groups, SwitchPlan};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
@@ -113,8 +114,8 @@ pub(in crate::engine) async fn each<U: Units, L: Logs, P: Probes>(
         }
         // A check restarts nothing: each worker through its check sequence.
         let r = match ctx.outage.restarts() {
-            true => eng.restart_one(w, sink, ctx).await,
-            false => eng.check_one(w, sink).await.map(|()| Vec::new()),
+            true => runbook::restart_one(eng, w, sink, ctx).await,
+            false => runbook::check_one(eng, w, sink).await.map(|()| Vec::new()),
         };
         let repaired = match r {
             Ok(rep) => rep,
@@ -174,7 +175,7 @@ async fn together<U: Units, L: Logs, P: Probes>(
     let (tp, td) =
         (crate::engine::context::Together { unit: &d.unit, drained: &drained }, crate::engine::context::Together { unit: &p.unit, drained: &drained });
     let (cp, cd) = (Ctx { scope: Scope { together_with: Some(tp), ..ctx.scope }, ..ctx }, Ctx { scope: Scope { together_with: Some(td), ..ctx.scope }, ..ctx });
-    let (rp, rd) = tokio::join!(eng.restart_one(p, sink, cp), eng.restart_one(d, sink, cd));
+    let (rp, rd) = tokio::join!(runbook::restart_one(eng, p, sink, cp), runbook::restart_one(eng, d, sink, cd));
     if rp.is_ok() && rd.is_ok() {
         gates::slot::release_slots(eng, &p.unit, &slots, ctx).await;
         // The outage to expect next time is the pair's: first take-out to last re-admission.

@@ -12,9 +12,11 @@ use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::policy::{self, AfterInPlace, Failed, Rollback};
 use crate::engine::roll;
+use crate::engine::runbook;
 use crate::engine::step_run::{lock, Fail};
 use crate::engine::work::SwitchPlan;
 use crate::engine::work::{Finished, KnownChanges, RolloutRun, Work};
+use crate::engine::{host, recovery, weights};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
@@ -53,7 +55,7 @@ where
         };
         let lead: Vec<_> = plan.workers.iter().take(resume).cloned().collect();
         for w in lead {
-            if self.verify(&w, sink).await {
+            if runbook::verify(self, &w, sink).await {
                 plan.workers.retain(|x| x.unit != w.unit);
                 notes.push(format!("{} passed its gates again without a restart", w.unit));
             }
@@ -82,8 +84,8 @@ where
         // failed worker was out and put back is part of the figures.
         let run = async {
             let mut summary = match r.work {
-                Work::Weights { target } => self.update_weights_recorded(&plan, target, r.revisions, sink, &mut notes).await,
-                Work::Revert { restore } => self.revert(&plan, restore, sink, r.abort, ctx, &mut notes).await,
+                Work::Weights { target } => weights::update_recorded(self, &plan, target, r.revisions, sink, &mut notes).await,
+                Work::Revert { restore } => recovery::revert(self, &plan, restore, sink, r.abort, ctx, &mut notes).await,
                 Work::Restart { .. } => roll::plan(self, &plan, sink, r.abort, ctx, &mut notes).await,
                 Work::HostDrain { .. } | Work::HostResume => self.host_work(&plan, &r, ctx, sink, &mut notes).await,
             };
@@ -133,8 +135,8 @@ where
         };
         let run = &mut Underway { sink, abort: r.abort, ctx, notes, t: &mut t };
         match r.work {
-            Work::HostDrain { asked } => self.host_drain(plan, asked, ledger, run).await,
-            _ => self.host_resume(plan, ledger, run).await,
+            Work::HostDrain { asked } => host::drain(self, plan, asked, ledger, run).await,
+            _ => host::resume(self, plan, ledger, run).await,
         }
     }
 
@@ -192,7 +194,7 @@ where
             )),
             Rollback::Yes => {
                 let unit = f.unit.clone();
-                match self.rollback(&unit, ctx, dir, sink, notes).await {
+                match recovery::rollback(self, &unit, ctx, dir, sink, notes).await {
                     Ok(true) => {
                         summary.result = Outcome::RolledBack;
                         readmitted_by_rollback(&unit, notes);

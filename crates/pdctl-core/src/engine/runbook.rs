@@ -166,45 +166,12 @@ where
     L: Logs,
     P: Probes,
 {
-    /// Run `r`'s whole sequence, then give its slots back (verified). Returns the decodes
-    /// restarted to repair a stale pairing its pair gate found.
-    pub(in crate::engine) async fn run_sequence(&self, r: &mut WorkerRun<'_, U::W>) -> Result<Repaired, (Step, Fail)> {
-        self.run_steps(r, r.seq.steps()).await?;
-        // Verified: the slot goes back.
-        slot::release_slots(self, &r.w.unit, &r.slots, r.ctx).await;
-        Ok(std::mem::take(&mut r.repaired))
-    }
-
-    /// Run `steps` of `r`'s sequence in order; the first failure ends it.
-    pub(in crate::engine) async fn run_steps(&self, r: &mut WorkerRun<'_, U::W>, steps: impl Iterator<Item = Step>) -> Result<(), (Step, Fail)> {
-        for step in steps {
-            self.run_step(step, r).await?;
-        }
-        Ok(())
-    }
-
-    /// Restart one worker through every step ([`Sequence::Restart`]). Returns the decodes
-    /// restarted to repair a stale pairing found by its pair gate.
-    pub(in crate::engine) async fn restart_one(&self, w: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<Repaired, (Step, Fail)> {
-        self.run_sequence(&mut WorkerRun::new(w, Sequence::Restart, sink, ctx)).await
-    }
-
-    /// Re-verify a unit without restarting it ([`Sequence::Verify`]).
-    pub(in crate::engine) async fn verify(&self, w: &Worker, sink: &Sink) -> bool {
-        self.run_sequence(&mut WorkerRun::new(w, Sequence::Verify, sink, Ctx::none(Outage::Accepted, true))).await.is_ok()
-    }
-
-    /// `check` of one worker ([`Sequence::Check`]).
-    pub(in crate::engine) async fn check_one(&self, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
-        self.run_sequence(&mut WorkerRun::new(w, Sequence::Check, sink, Ctx::none(Outage::Check, false))).await.map(|_| ())
-    }
-
     /// Only the restart and ready steps of one worker, exactly as a rollout runs them (events go
     /// to `sink`; the ready event's detail has `detect_ms`): for the benchmark, and for anyone who
     /// wants to time them. Returns the unit's state after the restart.
     pub async fn restart_until_ready(&self, w: &Worker, sink: &Sink) -> Result<UnitState, Failure> {
         let mut r = WorkerRun::new(w, Sequence::Restart, sink, Ctx::none(Outage::Accepted, true));
-        match self.run_steps(&mut r, Sequence::Restart.between(Step::Restart, Step::Ready)).await {
+        match run_steps(self, &mut r, Sequence::Restart.between(Step::Restart, Step::Ready)).await {
             Ok(()) => match r.restarted {
                 Some(x) => Ok(x.after),
                 None => Err(halt::failure(self, &w.unit, Step::Restart, Fail::from(Cause::EventSourceClosed { what: "the restart step".into() })).await),
@@ -212,219 +179,268 @@ where
             Err((step, f)) => Err(halt::failure(self, &w.unit, step, f).await),
         }
     }
+}
 
-    /// One step of the runbook on `r`'s worker, as its sequence runs it.
-    async fn run_step(&self, step: Step, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
-        let (w, sink, ctx, seq) = (r.w, r.sink, r.ctx, r.seq);
-        let unit = w.unit.as_str();
-        match step {
-            // A pair restarted together took both slots at once before.
-            Step::Slot if ctx.scope.together_with.is_none() => r.slots = slot::slot_step(self, &[w], sink, ctx).await?,
-            Step::Slot => {}
-            Step::Drain => self.drain_step(r).await?,
-            Step::Restart => {
-                let deferred = r.deferred.take();
-                r.restarted = Some(reported(sink, unit, step, restart::restart(self, w, deferred.as_ref())).await?);
-            }
-            Step::Stop => {
-                let deferred = r.deferred.take();
-                reported(sink, unit, step, async { stop::stop(self, w, deferred.as_ref()).await.map(|d| (d, ())) }).await?;
-                // Stopped for the reboot: not a drain to undo any more. The maintenance record
-                // holds it; its resume re-registers it through the router gate.
-                if let Some(l) = ctx.writes.ledger {
-                    l.clear(unit).map_err(|e| (step, Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() })))?;
-                }
-            }
-            Step::Start => {
-                let was = r.maintained.clone();
-                r.restarted = Some(reported(sink, unit, step, stop::start(self, w, was.as_ref())).await?);
-            }
-            Step::Ready if r.restarted.as_ref().is_some_and(|x| x.ran_through) => {
-                StepRun::start(sink, unit, step).skip(RAN_THROUGH);
-            }
-            Step::Ready => {
-                let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
-                let after = x.after.clone();
-                let cursor = x.cursor.clone();
-                let ready_us = reported(sink, unit, step, async {
-                    ready::ready(self, w, cursor, &mut x.watch, &after).await.map(|d| (serde_json::to_value(&d).unwrap_or_default(), d.journal_realtime_us))
-                })
-                .await?;
-                // How long this start took: the interruption to expect next time, if it is alone in its role.
-                if let (Some(dir), true) = (ctx.writes.revisions, after.exec_main_start_us > 0) {
-                    let took = Duration::from_micros(ready_us.saturating_sub(after.exec_main_start_us));
-                    if let Err(e) = revisions::record_start(dir, unit, took.as_millis() as u64) {
-                        tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
-                    }
-                }
-            }
-            Step::Health => {
-                let after = if seq.restarts() { Some(r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?.after.clone()) } else { None };
-                // `check` says what it finds; the others wait, bounded, for the pair gate after it.
-                let pair_follows = seq != Sequence::Check;
-                reported(sink, unit, step, async { health::health(self, w, after.as_ref(), pair_follows).await.map(|d| (d, ())) }).await?;
-            }
-            Step::Pair => self.pair_of(r).await?,
-            Step::Router => self.router_step(r).await?,
-            // `check` sends no warm-up request of its own.
-            Step::Metrics => metrics::metrics_step(self, w, sink, seq != Sequence::Check, ctx).await?,
-            Step::StrandedKv if w.role == Role::Decode => stranded_kv::stranded_step(self, w, sink).await?,
-            Step::StrandedKv => {}
-            Step::Soak => {
-                let before = r.before.take();
-                let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
-                let after = x.after.clone();
-                let note = reported(sink, unit, step, async {
-                    soak::soak(self, w, &mut x.watch, &after, before).await.map(|d| {
-                        let note = crate::details::Said::of(&d).note;
-                        (d, note)
-                    })
-                })
-                .await?;
-                // "Not judged" is said in the summary, not hidden in a passed step.
-                if let (Some(note), Some(notes)) = (note, ctx.writes.notes) {
-                    lock(notes).push(note);
-                }
-            }
-            Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => {}
-        }
-        Ok(())
+/// Run `r`'s whole sequence, then give its slots back (verified). Returns the decodes
+/// restarted to repair a stale pairing its pair gate found.
+pub(in crate::engine) async fn run_sequence<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    r: &mut WorkerRun<'_, U::W>,
+) -> Result<Repaired, (Step, Fail)> {
+    run_steps(eng, r, r.seq.steps()).await?;
+    // Verified: the slot goes back.
+    slot::release_slots(eng, &r.w.unit, &r.slots, r.ctx).await;
+    Ok(std::mem::take(&mut r.repaired))
+}
+
+/// Run `steps` of `r`'s sequence in order; the first failure ends it.
+pub(in crate::engine) async fn run_steps<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    r: &mut WorkerRun<'_, U::W>,
+    steps: impl Iterator<Item = Step>,
+) -> Result<(), (Step, Fail)> {
+    for step in steps {
+        run_step(eng, step, r).await?;
     }
+    Ok(())
+}
 
-    /// The drain step (with its baseline for the service gate taken just before), and the point
-    /// a pair restarted together passes before either stops.
-    async fn drain_step(&self, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
-        let (w, ctx) = (r.w, r.ctx);
-        if r.seq == Sequence::Restart {
-            r.before = self.before_drain(w, ctx).await;
-        }
-        r.drain_began = Some(Instant::now());
-        let mut drained = Ok(());
-        if self.settings.rollout.drain {
-            let s = StepRun::start(r.sink, &w.unit, Step::Drain);
-            match drain::drain(self, w, ctx).await {
-                Ok(Some((d, later))) => {
-                    s.pass(d);
-                    r.deferred = later;
-                }
-                Ok(None) => s.skip(NOT_REGISTERED),
-                Err(f) => {
-                    s.fail(&f);
-                    drained = Err((Step::Drain, f));
-                }
-            }
-        }
-        // Restarted together: neither stops while the other still drains (`Together`).
-        if let Some(t) = ctx.scope.together_with {
-            t.drained.wait().await;
-        }
-        drained
-    }
+/// Restart one worker through every step ([`Sequence::Restart`]). Returns the decodes
+/// restarted to repair a stale pairing found by its pair gate.
+pub(in crate::engine) async fn restart_one<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    sink: &Sink,
+    ctx: Ctx<'_>,
+) -> Result<Repaired, (Step, Fail)> {
+    run_sequence(eng, &mut WorkerRun::new(w, Sequence::Restart, sink, ctx)).await
+}
 
-    /// The service gate's baseline when it is alone in its role: its figures before the drain —
-    /// before this rollout first touched it. A worker restarted again in the same rollout (a
-    /// rollback onto its last good revision) is judged against those, not against the run that
-    /// just failed.
-    async fn before_drain(&self, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
-        let measured = service_level::slo_before(self, w).await;
-        let Some(keep) = ctx.writes.before else { return measured };
-        let mut kept = lock(keep);
-        match kept.get(&w.unit) {
-            Some(first) => Some(first.clone()),
-            None => {
-                if let Some(b) = &measured {
-                    kept.insert(w.unit.clone(), b.clone());
-                }
-                measured
-            }
-        }
-    }
+/// Re-verify a unit without restarting it ([`Sequence::Verify`]).
+pub(in crate::engine) async fn verify<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, sink: &Sink) -> bool {
+    run_sequence(eng, &mut WorkerRun::new(w, Sequence::Verify, sink, Ctx::none(Outage::Accepted, true))).await.is_ok()
+}
 
-    /// The pair step, and what its sequence does with a stale pairing it finds: a restart
-    /// repairs it (this host's decode restarted here, another host's through the fleet), a
-    /// switch's new group or a re-verification fails on it, a repair finds none.
-    async fn pair_of(&self, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
-        let (w, sink, ctx) = (r.w, r.sink, r.ctx);
-        let after = match &r.restarted {
-            Some(x) => x.after.clone(),
-            // Re-verified: its pairs are probed against the run it has now.
-            None => self.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?,
-        };
-        let stale = pair::pair_step(self, w, sink, ctx, &after).await?;
-        match r.seq {
-            // A prefill back after a reboot runs a new process on its old address, as after a
-            // restart: decodes that kept its old bootstrap info are repaired the same way.
-            Sequence::Restart | Sequence::HostUp => {
-                for st in stale {
-                    match &st.owner {
-                        // On the heap: a repair runs a sequence of its own.
-                        None => Box::pin(self.repair(&st.decode, w, sink, ctx)).await?,
-                        // A decode of another host: its own pdctld restarts it, through the fleet.
-                        Some((host, unit)) => Box::pin(self.fleet_repair(&st.decode, host, unit, w, sink, ctx)).await?,
-                    }
-                    r.repaired.push((st.decode, w.unit.clone()));
-                }
-            }
-            Sequence::SwitchNew | Sequence::Verify => {
-                if let Some(s) = stale.first() {
-                    return Err((Step::Pair, Fail::from(Cause::StalePair { decode: s.decode.unit.clone(), prefill: w.unit.clone() })));
-                }
-            }
-            Sequence::Repair | Sequence::Check | Sequence::HostDown => {}
-        }
-        Ok(())
-    }
+/// `check` of one worker ([`Sequence::Check`]).
+pub(in crate::engine) async fn check_one<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
+    run_sequence(eng, &mut WorkerRun::new(w, Sequence::Check, sink, Ctx::none(Outage::Check, false))).await.map(|_| ())
+}
 
-    /// The router step: held out for a coherent switch; a restarted worker re-admitted (its drain
-    /// crossed off and its window out of the gateway recorded); a re-verified one registered
-    /// again if the gateway lost it; `check` only looks.
-    async fn router_step(&self, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
-        let (w, sink, ctx) = (r.w, r.sink, r.ctx);
-        let unit = w.unit.as_str();
-        if !r.seq.restarts() {
-            if !self.settings.verify.router {
-                return Ok(());
-            }
-            let may_register = r.seq == Sequence::Verify;
-            return reported(sink, unit, Step::Router, async { router::router(self, w, may_register, false).await.map(|d| (d, ())) }).await;
+/// One step of the runbook on `r`'s worker, as its sequence runs it.
+pub(in crate::engine) async fn run_step<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    step: Step,
+    r: &mut WorkerRun<'_, U::W>,
+) -> Result<(), (Step, Fail)> {
+    let (w, sink, ctx, seq) = (r.w, r.sink, r.ctx, r.seq);
+    let unit = w.unit.as_str();
+    match step {
+        // A pair restarted together took both slots at once before.
+        Step::Slot if ctx.scope.together_with.is_none() => r.slots = slot::slot_step(eng, &[w], sink, ctx).await?,
+        Step::Slot => {}
+        Step::Drain => drain_step(eng, r).await?,
+        Step::Restart => {
+            let deferred = r.deferred.take();
+            r.restarted = Some(reported(sink, unit, step, restart::restart(eng, w, deferred.as_ref())).await?);
         }
-        if ctx.scope.hold.is_some() {
-            // A coherent switch's new group stays out until the whole group is verified: it runs
-            // the new model while the old group serves (see `switch.rs`).
-            StepRun::start(sink, unit, Step::Router).skip(HELD_FOR_SWITCH);
-            return Ok(());
-        }
-        if !self.settings.verify.router {
-            StepRun::start(sink, unit, Step::Router).skip(rule(Step::Router, &self.settings).off_because.unwrap_or_default());
-            return Ok(());
-        }
-        // Out of the router since its drain — or since the restart took it out (deferred). A
-        // run resumed after its drain does not know when that was: it records no window (one
-        // from here would be its router gate alone, and the next estimate would say "about 2s").
-        let out_since = r.restarted.as_ref().and_then(|x| x.taken_out).or(r.drain_began);
-        reported(sink, unit, Step::Router, async {
-            // Every worker of the other PD role out of the router by this rollout's own drains
-            // (a decode repaired while its prefill waits drained): no request can pass the
-            // router now; the pair gate proved the pair directly.
-            let peers = pair::peers(self, w);
-            let peers_drained = r.peers_out
-                || !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
-            let d = router::router_recorded(self, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await?;
-            // Admitted again: the drain is undone.
+        Step::Stop => {
+            let deferred = r.deferred.take();
+            reported(sink, unit, step, async { stop::stop(eng, w, deferred.as_ref()).await.map(|d| (d, ())) }).await?;
+            // Stopped for the reboot: not a drain to undo any more. The maintenance record
+            // holds it; its resume re-registers it through the router gate.
             if let Some(l) = ctx.writes.ledger {
-                l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+                l.clear(unit).map_err(|e| (step, Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() })))?;
             }
-            // Drain, stop, start, gates, re-admission: the outage to expect next time if it
-            // is alone in its role.
-            if let (Some(dir), Some(out_since)) = (ctx.writes.revisions, out_since) {
-                if let Err(e) = revisions::record_window(dir, unit, out_since.elapsed().as_millis() as u64) {
-                    tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
+        }
+        Step::Start => {
+            let was = r.maintained.clone();
+            r.restarted = Some(reported(sink, unit, step, stop::start(eng, w, was.as_ref())).await?);
+        }
+        Step::Ready if r.restarted.as_ref().is_some_and(|x| x.ran_through) => {
+            StepRun::start(sink, unit, step).skip(RAN_THROUGH);
+        }
+        Step::Ready => {
+            let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
+            let after = x.after.clone();
+            let cursor = x.cursor.clone();
+            let ready_us = reported(sink, unit, step, async {
+                ready::ready(eng, w, cursor, &mut x.watch, &after).await.map(|d| (serde_json::to_value(&d).unwrap_or_default(), d.journal_realtime_us))
+            })
+            .await?;
+            // How long this start took: the interruption to expect next time, if it is alone in its role.
+            if let (Some(dir), true) = (ctx.writes.revisions, after.exec_main_start_us > 0) {
+                let took = Duration::from_micros(ready_us.saturating_sub(after.exec_main_start_us));
+                if let Err(e) = revisions::record_start(dir, unit, took.as_millis() as u64) {
+                    tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
                 }
             }
-            Ok((d, ()))
-        })
-        .await
+        }
+        Step::Health => {
+            let after = if seq.restarts() { Some(r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?.after.clone()) } else { None };
+            // `check` says what it finds; the others wait, bounded, for the pair gate after it.
+            let pair_follows = seq != Sequence::Check;
+            reported(sink, unit, step, async { health::health(eng, w, after.as_ref(), pair_follows).await.map(|d| (d, ())) }).await?;
+        }
+        Step::Pair => pair_of(eng, r).await?,
+        Step::Router => router_step(eng, r).await?,
+        // `check` sends no warm-up request of its own.
+        Step::Metrics => metrics::metrics_step(eng, w, sink, seq != Sequence::Check, ctx).await?,
+        Step::StrandedKv if w.role == Role::Decode => stranded_kv::stranded_step(eng, w, sink).await?,
+        Step::StrandedKv => {}
+        Step::Soak => {
+            let before = r.before.take();
+            let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
+            let after = x.after.clone();
+            let note = reported(sink, unit, step, async {
+                soak::soak(eng, w, &mut x.watch, &after, before).await.map(|d| {
+                    let note = crate::details::Said::of(&d).note;
+                    (d, note)
+                })
+            })
+            .await?;
+            // "Not judged" is said in the summary, not hidden in a passed step.
+            if let (Some(note), Some(notes)) = (note, ctx.writes.notes) {
+                lock(notes).push(note);
+            }
+        }
+        Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => {}
     }
+    Ok(())
+}
+
+/// The drain step (with its baseline for the service gate taken just before), and the point
+/// a pair restarted together passes before either stops.
+pub(in crate::engine) async fn drain_step<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
+    let (w, ctx) = (r.w, r.ctx);
+    if r.seq == Sequence::Restart {
+        r.before = before_drain(eng, w, ctx).await;
+    }
+    r.drain_began = Some(Instant::now());
+    let mut drained = Ok(());
+    if eng.settings.rollout.drain {
+        let s = StepRun::start(r.sink, &w.unit, Step::Drain);
+        match drain::drain(eng, w, ctx).await {
+            Ok(Some((d, later))) => {
+                s.pass(d);
+                r.deferred = later;
+            }
+            Ok(None) => s.skip(NOT_REGISTERED),
+            Err(f) => {
+                s.fail(&f);
+                drained = Err((Step::Drain, f));
+            }
+        }
+    }
+    // Restarted together: neither stops while the other still drains (`Together`).
+    if let Some(t) = ctx.scope.together_with {
+        t.drained.wait().await;
+    }
+    drained
+}
+
+/// The service gate's baseline when it is alone in its role: its figures before the drain —
+/// before this rollout first touched it. A worker restarted again in the same rollout (a
+/// rollback onto its last good revision) is judged against those, not against the run that
+/// just failed.
+pub(in crate::engine) async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
+    let measured = service_level::slo_before(eng, w).await;
+    let Some(keep) = ctx.writes.before else { return measured };
+    let mut kept = lock(keep);
+    match kept.get(&w.unit) {
+        Some(first) => Some(first.clone()),
+        None => {
+            if let Some(b) = &measured {
+                kept.insert(w.unit.clone(), b.clone());
+            }
+            measured
+        }
+    }
+}
+
+/// The pair step, and what its sequence does with a stale pairing it finds: a restart
+/// repairs it (this host's decode restarted here, another host's through the fleet), a
+/// switch's new group or a re-verification fails on it, a repair finds none.
+pub(in crate::engine) async fn pair_of<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
+    let (w, sink, ctx) = (r.w, r.sink, r.ctx);
+    let after = match &r.restarted {
+        Some(x) => x.after.clone(),
+        // Re-verified: its pairs are probed against the run it has now.
+        None => eng.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?,
+    };
+    let stale = pair::pair_step(eng, w, sink, ctx, &after).await?;
+    match r.seq {
+        // A prefill back after a reboot runs a new process on its old address, as after a
+        // restart: decodes that kept its old bootstrap info are repaired the same way.
+        Sequence::Restart | Sequence::HostUp => {
+            for st in stale {
+                match &st.owner {
+                    // On the heap: a repair runs a sequence of its own.
+                    None => Box::pin(eng.repair(&st.decode, w, sink, ctx)).await?,
+                    // A decode of another host: its own pdctld restarts it, through the fleet.
+                    Some((host, unit)) => Box::pin(eng.fleet_repair(&st.decode, host, unit, w, sink, ctx)).await?,
+                }
+                r.repaired.push((st.decode, w.unit.clone()));
+            }
+        }
+        Sequence::SwitchNew | Sequence::Verify => {
+            if let Some(s) = stale.first() {
+                return Err((Step::Pair, Fail::from(Cause::StalePair { decode: s.decode.unit.clone(), prefill: w.unit.clone() })));
+            }
+        }
+        Sequence::Repair | Sequence::Check | Sequence::HostDown => {}
+    }
+    Ok(())
+}
+
+/// The router step: held out for a coherent switch; a restarted worker re-admitted (its drain
+/// crossed off and its window out of the gateway recorded); a re-verified one registered
+/// again if the gateway lost it; `check` only looks.
+pub(in crate::engine) async fn router_step<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
+    let (w, sink, ctx) = (r.w, r.sink, r.ctx);
+    let unit = w.unit.as_str();
+    if !r.seq.restarts() {
+        if !eng.settings.verify.router {
+            return Ok(());
+        }
+        let may_register = r.seq == Sequence::Verify;
+        return reported(sink, unit, Step::Router, async { router::router(eng, w, may_register, false).await.map(|d| (d, ())) }).await;
+    }
+    if ctx.scope.hold.is_some() {
+        // A coherent switch's new group stays out until the whole group is verified: it runs
+        // the new model while the old group serves (see `switch.rs`).
+        StepRun::start(sink, unit, Step::Router).skip(HELD_FOR_SWITCH);
+        return Ok(());
+    }
+    if !eng.settings.verify.router {
+        StepRun::start(sink, unit, Step::Router).skip(rule(Step::Router, &eng.settings).off_because.unwrap_or_default());
+        return Ok(());
+    }
+    // Out of the router since its drain — or since the restart took it out (deferred). A
+    // run resumed after its drain does not know when that was: it records no window (one
+    // from here would be its router gate alone, and the next estimate would say "about 2s").
+    let out_since = r.restarted.as_ref().and_then(|x| x.taken_out).or(r.drain_began);
+    reported(sink, unit, Step::Router, async {
+        // Every worker of the other PD role out of the router by this rollout's own drains
+        // (a decode repaired while its prefill waits drained): no request can pass the
+        // router now; the pair gate proved the pair directly.
+        let peers = pair::peers(eng, w);
+        let peers_drained = r.peers_out
+            || !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
+        let d = router::router_recorded(eng, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await?;
+        // Admitted again: the drain is undone.
+        if let Some(l) = ctx.writes.ledger {
+            l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
+        }
+        // Drain, stop, start, gates, re-admission: the outage to expect next time if it
+        // is alone in its role.
+        if let (Some(dir), Some(out_since)) = (ctx.writes.revisions, out_since) {
+            if let Err(e) = revisions::record_window(dir, unit, out_since.elapsed().as_millis() as u64) {
+                tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
+            }
+        }
+        Ok((d, ()))
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::engine::context::{Ctx, Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
-use crate::engine::runbook::{Sequence, WorkerRun};
+use crate::engine::runbook::{self, Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::work::Groups;
 use crate::events::{Outcome, Sink, Step, Summary};
@@ -134,7 +134,7 @@ where
                 *crate::engine::step_run::lock(&c.current) = Some(w.unit.clone());
             }
             let mut r = WorkerRun::new(w, Sequence::SwitchNew, sink, held);
-            match self.run_steps(&mut r, Sequence::SwitchNew.between(Step::Drain, Step::Health)).await {
+            match runbook::run_steps(self, &mut r, Sequence::SwitchNew.between(Step::Drain, Step::Health)).await {
                 Ok(()) => up.push(r),
                 Err((step, f)) => return Err(self.switch_failed(w, step, f, run).await),
             }
@@ -142,7 +142,7 @@ where
         // 2. Each verified inside the group: its pairs (a stale one fails the switch), then the
         // rest of its steps (held out of the gateway).
         for mut r in up {
-            if let Err((step, f)) = self.run_steps(&mut r, Sequence::SwitchNew.between(Step::Pair, Step::Soak)).await {
+            if let Err((step, f)) = runbook::run_steps(self, &mut r, Sequence::SwitchNew.between(Step::Pair, Step::Soak)).await {
                 return Err(self.switch_failed(r.w, step, f, run).await);
             }
         }

@@ -32,6 +32,7 @@ use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::after_load::Served;
 use crate::engine::halt;
+use crate::engine::runbook;
 use crate::engine::work::WeightsTarget;
 
 /// Each worker's load: how long it took, and SGLang's message with the version it reports (or
@@ -128,38 +129,6 @@ where
     L: Logs,
     P: Probes,
 {
-    /// [`Engine::update_weights`] with its side effect on record: the workers it pauses are
-    /// written to `dir` ([`paused_path`]) before the first pause and forgotten once the rollout
-    /// ended (every path of it continues them), so that a pdctld that died in between continues
-    /// them when it starts. Without `dir` (never from pdctld) nothing is recorded.
-    pub(in crate::engine) async fn update_weights_recorded(
-        &self,
-        plan: &Plan,
-        to: WeightsTarget<'_>,
-        dir: Option<&std::path::Path>,
-        sink: &Sink,
-        notes: &mut Vec<String>,
-    ) -> Summary {
-        if let Some(dir) = dir {
-            let paused: Vec<PausedWorker> = plan.workers.iter().map(|w| PausedWorker { unit: w.unit.clone(), url: w.url.clone() }).collect();
-            let bytes = serde_json::to_vec_pretty(&paused).unwrap_or_default();
-            if let Err(e) = crate::state::state_file::atomic_write(&paused_path(dir), &bytes, crate::state::state_file::STATE_FILE_MODE) {
-                let cause = Cause::RecordUnwritable { dir: dir.display().to_string(), error: e.to_string() };
-                // Nothing is paused unrecorded: the first worker's preflight fails, nothing touched.
-                let unit = plan.workers.first().map(|w| w.unit.as_str()).unwrap_or(FLEET);
-                let s = StepRun::start(sink, unit, Step::Preflight);
-                let f = Fail::from(cause.clone());
-                s.fail(&f);
-                return Summary::untouched(0, Some(halt::failure(self, unit, Step::Preflight, Fail::from(cause)).await));
-            }
-        }
-        let summary = self.update_weights(plan, to, dir, sink, notes).await;
-        if let Some(dir) = dir {
-            let _ = std::fs::remove_file(paused_path(dir));
-        }
-        summary
-    }
-
     /// Load `to` into every worker of `plan` at once (see the module's documentation).
     pub(in crate::engine) async fn update_weights(
         &self,
@@ -480,7 +449,7 @@ where
             s.pass(detail_of(&PairsAfterLoad { pairs }));
         }
         for w in &plan.workers {
-            self.check_one(w, sink).await.map_err(|(step, f)| (w.unit.clone(), step, f))?;
+            runbook::check_one(self, w, sink).await.map_err(|(step, f)| (w.unit.clone(), step, f))?;
         }
         Ok(())
     }
@@ -538,6 +507,38 @@ fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
         "every worker was paused for {} while the new weights loaded: a request that arrived meanwhile waited for its end, one running at the pause finished after it (recomputed under the new weights where paused retract), and none was sent to a worker of another version",
         crate::cause::dur(&std::time::Duration::from_millis(waited))
     ));
+}
+
+/// [`Engine::update_weights`] with its side effect on record: the workers it pauses are
+/// written to `dir` ([`paused_path`]) before the first pause and forgotten once the rollout
+/// ended (every path of it continues them), so that a pdctld that died in between continues
+/// them when it starts. Without `dir` (never from pdctld) nothing is recorded.
+pub(in crate::engine) async fn update_recorded<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    plan: &Plan,
+    to: WeightsTarget<'_>,
+    dir: Option<&std::path::Path>,
+    sink: &Sink,
+    notes: &mut Vec<String>,
+) -> Summary {
+    if let Some(dir) = dir {
+        let paused: Vec<PausedWorker> = plan.workers.iter().map(|w| PausedWorker { unit: w.unit.clone(), url: w.url.clone() }).collect();
+        let bytes = serde_json::to_vec_pretty(&paused).unwrap_or_default();
+        if let Err(e) = crate::state::state_file::atomic_write(&paused_path(dir), &bytes, crate::state::state_file::STATE_FILE_MODE) {
+            let cause = Cause::RecordUnwritable { dir: dir.display().to_string(), error: e.to_string() };
+            // Nothing is paused unrecorded: the first worker's preflight fails, nothing touched.
+            let unit = plan.workers.first().map(|w| w.unit.as_str()).unwrap_or(FLEET);
+            let s = StepRun::start(sink, unit, Step::Preflight);
+            let f = Fail::from(cause.clone());
+            s.fail(&f);
+            return Summary::untouched(0, Some(halt::failure(eng, unit, Step::Preflight, Fail::from(cause)).await));
+        }
+    }
+    let summary = eng.update_weights(plan, to, dir, sink, notes).await;
+    if let Some(dir) = dir {
+        let _ = std::fs::remove_file(paused_path(dir));
+    }
+    summary
 }
 
 #[cfg(test)]
