@@ -2,13 +2,14 @@
 //! requests in flight — or, for the only worker of its role, the ledger written and its taking out
 //! deferred to its server's own drain check during the stop ([`Deferred`]).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::context::Ctx;
+use crate::engine::gates::deferred_drain::{defer, defers_take_out, settle_now, Deferral, Deferred};
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, POLL};
 use crate::engine::steps::{rule, GateMode};
@@ -78,95 +79,6 @@ struct HeldDrain {
     waited_ms: u64,
     /// Requests were still running when the wait ended.
     timed_out: bool,
-}
-
-/// The drain step's detail when the taking out waits for the stop ([`Deferred`]).
-#[derive(serde::Serialize)]
-struct DeferredDrain {
-    /// Deferred, and why that loses nothing.
-    taken_out: String,
-    /// Taken out this long after its SIGTERM at the latest.
-    take_out_by_ms: u64,
-    /// The gateway's id of the entry to remove.
-    removed_router_id: Option<String>,
-    /// Its load in the gateway.
-    router_load: Option<i64>,
-    /// The status the gateway lists it with.
-    router_status: Option<String>,
-    /// Replicas that list it.
-    replicas_drained: usize,
-    /// Requests in flight at the last look.
-    in_flight_at_start: Option<u64>,
-    /// Looks that found it busy.
-    busy_looks: u32,
-    /// Looks in all.
-    looks: u32,
-    /// smg's settle set for it (0), when every replica took it.
-    drain_settle_secs: Option<u64>,
-    /// What the replicas that refused the settle said.
-    warning: Option<String>,
-}
-
-/// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
-/// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
-/// 0.5.23 keeps serving new requests while SIGTERM drains it (only `/health` and `/ready` answer
-/// 503; `generate_request` has no shutdown check) and looks for requests left only every 5 s
-/// from its start (`sigterm_watchdog`, `managers/tokenizer_manager.py:3508-3545`): 0-5 s of a
-/// stop that, taken out first, would all be outage. So the restart takes it out at the first
-/// `Gracefully exiting... Remaining number of requests N` line of the old process: with N = 0 the
-/// server exits now; with N > 0 the gateway stops sending and the next check, 5 s later, finds
-/// them done (the same wait a drain before the stop would have had, rounded up to a check). Or
-/// before that check, at a deadline after SIGTERM set by how busy it was ([`take_out_by`]), so
-/// that a busy worker's requests end before the check instead of holding the stop 5 s more. At
-/// the latest when the restart job ends. The ledger is written before the stop, as for any drain.
-#[derive(Debug, Clone)]
-pub(in crate::engine) struct Deferred {
-    /// Each replica that lists the worker, and the worker's id there.
-    pub(in crate::engine) entries: Vec<(usize, String)>,
-    /// Taken out this long after its SIGTERM at the latest, if no drain check came before
-    /// ([`take_out_by`]).
-    pub(in crate::engine) by: Duration,
-}
-
-/// When, after its SIGTERM, a deferred worker that ran requests in a fraction `busy` of the
-/// looks at it is taken out of the gateway if its server's first drain check has not come yet.
-/// That check comes at a moment U spread evenly over the 5 s after SIGTERM (the watchdog wakes
-/// every 5 s from the server's first request). Taken out at x before it, the outage starts U − x
-/// early and the check finds its requests done (they end within x); taken out at the check
-/// itself, the outage starts at U but the check counts a request with probability `busy`, and
-/// SGLang then waits 5 s more. The expected extra outage, (5 − x)²/10 + busy·x, is least at
-/// x = 5 s × (1 − busy): at the check alone for an idle worker, 2.5 s after SIGTERM for one busy
-/// half the time (the most the deferral takes).
-fn take_out_by(busy: (u32, u32)) -> Duration {
-    crate::sglang::stop::WATCHDOG_PERIOD.mul_f64((1.0 - busy_share(busy)).clamp(0.0, 1.0))
-}
-
-/// The share of looks that found the worker running a request: `(busy, looks)`; 0 without a look.
-fn busy_share((busy, looks): (u32, u32)) -> f64 {
-    f64::from(busy) / f64::from(looks.max(1))
-}
-
-/// How long the only worker of its role is looked at before its drain is deferred (how busy it
-/// is; then, for up to as long again, a moment with no request in flight; it serves meanwhile),
-/// and how often its load is read.
-const IDLE_LOOK: Duration = Duration::from_secs(1);
-const IDLE_POLL: Duration = Duration::from_millis(20);
-
-/// How much longer than SGLang's first drain check ([`crate::sglang::stop::WATCHDOG_PERIOD`] after
-/// SIGTERM) a deferred worker's `TimeoutStopSec=` must be: a stop that SIGKILLs it before that
-/// check kills it while the gateway still routes to it (every request sent then fails, and on smg
-/// each counts against the decode's breaker too).
-const FIRST_CHECK_MARGIN: Duration = Duration::from_secs(2);
-
-/// Why a drain is deferred, and what its look at the worker's load saw.
-#[derive(Debug)]
-struct Deferral {
-    /// Why the requests it runs lose nothing by it.
-    why: String,
-    /// Requests in flight at the last look.
-    in_flight: Option<u64>,
-    /// Looks that found a request running, of all looks.
-    busy: (u32, u32),
 }
 
 /// The drain of a worker this rollout's coherent switch took out already: its requests waited
@@ -276,122 +188,6 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         timed_out: left.is_some_and(|n| n > 0),
     };
     Ok(Some((detail_of(&d), None)))
-}
-
-/// Whether this drain leaves the taking out to the restart ([`Deferred`]), given that no other
-/// worker of its role serves; `Err`: why not (said in the drain's detail). Not for a coherent
-/// switch's group (held out on purpose), nor when what is left after the drain is to be
-/// aborted (a stale decode's requests, `abort_after_drain_timeout`): those need the worker out
-/// and its requests counted first. Then only when it is expected to shorten the outage and
-/// costs the requests it runs nothing:
-/// - shorter: taken out at its first drain check, it exits at once when that check counts no
-///   request, and at the next one, 5 s later, when it counts one; drained before its stop,
-///   its first check comes 0-5 s after SIGTERM, 2.5 s on average. So it is deferred only when
-///   it runs requests less than half the time (its load read every 20 ms for 1 s, while it
-///   serves: [`IDLE_LOOK`]);
-/// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
-///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
-///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
-///   `drain_timeout` and two drain checks;
-/// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
-///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
-///   requests.
-async fn defers_take_out<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
-    if ctx.scope.hold.is_some() {
-        return Err("held out by the coherent switch".into());
-    }
-    if ctx.abort_in_flight || eng.settings.rollout.abort_after_drain_timeout {
-        return Err("what it runs after the drain is to be aborted".into());
-    }
-    // `None`: TimeoutStopSec=infinity.
-    let stop_bound = match eng.units.config(&w.unit).await {
-        Ok(c) => c.timeout_stop,
-        Err(e) => return Err(format!("its TimeoutStopSec could not be read ({e})")),
-    };
-    let first_check = crate::sglang::stop::WATCHDOG_PERIOD + FIRST_CHECK_MARGIN;
-    if let Some(t) = stop_bound.filter(|t| *t < first_check) {
-        return Err(format!(
-            "its TimeoutStopSec={:.1}s would SIGKILL it before SGLang's first drain check ({} s after SIGTERM), while the gateway still routes to it",
-            t.as_secs_f64(),
-            crate::sglang::stop::WATCHDOG_PERIOD.as_secs()
-        ));
-    }
-    let t0 = Instant::now();
-    let (mut samples, mut busy) = (0u32, 0u32);
-    let mut last = None;
-    while t0.elapsed() < IDLE_LOOK || (last.is_some_and(|n| n > 0) && t0.elapsed() < 2 * IDLE_LOOK) {
-        match eng.probes.in_flight(&w.url).await {
-            Ok(n) => {
-                if t0.elapsed() < IDLE_LOOK {
-                    samples += 1;
-                    busy += u32::from(n > 0);
-                }
-                last = Some(n);
-            }
-            Err(e) => return Err(format!("its load could not be read ({e})")),
-        }
-        tokio::time::sleep(IDLE_POLL).await;
-    }
-    let fraction = busy_share((busy, samples));
-    if samples == 0 || fraction >= 0.5 {
-        return Err(format!(
-            "it ran requests in {busy} of {samples} looks over {:.0} s: its first drain check would likely count one and wait 5 s more",
-            IDLE_LOOK.as_secs_f64()
-        ));
-    }
-    let covers = stop_bound.is_none_or(|t| t >= eng.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
-    let why = match last {
-        Some(0) => "it runs no request now".to_string(),
-        _ if covers => format!(
-            "its TimeoutStopSec={} covers drain_timeout and two of SGLang's drain checks",
-            stop_bound.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
-        ),
-        _ => return Err("it still runs a request, and its TimeoutStopSec alone would give that less time than drain_timeout and the stop".into()),
-    };
-    Ok(Deferral { why, in_flight: last, busy: (busy, samples) })
-}
-
-/// The deferred drain's detail: nothing is taken out yet. On smg 1.x each entry's
-/// `drain_settle_secs` is set to 0 first: the gateway then removes it at once when the
-/// restart takes it out (the server has said it is done by then; the default 5 s would keep
-/// the restarted worker from being registered again for what is left of them). Refused, it
-/// is a warning: the router gate waits the settle out.
-async fn defer<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)], d: Deferral) -> (Value, Option<Deferred>) {
-    let Deferral { why, in_flight, busy } = d;
-    let (settle, settle_warnings) = settle_now(eng, w, entries).await;
-    let role = w.role.as_str();
-    let by = take_out_by(busy);
-    let detail = detail_of(&DeferredDrain {
-        taken_out: format!(
-            "deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"
-        ),
-        take_out_by_ms: by.as_millis() as u64,
-        removed_router_id: entries.first().map(|(_, e)| e.id.clone()),
-        router_load: entries.first().map(|(_, e)| e.load),
-        router_status: entries.first().and_then(|(_, e)| e.status.clone()),
-        replicas_drained: entries.len(),
-        in_flight_at_start: in_flight,
-        busy_looks: busy.0,
-        looks: busy.1,
-        drain_settle_secs: settle,
-        warning: (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
-    });
-    (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
-}
-
-/// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
-/// that its removal takes it out at once. Returns 0 when every such replica took it (`None`:
-/// no replica has a settle, or one refused) and what the refusals said.
-async fn settle_now<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)]) -> (Option<u64>, Vec<String>) {
-    let mut refused = Vec::new();
-    let mut set = false;
-    for (r, e) in entries.iter().filter(|(_, e)| e.status.is_some()) {
-        match eng.probes.settle_now(*r, &e.id).await {
-            Ok(()) => set = true,
-            Err(er) => refused.push(format!("the gateway did not take drain_settle_secs = 0 for {}: {er}", w.url)),
-        }
-    }
-    ((set && refused.is_empty()).then_some(0), refused)
 }
 
 /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
@@ -551,43 +347,6 @@ mod tests {
             "warning",
         ];
         assert_eq!(keys(&detail_of(&h)), want);
-        let f = DeferredDrain {
-            taken_out: "deferred".into(),
-            take_out_by_ms: 1,
-            removed_router_id: None,
-            router_load: None,
-            router_status: None,
-            replicas_drained: 1,
-            in_flight_at_start: None,
-            busy_looks: 0,
-            looks: 0,
-            drain_settle_secs: None,
-            warning: None,
-        };
-        want = vec![
-            "busy_looks",
-            "drain_settle_secs",
-            "in_flight_at_start",
-            "looks",
-            "removed_router_id",
-            "replicas_drained",
-            "router_load",
-            "router_status",
-            "take_out_by_ms",
-            "taken_out",
-            "warning",
-        ];
-        assert_eq!(keys(&detail_of(&f)), want);
-    }
-
-    #[test]
-    fn a_busier_worker_is_taken_out_sooner_before_its_drain_check() {
-        let ms = |busy| take_out_by(busy).as_millis();
-        assert_eq!(ms((0, 50)), 5000, "idle: at the check itself");
-        assert_eq!(ms((10, 50)), 4000);
-        assert_eq!(ms((25, 50)), 2500, "busy half the time: 2.5 s after SIGTERM");
-        assert_eq!(ms((0, 0)), 5000, "no look: as idle");
-        assert_eq!(ms((60, 50)), 0, "never past SIGTERM itself");
     }
 }
 

@@ -2,8 +2,9 @@
 //! ports and settings): a call names the gate it enters (`health::health(engine, …)`), and the
 //! order they run in is `super::runbook::RUNBOOK`.
 
+pub(in crate::engine) mod deferred_drain;
+pub(in crate::engine) use deferred_drain::Deferred;
 pub(in crate::engine) mod drain;
-pub(in crate::engine) use drain::Deferred;
 pub(in crate::engine) mod health;
 pub(in crate::engine) mod metrics;
 pub(in crate::engine) mod pair;
