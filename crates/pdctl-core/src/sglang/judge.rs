@@ -199,24 +199,35 @@ pub fn crashed_since(now: &UnitState, base: &UnitState) -> Option<String> {
     None
 }
 
+/// Journal entries and a judge of one run, for the tests of whoever judges lines.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use std::time::SystemTime;
 
-    use super::*;
+    use super::{Judge, Run};
+    use crate::ports::LogEntry;
     use crate::sglang::{FATAL_PATTERNS, READY_LINE};
 
-    fn entry(fields: &[(&str, &str)]) -> LogEntry {
+    /// An entry with these fields.
+    pub(crate) fn entry(fields: &[(&str, &str)]) -> LogEntry {
         LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields: fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
     }
 
-    fn judge(inv: &str, pid: u32) -> Judge {
+    /// The judge of run `inv` whose main process is `pid`, with SGLang's ready and fatal lines.
+    pub(crate) fn judge(inv: &str, pid: u32) -> Judge {
         Judge {
             ready_pattern: READY_LINE.into(),
             fatal_patterns: FATAL_PATTERNS.iter().map(|s| s.to_string()).collect(),
             run: Run { invocation_id: inv.into(), main_pid: pid, procfs: "/nonexistent".into() },
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{entry, judge};
+    use super::*;
+    use crate::sglang::READY_LINE;
 
     const READY: &str = "[2026-05-01 12:00:00] The server is fired up and ready to roll!";
 

@@ -206,23 +206,9 @@ impl RunLines {
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
     use super::*;
+    use crate::sglang::judge::testing::{entry, judge};
     use crate::sglang::judge::{MSG_FAILURE_RESULT, MSG_UNIT_STARTING};
-    use crate::sglang::{FATAL_PATTERNS, READY_LINE};
-
-    fn entry(fields: &[(&str, &str)]) -> LogEntry {
-        LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields: fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
-    }
-
-    fn judge(inv: &str, pid: u32) -> Judge {
-        Judge {
-            ready_pattern: READY_LINE.into(),
-            fatal_patterns: FATAL_PATTERNS.iter().map(|s| s.to_string()).collect(),
-            run: Run { invocation_id: inv.into(), main_pid: pid, procfs: "/nonexistent".into() },
-        }
-    }
 
     fn manager(id: &str, inv: &str, msg: &str) -> LogEntry {
         entry(&[("MESSAGE", msg), ("MESSAGE_ID", id), ("USER_INVOCATION_ID", inv), ("_UID", "0")])
