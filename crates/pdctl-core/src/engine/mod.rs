@@ -33,6 +33,7 @@ pub mod host;
 mod in_place;
 mod machine;
 mod policy;
+mod reconcile;
 mod recovery;
 mod repair;
 mod role_floor;
