@@ -46,8 +46,8 @@ mod switch;
 mod weights;
 mod work;
 
+pub use crate::state::paused::{paused_path, PausedWorker};
 pub use fleet::bake_look::{BakeLook, BakeMarks};
 pub use machine::{Engine, LAST_LINES};
 pub use step_run::sentence;
-pub use weights::{paused_path, PausedWorker};
 pub use work::{Asked, Finished, Known, KnownChanges, RolloutRun, Staleness, WeightsTarget, Work};

@@ -34,6 +34,7 @@ use crate::engine::after_load::Served;
 use crate::engine::halt;
 use crate::engine::runbook;
 use crate::engine::work::WeightsTarget;
+use crate::state::paused::{paused_path, PausedWorker};
 
 /// Each worker's load: how long it took, and SGLang's message with the version it reports (or
 /// why it did not take them).
@@ -107,21 +108,6 @@ type Paused<'w> = (Vec<&'w Worker>, Vec<(StepRun<'w>, &'w Worker, Served, PauseM
 /// a decode at the pause fails with 401 at the continue (measured on the real server; a gateway
 /// may then retry it from the start).
 pub const IN_PLACE_NOTE: &str = "decodes were paused in_place, not retract: a prefill has an API key, and SGLang 0.5.23's decode re-fetches a retracted request's KV through the prefill's /generate without it (each would fail with 401); the requests running on a decode at the pause finished with KV computed by the previous weights";
-
-/// One worker pdctl may have left paused (`paused.json` in pdctld's state directory).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PausedWorker {
-    /// The unit.
-    pub unit: String,
-    /// Its URL (where `/continue_generation` goes).
-    pub url: String,
-}
-
-/// Where a weights rollout records the workers it is about to pause (written before the first
-/// pause, removed when the rollout ends): what pdctld continues when it starts after a crash.
-pub fn paused_path(dir: &std::path::Path) -> std::path::PathBuf {
-    dir.join("paused.json")
-}
 
 impl<U, L, P> Engine<U, L, P>
 where
