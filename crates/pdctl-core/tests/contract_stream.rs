@@ -5,6 +5,7 @@
 //! orchestration was layered (`PDCTL_WRITE_GOLDEN=1` writes it anew): a change of the engine's
 //! structure that changes a key, a value, a step or the order of a unit's steps fails here.
 
+#[allow(unused_imports)] // the fakes re-export for every test file; this one uses some
 mod fakes;
 
 use fakes::*;
