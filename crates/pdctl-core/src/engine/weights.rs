@@ -324,12 +324,12 @@ where
         if self.coordinator.is_none() || self.settings.fleet.is_none() {
             return mine;
         }
-        let hosts = self.rollout_hosts(id).await?.hosts;
+        let hosts = self.rollout_hosts(id).await.map_err(|e| e.to_string())?.hosts;
         let step = crate::engine::work::Phase { id, kind: crate::engine::work::FleetStep::Weights, name: phase };
-        self.write_phase(step, &mine).await?;
+        self.write_phase(step, &mine).await.map_err(|e| e.to_string())?;
         mine?;
         let limit = self.settings.rollout.ready_timeout + std::time::Duration::from_secs(60);
-        self.await_phase(step, &hosts, limit, None).await
+        self.await_phase(step, &hosts, limit, None).await.map_err(|e| e.to_string())
     }
 
     /// Each worker's cache flushed while every worker is paused, where its scheduler lets it

@@ -84,7 +84,7 @@ where
             return Err("a fleet switch needs [fleet] and its etcd".into());
         };
         let rollout = match id {
-            Some(id) => Some(self.rollout_hosts(id).await?),
+            Some(id) => Some(self.rollout_hosts(id).await.map_err(|e| e.to_string())?),
             None => None,
         };
         if let Some(canary) = rollout.as_ref().and_then(|r| r.canary.as_ref()) {
@@ -191,11 +191,11 @@ where
         let s = StepRun::start(sink, FLEET, Step::Switch);
         let t0 = Instant::now();
         let mut r = match mine {
-            Some(m) => self.write_phase(phase(id, name), m).await,
+            Some(m) => self.write_phase(phase(id, name), m).await.map_err(|e| e.to_string()),
             None => Ok(()),
         };
         if r.is_ok() && !hosts.is_empty() {
-            r = self.await_phase(phase(id, name), hosts, limit, abort).await;
+            r = self.await_phase(phase(id, name), hosts, limit, abort).await.map_err(|e| e.to_string());
         }
         let detail = detail_of(&InStep {
             phase: name.as_str(),
