@@ -88,6 +88,13 @@ pub struct Quarantine {
     pub at: u64,
 }
 
+impl Quarantine {
+    /// "in rollout r17…: <its cause>", for [`crate::cause::Cause::ChangesPending`].
+    pub fn clause(&self) -> String {
+        format!("in rollout {}: {}", self.rollout_id, self.cause)
+    }
+}
+
 /// The last line of `pdctl fleet watch`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -70,15 +70,7 @@ async fn scenarios() -> Value {
     // A check: every gate but restart and soak, nothing changed.
     let w = world();
     let s = with_router(&w, true);
-    let plan = pdctl_core::plan::Plan::new(&s, &[]).expect("a plan");
-    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let summary = engine.check(&plan, &tx).await;
-    drop(tx);
-    let mut events = Vec::new();
-    while let Some(e) = rx.recv().await {
-        events.push(e);
-    }
+    let (summary, events) = check(&w, s).await;
     out.insert("a_check".into(), written(&summary, &events, false));
     Value::Object(out)
 }

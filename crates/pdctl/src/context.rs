@@ -78,7 +78,7 @@ pub async fn known_changes(client: &crate::client::Client, config: &Path) -> Opt
         diff.workers
             .into_iter()
             .map(|w| {
-                let quarantined = w.quarantined.as_ref().map(pdctl_core::state::revisions::quarantine_clause);
+                let quarantined = w.quarantined.as_ref().map(|q| q.clause());
                 (w.unit, pdctl_core::engine::Known { reasons: w.reasons, quarantined, timing: w.timing })
             })
             .collect(),

@@ -94,7 +94,7 @@ pub struct RolloutRun<'a> {
 pub struct Known {
     /// What changed since its last good revision.
     pub reasons: Vec<String>,
-    /// Its current files are a change that failed (as a clause: [`quarantine_clause`]).
+    /// Its current files are a change that failed (as a clause: [`revisions::Quarantine::clause`]).
     pub quarantined: Option<String>,
     /// Its last measured start and window out of the router.
     pub timing: Option<revisions::StartTime>,

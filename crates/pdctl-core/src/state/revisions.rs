@@ -194,11 +194,6 @@ fn quarantine_path(dir: &Path, unit: &str) -> PathBuf {
     dir.join(format!("{}.quarantine.json", unit.replace('/', "_")))
 }
 
-/// "in rollout r17…: <its cause>", for [`crate::cause::Cause::ChangesPending`].
-pub fn quarantine_clause(q: &Quarantine) -> String {
-    format!("in rollout {}: {}", q.rollout_id, q.cause)
-}
-
 /// Record a failed change of `q.unit`.
 pub fn quarantine(dir: &Path, q: &Quarantine) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(q).map_err(std::io::Error::other)?;

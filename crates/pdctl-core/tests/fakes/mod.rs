@@ -439,14 +439,29 @@ pub async fn run(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>
 pub async fn run_only(w: &W, s: Settings, only: &[String]) -> (pdctl_core::events::Summary, Vec<Event>) {
     let plan = Plan::new(&s, only).unwrap();
     let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let summary = engine.rolling_restart(&plan, &tx).await;
     drop(tx);
+    (summary, events_of(rx).await)
+}
+
+/// `pdctl check` of every worker over the fakes: its summary and events.
+pub async fn check(w: &W, s: Settings) -> (pdctl_core::events::Summary, Vec<Event>) {
+    let plan = Plan::new(&s, &[]).unwrap();
+    let engine = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let summary = engine.check(&plan, &tx).await;
+    drop(tx);
+    (summary, events_of(rx).await)
+}
+
+/// Every event a run sent, once it dropped its sender.
+async fn events_of(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
     let mut events = Vec::new();
     while let Some(e) = rx.recv().await {
         events.push(e);
     }
-    (summary, events)
+    events
 }
 
 pub fn with(extra: &str) -> Settings {

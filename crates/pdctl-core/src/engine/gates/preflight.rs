@@ -52,7 +52,7 @@ fn pending_changes(
     changes.dedup();
     let quarantined = match known {
         Some(k) => k.quarantined.clone(),
-        None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| revisions::quarantine_clause(&q)),
+        None => dir.and_then(|d| revisions::quarantined(d, &current)).map(|q| q.clause()),
     };
     if changes.is_empty() && quarantined.is_none() {
         return None;
