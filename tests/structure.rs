@@ -324,6 +324,23 @@ fn pdctl_core_reaches_the_drivers_only_through_its_ports() {
 }
 
 #[test]
+fn gates_return_verdicts_and_never_write_events() {
+    // A gate hands its typed verdict to the runbook, which writes the step's events: no gate
+    // builds an event, holds the event sink, or serializes a passed step's detail itself.
+    let mut writing = Vec::new();
+    let gates = rust_sources("crates/pdctl-core/src/engine/gates");
+    assert!(gates.len() > 10, "the scan reads the gates: {gates:?}");
+    for f in &gates {
+        for (n, line) in code_lines(f) {
+            if ["StepRun", "Sink", "Event {", "Status::"].iter().any(|w| line.contains(w)) {
+                writing.push(format!("{}:{n}: {}", rel(f), line.trim()));
+            }
+        }
+    }
+    assert!(writing.is_empty(), "gates that write events (return a `Verdict` and let engine/runbook.rs write them):\n{}", writing.join("\n"));
+}
+
+#[test]
 fn the_architecture_doc_names_every_room_of_the_tree() {
     let doc = std::fs::read_to_string(root().join("docs/architecture.md")).expect("docs/architecture.md");
     let rooms = doc.split("## Where each thing is decided").next().unwrap_or_default();

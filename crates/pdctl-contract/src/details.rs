@@ -52,6 +52,44 @@ impl Said {
     }
 }
 
+/// What later readers take from a passed restart step's detail (the record's windows, a resumed
+/// rollout's run check): read through one type, never by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct RestartSeen {
+    /// The run it started.
+    #[serde(default)]
+    pub invocation_id: Option<String>,
+    /// What the stop took.
+    #[serde(default)]
+    pub stop: Option<StopSeen>,
+    /// A deferred drain: when the worker left the gateway during the stop.
+    #[serde(default)]
+    pub taken_out: Option<TakenOutSeen>,
+}
+
+/// The stop's part of [`RestartSeen`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct StopSeen {
+    /// How long the stop took (from SIGTERM to the process's exit), when measured.
+    #[serde(default)]
+    pub stop_ms: Option<u64>,
+}
+
+/// The deferred taking out's part of [`RestartSeen`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct TakenOutSeen {
+    /// After the restart job began.
+    #[serde(default)]
+    pub after_ms: Option<u64>,
+}
+
+impl RestartSeen {
+    /// What `detail` says (nothing where it holds other shapes).
+    pub fn of(detail: &Value) -> RestartSeen {
+        RestartSeen::deserialize(detail).unwrap_or_default()
+    }
+}
+
 /// The pair step's detail: every pair the restarted worker is in, and what was found.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PairDetail {
@@ -212,6 +250,18 @@ pub struct SlotWait {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_restart_detail_is_read_through_its_type() {
+        let d = json!({"invocation_id": "i2", "stop": {"stop_ms": 900, "why": "x"}, "taken_out": {"after_ms": 5100, "when": "w"}, "job_ms": 3});
+        let seen = RestartSeen::of(&d);
+        assert_eq!(seen.invocation_id.as_deref(), Some("i2"));
+        assert_eq!(seen.stop.and_then(|s| s.stop_ms), Some(900));
+        assert_eq!(seen.taken_out.and_then(|t| t.after_ms), Some(5100));
+        // Another shape (a failed step's, an old record's) reads as nothing, not as zero.
+        assert_eq!(RestartSeen::of(&json!({"stop": "killed"})), RestartSeen::default());
+        assert_eq!(RestartSeen::of(&json!(null)), RestartSeen::default());
+    }
 
     #[test]
     fn what_a_step_says_is_written_and_read_in_the_keys_of_the_contract() {

@@ -53,10 +53,11 @@ pub fn windows(events: &[Event]) -> BTreeMap<String, Window> {
             }
             Step::Restart => {
                 if let Some(parts) = open.get_mut(e.unit.as_str()) {
-                    let stop = e.detail.pointer("/stop/stop_ms").and_then(serde_json::Value::as_u64).filter(|s| *s <= e.elapsed_ms);
+                    let seen = crate::details::RestartSeen::of(&e.detail);
+                    let stop = seen.stop.and_then(|s| s.stop_ms).filter(|s| *s <= e.elapsed_ms);
                     // A deferred drain: the worker served through its drain step and the stop's
                     // first part; its window starts when the restart took it out.
-                    let taken_out = e.detail.pointer("/taken_out/after_ms").and_then(serde_json::Value::as_u64);
+                    let taken_out = seen.taken_out.and_then(|t| t.after_ms);
                     if taken_out.is_some() {
                         parts.clear();
                     }

@@ -71,7 +71,7 @@ pub fn order(old: &Record, now: &BTreeMap<String, RunNow>) -> Result<ResumeOrder
             .iter()
             .rev()
             .find(|ev| ev.unit == *u && ev.step == Step::Restart && ev.status == Status::Passed)
-            .and_then(|ev| ev.detail.get("invocation_id").and_then(|v| v.as_str()).map(String::from));
+            .and_then(|ev| crate::details::RestartSeen::of(&ev.detail).invocation_id);
         let run = now.get(u);
         let began_since = run.is_some_and(|r| r.exec_main_start_us > old.created_at.saturating_mul(1_000_000));
         let same_run = restarted_as.is_some() && restarted_as.as_deref() == run.map(|r| r.invocation_id.as_str());

@@ -67,6 +67,18 @@ impl RouterWorker {
         self.status.as_deref() == Some("draining")
     }
 
+    /// Given up on by the gateway (smg 1.x lists it `failed`): it will not admit it again by
+    /// itself.
+    pub fn given_up(&self) -> bool {
+        self.status.as_deref() == Some("failed")
+    }
+
+    /// Not ready yet by the gateway's own health checks (smg 1.x `not_ready`): flips back once
+    /// they pass.
+    pub fn not_ready(&self) -> bool {
+        self.status.as_deref() == Some("not_ready")
+    }
+
     /// Admitted: healthy, and `ready` where the gateway reports a status (`pending` is not).
     pub fn admitted(&self) -> bool {
         self.is_healthy && self.status.as_deref().is_none_or(|s| s == "ready")

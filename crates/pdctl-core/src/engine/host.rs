@@ -12,7 +12,6 @@ use std::sync::atomic::Ordering;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::context::{Tally, Underway};
-use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::runbook::{self, Sequence, WorkerRun};
@@ -297,21 +296,25 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     // holds name the maintenance (`pdctl fleet status` tells a rebooting host from a dead one).
     let holds_as = maintenance_hold(ctx.writes.id);
     let slot_ctx = crate::engine::context::Ctx { writes: crate::engine::context::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
-    if let Err((step, f)) = gates::slot::slot_step(eng, &order, sink, slot_ctx).await {
+    if let Err((step, f)) = runbook::take_slots(eng, &order, sink, slot_ctx).await {
         let _ = ledger.clear_maintenance();
         return t.summary(Outcome::Failed, Some(halt::failure(eng, &first.unit, step, f).await));
     }
-    let mut runs: Vec<WorkerRun<'_, U::W>> = order.iter().map(|w| WorkerRun::new(w, Sequence::HostDown, sink, ctx)).collect();
+    let runs: Vec<WorkerRun<'_>> = order.iter().map(|w| WorkerRun::new(w, Sequence::HostDown, sink, ctx)).collect();
     // Out of the gateway first, every worker: nothing new reaches the host while the first
     // ones stop.
-    for r in &mut runs {
-        if let Err((step, f)) = runbook::run_steps(eng, r, Sequence::HostDown.between(Step::Slot, Step::Drain)).await {
-            let unit = r.w.unit.clone();
-            return eng.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
+    let mut drained = Vec::new();
+    for r in &runs {
+        match runbook::drain(eng, r).await {
+            Ok(d) => drained.push(d),
+            Err((step, f)) => {
+                let unit = r.w.unit.clone();
+                return eng.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
+            }
         }
     }
-    for (i, r) in runs.iter_mut().enumerate() {
-        if let Err((step, f)) = runbook::run_steps(eng, r, Sequence::HostDown.between(Step::Stop, Step::Stop)).await {
+    for (i, (r, d)) in runs.iter().zip(drained).enumerate() {
+        if let Err((step, f)) = runbook::stop(eng, r, d).await {
             let unit = r.w.unit.clone();
             return eng.host_drain_failed(&unit, step, f, &mut m, ledger, run).await;
         }
@@ -388,7 +391,7 @@ pub(in crate::engine) async fn resume<U: Units, L: Logs, P: Probes>(eng: &Engine
         r.maintained = maintained(w);
         // Its peers come back beside it: none may serve behind the gateway yet.
         r.peers_out = order.iter().any(|o| peer(o, w));
-        async move { (w, runbook::run_sequence(eng, &mut r).await) }
+        async move { (w, runbook::run_sequence(eng, &r).await) }
     }))
     .await;
     let mut failed = None;
@@ -411,7 +414,7 @@ pub(in crate::engine) async fn resume<U: Units, L: Logs, P: Probes>(eng: &Engine
         r.maintained = maintained(w);
         // Its peers come back after it: none serves behind the gateway yet.
         r.peers_out = order.iter().any(|o| peer(o, w)) && !booted.iter().chain(stopped.iter().take(i)).any(|o| peer(o, w));
-        if let Err((step, f)) = runbook::run_sequence(eng, &mut r).await {
+        if let Err((step, f)) = runbook::run_sequence(eng, &r).await {
             let failure = halt::failure(eng, &w.unit, step, f).await;
             return eng.host_resume_failed(&mut m, ledger, run.t, Some(failure)).await;
         }

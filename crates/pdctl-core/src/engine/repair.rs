@@ -60,9 +60,7 @@ where
     /// `--allow-outage`.
     pub(in crate::engine) async fn repair(&self, d: &Worker, p: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
         let blocked = |why: String| -> (Step, Fail) {
-            let f = Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why });
-            StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
-            (Step::Pair, f)
+            runbook::failed_before(sink, &p.unit, Step::Pair, Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why }))
         };
         if let Some(dir) = ctx.writes.revisions {
             if let Ok(all) = self.staleness(dir).await {
@@ -93,7 +91,7 @@ where
             // A decode's own pair gate finds no stale decodes: nothing is repaired from a repair.
             // On the heap: a sequence inside a sequence (this repair runs inside the prefill's pair
             // step) overflowed a debug build's worker stack.
-            let r = Box::pin(runbook::run_sequence(self, &mut WorkerRun::new(d, Sequence::Repair, &tx, ctx))).await;
+            let r = Box::pin(runbook::run_sequence(self, &WorkerRun::new(d, Sequence::Repair, &tx, ctx))).await;
             drop(tx);
             r
         };
@@ -110,9 +108,7 @@ where
     pub(in crate::engine) async fn fleet_repair(&self, d: &Worker, host: &str, unit: &str, p: &Worker, sink: &Sink, ctx: Ctx<'_>) -> Result<(), (Step, Fail)> {
         use crate::ports::{CasChange, Write};
         let blocked = |why: String| -> (Step, Fail) {
-            let f = Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why });
-            StepRun::start(sink, &p.unit, Step::Pair).fail(&f);
-            (Step::Pair, f)
+            runbook::failed_before(sink, &p.unit, Step::Pair, Fail::from(Cause::RepairBlocked { decode: d.unit.clone(), prefill: p.unit.clone(), why }))
         };
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
             return Err(blocked("it is on another host and this host has no [fleet] to ask it".into()));

@@ -14,7 +14,7 @@ use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::runbook;
-use crate::engine::step_run::{lock, Fail, StepRun};
+use crate::engine::step_run::{lock, Fail};
 use crate::engine::work::{Groups, SwitchPlan};
 use crate::events::{Failure, Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
@@ -37,7 +37,7 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
         }
         _ => ctx,
     };
-    if let Err((unit, f)) = gates::preflight::preflight(eng, plan, sink, false, ctx).await {
+    if let Err((unit, f)) = runbook::preflight(eng, plan, sink, false, ctx).await {
         return t.summary(Outcome::Failed, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
     }
     // A change of the model the workers compute with, on a host with two groups of both
@@ -143,10 +143,9 @@ pub(in crate::engine) async fn each<U: Units, L: Logs, P: Probes>(
         if let (Some(c), Some(max)) = (ctx.clients, eng.settings.rollout.max_failed_probes) {
             let failed = c.failed.load(Ordering::SeqCst);
             if failed > max && t.done.len() < total {
-                let f = Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max });
-                StepRun::start(sink, &w.unit, Step::Soak).fail(&f);
+                let (step, f) = runbook::failed_before(sink, &w.unit, Step::Soak, Fail::from(Cause::ClientsFailing { unit: w.unit.clone(), failed, max }));
                 t.done.pop();
-                return Err(t.summary(Outcome::Failed, Some(halt::failure(eng, &w.unit, Step::Soak, f).await)));
+                return Err(t.summary(Outcome::Failed, Some(halt::failure(eng, &w.unit, step, f).await)));
             }
         }
     }
@@ -167,7 +166,7 @@ async fn together<U: Units, L: Logs, P: Probes>(
     if let Some(c) = ctx.clients {
         *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
     }
-    let slots = match gates::slot::slot_step(eng, &[p, d], sink, ctx).await {
+    let slots = match runbook::take_slots(eng, &[p, d], sink, ctx).await {
         Ok(s) => s,
         Err((step, f)) => return Err(halt::failure(eng, &p.unit, step, f).await),
     };

@@ -227,7 +227,7 @@ where
             scope: Scope { switch: Some(&switch_plan), ..Scope::default() },
             ..Ctx::none(Outage::of(allow_outage || self.settings.rollout.allow_outage), load_changes)
         };
-        let failed = match gates::preflight::preflight(self, plan, sink, true, ctx).await {
+        let failed = match runbook::preflight(self, plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),
         };

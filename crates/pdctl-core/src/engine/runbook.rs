@@ -1,23 +1,31 @@
 //! The runbook: a worker's steps in one ordered list ([`RUNBOOK`]), and every sequence that runs
 //! on a worker — a restart, a repair, a coherent switch's new group, a resumed rollout's
-//! re-verification, `check` — a filter of it ([`Sequence`]). The order is written here once; what
-//! each step does is one arm of [`Engine::run_step`], calling its gate (`gates/`, a file each).
+//! re-verification, `check` — a filter of it ([`Sequence`]). The order is written here once. Each
+//! sequence is a chain of step functions, each calling its gate (`gates/`, a file each) and
+//! taking what the step before handed on ([`Drained`] → [`Restarted`] → [`Up`]): a step cannot
+//! run before the one whose output it needs. This file alone turns a worker's steps into events.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use pdctl_parse::service::ServiceScrape;
-use serde_json::Value;
+use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::details::SlotWait;
 use crate::engine::context::{Ctx, Outage, Repaired};
-use crate::engine::gates::{drain, health, metrics, pair, ready, restart, router, service_level, slot, soak, stop, stranded_kv, Deferred, Restarted};
+use crate::engine::gates::{
+    drain, health, metrics, pair, preflight, ready, restart, router, service_level, slot, soak, stop, stranded_kv, Deferred, Restarted,
+};
 use crate::engine::halt;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{lock, Fail, StepRun};
-use crate::engine::steps::{rule, HELD_FOR_SWITCH, NOT_REGISTERED, RAN_THROUGH};
-use crate::events::{Failure, Sink, Step};
+use crate::engine::step_run::{detail_of, lock, Fail, StepRun, Verdict};
+use crate::engine::steps::{rule, HELD_FOR_SWITCH, RAN_THROUGH};
+use crate::events::{Failure, Sink, Status, Step};
 use crate::fleet::SlotRecord;
+use crate::names::{FLEET, ROUTER};
+use crate::plan::Plan;
 use crate::ports::{Logs, Probes, UnitState, Units};
 use crate::state::revisions;
 
@@ -73,13 +81,6 @@ impl Sequence {
         RUNBOOK.into_iter().filter(move |s| self.runs(*s))
     }
 
-    /// Its steps from `first` to `last` (both included), in runbook order.
-    pub fn between(self, first: Step, last: Step) -> impl Iterator<Item = Step> {
-        let at = |s: Step| RUNBOOK.iter().position(|x| *x == s);
-        let (a, b) = (at(first).unwrap_or(RUNBOOK.len()), at(last).unwrap_or(0));
-        RUNBOOK.into_iter().enumerate().filter(move |(i, s)| *i >= a && *i <= b && self.runs(*s)).map(|(_, s)| s)
-    }
-
     /// Whether the worker gets a new run — restarted, or started after host maintenance — that
     /// the later gates hold it to (else it is only verified).
     pub fn restarts(self) -> bool {
@@ -87,8 +88,10 @@ impl Sequence {
     }
 }
 
-/// One worker going through a sequence: what its steps hand on to the later ones.
-pub(in crate::engine) struct WorkerRun<'a, W> {
+/// One worker going through a sequence. What its steps hand on to the later ones is not kept
+/// here: each step takes what the step before produced and returns what the next needs
+/// ([`Drained`], [`Restarted`], [`Up`]), so the order is a type.
+pub(in crate::engine) struct WorkerRun<'a> {
     /// The worker.
     pub(in crate::engine) w: &'a Worker,
     /// Which part of the runbook it runs.
@@ -97,18 +100,6 @@ pub(in crate::engine) struct WorkerRun<'a, W> {
     pub(in crate::engine) sink: &'a Sink,
     /// The rollout's context.
     pub(in crate::engine) ctx: Ctx<'a>,
-    /// Its fleet slots (slot → given back once every step passed).
-    slots: Vec<SlotRecord>,
-    /// Its service figures before its drain (drain → soak).
-    before: Option<ServiceScrape>,
-    /// When its drain began (drain → router: its window out of the gateway).
-    drain_began: Option<Instant>,
-    /// The taking out left to its stop (drain → restart).
-    deferred: Option<Deferred>,
-    /// What the restart hands on (restart → ready, health, pair, soak).
-    restarted: Option<Restarted<W>>,
-    /// Decodes restarted to repair a stale pairing its pair gate found (pair → the caller).
-    repaired: Repaired,
     /// Host maintenance: the worker as the host's drain found it (its run, the journal's
     /// cursor before its stop) — the start step's starting point.
     pub(in crate::engine) maintained: Option<crate::state::drain_ledger::MaintainedUnit>,
@@ -118,39 +109,43 @@ pub(in crate::engine) struct WorkerRun<'a, W> {
     pub(in crate::engine) peers_out: bool,
 }
 
-impl<'a, W> WorkerRun<'a, W> {
+impl<'a> WorkerRun<'a> {
     /// `w` about to run `seq` in `ctx`.
     pub(in crate::engine) fn new(w: &'a Worker, seq: Sequence, sink: &'a Sink, ctx: Ctx<'a>) -> Self {
-        WorkerRun {
-            w,
-            seq,
-            sink,
-            ctx,
-            slots: Vec::new(),
-            before: None,
-            drain_began: None,
-            deferred: None,
-            restarted: None,
-            repaired: Vec::new(),
-            maintained: None,
-            peers_out: false,
-        }
+        WorkerRun { w, seq, sink, ctx, maintained: None, peers_out: false }
     }
 }
 
-/// A step that needs the restart's hand-over in a sequence without the restart step: never, as
-/// long as [`Sequence::runs`] keeps the runbook's order (its test checks that).
-fn out_of_order(step: Step, unit: &str) -> (Step, Fail) {
-    let what = format!("the {} step of {unit} without its restart step (a sequence out of runbook order)", step.as_str());
-    (step, Fail::from(Cause::EventSourceClosed { what }))
+/// When the worker left the gateway and its service figures from before (drain → the router
+/// step's window, the soak's baseline).
+#[derive(Default)]
+pub(in crate::engine) struct Out {
+    /// Its service figures before its drain (a restart's: the soak's baseline).
+    before: Option<ServiceScrape>,
+    /// When its drain began (`None`: not known — a host's resume).
+    since: Option<Instant>,
 }
 
-/// Run one step and report it: started, then passed with its detail or failed with its cause.
-async fn reported<T>(sink: &Sink, unit: &str, step: Step, fut: impl std::future::Future<Output = Result<(Value, T), Fail>>) -> Result<T, (Step, Fail)> {
+/// What the drain step hands on: [`Out`], and the taking out left to the stop.
+pub(in crate::engine) struct Drained {
+    out: Out,
+    deferred: Option<Deferred>,
+}
+
+/// A worker whose new run passed its ready and health steps: what its pair, router, metrics,
+/// stranded-KV and soak steps hold it to.
+pub(in crate::engine) struct Up<W> {
+    run: Restarted<W>,
+    out: Out,
+}
+
+/// Run one step and write its events: started, then the gate's verdict (its typed detail
+/// serialized here), or its failure. The one place a worker's step becomes events.
+async fn report<D: Serialize, T>(sink: &Sink, unit: &str, step: Step, fut: impl Future<Output = Result<(Verdict<D>, T), Fail>>) -> Result<T, (Step, Fail)> {
     let s = StepRun::start(sink, unit, step);
     match fut.await {
-        Ok((detail, v)) => {
-            s.pass(detail);
+        Ok((verdict, v)) => {
+            s.end(verdict);
             Ok(v)
         }
         Err(f) => {
@@ -158,6 +153,18 @@ async fn reported<T>(sink: &Sink, unit: &str, step: Step, fut: impl std::future:
             Err((step, f))
         }
     }
+}
+
+/// A worker's step that fails before its gate runs (a repair refused, clients failing after
+/// its soak): started and failed at once.
+pub(in crate::engine) fn failed_before(sink: &Sink, unit: &str, step: Step, f: Fail) -> (Step, Fail) {
+    StepRun::start(sink, unit, step).fail(&f);
+    (step, f)
+}
+
+/// [`report`] of a gate that hands nothing on.
+async fn judged<D: Serialize>(sink: &Sink, unit: &str, step: Step, fut: impl Future<Output = Result<Verdict<D>, Fail>>) -> Result<(), (Step, Fail)> {
+    report(sink, unit, step, async { fut.await.map(|v| (v, ())) }).await
 }
 
 impl<U, L, P> Engine<U, L, P>
@@ -170,39 +177,70 @@ where
     /// to `sink`; the ready event's detail has `detect_ms`): for the benchmark, and for anyone who
     /// wants to time them. Returns the unit's state after the restart.
     pub async fn restart_until_ready(&self, w: &Worker, sink: &Sink) -> Result<UnitState, Failure> {
-        let mut r = WorkerRun::new(w, Sequence::Restart, sink, Ctx::none(Outage::Accepted, true));
-        match run_steps(self, &mut r, Sequence::Restart.between(Step::Restart, Step::Ready)).await {
-            Ok(()) => match r.restarted {
-                Some(x) => Ok(x.after),
-                None => Err(halt::failure(self, &w.unit, Step::Restart, Fail::from(Cause::EventSourceClosed { what: "the restart step".into() })).await),
-            },
+        let r = WorkerRun::new(w, Sequence::Restart, sink, Ctx::none(Outage::Accepted, true));
+        let steps = async {
+            let run = restart(self, &r, None).await?;
+            ready(self, &r, run).await
+        };
+        match steps.await {
+            Ok(run) => Ok(run.after),
             Err((step, f)) => Err(halt::failure(self, &w.unit, step, f).await),
         }
     }
 }
 
-/// Run `r`'s whole sequence, then give its slots back (verified). Returns the decodes
-/// restarted to repair a stale pairing its pair gate found.
-pub(in crate::engine) async fn run_sequence<U: Units, L: Logs, P: Probes>(
+/// Preflight, before anything is touched: every worker of the plan in order, then the fleet's
+/// store (with `[fleet]`) and the gateway (when verified). Returns the unit (or `fleet`,
+/// `router`) that failed.
+pub(in crate::engine) async fn preflight<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
-    r: &mut WorkerRun<'_, U::W>,
-) -> Result<Repaired, (Step, Fail)> {
-    run_steps(eng, r, r.seq.steps()).await?;
-    // Verified: the slot goes back.
-    slot::release_slots(eng, &r.w.unit, &r.slots, r.ctx).await;
-    Ok(std::mem::take(&mut r.repaired))
-}
-
-/// Run `steps` of `r`'s sequence in order; the first failure ends it.
-pub(in crate::engine) async fn run_steps<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    r: &mut WorkerRun<'_, U::W>,
-    steps: impl Iterator<Item = Step>,
-) -> Result<(), (Step, Fail)> {
-    for step in steps {
-        run_step(eng, step, r).await?;
+    plan: &Plan,
+    sink: &Sink,
+    dry: bool,
+    ctx: Ctx<'_>,
+) -> Result<(), (String, Fail)> {
+    let mut seen = preflight::Seen::first(eng).await;
+    for w in &plan.workers {
+        let gate = async { preflight::preflight_worker(eng, w, plan, dry, ctx, &mut seen).await.map(Verdict::passed) };
+        judged(sink, &w.unit, Step::Preflight, gate).await.map_err(|(_, f)| (w.unit.clone(), f))?;
+    }
+    if slot::applies(eng) {
+        let gate = async { preflight::preflight_fleet(eng, dry).await.map(Verdict::passed) };
+        judged(sink, FLEET, Step::Preflight, gate).await.map_err(|(_, f)| (FLEET.to_string(), f))?;
+    }
+    if eng.settings.verify.router {
+        let gate = async { preflight::preflight_router(eng).await.map(Verdict::passed) };
+        judged(sink, ROUTER, Step::Preflight, gate).await.map_err(|(_, f)| (ROUTER.to_string(), f))?;
     }
     Ok(())
+}
+
+/// Run `r`'s whole sequence, then give its slots back (verified). Returns the decodes
+/// restarted to repair a stale pairing its pair gate found.
+pub(in crate::engine) async fn run_sequence<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Repaired, (Step, Fail)> {
+    // A pair restarted together took both slots at once before.
+    let own_slot = r.seq.runs(Step::Slot) && r.ctx.scope.together_with.is_none();
+    let slots = if own_slot { take_slots(eng, &[r.w], r.sink, r.ctx).await? } else { Vec::new() };
+    let repaired = match r.seq {
+        Sequence::Restart | Sequence::Repair | Sequence::SwitchNew => {
+            let up = until_healthy(eng, r).await?;
+            back_in_service(eng, r, up).await?
+        }
+        Sequence::HostUp => {
+            let run = start(eng, r).await?;
+            let up = proven(eng, r, run, Out::default()).await?;
+            back_in_service(eng, r, up).await?
+        }
+        Sequence::HostDown => {
+            let d = drain(eng, r).await?;
+            stop(eng, r, d).await?;
+            Vec::new()
+        }
+        Sequence::Verify | Sequence::Check => verified(eng, r).await?,
+    };
+    // Verified: the slot goes back.
+    slot::release_slots(eng, &r.w.unit, &slots, r.ctx).await;
+    Ok(repaired)
 }
 
 /// Restart one worker through every step ([`Sequence::Restart`]). Returns the decodes
@@ -213,136 +251,111 @@ pub(in crate::engine) async fn restart_one<U: Units, L: Logs, P: Probes>(
     sink: &Sink,
     ctx: Ctx<'_>,
 ) -> Result<Repaired, (Step, Fail)> {
-    run_sequence(eng, &mut WorkerRun::new(w, Sequence::Restart, sink, ctx)).await
+    run_sequence(eng, &WorkerRun::new(w, Sequence::Restart, sink, ctx)).await
 }
 
 /// Re-verify a unit without restarting it ([`Sequence::Verify`]).
 pub(in crate::engine) async fn verify<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, sink: &Sink) -> bool {
-    run_sequence(eng, &mut WorkerRun::new(w, Sequence::Verify, sink, Ctx::none(Outage::Accepted, true))).await.is_ok()
+    run_sequence(eng, &WorkerRun::new(w, Sequence::Verify, sink, Ctx::none(Outage::Accepted, true))).await.is_ok()
 }
 
 /// `check` of one worker ([`Sequence::Check`]).
 pub(in crate::engine) async fn check_one<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
-    run_sequence(eng, &mut WorkerRun::new(w, Sequence::Check, sink, Ctx::none(Outage::Check, false))).await.map(|_| ())
+    run_sequence(eng, &WorkerRun::new(w, Sequence::Check, sink, Ctx::none(Outage::Check, false))).await.map(|_| ())
 }
 
-/// One step of the runbook on `r`'s worker, as its sequence runs it.
-pub(in crate::engine) async fn run_step<U: Units, L: Logs, P: Probes>(
+/// The first half of a restart: out of the gateway, restarted, ready, healthy. A coherent
+/// switch runs it on its whole new group before the second half ([`back_in_service`]).
+pub(in crate::engine) async fn until_healthy<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Up<U::W>, (Step, Fail)> {
+    let Drained { out, deferred } = drain(eng, r).await?;
+    let run = restart(eng, r, deferred).await?;
+    proven(eng, r, run, out).await
+}
+
+/// A new run's ready and health steps.
+async fn proven<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, run: Restarted<U::W>, out: Out) -> Result<Up<U::W>, (Step, Fail)> {
+    let run = ready(eng, r, run).await?;
+    health(eng, r, Some(&run.after)).await?;
+    Ok(Up { run, out })
+}
+
+/// The second half: its pairs, back in the gateway, its KV metrics, stranded KV released, the
+/// soak. Returns the decodes restarted to repair a stale pairing its pair gate found.
+pub(in crate::engine) async fn back_in_service<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
-    step: Step,
-    r: &mut WorkerRun<'_, U::W>,
-) -> Result<(), (Step, Fail)> {
-    let (w, sink, ctx, seq) = (r.w, r.sink, r.ctx, r.seq);
-    let unit = w.unit.as_str();
-    match step {
-        // A pair restarted together took both slots at once before.
-        Step::Slot if ctx.scope.together_with.is_none() => r.slots = slot::slot_step(eng, &[w], sink, ctx).await?,
-        Step::Slot => {}
-        Step::Drain => drain_step(eng, r).await?,
-        Step::Restart => {
-            let deferred = r.deferred.take();
-            r.restarted = Some(reported(sink, unit, step, restart::restart(eng, w, deferred.as_ref())).await?);
+    r: &WorkerRun<'_>,
+    up: Up<U::W>,
+) -> Result<Repaired, (Step, Fail)> {
+    let Up { mut run, out } = up;
+    let repaired = pair(eng, r, Some(&run.after)).await?;
+    // Out of the router since its drain — or since the restart took it out (deferred). A
+    // run resumed after its drain does not know when that was: it records no window (one
+    // from here would be its router gate alone, and the next estimate would say "about 2s").
+    router_back(eng, r, run.taken_out.or(out.since)).await?;
+    metrics(eng, r).await?;
+    stranded(eng, r).await?;
+    soak(eng, r, &mut run, out.before).await?;
+    Ok(repaired)
+}
+
+/// A worker not restarted (re-verified, or `check`): health, its pairs, the router, its
+/// metrics, stranded KV — as its sequence runs them.
+async fn verified<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Repaired, (Step, Fail)> {
+    health(eng, r, None).await?;
+    let repaired = pair(eng, r, None).await?;
+    router_as_is(eng, r).await?;
+    metrics(eng, r).await?;
+    stranded(eng, r).await?;
+    Ok(repaired)
+}
+
+/// The slot step for `ws` at once (one worker, a pair restarted together, a host's workers):
+/// their slots of the fleet's budget (nothing without `[fleet]`).
+pub(in crate::engine) async fn take_slots<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    ws: &[&Worker],
+    sink: &Sink,
+    ctx: Ctx<'_>,
+) -> Result<Vec<SlotRecord>, (Step, Fail)> {
+    let Some(first) = ws.first().filter(|_| slot::applies(eng)) else { return Ok(Vec::new()) };
+    let s = StepRun::start(sink, &first.unit, Step::Slot);
+    // Each new reason to wait, as the step's progress.
+    let waiting = |why: &str| s.emit(Status::Started, detail_of(&SlotWait { waiting: why.to_string() }));
+    let r = slot::slot(eng, ws, ctx, &waiting).await;
+    match r {
+        Ok((verdict, recs)) => {
+            s.end(verdict);
+            Ok(recs)
         }
-        Step::Stop => {
-            let deferred = r.deferred.take();
-            reported(sink, unit, step, async { stop::stop(eng, w, deferred.as_ref()).await.map(|d| (d, ())) }).await?;
-            // Stopped for the reboot: not a drain to undo any more. The maintenance record
-            // holds it; its resume re-registers it through the router gate.
-            if let Some(l) = ctx.writes.ledger {
-                l.clear(unit).map_err(|e| (step, Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() })))?;
-            }
+        Err(f) => {
+            s.fail(&f);
+            Err((Step::Slot, f))
         }
-        Step::Start => {
-            let was = r.maintained.clone();
-            r.restarted = Some(reported(sink, unit, step, stop::start(eng, w, was.as_ref())).await?);
-        }
-        Step::Ready if r.restarted.as_ref().is_some_and(|x| x.ran_through) => {
-            StepRun::start(sink, unit, step).skip(RAN_THROUGH);
-        }
-        Step::Ready => {
-            let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
-            let after = x.after.clone();
-            let cursor = x.cursor.clone();
-            let ready_us = reported(sink, unit, step, async {
-                ready::ready(eng, w, cursor, &mut x.watch, &after).await.map(|d| (serde_json::to_value(&d).unwrap_or_default(), d.journal_realtime_us))
-            })
-            .await?;
-            // How long this start took: the interruption to expect next time, if it is alone in its role.
-            if let (Some(dir), true) = (ctx.writes.revisions, after.exec_main_start_us > 0) {
-                let took = Duration::from_micros(ready_us.saturating_sub(after.exec_main_start_us));
-                if let Err(e) = revisions::record_start(dir, unit, took.as_millis() as u64) {
-                    tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
-                }
-            }
-        }
-        Step::Health => {
-            let after = if seq.restarts() { Some(r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?.after.clone()) } else { None };
-            // `check` says what it finds; the others wait, bounded, for the pair gate after it.
-            let pair_follows = seq != Sequence::Check;
-            reported(sink, unit, step, async { health::health(eng, w, after.as_ref(), pair_follows).await.map(|d| (d, ())) }).await?;
-        }
-        Step::Pair => pair_of(eng, r).await?,
-        Step::Router => router_step(eng, r).await?,
-        // `check` sends no warm-up request of its own.
-        Step::Metrics => metrics::metrics_step(eng, w, sink, seq != Sequence::Check, ctx).await?,
-        Step::StrandedKv if w.role == Role::Decode => stranded_kv::stranded_step(eng, w, sink).await?,
-        Step::StrandedKv => {}
-        Step::Soak => {
-            let before = r.before.take();
-            let x = r.restarted.as_mut().ok_or_else(|| out_of_order(step, unit))?;
-            let after = x.after.clone();
-            let note = reported(sink, unit, step, async {
-                soak::soak(eng, w, &mut x.watch, &after, before).await.map(|d| {
-                    let note = crate::details::Said::of(&d).note;
-                    (d, note)
-                })
-            })
-            .await?;
-            // "Not judged" is said in the summary, not hidden in a passed step.
-            if let (Some(note), Some(notes)) = (note, ctx.writes.notes) {
-                lock(notes).push(note);
-            }
-        }
-        Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => {}
     }
-    Ok(())
 }
 
 /// The drain step (with its baseline for the service gate taken just before), and the point
 /// a pair restarted together passes before either stops.
-pub(in crate::engine) async fn drain_step<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
+pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Drained, (Step, Fail)> {
     let (w, ctx) = (r.w, r.ctx);
-    if r.seq == Sequence::Restart {
-        r.before = before_drain(eng, w, ctx).await;
-    }
-    r.drain_began = Some(Instant::now());
-    let mut drained = Ok(());
-    if eng.settings.rollout.drain {
-        let s = StepRun::start(r.sink, &w.unit, Step::Drain);
-        match drain::drain(eng, w, ctx).await {
-            Ok(Some((d, later))) => {
-                s.pass(d);
-                r.deferred = later;
-            }
-            Ok(None) => s.skip(NOT_REGISTERED),
-            Err(f) => {
-                s.fail(&f);
-                drained = Err((Step::Drain, f));
-            }
-        }
-    }
+    let before = if r.seq == Sequence::Restart { before_drain(eng, w, ctx).await } else { None };
+    let since = Some(Instant::now());
+    let drained = match eng.settings.rollout.drain {
+        true => report(r.sink, &w.unit, Step::Drain, drain::drain(eng, w, ctx)).await,
+        false => Ok(None),
+    };
     // Restarted together: neither stops while the other still drains (`Together`).
     if let Some(t) = ctx.scope.together_with {
         t.drained.wait().await;
     }
-    drained
+    Ok(Drained { out: Out { before, since }, deferred: drained? })
 }
 
 /// The service gate's baseline when it is alone in its role: its figures before the drain —
 /// before this rollout first touched it. A worker restarted again in the same rollout (a
 /// rollback onto its last good revision) is judged against those, not against the run that
 /// just failed.
-pub(in crate::engine) async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
+async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
     let measured = service_level::slo_before(eng, w).await;
     let Some(keep) = ctx.writes.before else { return measured };
     let mut kept = lock(keep);
@@ -357,17 +370,73 @@ pub(in crate::engine) async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &
     }
 }
 
+/// The restart step: a new run, the drain's deferred taking out done during its stop.
+async fn restart<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, deferred: Option<Deferred>) -> Result<Restarted<U::W>, (Step, Fail)> {
+    report(r.sink, &r.w.unit, Step::Restart, restart::restart(eng, r.w, deferred.as_ref())).await
+}
+
+/// Host maintenance: the stop step, after its drain. Stopped for the reboot, it is no drain to
+/// undo any more: the maintenance record holds it, and its resume re-registers it.
+pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, d: Drained) -> Result<(), (Step, Fail)> {
+    let unit = r.w.unit.as_str();
+    judged(r.sink, unit, Step::Stop, stop::stop(eng, r.w, d.deferred.as_ref())).await?;
+    if let Some(l) = r.ctx.writes.ledger {
+        l.clear(unit).map_err(|e| (Step::Stop, Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() })))?;
+    }
+    Ok(())
+}
+
+/// Host maintenance: the start step after the reboot (started if the boot did not).
+async fn start<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Restarted<U::W>, (Step, Fail)> {
+    report(r.sink, &r.w.unit, Step::Start, stop::start(eng, r.w, r.maintained.as_ref())).await
+}
+
+/// The ready step: the new run's ready line, and how long this start took recorded (the
+/// interruption to expect next time, if it is alone in its role).
+async fn ready<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, mut run: Restarted<U::W>) -> Result<Restarted<U::W>, (Step, Fail)> {
+    let (w, ctx, unit) = (r.w, r.ctx, r.w.unit.as_str());
+    if run.ran_through {
+        StepRun::start(r.sink, unit, Step::Ready).skip(RAN_THROUGH);
+        return Ok(run);
+    }
+    let (after, cursor) = (run.after.clone(), run.cursor.clone());
+    let gate = async {
+        let d = ready::ready(eng, w, cursor, &mut run.watch, &after).await?;
+        let at = d.journal_realtime_us;
+        Ok((Verdict::passed(d), at))
+    };
+    let ready_us = report(r.sink, unit, Step::Ready, gate).await?;
+    if let (Some(dir), true) = (ctx.writes.revisions, after.exec_main_start_us > 0) {
+        let took = Duration::from_micros(ready_us.saturating_sub(after.exec_main_start_us));
+        if let Err(e) = revisions::record_start(dir, unit, took.as_millis() as u64) {
+            tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit}'s start took: {e}");
+        }
+    }
+    Ok(run)
+}
+
+/// The health step: of the new run (`after`), or of the run it has.
+async fn health<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, after: Option<&UnitState>) -> Result<(), (Step, Fail)> {
+    // `check` says what it finds; the others wait, bounded, for the pair gate after it.
+    let pair_follows = r.seq != Sequence::Check;
+    judged(r.sink, &r.w.unit, Step::Health, health::health(eng, r.w, after, pair_follows)).await
+}
+
 /// The pair step, and what its sequence does with a stale pairing it finds: a restart
 /// repairs it (this host's decode restarted here, another host's through the fleet), a
 /// switch's new group or a re-verification fails on it, a repair finds none.
-pub(in crate::engine) async fn pair_of<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
+async fn pair<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, after: Option<&UnitState>) -> Result<Repaired, (Step, Fail)> {
     let (w, sink, ctx) = (r.w, r.sink, r.ctx);
-    let after = match &r.restarted {
-        Some(x) => x.after.clone(),
+    if !r.seq.runs(Step::Pair) || w.role == Role::Regular {
+        return Ok(Vec::new());
+    }
+    let after = match after {
+        Some(a) => a.clone(),
         // Re-verified: its pairs are probed against the run it has now.
         None => eng.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?,
     };
-    let stale = pair::pair_step(eng, w, sink, ctx, &after).await?;
+    let stale = report(sink, &w.unit, Step::Pair, pair::pair(eng, w, ctx, &after)).await?;
+    let mut repaired = Vec::new();
     match r.seq {
         // A prefill back after a reboot runs a new process on its old address, as after a
         // restart: decodes that kept its old bootstrap info are repaired the same way.
@@ -379,7 +448,7 @@ pub(in crate::engine) async fn pair_of<U: Units, L: Logs, P: Probes>(eng: &Engin
                     // A decode of another host: its own pdctld restarts it, through the fleet.
                     Some((host, unit)) => Box::pin(eng.fleet_repair(&st.decode, host, unit, w, sink, ctx)).await?,
                 }
-                r.repaired.push((st.decode, w.unit.clone()));
+                repaired.push((st.decode, w.unit.clone()));
             }
         }
         Sequence::SwitchNew | Sequence::Verify => {
@@ -389,22 +458,24 @@ pub(in crate::engine) async fn pair_of<U: Units, L: Logs, P: Probes>(eng: &Engin
         }
         Sequence::Repair | Sequence::Check | Sequence::HostDown => {}
     }
-    Ok(())
+    Ok(repaired)
 }
 
-/// The router step: held out for a coherent switch; a restarted worker re-admitted (its drain
-/// crossed off and its window out of the gateway recorded); a re-verified one registered
-/// again if the gateway lost it; `check` only looks.
-pub(in crate::engine) async fn router_step<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &mut WorkerRun<'_, U::W>) -> Result<(), (Step, Fail)> {
+/// The router step of a worker not restarted: a re-verified one registered again if the
+/// gateway lost it; `check` only looks.
+async fn router_as_is<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
+    if !eng.settings.verify.router {
+        return Ok(());
+    }
+    let may_register = r.seq == Sequence::Verify;
+    judged(r.sink, &r.w.unit, Step::Router, async { router::router(eng, r.w, may_register, false).await.map(Verdict::passed) }).await
+}
+
+/// The router step of a new run: held out for a coherent switch; else re-admitted, its drain
+/// crossed off and its window out of the gateway (from `out_since`) recorded.
+async fn router_back<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, out_since: Option<Instant>) -> Result<(), (Step, Fail)> {
     let (w, sink, ctx) = (r.w, r.sink, r.ctx);
     let unit = w.unit.as_str();
-    if !r.seq.restarts() {
-        if !eng.settings.verify.router {
-            return Ok(());
-        }
-        let may_register = r.seq == Sequence::Verify;
-        return reported(sink, unit, Step::Router, async { router::router(eng, w, may_register, false).await.map(|d| (d, ())) }).await;
-    }
     if ctx.scope.hold.is_some() {
         // A coherent switch's new group stays out until the whole group is verified: it runs
         // the new model while the old group serves (see `switch.rs`).
@@ -415,11 +486,7 @@ pub(in crate::engine) async fn router_step<U: Units, L: Logs, P: Probes>(eng: &E
         StepRun::start(sink, unit, Step::Router).skip(rule(Step::Router, &eng.settings).off_because.unwrap_or_default());
         return Ok(());
     }
-    // Out of the router since its drain — or since the restart took it out (deferred). A
-    // run resumed after its drain does not know when that was: it records no window (one
-    // from here would be its router gate alone, and the next estimate would say "about 2s").
-    let out_since = r.restarted.as_ref().and_then(|x| x.taken_out).or(r.drain_began);
-    reported(sink, unit, Step::Router, async {
+    judged(sink, unit, Step::Router, async {
         // Every worker of the other PD role out of the router by this rollout's own drains
         // (a decode repaired while its prefill waits drained): no request can pass the
         // router now; the pair gate proved the pair directly.
@@ -438,9 +505,46 @@ pub(in crate::engine) async fn router_step<U: Units, L: Logs, P: Probes>(eng: &E
                 tracing::warn!(pdctl_unit = %unit, "cannot record how long {unit} was out of the router: {e}");
             }
         }
-        Ok((d, ()))
+        Ok(Verdict::passed(d))
     })
     .await
+}
+
+/// The metrics step (`check` sends no warm-up request of its own).
+async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
+    judged(r.sink, &r.w.unit, Step::Metrics, metrics::metrics(eng, r.w, r.seq != Sequence::Check, r.ctx)).await
+}
+
+/// The stranded-KV step, on a decode with prefills.
+async fn stranded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
+    if !r.seq.runs(Step::StrandedKv) || r.w.role != Role::Decode || pair::peers(eng, r.w).is_empty() {
+        return Ok(());
+    }
+    judged(r.sink, &r.w.unit, Step::StrandedKv, stranded_kv::stranded(eng, r.w)).await
+}
+
+/// The soak of the new run, judged against `before`; a service it could not judge is said in
+/// the summary's notes, not hidden in a passed step.
+async fn soak<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    r: &WorkerRun<'_>,
+    run: &mut Restarted<U::W>,
+    before: Option<ServiceScrape>,
+) -> Result<(), (Step, Fail)> {
+    let after = run.after.clone();
+    let gate = async {
+        let v = soak::soak(eng, r.w, &mut run.watch, &after, before).await?;
+        let note = match &v {
+            Verdict::Passed(_, said) => said.note.clone(),
+            Verdict::Skipped(_) => None,
+        };
+        Ok((v, note))
+    };
+    let note = report(r.sink, &r.w.unit, Step::Soak, gate).await?;
+    if let (Some(note), Some(notes)) = (note, r.ctx.writes.notes) {
+        lock(notes).push(note);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -459,8 +563,8 @@ mod tests {
             }
         }
         assert_eq!(Sequence::Check.steps().collect::<Vec<_>>(), [Step::Health, Step::Router, Step::Metrics]);
-        assert_eq!(Sequence::SwitchNew.between(Step::Slot, Step::Health).collect::<Vec<_>>(), [Step::Drain, Step::Restart, Step::Ready, Step::Health]);
-        assert_eq!(Sequence::Restart.between(Step::Router, Step::Soak).count(), 4);
+        assert_eq!(Sequence::SwitchNew.steps().take(4).collect::<Vec<_>>(), [Step::Drain, Step::Restart, Step::Ready, Step::Health]);
+        assert_eq!(Sequence::HostDown.steps().collect::<Vec<_>>(), [Step::Drain, Step::Stop]);
         assert!(!Sequence::Verify.restarts() && Sequence::Repair.restarts());
     }
 }

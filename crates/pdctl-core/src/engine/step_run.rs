@@ -40,6 +40,46 @@ impl From<UnitsError> for Fail {
     }
 }
 
+/// How a gate ends its step, before it is an event (the runbook writes a worker step's): its typed
+/// detail — serialized only into the event — with what is said beside it (a warning, a note for
+/// the summary), or why it did not run.
+#[derive(Debug)]
+pub(in crate::engine) enum Verdict<D> {
+    /// Passed: the step's detail, and what is said beside it.
+    Passed(D, Said),
+    /// Skipped, and why.
+    Skipped(String),
+}
+
+impl<D> Verdict<D> {
+    /// Passed, nothing said beside it.
+    pub(in crate::engine) fn passed(d: D) -> Self {
+        Verdict::Passed(d, Said::default())
+    }
+
+    /// Passed with `cause` as a warning (its sentence and code beside the detail).
+    pub(in crate::engine) fn warned(d: D, cause: &Cause) -> Self {
+        Verdict::Passed(d, Said { warning: Some(cause.sentence()), cause_code: Some(cause.code().to_string()), ..Said::default() })
+    }
+
+    /// Under [`GateMode::Warn`], a failure of `cause` passed with it as a warning beside
+    /// `detail`; otherwise `None` (the step fails).
+    pub(in crate::engine) fn warned_under(mode: GateMode, cause: &Cause, detail: D) -> Option<Self> {
+        (mode == GateMode::Warn).then(|| Verdict::warned(detail, cause))
+    }
+}
+
+#[cfg(test)]
+impl<D: serde::Serialize> Verdict<D> {
+    /// The event's detail this verdict becomes (a skip: its reason).
+    pub(in crate::engine) fn json(&self) -> Value {
+        match self {
+            Verdict::Passed(d, said) => said.clone().written_into(detail_of(d)),
+            Verdict::Skipped(why) => Said { reason: Some(why.clone()), ..Said::default() }.written_into(Value::Null),
+        }
+    }
+}
+
 pub(in crate::engine) struct StepRun<'a> {
     pub(in crate::engine) sink: &'a Sink,
     pub(in crate::engine) unit: String,
@@ -74,14 +114,12 @@ impl<'a> StepRun<'a> {
     pub(in crate::engine) fn skip(self, why: &str) {
         self.emit(Status::Skipped, Said { reason: Some(why.to_string()), ..Said::default() }.written_into(Value::Null));
     }
-    /// Under [`GateMode::Warn`], end the step as passed with a warning (`detail` plus the cause's
-    /// sentence and code) and return `None`; otherwise hand the step back, to be failed.
-    pub(in crate::engine) fn warn_or_keep(self, mode: GateMode, cause: &Cause, detail: Value) -> Option<StepRun<'a>> {
-        if mode != GateMode::Warn {
-            return Some(self);
+    /// End the step as its gate's verdict says: the typed detail serialized here, into the event.
+    pub(in crate::engine) fn end<D: serde::Serialize>(self, v: Verdict<D>) {
+        match v {
+            Verdict::Passed(d, said) => self.pass(said.written_into(detail_of(&d))),
+            Verdict::Skipped(why) => self.skip(&why),
         }
-        self.pass(Said { warning: Some(cause.sentence()), cause_code: Some(cause.code().to_string()), ..Said::default() }.written_into(detail));
-        None
     }
 
     pub(in crate::engine) fn fail(self, f: &Fail) {

@@ -133,16 +133,16 @@ where
             if let Some(c) = ctx.clients {
                 *crate::engine::step_run::lock(&c.current) = Some(w.unit.clone());
             }
-            let mut r = WorkerRun::new(w, Sequence::SwitchNew, sink, held);
-            match runbook::run_steps(self, &mut r, Sequence::SwitchNew.between(Step::Drain, Step::Health)).await {
-                Ok(()) => up.push(r),
+            let r = WorkerRun::new(w, Sequence::SwitchNew, sink, held);
+            match runbook::until_healthy(self, &r).await {
+                Ok(healthy) => up.push((r, healthy)),
                 Err((step, f)) => return Err(self.switch_failed(w, step, f, run).await),
             }
         }
         // 2. Each verified inside the group: its pairs (a stale one fails the switch), then the
         // rest of its steps (held out of the gateway).
-        for mut r in up {
-            if let Err((step, f)) = runbook::run_steps(self, &mut r, Sequence::SwitchNew.between(Step::Pair, Step::Soak)).await {
+        for (r, healthy) in up {
+            if let Err((step, f)) = runbook::back_in_service(self, &r, healthy).await {
                 return Err(self.switch_failed(r.w, step, f, run).await);
             }
         }

@@ -67,6 +67,29 @@ pub fn job_limit(job_timeout: Duration, timeout_stop: Option<Duration>) -> Durat
     job_timeout + timeout_stop.unwrap_or(UNBOUNDED_STOP_WAIT).min(UNBOUNDED_STOP_WAIT)
 }
 
+/// How a stop ended (the stop report's `ended_by`, in snake case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndedBy {
+    /// The manager's `TimeoutStopSec=` ran out: SIGKILL.
+    TimeoutSigkill,
+    /// SGLang killed its own process tree after a child died.
+    SglangTreeKill,
+    /// SGLang's watchdog force-exited an unhealthy server.
+    ForceExit,
+    /// SGLang drained its requests after SIGTERM and exited.
+    Drained,
+    /// It exited without a drain SGLang logged.
+    Exited,
+}
+
+impl EndedBy {
+    /// SGLang ended it itself, without waiting for what ran on it (not the manager's timeout).
+    pub fn by_sglang_itself(self) -> bool {
+        matches!(self, EndedBy::SglangTreeKill | EndedBy::ForceExit)
+    }
+}
+
 /// What one stop took and why, from the unit's timestamps and its journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StopReport {
@@ -87,7 +110,7 @@ pub struct StopReport {
     /// nothing drained), `force_exit` (SGLang's watchdog exited at its first check without
     /// waiting for the requests in flight: the server was UnHealthy, or `SGL_FORCE_SHUTDOWN`),
     /// `exited` (it exited without logging a drain).
-    pub ended_by: &'static str,
+    pub ended_by: EndedBy,
     /// Why the stop took that long, in one sentence.
     pub why: String,
 }
@@ -150,11 +173,11 @@ pub fn report(lines: &[String], stop: Option<Duration>, timeout_stop: Option<Dur
         }
     };
     let ended_by = match (killed, tree_kill, forced.is_some(), start.is_some()) {
-        (true, _, _, _) => "timeout_sigkill",
-        (false, true, _, _) => "sglang_tree_kill",
-        (false, false, true, _) => "force_exit",
-        (false, false, false, true) => "drained",
-        (false, false, false, false) => "exited",
+        (true, _, _, _) => EndedBy::TimeoutSigkill,
+        (false, true, _, _) => EndedBy::SglangTreeKill,
+        (false, false, true, _) => EndedBy::ForceExit,
+        (false, false, false, true) => EndedBy::Drained,
+        (false, false, false, false) => EndedBy::Exited,
     };
     StopReport {
         stop_ms: stop.map(ms),
@@ -298,7 +321,7 @@ mod tests {
             "p.service: Failed with result 'signal'.",
         ]);
         let r = report(&l, Some(Duration::from_millis(5600)), Some(Duration::from_secs(60)));
-        assert_eq!((r.killed, r.ended_by), (false, "sglang_tree_kill"));
+        assert_eq!((r.killed, r.ended_by), (false, EndedBy::SglangTreeKill));
         assert!(r.why.contains("SIGKILLed its own process tree") && r.why.contains("KillMode=mixed"), "{}", r.why);
         assert!(!r.why.contains("TimeoutStopSec"), "{}", r.why);
         // The manager's own SIGKILL at the timeout is still that.
@@ -307,11 +330,11 @@ mod tests {
             Some(Duration::from_secs(60)),
             Some(Duration::from_secs(60)),
         );
-        assert_eq!((t.killed, t.ended_by), (true, "timeout_sigkill"));
+        assert_eq!((t.killed, t.ended_by), (true, EndedBy::TimeoutSigkill));
         let d =
             report(&lines(&["SIGTERM received. Draining requests and shutting down...", "Gracefully exiting... Remaining number of requests 0."]), None, None);
-        assert_eq!(d.ended_by, "drained");
-        assert_eq!(report(&[], None, None).ended_by, "exited");
+        assert_eq!(d.ended_by, EndedBy::Drained);
+        assert_eq!(report(&[], None, None).ended_by, EndedBy::Exited);
     }
 
     #[test]
@@ -352,7 +375,7 @@ mod tests {
         let sigterm = "[t] SIGTERM received. signum=15 frame=None. Draining requests and shutting down...";
         let forced = "[t] Signal SIGTERM received while health check failed. Force exiting.";
         let r = report(&lines(&[sigterm, forced]), Some(Duration::from_millis(5200)), Some(Duration::from_secs(60)));
-        assert_eq!(r.ended_by, "force_exit");
+        assert_eq!(r.ended_by, EndedBy::ForceExit);
         assert!(!r.why.contains("nothing was in flight"), "{}", r.why);
         assert!(r.why.contains("UnHealthy") && r.why.contains("without waiting for the requests in flight"), "{}", r.why);
         // A failed PD warm-up (the ready line logged all the same) is named as the reason.
@@ -360,6 +383,6 @@ mod tests {
         let r = report(&lines(&[warm, "[t] The server is fired up and ready to roll!", sigterm, forced]), None, None);
         assert!(r.why.contains("PD warm-up failed"), "{}", r.why);
         let r = report(&lines(&[sigterm, "[t] Signal SIGTERM received while force shutdown flag set. Force exiting."]), None, None);
-        assert!(r.ended_by == "force_exit" && r.why.contains("SGL_FORCE_SHUTDOWN"), "{}", r.why);
+        assert!(r.ended_by == EndedBy::ForceExit && r.why.contains("SGL_FORCE_SHUTDOWN"), "{}", r.why);
     }
 }

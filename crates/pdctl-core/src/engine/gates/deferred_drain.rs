@@ -5,17 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::config::Worker;
 use crate::engine::context::Ctx;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::detail_of;
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 
 /// The drain step's detail when the taking out waits for the stop ([`Deferred`]).
 #[derive(serde::Serialize)]
-struct DeferredDrain {
+pub(in crate::engine) struct DeferredDrain {
     /// Deferred, and why that loses nothing.
     taken_out: String,
     /// Taken out this long after its SIGTERM at the latest.
@@ -186,12 +183,12 @@ pub(super) async fn defer<U: Units, L: Logs, P: Probes>(
     w: &Worker,
     entries: &[(usize, RouterWorker)],
     d: Deferral,
-) -> (Value, Option<Deferred>) {
+) -> (DeferredDrain, Option<Deferred>) {
     let Deferral { why, in_flight, busy } = d;
     let (settle, settle_warnings) = settle_now(eng, w, entries).await;
     let role = w.role.as_str();
     let by = take_out_by(busy);
-    let detail = detail_of(&DeferredDrain {
+    let detail = DeferredDrain {
         taken_out: format!(
             "deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"
         ),
@@ -205,7 +202,7 @@ pub(super) async fn defer<U: Units, L: Logs, P: Probes>(
         looks: busy.1,
         drain_settle_secs: settle,
         warning: (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
-    });
+    };
     (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
 }
 
@@ -231,6 +228,8 @@ pub(super) async fn settle_now<U: Units, L: Logs, P: Probes>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::step_run::detail_of;
+    use serde_json::Value;
 
     #[test]
     fn the_deferred_drains_detail_has_the_keys_of_the_contract() {

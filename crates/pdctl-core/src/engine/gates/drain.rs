@@ -4,22 +4,20 @@
 
 use std::time::Instant;
 
-use serde_json::Value;
-
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::context::Ctx;
 use crate::engine::gates::deferred_drain::{defer, defers_take_out, settle_now, Deferral, Deferred};
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, Fail, POLL};
-use crate::engine::steps::{rule, GateMode};
+use crate::engine::step_run::{Fail, Verdict, POLL};
+use crate::engine::steps::{rule, GateMode, NOT_REGISTERED};
 use crate::ports::{Logs, Probes, RouterWorker, Units};
 use crate::state::drain_ledger::{Drain, Hold, Ledger};
 
 /// The drain step's detail (the JSON in docs/cli.md) when the worker was taken out now and its
 /// requests waited for. `null` fields: not read, not done, or nothing to say.
 #[derive(serde::Serialize)]
-struct Drained {
+pub(in crate::engine) struct Drained {
     /// A load that could not be read (warn mode), as its cause's sentence.
     warning: Option<String>,
     /// That cause's code.
@@ -58,7 +56,7 @@ struct Drained {
 
 /// The drain step's detail for a worker a coherent switch took out already.
 #[derive(serde::Serialize)]
-struct HeldDrain {
+pub(in crate::engine) struct HeldDrain {
     /// Who took it out.
     taken_out: &'static str,
     /// The switch's hold on it.
@@ -81,12 +79,25 @@ struct HeldDrain {
     timed_out: bool,
 }
 
+/// The drain step's detail: taken out now, held out by the coherent switch, or its taking out
+/// left to its stop.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+pub(in crate::engine) enum DrainDetail {
+    /// Taken out now, its requests waited for.
+    Now(Drained),
+    /// Taken out already by the coherent switch.
+    Held(HeldDrain),
+    /// Taken out at its server's first drain check during its stop.
+    Deferred(super::deferred_drain::DeferredDrain),
+}
+
 /// The drain of a worker this rollout's coherent switch took out already: its requests waited
 /// for (bounded) before its stop.
-async fn held_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, held: Drain) -> Result<Value, Fail> {
+async fn held_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, held: Drain) -> Result<HeldDrain, Fail> {
     let t0 = Instant::now();
     let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
-    Ok(detail_of(&HeldDrain {
+    Ok(HeldDrain {
         taken_out: "by the coherent switch",
         hold: held.hold,
         removed_router_id: held.router_id,
@@ -97,16 +108,16 @@ async fn held_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Wor
         waited_for_requests_ms: t0.elapsed().as_millis() as u64,
         waited_ms: t0.elapsed().as_millis() as u64,
         timed_out: left.is_some_and(|n| n > 0),
-    }))
+    })
 }
 
-/// The drain step: `None` when no replica lists the worker; the detail, and the taking out
+/// The drain step: skipped when no replica lists the worker; the detail, and the taking out
 /// left to the restart when it is deferred.
 pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     ctx: Ctx<'_>,
-) -> Result<Option<(Value, Option<Deferred>)>, Fail> {
+) -> Result<(Verdict<DrainDetail>, Option<Deferred>), Fail> {
     let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
     // Listed on which replicas (a gateway of several replicas: each is drained), and whether
     // any replica admits another worker of its role (then it is not alone).
@@ -123,9 +134,9 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         // Taken out already by this rollout's coherent switch (all of a group at once, the
         // ledger written first): its requests are still waited for before its stop.
         if let Some(held) = ctx.writes.ledger.and_then(|l| l.get(&w.unit)).filter(|d| d.rollout_id == ctx.writes.id && d.hold.is_some()) {
-            return Ok(Some((held_drain(eng, w, held).await?, None)));
+            return Ok((Verdict::passed(DrainDetail::Held(held_drain(eng, w, held).await?)), None));
         }
-        return Ok(None);
+        return Ok((Verdict::Skipped(NOT_REGISTERED.to_string()), None));
     };
     // Taken out now: because another worker of its role serves (`None`), or why it cannot wait
     // for its stop (`Some`).
@@ -136,7 +147,10 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         record_drain(eng, l, w, &entry.id, ctx.writes.id, ctx.scope.hold).await?;
     }
     let not_deferred = match deferral {
-        Ok(d) => return Ok(Some(defer(eng, w, &entries, d).await)),
+        Ok(d) => {
+            let (detail, deferred) = defer(eng, w, &entries, d).await;
+            return Ok((Verdict::passed(DrainDetail::Deferred(detail)), deferred));
+        }
         Err(why) => why,
     };
     // Alone in its role and drained before its stop all the same: the gateway's settle keeps
@@ -187,7 +201,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         waited_ms: t0.elapsed().as_millis() as u64,
         timed_out: left.is_some_and(|n| n > 0),
     };
-    Ok(Some((detail_of(&d), None)))
+    Ok((Verdict::passed(DrainDetail::Now(d)), None))
 }
 
 /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry
@@ -276,6 +290,8 @@ async fn wait_in_flight<U: Units, L: Logs, P: Probes>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::step_run::detail_of;
+    use serde_json::Value;
 
     fn keys(v: &Value) -> Vec<String> {
         v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()

@@ -3,12 +3,10 @@
 
 use std::time::Instant;
 
-use serde_json::Value;
-
 use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{within, Fail, POLL};
+use crate::engine::step_run::{within, Fail, Verdict, POLL};
 use crate::ports::{Health, Logs, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 
@@ -18,7 +16,7 @@ pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
     w: &Worker,
     after: Option<&UnitState>,
     pair_follows: bool,
-) -> Result<Value, Fail> {
+) -> Result<Verdict<HealthDetail>, Fail> {
     let t0 = Instant::now();
     let limit = eng.settings.rollout.health_timeout;
     let mut attempts = 0u32;
@@ -31,7 +29,7 @@ pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
         attempts += 1;
         if ready_served {
             let last = match within(t0, limit, eng.probes.ready(&w.url)).await {
-                Some(Some(Health::Up)) => return Ok(HealthDetail::of(attempts, &["/ready"], Some("the pair gate's PD request"))),
+                Some(Some(Health::Up)) => return Ok(Verdict::passed(HealthDetail::of(attempts, &["/ready"], Some("the pair gate's PD request")))),
                 Some(None) => {
                     ready_served = false;
                     continue;
@@ -46,8 +44,8 @@ pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
             // Where the server serves `/ready` (0.5.23), it must say ready too: `/health` can
             // answer 200 again after a failed PD warm-up, and a paused server is not serving.
             Some(Health::Up) => match within(t0, limit, eng.probes.ready(&w.url)).await {
-                Some(None) => return Ok(HealthDetail::of(attempts, &["/health"], None)),
-                Some(Some(Health::Up)) => return Ok(HealthDetail::of(attempts, &["/health", "/ready"], None)),
+                Some(None) => return Ok(Verdict::passed(HealthDetail::of(attempts, &["/health"], None))),
+                Some(Some(Health::Up)) => return Ok(Verdict::passed(HealthDetail::of(attempts, &["/health", "/ready"], None))),
                 Some(Some(Health::Unavailable(s) | Health::Down(s))) => format!("/health 200, but {s}"),
                 None => "/health 200, /ready did not answer".into(),
             },
@@ -78,8 +76,8 @@ async fn health_wait<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Wo
 
 /// The health step's detail (the JSON in docs/cli.md): how many looks, which endpoints answered,
 /// and what proves `/generate` when `/ready` alone was asked.
-#[derive(serde::Serialize)]
-struct HealthDetail {
+#[derive(Debug, serde::Serialize)]
+pub(in crate::engine) struct HealthDetail {
     /// Looks until it answered.
     attempts: u32,
     /// The endpoints that answered 200.
@@ -91,14 +89,15 @@ struct HealthDetail {
 
 impl HealthDetail {
     /// As the step's detail.
-    fn of(attempts: u32, checked: &[&'static str], generate_proved_by: Option<&'static str>) -> Value {
-        serde_json::to_value(HealthDetail { attempts, checked: checked.to_vec(), generate_proved_by }).unwrap_or_default()
+    fn of(attempts: u32, checked: &[&'static str], generate_proved_by: Option<&'static str>) -> HealthDetail {
+        HealthDetail { attempts, checked: checked.to_vec(), generate_proved_by }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::step_run::detail_of;
     use serde_json::json;
 
     /// The gate on its own, over an engine of fakes: a worker that never answers fails with
@@ -111,7 +110,7 @@ mod tests {
         let worker = s.workers[0].clone();
         let eng = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let passed = health(&eng, &worker, None, false).await.expect("a serving worker passes");
-        assert_eq!(passed["checked"], json!(["/health"]));
+        assert_eq!(passed.json()["checked"], json!(["/health"]));
         w.lock().expect("world").unhealthy.push(worker.url.clone());
         let failed = health(&eng, &worker, None, false).await.expect_err("a worker that never answers fails");
         assert_eq!(failed.cause.code(), "health_timeout", "{:?}", failed.cause);
@@ -119,8 +118,8 @@ mod tests {
 
     #[test]
     fn the_health_detail_has_the_keys_of_the_contract() {
-        assert_eq!(HealthDetail::of(2, &["/health", "/ready"], None), json!({"attempts": 2, "checked": ["/health", "/ready"]}));
-        assert_eq!(HealthDetail::of(1, &["/ready"], Some("x")), json!({"attempts": 1, "checked": ["/ready"], "generate_proved_by": "x"}));
+        assert_eq!(detail_of(&HealthDetail::of(2, &["/health", "/ready"], None)), json!({"attempts": 2, "checked": ["/health", "/ready"]}));
+        assert_eq!(detail_of(&HealthDetail::of(1, &["/ready"], Some("x"))), json!({"attempts": 1, "checked": ["/ready"], "generate_proved_by": "x"}));
     }
 }
 

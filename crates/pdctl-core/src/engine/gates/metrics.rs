@@ -3,22 +3,20 @@
 
 use std::time::Instant;
 
-use serde_json::Value;
-
 use crate::cause::{Cause, MetricsDiagnosis};
 use crate::config::{Role, Worker};
 use crate::engine::context::Ctx;
 use crate::engine::gates;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{within, Fail, StepRun, POLL};
+use crate::engine::step_run::{within, Fail, Verdict, POLL};
 use crate::engine::steps::rule;
-use crate::events::{Sink, Step};
+use crate::events::Step;
 use crate::ports::{Health, Logs, Probes, Units};
 
 /// The metrics step's detail (the JSON in docs/cli.md): the KV report, beside the warm-up request
 /// sent to publish the gauges (`null`: none) and the wait.
 #[derive(serde::Serialize)]
-struct MetricsDetail {
+pub(in crate::engine) struct MetricsDetail {
     /// The worker's KV gauges.
     #[serde(flatten)]
     report: crate::ports::KvReport,
@@ -28,35 +26,26 @@ struct MetricsDetail {
     waited_ms: u64,
 }
 
-pub(in crate::engine) async fn metrics_step<U: Units, L: Logs, P: Probes>(
+/// The metrics step: the worker's KV gauges published (warmed with a request when allowed and
+/// needed), skipped when the step is off; under `warn`, a failure passes with its warning.
+pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
-    sink: &Sink,
     may_warm: bool,
     ctx: Ctx<'_>,
-) -> Result<(), (Step, Fail)> {
+) -> Result<Verdict<Option<MetricsDetail>>, Fail> {
     let rule = rule(Step::Metrics, &eng.settings);
     if let Some(why) = rule.off_because {
-        StepRun::start(sink, &w.unit, Step::Metrics).skip(why);
-        return Ok(());
+        return Ok(Verdict::Skipped(why.to_string()));
     }
-    let s = StepRun::start(sink, &w.unit, Step::Metrics);
-    match metrics(eng, w, may_warm, ctx).await {
-        Ok(d) => {
-            s.pass(d);
-            Ok(())
-        }
-        Err(f) => match s.warn_or_keep(rule.mode, &f.cause, Value::Null) {
-            None => Ok(()),
-            Some(s) => {
-                s.fail(&f);
-                Err((Step::Metrics, f))
-            }
-        },
+    match published(eng, w, may_warm, ctx).await {
+        Ok(d) => Ok(Verdict::passed(Some(d))),
+        Err(f) => Verdict::warned_under(rule.mode, &f.cause, None).ok_or(f),
     }
 }
 
-pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<Value, Fail> {
+/// The worker's KV gauges, waited for (bounded by `metrics_timeout`).
+async fn published<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<MetricsDetail, Fail> {
     let t0 = Instant::now();
     let limit = eng.settings.rollout.metrics_timeout;
     let mut warmed: Option<String> = None;
@@ -67,8 +56,7 @@ pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engin
     loop {
         let problem = match within(t0, limit, eng.probes.kv(&w.url)).await {
             Some(Ok(r)) => {
-                let d = MetricsDetail { report: r, warm_up_request: warmed, waited_ms: t0.elapsed().as_millis() as u64 };
-                return Ok(serde_json::to_value(&d).unwrap_or(Value::Null));
+                return Ok(MetricsDetail { report: r, warm_up_request: warmed, waited_ms: t0.elapsed().as_millis() as u64 });
             }
             Some(Err(p)) => p,
             None => crate::ports::MetricsError {

@@ -11,9 +11,9 @@ use crate::details::{PairDetail, PairOutcome, PairResult};
 use crate::engine::context::{Ctx, Stale};
 use crate::engine::gates;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{within, Fail, StepRun, POLL};
+use crate::engine::step_run::{detail_of, within, Fail, Verdict, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
-use crate::events::{Sink, Step};
+use crate::events::Step;
 use crate::ports::{Health, Logs, PairTarget, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 
@@ -31,28 +31,21 @@ pub(in crate::engine) fn peers<'e, U: Units, L: Logs, P: Probes>(eng: &'e Engine
 /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
 /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
 /// be repaired (`on_stale_pair = "restart-decode"`).
-pub(in crate::engine) async fn pair_step<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn pair<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
-    sink: &Sink,
     ctx: Ctx<'_>,
     after: &UnitState,
-) -> Result<Vec<Stale>, (Step, Fail)> {
+) -> Result<(Verdict<PairDetail>, Vec<Stale>), Fail> {
+    if let Some(why) = rule(Step::Pair, &eng.settings).off_because {
+        return Ok((Verdict::Skipped(why.to_string()), Vec::new()));
+    }
     // This host's peers, and with [fleet] those of other hosts the gateway lists.
     let mut peers: Vec<(Worker, Option<(String, String)>)> = peers(eng, w).into_iter().map(|p| (p.clone(), None)).collect();
     peers.extend(gates::slot::remote_peers(eng, w).await);
-    if w.role == Role::Regular {
-        return Ok(Vec::new());
-    }
-    if let Some(why) = rule(Step::Pair, &eng.settings).off_because {
-        StepRun::start(sink, &w.unit, Step::Pair).skip(why);
-        return Ok(Vec::new());
-    }
     if peers.is_empty() {
-        StepRun::start(sink, &w.unit, Step::Pair).skip(NO_OTHER_ROLE);
-        return Ok(Vec::new());
+        return Ok((Verdict::Skipped(NO_OTHER_ROLE.to_string()), Vec::new()));
     }
-    let s = StepRun::start(sink, &w.unit, Step::Pair);
     let mut pairs = Vec::new();
     let mut stale: Vec<Stale> = Vec::new();
     let mut failed: Option<Fail> = None;
@@ -109,24 +102,19 @@ pub(in crate::engine) async fn pair_step<U: Units, L: Logs, P: Probes>(
     }
     // A pair that failed because the restarted worker itself went down is that crash.
     if failed.is_some() {
-        let st = eng.units.state(&w.unit).await.map_err(|e| (Step::Pair, Fail::from(e)))?;
+        let st = eng.units.state(&w.unit).await?;
         if let Some(why) = crashed_since(&st, after) {
             failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
         }
     }
     let detail =
         PairDetail { pairs, stale: stale.iter().map(|d| d.decode.unit.clone()).collect(), repair: (!stale.is_empty()).then(|| "restart-decode".to_string()) };
-    let detail = serde_json::to_value(&detail).unwrap_or_default();
     match failed {
         Some(mut f) => {
-            f.detail = detail;
-            s.fail(&f);
-            Err((Step::Pair, f))
+            f.detail = detail_of(&detail);
+            Err(f)
         }
-        None => {
-            s.pass(detail);
-            Ok(stale)
-        }
+        None => Ok((Verdict::passed(detail), stale)),
     }
 }
 

@@ -15,11 +15,10 @@ use crate::engine::context::{Ctx, Outage};
 use crate::engine::gates;
 use crate::engine::gates::pd_checks;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail};
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::work::KnownChanges;
-use crate::events::{Sink, Step};
-use crate::names::{FLEET, ROUTER};
+use crate::events::Step;
 use crate::plan::Plan;
 use crate::ports::{ActiveState, Logs, Probes, UnitState, Units};
 use crate::state::revisions;
@@ -61,7 +60,7 @@ fn pending_changes(
 }
 
 /// What preflight has seen of the workers before this one.
-struct Seen {
+pub(in crate::engine) struct Seen {
     /// The manager was reloaded (once is enough).
     reloaded: bool,
     /// GPU sets of the workers checked so far.
@@ -75,29 +74,13 @@ fn fmt_set(s: &BTreeSet<u32>) -> String {
     s.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// Preflight for every worker of the plan, before anything is touched; then the fleet's store
-/// and the gateway.
-pub(in crate::engine) async fn preflight<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    plan: &Plan,
-    sink: &Sink,
-    dry: bool,
-    ctx: Ctx<'_>,
-) -> Result<(), (String, Fail)> {
-    let gateway = if eng.settings.verify.router { eng.probes.router_workers(0).await.ok() } else { None };
-    let mut seen = Seen { reloaded: false, gpu_sets: Vec::new(), gateway };
-    for w in &plan.workers {
-        let s = StepRun::start(sink, &w.unit, Step::Preflight);
-        match preflight_worker(eng, w, plan, dry, ctx, &mut seen).await {
-            Ok(d) => s.pass(d),
-            Err(f) => {
-                s.fail(&f);
-                return Err((w.unit.clone(), f));
-            }
-        }
+/// What preflight has seen so far across the plan's workers (runbook.rs runs them in order).
+impl Seen {
+    /// Before the first worker: the gateway's workers, when it is verified and answers.
+    pub(in crate::engine) async fn first<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> Seen {
+        let gateway = if eng.settings.verify.router { eng.probes.router_workers(0).await.ok() } else { None };
+        Seen { reloaded: false, gpu_sets: Vec::new(), gateway }
     }
-    preflight_fleet(eng, sink, dry).await?;
-    preflight_router(eng, sink).await
 }
 
 /// A PD worker's restart needs a worker of the other role serving: without one its pair gate
@@ -143,7 +126,7 @@ async fn a_peer_serves<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &
 /// One worker's preflight: its state and files (a reload when systemd has not loaded them),
 /// metrics flag, GPUs, reachability, API key, pairing, stop and pair timing, and whether it
 /// is the only worker of its role.
-async fn preflight_worker<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn preflight_worker<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
@@ -403,10 +386,9 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
 }
 
 /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
-/// and held.
-async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, sink: &Sink, dry: bool) -> Result<(), (String, Fail)> {
-    let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else { return Ok(()) };
-    let s = StepRun::start(sink, FLEET, Step::Preflight);
+/// and held. Runs with `[fleet]` and its coordinator (`gates::slot::applies`).
+pub(in crate::engine) async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, dry: bool) -> Result<Value, Fail> {
+    let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else { return Ok(Value::Null) };
     let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
     let r = async {
         for e in &f.etcd {
@@ -429,47 +411,26 @@ async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, si
         Ok::<Value, Fail>(detail_of(&FleetSeen { fleet: &f.name, host: &f.host, limits, paused, slots }))
     }
     .await;
-    match r {
-        Ok(d) => s.pass(d),
-        Err(f) => {
-            s.fail(&f);
-            return Err((FLEET.into(), f));
-        }
-    }
-    Ok(())
+    r
 }
 
-/// The gateway (every replica) answers; its worker lists are the step's detail.
-async fn preflight_router<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, sink: &Sink) -> Result<(), (String, Fail)> {
-    if !eng.settings.verify.router {
-        return Ok(());
-    }
-    let s = StepRun::start(sink, ROUTER, Step::Preflight);
+/// The gateway (every replica) answers; its worker lists are the step's detail. Runs when the
+/// router is verified.
+pub(in crate::engine) async fn preflight_router<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> Result<GatewaySeen, Fail> {
     if let Some(r) = &eng.settings.router {
         for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
-            if let Err(f) = not_blocked(eng, "the router", u).await {
-                s.fail(&f);
-                return Err((ROUTER.into(), f));
-            }
+            not_blocked(eng, "the router", u).await?;
         }
     }
     // Every replica answers, or nothing is touched.
     let mut lists = Vec::new();
     for r in 0..eng.probes.replicas() {
-        match eng.probes.router_workers(r).await {
-            Ok(list) => lists.push(list),
-            Err(e) => {
-                let f = Fail::from(Cause::RouterUnreachable { error: e.to_string() });
-                s.fail(&f);
-                return Err((ROUTER.into(), f));
-            }
-        }
+        lists.push(eng.probes.router_workers(r).await.map_err(|e| Fail::from(Cause::RouterUnreachable { error: e.to_string() }))?);
     }
-    match lists.len() {
-        1 => s.pass(detail_of(&GatewaySeen { workers: lists.pop(), replicas: None })),
-        _ => s.pass(detail_of(&GatewaySeen { workers: None, replicas: Some(lists) })),
-    }
-    Ok(())
+    Ok(match lists.len() {
+        1 => GatewaySeen { workers: lists.pop(), replicas: None },
+        _ => GatewaySeen { workers: None, replicas: Some(lists) },
+    })
 }
 
 /// A configured address this process may not connect to at all (pdctld's unit allows
@@ -497,7 +458,7 @@ struct FleetSeen<'a> {
 
 /// The gateway's preflight: its worker list (one replica) or each replica's.
 #[derive(Serialize)]
-struct GatewaySeen {
+pub(in crate::engine) struct GatewaySeen {
     #[serde(skip_serializing_if = "Option::is_none")]
     workers: Option<Vec<crate::ports::RouterWorker>>,
     #[serde(skip_serializing_if = "Option::is_none")]

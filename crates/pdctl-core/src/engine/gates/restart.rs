@@ -6,14 +6,13 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::details::Said;
 use crate::engine::gates::Deferred;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{Fail, POLL};
+use crate::engine::step_run::{detail_of, Fail, Verdict, POLL};
 use crate::ports::{Follow, JobOutcome, JobResult, Logs, Probes, ServiceResult, UnitState, Units, UnitsError};
 
 /// When a deferred drain's worker left the gateway during its restart.
@@ -38,7 +37,7 @@ impl TakenOut {
 
 /// The restart step's detail (the JSON in docs/cli.md): the job, the old and new run, the stop.
 #[derive(Serialize)]
-struct RestartDetail {
+pub(in crate::engine) struct RestartDetail {
     /// The job's result (`done` unless it failed).
     job_result: String,
     /// How long the job took.
@@ -95,7 +94,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     deferred: Option<&Deferred>,
-) -> Result<(Value, Restarted<U::W>), Fail> {
+) -> Result<(Verdict<RestartDetail>, Restarted<U::W>), Fail> {
     let unit = w.unit.as_str();
     let before = eng.units.state(unit).await?;
     reset_if_failed(eng, unit, &before).await?;
@@ -126,23 +125,23 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         stop: stop.clone(),
         taken_out: taken_out.as_ref().map(TakenOut::detail),
     };
-    let mut detail = serde_json::to_value(&typed).unwrap_or_default();
+    let mut said = Said::default();
     if stop.killed {
         let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
         tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
-        detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
-    } else if stop.ended_by == "sglang_tree_kill" || stop.ended_by == "force_exit" {
+        said = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() };
+    } else if stop.ended_by.by_sglang_itself() {
         // Not the manager's timeout: SGLang killed its own tree after a child died, or its
         // watchdog force-exited an UnHealthy server: what ran on it was not waited for.
-        let said = format!("{unit}: {}", stop.why);
-        tracing::warn!(pdctl_unit = unit, "{said}");
-        detail = Said { warning: Some(said), ..Said::default() }.written_into(detail);
+        let warning = format!("{unit}: {}", stop.why);
+        tracing::warn!(pdctl_unit = unit, "{warning}");
+        said = Said { warning: Some(warning), ..Said::default() };
     }
     if out.job_result != JobResult::Done {
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.to_string(), service_result: out.state.result.to_string() };
-        return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
+        return Err(Fail { cause, detail: said.written_into(detail_of(&typed)), unit: None, last_lines: Vec::new() });
     }
-    Ok((detail, Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at), ran_through: false }))
+    Ok((Verdict::Passed(typed, said), Restarted { watch, cursor, after: out.state, taken_out: taken_out.map(|t| t.at), ran_through: false }))
 }
 
 /// A unit systemd stopped for starting too often refuses a restart (or a start) until its
@@ -171,12 +170,7 @@ pub(in crate::engine) async fn stop_report<U: Units, L: Logs, P: Probes>(
     for _ in 0..5 {
         let lines = eng.logs.last_lines(unit, 300).await.unwrap_or_default();
         stop = crate::sglang::stop::report(&lines, took, timeout_stop);
-        if stop.checks > 0
-            || stop.killed
-            || stop.ended_by == "sglang_tree_kill"
-            || stop.ended_by == "force_exit"
-            || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK))
-        {
+        if stop.checks > 0 || stop.killed || stop.ended_by.by_sglang_itself() || !lines.iter().any(|l| l.contains(crate::sglang::stop::SIGTERM_MARK)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

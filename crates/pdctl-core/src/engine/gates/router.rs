@@ -87,7 +87,7 @@ pub(in crate::engine) async fn router_on<U: Units, L: Logs, P: Probes>(
                     // smg 1.x gives up on a worker it lists `failed`; `not_ready` flips back once
                     // its health checks pass, so only one stuck past STUCK_NOT_READY (after the
                     // health gate saw the worker serve) is re-added too. Once.
-                    let stuck = status == "failed" || (status == "not_ready" && t0.elapsed() >= STUCK_NOT_READY);
+                    let stuck = x.given_up() || (x.not_ready() && t0.elapsed() >= STUCK_NOT_READY);
                     if may_register && a.re_added.is_none() && stuck {
                         remove_stuck_entry(eng, replica, w, x, &status, ledger).await?;
                         a.re_added = Some(status.clone());

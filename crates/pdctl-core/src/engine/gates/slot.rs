@@ -7,24 +7,25 @@ use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::context::Ctx;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{Fail, StepRun};
-use crate::events::{Sink, Status, Step};
+use crate::engine::step_run::{Fail, Verdict};
+use crate::fleet::SlotRecord;
+
 use crate::ports::{Logs, Probes, Units};
 
 /// Fleet: take a slot of each worker's role in one transaction (waiting, bounded by
 /// `slot_timeout`, while the fleet's slots are held or it is paused). Written down in the
-/// ledger before the transaction. Without `[fleet]`: nothing.
-pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
+/// ledger before the transaction; `waiting` hears each new reason to wait. The step runs with
+/// `[fleet]` ([`applies`]).
+pub(in crate::engine) async fn slot<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     ws: &[&Worker],
-    sink: &Sink,
     ctx: Ctx<'_>,
-) -> Result<Vec<crate::fleet::SlotRecord>, (Step, Fail)> {
-    use crate::fleet::{self as fl, Acquired, Hold, SlotRecord};
+    waiting: &(dyn Fn(&str) + Send + Sync),
+) -> Result<(Verdict<SlotHeld>, Vec<SlotRecord>), Fail> {
+    use crate::fleet::{self as fl, Acquired, Hold};
     let (Some(c), Some(f), Some(first)) = (&eng.coordinator, &eng.settings.fleet, ws.first()) else {
-        return Ok(Vec::new());
+        return Ok((Verdict::Skipped("no [fleet]".into()), Vec::new()));
     };
-    let s = StepRun::start(sink, &first.unit, Step::Slot);
     let limits = fl::Limits { max_unavailable: f.max_unavailable.clone() };
     let mut recs: Vec<SlotRecord> = ws
         .iter()
@@ -46,10 +47,7 @@ pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
         }
         Ok(())
     };
-    if let Err(e) = write(&recs) {
-        s.fail(&e);
-        return Err((Step::Slot, *e));
-    }
+    write(&recs).map_err(|e| *e)?;
     let wants: Vec<(String, Hold)> = recs.iter().map(|r| (r.role.clone(), r.hold.clone())).collect();
     let t0 = Instant::now();
     let mut last = String::new();
@@ -64,17 +62,13 @@ pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
                 for (r, (_, h)) in recs.iter_mut().zip(&held) {
                     r.hold = h.clone();
                 }
-                if let Err(e) = write(&recs) {
-                    s.fail(&e);
-                    return Err((Step::Slot, *e));
-                }
-                s.pass(serde_json::to_value(SlotHeld { held: &recs, waited_ms: t0.elapsed().as_millis() as u64 }).unwrap_or_default());
-                return Ok(recs);
+                write(&recs).map_err(|e| *e)?;
+                return Ok((Verdict::passed(SlotHeld { held: recs.clone(), waited_ms: t0.elapsed().as_millis() as u64 }), recs));
             }
             Ok(Acquired::Wait(why)) if t0.elapsed() < f.slot_timeout => {
                 if why != last {
                     tracing::info!(pdctl_unit = %first.unit, "{why}");
-                    s.emit(Status::Started, serde_json::to_value(crate::details::SlotWait { waiting: why.clone() }).unwrap_or_default());
+                    waiting(&why);
                     last = why;
                 }
                 // Woken by the slot keys' own changes; polling only as the bounded
@@ -89,9 +83,13 @@ pub(in crate::engine) async fn slot_step<U: Units, L: Logs, P: Probes>(
         if let Some(l) = ctx.writes.ledger {
             let _ = l.clear_slot(&first.unit);
         }
-        s.fail(&fail);
-        return Err((Step::Slot, fail));
+        return Err(fail);
     }
+}
+
+/// Whether the slot step runs: with `[fleet]` and its coordinator.
+pub(in crate::engine) fn applies<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> bool {
+    eng.coordinator.is_some() && eng.settings.fleet.is_some()
 }
 
 /// Per role, the URLs the gateway lists but does not admit or whose breaker is open, and the
@@ -186,9 +184,9 @@ pub(in crate::engine) async fn remote_peers<U: Units, L: Logs, P: Probes>(eng: &
 
 /// The slot step's detail (the JSON in docs/cli.md): the slots held, and how long it waited.
 #[derive(serde::Serialize)]
-struct SlotHeld<'a> {
+pub(in crate::engine) struct SlotHeld {
     /// Each slot taken, as written to etcd.
-    held: &'a [crate::fleet::SlotRecord],
+    held: Vec<SlotRecord>,
     /// How long it waited for them.
     waited_ms: u64,
 }

@@ -4,8 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::cause::{Cause, Phase};
 use crate::engine::gates;
 use pdctl_parse::service::ServiceScrape;
@@ -13,9 +11,9 @@ use pdctl_parse::service::ServiceScrape;
 use crate::config::{Role, Worker};
 use crate::engine::context::Clients;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{lock, Fail};
+use crate::engine::step_run::{lock, Fail, Verdict};
 use crate::ports::{Logs, Probes, UnitState, Units, Watch};
-use crate::service::slo::Verdict;
+use crate::service::slo::Verdict as Slo;
 use crate::sglang::judge::crashed_since;
 
 /// The soak of a restarted worker: the same run for `min_healthy`, then (with `[verify.slo]`)
@@ -27,7 +25,7 @@ pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
     watch: &mut U::W,
     after: &UnitState,
     before: Option<ServiceScrape>,
-) -> Result<Value, Fail> {
+) -> Result<Verdict<SoakDetail>, Fail> {
     let unit = w.unit.as_str();
     let limit = eng.settings.rollout.min_healthy;
     let slo_start = match &eng.settings.verify.slo {
@@ -67,17 +65,17 @@ pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
         return Err(crashed(format!("it is {}/{} after the soak, not active", st.active_state, st.sub_state)));
     }
     let note = match slo.as_ref().map(|r| &r.verdict) {
-        Some(Verdict::NotJudged { why }) => Some(format!("{unit}'s service was not judged: {why}")),
+        Some(Slo::NotJudged { why }) => Some(format!("{unit}'s service was not judged: {why}")),
         _ => None,
     };
     let d = SoakDetail { held_ms: limit.as_millis() as u64, invocation_id: st.invocation_id, n_restarts: st.n_restarts, slo };
-    Ok(crate::details::Said { note, ..Default::default() }.written_into(serde_json::to_value(&d).unwrap_or_default()))
+    Ok(Verdict::Passed(d, crate::details::Said { note, ..Default::default() }))
 }
 
 /// The soak step's detail (the JSON in docs/cli.md): how long the same run held, and the service
 /// gate's report when `[verify.slo]` is set.
 #[derive(serde::Serialize)]
-struct SoakDetail {
+pub(in crate::engine) struct SoakDetail {
     /// How long it was held to the same run.
     held_ms: u64,
     /// The run it stayed.

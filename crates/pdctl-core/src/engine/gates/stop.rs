@@ -6,20 +6,19 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::details::Said;
 use crate::engine::gates::{restart, Deferred, Restarted};
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, Fail};
+use crate::engine::step_run::{detail_of, Fail, Verdict};
 use crate::ports::{ActiveState, JobResult, Logs, Probes, Units};
 use crate::state::drain_ledger::MaintainedUnit;
 
 /// The stop step's detail.
 #[derive(Serialize)]
-struct StopDetail {
+pub(in crate::engine) struct StopDetail {
     /// The job's result (`done` unless it failed).
     job_result: String,
     /// How long the job took.
@@ -40,7 +39,7 @@ struct StopDetail {
 
 /// How long a drained prefill was kept for the KV its decodes still pull.
 #[derive(Serialize)]
-struct KeptForKv {
+pub(in crate::engine) struct KeptForKv {
     /// Requests it held for decodes when the wait began.
     held_at_start: f64,
     /// Requests still held when the wait ended (0: every pull ended).
@@ -53,7 +52,7 @@ struct KeptForKv {
 
 /// The start step's detail.
 #[derive(Serialize)]
-struct StartDetail {
+pub(in crate::engine) struct StartDetail {
     /// Whether pdctl started it (`false`: the boot did, or it never stopped).
     started: bool,
     /// Why not, when not.
@@ -71,7 +70,11 @@ struct StartDetail {
 /// The stop step of host maintenance: a deferred drain's taking out done now, a prefill kept
 /// until the KV it holds for decodes is pulled (bounded), then `StopUnit` waited for (bounded by
 /// the unit's `TimeoutStopSec=`: SGLang's SIGTERM drain) and what the stop was.
-pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, deferred: Option<&Deferred>) -> Result<Value, Fail> {
+pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    deferred: Option<&Deferred>,
+) -> Result<Verdict<StopDetail>, Fail> {
     let unit = w.unit.as_str();
     // Host maintenance takes the worker out of service for a reboot: the gateway stops sending
     // now, not at a drain check that only shortens a restart's outage.
@@ -98,17 +101,17 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U
         kept_for_kv,
         taken_out_at_stop: deferred.is_some(),
     };
-    let mut detail = detail_of(&typed);
+    let mut said = Said::default();
     if stop.killed {
         let c = Cause::StopSlow { unit: unit.to_string(), why: stop.why.clone() };
         tracing::warn!(pdctl_unit = unit, "{}", c.sentence());
-        detail = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() }.written_into(detail);
+        said = Said { warning: Some(c.sentence()), cause_code: Some(c.code().to_string()), ..Said::default() };
     }
     if out.job_result != JobResult::Done {
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.to_string(), service_result: out.state.result.to_string() };
-        return Err(Fail { cause, detail, unit: None, last_lines: Vec::new() });
+        return Err(Fail { cause, detail: said.written_into(detail_of(&typed)), unit: None, last_lines: Vec::new() });
     }
-    Ok(detail)
+    Ok(Verdict::Passed(typed, said))
 }
 
 /// A drained prefill still holds KV for requests its decodes (on this host or others) have not
@@ -145,7 +148,7 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     was: Option<&MaintainedUnit>,
-) -> Result<(Value, Restarted<U::W>), Fail> {
+) -> Result<(Verdict<StartDetail>, Restarted<U::W>), Fail> {
     let unit = w.unit.as_str();
     let watch = eng.units.watch(unit).await?;
     let st = eng.units.state(unit).await?;
@@ -154,7 +157,7 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
         let ran_through = was.is_some_and(|m| m.invocation_id == st.invocation_id);
         let why = if ran_through { "it was never stopped: its run went on through the drain" } else { "the boot started it" };
         let detail = StartDetail { started: false, why: Some(why), job_result: None, invocation_id: st.invocation_id.clone(), main_pid: st.main_pid };
-        return Ok((detail_of(&detail), Restarted { watch, cursor: recorded, after: st, taken_out: None, ran_through }));
+        return Ok((Verdict::passed(detail), Restarted { watch, cursor: recorded, after: st, taken_out: None, ran_through }));
     }
     restart::reset_if_failed(eng, unit, &st).await?;
     let cursor = match recorded {
@@ -173,7 +176,7 @@ pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
         let cause = Cause::JobFailed { unit: unit.to_string(), job_result: out.job_result.to_string(), service_result: out.state.result.to_string() };
         return Err(Fail { cause, detail: detail_of(&detail), unit: None, last_lines: Vec::new() });
     }
-    Ok((detail_of(&detail), Restarted { watch, cursor, after: out.state, taken_out: None, ran_through: false }))
+    Ok((Verdict::passed(detail), Restarted { watch, cursor, after: out.state, taken_out: None, ran_through: false }))
 }
 
 #[cfg(test)]

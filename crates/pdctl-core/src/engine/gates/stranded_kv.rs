@@ -11,9 +11,9 @@ use crate::cause::Cause;
 use crate::config::Worker;
 use crate::engine::gates;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, Fail, StepRun};
+use crate::engine::step_run::{detail_of, Fail, Verdict};
 use crate::engine::steps::rule;
-use crate::events::{Sink, Step};
+use crate::events::Step;
 use crate::ports::{Logs, Probes, Units};
 
 /// After a decode restart: the prefills' queues of requests held for a decode drain to zero
@@ -23,12 +23,9 @@ use crate::ports::{Logs, Probes, Units};
 /// which moves with live load; they are per prefill, not per decode, so under steady traffic to other
 /// decodes the gate waits for a moment they are all empty. A warning unless
 /// `stranded_kv = "required"`.
-pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, sink: &Sink) -> Result<(), (Step, Fail)> {
+/// The step runs on a decode with prefills (`gates::pair::peers`).
+pub(in crate::engine) async fn stranded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<Verdict<StrandedDetail>, Fail> {
     let prefills = gates::pair::peers(eng, w);
-    if prefills.is_empty() {
-        return Ok(());
-    }
-    let s = StepRun::start(sink, &w.unit, Step::StrandedKv);
     let read = |p: &Worker| {
         let url = p.url.clone();
         async move { eng.probes.pd_queues(&url).await }
@@ -47,8 +44,7 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
         }
     }
     if watched.is_empty() {
-        s.pass(detail_of(&NothingHeld { held: BTreeMap::new(), unreadable }));
-        return Ok(());
+        return Ok(Verdict::passed(StrandedDetail::Nothing(NothingHeld { held: BTreeMap::new(), unreadable })));
     }
     // Read from the gauges (a server without `/v1/loads`), a released room can show until the
     // next idle publish: the default limit covers that lag too.
@@ -84,23 +80,29 @@ pub(in crate::engine) async fn stranded_step<U: Units, L: Logs, P: Probes>(eng: 
     let mut detail = Waited { held_at_start: start, limit_ms: limit.as_millis() as u64, waited_ms: t0.elapsed().as_millis() as u64, released: None };
     if still.is_empty() {
         detail.released = Some(true);
-        s.pass(detail_of(&detail));
-        return Ok(());
+        return Ok(Verdict::passed(StrandedDetail::Waited(detail)));
     }
     let held = still.iter().map(|(u, r, t)| format!("{u} holds {r} request(s) ({t} tokens in use)")).collect::<Vec<_>>().join(", ");
     let cause = Cause::StrandedKv { decode: w.unit.clone(), held, after: limit };
     let mode = rule(Step::StrandedKv, &eng.settings).mode;
     let failed = detail_of(&detail);
     detail.released = Some(false);
-    let Some(s) = s.warn_or_keep(mode, &cause, detail_of(&detail)) else { return Ok(()) };
-    let f = Fail { cause, detail: failed, unit: None, last_lines: Vec::new() };
-    s.fail(&f);
-    Err((Step::StrandedKv, f))
+    Verdict::warned_under(mode, &cause, StrandedDetail::Waited(detail)).ok_or(Fail { cause, detail: failed, unit: None, last_lines: Vec::new() })
+}
+
+/// The step's detail: nothing was held, or what was held and the wait for it.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(in crate::engine) enum StrandedDetail {
+    /// No prefill held anything.
+    Nothing(NothingHeld),
+    /// Some did: the wait.
+    Waited(Waited),
 }
 
 /// What a prefill held for the decode's old rooms when the step began.
 #[derive(Serialize)]
-struct HeldAt {
+pub(in crate::engine) struct HeldAt {
     /// Requests it held.
     held_reqs: f64,
     /// KV tokens in use.
@@ -111,7 +113,7 @@ struct HeldAt {
 
 /// The step's detail when no prefill held anything (the JSON in docs/cli.md).
 #[derive(Serialize)]
-struct NothingHeld {
+pub(in crate::engine) struct NothingHeld {
     /// Always empty.
     held: BTreeMap<String, HeldAt>,
     /// Prefills whose queues could not be read.
@@ -120,7 +122,7 @@ struct NothingHeld {
 
 /// The step's detail after its wait (the JSON in docs/cli.md).
 #[derive(Serialize)]
-struct Waited {
+pub(in crate::engine) struct Waited {
     /// What each prefill held at the start.
     held_at_start: BTreeMap<String, HeldAt>,
     /// How long it could wait.
