@@ -21,6 +21,7 @@ pub mod names;
 pub mod next;
 pub mod records;
 pub mod redact;
+pub mod rollout_record;
 pub mod started_by;
 pub mod url;
 pub mod window;

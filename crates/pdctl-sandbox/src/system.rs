@@ -192,13 +192,13 @@ impl SystemManager {
             rules = rules.display(),
         );
         let tag = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| format!("pdctl-system-{}", std::process::id()));
-        let cgroups = crate::prepare_cgroups(&format!("{tag}.slice"));
+        let cgroups = crate::cgroups::prepare_cgroups(&format!("{tag}.slice"));
         let mut cmd = Command::new("/usr/bin/unshare");
         cmd.args(["--mount", "--pid", "--fork", "--mount-proc", "--kill-child", "--", "/bin/sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(d.join("boot.log")).map(Stdio::from).unwrap_or_else(|_| Stdio::null()));
-        crate::enter_cgroups_at_exec(&mut cmd, &cgroups, true);
+        crate::cgroups::enter_cgroups_at_exec(&mut cmd, &cgroups, true);
         let unshare = cmd.spawn().map_err(io("start unshare"))?;
         let mut sm = SystemManager { unshare, init_pid: 0, dir, cgroups };
         sm.wait_up()?;
@@ -305,7 +305,7 @@ impl Drop for SystemManager {
             std::thread::sleep(Duration::from_millis(20));
         }
         for c in &self.cgroups {
-            crate::remove_cgroup(c);
+            crate::cgroups::remove_cgroup(c);
         }
     }
 }

@@ -9,8 +9,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::version::Version;
-
 /// The program name argparse prints, as in `python -m sglang.launch_server`.
 pub const PROG: &str = "launch_server.py";
 
@@ -371,7 +369,7 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         Some("decode") => Mode::Decode,
         Some(other) => return Err(ArgError(format!("argument --disaggregation-mode: invalid choice: '{other}' (choose from 'null', 'prefill', 'decode')"))),
     };
-    let sim = parse_knobs(&given, env)?;
+    let sim = crate::knobs::parse(&given, env).map_err(ArgError)?;
     let mut dp_size = int(if given.contains_key("--dp") { "--dp" } else { "--dp-size" }, 1)?.max(1);
     let mut attn_dp = int(if given.contains_key("--attention-data-parallel-size") { "--attention-data-parallel-size" } else { "--attn-dp-size" }, 1)?.max(1);
     let dp_attention = given.contains_key("--enable-dp-attention");
@@ -480,86 +478,6 @@ fn env_secs(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Duration
     }
 }
 
-fn parse_knobs(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<String>) -> Result<SimKnobs, ArgError> {
-    let get = |name: &str| -> Option<String> {
-        given.get(&format!("--sim-{name}")).cloned().or_else(|| env(&format!("SGLANG_SIM_{}", name.replace('-', "_").to_uppercase())))
-    };
-    let flag = |name: &str| -> bool { get(name).is_some_and(|v| !matches!(v.as_str(), "" | "0" | "false" | "no")) };
-    let num = |name: &str| -> Result<Option<f64>, ArgError> {
-        match get(name) {
-            None => Ok(None),
-            Some(v) => v
-                .parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .map(Some)
-                .ok_or_else(|| ArgError(format!("argument --sim-{name}: invalid non-negative number: '{v}'"))),
-        }
-    };
-    let secs = |name: &str| -> Result<Option<Duration>, ArgError> { Ok(num(name)?.map(Duration::from_secs_f64)) };
-    let mut k = SimKnobs::default();
-    if let Some(v) = get("version") {
-        k.version = Version::parse(&v).ok_or_else(|| ArgError(format!("argument --sim-version: invalid version: '{v}' (expected like 0.5.23)")))?;
-    }
-    if let Some(d) = secs("load-secs")? {
-        k.load = d;
-    }
-    if let Some(d) = secs("warmup-secs")? {
-        k.warmup = d;
-    }
-    if let Some(n) = num("max-total-tokens")? {
-        k.max_total_tokens = (n as u64).max(1);
-    }
-    if let Some(n) = num("tokens-per-sec")? {
-        k.tokens_per_sec = n.max(0.001);
-    }
-    if let Some(d) = secs("idle-publish-secs")? {
-        k.idle_publish = d;
-    }
-    if let Some(n) = num("health-generate-ms")? {
-        k.health_generate = Duration::from_secs_f64(n / 1000.0);
-    }
-    if let Some(v) = get("exit-code") {
-        k.exit_code = Some(v.parse::<i32>().map_err(|_| ArgError(format!("argument --sim-exit-code: invalid int value: '{v}'")))?);
-    }
-    k.crash_after_ready = secs("crash-after-ready")?;
-    k.never_ready = flag("never-ready");
-    k.warn_traceback = flag("warn-traceback");
-    k.no_load_endpoint = flag("no-load-endpoint");
-    k.health_fail_after_ready = secs("health-fail-after-ready")?;
-    k.no_metrics_publish = flag("no-metrics-publish");
-    k.metrics_hang = flag("metrics-hang");
-    k.flush_ready_on_stop = flag("flush-ready-on-stop");
-    k.cache_never_idle = flag("cache-never-idle");
-    if let Some(d) = secs("prefill-secs")? {
-        k.prefill = d;
-    }
-    if let Some(f) = num("slowdown")? {
-        k.slowdown = f.max(0.001);
-    }
-    if let Some(p) = num("fail-fraction")? {
-        if p > 1.0 {
-            return Err(ArgError(format!("argument --sim-fail-fraction: a fraction is between 0 and 1, not {p}")));
-        }
-        k.fail_fraction = p;
-    }
-    if let Some(d) = secs("faults-after")? {
-        k.faults_after = d;
-    }
-    if let Some(d) = secs("weights-load-secs")? {
-        k.weights_load = d;
-    }
-    k.weights_fail = flag("weights-fail");
-    if let Some(v) = get("pair-cache") {
-        k.pair_cache = match v.as_str() {
-            "refresh" => PairCache::Refresh,
-            "stale" => PairCache::Stale,
-            _ => return Err(ArgError(format!("argument --sim-pair-cache: invalid choice: '{v}' (choose from 'refresh', 'stale')"))),
-        };
-    }
-    Ok(k)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,7 +518,7 @@ mod tests {
         let v: Vec<String> = "--model-path m --sim-version 0.4.6 --sim-never-ready".split_whitespace().map(String::from).collect();
         let env = |k: &str| (k == "SGLANG_SIM_LOAD_SECS").then(|| "0.5".to_string());
         let c = parse(&v, &env).unwrap();
-        assert_eq!(c.sim.version, Version::parse("0.4.6").unwrap());
+        assert_eq!(c.sim.version, crate::version::Version::parse("0.4.6").unwrap());
         assert!(c.sim.never_ready);
         assert_eq!(c.sim.load, Duration::from_millis(500));
         // The service faults, as a drop-in sets them (an environment variable) or as flags.

@@ -1,6 +1,7 @@
 //! The simulator's own settings and fault knobs (`--sim-*` flags, `SGLANG_SIM_*` variables): what
 //! no SGLang server has, kept apart from SGLang's flags (`args.rs` parses both).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::version::Version;
@@ -111,4 +112,85 @@ impl Default for SimKnobs {
             pair_cache: PairCache::Refresh,
         }
     }
+}
+/// The simulator's knobs from its `--sim-*` flags (`given`) or `SGLANG_SIM_*` variables (`env`);
+/// `Err`: the sentence of the first one that does not parse.
+pub(crate) fn parse(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Option<String>) -> Result<SimKnobs, String> {
+    let get = |name: &str| -> Option<String> {
+        given.get(&format!("--sim-{name}")).cloned().or_else(|| env(&format!("SGLANG_SIM_{}", name.replace('-', "_").to_uppercase())))
+    };
+    let flag = |name: &str| -> bool { get(name).is_some_and(|v| !matches!(v.as_str(), "" | "0" | "false" | "no")) };
+    let num = |name: &str| -> Result<Option<f64>, String> {
+        match get(name) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .map(Some)
+                .ok_or_else(|| format!("argument --sim-{name}: invalid non-negative number: '{v}'")),
+        }
+    };
+    let secs = |name: &str| -> Result<Option<Duration>, String> { Ok(num(name)?.map(Duration::from_secs_f64)) };
+    let mut k = SimKnobs::default();
+    if let Some(v) = get("version") {
+        k.version = Version::parse(&v).ok_or_else(|| format!("argument --sim-version: invalid version: '{v}' (expected like 0.5.23)"))?;
+    }
+    if let Some(d) = secs("load-secs")? {
+        k.load = d;
+    }
+    if let Some(d) = secs("warmup-secs")? {
+        k.warmup = d;
+    }
+    if let Some(n) = num("max-total-tokens")? {
+        k.max_total_tokens = (n as u64).max(1);
+    }
+    if let Some(n) = num("tokens-per-sec")? {
+        k.tokens_per_sec = n.max(0.001);
+    }
+    if let Some(d) = secs("idle-publish-secs")? {
+        k.idle_publish = d;
+    }
+    if let Some(n) = num("health-generate-ms")? {
+        k.health_generate = Duration::from_secs_f64(n / 1000.0);
+    }
+    if let Some(v) = get("exit-code") {
+        k.exit_code = Some(v.parse::<i32>().map_err(|_| format!("argument --sim-exit-code: invalid int value: '{v}'"))?);
+    }
+    k.crash_after_ready = secs("crash-after-ready")?;
+    k.never_ready = flag("never-ready");
+    k.warn_traceback = flag("warn-traceback");
+    k.no_load_endpoint = flag("no-load-endpoint");
+    k.health_fail_after_ready = secs("health-fail-after-ready")?;
+    k.no_metrics_publish = flag("no-metrics-publish");
+    k.metrics_hang = flag("metrics-hang");
+    k.flush_ready_on_stop = flag("flush-ready-on-stop");
+    k.cache_never_idle = flag("cache-never-idle");
+    if let Some(d) = secs("prefill-secs")? {
+        k.prefill = d;
+    }
+    if let Some(f) = num("slowdown")? {
+        k.slowdown = f.max(0.001);
+    }
+    if let Some(p) = num("fail-fraction")? {
+        if p > 1.0 {
+            return Err(format!("argument --sim-fail-fraction: a fraction is between 0 and 1, not {p}"));
+        }
+        k.fail_fraction = p;
+    }
+    if let Some(d) = secs("faults-after")? {
+        k.faults_after = d;
+    }
+    if let Some(d) = secs("weights-load-secs")? {
+        k.weights_load = d;
+    }
+    k.weights_fail = flag("weights-fail");
+    if let Some(v) = get("pair-cache") {
+        k.pair_cache = match v.as_str() {
+            "refresh" => PairCache::Refresh,
+            "stale" => PairCache::Stale,
+            _ => return Err(format!("argument --sim-pair-cache: invalid choice: '{v}' (choose from 'refresh', 'stale')")),
+        };
+    }
+    Ok(k)
 }

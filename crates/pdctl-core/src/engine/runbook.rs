@@ -338,7 +338,7 @@ pub(in crate::engine) async fn take_slots<U: Units, L: Logs, P: Probes>(
 /// a pair restarted together passes before either stops.
 pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Drained, (Step, Fail)> {
     let (w, ctx) = (r.w, r.ctx);
-    let before = if r.seq == Sequence::Restart { before_drain(eng, w, ctx).await } else { None };
+    let before = if r.seq == Sequence::Restart { service_level::before_drain(eng, w, ctx).await } else { None };
     let since = Some(Instant::now());
     let drained = match eng.settings.rollout.drain {
         true => report(r.sink, &w.unit, Step::Drain, drain::drain(eng, w, ctx)).await,
@@ -349,25 +349,6 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<
         t.drained.wait().await;
     }
     Ok(Drained { out: Out { before, since }, deferred: drained? })
-}
-
-/// The service gate's baseline when it is alone in its role: its figures before the drain —
-/// before this rollout first touched it. A worker restarted again in the same rollout (a
-/// rollback onto its last good revision) is judged against those, not against the run that
-/// just failed.
-async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
-    let measured = service_level::slo_before(eng, w).await;
-    let Some(keep) = ctx.writes.before else { return measured };
-    let mut kept = lock(keep);
-    match kept.get(&w.unit) {
-        Some(first) => Some(first.clone()),
-        None => {
-            if let Some(b) = &measured {
-                kept.insert(w.unit.clone(), b.clone());
-            }
-            measured
-        }
-    }
 }
 
 /// The restart step: a new run, the drain's deferred taking out done during its stop.

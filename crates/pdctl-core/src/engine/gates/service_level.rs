@@ -10,9 +10,10 @@ use pdctl_parse::service::ServiceScrape;
 
 use crate::cause::Cause;
 use crate::config::{Role, Slo, Unjudged, Worker};
+use crate::engine::context::Ctx;
 use crate::engine::gates;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::Fail;
+use crate::engine::step_run::{lock, Fail};
 use crate::ports::{Logs, Probes, Units};
 use crate::service::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
 
@@ -51,6 +52,25 @@ pub(in crate::engine) async fn slo_before<U: Units, L: Logs, P: Probes>(eng: &En
         return None;
     }
     tokio::time::timeout(eng.settings.rollout.metrics_timeout, eng.probes.service(&w.url)).await.ok()?.ok()
+}
+
+/// The service gate's baseline when it is alone in its role: its figures before the drain —
+/// before this rollout first touched it. A worker restarted again in the same rollout (a
+/// rollback onto its last good revision) is judged against those, not against the run that
+/// just failed.
+pub(in crate::engine) async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
+    let measured = slo_before(eng, w).await;
+    let Some(keep) = ctx.writes.before else { return measured };
+    let mut kept = lock(keep);
+    match kept.get(&w.unit) {
+        Some(first) => Some(first.clone()),
+        None => {
+            if let Some(b) = &measured {
+                kept.insert(w.unit.clone(), b.clone());
+            }
+            measured
+        }
+    }
 }
 
 pub(in crate::engine) async fn mark<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, url: &str) -> Result<Mark, String> {
