@@ -390,6 +390,17 @@ pub enum StreamLine {
     Interrupted(InterruptedEnd),
 }
 
+impl Record {
+    /// The last line of its event stream, once it has ended.
+    pub fn end_line(&self) -> Option<StreamLine> {
+        match (&self.summary, &self.interrupted) {
+            (Some(s), _) => Some(StreamLine::Summary(Box::new(s.clone()))),
+            (None, Some(i)) => Some(StreamLine::Interrupted(InterruptedEnd { result: InterruptedResult::Interrupted, interrupted: i.clone() })),
+            (None, None) => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,16 +421,5 @@ mod tests {
         }
         assert!(Exit::try_from(9).is_err());
         assert_eq!(serde_json::to_string(&Exit::Busy).unwrap(), "4");
-    }
-}
-
-impl Record {
-    /// The last line of its event stream, once it has ended.
-    pub fn end_line(&self) -> Option<StreamLine> {
-        match (&self.summary, &self.interrupted) {
-            (Some(s), _) => Some(StreamLine::Summary(Box::new(s.clone()))),
-            (None, Some(i)) => Some(StreamLine::Interrupted(InterruptedEnd { result: InterruptedResult::Interrupted, interrupted: i.clone() })),
-            (None, None) => None,
-        }
     }
 }

@@ -202,31 +202,7 @@ pub fn read(e: &Exposition) -> Result<KvReport, KvProblem> {
     let usage = per_rank(e, Gauge::TokenUsage);
     let used = per_rank(e, Gauge::UsedTokens);
     let (Some((usage, un)), Some((used, kn))) = (usage.clone(), used.clone()) else {
-        // The scheduler's stats gauges all appear together, at its first log_stats(); constants
-        // and tokenizer counters can exist before that.
-        const STATS: [&str; 9] = [
-            "token_usage",
-            "num_used_tokens",
-            "full_token_usage",
-            "kv_used_tokens",
-            "kv_available_tokens",
-            "num_running_reqs",
-            "num_queue_reqs",
-            "gen_throughput",
-            "cache_hit_rate",
-        ];
-        if !sglang.iter().any(|n| STATS.contains(n)) {
-            return Err(KvProblem::NotPublished { found: sglang.len() });
-        }
-        let missing = if usage.is_none() { "token_usage" } else { "kv_used_tokens/num_used_tokens" };
-        let mut closest: Vec<&str> = sglang.iter().copied().filter(|n| n.contains("token") || n.contains("usage") || n.contains("kv")).collect();
-        closest.sort_unstable();
-        closest.dedup();
-        closest.truncate(6);
-        return Err(KvProblem::OtherNames {
-            missing: missing.into(),
-            closest: if closest.is_empty() { "none".into() } else { closest.iter().map(|n| format!("sglang:{n}")).collect::<Vec<_>>().join(", ") },
-        });
+        return Err(not_there(&sglang, usage.is_none()));
     };
     let max = per_rank(e, Gauge::MaxTotalTokens).map(|v| v.0).unwrap_or_default();
     let avail = per_rank(e, Gauge::AvailableTokens).map(|v| v.0).unwrap_or_default();
@@ -281,6 +257,36 @@ pub fn read(e: &Exposition) -> Result<KvReport, KvProblem> {
         ranks,
         unpublished,
     })
+}
+
+/// Why the KV gauges are not there: not published yet (no stats gauge at all), or published
+/// under other names (the closest ones named); `usage_missing`: `token_usage` is the one missing.
+fn not_there(sglang: &[&str], usage_missing: bool) -> KvProblem {
+    // The scheduler's stats gauges all appear together, at its first log_stats(); constants
+    // and tokenizer counters can exist before that.
+    const STATS: [&str; 9] = [
+        "token_usage",
+        "num_used_tokens",
+        "full_token_usage",
+        "kv_used_tokens",
+        "kv_available_tokens",
+        "num_running_reqs",
+        "num_queue_reqs",
+        "gen_throughput",
+        "cache_hit_rate",
+    ];
+    if !sglang.iter().any(|n| STATS.contains(n)) {
+        return KvProblem::NotPublished { found: sglang.len() };
+    }
+    let missing = if usage_missing { "token_usage" } else { "kv_used_tokens/num_used_tokens" };
+    let mut closest: Vec<&str> = sglang.iter().copied().filter(|n| n.contains("token") || n.contains("usage") || n.contains("kv")).collect();
+    closest.sort_unstable();
+    closest.dedup();
+    closest.truncate(6);
+    KvProblem::OtherNames {
+        missing: missing.into(),
+        closest: if closest.is_empty() { "none".into() } else { closest.iter().map(|n| format!("sglang:{n}")).collect::<Vec<_>>().join(", ") },
+    }
 }
 
 /// One rank's gauges in range, and its identity. `several`: name the rank in the sentence.

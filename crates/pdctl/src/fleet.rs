@@ -161,6 +161,22 @@ pub async fn restart(client: &crate::client::Client, config: &Path, req: pdctl_c
     watch(config, &id, json).await
 }
 
+/// Fleet rollout `id`'s request as etcd holds it; `Err`: said, with the exit code.
+async fn requested(c: &EtcdCoordinator, fleet_name: &str, id: &str) -> Result<pdctl_core::fleet::FleetRollout, Exit> {
+    use pdctl_core::ports::Coordinator as _;
+    match c.get(&fleet::rollout_key(fleet_name, id)).await {
+        Ok(Some(e)) => serde_json::from_slice(&e.value).map_err(|err| {
+            eprintln!("pdctl: fleet rollout {id} does not read: {err}");
+            Exit::Unreachable
+        }),
+        Ok(None) => {
+            eprintln!("pdctl: no fleet rollout {id} in fleet {fleet_name}; see pdctl fleet status");
+            Err(Exit::Usage)
+        }
+        Err(e) => Err(unreachable(&e)),
+    }
+}
+
 /// `pdctl fleet watch ID`: every host's events as they are written to etcd (each with its
 /// `host`), then the fleet summary; the exit code of the worst host.
 pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
@@ -171,19 +187,9 @@ pub async fn watch(config: &Path, id: &str, json: bool) -> Exit {
         Err(e) => return e,
     };
     let c = EtcdCoordinator::new(&f);
-    let r: FleetRollout = match c.get(&fleet::rollout_key(&f.name, id)).await {
-        Ok(Some(e)) => match serde_json::from_slice(&e.value) {
-            Ok(r) => r,
-            Err(err) => {
-                eprintln!("pdctl: fleet rollout {id} does not read: {err}");
-                return Exit::Unreachable;
-            }
-        },
-        Ok(None) => {
-            eprintln!("pdctl: no fleet rollout {id} in fleet {}; see pdctl fleet status", f.name);
-            return Exit::Usage;
-        }
-        Err(e) => return unreachable(&e),
+    let r: FleetRollout = match requested(&c, &f.name, id).await {
+        Ok(r) => r,
+        Err(code) => return code,
     };
     if !json {
         println!(

@@ -235,24 +235,7 @@ impl Renderer {
         let not_started = if not_started.is_empty() { "none".to_string() } else { not_started.join(", ") };
         let verified = if s.units.is_empty() { "none".to_string() } else { s.units.join(", ") };
         let id = after.id.as_deref().map(|i| format!(" (rollout {i})")).unwrap_or_default();
-        if let Some(f) = &s.failed {
-            println!("pdctl: ✗ {} failed at {}: {}", f.unit, f.step.as_str(), f.cause);
-            if !f.last_lines.is_empty() {
-                println!("  last log lines of {}:", f.unit);
-                for l in &f.last_lines {
-                    println!("    {l}");
-                }
-            }
-        }
-        if let Some(a) = &s.availability {
-            println!("pdctl: availability: {}", a.sentence());
-        }
-        if !after.notes.is_empty() {
-            println!("pdctl: notes{id}:");
-            for n in &after.notes {
-                println!("  - {n}");
-            }
-        }
+        what_happened(s, after, &id);
         let state = |u: &str| after.unit_state.as_ref().filter(|(x, _)| x == u).map(|(_, st)| format!("; {u} is now {st}")).unwrap_or_default();
         let weights = after.kind == Some(pdctl_contract::api::RolloutKind::Weights) || after.in_place;
         let line = match (s.result, &s.failed, self.kind) {
@@ -388,5 +371,28 @@ fn host_done(after: &Epilogue, id: &str, took: &str) -> Option<String> {
         )),
         Some(RolloutKind::HostResume) => Some(format!("✓ succeeded{id}: all {n} worker(s) back in service, each through its gates, in {took}; next: pdctl host status")),
         _ => None,
+    }
+}
+
+/// What happened, before the last line: the failure with its unit's last log lines, what
+/// clients saw, the rollout's notes.
+fn what_happened(s: &Summary, after: &Epilogue, id: &str) {
+    if let Some(f) = &s.failed {
+        println!("pdctl: ✗ {} failed at {}: {}", f.unit, f.step.as_str(), f.cause);
+        if !f.last_lines.is_empty() {
+            println!("  last log lines of {}:", f.unit);
+            for l in &f.last_lines {
+                println!("    {l}");
+            }
+        }
+    }
+    if let Some(a) = &s.availability {
+        println!("pdctl: availability: {}", a.sentence());
+    }
+    if !after.notes.is_empty() {
+        println!("pdctl: notes{id}:");
+        for n in &after.notes {
+            println!("  - {n}");
+        }
     }
 }

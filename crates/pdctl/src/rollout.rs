@@ -107,13 +107,9 @@ async fn unit_state_now(config: &Path, unit: &str) -> Option<(String, String)> {
     Some((unit.to_string(), format!("{}/{}{inv}", st.active_state, st.sub_state)))
 }
 
-/// Follow a rollout's events from the beginning; returns its exit code.
-pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit {
-    let rec: Record = match ask_said(client, &format!("/v1/rollouts/{id}"), json).await {
-        Ok(r) => r,
-        Err(c) => return c,
-    };
-    let what = match rec.kind {
+/// What kind of rollout `rec` is, as its progress display's title says it.
+fn what_runs(rec: &Record) -> &'static str {
+    match rec.kind {
         pdctl_contract::api::RolloutKind::Restart => "rolling restart (run by pdctld)",
         pdctl_contract::api::RolloutKind::Apply if rec.in_place => "config rollout of new weights, loaded in place (run by pdctld)",
         pdctl_contract::api::RolloutKind::Apply => "config rollout (run by pdctld)",
@@ -124,7 +120,16 @@ pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit
         pdctl_contract::api::RolloutKind::HostResume => {
             "host resume after maintenance: every worker through its gates, then the slots given back (run by pdctld)"
         }
+    }
+}
+
+/// Follow a rollout's events from the beginning; returns its exit code.
+pub async fn watch(client: &Client, config: &Path, id: &str, json: bool) -> Exit {
+    let rec: Record = match ask_said(client, &format!("/v1/rollouts/{id}"), json).await {
+        Ok(r) => r,
+        Err(c) => return c,
     };
+    let what = what_runs(&rec);
     let r = Arc::new(Mutex::new(Renderer::for_units_as(json, &rec.plan, Kind::Rollout, Some(what))));
     lock(&r).note(&format!("pdctl: rollout {id} runs in pdctld; Ctrl-C detaches (the rollout goes on): pdctl rollout watch {id}"));
     let mut last: Option<StreamLine> = None;

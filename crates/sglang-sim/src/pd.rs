@@ -268,25 +268,14 @@ impl Pd {
         outcome
     }
 
-    /// Decode: get the room's KV from the prefill named by `b` (through the cached bootstrap
-    /// info, fetched from `/route` when missing). Returns the weight version the KV was computed
-    /// with ([`crate::engine::Weights::identity`], a simulator-only field of the hand-off), or the
-    /// abort message on failure.
-    pub async fn receive(&self, rid: &str, b: &Bootstrap) -> Result<String, String> {
-        let started = Instant::now();
+    /// Decode: the bootstrap info of the prefill named by `b` (`key`): cached, else fetched from
+    /// its `/route` and cached. One the decode cannot pair with kills the decode, as SGLang's
+    /// scheduler dies on it.
+    async fn bootstrap_info(&self, rid: &str, b: &Bootstrap, key: &str) -> Result<Route, String> {
         let cfg = self.cfg();
-        let stall = *lock(&self.inner.stall_until);
-        if let Some(until) = stall.filter(|u| *u > started) {
-            // A full prealloc queue: the request waits before its transfer — the window in
-            // which a decode killed mid-request strands the prefill's KV.
-            self.engine.prealloc(true);
-            tokio::time::sleep_until(until.into()).await;
-            self.engine.prealloc(false);
-        }
-        let key = format!("{}:{}", b.host, b.port);
-        let cached = lock(&self.inner.cache).get(&key).cloned();
-        let route = match cached {
-            Some(r) => r,
+        let cached = lock(&self.inner.cache).get(key).cloned();
+        match cached {
+            Some(r) => Ok(r),
             None => {
                 let r = self.fetch_route(&b.host, b.port).await.map_err(|e| {
                     let m = format!(
@@ -307,10 +296,29 @@ impl Pd {
                         libc::kill(libc::getpid(), libc::SIGKILL);
                     }
                 }
-                lock(&self.inner.cache).insert(key.clone(), r.clone());
-                r
+                lock(&self.inner.cache).insert(key.to_string(), r.clone());
+                Ok(r)
             }
-        };
+        }
+    }
+
+    /// Decode: get the room's KV from the prefill named by `b` (through the cached bootstrap
+    /// info, fetched from `/route` when missing). Returns the weight version the KV was computed
+    /// with ([`crate::engine::Weights::identity`], a simulator-only field of the hand-off), or the
+    /// abort message on failure.
+    pub async fn receive(&self, rid: &str, b: &Bootstrap) -> Result<String, String> {
+        let started = Instant::now();
+        let cfg = self.cfg();
+        let stall = *lock(&self.inner.stall_until);
+        if let Some(until) = stall.filter(|u| *u > started) {
+            // A full prealloc queue: the request waits before its transfer — the window in
+            // which a decode killed mid-request strands the prefill's KV.
+            self.engine.prealloc(true);
+            tokio::time::sleep_until(until.into()).await;
+            self.engine.prealloc(false);
+        }
+        let key = format!("{}:{}", b.host, b.port);
+        let route = self.bootstrap_info(rid, b, &key).await?;
         let waiting = cfg.waiting_timeout;
         let url = format!("http://{}:{}/kv/{}", route.rank_ip, route.rank_port, b.room);
         let body = json!({"identity": route.identity, "page_size": cfg.page_size, "kv_cache_dtype": cfg.kv_cache_dtype});

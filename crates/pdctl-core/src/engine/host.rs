@@ -362,17 +362,7 @@ pub(in crate::engine) async fn resume<U: Units, L: Logs, P: Probes>(eng: &Engine
     // What the boot started already is verified together, each through every gate (a
     // prefill's pair probe waits for nothing: the later of a pair to be ready probes it);
     // only what must be started is started, in order, after them.
-    let mut booted = Vec::new();
-    let mut stopped = Vec::new();
-    for w in order.iter().copied() {
-        let running =
-            eng.units.state(&w.unit).await.is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
-        if running {
-            booted.push(w)
-        } else {
-            stopped.push(w)
-        }
-    }
+    let (booted, stopped) = running_or_not(eng, &order).await;
     let peer = |a: &Worker, b: &Worker| a.role != b.role && a.role != Role::Regular && b.role != Role::Regular;
     // Its recorded stop (and, after a reboot, this boot's journal head for its ready line).
     let maintained = |w: &Worker| {
@@ -420,13 +410,33 @@ pub(in crate::engine) async fn resume<U: Units, L: Logs, P: Probes>(eng: &Engine
         }
         run.t.done.push(w.unit.clone());
     }
-    // Every worker passed every gate: the budget goes back.
-    let all_back = eng.give_back_host_slots(&m.id, ledger, run.notes).await;
+    resumed(eng, &m.id, ledger, run).await
+}
+
+/// `order`'s workers the boot started (or that never stopped), and those still stopped.
+async fn running_or_not<'w, U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, order: &[&'w Worker]) -> (Vec<&'w Worker>, Vec<&'w Worker>) {
+    let (mut booted, mut stopped) = (Vec::new(), Vec::new());
+    for w in order.iter().copied() {
+        let running =
+            eng.units.state(&w.unit).await.is_ok_and(|st| matches!(st.active_state, ActiveState::Active | ActiveState::Activating | ActiveState::Reloading));
+        if running {
+            booted.push(w)
+        } else {
+            stopped.push(w)
+        }
+    }
+    (booted, stopped)
+}
+
+/// Every worker passed every gate: the host's budget goes back and its maintenance record is
+/// crossed off (kept, and said, while etcd has not taken a slot back).
+async fn resumed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, id: &str, ledger: &Ledger, run: &mut Underway<'_>) -> Summary {
+    let all_back = eng.give_back_host_slots(id, ledger, run.notes).await;
     if all_back {
         if let Err(e) = ledger.clear_maintenance() {
             tracing::warn!("the maintenance record could not be crossed off ({e})");
         }
-        run.notes.push(format!("every worker passed its gates after the maintenance and the host's slots are given back (host drain {})", m.id));
+        run.notes.push(format!("every worker passed its gates after the maintenance and the host's slots are given back (host drain {id})"));
     } else {
         run.notes.push("every worker passed its gates; a slot etcd did not take back yet stays on record and is given back when etcd answers".into());
     }

@@ -47,6 +47,40 @@ where
         self.reconcile_as(d, ledger, budget, sink, false).await
     }
 
+    /// Wait (up to `budget`, from `t0`) until the drained worker `w` answers `/health`; a unit
+    /// that failed, crash-loops or stays stopped is not coming up.
+    async fn serving_again(&self, d: &Drain, w: &Worker, t0: Instant, budget: Duration) -> Result<(), Fail> {
+        let mut last;
+        let mut stopped_since: Option<Instant> = None;
+        loop {
+            last = match within(t0, budget.max(Duration::from_secs(30)), self.probes.health(&w.url)).await {
+                Some(Health::Up) => break,
+                Some(Health::Unavailable(x)) | Some(Health::Down(x)) => x,
+                None => "no answer".into(),
+            };
+            let st = self.units.state(&d.unit).await?;
+            // A restart passes through deactivating and, briefly, inactive: only a failed unit,
+            // or one that stays inactive, is not coming up.
+            stopped_since = match st.active_state {
+                ActiveState::Inactive => stopped_since.or(Some(Instant::now())),
+                _ => None,
+            };
+            // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
+            // the rollout lock for the whole budget.
+            let gone = st.active_state == ActiveState::Failed
+                || st.sub_state == SubState::AutoRestart
+                || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
+            if gone || t0.elapsed() >= budget {
+                return Err(Fail::from(Cause::DrainNotRestored {
+                    unit: d.unit.clone(),
+                    why: format!("{}/{}, /health: {last}", st.active_state, st.sub_state),
+                }));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
+    }
+
     /// [`Engine::reconcile`]; `rollback_follows`: the failed unit's rollback comes next, so a
     /// worker that is not serving is said to wait for it (step `skipped`), not to have failed —
     /// its drain stays on record either way until a gate re-admits it.
@@ -77,37 +111,10 @@ where
         let r = async {
             let st = self.units.state(&d.unit).await?;
             let same_run = !d.invocation_id.is_empty() && st.invocation_id == d.invocation_id;
-            let mut last;
-            let mut stopped_since: Option<Instant> = None;
-            loop {
-                last = match within(t0, budget.max(Duration::from_secs(30)), self.probes.health(&w.url)).await {
-                    Some(Health::Up) => break,
-                    Some(Health::Unavailable(x)) | Some(Health::Down(x)) => x,
-                    None => "no answer".into(),
-                };
-                let st = self.units.state(&d.unit).await?;
-                // A restart passes through deactivating and, briefly, inactive: only a failed unit,
-                // or one that stays inactive, is not coming up.
-                stopped_since = match st.active_state {
-                    ActiveState::Inactive => stopped_since.or(Some(Instant::now())),
-                    _ => None,
-                };
-                // A crash loop (`auto-restart`) is not coming up either: waiting for it would hold
-                // the rollout lock for the whole budget.
-                let gone = st.active_state == ActiveState::Failed
-                    || st.sub_state == SubState::AutoRestart
-                    || stopped_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10));
-                if gone || t0.elapsed() >= budget {
-                    return Err(Fail::from(Cause::DrainNotRestored {
-                        unit: d.unit.clone(),
-                        why: format!("{}/{}, /health: {last}", st.active_state, st.sub_state),
-                    }));
-                }
-                tokio::time::sleep(POLL).await;
-            }
+            self.serving_again(d, &w, t0, budget).await?;
             let admitted = gates::router::router(self, &w, true, false).await?;
             ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
-            Ok(detail_of(&Reconciled {
+            Ok::<_, Fail>(detail_of(&Reconciled {
                 same_run,
                 drained_by: &d.rollout_id,
                 drained_at: d.drained_at,

@@ -125,16 +125,7 @@ where
         notes: &mut Vec<String>,
     ) -> Summary {
         let t0 = Instant::now();
-        let end = |result: Outcome, units: Vec<String>, failed| Summary {
-            id: None,
-            result,
-            elapsed_ms: t0.elapsed().as_millis() as u64,
-            units,
-            checked: Vec::new(),
-            repairs: Default::default(),
-            availability: None,
-            failed,
-        };
+        let end = |result: Outcome, units: Vec<String>, failed| ended(t0, result, units, failed);
         // Preflight: what each serves now, and that it serves.
         let mut before = match self.what_each_serves(plan, sink).await {
             Ok(b) => b,
@@ -148,15 +139,12 @@ where
             Err(failure) => return end(Outcome::Failed, Vec::new(), Some(failure)),
         };
         // In a fleet: every host paused before any loads.
-        if let Some(id) = to.fleet_rollout {
-            if let Err(why) = self.weights_step(id, crate::engine::work::PhaseName::Paused, Ok(())).await {
-                let f = Fail::from(Cause::WeightsFailed { unit: FLEET.into(), why: format!("not every host paused: {why}") });
-                for (s, ..) in steps {
-                    s.fail(&f);
-                }
-                let _ = self.resume_all(&paused, notes).await;
-                return end(Outcome::Failed, Vec::new(), Some(halt::failure(self, FLEET, Step::Weights, f).await));
+        if let Err(f) = self.paused_everywhere(to).await {
+            for (s, ..) in steps {
+                s.fail(&f);
             }
+            let _ = self.resume_all(&paused, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(halt::failure(self, FLEET, Step::Weights, f).await));
         }
         let paused_at = Instant::now();
         let loads = self.load_all(&before, to, dir).await;
@@ -208,6 +196,14 @@ where
             return end(Outcome::Failed, Vec::new(), Some(failure));
         }
         end(Outcome::Succeeded, plan.workers.iter().map(|w| w.unit.clone()).collect(), None)
+    }
+
+    /// In a fleet: every host paused before any loads (this host's phase written, the others'
+    /// waited for).
+    async fn paused_everywhere(&self, to: WeightsTarget<'_>) -> Result<(), Fail> {
+        let Some(id) = to.fleet_rollout else { return Ok(()) };
+        let paused = self.weights_step(id, crate::engine::work::PhaseName::Paused, Ok(())).await;
+        paused.map_err(|why| Fail::from(Cause::WeightsFailed { unit: FLEET.into(), why: format!("not every host paused: {why}") }))
     }
 
     /// `unit` (a worker, or the fleet) did not take the new weights: every step fails (the others
@@ -443,6 +439,20 @@ where
 
 /// The notes of new weights loaded and continued: that the units still name their old path (not
 /// a config rollout), and how long requests waited.
+/// A weights rollout's summary, `t0` its start.
+fn ended(t0: Instant, result: Outcome, units: Vec<String>, failed: Option<crate::events::Failure>) -> Summary {
+    Summary {
+        id: None,
+        result,
+        elapsed_ms: t0.elapsed().as_millis() as u64,
+        units,
+        checked: Vec::new(),
+        repairs: Default::default(),
+        availability: None,
+        failed,
+    }
+}
+
 /// How `w` is paused: `retract` (its requests in flight are recomputed under the new weights),
 /// except a decode when a prefill it may pair with has an API key (`keyed`) — then `in_place`
 /// (see [`IN_PLACE_NOTE`]).

@@ -66,33 +66,8 @@ impl Daemon {
                 }
             }
             let Ok(e) = engine(&self).await else { continue };
-            let mut workers = Vec::new();
-            for w in &e.settings.workers {
-                let state = pdctl_core::ports::Units::state(&e.units, &w.unit)
-                    .await
-                    .map(|s| format!("{}/{}", s.active_state, s.sub_state))
-                    .unwrap_or_else(|err| format!("unknown ({err})"));
-                let kv_usage = tokio::time::timeout(std::time::Duration::from_secs(3), pdctl_core::ports::Probes::kv(&e.probes, &w.url))
-                    .await
-                    .ok()
-                    .and_then(|r| r.ok())
-                    .map(|k| k.token_usage);
-                workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), url: w.url.clone(), role: w.role.as_str().into(), state, kv_usage });
-            }
             let now = pdctl_core::fleet::now_secs();
-            let st = pdctl_core::fleet::HostState {
-                host: f.host.clone(),
-                version: env!("CARGO_PKG_VERSION").into(),
-                rollout: self.running_id(),
-                workers,
-                self_restarts: self.self_restarts(&f.storm),
-                maintenance: self.store.ledger().maintenance().ok().flatten().map(|m| pdctl_core::fleet::InMaintenance {
-                    id: m.id,
-                    phase: m.phase,
-                    since: m.since,
-                }),
-                updated_at: now,
-            };
+            let st = self.host_state(&e, &f.host, &f.storm, now).await;
             let steady = |s: &pdctl_core::fleet::HostState| {
                 let mut s = s.clone();
                 s.updated_at = 0;
@@ -134,6 +109,37 @@ impl Daemon {
                     tracing::warn!("{n}");
                 }
             }
+        }
+    }
+
+    /// This host as its liveness key says it at `now`: each worker's state and KV use, the
+    /// running rollout, its own restarts, its maintenance.
+    async fn host_state(&self, e: &pdctl_real::RealEngine, host: &str, storm: &pdctl_core::service::storm::Storm, now: u64) -> pdctl_core::fleet::HostState {
+        let mut workers = Vec::new();
+        for w in &e.settings.workers {
+            let state = pdctl_core::ports::Units::state(&e.units, &w.unit)
+                .await
+                .map(|s| format!("{}/{}", s.active_state, s.sub_state))
+                .unwrap_or_else(|err| format!("unknown ({err})"));
+            let kv_usage = tokio::time::timeout(std::time::Duration::from_secs(3), pdctl_core::ports::Probes::kv(&e.probes, &w.url))
+                .await
+                .ok()
+                .and_then(|r| r.ok())
+                .map(|k| k.token_usage);
+            workers.push(pdctl_core::fleet::HostWorker { unit: w.unit.clone(), url: w.url.clone(), role: w.role.as_str().into(), state, kv_usage });
+        }
+        pdctl_core::fleet::HostState {
+            host: host.to_string(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            rollout: self.running_id(),
+            workers,
+            self_restarts: self.self_restarts(storm),
+            maintenance: self.store.ledger().maintenance().ok().flatten().map(|m| pdctl_core::fleet::InMaintenance {
+                id: m.id,
+                phase: m.phase,
+                since: m.since,
+            }),
+            updated_at: now,
         }
     }
 }
@@ -227,19 +233,7 @@ impl Daemon {
                 // Input from other hosts is checked, never trusted: a request written in the
                 // future, or naming a canary that is not one of its hosts, is named and skipped
                 // (each would wait hours); at most MAX_PARTS_WAITING parts wait at once.
-                let skip = if r.created_at > pdctl_core::fleet::now_secs() + FUTURE_SLACK_SECS {
-                    Some(format!(
-                        "skipped: its created_at ({}) is in the future by more than {FUTURE_SLACK_SECS} s (a clock or a writer is wrong)",
-                        r.created_at
-                    ))
-                } else if r.canary.as_ref().is_some_and(|k| !r.hosts.contains(k)) {
-                    Some(format!("skipped: its canary {:?} is not one of its hosts", r.canary.as_deref().unwrap_or_default()))
-                } else if PARTS_WAITING.load(Ordering::SeqCst) >= MAX_PARTS_WAITING {
-                    Some(format!("skipped: {MAX_PARTS_WAITING} fleet rollouts already wait on this host; start it again once they ended"))
-                } else {
-                    None
-                };
-                if let Some(why) = skip {
+                if let Some(why) = skipped(&r) {
                     tracing::warn!("fleet rollout {}: {why}", r.id);
                     let s = pdctl_core::fleet::HostSummary::ended_without_rollout(&f.host, HostResult::NotStarted, why);
                     let _ = fleet_put(&c, &mine, &s).await;
@@ -290,37 +284,9 @@ impl Daemon {
         // The canary goes first; the others start only once it succeeded. (New weights go into
         // every host at once, in step: no canary.)
         if let Some(canary) = r.canary.as_ref().filter(|c| **c != f.host && r.weights.is_none()) {
-            // Bounded: the canary's host must stay alive (its liveness key; gone for a minute
-            // ends the wait), and the whole wait ends after CANARY_WAIT whatever happens.
-            let t0 = std::time::Instant::now();
-            let mut gone_since: Option<std::time::Instant> = None;
-            loop {
-                match fleet_summaries(c, &f.name, &r.id).await.get(canary) {
-                    Some(s) if s.result == HostResult::Succeeded => break,
-                    Some(s) => {
-                        let _ = fleet_put(c, &summary_key, &not_started(format!("the canary {canary} did not succeed ({:?})", s.result))).await;
-                        return;
-                    }
-                    None => {
-                        let alive = pdctl_core::fleet::hosts(c, &f.name).await.map(|h| h.iter().any(|x| &x.host == canary)).unwrap_or(true);
-                        gone_since = if alive { None } else { gone_since.or(Some(std::time::Instant::now())) };
-                        let why = if gone_since.is_some_and(|g| g.elapsed() >= CANARY_GONE) {
-                            Some(format!(
-                                "the canary {canary} is no longer alive in the fleet (its liveness key gone for {} s) and never reported",
-                                CANARY_GONE.as_secs()
-                            ))
-                        } else if t0.elapsed() >= CANARY_WAIT {
-                            Some(format!("the canary {canary} did not report within {} h", CANARY_WAIT.as_secs() / 3600))
-                        } else {
-                            None
-                        };
-                        if let Some(why) = why {
-                            let _ = fleet_put(c, &summary_key, &not_started(why)).await;
-                            return;
-                        }
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await
-                    }
-                }
+            if let Err(why) = canary_succeeded(c, &f, &r.id, canary).await {
+                let _ = fleet_put(c, &summary_key, &not_started(why)).await;
+                return;
             }
         }
         if let Some((h, _)) = fleet_summaries(c, &f.name, &r.id).await.into_iter().find(|(_, s)| s.result == HostResult::Failed) {
@@ -465,4 +431,47 @@ pub(super) async fn per_host<T: serde::de::DeserializeOwned>(
         .filter_map(|e| serde_json::from_slice::<T>(&e.value).ok())
         .map(|v| (host_of(&v), v))
         .collect()
+}
+
+/// Why a fleet request is skipped here, named (input from other hosts is checked, never
+/// trusted): written in the future, naming a canary that is not one of its hosts (each would
+/// wait hours), or one more than [`MAX_PARTS_WAITING`] parts waiting at once.
+fn skipped(r: &pdctl_core::fleet::FleetRollout) -> Option<String> {
+    if r.created_at > pdctl_core::fleet::now_secs() + FUTURE_SLACK_SECS {
+        Some(format!("skipped: its created_at ({}) is in the future by more than {FUTURE_SLACK_SECS} s (a clock or a writer is wrong)", r.created_at))
+    } else if r.canary.as_ref().is_some_and(|k| !r.hosts.contains(k)) {
+        Some(format!("skipped: its canary {:?} is not one of its hosts", r.canary.as_deref().unwrap_or_default()))
+    } else if PARTS_WAITING.load(Ordering::SeqCst) >= MAX_PARTS_WAITING {
+        Some(format!("skipped: {MAX_PARTS_WAITING} fleet rollouts already wait on this host; start it again once they ended"))
+    } else {
+        None
+    }
+}
+
+/// Wait until the canary host of fleet rollout `id` succeeded. Bounded: the canary's host must
+/// stay alive (its liveness key; gone for [`CANARY_GONE`] ends the wait), and the whole wait
+/// ends after [`CANARY_WAIT`] whatever happens. `Err`: why this host's part does not start.
+async fn canary_succeeded(c: &pdctl_real::EtcdCoordinator, f: &pdctl_core::config::FleetSettings, id: &str, canary: &str) -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    let mut gone_since: Option<std::time::Instant> = None;
+    loop {
+        match fleet_summaries(c, &f.name, id).await.get(canary) {
+            Some(s) if s.result == HostResult::Succeeded => return Ok(()),
+            Some(s) => return Err(format!("the canary {canary} did not succeed ({:?})", s.result)),
+            None => {
+                let alive = pdctl_core::fleet::hosts(c, &f.name).await.map(|h| h.iter().any(|x| x.host == canary)).unwrap_or(true);
+                gone_since = if alive { None } else { gone_since.or(Some(std::time::Instant::now())) };
+                if gone_since.is_some_and(|g| g.elapsed() >= CANARY_GONE) {
+                    return Err(format!(
+                        "the canary {canary} is no longer alive in the fleet (its liveness key gone for {} s) and never reported",
+                        CANARY_GONE.as_secs()
+                    ));
+                }
+                if t0.elapsed() >= CANARY_WAIT {
+                    return Err(format!("the canary {canary} did not report within {} h", CANARY_WAIT.as_secs() / 3600));
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await
+            }
+        }
+    }
 }

@@ -104,20 +104,18 @@ impl Daemon {
             figures: Vec::new(),
             why: None,
         };
-        let e = match engine(self).await {
-            Ok(e) => e,
-            Err(cause) => {
+        let judged = match engine(self).await {
+            Ok(e) => e.settings.verify.slo.map(|slo| (e, slo)).ok_or_else(|| "this host has no [verify.slo]: the bake's tolerances are its".to_string()),
+            Err(cause) => Err(format!("this host's engine cannot be built: {}", cause.sentence())),
+        };
+        let (e, slo) = match judged {
+            Ok(x) => x,
+            Err(why) => {
                 state.state = BakeState::NotJudged;
-                state.why = Some(format!("this host's engine cannot be built: {}", cause.sentence()));
+                state.why = Some(why);
                 put_until_taken(c, &key, &state).await;
                 return None;
             }
-        };
-        let Some(slo) = e.settings.verify.slo else {
-            state.state = BakeState::NotJudged;
-            state.why = Some("this host has no [verify.slo]: the bake's tolerances are its".into());
-            put_until_taken(c, &key, &state).await;
-            return None;
         };
         let marks = e.bake_start(units).await;
         put_until_taken(c, &key, &state).await;
@@ -145,13 +143,7 @@ impl Daemon {
                     return Some(write_revert(c, f, r, &rv).await.unwrap_or(rv));
                 }
                 if now >= end {
-                    let thin: Vec<String> = looks
-                        .iter()
-                        .filter_map(|l| match &l.report.verdict {
-                            Verdict::NotJudged { why } => Some(format!("{}: {why}", l.unit)),
-                            _ => None,
-                        })
-                        .collect();
+                    let thin = not_judged(&looks);
                     state.state = if thin.is_empty() { BakeState::Passed } else { BakeState::NotJudged };
                     state.why = (!thin.is_empty()).then(|| thin.join("; "));
                     put_until_taken(c, &key, &state).await;
@@ -300,6 +292,17 @@ async fn put_until_taken<T: serde::Serialize>(c: &EtcdCoordinator, key: &str, v:
         tokio::time::sleep(POLL).await;
     }
     tracing::error!("{key} could not be written to etcd for 5 minutes");
+}
+
+/// The units a bake's looks could not judge, each with why.
+fn not_judged(looks: &[pdctl_core::engine::BakeLook]) -> Vec<String> {
+    looks
+        .iter()
+        .filter_map(|l| match &l.report.verdict {
+            Verdict::NotJudged { why } => Some(format!("{}: {why}", l.unit)),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -65,22 +65,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         Request::Resume { id: old_id, .. } => plan_resume(&daemon, &e, old_id, &id).await?,
-        Request::Weights { model_path, version, fleet_rollout, .. } => {
-            if let Some(why) = pdctl_core::sglang::model_path_problem(&model_path) {
-                return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
-            }
-            // This host's own bound, also for another host's fleet part.
-            if let Err(why) = e.settings.rollout.model_path_allowed(&model_path) {
-                return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
-            }
-            if e.settings.fleet.is_some() && fleet_rollout.is_none() {
-                return Err(Cause::BadRequest {
-                    message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions: load the weights into every host in step with `pdctl fleet weights --model-path PATH`".into(),
-                });
-            }
-            let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            Planned { weights: Some((model_path, version, fleet_rollout)), ..Planned::of(RolloutKind::Weights, plan, true) }
-        }
+        Request::Weights { model_path, version, fleet_rollout, .. } => plan_weights(&e, model_path, version, fleet_rollout)?,
         Request::Revert { id: old_id, allow_outage, .. } => match plan_revert(&daemon, &e, &old_id, allow_outage)? {
             Planning::Run(p) => p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
@@ -256,6 +241,25 @@ enum Planning {
     Run(Planned),
     /// Nothing to roll, and why.
     Nothing(String),
+}
+
+/// New weights for every worker of this host: the path checked (and bounded by this host's
+/// setting, also for another host's fleet part); with `[fleet]`, only as a fleet part.
+fn plan_weights(e: &RealEngine, model_path: String, version: Option<String>, fleet_rollout: Option<String>) -> Result<Planned, Cause> {
+    if let Some(why) = pdctl_core::sglang::model_path_problem(&model_path) {
+        return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
+    }
+    // This host's own bound, also for another host's fleet part.
+    if let Err(why) = e.settings.rollout.model_path_allowed(&model_path) {
+        return Err(Cause::BadRequest { message: format!("{why}; nothing was touched") });
+    }
+    if e.settings.fleet.is_some() && fleet_rollout.is_none() {
+        return Err(Cause::BadRequest {
+            message: "pdctl rollout weights loads every worker of this host at once; with [fleet], other hosts' workers behind the same gateway would pair with these across versions: load the weights into every host in step with `pdctl fleet weights --model-path PATH`".into(),
+        });
+    }
+    let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    Ok(Planned { weights: Some((model_path, version, fleet_rollout)), ..Planned::of(RolloutKind::Weights, plan, true) })
 }
 
 /// A config rollout's plan: which workers (`pdctl_core::apply::order`: the stale ones, all with
@@ -491,17 +495,7 @@ pub(super) async fn run(
     }
     let summary = finished.summary;
     let state = RolloutState::of(summary.result);
-    // Refused before anything was touched (preflight): not a failed rollout in the metrics.
-    let refused = state == RolloutState::Failed && summary.units.is_empty() && summary.failed.as_ref().is_some_and(|f| f.step == Step::Preflight);
-    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: if refused { "refused".into() } else { state.as_str().into() } }).inc();
-    if state == RolloutState::Succeeded {
-        daemon.metrics.last_success.set(now() as i64);
-    }
-    if let Some(a) = &summary.availability {
-        daemon.metrics.probes.inc_by(a.probes);
-        daemon.metrics.probes_failed.inc_by(a.failed);
-        daemon.metrics.longest_error.set(a.longest_error_ms as f64 / 1000.0);
-    }
+    counted(&daemon, &summary, state);
     {
         let mut r = lock(&record);
         if let Err(er) = r.lifecycle.conclude(&summary) {
@@ -527,4 +521,19 @@ pub(super) async fn run(
     daemon.metrics.running.set(0);
     daemon.prune_records();
     notify_status(&format!("idle; last rollout {id}: {}", state.as_str()));
+}
+
+/// A finished rollout in the metrics: its result (refused before anything was touched — at
+/// preflight — is not a failed rollout), the last success, what clients saw.
+fn counted(daemon: &Daemon, summary: &pdctl_contract::events::Summary, state: RolloutState) {
+    let refused = state == RolloutState::Failed && summary.units.is_empty() && summary.failed.as_ref().is_some_and(|f| f.step == Step::Preflight);
+    daemon.metrics.rollouts.get_or_create(&ResultLabel { result: if refused { "refused".into() } else { state.as_str().into() } }).inc();
+    if state == RolloutState::Succeeded {
+        daemon.metrics.last_success.set(now() as i64);
+    }
+    if let Some(a) = &summary.availability {
+        daemon.metrics.probes.inc_by(a.probes);
+        daemon.metrics.probes_failed.inc_by(a.failed);
+        daemon.metrics.longest_error.set(a.longest_error_ms as f64 / 1000.0);
+    }
 }

@@ -17,16 +17,7 @@ impl Engine {
         let max = self.max_total_tokens() as f64;
         // Constants (≥0.5.11: written by every TP rank at init).
         if v.constants_at_init() {
-            let page = self.cfg.page_size as f64;
-            for (name, help, val) in [
-                ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max),
-                ("sglang:page_size", "The page size of the KV cache.", page),
-                ("sglang:num_pages", "The number of pages in the KV cache pool.", (max / page).floor()),
-                ("sglang:context_len", "The context length of the model.", self.cfg.context_length as f64),
-            ] {
-                let samples = self.cfg.schedulers().into_iter().map(|(tp, dp)| (self.labels(tp, dp, None), val)).collect();
-                fams.push(Family::gauge(name, help, samples));
-            }
+            self.constant_families(max, &mut fams);
         }
         // Each stats rank's own series (0.5.23: one per attention-DP group, its `dp_rank` label).
         let mut stats: Vec<Family> = Vec::new();
@@ -83,14 +74,21 @@ impl Engine {
         fams.extend(stats);
         self.service_families(&s, &mut fams);
         drop(s);
-        let mut out = String::new();
-        for f in &fams {
-            f.write(&mut out, openmetrics);
+        written(&fams, openmetrics)
+    }
+
+    /// The pool's constants, one series per TP rank (≥0.5.11 writes them at init).
+    fn constant_families(&self, max: f64, fams: &mut Vec<Family>) {
+        let page = self.cfg.page_size as f64;
+        for (name, help, val) in [
+            ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", max),
+            ("sglang:page_size", "The page size of the KV cache.", page),
+            ("sglang:num_pages", "The number of pages in the KV cache pool.", (max / page).floor()),
+            ("sglang:context_len", "The context length of the model.", self.cfg.context_length as f64),
+        ] {
+            let samples = self.cfg.schedulers().into_iter().map(|(tp, dp)| (self.labels(tp, dp, None), val)).collect();
+            fams.push(Family::gauge(name, help, samples));
         }
-        if openmetrics {
-            out.push_str("# EOF\n");
-        }
-        out
     }
 
     /// The tokenizer manager's families: token and request counters, the three latency
@@ -189,4 +187,16 @@ impl Engine {
         let s = self.lock();
         s.used() as f64 / (self.max_total_tokens() * s.ranks.len().max(1) as u64) as f64
     }
+}
+
+/// The families as exposition text (OpenMetrics ends with `# EOF`).
+fn written(fams: &[Family], openmetrics: bool) -> String {
+    let mut out = String::new();
+    for f in fams {
+        f.write(&mut out, openmetrics);
+    }
+    if openmetrics {
+        out.push_str("# EOF\n");
+    }
+    out
 }

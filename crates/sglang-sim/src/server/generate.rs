@@ -191,6 +191,14 @@ pub(crate) async fn execute(
             break;
         }
     }
+    finished(app, job, hold, &mut ticket, tracked, produced).await?;
+    Ok(produced)
+}
+
+/// A request's end: a PD prefill holds the room's KV for its decode (`hold`), else its tokens
+/// leave the batch; a decode counts the weights its KV was computed with; the latencies.
+async fn finished(app: &App, job: &Job, hold: Option<(&str, &Bootstrap)>, ticket: &mut InBatch<'_>, tracked: &Tracked, produced: u64) -> Result<(), String> {
+    let engine = &app.engine;
     match (hold, ticket.ticket.take()) {
         (Some((rid, b)), Some(t)) => app.pd.hold(rid, b, t).await?,
         (_, t) => {
@@ -205,7 +213,7 @@ pub(crate) async fn execute(
         engine.count_decoded(&kv);
     }
     engine.observe_finished(job.stream, job.arrived.elapsed().as_secs_f64(), job.prompt_tokens, produced);
-    Ok(produced)
+    Ok(())
 }
 
 pub(crate) fn sse(rx: tokio::sync::mpsc::UnboundedReceiver<String>) -> Response {

@@ -36,17 +36,7 @@ pub async fn run(cfg: SimConfig) -> i32 {
             return 1;
         }
     };
-    let app = App {
-        engine: engine.clone(),
-        pd: pd.clone(),
-        ready_at: Arc::new(std::sync::OnceLock::new()),
-        fail_until: Arc::new(std::sync::Mutex::new(None)),
-        faults_now: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        requests: Requests::default(),
-        shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        health_failed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        control: super::weight_update::Control::new(&engine),
-    };
+    let app = App::new(&engine, &pd);
     // The tokenizer manager's `sigterm_watchdog` wakes every 5 s from its start on.
     let watchdog_start = tokio::time::Instant::now();
     log::uvicorn(&format!("Started server process [{pid}]"));
@@ -79,19 +69,41 @@ pub async fn run(cfg: SimConfig) -> i32 {
         _ = tokio::signal::ctrl_c() => 0,
     };
     if code == 0 {
-        log::uvicorn("Shutting down");
-        log::uvicorn("Waiting for application shutdown.");
-        log::uvicorn("Application shutdown complete.");
-        log::uvicorn(&format!("Finished server process [{pid}]"));
-        if cfg.sim.flush_ready_on_stop {
-            // A block-buffered stderr flushes what it held at exit: the ready line again.
-            if let Some(line) = ready_line.lock().ok().and_then(|g| g.clone()) {
-                log::raw(&line);
-            }
-        }
+        shut_down(&cfg, pid, &ready_line);
     }
     server.abort();
     code
+}
+
+impl App {
+    /// A server's shared state as it starts: nothing ready, paused, failing or in flight.
+    fn new(engine: &Engine, pd: &Pd) -> App {
+        App {
+            engine: engine.clone(),
+            pd: pd.clone(),
+            ready_at: Arc::new(std::sync::OnceLock::new()),
+            fail_until: Arc::new(std::sync::Mutex::new(None)),
+            faults_now: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            requests: Requests::default(),
+            shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            health_failed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            control: super::weight_update::Control::new(engine),
+        }
+    }
+}
+
+/// uvicorn's lines at a clean exit (and, with a block-buffered stderr, the ready line again).
+fn shut_down(cfg: &SimConfig, pid: u32, ready_line: &std::sync::Mutex<Option<String>>) {
+    log::uvicorn("Shutting down");
+    log::uvicorn("Waiting for application shutdown.");
+    log::uvicorn("Application shutdown complete.");
+    log::uvicorn(&format!("Finished server process [{pid}]"));
+    if cfg.sim.flush_ready_on_stop {
+        // A block-buffered stderr flushes what it held at exit: the ready line again.
+        if let Some(line) = ready_line.lock().ok().and_then(|g| g.clone()) {
+            log::raw(&line);
+        }
+    }
 }
 
 /// SIGTERM as SGLang 0.5.23 handles it (`SignalHandler.sigterm_handler` and

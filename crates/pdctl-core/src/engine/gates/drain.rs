@@ -119,17 +119,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     ctx: Ctx<'_>,
 ) -> Result<(Verdict<DrainDetail>, Option<Deferred>), Fail> {
     let drain_failed = |error: String| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error });
-    // Listed on which replicas (a gateway of several replicas: each is drained), and whether
-    // any replica admits another worker of its role (then it is not alone).
-    let mut entries = Vec::new();
-    let mut another_serves = false;
-    for r in 0..eng.probes.replicas() {
-        let list = eng.probes.router_workers(r).await.map_err(|e| drain_failed(format!("the router does not answer: {e}")))?;
-        another_serves |= list.iter().any(|x| !crate::config::same_url(&x.url, &w.url) && x.worker_type == w.role.as_str() && x.admitted());
-        if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
-            entries.push((r, entry));
-        }
-    }
+    let (entries, another_serves) = listed(eng, w).await?;
     let Some((_, entry)) = entries.first().cloned() else {
         // Taken out already by this rollout's coherent switch (all of a group at once, the
         // ledger written first): its requests are still waited for before its stop.
@@ -175,12 +165,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     // paired with a healthy prefill end within the drain's wait; those still running then are
     // the ones waiting for KV from the old prefill process (until the decode's waiting
     // timeout), so aborting what is left aborts those.
-    let mut aborted = None;
-    if left.is_some_and(|n| n > 0) && (ctx.abort_in_flight || eng.settings.rollout.abort_after_drain_timeout) {
-        eng.probes.abort_all(&w.url).await.map_err(|e| drain_failed(format!("POST /abort_request failed: {e}")))?;
-        aborted = left;
-        tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
-    }
+    let aborted = if ctx.abort_in_flight || eng.settings.rollout.abort_after_drain_timeout { abort_left(eng, w, left).await? } else { None };
     let d = Drained {
         warning: unknown.as_ref().map(Cause::sentence),
         cause_code: unknown.as_ref().map(Cause::code),
@@ -202,6 +187,38 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
         timed_out: left.is_some_and(|n| n > 0),
     };
     Ok((Verdict::passed(DrainDetail::Now(d)), None))
+}
+
+/// On which replicas the gateway lists `w` (a gateway of several replicas: each is drained), and
+/// whether any replica admits another worker of its role (then it is not alone).
+async fn listed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<(Vec<(usize, RouterWorker)>, bool), Fail> {
+    let mut entries = Vec::new();
+    let mut another_serves = false;
+    for r in 0..eng.probes.replicas() {
+        let list = eng
+            .probes
+            .router_workers(r)
+            .await
+            .map_err(|e| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error: format!("the router does not answer: {e}") }))?;
+        another_serves |= list.iter().any(|x| !crate::config::same_url(&x.url, &w.url) && x.worker_type == w.role.as_str() && x.admitted());
+        if let Some(entry) = list.into_iter().find(|x| crate::config::same_url(&x.url, &w.url) && !x.draining()) {
+            entries.push((r, entry));
+        }
+    }
+    Ok((entries, another_serves))
+}
+
+/// Abort the requests `w` still runs (`left`) after the drain's wait; returns how many.
+async fn abort_left<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, left: Option<u64>) -> Result<Option<u64>, Fail> {
+    if left.is_none_or(|n| n == 0) {
+        return Ok(None);
+    }
+    eng.probes
+        .abort_all(&w.url)
+        .await
+        .map_err(|e| Fail::from(Cause::DrainFailed { unit: w.unit.clone(), error: format!("POST /abort_request failed: {e}") }))?;
+    tracing::warn!(pdctl_unit = %w.unit, "aborted {} request(s) still in flight on {} before its restart", left.unwrap_or(0), w.url);
+    Ok(left)
 }
 
 /// Write down in `ledger` that rollout `rollout_id` takes `w` (the gateway's entry

@@ -78,25 +78,13 @@ pub(in crate::engine) async fn pair<U: Units, L: Logs, P: Probes>(
         });
         let cause = match verdict {
             crate::sglang::pairing::Verdict::Paired => continue,
-            crate::sglang::pairing::Verdict::Stale => {
-                if eng.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill {
-                    stale.push(Stale { decode: d.clone(), owner: owner.clone() });
-                    continue;
-                }
-                Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() }
+            crate::sglang::pairing::Verdict::Stale
+                if eng.settings.rollout.on_stale_pair == crate::config::OnStalePair::RestartDecode && w.role == Role::Prefill =>
+            {
+                stale.push(Stale { decode: d.clone(), owner: owner.clone() });
+                continue;
             }
-            crate::sglang::pairing::Verdict::Incompatible(m) => {
-                Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::sglang::pairing::describe(&m, &p.unit, &d.unit) }
-            }
-            crate::sglang::pairing::Verdict::PrefillBroken(e) => {
-                Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "prefill".into(), error: e }
-            }
-            crate::sglang::pairing::Verdict::DecodeBroken(e) => {
-                Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "decode".into(), error: e }
-            }
-            crate::sglang::pairing::Verdict::TransferFailed(e) => {
-                Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: "transfer".into(), error: e }
-            }
+            v => failed_pair(v, p, d),
         };
         failed.get_or_insert(Fail { cause, detail: Value::Null, unit: None, last_lines: Vec::new() });
     }
@@ -115,6 +103,21 @@ pub(in crate::engine) async fn pair<U: Units, L: Logs, P: Probes>(
             Err(f)
         }
         None => Ok((Verdict::passed(detail), stale)),
+    }
+}
+
+/// The cause of a pair that did not pair (never `Paired`).
+fn failed_pair(v: crate::sglang::pairing::Verdict, p: &Worker, d: &Worker) -> Cause {
+    use crate::sglang::pairing::Verdict as V;
+    let broken = |side: &str, error: String| Cause::PairBroken { prefill: p.unit.clone(), decode: d.unit.clone(), side: side.into(), error };
+    match v {
+        V::Paired | V::Stale => Cause::StalePair { decode: d.unit.clone(), prefill: p.unit.clone() },
+        V::Incompatible(m) => {
+            Cause::PairIncompatible { prefill: p.unit.clone(), decode: d.unit.clone(), detail: crate::sglang::pairing::describe(&m, &p.unit, &d.unit) }
+        }
+        V::PrefillBroken(e) => broken("prefill", e),
+        V::DecodeBroken(e) => broken("decode", e),
+        V::TransferFailed(e) => broken("transfer", e),
     }
 }
 

@@ -85,16 +85,19 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
             }
         }
     }
-    // The unit died: look briefly (up to FATAL_LOOK) for the fatal line that explains it. Found, the cause is
-    // that line (`fatal_line`), whichever of the two arrived first: an argparse rejection
-    // is always `fatal_line`, never `crashed` by a race between journald and systemd.
-    // The failure's last lines end where the run ended: at the manager's "Failed with result"
-    // (a line of this run that journald delivers later still counts; the next start's do not).
-    let why = crashed.unwrap_or_default();
+    Err(died(&mut follow, seen, &judge, suspect, crashed.unwrap_or_default(), w).await)
+}
+
+/// The run died (`why`): look briefly (up to [`FATAL_LOOK`]) for the fatal line that explains it.
+/// Found, the cause is that line (`fatal_line`), whichever of the two arrived first: an argparse
+/// rejection is always `fatal_line`, never `crashed` by a race between journald and systemd.
+/// The failure's last lines end where the run ended: at the manager's "Failed with result" (a
+/// line of this run that journald delivers later still counts; the next start's do not).
+async fn died(follow: &mut impl Follow, mut seen: RunLines, judge: &Judge, mut suspect: Option<String>, why: String, w: &Worker) -> Fail {
     let mut fatal: Option<String> = None;
     let _ = tokio::time::timeout(FATAL_LOOK, async {
         while let Some(Ok(e)) = follow.next().await {
-            match seen.pushed(&e, &judge) {
+            match seen.pushed(&e, judge) {
                 Verdict::Fatal(l) if fatal.is_none() => fatal = Some(l),
                 Verdict::Suspect(l) if suspect.is_none() => suspect = Some(l),
                 _ => {}
@@ -107,8 +110,8 @@ pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
     .await;
     // The run exited: a fatal line of its window, or a traceback it logged, is what explains it.
     match fatal.or(seen.window_fatal.take()).or(suspect) {
-        Some(line) => Err(seen.fail(Cause::FatalLine { unit: w.unit.clone(), line })),
-        None => Err(seen.fail(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why })),
+        Some(line) => seen.fail(Cause::FatalLine { unit: w.unit.clone(), line }),
+        None => seen.fail(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Starting, why }),
     }
 }
 
