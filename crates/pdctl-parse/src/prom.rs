@@ -115,29 +115,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
                 return Err(format!("label {key} of {name}: expected =\""));
             }
             i += 2;
-            let mut val = String::new();
-            loop {
-                match chars.get(i) {
-                    None => return Err(format!("label {key} of {name}: unterminated value")),
-                    Some('"') => {
-                        i += 1;
-                        break;
-                    }
-                    Some('\\') => {
-                        match chars.get(i + 1) {
-                            Some('\\') => val.push('\\'),
-                            Some('"') => val.push('"'),
-                            Some('n') => val.push('\n'),
-                            other => return Err(format!("label {key} of {name}: bad escape \\{}", other.map(|c| c.to_string()).unwrap_or_default())),
-                        }
-                        i += 2;
-                    }
-                    Some(c) => {
-                        val.push(*c);
-                        i += 1;
-                    }
-                }
-            }
+            let val = label_value(&chars, &mut i).map_err(|why| format!("label {key} of {name}: {why}"))?;
             labels.push((key, val));
             match chars.get(i) {
                 Some(',') => i += 1,
@@ -165,6 +143,34 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
         return Err(format!("{name}: trailing text after the value"));
     }
     Ok(Sample { name, labels, value })
+}
+
+/// A label's quoted value from `chars[*i..]` (after its opening quote) up to its closing quote,
+/// unescaped; `*i` ends after the closing quote.
+fn label_value(chars: &[char], i: &mut usize) -> Result<String, String> {
+    let mut val = String::new();
+    loop {
+        match chars.get(*i) {
+            None => return Err("unterminated value".into()),
+            Some('"') => {
+                *i += 1;
+                return Ok(val);
+            }
+            Some('\\') => {
+                match chars.get(*i + 1) {
+                    Some('\\') => val.push('\\'),
+                    Some('"') => val.push('"'),
+                    Some('n') => val.push('\n'),
+                    other => return Err(format!("bad escape \\{}", other.map(|c| c.to_string()).unwrap_or_default())),
+                }
+                *i += 2;
+            }
+            Some(c) => {
+                val.push(*c);
+                *i += 1;
+            }
+        }
+    }
 }
 
 /// The sum of sample values, `0.0` when there are none. Rust's own `Sum` for `f64` starts from

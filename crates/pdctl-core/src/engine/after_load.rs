@@ -7,13 +7,24 @@
 use std::time::Instant;
 
 use crate::cause::Cause;
-use crate::config::Worker;
+use crate::config::{Role, Worker};
 use crate::engine::machine::Engine;
 use crate::engine::step_run::Fail;
 use crate::ports::{Health, Logs, PauseMode, Probes, Units};
 
 /// What a worker served before: `(model_path, weight_version)`.
 pub(in crate::engine) type Served = (String, String);
+
+/// How `w` is paused: `retract` (its requests in flight are recomputed under the new weights),
+/// except a decode when a prefill it may pair with has an API key (`keyed`) — then `in_place`
+/// (see [`IN_PLACE_NOTE`]).
+pub(in crate::engine) fn pause_mode(w: &Worker, keyed: bool) -> PauseMode {
+    if w.role == Role::Decode && keyed {
+        PauseMode::InPlace
+    } else {
+        PauseMode::Retract
+    }
+}
 
 impl<U, L, P> Engine<U, L, P>
 where

@@ -30,11 +30,11 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::after_load::Served;
+use crate::engine::after_load::{pause_mode, Served};
 use crate::engine::halt;
 use crate::engine::runbook;
 use crate::engine::work::WeightsTarget;
-use crate::state::paused::{paused_path, PausedWorker};
+use crate::state::paused::paused_path;
 
 /// Each worker's load: how long it took, and SGLang's message with the version it reports (or
 /// why it did not take them).
@@ -150,16 +150,10 @@ where
         let loads = self.load_all(&before, to, dir).await;
         let loaded: Vec<&Worker> = before.iter().zip(&loads).filter(|(_, (_, r))| r.is_ok()).map(|((w, _), _)| *w).collect();
         // In a fleet: no host continues before every host serves the new weights.
-        if let Some(id) = to.fleet_rollout {
-            let mine = match before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
-                Some(((w, _), (_, Err(why)))) => Err(format!("{}: {why}", w.unit)),
-                _ => Ok(()),
-            };
-            if let (Ok(()), Err(why)) = (&mine, self.weights_step(id, crate::engine::work::PhaseName::Loaded, mine.clone()).await) {
-                let why = format!("another host did not take them ({why}): every host loads its previous weights again");
-                let failure = self.undo_loads(FLEET, Cause::WeightsFailed { unit: FLEET.into(), why }, steps, (&before, &loaded, &paused), sink, notes).await;
-                return end(Outcome::Failed, Vec::new(), Some(failure));
-            }
+        if let Err(why) = self.loaded_everywhere(to, &before, &loads).await {
+            let why = format!("another host did not take them ({why}): every host loads its previous weights again");
+            let failure = self.undo_loads(FLEET, Cause::WeightsFailed { unit: FLEET.into(), why }, steps, (&before, &loaded, &paused), sink, notes).await;
+            return end(Outcome::Failed, Vec::new(), Some(failure));
         }
         if let Some(((w, _), (_, Err(why)))) = before.iter().zip(&loads).find(|(_, (_, r))| r.is_err()) {
             let cause = Cause::WeightsFailed { unit: w.unit.clone(), why: why.clone() };
@@ -204,6 +198,21 @@ where
         let Some(id) = to.fleet_rollout else { return Ok(()) };
         let paused = self.weights_step(id, crate::engine::work::PhaseName::Paused, Ok(())).await;
         paused.map_err(|why| Fail::from(Cause::WeightsFailed { unit: FLEET.into(), why: format!("not every host paused: {why}") }))
+    }
+
+    /// In a fleet: this host's loads written as its phase, and every other host's waited for.
+    /// `Err`: another host did not take them (a failed load of this host's own is not one: it
+    /// fails here, after this).
+    async fn loaded_everywhere(&self, to: WeightsTarget<'_>, before: &[(&Worker, Served)], loads: &[Load]) -> Result<(), String> {
+        let Some(id) = to.fleet_rollout else { return Ok(()) };
+        let mine = match before.iter().zip(loads).find(|(_, (_, r))| r.is_err()) {
+            Some(((w, _), (_, Err(why)))) => Err(format!("{}: {why}", w.unit)),
+            _ => Ok(()),
+        };
+        match (&mine, self.weights_step(id, crate::engine::work::PhaseName::Loaded, mine.clone()).await) {
+            (Ok(()), Err(why)) => Err(why),
+            _ => Ok(()),
+        }
     }
 
     /// `unit` (a worker, or the fleet) did not take the new weights: every step fails (the others
@@ -453,17 +462,6 @@ fn ended(t0: Instant, result: Outcome, units: Vec<String>, failed: Option<crate:
     }
 }
 
-/// How `w` is paused: `retract` (its requests in flight are recomputed under the new weights),
-/// except a decode when a prefill it may pair with has an API key (`keyed`) — then `in_place`
-/// (see [`IN_PLACE_NOTE`]).
-fn pause_mode(w: &Worker, keyed: bool) -> PauseMode {
-    if w.role == Role::Decode && keyed {
-        PauseMode::InPlace
-    } else {
-        PauseMode::Retract
-    }
-}
-
 /// Each worker's weights step ends: passed with its load and how its cache was flushed, or
 /// failed when its cache was not (`stale`).
 fn close_steps(
@@ -518,15 +516,11 @@ pub(in crate::engine) async fn update_recorded<U: Units, L: Logs, P: Probes>(
     notes: &mut Vec<String>,
 ) -> Summary {
     if let Some(dir) = dir {
-        let paused: Vec<PausedWorker> = plan.workers.iter().map(|w| PausedWorker { unit: w.unit.clone(), url: w.url.clone() }).collect();
-        let bytes = serde_json::to_vec_pretty(&paused).unwrap_or_default();
-        if let Err(e) = crate::state::state_file::atomic_write(&paused_path(dir), &bytes, crate::state::state_file::STATE_FILE_MODE) {
+        if let Err(e) = crate::state::paused::record(dir, plan.workers.iter().map(|w| (w.unit.as_str(), w.url.as_str()))) {
             let cause = Cause::RecordUnwritable { dir: dir.display().to_string(), error: e.to_string() };
             // Nothing is paused unrecorded: the first worker's preflight fails, nothing touched.
             let unit = plan.workers.first().map(|w| w.unit.as_str()).unwrap_or(FLEET);
-            let s = StepRun::start(sink, unit, Step::Preflight);
-            let f = Fail::from(cause.clone());
-            s.fail(&f);
+            StepRun::start(sink, unit, Step::Preflight).fail(&Fail::from(cause.clone()));
             return Summary::untouched(0, Some(halt::failure(eng, unit, Step::Preflight, Fail::from(cause)).await));
         }
     }

@@ -16,3 +16,11 @@ pub struct PausedWorker {
 pub fn paused_path(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("paused.json")
 }
+
+/// Record `workers` as about to be paused, before the first pause (atomically, as every state
+/// file is written).
+pub fn record<'w>(dir: &std::path::Path, workers: impl Iterator<Item = (&'w str, &'w str)>) -> std::io::Result<()> {
+    let paused: Vec<PausedWorker> = workers.map(|(unit, url)| PausedWorker { unit: unit.to_string(), url: url.to_string() }).collect();
+    let bytes = serde_json::to_vec_pretty(&paused).unwrap_or_default();
+    crate::state::state_file::atomic_write(&paused_path(dir), &bytes, crate::state::state_file::STATE_FILE_MODE)
+}

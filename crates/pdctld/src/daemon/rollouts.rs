@@ -458,20 +458,8 @@ pub(super) async fn run(
         (r.allow_outage, r.load_changes, r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()), r.started_by.clone().unwrap_or_default())
     };
     let who = by.who();
-    let work = match (restore.as_ref(), weights.as_ref()) {
-        _ if kind == RolloutKind::HostDrain => Work::HostDrain { asked: pdctl_core::engine::Asked { by: &who, reason: by.reason.as_deref() } },
-        _ if kind == RolloutKind::HostResume => Work::HostResume,
-        (_, Some((model_path, version, fleet))) => Work::Weights {
-            target: pdctl_core::engine::WeightsTarget {
-                model_path,
-                version: version.as_deref(),
-                fleet_rollout: fleet.as_deref(),
-                config: kind == RolloutKind::Apply,
-            },
-        },
-        (Some(restore), None) => Work::Revert { restore },
-        (None, None) => Work::Restart { resume: if kind == RolloutKind::Resume { reverify } else { 0 } },
-    };
+    let asked = pdctl_core::engine::Asked { by: &who, reason: by.reason.as_deref() };
+    let work = work_of(kind, asked, restore.as_ref(), weights.as_ref(), reverify);
     let run = RolloutRun {
         plan: &plan,
         work,
@@ -521,6 +509,31 @@ pub(super) async fn run(
     daemon.metrics.running.set(0);
     daemon.prune_records();
     notify_status(&format!("idle; last rollout {id}: {}", state.as_str()));
+}
+
+/// The work a rollout of `kind` asks of the engine (`reverify`: a resume's units verified again
+/// without a restart).
+fn work_of<'a>(
+    kind: RolloutKind,
+    asked: pdctl_core::engine::Asked<'a>,
+    restore: Option<&'a BTreeMap<String, pdctl_core::state::revisions::Revision>>,
+    weights: Option<&'a Weights>,
+    reverify: usize,
+) -> Work<'a> {
+    match (restore, weights) {
+        _ if kind == RolloutKind::HostDrain => Work::HostDrain { asked },
+        _ if kind == RolloutKind::HostResume => Work::HostResume,
+        (_, Some((model_path, version, fleet))) => Work::Weights {
+            target: pdctl_core::engine::WeightsTarget {
+                model_path,
+                version: version.as_deref(),
+                fleet_rollout: fleet.as_deref(),
+                config: kind == RolloutKind::Apply,
+            },
+        },
+        (Some(restore), None) => Work::Revert { restore },
+        (None, None) => Work::Restart { resume: if kind == RolloutKind::Resume { reverify } else { 0 } },
+    }
 }
 
 /// A finished rollout in the metrics: its result (refused before anything was touched — at
