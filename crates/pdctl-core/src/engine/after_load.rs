@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
+use crate::engine::context::Notes;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::Fail;
 use crate::ports::{Health, Logs, PauseMode, Probes, Units};
@@ -34,7 +35,7 @@ where
 {
     /// Before the pause: a worker whose last load took as long as its `/health` timeout will be
     /// marked UnHealthy by any `/health` during this one; said with the numbers ([`long_load`]).
-    pub(in crate::engine) async fn long_load_ahead(&self, before: &[(&Worker, Served)], dir: Option<&std::path::Path>, notes: &mut Vec<String>) {
+    pub(in crate::engine) async fn long_load_ahead(&self, before: &[(&Worker, Served)], dir: Option<&std::path::Path>, notes: &Notes) {
         let Some(dir) = dir else { return };
         for (w, _) in before {
             let Some(last) = crate::state::revisions::last_load(dir, &w.unit) else { continue };
@@ -49,7 +50,7 @@ where
     /// After a pause as long as a worker's `/health` timeout, a `/health` sent during it (the
     /// gateway's check) failed and left the server UnHealthy (`/ready` 503, a SIGTERM then
     /// force-exits): pdctl's own `/health` after the continue sets it Up again. Said in a note.
-    pub(in crate::engine) async fn healthy_again(&self, paused: &[&Worker], waited_ms: u64, notes: &mut Vec<String>) {
+    pub(in crate::engine) async fn healthy_again(&self, paused: &[&Worker], waited_ms: u64, notes: &Notes) {
         let mut said = Vec::new();
         let mut shortest: Option<std::time::Duration> = None;
         for w in paused {

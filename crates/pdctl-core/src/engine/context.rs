@@ -89,7 +89,7 @@ pub(in crate::engine) struct Writes<'a> {
     /// Where drains are written down before the gateway is touched.
     pub(in crate::engine) ledger: Option<&'a Ledger>,
     /// Notes for the summary from deep inside a worker's gates (a service not judged).
-    pub(in crate::engine) notes: Option<&'a std::sync::Mutex<Vec<String>>>,
+    pub(in crate::engine) notes: Option<&'a Notes>,
     /// Each restarted worker's service figures from before its drain, kept for the fleet bake.
     pub(in crate::engine) before: Option<&'a std::sync::Mutex<std::collections::BTreeMap<String, pdctl_parse::service::ServiceScrape>>>,
 }
@@ -164,9 +164,47 @@ pub(in crate::engine) struct Underway<'a> {
     /// The context its gates run in.
     pub(in crate::engine) ctx: Ctx<'a>,
     /// Sentences for the summary: what was recorded, restored, repaired or left.
-    pub(in crate::engine) notes: &'a mut Vec<String>,
+    pub(in crate::engine) notes: &'a Notes,
     /// Units done so far, repairs, and its start.
     pub(in crate::engine) t: &'a mut Tally,
+}
+
+/// What a run says in its record's notes, in the order it happened: the one way every layer
+/// says something for the summary (a shared reference: a pair restarted together says its
+/// notes from both halves). A service the soak could not judge is said after the rest.
+#[derive(Debug, Default)]
+pub(in crate::engine) struct Notes {
+    said: std::sync::Mutex<Vec<String>>,
+    last: std::sync::Mutex<Vec<String>>,
+}
+
+impl Notes {
+    /// Say `note`.
+    pub(in crate::engine) fn push(&self, note: String) {
+        crate::engine::step_run::lock(&self.said).push(note);
+    }
+
+    /// Say each of `notes`.
+    pub(in crate::engine) fn extend(&self, notes: impl IntoIterator<Item = String>) {
+        crate::engine::step_run::lock(&self.said).extend(notes);
+    }
+
+    /// Say `note` after every other note of the run (a service the soak could not judge).
+    pub(in crate::engine) fn push_last(&self, note: String) {
+        crate::engine::step_run::lock(&self.last).push(note);
+    }
+
+    /// Change what was said so far (a note made untrue by what came after).
+    pub(in crate::engine) fn amend(&self, f: impl FnOnce(&mut [String])) {
+        f(&mut crate::engine::step_run::lock(&self.said));
+    }
+
+    /// Every note, in order.
+    pub(in crate::engine) fn into_vec(self) -> Vec<String> {
+        let mut all = self.said.into_inner().unwrap_or_else(|p| p.into_inner());
+        all.extend(self.last.into_inner().unwrap_or_else(|p| p.into_inner()));
+        all
+    }
 }
 
 /// What a run has done so far, and its summary.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::engine::context::Ctx;
+use crate::engine::context::{Ctx, Notes};
 use crate::engine::machine::{Engine, LAST_LINES};
 use crate::engine::policy::{self, Failed, Rollback};
 use crate::engine::step_run::Fail;
@@ -18,7 +18,7 @@ pub(in crate::engine) async fn reconcile_drains<U: Units, L: Logs, P: Probes>(
     step: Step,
     ctx: Ctx<'_>,
     sink: &Sink,
-    notes: &mut Vec<String>,
+    notes: &Notes,
 ) {
     let Some(l) = ctx.writes.ledger else { return };
     // As `after_failure` decides: a failed unit that was restarted is rolled back next.

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::context::{Tally, Underway};
+use crate::engine::context::{Notes, Tally, Underway};
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::runbook::{self, Sequence, WorkerRun};
@@ -221,7 +221,7 @@ where
 
     /// Give back every fleet slot the host drain `id` took (each crossed off the ledger once
     /// etcd took it back); whether all went back. Without `[fleet]`: nothing held, `true`.
-    async fn give_back_host_slots(&self, id: &str, ledger: &Ledger, notes: &mut Vec<String>) -> bool {
+    async fn give_back_host_slots(&self, id: &str, ledger: &Ledger, notes: &Notes) -> bool {
         let (Some(c), Some(f)) = (&self.coordinator, &self.settings.fleet) else {
             return true;
         };

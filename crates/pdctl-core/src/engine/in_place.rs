@@ -11,6 +11,7 @@
 use std::path::Path;
 
 use crate::config::{InPlace, Role};
+use crate::engine::context::Notes;
 use crate::engine::machine::Engine;
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
@@ -60,7 +61,7 @@ where
 
     /// After an in-place load: every worker's current files are recorded as the revision it runs
     /// (`why: "weights"`), so it is no longer stale.
-    pub(in crate::engine) async fn record_in_place(&self, plan: &Plan, dir: &Path, notes: &mut Vec<String>) {
+    pub(in crate::engine) async fn record_in_place(&self, plan: &Plan, dir: &Path, notes: &Notes) {
         for w in &plan.workers {
             let saved = match self.units.config(&w.unit).await {
                 Ok(cfg) => {

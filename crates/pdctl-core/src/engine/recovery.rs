@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::Worker;
-use crate::engine::context::Ctx;
+use crate::engine::context::{Ctx, Notes};
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::roll;
@@ -144,7 +144,7 @@ pub(in crate::engine) async fn rollback<U: Units, L: Logs, P: Probes>(
     ctx: Ctx<'_>,
     dir: &Path,
     sink: &Sink,
-    notes: &mut Vec<String>,
+    notes: &Notes,
 ) -> Result<bool, String> {
     let w = eng.settings.workers.iter().find(|w| w.unit == unit).ok_or("not a configured worker")?;
     let last = revisions::load(dir, unit).ok_or_else(|| format!("no good revision of {unit} was ever recorded"))?;
@@ -196,7 +196,7 @@ pub(in crate::engine) async fn revert<U: Units, L: Logs, P: Probes>(
     sink: &Sink,
     abort: &AtomicBool,
     ctx: Ctx<'_>,
-    notes: &mut Vec<String>,
+    notes: &Notes,
 ) -> Summary {
     let t0 = Instant::now();
     let mut done: Vec<String> = Vec::new();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::context::{Ctx, Scope, Tally, Underway};
+use crate::engine::context::{Ctx, Notes, Scope, Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -26,7 +26,7 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
     sink: &Sink,
     abort: &AtomicBool,
     ctx: Ctx<'_>,
-    notes: &mut Vec<String>,
+    notes: &Notes,
 ) -> Summary {
     let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
     let switch_plan;
@@ -160,7 +160,7 @@ async fn together<U: Units, L: Logs, P: Probes>(
     d: &Worker,
     sink: &Sink,
     ctx: Ctx<'_>,
-    notes: &mut Vec<String>,
+    notes: &Notes,
     done: &mut Vec<String>,
 ) -> Result<(), Failure> {
     if let Some(c) = ctx.clients {

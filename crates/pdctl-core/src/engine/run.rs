@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::cause::Cause;
-use crate::engine::context::{Clients, Ctx, Outage, Scope, Tally, Underway, Writes};
+use crate::engine::context::{Clients, Ctx, Notes, Outage, Scope, Tally, Underway, Writes};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -28,13 +28,12 @@ where
 {
     /// Restart the plan's workers one at a time through every gate.
     pub async fn rolling_restart(&self, plan: &Plan, sink: &Sink) -> Summary {
-        let mut notes = Vec::new();
-        roll::plan(self, plan, sink, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &mut notes).await
+        roll::plan(self, plan, sink, &AtomicBool::new(false), Ctx::none(Outage::Accepted, true), &Notes::default()).await
     }
 
     /// Every gate except restart and soak, on every worker, changing nothing.
     pub async fn check(&self, plan: &Plan, sink: &Sink) -> Summary {
-        let mut s = roll::plan(self, plan, sink, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &mut Vec::new()).await;
+        let mut s = roll::plan(self, plan, sink, &AtomicBool::new(false), Ctx::none(Outage::Check, false), &Notes::default()).await;
         // Nothing was restarted: the units passed their checks.
         s.checked = std::mem::take(&mut s.units);
         s
@@ -46,7 +45,7 @@ where
     /// verifying it through the same gates (then the result is `rolled_back`).
     pub async fn execute(&self, r: RolloutRun<'_>, sink: &Sink) -> Finished {
         let t0 = Instant::now();
-        let mut notes = Vec::new();
+        let notes = Notes::default();
         let mut plan = r.plan.clone();
         let resume = match r.work {
             Work::Restart { resume } => resume,
@@ -60,13 +59,12 @@ where
             }
         }
         let clients = Clients::default();
-        let deep_notes = std::sync::Mutex::new(Vec::new());
         let before = std::sync::Mutex::new(std::collections::BTreeMap::new());
         let probing = self.settings.verify.availability_probe.filter(|_| self.settings.verify.router);
         // The gateway's own count of its answers, beside the probe's (where it exports one).
         let gateway_before = if probing.is_some() { self.probes.gateway_responses().await } else { None };
         let ctx = Ctx {
-            writes: Writes { id: r.id, revisions: r.revisions, ledger: r.ledger, notes: Some(&deep_notes), before: Some(&before) },
+            writes: Writes { id: r.id, revisions: r.revisions, ledger: r.ledger, notes: Some(&notes), before: Some(&before) },
             outage: Outage::of(r.allow_outage || self.settings.rollout.allow_outage),
             scope: Scope::default(),
             clients: probing.map(|_| &clients),
@@ -83,19 +81,19 @@ where
         // failed worker was out and put back is part of the figures.
         let run = async {
             let mut summary = match r.work {
-                Work::Weights { target } => weights::update_recorded(self, &plan, target, r.revisions, sink, &mut notes).await,
-                Work::Revert { restore } => recovery::revert(self, &plan, restore, sink, r.abort, ctx, &mut notes).await,
-                Work::Restart { .. } => roll::plan(self, &plan, sink, r.abort, ctx, &mut notes).await,
-                Work::HostDrain { .. } | Work::HostResume => self.host_work(&plan, &r, ctx, sink, &mut notes).await,
+                Work::Weights { target } => weights::update_recorded(self, &plan, target, r.revisions, sink, &notes).await,
+                Work::Revert { restore } => recovery::revert(self, &plan, restore, sink, r.abort, ctx, &notes).await,
+                Work::Restart { .. } => roll::plan(self, &plan, sink, r.abort, ctx, &notes).await,
+                Work::HostDrain { .. } | Work::HostResume => self.host_work(&plan, &r, ctx, sink, &notes).await,
             };
             if r.work.is_host() {
                 clients.done.store(true, Ordering::SeqCst);
                 return (summary, false);
             }
-            let restarted = self.after_in_place(&plan, &r, ctx, &mut summary, sink, &mut notes).await;
+            let restarted = self.after_in_place(&plan, &r, ctx, &mut summary, sink, &notes).await;
             // A weights rollout changed no file: nothing to quarantine or roll back by revision.
             if r.work.weights().is_none() || restarted {
-                self.after_failure(&r, ctx, &mut summary, sink, &mut notes).await;
+                self.after_failure(&r, ctx, &mut summary, sink, &notes).await;
             }
             clients.done.store(true, Ordering::SeqCst);
             (summary, restarted)
@@ -105,7 +103,6 @@ where
                 gates::soak::watch_clients(self, rate, &clients).await;
             }
         });
-        notes.extend(std::mem::take(&mut *lock(&deep_notes)));
         // The whole rollout's time: a resume's re-verification and a rollback included.
         summary.elapsed_ms = t0.elapsed().as_millis() as u64;
         let samples = std::mem::take(&mut *lock(&clients.samples));
@@ -117,12 +114,12 @@ where
         }
         let service_before = std::mem::take(&mut *lock(&before));
         let in_place = r.work.weights().is_some_and(|t| t.config) && !restarted;
-        Finished { summary, notes, availability_by_unit: crate::service::availability::by_unit(&samples, end), service_before, in_place }
+        Finished { summary, notes: notes.into_vec(), availability_by_unit: crate::service::availability::by_unit(&samples, end), service_before, in_place }
     }
 
     /// Host maintenance ([`Work::HostDrain`], [`Work::HostResume`]): its ledger is required
     /// (the maintenance record outlives the process and the reboot).
-    async fn host_work(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, sink: &Sink, notes: &mut Vec<String>) -> Summary {
+    async fn host_work(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, sink: &Sink, notes: &Notes) -> Summary {
         let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: std::collections::BTreeMap::new() };
         let Some(ledger) = r.ledger else {
             let f = Fail::from(Cause::RecordUnwritable {
@@ -142,7 +139,7 @@ where
     /// A config rollout loaded in place: on record as what runs, or (failed) restarted instead
     /// with `weights_fallback = "restart"` (then `true`: the summary is the restart's), or its
     /// change quarantined.
-    async fn after_in_place(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &mut Vec<String>) -> bool {
+    async fn after_in_place(&self, plan: &Plan, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &Notes) -> bool {
         let (Some(to), Some(dir)) = (r.work.weights().filter(|t| t.config), r.revisions) else {
             return false;
         };
@@ -174,7 +171,7 @@ where
     /// A failed rollout that changed files: the failed unit's change quarantined and, with
     /// `on_failure = "rollback"`, its last good revision restored and verified (`rolled_back`) —
     /// unless it was refused before anything restarted (a refusal touches nothing).
-    async fn after_failure(&self, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &mut Vec<String>) {
+    async fn after_failure(&self, r: &RolloutRun<'_>, ctx: Ctx<'_>, summary: &mut Summary, sink: &Sink, notes: &Notes) {
         let (Outcome::Failed, Some(f), Some(dir)) = (summary.result, &summary.failed, r.revisions) else {
             return;
         };
@@ -196,7 +193,7 @@ where
                 match recovery::rollback(self, &unit, ctx, dir, sink, notes).await {
                     Ok(true) => {
                         summary.result = Outcome::RolledBack;
-                        readmitted_by_rollback(&unit, notes);
+                        notes.amend(|said| readmitted_by_rollback(&unit, said));
                     }
                     Ok(false) => {}
                     Err(why) => notes.push(format!("rollback of {unit} failed: {why}")),

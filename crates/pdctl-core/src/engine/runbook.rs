@@ -20,7 +20,7 @@ use crate::engine::gates::{
 };
 use crate::engine::halt;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, lock, Fail, StepRun, Verdict};
+use crate::engine::step_run::{detail_of, Fail, StepRun, Verdict};
 use crate::engine::steps::{rule, HELD_FOR_SWITCH, RAN_THROUGH};
 use crate::events::{Failure, Sink, Status, Step};
 use crate::fleet::SlotRecord;
@@ -523,7 +523,7 @@ async fn soak<U: Units, L: Logs, P: Probes>(
     };
     let note = report(r.sink, &r.w.unit, Step::Soak, gate).await?;
     if let (Some(note), Some(notes)) = (note, r.ctx.writes.notes) {
-        lock(notes).push(note);
+        notes.push_last(note);
     }
     Ok(())
 }

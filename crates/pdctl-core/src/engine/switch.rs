@@ -121,7 +121,7 @@ where
         let new_units = Groups::units(&g.new);
         let (sink, abort, ctx) = (run.sink, run.abort, run.ctx);
         let held = Ctx { scope: crate::engine::context::Scope { hold: Some(Hold::New), pair_scope: Some(&new_units), ..ctx.scope }, ..ctx };
-        let run = &mut Underway { ctx: held, sink, abort, notes: &mut *run.notes, t: &mut *run.t };
+        let run = &mut Underway { ctx: held, sink, abort, notes: run.notes, t: &mut *run.t };
         // 1. The new group: out, restarted, verified inside itself (its prefills first: its
         // decodes then start after them and cache no old prefill process).
         let mut up = Vec::new();

@@ -31,6 +31,7 @@ use serde::Serialize;
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
 use crate::engine::after_load::{pause_mode, Served};
+use crate::engine::context::Notes;
 use crate::engine::halt;
 use crate::engine::runbook;
 use crate::engine::work::WeightsTarget;
@@ -122,7 +123,7 @@ where
         to: WeightsTarget<'_>,
         dir: Option<&std::path::Path>,
         sink: &Sink,
-        notes: &mut Vec<String>,
+        notes: &Notes,
     ) -> Summary {
         let t0 = Instant::now();
         let end = |result: Outcome, units: Vec<String>, failed| ended(t0, result, units, failed);
@@ -225,7 +226,7 @@ where
         steps: Vec<(StepRun<'_>, &Worker, Served, PauseMode)>,
         (before, loaded, paused): (&[(&Worker, Served)], &[&Worker], &[&Worker]),
         sink: &Sink,
-        notes: &mut Vec<String>,
+        notes: &Notes,
     ) -> crate::events::Failure {
         let f = Fail::from(cause.clone());
         let failure = halt::failure(self, unit, Step::Weights, Fail::from(cause)).await;
@@ -243,7 +244,7 @@ where
 
     /// Pause every worker in order, each in its [`PauseMode`] (a note says when one is paused in
     /// place); the first that cannot be paused fails, and those paused before it continue.
-    async fn pause_all<'w>(&self, before: &[(&'w Worker, Served)], sink: &'w Sink, notes: &mut Vec<String>) -> Result<Paused<'w>, crate::events::Failure> {
+    async fn pause_all<'w>(&self, before: &[(&'w Worker, Served)], sink: &'w Sink, notes: &Notes) -> Result<Paused<'w>, crate::events::Failure> {
         let pause_limit = self.settings.rollout.health_timeout;
         let keyed = self.a_paired_prefill_is_keyed(before.iter().map(|(w, _)| *w)).await;
         let modes: Vec<PauseMode> = before.iter().map(|(w, _)| pause_mode(w, keyed)).collect();
@@ -375,7 +376,7 @@ where
     }
 
     /// Continue every paused worker; the first that did not continue (all are tried).
-    async fn resume_all(&self, paused: &[&Worker], notes: &mut Vec<String>) -> Result<(), (String, Fail)> {
+    async fn resume_all(&self, paused: &[&Worker], notes: &Notes) -> Result<(), (String, Fail)> {
         let mut first = None;
         for w in paused {
             if let Err(e) = self.probes.resume(&w.url, self.settings.rollout.health_timeout).await {
@@ -388,7 +389,7 @@ where
 
     /// The previous weights on every worker of `loaded` (paused again first when `running`),
     /// each a `rollback` step; then every one of them continues.
-    async fn put_back(&self, before: &[(&Worker, Served)], loaded: &[&Worker], running: bool, sink: &Sink, notes: &mut Vec<String>) {
+    async fn put_back(&self, before: &[(&Worker, Served)], loaded: &[&Worker], running: bool, sink: &Sink, notes: &Notes) {
         let mut paused = Vec::new();
         let keyed = running && self.a_paired_prefill_is_keyed(loaded.iter().copied()).await;
         for (w, (path, version)) in before.iter().filter(|(w, _)| loaded.iter().any(|l| l.unit == w.unit)) {
@@ -490,7 +491,7 @@ fn close_steps(
     }
 }
 
-fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &mut Vec<String>) {
+fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &Notes) {
     if !to.config {
         notes.push(format!(
             "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
@@ -513,7 +514,7 @@ pub(in crate::engine) async fn update_recorded<U: Units, L: Logs, P: Probes>(
     to: WeightsTarget<'_>,
     dir: Option<&std::path::Path>,
     sink: &Sink,
-    notes: &mut Vec<String>,
+    notes: &Notes,
 ) -> Summary {
     if let Some(dir) = dir {
         if let Err(e) = crate::state::paused::record(dir, plan.workers.iter().map(|w| (w.unit.as_str(), w.url.as_str()))) {

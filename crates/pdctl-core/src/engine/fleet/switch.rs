@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::context::{Tally, Underway};
+use crate::engine::context::{Notes, Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -332,7 +332,7 @@ where
     /// This host's part of fleet rollout `f` changes no worker's model: said in etcd (the
     /// `none` phase, as a failure of the switch's), so that hosts which do switch stop waiting
     /// for it (they fail with `switch_failed` naming this host); a note when it cannot be said.
-    pub(in crate::engine) async fn no_fleet_switch(&self, f: &FleetGroups, notes: &mut Vec<String>) {
+    pub(in crate::engine) async fn no_fleet_switch(&self, f: &FleetGroups, notes: &Notes) {
         let Some(id) = f.id.as_deref() else { return };
         let why = "its part changes no worker's model (are its unit files those of the new model?): it takes no part in a coherent switch".to_string();
         if let Err(e) = self.write_phase(phase(id, PhaseName::None), &Err(why)).await {
