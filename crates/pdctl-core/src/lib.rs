@@ -25,6 +25,7 @@ pub mod config;
 pub mod engine;
 pub mod fleet;
 pub mod fuzzing;
+pub mod pair_probe;
 pub mod plan;
 pub mod ports;
 pub mod resume;

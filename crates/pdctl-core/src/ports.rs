@@ -8,6 +8,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use crate::cause::{Cause, MetricsDiagnosis};
+pub use crate::pair_probe::{Half, PairProbe, PdQueues};
 
 pub use crate::systemd_states::{ActiveState, JobResult, ServiceResult, SubState};
 
@@ -330,11 +331,11 @@ pub trait Probes: Send + Sync {
     /// One PD request pair sent straight to a prefill and a decode, as the router sends it (the
     /// same `bootstrap_room` to both, the prefill's bootstrap address); each half waits at most
     /// `limit`.
-    fn pair(&self, pair: PairTarget<'_>, limit: Duration) -> impl Future<Output = crate::sglang::pairing::PairProbe> + Send;
+    fn pair(&self, pair: PairTarget<'_>, limit: Duration) -> impl Future<Output = PairProbe> + Send;
     /// A worker's `/server_info`.
     fn server_info(&self, url: &str) -> impl Future<Output = Result<serde_json::Value, HttpFailure>> + Send;
     /// A prefill's PD queue gauges.
-    fn pd_queues(&self, url: &str) -> impl Future<Output = Result<crate::sglang::pairing::PdQueues, MetricsError>> + Send;
+    fn pd_queues(&self, url: &str) -> impl Future<Output = Result<PdQueues, MetricsError>> + Send;
     /// Whether this process may open a TCP connection to `url`'s host and port at all (a unit's
     /// IP sandbox, `IPAddressAllow=`, refuses with EPERM before anything is sent).
     fn reach(&self, url: &str) -> impl Future<Output = Reach> + Send;
