@@ -32,7 +32,7 @@ pub(in crate::engine) async fn reconcile_drains<U: Units, L: Logs, P: Probes>(
     }
 }
 
-pub(in crate::engine) async fn failure<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, step: Step, f: Fail) -> Failure {
+pub(in crate::engine) async fn failure<U, L: Logs, P>(eng: &Engine<U, L, P>, unit: &str, step: Step, f: Fail) -> Failure {
     let last_lines = if unit == ROUTER || unit == FLEET {
         Vec::new()
     } else if !f.last_lines.is_empty() {

@@ -414,7 +414,7 @@ pub(in crate::engine) async fn resume<U: Units, L: Logs, P: Probes>(eng: &Engine
 }
 
 /// `order`'s workers the boot started (or that never stopped), and those still stopped.
-async fn running_or_not<'w, U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, order: &[&'w Worker]) -> (Vec<&'w Worker>, Vec<&'w Worker>) {
+async fn running_or_not<'w, U: Units, L, P>(eng: &Engine<U, L, P>, order: &[&'w Worker]) -> (Vec<&'w Worker>, Vec<&'w Worker>) {
     let (mut booted, mut stopped) = (Vec::new(), Vec::new());
     for w in order.iter().copied() {
         let running =

@@ -192,7 +192,7 @@ where
 /// Preflight, before anything is touched: every worker of the plan in order, then the fleet's
 /// store (with `[fleet]`) and the gateway (when verified). Returns the unit (or `fleet`,
 /// `router`) that failed.
-pub(in crate::engine) async fn preflight<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn preflight<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     plan: &Plan,
     sink: &Sink,
@@ -311,7 +311,7 @@ async fn verified<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &Worke
 
 /// The slot step for `ws` at once (one worker, a pair restarted together, a host's workers):
 /// their slots of the fleet's budget (nothing without `[fleet]`).
-pub(in crate::engine) async fn take_slots<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn take_slots<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     ws: &[&Worker],
     sink: &Sink,
@@ -368,13 +368,13 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(eng: &Engine<U
 }
 
 /// Host maintenance: the start step after the reboot (started if the boot did not).
-async fn start<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Restarted<U::W>, (Step, Fail)> {
+async fn start<U: Units, L: Logs, P>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Restarted<U::W>, (Step, Fail)> {
     report(r.sink, &r.w.unit, Step::Start, stop::start(eng, r.w, r.maintained.as_ref())).await
 }
 
 /// The ready step: the new run's ready line, and how long this start took recorded (the
 /// interruption to expect next time, if it is alone in its role).
-async fn ready<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, mut run: Restarted<U::W>) -> Result<Restarted<U::W>, (Step, Fail)> {
+async fn ready<U: Units, L: Logs, P>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, mut run: Restarted<U::W>) -> Result<Restarted<U::W>, (Step, Fail)> {
     let (w, ctx, unit) = (r.w, r.ctx, r.w.unit.as_str());
     if run.ran_through {
         StepRun::start(r.sink, unit, Step::Ready).skip(RAN_THROUGH);
@@ -397,7 +397,7 @@ async fn ready<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRu
 }
 
 /// The health step: of the new run (`after`), or of the run it has.
-async fn health<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, after: Option<&UnitState>) -> Result<(), (Step, Fail)> {
+async fn health<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, after: Option<&UnitState>) -> Result<(), (Step, Fail)> {
     // `check` says what it finds; the others wait, bounded, for the pair gate after it.
     let pair_follows = r.seq != Sequence::Check;
     judged(r.sink, &r.w.unit, Step::Health, health::health(eng, r.w, after, pair_follows)).await
@@ -444,7 +444,7 @@ async fn pair<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun
 
 /// The router step of a worker not restarted: a re-verified one registered again if the
 /// gateway lost it; `check` only looks.
-async fn router_as_is<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
+async fn router_as_is<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
     if !eng.settings.verify.router {
         return Ok(());
     }
@@ -454,7 +454,7 @@ async fn router_as_is<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &W
 
 /// The router step of a new run: held out for a coherent switch; else re-admitted, its drain
 /// crossed off and its window out of the gateway (from `out_since`) recorded.
-async fn router_back<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, out_since: Option<Instant>) -> Result<(), (Step, Fail)> {
+async fn router_back<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, out_since: Option<Instant>) -> Result<(), (Step, Fail)> {
     let (w, sink, ctx) = (r.w, r.sink, r.ctx);
     let unit = w.unit.as_str();
     if ctx.scope.hold.is_some() {
@@ -492,12 +492,12 @@ async fn router_back<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &Wo
 }
 
 /// The metrics step (`check` sends no warm-up request of its own).
-async fn metrics<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
+async fn metrics<U, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
     judged(r.sink, &r.w.unit, Step::Metrics, metrics::metrics(eng, r.w, r.seq != Sequence::Check, r.ctx)).await
 }
 
 /// The stranded-KV step, on a decode with prefills.
-async fn stranded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
+async fn stranded<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<(), (Step, Fail)> {
     if !r.seq.runs(Step::StrandedKv) || r.w.role != Role::Decode || pair::peers(eng, r.w).is_empty() {
         return Ok(());
     }
@@ -506,7 +506,7 @@ async fn stranded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &Worke
 
 /// The soak of the new run, judged against `before`; a service it could not judge is said in
 /// the summary's notes, not hidden in a passed step.
-async fn soak<U: Units, L: Logs, P: Probes>(
+async fn soak<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     r: &WorkerRun<'_>,
     run: &mut Restarted<U::W>,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::config::Worker;
 use crate::engine::context::Ctx;
 use crate::engine::machine::Engine;
-use crate::ports::{Logs, Probes, RouterWorker, Units};
+use crate::ports::{Probes, RouterWorker, Units};
 
 /// The drain step's detail when the taking out waits for the stop ([`Deferred`]).
 #[derive(serde::Serialize)]
@@ -118,7 +118,7 @@ pub(super) struct Deferral {
 /// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
 ///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
 ///   requests.
-pub(super) async fn defers_take_out<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
+pub(super) async fn defers_take_out<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
     if ctx.scope.hold.is_some() {
         return Err("held out by the coherent switch".into());
     }
@@ -178,7 +178,7 @@ pub(super) async fn defers_take_out<U: Units, L: Logs, P: Probes>(eng: &Engine<U
 /// restart takes it out (the server has said it is done by then; the default 5 s would keep
 /// the restarted worker from being registered again for what is left of them). Refused, it
 /// is a warning: the router gate waits the settle out.
-pub(super) async fn defer<U: Units, L: Logs, P: Probes>(
+pub(super) async fn defer<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     entries: &[(usize, RouterWorker)],
@@ -209,11 +209,7 @@ pub(super) async fn defer<U: Units, L: Logs, P: Probes>(
 /// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
 /// that its removal takes it out at once. Returns 0 when every such replica took it (`None`:
 /// no replica has a settle, or one refused) and what the refusals said.
-pub(super) async fn settle_now<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    w: &Worker,
-    entries: &[(usize, RouterWorker)],
-) -> (Option<u64>, Vec<String>) {
+pub(super) async fn settle_now<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)]) -> (Option<u64>, Vec<String>) {
     let mut refused = Vec::new();
     let mut set = false;
     for (r, e) in entries.iter().filter(|(_, e)| e.status.is_some()) {

@@ -11,7 +11,7 @@ use crate::engine::gates::deferred_drain::{defer, defers_take_out, settle_now, D
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{Fail, Verdict, POLL};
 use crate::engine::steps::{rule, GateMode, NOT_REGISTERED};
-use crate::ports::{Logs, Probes, RouterWorker, Units};
+use crate::ports::{Probes, RouterWorker, Units};
 use crate::state::drain_ledger::{Drain, Hold, Ledger};
 
 /// The drain step's detail (the JSON in docs/cli.md) when the worker was taken out now and its
@@ -94,7 +94,7 @@ pub(in crate::engine) enum DrainDetail {
 
 /// The drain of a worker this rollout's coherent switch took out already: its requests waited
 /// for (bounded) before its stop.
-async fn held_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, held: Drain) -> Result<HeldDrain, Fail> {
+async fn held_drain<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, held: Drain) -> Result<HeldDrain, Fail> {
     let t0 = Instant::now();
     let (at_start, left, unknown) = wait_in_flight(eng, w, t0).await?;
     Ok(HeldDrain {
@@ -113,7 +113,7 @@ async fn held_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Wor
 
 /// The drain step: skipped when no replica lists the worker; the detail, and the taking out
 /// left to the restart when it is deferred.
-pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn drain<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     ctx: Ctx<'_>,
@@ -191,7 +191,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
 
 /// On which replicas the gateway lists `w` (a gateway of several replicas: each is drained), and
 /// whether any replica admits another worker of its role (then it is not alone).
-async fn listed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<(Vec<(usize, RouterWorker)>, bool), Fail> {
+async fn listed<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<(Vec<(usize, RouterWorker)>, bool), Fail> {
     let mut entries = Vec::new();
     let mut another_serves = false;
     for r in 0..eng.probes.replicas() {
@@ -209,7 +209,7 @@ async fn listed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker)
 }
 
 /// Abort the requests `w` still runs (`left`) after the drain's wait; returns how many.
-async fn abort_left<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, left: Option<u64>) -> Result<Option<u64>, Fail> {
+async fn abort_left<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, left: Option<u64>) -> Result<Option<u64>, Fail> {
     if left.is_none_or(|n| n == 0) {
         return Ok(None);
     }
@@ -225,7 +225,7 @@ async fn abort_left<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Wor
 /// `router_id`) out of the gateway — before the gateway is touched, so that whatever happens
 /// next (a failed gate, a crash, SIGKILL) the drain is found and undone (`hold`: kept out
 /// by a coherent switch, see [`Hold`]).
-pub(in crate::engine) async fn record_drain<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn record_drain<U: Units, L, P>(
     eng: &Engine<U, L, P>,
     ledger: &Ledger,
     w: &Worker,
@@ -253,7 +253,7 @@ pub(in crate::engine) async fn record_drain<U: Units, L: Logs, P: Probes>(
 /// worker of its role: nothing else serves meanwhile, so that wait would only lengthen the
 /// outage (docs/benchmarks.md, "Figures the code's choices rest on"); the router gate waits
 /// out the draining entry before it re-registers the worker. Returns when it was unlisted.
-async fn wait_unlisted<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)], t0: Instant) -> Option<u64> {
+async fn wait_unlisted<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entries: &[(usize, RouterWorker)], t0: Instant) -> Option<u64> {
     let alone = eng.settings.workers.iter().filter(|o| o.role == w.role).count() == 1;
     'wait: while !alone && t0.elapsed() < eng.settings.rollout.drain_timeout {
         for (r, _) in entries {
@@ -272,11 +272,7 @@ async fn wait_unlisted<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &
 /// Wait (bounded by drain_timeout from `t0`) until the worker runs no request: in flight at
 /// the start, left at the end, and a load that could not be read (a warning by the setting,
 /// else the failure).
-async fn wait_in_flight<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    w: &Worker,
-    t0: Instant,
-) -> Result<(Option<u64>, Option<u64>, Option<Cause>), Fail> {
+async fn wait_in_flight<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, t0: Instant) -> Result<(Option<u64>, Option<u64>, Option<Cause>), Fail> {
     let mut left = None;
     let mut at_start = None;
     let mut unknown: Option<Cause> = None;

@@ -7,11 +7,11 @@ use crate::cause::{Cause, Phase};
 use crate::config::{Role, Worker};
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{within, Fail, Verdict, POLL};
-use crate::ports::{Health, Logs, Probes, UnitState, Units};
+use crate::ports::{Health, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 
 /// `pair_follows`: the pair gate runs next (a restart, a re-verification); `check` has none.
-pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn health<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     after: Option<&UnitState>,
@@ -59,7 +59,7 @@ pub(in crate::engine) async fn health<U: Units, L: Logs, P: Probes>(
 
 /// Between two attempts: `Err` when the unit crashed since `after` or the gate's time is
 /// up (`last`: what the last attempt saw), else a pause.
-async fn health_wait<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, after: Option<&UnitState>, t0: Instant, last: &str) -> Result<(), Fail> {
+async fn health_wait<U: Units, L, P>(eng: &Engine<U, L, P>, w: &Worker, after: Option<&UnitState>, t0: Instant, last: &str) -> Result<(), Fail> {
     if let Some(after) = after {
         let st = eng.units.state(&w.unit).await?;
         if let Some(why) = crashed_since(&st, after) {
@@ -101,14 +101,15 @@ mod tests {
     use serde_json::json;
 
     /// The gate on its own, over an engine of fakes: a worker that never answers fails with
-    /// `health_timeout` naming what it last said; one that answers passes at once.
+    /// `health_timeout` naming what it last said; one that answers passes at once. Its bounds
+    /// say what it reaches: systemd and HTTP, no journal — the engine here has none (`()`).
     #[tokio::test]
     async fn the_health_gate_waits_for_an_answer_and_names_the_last_one() {
-        use crate::fakes::{world, FakeLogs, FakeProbes, FakeUnits};
+        use crate::fakes::{world, FakeProbes, FakeUnits};
         let w = world();
         let s = crate::fakes::with("");
         let worker = s.workers[0].clone();
-        let eng = Engine { units: FakeUnits(w.clone()), logs: FakeLogs(w.clone()), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        let eng = Engine { units: FakeUnits(w.clone()), logs: (), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
         let passed = health(&eng, &worker, None, false).await.expect("a serving worker passes");
         assert_eq!(passed.json()["checked"], json!(["/health"]));
         w.lock().expect("world").unhealthy.push(worker.url.clone());

@@ -11,7 +11,7 @@ use crate::engine::machine::Engine;
 use crate::engine::step_run::{within, Fail, Verdict, POLL};
 use crate::engine::steps::rule;
 use crate::events::Step;
-use crate::ports::{Health, Logs, Probes, Units};
+use crate::ports::{Health, Probes};
 
 /// The metrics step's detail (the JSON in docs/cli.md): the KV report, beside the warm-up request
 /// sent to publish the gauges (`null`: none) and the wait.
@@ -28,7 +28,7 @@ pub(in crate::engine) struct MetricsDetail {
 
 /// The metrics step: the worker's KV gauges published (warmed with a request when allowed and
 /// needed), skipped when the step is off; under `warn`, a failure passes with its warning.
-pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn metrics<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     may_warm: bool,
@@ -45,7 +45,7 @@ pub(in crate::engine) async fn metrics<U: Units, L: Logs, P: Probes>(
 }
 
 /// The worker's KV gauges, waited for (bounded by `metrics_timeout`).
-async fn published<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<MetricsDetail, Fail> {
+async fn published<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, may_warm: bool, ctx: Ctx<'_>) -> Result<MetricsDetail, Fail> {
     let t0 = Instant::now();
     let limit = eng.settings.rollout.metrics_timeout;
     let mut warmed: Option<String> = None;
@@ -98,7 +98,7 @@ async fn published<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Work
 
 /// A 48-token PD request sent straight to `w` and the first serving peer of its model (`None`:
 /// no peer serves; a coherent switch's other group is not one).
-pub(in crate::engine) async fn warm_pair<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn warm_pair<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     ctx: Ctx<'_>,

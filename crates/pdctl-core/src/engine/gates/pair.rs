@@ -14,11 +14,11 @@ use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, within, Fail, Verdict, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::events::Step;
-use crate::ports::{Health, Logs, PairTarget, Probes, UnitState, Units};
+use crate::ports::{Health, PairTarget, Probes, UnitState, Units};
 use crate::sglang::judge::crashed_since;
 
 /// The peers a worker pairs with: every configured worker of the other PD role.
-pub(in crate::engine) fn peers<'e, U: Units, L: Logs, P: Probes>(eng: &'e Engine<U, L, P>, w: &Worker) -> Vec<&'e Worker> {
+pub(in crate::engine) fn peers<'e, U, L, P>(eng: &'e Engine<U, L, P>, w: &Worker) -> Vec<&'e Worker> {
     let other = match w.role {
         Role::Prefill => Role::Decode,
         Role::Decode => Role::Prefill,
@@ -31,7 +31,7 @@ pub(in crate::engine) fn peers<'e, U: Units, L: Logs, P: Probes>(eng: &'e Engine
 /// that serves (a prefill with each decode, a decode with each prefill). A failed pair is
 /// diagnosed from its signature; returns the decodes with a stale pairing when they are to
 /// be repaired (`on_stale_pair = "restart-decode"`).
-pub(in crate::engine) async fn pair<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn pair<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     ctx: Ctx<'_>,
@@ -137,7 +137,7 @@ pub(in crate::engine) fn other_model(peer: &Worker, ctx: Ctx<'_>) -> Option<Stri
 /// `entrypoints/http_server.py:722-800`: a second per pair gate). The probe that follows
 /// proves the pair itself. One restarting at the same time is waited for, up to its ready and
 /// health timeouts.
-pub(in crate::engine) async fn peer_serves<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, peer: &Worker, restarting: bool) -> Result<(), String> {
+pub(in crate::engine) async fn peer_serves<U, L, P: Probes>(eng: &Engine<U, L, P>, peer: &Worker, restarting: bool) -> Result<(), String> {
     let t0 = Instant::now();
     let limit = if restarting { eng.settings.rollout.ready_timeout + eng.settings.rollout.health_timeout } else { Duration::ZERO };
     let cap = limit.max(Duration::from_secs(30));
@@ -161,7 +161,7 @@ pub(in crate::engine) async fn peer_serves<U: Units, L: Logs, P: Probes>(eng: &E
 
 /// One PD request of `max_new_tokens` sent straight to `x` and `other` (the other role, in
 /// either order) under a fresh room, bounded by `pair_timeout`.
-pub(in crate::engine) async fn pair_request<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn pair_request<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     x: &Worker,
     other: &Worker,
@@ -183,7 +183,7 @@ pub(in crate::engine) async fn pair_request<U: Units, L: Logs, P: Probes>(
 /// Probe one pair; a failure that a fixed decode recovers from by itself (SGLang with PR
 /// 36029 drops the stale entry on the failed request) is probed once more. Returns the
 /// verdict, whether the second probe found it refreshed, and the probes.
-pub(in crate::engine) async fn probe_pair<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn probe_pair<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     p: &Worker,
     d: &Worker,
@@ -221,7 +221,7 @@ pub(in crate::engine) async fn probe_pair<U: Units, L: Logs, P: Probes>(
     (if refreshed { Verdict::Paired } else { v2 }, refreshed, vec![first, second])
 }
 
-pub(in crate::engine) async fn judge_pair<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn judge_pair<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     p: &Worker,
     d: &Worker,

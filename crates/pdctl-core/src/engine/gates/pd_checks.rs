@@ -14,13 +14,13 @@ use crate::engine::gates;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail};
 use crate::plan::Plan;
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::{Probes, Units};
 
 /// Does this restart change the model a PD worker computes with ([`crate::sglang::coherence`])? While
 /// workers of the other role run the old one, a rolling restart would pair the versions:
 /// refused (`mixed_versions`), unless `coherent = "never"` (a warning then) or a 1P1D pair
 /// is restarted together (both at once: no old worker serves while a new one does).
-pub(in crate::engine) async fn coherence_preflight<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn coherence_preflight<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
@@ -102,7 +102,7 @@ type Coherence = Option<(String, Option<String>)>;
 /// A model change its serving peers do not run yet: said and let through (`coherent =
 /// "never"`), rolled as a coherent switch (the plan said on the first worker that needs it), or
 /// refused (`Err`: `mixed_versions`, with why no switch where one was asked of the plan).
-fn not_coherent<U: Units, L: Logs, P: Probes>(
+fn not_coherent<U, L, P>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
@@ -139,7 +139,7 @@ fn not_coherent<U: Units, L: Logs, P: Probes>(
 /// What a server computes with: what it was asked at its start (`/server_info`'s
 /// `launch_command`), corrected by `/model_info` for a weight update loaded since (0.5.23
 /// `http_server.py`); `None`: it does not answer.
-async fn computes_with<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, url: &str) -> Option<crate::sglang::coherence::Running> {
+async fn computes_with<U, L, P: Probes>(eng: &Engine<U, L, P>, url: &str) -> Option<crate::sglang::coherence::Running> {
     let info = eng.probes.server_info(url).await.ok()?;
     Some(crate::sglang::coherence::Running::new(info, eng.probes.model_info(url).await.ok()))
 }
@@ -150,7 +150,7 @@ async fn computes_with<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, url:
 /// change that would break every transfer is refused before anything is touched. Asked is
 /// compared with asked: 0.5.23 reports resolved values (`mooncake_tcp` as `mooncake`), which
 /// an unchanged ExecStart does not spell.
-pub(in crate::engine) async fn pairing_preflight<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn pairing_preflight<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,

@@ -20,7 +20,7 @@ use crate::engine::steps::{rule, GateMode};
 use crate::engine::work::KnownChanges;
 use crate::events::Step;
 use crate::plan::Plan;
-use crate::ports::{ActiveState, Logs, Probes, UnitState, Units};
+use crate::ports::{ActiveState, Probes, UnitState, Units};
 use crate::state::revisions;
 
 fn gpus_of(w: &Worker, env: &[String]) -> Option<BTreeSet<u32>> {
@@ -77,7 +77,7 @@ fn fmt_set(s: &BTreeSet<u32>) -> String {
 /// What preflight has seen so far across the plan's workers (runbook.rs runs them in order).
 impl Seen {
     /// Before the first worker: the gateway's workers, when it is verified and answers.
-    pub(in crate::engine) async fn first<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> Seen {
+    pub(in crate::engine) async fn first<U, L, P: Probes>(eng: &Engine<U, L, P>) -> Seen {
         let gateway = if eng.settings.verify.router { eng.probes.router_workers(0).await.ok() } else { None };
         Seen { reloaded: false, gpu_sets: Vec::new(), gateway }
     }
@@ -88,7 +88,7 @@ impl Seen {
 /// here (`peer_role_down`, nothing touched) unless a peer of the plan is restarted first or
 /// with it (`together`), which brings it back. With `[fleet]` the other hosts' workers may
 /// serve: the gateway's gates judge.
-async fn a_peer_serves<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, plan: &Plan) -> Result<(), Fail> {
+async fn a_peer_serves<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, plan: &Plan) -> Result<(), Fail> {
     let peers = gates::pair::peers(eng, w);
     if peers.is_empty() || eng.settings.fleet.is_some() {
         return Ok(());
@@ -126,7 +126,7 @@ async fn a_peer_serves<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &
 /// One worker's preflight: its state and files (a reload when systemd has not loaded them),
 /// metrics flag, GPUs, reachability, API key, pairing, stop and pair timing, and whether it
 /// is the only worker of its role.
-pub(in crate::engine) async fn preflight_worker<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn preflight_worker<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
@@ -197,7 +197,7 @@ struct Loaded {
 /// running fails; drop-ins on disk systemd has not loaded (a new one does not set
 /// NeedDaemonReload) are a change a plain restart refuses unless it may load changes, and are
 /// loaded by one reload of the manager (a dry run only says it would).
-async fn loaded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, dry: bool, ctx: Ctx<'_>, seen: &mut Seen) -> Result<Loaded, Fail> {
+async fn loaded<U: Units, L, P>(eng: &Engine<U, L, P>, w: &Worker, dry: bool, ctx: Ctx<'_>, seen: &mut Seen) -> Result<Loaded, Fail> {
     let st = eng.units.state(&w.unit).await?;
     // `check` (nothing restarts): a worker that is not running fails its own check.
     if ctx.outage == Outage::Check && st.active_state != ActiveState::Active {
@@ -236,7 +236,7 @@ async fn loaded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker,
 /// What SGLang would refuse at its start (a `--config` file it cannot read, a parallel width
 /// its GPUs cannot hold), and the metrics flag a required metrics gate needs. `Ok`: whether
 /// `--enable-metrics` is given.
-fn would_start<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Result<bool, Cause> {
+fn would_start<U, L, P>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Result<bool, Cause> {
     if let Some(why) = &cfg.launch_config_error {
         return Err(Cause::ConfigInvalid { message: format!("{}'s ExecStart --config {why}; SGLang would not start with it", w.unit) });
     }
@@ -253,7 +253,7 @@ fn would_start<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, 
 
 /// A unit whose stop would kill SGLang's scheduler (systemd's default `KillMode=control-group`):
 /// refused, or (`kill_mode = "warn"`) the warning to report.
-fn kill_mode_check<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Result<Option<String>, Cause> {
+fn kill_mode_check<U, L, P>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Result<Option<String>, Cause> {
     let Some(fix) = crate::sglang::stop::kill_mode_risk(&w.unit, cfg.kill_mode.as_deref(), eng.settings.rollout.drain_timeout) else { return Ok(None) };
     if eng.settings.rollout.kill_mode == crate::config::KillModePolicy::Refuse {
         let kill_mode = cfg.kill_mode.clone().unwrap_or_default();
@@ -280,12 +280,7 @@ fn gpus_disjoint(w: &Worker, cfg: &crate::ports::UnitConfig, seen: &mut Seen) ->
 /// half-restored (`Err`: the refusal); the directories on the way to the unit's files that another
 /// account can change are said, in a dry run too (a warning: a restore stops at a link such an
 /// account placed there rather than follow it).
-fn rollback_writes<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    w: &Worker,
-    cfg: &crate::ports::UnitConfig,
-    ctx: Ctx<'_>,
-) -> Result<Vec<String>, Cause> {
+fn rollback_writes<U, L, P>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig, ctx: Ctx<'_>) -> Result<Vec<String>, Cause> {
     let (true, crate::config::OnFailure::Rollback) = (ctx.outage.restarts(), eng.settings.rollout.on_failure) else {
         return Ok(Vec::new());
     };
@@ -312,7 +307,7 @@ fn rollback_writes<U: Units, L: Logs, P: Probes>(
 /// Does the worker refuse pdctl's calls for want of its API key? A worker started with
 /// --api-key refuses every call pdctl makes but /health, /ready and /metrics without its key:
 /// found now, before anything is touched. `None`: not checked (the unit is not running).
-async fn api_key_check<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, st: &UnitState) -> Result<Option<String>, Fail> {
+async fn api_key_check<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, st: &UnitState) -> Result<Option<String>, Fail> {
     if st.active_state != ActiveState::Active {
         return Ok(None);
     }
@@ -325,7 +320,7 @@ async fn api_key_check<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &
 
 /// What a stop of this worker may run into (SGLang's stop waits for its requests), and
 /// whether the pair gate's timeout covers a decode's own timing; each is logged.
-fn stop_and_pair_risks<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Vec<String> {
+fn stop_and_pair_risks<U, L, P>(eng: &Engine<U, L, P>, w: &Worker, cfg: &crate::ports::UnitConfig) -> Vec<String> {
     let bootstrap = (w.role == Role::Prefill).then(|| crate::sglang::bootstrap_timeout(&cfg.environment));
     let mut warnings = crate::sglang::stop::risks(&w.unit, cfg.timeout_stop, eng.settings.rollout.drain_timeout, bootstrap);
     if w.role == Role::Decode && eng.settings.verify.pair {
@@ -340,7 +335,7 @@ fn stop_and_pair_risks<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &
 /// The only worker of its role: restarting it stops serving (PD needs both roles). With
 /// [fleet], counted over the whole fleet as the router sees it; else this host's. Refused
 /// unless an outage is allowed (`Err`: the refusal, with the outage to expect); then said.
-fn outage_of<U: Units, L: Logs, P: Probes>(
+fn outage_of<U, L, P>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     plan: &Plan,
@@ -387,7 +382,7 @@ fn outage_of<U: Units, L: Logs, P: Probes>(
 
 /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
 /// and held. Runs with `[fleet]` and its coordinator (`gates::slot::applies`).
-pub(in crate::engine) async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, dry: bool) -> Result<Value, Fail> {
+pub(in crate::engine) async fn preflight_fleet<U, L, P: Probes>(eng: &Engine<U, L, P>, dry: bool) -> Result<Value, Fail> {
     let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else { return Ok(Value::Null) };
     let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
     let r = async {
@@ -416,7 +411,7 @@ pub(in crate::engine) async fn preflight_fleet<U: Units, L: Logs, P: Probes>(eng
 
 /// The gateway (every replica) answers; its worker lists are the step's detail. Runs when the
 /// router is verified.
-pub(in crate::engine) async fn preflight_router<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> Result<GatewaySeen, Fail> {
+pub(in crate::engine) async fn preflight_router<U, L, P: Probes>(eng: &Engine<U, L, P>) -> Result<GatewaySeen, Fail> {
     if let Some(r) = &eng.settings.router {
         for u in std::iter::once(&r.url).chain(r.metrics_url.as_ref()) {
             not_blocked(eng, "the router", u).await?;
@@ -435,7 +430,7 @@ pub(in crate::engine) async fn preflight_router<U: Units, L: Logs, P: Probes>(en
 
 /// A configured address this process may not connect to at all (pdctld's unit allows
 /// loopback only unless a drop-in allows more): refused in preflight, naming the fix.
-pub(in crate::engine) async fn not_blocked<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, what: &str, url: &str) -> Result<(), Fail> {
+pub(in crate::engine) async fn not_blocked<U, L, P: Probes>(eng: &Engine<U, L, P>, what: &str, url: &str) -> Result<(), Fail> {
     let host = crate::sglang::pairing::bootstrap_host(url);
     if matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") || host.starts_with("127.") {
         return Ok(());

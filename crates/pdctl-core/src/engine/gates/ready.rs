@@ -10,10 +10,10 @@ use crate::cause::{Cause, Phase};
 use crate::config::Worker;
 use crate::engine::machine::{Engine, LAST_LINES};
 use crate::engine::step_run::Fail;
-use crate::ports::{Follow, LogEntry, Logs, Probes, UnitState, Units, Watch};
+use crate::ports::{Follow, LogEntry, Logs, UnitState, Units, Watch};
 use crate::sglang::judge::{crashed_since, Judge, Run, Verdict, MSG_FAILURE_RESULT, MSG_UNIT_STARTING};
 
-pub(in crate::engine) async fn ready<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn ready<U: Units, L: Logs, P>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     cursor: Option<String>,

@@ -148,7 +148,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
 /// failed state is reset. Its Result says so only for a manual start: when the limit stops an
 /// auto-restart it keeps the crash's own (`exit-code`, measured on systemd 252), so any failed
 /// unit is reset before pdctl restarts or starts it.
-pub(in crate::engine) async fn reset_if_failed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, st: &UnitState) -> Result<(), UnitsError> {
+pub(in crate::engine) async fn reset_if_failed<U: Units, L, P>(eng: &Engine<U, L, P>, unit: &str, st: &UnitState) -> Result<(), UnitsError> {
     if st.result == ServiceResult::StartLimitHit || st.active_state == crate::ports::ActiveState::Failed {
         eng.units.reset_failed(unit).await?;
     }
@@ -159,7 +159,7 @@ pub(in crate::engine) async fn reset_if_failed<U: Units, L: Logs, P: Probes>(eng
 /// from its last lines and `after` (the unit's state after the job). The old process's last
 /// lines reach the journal through its own stream; a SIGTERM line without a watchdog check yet is
 /// read again (bounded) so the last check, written just before the exit, is not missed.
-pub(in crate::engine) async fn stop_report<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn stop_report<U, L: Logs, P>(
     eng: &Engine<U, L, P>,
     unit: &str,
     after: &UnitState,
@@ -257,7 +257,7 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
 
 /// Take a deferred drain's worker out of every replica now; what could not be removed is
 /// returned (said as a warning: the router gate finds the old entry and deals with it).
-async fn take_out_deferred<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, d: &Deferred) -> Vec<String> {
+async fn take_out_deferred<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, d: &Deferred) -> Vec<String> {
     let mut refused = Vec::new();
     for (r, id) in &d.entries {
         if let Err(e) = eng.probes.deregister(*r, id).await {

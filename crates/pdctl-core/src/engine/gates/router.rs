@@ -10,7 +10,7 @@ use crate::config::{Role, Worker};
 use crate::engine::gates;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, within, Fail, POLL};
-use crate::ports::{Logs, Probes, RouterWorker, Units};
+use crate::ports::{Probes, RouterWorker, Units};
 use crate::state::drain_ledger::Ledger;
 
 /// How long a worker pdctl has seen serve may stay `not_ready` in the gateway (smg 1.x) before
@@ -19,7 +19,7 @@ const STUCK_NOT_READY: Duration = Duration::from_secs(10);
 
 /// The router gate on every replica (each must admit the worker); one replica's detail as
 /// is, several under `replicas`.
-pub(in crate::engine) async fn router<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn router<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     may_register: bool,
@@ -30,7 +30,7 @@ pub(in crate::engine) async fn router<U: Units, L: Logs, P: Probes>(
 
 /// [`Engine::router`], writing to `ledger` (with the rollout's id) before it removes an entry
 /// the gateway lists `failed`, so that a crash before the re-add is reconciled like a drain.
-pub(in crate::engine) async fn router_recorded<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn router_recorded<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     may_register: bool,
@@ -51,7 +51,7 @@ pub(in crate::engine) async fn router_recorded<U: Units, L: Logs, P: Probes>(
 
 /// The router gate on one replica: wait (bounded) until the gateway lists the worker with
 /// its role, healthy, its breaker not open, and a request through the gateway answers.
-pub(in crate::engine) async fn router_on<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn router_on<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     replica: usize,
     w: &Worker,
@@ -111,7 +111,7 @@ pub(in crate::engine) async fn router_on<U: Units, L: Logs, P: Probes>(
 /// Remove an entry the gateway lists `failed` (or stuck `not_ready`) so that the next round
 /// re-adds it; written to the ledger first, as a drain is, so that a crash before the re-add
 /// is reconciled.
-async fn remove_stuck_entry<U: Units, L: Logs, P: Probes>(
+async fn remove_stuck_entry<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     replica: usize,
     w: &Worker,
@@ -132,7 +132,7 @@ async fn remove_stuck_entry<U: Units, L: Logs, P: Probes>(
 /// The worker is listed and healthy: its breaker is not open and one request through the
 /// gateway answers. `Err`: it never can be while this gate waits (no worker of the other PD
 /// role is even listed).
-async fn serves_through_gateway<U: Units, L: Logs, P: Probes>(
+async fn serves_through_gateway<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     replica: usize,
     w: &Worker,

@@ -14,7 +14,7 @@ use crate::engine::context::Ctx;
 use crate::engine::gates;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{lock, Fail};
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::Probes;
 use crate::service::slo::{judge, judge_sample, Baseline, Report, Verdict, Window};
 
 /// One worker's figures at the start of the window.
@@ -39,7 +39,7 @@ pub(in crate::engine) struct SloStart {
 const POLL: Duration = Duration::from_secs(1);
 
 /// The same role's other workers of this host: the service gate's peers.
-pub(in crate::engine) fn same_role<'e, U: Units, L: Logs, P: Probes>(eng: &'e Engine<U, L, P>, w: &Worker) -> Vec<&'e Worker> {
+pub(in crate::engine) fn same_role<'e, U, L, P>(eng: &'e Engine<U, L, P>, w: &Worker) -> Vec<&'e Worker> {
     eng.settings.workers.iter().filter(|o| o.role == w.role && o.unit != w.unit).collect()
 }
 
@@ -47,7 +47,7 @@ pub(in crate::engine) fn same_role<'e, U: Units, L: Logs, P: Probes>(eng: &'e En
 /// only worker of its role) or a fleet bake may (with `[fleet]`: every worker's, since the
 /// host that asks for the fleet rollout decides whether it bakes); `None` otherwise or when
 /// they cannot be read.
-pub(in crate::engine) async fn slo_before<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Option<ServiceScrape> {
+pub(in crate::engine) async fn slo_before<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Option<ServiceScrape> {
     if eng.settings.verify.slo.is_none() || (eng.settings.fleet.is_none() && !same_role(eng, w).is_empty()) {
         return None;
     }
@@ -58,7 +58,7 @@ pub(in crate::engine) async fn slo_before<U: Units, L: Logs, P: Probes>(eng: &En
 /// before this rollout first touched it. A worker restarted again in the same rollout (a
 /// rollback onto its last good revision) is judged against those, not against the run that
 /// just failed.
-pub(in crate::engine) async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
+pub(in crate::engine) async fn before_drain<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Option<ServiceScrape> {
     let measured = slo_before(eng, w).await;
     let Some(keep) = ctx.writes.before else { return measured };
     let mut kept = lock(keep);
@@ -73,7 +73,7 @@ pub(in crate::engine) async fn before_drain<U: Units, L: Logs, P: Probes>(eng: &
     }
 }
 
-pub(in crate::engine) async fn mark<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, url: &str) -> Result<Mark, String> {
+pub(in crate::engine) async fn mark<U, L, P: Probes>(eng: &Engine<U, L, P>, unit: &str, url: &str) -> Result<Mark, String> {
     let limit = eng.settings.rollout.metrics_timeout;
     let service = match tokio::time::timeout(limit, eng.probes.service(url)).await {
         Ok(Ok(s)) => s,
@@ -87,7 +87,7 @@ pub(in crate::engine) async fn mark<U: Units, L: Logs, P: Probes>(eng: &Engine<U
 /// In a fleet, the same role's workers of the other live hosts (`host/unit`, URL), from
 /// their liveness keys: the canary host's soak is judged against the hosts that have not
 /// changed yet. Nothing when the fleet cannot be read (the local peers still count).
-async fn fleet_peers<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Vec<(String, String)> {
+async fn fleet_peers<U, L, P>(eng: &Engine<U, L, P>, w: &Worker) -> Vec<(String, String)> {
     let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else {
         return Vec::new();
     };
@@ -104,7 +104,7 @@ async fn fleet_peers<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Wo
 }
 
 /// The window's first scrapes (the soak's start), all within `metrics_timeout`.
-pub(in crate::engine) async fn slo_start<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> SloStart {
+pub(in crate::engine) async fn slo_start<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> SloStart {
     let limit = eng.settings.rollout.metrics_timeout;
     let all = async {
         let own = mark(eng, &w.unit, &w.url).await;
@@ -127,12 +127,7 @@ pub(in crate::engine) async fn slo_start<U: Units, L: Logs, P: Probes>(eng: &Eng
 }
 
 /// The restarted worker's window and its baseline's now (all within `metrics_timeout`).
-async fn windows<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    own: &Mark,
-    peers: &[Mark],
-    before: Option<&ServiceScrape>,
-) -> Result<(Window, Window), String> {
+async fn windows<U, L, P: Probes>(eng: &Engine<U, L, P>, own: &Mark, peers: &[Mark], before: Option<&ServiceScrape>) -> Result<(Window, Window), String> {
     let mine = window_since(eng, own).await?;
     let base = match before {
         Some(b) => Window { service: b.clone(), gateway: None },
@@ -154,7 +149,7 @@ async fn windows<U: Units, L: Logs, P: Probes>(
 }
 
 /// The window from `m` to now; `Err` when it cannot be read or the worker restarted.
-pub(in crate::engine) async fn window_since<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, m: &Mark) -> Result<Window, String> {
+pub(in crate::engine) async fn window_since<U, L, P: Probes>(eng: &Engine<U, L, P>, m: &Mark) -> Result<Window, String> {
     let now = mark(eng, &m.unit, &m.url).await?;
     let service = now.service.since(&m.service).ok_or_else(|| format!("{}'s counters went down: it restarted during the window", m.unit))?;
     let gateway = match (now.gateway, m.gateway) {
@@ -168,7 +163,7 @@ pub(in crate::engine) async fn window_since<U: Units, L: Logs, P: Probes>(eng: &
 /// Judge the window from `start` once the restarted worker (and its baseline) served
 /// `min_requests`, or at `max_wait` with what there is. A breach is a failure naming the
 /// figure; too little traffic is a report saying "not judged".
-pub(in crate::engine) async fn slo_judge<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn slo_judge<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     slo: &Slo,
@@ -232,12 +227,7 @@ pub(in crate::engine) async fn slo_judge<U: Units, L: Logs, P: Probes>(
 /// Too little traffic to judge (`report` is not judged): `[verify.slo] unjudged` decides —
 /// `pass` keeps the report, `fail` fails the soak (`slo_not_judged`), `probe` judges with
 /// pdctl's own sample ([`Engine::slo_sample`]) and fails when it cannot send one.
-pub(in crate::engine) async fn slo_when_unjudged<U: Units, L: Logs, P: Probes>(
-    eng: &Engine<U, L, P>,
-    w: &Worker,
-    slo: &Slo,
-    report: Report,
-) -> Result<Report, Fail> {
+pub(in crate::engine) async fn slo_when_unjudged<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, slo: &Slo, report: Report) -> Result<Report, Fail> {
     let Verdict::NotJudged { why } = &report.verdict else { return Ok(report) };
     let why = why.clone();
     let not_judged = |why: String| Fail::from(Cause::SloNotJudged { unit: w.unit.clone(), why });
@@ -270,7 +260,7 @@ pub(in crate::engine) async fn slo_when_unjudged<U: Units, L: Logs, P: Probes>(
 /// 16 tokens, each sent straight to the restarted worker with a serving worker of the other
 /// role, alternating with the same sent to a serving peer of its role with that same worker
 /// — both sides under the same load at the same time. `Err`: no such sample can be sent.
-pub(in crate::engine) async fn slo_sample<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, slo: &Slo) -> Result<Report, String> {
+pub(in crate::engine) async fn slo_sample<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, slo: &Slo) -> Result<Report, String> {
     if w.role == Role::Regular {
         return Err("a regular worker: the sample is sent through a PD pair".into());
     }
@@ -301,7 +291,7 @@ pub(in crate::engine) async fn slo_sample<U: Units, L: Logs, P: Probes>(eng: &En
 
 /// One request of the sample: a 16-token PD pair of `x` and `partner` (the other role),
 /// straight to both; its end-to-end seconds, `None` when it failed.
-async fn sample_one<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, x: &Worker, partner: &Worker) -> Option<f64> {
+async fn sample_one<U, L, P: Probes>(eng: &Engine<U, L, P>, x: &Worker, partner: &Worker) -> Option<f64> {
     let probe = gates::pair::pair_request(eng, x, partner, 16).await;
     probe.answered().then_some(probe.took.as_secs_f64())
 }

@@ -10,13 +10,13 @@ use crate::engine::machine::Engine;
 use crate::engine::step_run::{Fail, Verdict};
 use crate::fleet::SlotRecord;
 
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::Probes;
 
 /// Fleet: take a slot of each worker's role in one transaction (waiting, bounded by
 /// `slot_timeout`, while the fleet's slots are held or it is paused). Written down in the
 /// ledger before the transaction; `waiting` hears each new reason to wait. The step runs with
 /// `[fleet]` ([`applies`]).
-pub(in crate::engine) async fn slot<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn slot<U, L, P: Probes>(
     eng: &Engine<U, L, P>,
     ws: &[&Worker],
     ctx: Ctx<'_>,
@@ -88,14 +88,14 @@ pub(in crate::engine) async fn slot<U: Units, L: Logs, P: Probes>(
 }
 
 /// Whether the slot step runs: with `[fleet]` and its coordinator.
-pub(in crate::engine) fn applies<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> bool {
+pub(in crate::engine) fn applies<U, L, P>(eng: &Engine<U, L, P>) -> bool {
     eng.coordinator.is_some() && eng.settings.fleet.is_some()
 }
 
 /// Per role, the URLs the gateway lists but does not admit or whose breaker is open, and the
 /// workers any host reports not running (a crash, a restart of their own): down anyway,
 /// whoever caused it, so they count against the fleet's budget.
-pub(in crate::engine) async fn unhealthy_by_role<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>) -> std::collections::BTreeMap<String, Vec<String>> {
+pub(in crate::engine) async fn unhealthy_by_role<U, L, P: Probes>(eng: &Engine<U, L, P>) -> std::collections::BTreeMap<String, Vec<String>> {
     let mut out: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     if let Ok(list) = eng.probes.router_workers(0).await {
         let open = eng.probes.open_breakers(0).await.unwrap_or_default();
@@ -121,7 +121,7 @@ pub(in crate::engine) async fn unhealthy_by_role<U: Units, L: Logs, P: Probes>(e
 
 /// Give back the slots of `unit` (verified now); crossed off the ledger once etcd took them.
 /// A release that fails stays on record: pdctld gives it back when etcd answers again.
-pub(in crate::engine) async fn release_slots<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, unit: &str, recs: &[crate::fleet::SlotRecord], ctx: Ctx<'_>) {
+pub(in crate::engine) async fn release_slots<U, L, P>(eng: &Engine<U, L, P>, unit: &str, recs: &[crate::fleet::SlotRecord], ctx: Ctx<'_>) {
     let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else {
         return;
     };
@@ -145,7 +145,7 @@ pub(in crate::engine) async fn release_slots<U: Units, L: Logs, P: Probes>(eng: 
 /// With `[fleet]`: the workers of the other PD role on other hosts, as the gateway lists them
 /// (a prefill pairs with every decode behind the same gateway), each with its host and unit
 /// when that host's liveness key names it.
-pub(in crate::engine) async fn remote_peers<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Vec<(Worker, Option<(String, String)>)> {
+pub(in crate::engine) async fn remote_peers<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Vec<(Worker, Option<(String, String)>)> {
     let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else {
         return Vec::new();
     };

@@ -12,14 +12,14 @@ use crate::config::{Role, Worker};
 use crate::engine::context::Clients;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{lock, Fail, Verdict};
-use crate::ports::{Logs, Probes, UnitState, Units, Watch};
+use crate::ports::{Probes, UnitState, Units, Watch};
 use crate::service::slo::Verdict as Slo;
 use crate::sglang::judge::crashed_since;
 
 /// The soak of a restarted worker: the same run for `min_healthy`, then (with `[verify.slo]`)
 /// the service gate over the soak window; `before`: its figures from before its drain (the
 /// service gate's baseline when it is the only worker of its role).
-pub(in crate::engine) async fn soak<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn soak<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     watch: &mut U::W,
@@ -90,7 +90,7 @@ pub(in crate::engine) struct SoakDetail {
 /// The availability probe: every `1/rate` s, one 1-token request through the router — unless a
 /// role has no worker the gateway admits (then nothing is sent, and the tick counts as an error
 /// from the gateway's view) — until the rollout is over.
-pub(in crate::engine) async fn watch_clients<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, rate: f64, c: &Clients) {
+pub(in crate::engine) async fn watch_clients<U, L, P: Probes>(eng: &Engine<U, L, P>, rate: f64, c: &Clients) {
     use crate::service::availability::Sample;
     let mut roles: Vec<Role> = eng.settings.workers.iter().map(|w| w.role).collect();
     roles.sort();

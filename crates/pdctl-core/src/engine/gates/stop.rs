@@ -118,7 +118,7 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(
 /// pulled yet: stopping it now fails them. Kept until its PD queues are empty, bounded by its
 /// bootstrap timeout (after which SGLang gives such a room up itself) plus 10 s. `None`: it held
 /// nothing, or its queues could not be read (then nothing is waited for: said in the log).
-async fn kept_for_pulls<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Option<KeptForKv> {
+async fn kept_for_pulls<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Option<KeptForKv> {
     let first = match eng.probes.pd_queues(&w.url).await {
         Ok(q) => q.held_reqs,
         Err(e) => {
@@ -144,7 +144,7 @@ async fn kept_for_pulls<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: 
 /// that never stopped) is not started again; else (its failed state reset) `StartUnit` waited
 /// for. The journal is read for its ready line from the cursor its drain recorded before the
 /// stop, so a ready line the boot's start logged before pdctld came up is found.
-pub(in crate::engine) async fn start<U: Units, L: Logs, P: Probes>(
+pub(in crate::engine) async fn start<U: Units, L: Logs, P>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     was: Option<&MaintainedUnit>,

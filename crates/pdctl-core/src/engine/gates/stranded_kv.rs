@@ -14,7 +14,7 @@ use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, Verdict};
 use crate::engine::steps::rule;
 use crate::events::Step;
-use crate::ports::{Logs, Probes, Units};
+use crate::ports::{Probes, Units};
 
 /// After a decode restart: the prefills' queues of requests held for a decode drain to zero
 /// within `stranded_kv_timeout` (rooms of requests the old decode process never fetched are
@@ -24,7 +24,7 @@ use crate::ports::{Logs, Probes, Units};
 /// decodes the gate waits for a moment they are all empty. A warning unless
 /// `stranded_kv = "required"`.
 /// The step runs on a decode with prefills (`gates::pair::peers`).
-pub(in crate::engine) async fn stranded<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<Verdict<StrandedDetail>, Fail> {
+pub(in crate::engine) async fn stranded<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<Verdict<StrandedDetail>, Fail> {
     let prefills = gates::pair::peers(eng, w);
     let read = |p: &Worker| {
         let url = p.url.clone();
