@@ -149,19 +149,8 @@ fn differences(wheel: &Value, sim: &Value, who: &str, relied: bool) -> Vec<Strin
         }
     }
     // The families the service gate reads: their added labels and default buckets.
-    for (name, w) in wheel["series"].as_object().into_iter().flatten().filter(|_| relied) {
-        let Some(sim_series) = sim["series"].get(name) else {
-            out.push(format!("metric {name}: {upstream} defines it, {who} exposes no series of it"));
-            continue;
-        };
-        let labels = |v: &Value| -> BTreeSet<String> { methods(&v["labels"]) };
-        if labels(w) != labels(sim_series) {
-            out.push(format!("metric {name}: {who} adds the labels {:?}, {upstream} {:?}", labels(sim_series), labels(w)));
-        }
-        let bounds = |v: &Value| -> Vec<f64> { v["buckets"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default() };
-        if bounds(w) != bounds(sim_series) {
-            out.push(format!("metric {name}: {who}'s buckets are {:?}, {upstream}'s {:?}", bounds(sim_series), bounds(w)));
-        }
+    if relied {
+        series_differences(wheel, sim, who, &upstream, &mut out);
     }
     for (key, line) in sim["lines"].as_object().into_iter().flatten() {
         if wheel["lines"].get(key) != Some(line) {
@@ -195,6 +184,25 @@ fn differences(wheel: &Value, sim: &Value, who: &str, relied: bool) -> Vec<Strin
         }
     }
     out
+}
+
+/// The differences in the families the service gate reads: their added labels and default
+/// buckets (`upstream` names the wheel, `who` the catalogue).
+fn series_differences(wheel: &Value, sim: &Value, who: &str, upstream: &str, out: &mut Vec<String>) {
+    for (name, w) in wheel["series"].as_object().into_iter().flatten() {
+        let Some(sim_series) = sim["series"].get(name) else {
+            out.push(format!("metric {name}: {upstream} defines it, {who} exposes no series of it"));
+            continue;
+        };
+        let labels = |v: &Value| -> BTreeSet<String> { methods(&v["labels"]) };
+        if labels(w) != labels(sim_series) {
+            out.push(format!("metric {name}: {who} adds the labels {:?}, {upstream} {:?}", labels(sim_series), labels(w)));
+        }
+        let bounds = |v: &Value| -> Vec<f64> { v["buckets"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default() };
+        if bounds(w) != bounds(sim_series) {
+            out.push(format!("metric {name}: {who}'s buckets are {:?}, {upstream}'s {:?}", bounds(sim_series), bounds(w)));
+        }
+    }
 }
 
 /// pdctl's own SGLang facts (`pdctl_core::sglang`), in the catalogue's shape.

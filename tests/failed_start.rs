@@ -48,27 +48,7 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     // --journald UNIT=…`): not the unit's, so never among its last words.
     let forged = std::sync::atomic::AtomicBool::new(false);
     let r = std::thread::scope(|sc| {
-        sc.spawn(|| {
-            let first =
-                pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(20), || std::fs::read_to_string(&counter).is_ok_and(|n| n.trim() == "1"));
-            if !first {
-                return;
-            }
-            // As many as the failure keeps, so that some would be among its last lines.
-            for i in 0..25 {
-                let mut c = stack.sandbox.command("/usr/bin/setpriv");
-                c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "logger", "--journald"]).stdin(std::process::Stdio::piped());
-                if let Ok(mut child) = c.spawn() {
-                    if let Some(mut stdin) = child.stdin.take() {
-                        let _ = std::io::Write::write_all(&mut stdin, format!("MESSAGE=FORGED {i} by nobody\nUNIT={P}\nUSER_UNIT={P}\n").as_bytes());
-                    }
-                    if child.wait().is_ok_and(|st| st.success()) {
-                        forged.store(true, std::sync::atomic::Ordering::SeqCst);
-                    }
-                }
-            }
-            std::fs::write(&done, "").unwrap();
-        });
+        sc.spawn(|| forge_during_start_one(&stack, &counter, &done, &forged));
         pdctl_daemon(&d, &config, &["rollout", "apply", "--if-changed", "--json"], LIMIT)
     });
     assert!(forged.load(std::sync::atomic::Ordering::SeqCst), "the forged lines were written during the failed start: the test observed what it is about");
@@ -106,6 +86,28 @@ fn an_unknown_flag_fails_as_its_own_fatal_line_and_shows_it_among_the_last_lines
     assert!(shown.contains("unrecognized arguments: --enable-turbo-mode"), "{shown}");
     // When the only prefill left the gateway: deferred by its drain, taken out in its stop.
     assert!(shown.contains("taken out: deferred: the only prefill worker") && shown.contains("taken out at its server's first drain check"), "{shown}");
+}
+
+/// Once start number 1 runs, write lines "about" the prefill as nobody (`logger --journald
+/// UNIT=…`), as many as a failure keeps; `forged` says one was written; `done` lets start 1 end.
+fn forge_during_start_one(stack: &pdctl_tests::pdctl_sandbox::stack::Stack, counter: &Path, done: &Path, forged: &std::sync::atomic::AtomicBool) {
+    let first = pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(20), || std::fs::read_to_string(counter).is_ok_and(|n| n.trim() == "1"));
+    if !first {
+        return;
+    }
+    for i in 0..25 {
+        let mut c = stack.sandbox.command("/usr/bin/setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "logger", "--journald"]).stdin(std::process::Stdio::piped());
+        if let Ok(mut child) = c.spawn() {
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = std::io::Write::write_all(&mut stdin, format!("MESSAGE=FORGED {i} by nobody\nUNIT={P}\nUSER_UNIT={P}\n").as_bytes());
+            }
+            if child.wait().is_ok_and(|st| st.success()) {
+                forged.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+    std::fs::write(done, "").unwrap();
 }
 
 /// A halted rolling restart's `next` retries what the rollout has left — the failed unit and

@@ -215,22 +215,29 @@ fn a_breach_during_the_bake_reverts_every_changed_host_the_last_first() {
         "{end}"
     );
     for (s, _, d) in &hosts {
-        // The decode runs its files from before: the drop-in is moved aside, the fault is gone.
-        let dir = s.sandbox.unit_dir().join(format!("{D}.d"));
-        assert!(!dir.join("50-late-fail.conf").exists(), "the change's drop-in is gone");
-        let aside =
-            std::fs::read_dir(&dir).expect("drop-in dir").flatten().any(|e| e.file_name().to_string_lossy().starts_with("50-late-fail.conf.pdctl-rejected-"));
-        assert!(aside, "moved aside, not deleted");
-        assert!(!s.show(D, "Environment").expect("env").contains("SGLANG_SIM_FAIL_FRACTION"));
-        // Its record: a revert of the fleet rollout's part, verified; only the decode restarted.
-        let (_, h) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
-        let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();
-        let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
-        assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("revert"), Some("succeeded")), "{rec:#}");
-        assert_eq!(rec["plan"], serde_json::json!([D]), "the unchanged prefill is not restarted again: {rec:#}");
-        assert_eq!(rec["started_by"]["fleet_rollout"], last["id"]);
-        assert!(rec["started_by"]["reason"].as_str().unwrap_or("").contains("bake"), "{rec:#}");
+        reverted_on_disk_and_on_record(s, d, &last["id"]);
     }
+}
+
+/// After a bake's revert, on one host: the decode's drop-in moved aside (not deleted) and its
+/// fault gone; its record a verified revert of fleet rollout `fleet_id`'s part that restarted
+/// only the decode.
+fn reverted_on_disk_and_on_record(s: &Stack, d: &Pdctld, fleet_id: &Value) {
+    // The decode runs its files from before: the drop-in is moved aside, the fault is gone.
+    let dir = s.sandbox.unit_dir().join(format!("{D}.d"));
+    assert!(!dir.join("50-late-fail.conf").exists(), "the change's drop-in is gone");
+    let aside =
+        std::fs::read_dir(&dir).expect("drop-in dir").flatten().any(|e| e.file_name().to_string_lossy().starts_with("50-late-fail.conf.pdctl-rejected-"));
+    assert!(aside, "moved aside, not deleted");
+    assert!(!s.show(D, "Environment").expect("env").contains("SGLANG_SIM_FAIL_FRACTION"));
+    // Its record: a revert of the fleet rollout's part, verified; only the decode restarted.
+    let (_, h) = raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    let id = h["rollouts"].as_array().and_then(|a| a.last()).and_then(|r| r["id"].as_str()).expect("a rollout").to_string();
+    let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
+    assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("revert"), Some("succeeded")), "{rec:#}");
+    assert_eq!(rec["plan"], serde_json::json!([D]), "the unchanged prefill is not restarted again: {rec:#}");
+    assert_eq!(&rec["started_by"]["fleet_rollout"], fleet_id);
+    assert!(rec["started_by"]["reason"].as_str().unwrap_or("").contains("bake"), "{rec:#}");
 }
 
 /// Five restarts pdctl did not make within a minute (a decode of host b crash-looping under

@@ -302,7 +302,7 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
 /// req/s is a tenth of it; why not 80 %, docs/benchmarks.md.
 #[test]
 fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drain_lose_no_request() {
-    use pdctl_tests::capacity::{sustained, LongStream};
+    use pdctl_tests::capacity::LongStream;
     let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, ..real_opts() });
     fragment(&config, "20-2p2d", "[rollout]\nallow_outage = false\ndrain_timeout = \"120s\"\n");
     let router = stack.router.as_ref().expect("router").url.clone();
@@ -370,17 +370,24 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
     // 3. What this stack sustains, measured last: an overload's aftermath must not meet a
     // rollout (smg vetoes a worker whose queue it last polled at 8 or more until its next poll,
     // 10 s later: a rollout begun then saw "No available prefill workers", 9-16 failed).
-    let queued = || stack.workers().iter().map(|w| loads(&stack, &w.url).1).sum::<u64>();
+    let most = what_2p2d_sustains(&stack, &router, &system);
+    println!("this CPU sustains {most:.1} req/s through smg to 2P2D; the rollouts ran at {rate:.1} req/s");
+}
+
+/// What the 2P2D stack sustains through `router` with prompts sharing `system`, in req/s
+/// ([`pdctl_tests::capacity::sustained`]), each step printed; the servers' backlog served
+/// between steps.
+fn what_2p2d_sustains(stack: &Stack, router: &str, system: &str) -> f64 {
+    let queued = || stack.workers().iter().map(|w| loads(stack, &w.url).1).sum::<u64>();
     let settled = || {
-        let idle = until(Duration::from_secs(300), Duration::from_millis(500), || stack.workers().iter().all(|w| loads(&stack, &w.url) == (0, 0)));
-        assert!(idle, "the servers served their backlog within 300 s\n{}", logs(&stack));
+        let idle = until(Duration::from_secs(300), Duration::from_millis(500), || stack.workers().iter().all(|w| loads(stack, &w.url) == (0, 0)));
+        assert!(idle, "the servers served their backlog within 300 s\n{}", logs(stack));
     };
-    let (most, steps) = sustained(&router, 4.0, 64.0, 15.0, &system, &queued, &settled);
+    let (most, steps) = pdctl_tests::capacity::sustained(router, 4.0, 64.0, 15.0, system, &queued, &settled);
     for s in &steps {
         println!("capacity of 2P2D, no rollout: {}", s.line());
     }
-    let most = most.unwrap_or_else(|| panic!("not even 4 req/s held: {steps:#?}\n{}", logs(&stack)));
-    println!("this CPU sustains {most:.1} req/s through smg to 2P2D; the rollouts ran at {rate:.1} req/s");
+    most.unwrap_or_else(|| panic!("not even 4 req/s held: {steps:#?}\n{}", logs(stack)))
 }
 
 /// What the gateway logged of the requests it failed (the first 20 distinct lines), with the

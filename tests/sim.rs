@@ -81,16 +81,18 @@ async fn lifecycle_port_closed_then_503_during_warmup_then_ready() {
     assert_eq!(status(&format!("{}/get_load", sim.url())).await, Some(404), "0.5.23 has no /get_load");
 }
 
+/// One SGLang version's `/metrics`: names present and absent, the label set, the engine type.
+struct Case {
+    version: &'static str,
+    mode: &'static str,
+    present: &'static [&'static str],
+    absent: &'static [&'static str],
+    labels: &'static [&'static str],
+    engine_type: &'static str,
+}
+
 #[tokio::test]
 async fn metrics_by_version_parse_with_prometheus_client() {
-    struct Case {
-        version: &'static str,
-        mode: &'static str,
-        present: &'static [&'static str],
-        absent: &'static [&'static str],
-        labels: &'static [&'static str],
-        engine_type: &'static str,
-    }
     let cases = [
         Case {
             version: "0.4.6",
@@ -131,42 +133,48 @@ async fn metrics_by_version_parse_with_prometheus_client() {
             engine_type: "prefill",
         },
     ];
-    for c in cases {
-        let mut sim = SimProc::spawn(&[
-            "--enable-metrics",
-            "--sim-version",
-            c.version,
-            "--disaggregation-mode",
-            c.mode,
-            "--disaggregation-bootstrap-port",
-            &pdctl_tests::pdctl_sandbox::free_port().unwrap().to_string(),
-        ]);
-        sim.wait_line("fired up", T).expect("ready");
-        generate(&sim, 45).await; // a prefill batch and > 40 decode iterations: both roles publish
-        let r = metrics(&sim, None).await;
-        assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
-        let text = r.text().await.unwrap();
-        let samples = python_parse(&text, false);
-        let got = names(&samples);
-        for n in c.present.iter().chain(&["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cache_hit_rate", "sglang:gen_throughput"]) {
-            assert!(got.contains(*n), "{}: {n} missing from {got:?}", c.version);
-        }
-        for n in c.absent {
-            assert!(!got.contains(*n), "{}: {n} must not exist", c.version);
-        }
-        let usage = samples.iter().find(|s| s["name"] == "sglang:token_usage").unwrap();
-        let keys: Vec<&str> = usage["labels"].as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, c.labels, "{}: label set", c.version);
-        assert_eq!(usage["labels"]["engine_type"], c.engine_type, "{}", c.version);
-        assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.contains('{')), "every sample has labels");
-
-        // OpenMetrics: underscore names and # EOF, still parseable.
-        let om = metrics(&sim, Some("application/openmetrics-text; version=1.0.0")).await.text().await.unwrap();
-        assert!(om.ends_with("# EOF\n"));
-        let om_samples = python_parse(&om, true);
-        assert!(names(&om_samples).contains("sglang_token_usage"), "{}", c.version);
-        assert!(!om.contains("sglang:"));
+    for c in &cases {
+        exposition_as(c).await;
     }
+}
+
+/// A simulator of `c`'s version and mode, after a prefill batch and 40 decode iterations: its
+/// `/metrics` as `c` says, parsed by `prometheus_client`, in both formats.
+async fn exposition_as(c: &Case) {
+    let mut sim = SimProc::spawn(&[
+        "--enable-metrics",
+        "--sim-version",
+        c.version,
+        "--disaggregation-mode",
+        c.mode,
+        "--disaggregation-bootstrap-port",
+        &pdctl_tests::pdctl_sandbox::free_port().unwrap().to_string(),
+    ]);
+    sim.wait_line("fired up", T).expect("ready");
+    generate(&sim, 45).await; // a prefill batch and > 40 decode iterations: both roles publish
+    let r = metrics(&sim, None).await;
+    assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    let text = r.text().await.unwrap();
+    let samples = python_parse(&text, false);
+    let got = names(&samples);
+    for n in c.present.iter().chain(&["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cache_hit_rate", "sglang:gen_throughput"]) {
+        assert!(got.contains(*n), "{}: {n} missing from {got:?}", c.version);
+    }
+    for n in c.absent {
+        assert!(!got.contains(*n), "{}: {n} must not exist", c.version);
+    }
+    let usage = samples.iter().find(|s| s["name"] == "sglang:token_usage").unwrap();
+    let keys: Vec<&str> = usage["labels"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, c.labels, "{}: label set", c.version);
+    assert_eq!(usage["labels"]["engine_type"], c.engine_type, "{}", c.version);
+    assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.contains('{')), "every sample has labels");
+
+    // OpenMetrics: underscore names and # EOF, still parseable.
+    let om = metrics(&sim, Some("application/openmetrics-text; version=1.0.0")).await.text().await.unwrap();
+    assert!(om.ends_with("# EOF\n"));
+    let om_samples = python_parse(&om, true);
+    assert!(names(&om_samples).contains("sglang_token_usage"), "{}", c.version);
+    assert!(!om.contains("sglang:"));
 }
 
 #[tokio::test]

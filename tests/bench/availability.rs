@@ -76,6 +76,24 @@ enum Procedure {
     Seed,
 }
 
+/// The seed's procedure: every unit restarted at once, then every 20 s `journalctl --since "2 min
+/// ago" | grep ready` until each unit shows one (at most 180 s).
+fn seed_procedure(stack: &Stack) {
+    let units: Vec<String> = stack.workers().iter().map(|w| w.unit.clone()).collect();
+    let mut args = vec!["restart".to_string()];
+    args.extend(units.iter().cloned());
+    stack.sandbox.systemctl(&args.iter().map(String::as_str).collect::<Vec<_>>()).expect("restart all");
+    let restarted = std::time::SystemTime::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(20));
+        let out = stack.sandbox.journalctl(&["--since", "2 min ago", "-o", "cat"]).expect("journalctl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.matches(READY_LINE).count() >= 2 * units.len() || restarted.elapsed().unwrap_or_default() > Duration::from_secs(180) {
+            break;
+        }
+    }
+}
+
 fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Option<f64>) -> (String, (f64, f64)) {
     let defaults = StackOptions::default();
     let real = std::env::var("REAL").is_ok_and(|v| v == "1");
@@ -121,25 +139,7 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Opt
                 }
             }
         }
-        Procedure::Seed => {
-            let units: Vec<String> = stack.workers().iter().map(|w| w.unit.clone()).collect();
-            let mut args = vec!["restart".to_string()];
-            args.extend(units.iter().cloned());
-            stack.sandbox.systemctl(&args.iter().map(String::as_str).collect::<Vec<_>>()).expect("restart all");
-            let restarted = std::time::SystemTime::now();
-            // Every 20 s: journalctl --since "2 min ago" | grep ready, until each unit shows one.
-            loop {
-                std::thread::sleep(Duration::from_secs(20));
-                let out = stack.sandbox.journalctl(&["--since", "2 min ago", "-o", "cat"]).expect("journalctl");
-                let text = String::from_utf8_lossy(&out.stdout);
-                if text.matches(READY_LINE).count() >= 2 * units.len() {
-                    break;
-                }
-                if restarted.elapsed().unwrap_or_default() > Duration::from_secs(180) {
-                    break;
-                }
-            }
-        }
+        Procedure::Seed => seed_procedure(&stack),
     }
     // Let the load see the end state for a few seconds.
     std::thread::sleep(Duration::from_secs(3));

@@ -60,35 +60,7 @@ async fn main() {
     tokio::task::block_in_place(|| stack.wait_router_healthy(2, Duration::from_secs(30))).expect("router re-admits both");
     let pdctl = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
     let daemon = tokio::task::block_in_place(|| stack.start_pdctld()).expect("pdctld");
-    let mut overhead = Vec::new();
-    let mut per_step: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
-    let mut walls = Vec::new();
-    for _ in 0..n_roll {
-        let t0 = Instant::now();
-        let out = std::process::Command::new(&pdctl)
-            .args(["restart", "--rolling", "--json", "--config"])
-            .arg(&config)
-            .arg("--socket")
-            .arg(&daemon.socket)
-            .output()
-            .expect("pdctl");
-        walls.push(t0.elapsed().as_secs_f64());
-        assert!(out.status.success(), "rollout failed: {}", String::from_utf8_lossy(&out.stdout));
-        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-        for w in stack.workers() {
-            let ev =
-                |step: &str| events.iter().find(|e| e["unit"] == w.unit.as_str() && e["step"] == step && e["status"] == "passed").cloned().unwrap_or_default();
-            let steps = ["drain", "restart", "ready", "health", "router", "metrics"];
-            for s in steps {
-                per_step.entry(s).or_default().push(ev(s)["elapsed_ms"].as_f64().unwrap_or(0.0));
-            }
-            let total: u64 = steps.iter().map(|s| ev(s)["elapsed_ms"].as_u64().unwrap_or(0)).sum();
-            let start_us = ev("restart")["detail"]["exec_main_start_us"].as_u64().unwrap_or(0);
-            let ready_us = ev("ready")["detail"]["journal_realtime_us"].as_u64().unwrap_or(0);
-            let server_ms = ready_us.saturating_sub(start_us) as f64 / 1000.0;
-            overhead.push(total as f64 - server_ms);
-        }
-    }
+    let (overhead, per_step, walls) = overhead_per_unit(&stack, &config, &pdctl, &daemon.socket, n_roll);
 
     let (e2e, own) = end_to_end(&config, &pdctl, &daemon.socket, n_e2e);
 
@@ -120,6 +92,48 @@ async fn main() {
     );
     println!("  per step p50 (ms): {}", per_step.iter().map(|(k, v)| format!("{k} {:.0}", pct(v, 50.0))).collect::<Vec<_>>().join(", "));
     print_end_to_end(&e2e, &own);
+}
+
+/// `n_roll` rollouts of `pdctl restart --rolling`: per unit, the orchestration's own time
+/// (drain..metrics wall minus the server's own start), each step's time, and each rollout's wall.
+#[allow(clippy::type_complexity)]
+fn overhead_per_unit(
+    stack: &Stack,
+    config: &std::path::Path,
+    pdctl: &std::path::Path,
+    socket: &std::path::Path,
+    n_roll: usize,
+) -> (Vec<f64>, std::collections::BTreeMap<&'static str, Vec<f64>>, Vec<f64>) {
+    let mut overhead = Vec::new();
+    let mut per_step: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut walls = Vec::new();
+    for _ in 0..n_roll {
+        let t0 = Instant::now();
+        let out = std::process::Command::new(pdctl)
+            .args(["restart", "--rolling", "--json", "--config"])
+            .arg(config)
+            .arg("--socket")
+            .arg(socket)
+            .output()
+            .expect("pdctl");
+        walls.push(t0.elapsed().as_secs_f64());
+        assert!(out.status.success(), "rollout failed: {}", String::from_utf8_lossy(&out.stdout));
+        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        for w in stack.workers() {
+            let ev =
+                |step: &str| events.iter().find(|e| e["unit"] == w.unit.as_str() && e["step"] == step && e["status"] == "passed").cloned().unwrap_or_default();
+            let steps = ["drain", "restart", "ready", "health", "router", "metrics"];
+            for s in steps {
+                per_step.entry(s).or_default().push(ev(s)["elapsed_ms"].as_f64().unwrap_or(0.0));
+            }
+            let total: u64 = steps.iter().map(|s| ev(s)["elapsed_ms"].as_u64().unwrap_or(0)).sum();
+            let start_us = ev("restart")["detail"]["exec_main_start_us"].as_u64().unwrap_or(0);
+            let ready_us = ev("ready")["detail"]["journal_realtime_us"].as_u64().unwrap_or(0);
+            let server_ms = ready_us.saturating_sub(start_us) as f64 / 1000.0;
+            overhead.push(total as f64 - server_ms);
+        }
+    }
+    (overhead, per_step, walls)
 }
 
 /// Phase 2, the seed's procedure: every 20 s, `journalctl --since "2 min ago" -u UNIT | grep ready`:

@@ -57,6 +57,30 @@ fn rollout(d: &pdctl_sandbox::stack::Pdctld, config: &Path, mut during: impl FnM
     ready["detail"]["detect_ms"].as_f64().expect("detect_ms")
 }
 
+/// Four other units write unique lines (a duplicate would share its data object and add little)
+/// until the journal holds `journal_mib` MiB; returns how long that took, in seconds.
+fn fill_journal(stack: &pdctl_sandbox::stack::Stack, journal: &Path, journal_mib: u64) -> f64 {
+    let script = stack.sandbox.dir().join("noise.sh");
+    std::fs::write(&script, "pad=$(printf '%900s' '' | tr ' ' x)\nexec awk -v n=\"$1\" -v pad=\"$pad\" 'BEGIN { for (i = 0; ; i++) printf \"noise %s line %d %s\\n\", n, i, pad }'\n").expect("noise script");
+    let t_fill = Instant::now();
+    for i in 0..4 {
+        let unit = format!("[Unit]\nDescription=noise {i}\n[Service]\nExecStart=/bin/sh {} {i}\n", script.display());
+        stack.sandbox.write_unit(&format!("noise-{i}.service"), &unit).expect("noise unit");
+    }
+    stack.sandbox.daemon_reload().expect("reload");
+    for i in 0..4 {
+        stack.sandbox.systemctl(&["start", &format!("noise-{i}.service")]).expect("start noise");
+    }
+    while dir_bytes(journal) < journal_mib << 20 {
+        assert!(t_fill.elapsed() < Duration::from_secs(1800), "the journal did not reach {journal_mib} MiB in 30 minutes");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for i in 0..4 {
+        stack.sandbox.systemctl(&["stop", &format!("noise-{i}.service")]).expect("stop noise");
+    }
+    t_fill.elapsed().as_secs_f64()
+}
+
 fn main() {
     let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (idle_secs, n, journal_mib) = (args.first().copied().unwrap_or(600), args.get(1).copied().unwrap_or(10) as usize, args.get(2).copied().unwrap_or(1100));
@@ -94,26 +118,7 @@ fn main() {
     let small_size = dir_bytes(&journal);
     let small: Vec<f64> = (0..n).map(|_| rollout(&d, &config, || {})).collect();
     let (_, rss_small, _) = proc_sample(pid);
-    // Other units write unique lines (a duplicate would share its data object and add little).
-    let script = stack.sandbox.dir().join("noise.sh");
-    std::fs::write(&script, "pad=$(printf '%900s' '' | tr ' ' x)\nexec awk -v n=\"$1\" -v pad=\"$pad\" 'BEGIN { for (i = 0; ; i++) printf \"noise %s line %d %s\\n\", n, i, pad }'\n").expect("noise script");
-    let t_fill = Instant::now();
-    for i in 0..4 {
-        let unit = format!("[Unit]\nDescription=noise {i}\n[Service]\nExecStart=/bin/sh {} {i}\n", script.display());
-        stack.sandbox.write_unit(&format!("noise-{i}.service"), &unit).expect("noise unit");
-    }
-    stack.sandbox.daemon_reload().expect("reload");
-    for i in 0..4 {
-        stack.sandbox.systemctl(&["start", &format!("noise-{i}.service")]).expect("start noise");
-    }
-    while dir_bytes(&journal) < journal_mib << 20 {
-        assert!(t_fill.elapsed() < Duration::from_secs(1800), "the journal did not reach {journal_mib} MiB in 30 minutes");
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    for i in 0..4 {
-        stack.sandbox.systemctl(&["stop", &format!("noise-{i}.service")]).expect("stop noise");
-    }
-    let fill_s = t_fill.elapsed().as_secs_f64();
+    let fill_s = fill_journal(&stack, &journal, journal_mib);
     let big_size = dir_bytes(&journal);
     let entries = stack
         .sandbox

@@ -41,14 +41,8 @@ fn a_model_change_across_three_hosts_behind_one_gateway_is_switched_with_no_mixe
         let shared = hosts[0].0.router.clone().expect("router");
         let change = |s: &Stack, host: &str| to_fp8(case, s, host);
         if !fail {
-            // One host alone: refused, naming the other hosts' workers it would pair with.
             change(&hosts[2].0, &names[2]);
-            let (_, cc, dc) = &hosts[2];
-            let r = pdctl_daemon(dc, cc, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
-            assert_eq!(r.code, 2, "{:#}", r.summary);
-            let f = &r.summary["failed"];
-            assert_eq!(f["cause_code"], "mixed_versions", "{f:#}");
-            assert!(f["cause"].as_str().is_some_and(|c| c.contains("gpu-node-a/")), "the other hosts' workers are named: {f:#}");
+            one_host_alone_is_refused(&hosts[2]);
         }
         for (i, (s, _, _)) in hosts.iter().enumerate() {
             change(s, &names[i]);
@@ -107,6 +101,16 @@ fn a_model_change_across_three_hosts_behind_one_gateway_is_switched_with_no_mixe
         let window = assert_switched(&hosts, &runs, &names);
         println!("coherent fleet switch: no PD pair routable for {window} ms at most; {failed} of {sent} requests failed through the shared gateway over the rollout; {mixed} mixed");
     }
+}
+
+/// One host changed alone: its restart is refused, naming the other hosts' workers it would
+/// pair with.
+fn one_host_alone_is_refused((_, config, d): &(Stack, PathBuf, Pdctld)) {
+    let r = pdctl_daemon(d, config, &["restart", "--rolling", "--load-changes", "--json"], LIMIT);
+    assert_eq!(r.code, 2, "{:#}", r.summary);
+    let f = &r.summary["failed"];
+    assert_eq!(f["cause_code"], "mixed_versions", "{f:#}");
+    assert!(f["cause"].as_str().is_some_and(|c| c.contains("gpu-node-a/")), "the other hosts' workers are named: {f:#}");
 }
 
 /// Change every worker unit of `s` (host `host`) to the same model on fp8 by a drop-in, as `case`

@@ -15,26 +15,18 @@ fn journal_time(stack: &Stack, unit: &str, mark: &str) -> Option<u64> {
         .and_then(|e| e["__REALTIME_TIMESTAMP"].as_str().and_then(|t| t.parse().ok()))
 }
 
-/// The only decode (or prefill: 1P1D) serves through its stop's drain: its drain step writes the ledger and
-/// leaves it in the gateway (on smg 1.13 with `drain_settle_secs` set to 0 by `PATCH`), the
-/// restart takes it out at SGLang's first drain check, and requests through the gateway sent
-/// after its SIGTERM and before that check are answered.
-fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gateway, unit: &str) {
-    let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
-    let role = if unit == P { "prefill" } else { "decode" };
-    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (stop2, url2) = (stop.clone(), url.clone());
-    // (sent, answered, status), wall-clock µs: compared with the journal's timestamps.
-    let load = std::thread::spawn(move || {
+/// Requests through the gateway's `url`, one every 50 ms until `stop`: each (sent, answered,
+/// status) in wall-clock µs, to be compared with the journal's timestamps.
+fn timed_requests(url: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<Vec<(u64, u64, u16)>> {
+    std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let c = pdctl_tests::http();
         let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
         let mut seen = Vec::new();
-        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
             let sent = now();
             let status = rt.block_on(async {
-                c.post(&url2)
+                c.post(&url)
                     .json(&serde_json::json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}}))
                     .send()
                     .await
@@ -45,7 +37,19 @@ fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gatewa
             std::thread::sleep(Duration::from_millis(50));
         }
         seen
-    });
+    })
+}
+
+/// The only decode (or prefill: 1P1D) serves through its stop's drain: its drain step writes the ledger and
+/// leaves it in the gateway (on smg 1.13 with `drain_settle_secs` set to 0 by `PATCH`), the
+/// restart takes it out at SGLang's first drain check, and requests through the gateway sent
+/// after its SIGTERM and before that check are answered.
+fn the_only_worker_serves_through_its_stop_until_its_drain_check(gateway: Gateway, unit: &str) {
+    let (stack, config, d) = up(StackOptions { gateway, ..Default::default() });
+    let role = if unit == P { "prefill" } else { "decode" };
+    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = timed_requests(url.clone(), stop.clone());
     let r = run(&d, &config, &["restart", "--rolling", "--unit", unit, "--json"]);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let seen = load.join().unwrap();

@@ -142,17 +142,7 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
                             let hold = held.into_iter().next().map(|(_, h)| h).unwrap_or(want.clone());
                             waits.push(asked.elapsed());
                             tokio::time::sleep(restart).await;
-                            loop {
-                                match fleet::release(c.as_ref(), &name, role, &hold.holder, &hold.token).await {
-                                    Ok(_) => break,
-                                    Err(_) => {
-                                        // Lost or etcd down: release again (a second release of a
-                                        // hold already given back frees nothing).
-                                        failed.fetch_add(1, Ordering::SeqCst);
-                                        tokio::time::sleep(Duration::from_millis(50)).await;
-                                    }
-                                }
-                            }
+                            released(c.as_ref(), &name, role, &hold, &failed).await;
                             break;
                         }
                         Ok(Acquired::Wait(_)) => match poll {
@@ -188,6 +178,15 @@ pub async fn run(spec: &SimSpec, etcd_url: &str, restart_etcd: impl FnOnce() + S
         lost: c.lost.load(Ordering::SeqCst),
         failed_calls: failed.load(Ordering::SeqCst),
         fallbacks: fallbacks.load(Ordering::SeqCst),
+    }
+}
+
+/// Give `hold` back, again until etcd takes it: an answer lost or etcd down counts in `failed`
+/// (a second release of a hold already given back frees nothing).
+async fn released(c: &Lossy, name: &str, role: &str, hold: &Hold, failed: &AtomicU64) {
+    while fleet::release(c, name, role, &hold.holder, &hold.token).await.is_err() {
+        failed.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -246,6 +245,23 @@ pub struct IdleReport {
     pub sent_per_s: f64,
 }
 
+/// The `[fleet]` of the idle benchmark's hosts: fleet `name` at `etcd_url`, defaults otherwise.
+fn idle_settings(etcd_url: &str, name: &str) -> pdctl_core::config::FleetSettings {
+    pdctl_core::config::FleetSettings {
+        etcd: vec![etcd_url.to_string()],
+        name: name.to_string(),
+        host: "bench".into(),
+        slot_timeout: Duration::from_secs(3600),
+        max_unavailable: Default::default(),
+        user: None,
+        canary: None,
+        keep_rollouts: 200,
+        bake: None,
+        storm: Default::default(),
+        tls: None,
+    }
+}
+
 /// `hosts` idle hosts against the etcd at `etcd_url` for `window`, each with its own connection,
 /// doing what a host's pdctld does with etcd while no rollout runs: its liveness lease, its wait
 /// for fleet-rollout requests and the fleet-wide restart-storm check. `baseline`: as pdctld did
@@ -258,19 +274,7 @@ pub struct IdleReport {
 /// it sent was more, not less).
 pub async fn idle(hosts: usize, etcd_url: &str, baseline: bool, window: Duration) -> IdleReport {
     let name = format!("idle{}", fleet::now_secs() % 100_000);
-    let settings = pdctl_core::config::FleetSettings {
-        etcd: vec![etcd_url.to_string()],
-        name: name.clone(),
-        host: "bench".into(),
-        slot_timeout: Duration::from_secs(3600),
-        max_unavailable: Default::default(),
-        user: None,
-        canary: None,
-        keep_rollouts: 200,
-        bake: None,
-        storm: Default::default(),
-        tls: None,
-    };
+    let settings = idle_settings(etcd_url, &name);
     let phase = |period: Duration| Duration::from_millis(pdctl_core::sglang::pairing::room() % (period.as_millis() as u64).max(1));
     let mut conns = Vec::new();
     for _ in 0..hosts {

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::engine::after_load::{pause_mode, Served};
+use crate::engine::after_load::{loaded_notes, pause_mode, Served, IN_PLACE_NOTE};
 use crate::engine::context::Notes;
 use crate::engine::halt;
 use crate::engine::runbook;
@@ -101,14 +101,6 @@ struct PairsAfterLoad<'a> {
 
 /// The paused workers, and each one's open weights step with what it served and how it paused.
 type Paused<'w> = (Vec<&'w Worker>, Vec<(StepRun<'w>, &'w Worker, Served, PauseMode)>);
-
-/// Why decodes were paused `in_place`, for the rollout's notes. After a `retract` pause, 0.5.23's
-/// decode asks the prefill to recompute each retracted request's KV by POSTing the prefill's
-/// `/generate` *without* an `Authorization` header (`disaggregation/common/conn.py`
-/// `_run_prefill_recompute`): against a prefill started with `--api-key` every request running on
-/// a decode at the pause fails with 401 at the continue (measured on the real server; a gateway
-/// may then retry it from the start).
-pub const IN_PLACE_NOTE: &str = "decodes were paused in_place, not retract: a prefill has an API key, and SGLang 0.5.23's decode re-fetches a retracted request's KV through the prefill's /generate without it (each would fail with 401); the requests running on a decode at the pause finished with KV computed by the previous weights";
 
 impl<U, L, P> Engine<U, L, P>
 where
@@ -489,19 +481,6 @@ fn close_steps(
             _ => s.pass(detail),
         }
     }
-}
-
-fn loaded_notes(to: WeightsTarget<'_>, waited: u64, notes: &Notes) {
-    if !to.config {
-        notes.push(format!(
-            "the units' ExecStart still name the model path they started with: a restart loads that again (refused as mixed_versions while the other role serves {}); put --model-path {} in their unit files",
-            to.model_path, to.model_path
-        ));
-    }
-    notes.push(format!(
-        "every worker was paused for {} while the new weights loaded: a request that arrived meanwhile waited for its end, one running at the pause finished after it (recomputed under the new weights where paused retract), and none was sent to a worker of another version",
-        crate::cause::dur(&std::time::Duration::from_millis(waited))
-    ));
 }
 
 /// [`Engine::update_weights`] with its side effect on record: the workers it pauses are
