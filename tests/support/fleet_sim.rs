@@ -84,14 +84,14 @@ impl Coordinator for Lossy {
     }
 }
 
-/// The fleet settings every simulated host shares.
-fn sim_settings(spec: &SimSpec, etcd_url: &str, name: &str) -> pdctl_core::config::FleetSettings {
+/// The fleet settings every simulated host shares: fleet `name` at `etcd_url`, no budget.
+fn bench_settings(etcd_url: &str, name: &str) -> pdctl_core::config::FleetSettings {
     pdctl_core::config::FleetSettings {
         etcd: vec![etcd_url.to_string()],
         name: name.to_string(),
         host: "bench".into(),
         slot_timeout: Duration::from_secs(3600),
-        max_unavailable: [("prefill".to_string(), spec.max_unavailable), ("decode".to_string(), spec.max_unavailable)].into(),
+        max_unavailable: Default::default(),
         user: None,
         canary: None,
         keep_rollouts: 200,
@@ -99,6 +99,12 @@ fn sim_settings(spec: &SimSpec, etcd_url: &str, name: &str) -> pdctl_core::confi
         storm: Default::default(),
         tls: None,
     }
+}
+
+/// [`bench_settings`] with the simulation's budget per role.
+fn sim_settings(spec: &SimSpec, etcd_url: &str, name: &str) -> pdctl_core::config::FleetSettings {
+    let max_unavailable = [("prefill".to_string(), spec.max_unavailable), ("decode".to_string(), spec.max_unavailable)].into();
+    pdctl_core::config::FleetSettings { max_unavailable, ..bench_settings(etcd_url, name) }
 }
 
 /// Run one simulated fleet rollout against the etcd at `etcd` (restarted through `restart`
@@ -245,23 +251,6 @@ pub struct IdleReport {
     pub sent_per_s: f64,
 }
 
-/// The `[fleet]` of the idle benchmark's hosts: fleet `name` at `etcd_url`, defaults otherwise.
-fn idle_settings(etcd_url: &str, name: &str) -> pdctl_core::config::FleetSettings {
-    pdctl_core::config::FleetSettings {
-        etcd: vec![etcd_url.to_string()],
-        name: name.to_string(),
-        host: "bench".into(),
-        slot_timeout: Duration::from_secs(3600),
-        max_unavailable: Default::default(),
-        user: None,
-        canary: None,
-        keep_rollouts: 200,
-        bake: None,
-        storm: Default::default(),
-        tls: None,
-    }
-}
-
 /// `hosts` idle hosts against the etcd at `etcd_url` for `window`, each with its own connection,
 /// doing what a host's pdctld does with etcd while no rollout runs: its liveness lease, its wait
 /// for fleet-rollout requests and the fleet-wide restart-storm check. `baseline`: as pdctld did
@@ -274,7 +263,7 @@ fn idle_settings(etcd_url: &str, name: &str) -> pdctl_core::config::FleetSetting
 /// it sent was more, not less).
 pub async fn idle(hosts: usize, etcd_url: &str, baseline: bool, window: Duration) -> IdleReport {
     let name = format!("idle{}", fleet::now_secs() % 100_000);
-    let settings = idle_settings(etcd_url, &name);
+    let settings = bench_settings(etcd_url, &name);
     let phase = |period: Duration| Duration::from_millis(pdctl_core::sglang::pairing::room() % (period.as_millis() as u64).max(1));
     let mut conns = Vec::new();
     for _ in 0..hosts {
