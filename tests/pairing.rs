@@ -268,3 +268,23 @@ fn a_deepseek_v4_page_size_override_is_no_change_and_a_real_change_is_still_refu
     assert!(f["cause"].as_str().unwrap_or("").contains(&format!("page_size 128 ({P} new) vs 64 ({D} running)")), "{f:#}");
     assert!(!r.touched(P) && !r.touched(D), "nothing restarted");
 }
+
+/// With SGLang's default timing (a 300 s bootstrap and waiting timeout) and pdctl's default
+/// `pair_timeout` (30 s), a stale pair costs one probe: the probe that got no answer aborts its
+/// own request on both servers, so the new prefill holds no room for it (it would until its
+/// bootstrap timeout, and the stranded-KV gate after the decode's repair would wait that out:
+/// 311 s in all, measured before) and the repair waits for nothing.
+#[test]
+fn a_stale_pairs_probe_aborts_its_own_request_so_the_repair_waits_for_nothing() {
+    let (stack, config, d) = up(StackOptions { waiting_timeout_secs: 300.0, bootstrap_timeout_secs: 300.0, ..old_decode() });
+    assert_eq!(through_router(&stack, 2), 2, "serving before");
+    let r = run(&d, &config, &["restart", "--rolling", "--unit", P, "--json"]);
+    assert_eq!(r.code, 0, "{:#}\n{}", r.summary, r.stderr);
+    let probe = &r.event(P, "pair", "passed")["detail"]["pairs"][0]["probes"][0];
+    assert_eq!((probe["prefill"]["answer"].as_str(), probe["decode"]["answer"].as_str()), (Some("no_answer"), Some("no_answer")), "{probe:#}");
+    assert_eq!(probe["abandoned"], format!("its request pdctl-pair-{} aborted on both servers", probe["room"]), "{probe:#}");
+    assert_eq!(r.summary["repairs"], json!({D: P}));
+    // The decode's repair found no room held by the prefill: nothing to wait for.
+    assert_eq!(r.event(D, "stranded_kv", "passed")["detail"]["held"], json!({}), "{:#}", r.event(D, "stranded_kv", "passed"));
+    assert_eq!(through_router(&stack, 3), 3, "serving after");
+}

@@ -432,6 +432,10 @@ fn a_decode_that_kept_the_old_prefills_ports_is_repaired_not_waited_out() {
     assert_eq!(first["result"], "stale", "{pair:#}");
     assert_eq!(first["probes"].as_array().map(Vec::len), Some(1), "one probe, not a second one waiting out 300 s: {pair:#}");
     assert_eq!(first["probes"][0]["decode"]["answer"], "no_answer", "{pair:#}");
+    // The probe's own request aborted by its rid on both servers (0.5.23's `/abort_request`):
+    // the new prefill holds no room for it until its bootstrap timeout.
+    let abandoned = first["probes"][0]["abandoned"].as_str().unwrap_or("");
+    assert!(abandoned.ends_with("aborted on both servers"), "{pair:#}");
     // Repaired: the decode went through every gate, then the pair was proven.
     for step in ["restart", "ready", "health", "pair", "router", "metrics"] {
         r.event(D, step, "passed");

@@ -53,6 +53,11 @@ pub struct PairProbe {
     /// How long the probe took.
     #[serde(serialize_with = "ms")]
     pub took: Duration,
+    /// A half that got no answer: what became of the probe's own request, aborted by its rid on
+    /// both servers so that it holds no room (a prefill would keep its KV until its bootstrap
+    /// timeout, a decode would wait for it until its waiting timeout, holding a drain).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abandoned: Option<String>,
 }
 
 impl PairProbe {

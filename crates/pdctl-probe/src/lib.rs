@@ -351,6 +351,25 @@ pub async fn abort_all(http: &Http, url: &str) -> Result<(), HttpError> {
     }
 }
 
+/// Abort one request by its rid: SGLang's `POST /abort_request {"rid": RID}`; its scheduler ends
+/// it wherever it waits — on a prefill the room it holds for a decode is released
+/// (`disagg_kv_sender.abort()`), on a decode the room it waits for (`kv_receiver.abort()`),
+/// `managers/scheduler.py` `abort_request`. 200 when done.
+pub async fn abort_rid(http: &Http, url: &str, rid: &str) -> Result<(), HttpError> {
+    let u = format!("{}/abort_request", url.trim_end_matches('/'));
+    let (status, body) = http.post_json(&u, &json!({"rid": rid})).await?;
+    if status == 200 {
+        Ok(())
+    } else {
+        Err(HttpError::Status { url: u, status, body: snippet(&body) })
+    }
+}
+
+/// The rid both halves of the pair probe of `room` carry.
+pub fn pair_rid(room: u64) -> String {
+    format!("pdctl-pair-{room}")
+}
+
 /// How long a pair probe waits for the prefill's answer once the decode's is in.
 pub const PREFILL_GRACE: Duration = Duration::from_secs(2);
 
@@ -369,7 +388,7 @@ pub async fn pd_pair(
     let body = json!({
         "text": "pdctl pair probe", "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
         "bootstrap_host": bootstrap.0, "bootstrap_port": bootstrap.1, "bootstrap_room": room,
-        "rid": format!("pdctl-pair-{room}"),
+        "rid": pair_rid(room),
     });
     let p = format!("{}/generate", prefill_url.trim_end_matches('/'));
     let d = format!("{}/generate", decode_url.trim_end_matches('/'));

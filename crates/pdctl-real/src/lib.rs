@@ -68,6 +68,22 @@ pub struct HttpProbes {
     pub unreadable_keys: std::collections::BTreeMap<String, String>,
 }
 
+impl HttpProbes {
+    /// A pair probe's request that a half got no answer for, aborted by its rid on both servers
+    /// (each call bounded by the client's timeout): what was done, in words.
+    async fn abandon(&self, urls: &[&str; 2], room: u64) -> String {
+        let rid = pdctl_probe::pair_rid(room);
+        let (a, b) = tokio::join!(pdctl_probe::abort_rid(&self.http, urls[0], &rid), pdctl_probe::abort_rid(&self.http, urls[1], &rid));
+        match (a, b) {
+            (Ok(()), Ok(())) => format!("its request {rid} aborted on both servers"),
+            (a, b) => {
+                let why: Vec<String> = [a, b].into_iter().filter_map(Result::err).map(|e| admin_failure(e).0).collect();
+                format!("its request {rid} could not be aborted on every server ({}): a prefill keeps its room until its bootstrap timeout", why.join("; "))
+            }
+        }
+    }
+}
+
 fn failure(e: HttpError) -> HttpFailure {
     HttpFailure(e.to_string())
 }
@@ -210,7 +226,13 @@ impl Probes for HttpProbes {
             Err(pdctl_probe::HttpError::Timeout { .. }) => Half::NoAnswer,
             Err(e) => Half::Unreachable { error: e.to_string() },
         };
-        PairProbe { room: t.room, prefill: half(p), decode: half(d), took: t0.elapsed() }
+        let (prefill, decode) = (half(p), half(d));
+        let took = t0.elapsed();
+        let abandoned = match prefill == Half::NoAnswer || decode == Half::NoAnswer {
+            true => Some(self.abandon(&[t.prefill_url, t.decode_url], t.room).await),
+            false => None,
+        };
+        PairProbe { room: t.room, prefill, decode, took, abandoned }
     }
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         pdctl_probe::weights::model_info(&self.http, url).await.map(|m| (m.model_path, m.weight_version)).map_err(failure)

@@ -78,6 +78,8 @@ enum Handoff {
 }
 
 struct Held {
+    /// The request it was computed for (an `/abort_request` by this rid releases it).
+    rid: String,
     ticket: Option<Ticket>,
     done: Option<tokio::sync::oneshot::Sender<Handoff>>,
     /// The weight version its KV was computed with, and the engine's retraction count then (a
@@ -221,13 +223,34 @@ impl Pd {
         }
     }
 
+    /// Prefill: the rooms held for request `rid` released, their requests failed with `why`, as
+    /// 0.5.23's `Scheduler.abort_request` does for a rid in its bootstrap or inflight queue
+    /// (`disagg_kv_sender.abort()`, `managers/scheduler.py`). Returns how many.
+    pub fn release_rid(&self, rid: &str, why: &str) -> usize {
+        let held: Vec<Held> = {
+            let mut rooms = lock(&self.inner.rooms);
+            let keys: Vec<u64> = rooms.iter().filter(|(_, h)| h.rid == rid).map(|(k, _)| *k).collect();
+            keys.iter().filter_map(|k| rooms.remove(k)).collect()
+        };
+        let n = held.len();
+        for mut h in held {
+            if let Some(t) = h.ticket.take() {
+                self.engine.release_room(t);
+            }
+            if let Some(tx) = h.done.take() {
+                let _ = tx.send(Handoff::Rejected(why.to_string()));
+            }
+        }
+        n
+    }
+
     /// Prefill: the prefill batch of a PD request is done; hold its KV for the decode until it
     /// fetches the room or the bootstrap timeout passes. Returns the abort message on failure.
     pub async fn hold(&self, rid: &str, b: &Bootstrap, ticket: Ticket) -> Result<(), String> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let computed = (self.engine.weights().identity(), self.engine.retractions());
         self.engine.hold_room(&ticket);
-        lock(&self.inner.rooms).insert(b.room, Held { ticket: Some(ticket), done: Some(tx), computed });
+        lock(&self.inner.rooms).insert(b.room, Held { rid: rid.to_string(), ticket: Some(ticket), done: Some(tx), computed });
         self.inner.added.notify_waiters();
         // The scheduler owns the room, not the HTTP request: a client that goes away does not
         // release it; the hand-off or the bootstrap timeout does.

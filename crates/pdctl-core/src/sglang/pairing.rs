@@ -350,7 +350,7 @@ mod tests {
     use super::*;
 
     fn probe(prefill: Half, decode: Half) -> PairProbe {
-        PairProbe { room: 1, prefill, decode, took: Duration::from_millis(5) }
+        PairProbe { room: 1, prefill, decode, took: Duration::from_millis(5), abandoned: None }
     }
     fn answered(status: u16, body: &str) -> Half {
         Half::Answered { status, body: body.into() }
@@ -415,7 +415,7 @@ mod tests {
         assert!(risk.contains("SGLANG_DISAGGREGATION_WAITING_TIMEOUT=300s") && risk.contains("pair_timeout = \"310s\""), "{risk}");
         assert!(risk.contains("does not wait that out"), "{risk}");
         assert_eq!(timing_risk("d.service", &quick, Duration::from_secs(30)), None);
-        let silent = PairProbe { room: 1, prefill: Half::NoAnswer, decode: Half::NoAnswer, took: Duration::from_secs(30) };
+        let silent = PairProbe { room: 1, prefill: Half::NoAnswer, decode: Half::NoAnswer, took: Duration::from_secs(30), abandoned: None };
         assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &defaults), None, "300 s is not waited out: stale now, repaired sooner");
         assert_eq!(second_probe_limit(&silent, Duration::from_secs(30), &quick), Some(Duration::from_secs(30)));
         let forty = DecodeTiming::of(&["SGLANG_DISAGGREGATION_WAITING_TIMEOUT=40".into()]);

@@ -346,6 +346,7 @@ impl Probes for FakeProbes {
             prefill: if stale { Half::NoAnswer } else { Half::Answered { status: 200, body: "{}".into() } },
             decode,
             took: Duration::from_millis(1),
+            abandoned: None,
         }
     }
     async fn server_info(&self, _url: &str) -> Result<serde_json::Value, HttpFailure> {

@@ -23,7 +23,8 @@ pub(crate) async fn ready(State(app): State<App>) -> Response {
 
 /// `POST /abort_request {"rid": ...}` or `{"abort_all": true}` (`entrypoints/http_server.py`,
 /// `AbortReq` in `managers/io_struct.py`): the requests end with an abort; a prefill also
-/// releases the rooms it holds for its decode.
+/// releases the rooms it holds for its decode (all of them, or the rid's: the scheduler's abort
+/// reaches its bootstrap and inflight queues, whose request's HTTP exchange may be gone).
 pub(crate) async fn abort_request(State(app): State<App>, body: Bytes) -> Response {
     let v = match parse_body(&body) {
         Ok(v) => v,
@@ -34,9 +35,10 @@ pub(crate) async fn abort_request(State(app): State<App>, body: Bytes) -> Respon
     if !all && rid.is_none() {
         return StatusCode::OK.into_response();
     }
-    let n = app.requests.abort(if all { None } else { rid });
-    if all {
-        app.pd.release_all(ABORTED);
+    let mut n = app.requests.abort(if all { None } else { rid });
+    match rid.filter(|_| !all) {
+        Some(rid) => n = n.max(app.pd.release_rid(rid, ABORTED)),
+        None => app.pd.release_all(ABORTED),
     }
     log::line(&format!("Abort request: abort_all={} rid={} aborted={n}", if all { "True" } else { "False" }, rid.unwrap_or("None")));
     StatusCode::OK.into_response()
