@@ -342,13 +342,7 @@ pub async fn pd_load(http: &Http, url: &str) -> Result<Option<(f64, f64)>, HttpE
 /// Abort every request a worker runs: SGLang's `POST /abort_request {"abort_all": true}`
 /// (`entrypoints/http_server.py`, `AbortReq` in `managers/io_struct.py`); 200 when done.
 pub async fn abort_all(http: &Http, url: &str) -> Result<(), HttpError> {
-    let u = format!("{}/abort_request", url.trim_end_matches('/'));
-    let (status, body) = http.post_json(&u, &json!({"abort_all": true})).await?;
-    if status == 200 {
-        Ok(())
-    } else {
-        Err(HttpError::Status { url: u, status, body: snippet(&body) })
-    }
+    abort(http, url, &json!({"abort_all": true})).await
 }
 
 /// Abort one request by its rid: SGLang's `POST /abort_request {"rid": RID}`; its scheduler ends
@@ -356,12 +350,17 @@ pub async fn abort_all(http: &Http, url: &str) -> Result<(), HttpError> {
 /// (`disagg_kv_sender.abort()`), on a decode the room it waits for (`kv_receiver.abort()`),
 /// `managers/scheduler.py` `abort_request`. 200 when done.
 pub async fn abort_rid(http: &Http, url: &str, rid: &str) -> Result<(), HttpError> {
+    abort(http, url, &json!({"rid": rid})).await
+}
+
+/// `POST /abort_request` with `body`: 200 when done.
+async fn abort(http: &Http, url: &str, body: &Value) -> Result<(), HttpError> {
     let u = format!("{}/abort_request", url.trim_end_matches('/'));
-    let (status, body) = http.post_json(&u, &json!({"rid": rid})).await?;
+    let (status, text) = http.post_json(&u, body).await?;
     if status == 200 {
         Ok(())
     } else {
-        Err(HttpError::Status { url: u, status, body: snippet(&body) })
+        Err(HttpError::Status { url: u, status, body: snippet(&text) })
     }
 }
 
