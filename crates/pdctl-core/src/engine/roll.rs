@@ -154,6 +154,11 @@ pub(in crate::engine) async fn each<U: Units, L: Logs, P: Probes>(
 
 /// A 1P1D pair restarted at once (`single_pair = "together"`), each through every gate; with
 /// [fleet], both slots in one transaction or none. The units verified are added to `done`.
+/// Each half is the only worker of its role, so each serves through its stop's drain and leaves
+/// the gateway at its server's first drain check (or its deadline) where its requests lose
+/// nothing by it; neither stops before the other's drain step ended (`Together`), and from the
+/// SIGTERM on SGLang's own drain keeps each half up while it holds a request: a prefill counts a
+/// request until its KV is sent, a decode from the moment the gateway hands it over.
 async fn together<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     p: &Worker,

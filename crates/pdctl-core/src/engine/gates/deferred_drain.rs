@@ -106,11 +106,14 @@ pub(super) struct Deferral {
 /// aborted (a stale decode's requests, `abort_after_drain_timeout`): those need the worker out
 /// and its requests counted first. Then only when it is expected to shorten the outage and
 /// costs the requests it runs nothing:
-/// - shorter: taken out at its first drain check, it exits at once when that check counts no
-///   request, and at the next one, 5 s later, when it counts one; drained before its stop,
-///   its first check comes 0-5 s after SIGTERM, 2.5 s on average. So it is deferred only when
-///   it runs requests less than half the time (its load read every 20 ms for 1 s, while it
-///   serves: [`IDLE_LOOK`]);
+/// - shorter, however busy it is: drained before its stop, its outage holds the drain's wait and
+///   then its first drain check, 0-5 s after SIGTERM (2.5 s on average); deferred, it is taken
+///   out at that check or at the deadline [`take_out_by`] sets from how busy it was (its load
+///   read every 20 ms for 1 s while it serves: [`IDLE_LOOK`]), whose expected extra outage,
+///   5·b − 2.5·b² s for a busy share b, is at most those 2.5 s (b = 1: taken out at SIGTERM, the
+///   drain's wait spent serving instead). An earlier rule also refused a worker busy half the
+///   time or more; it predates the deadline, which made it redundant, and it put a loaded
+///   `together` pair's whole stop inside the window;
 /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
 ///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
 ///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
@@ -154,12 +157,8 @@ pub(super) async fn defers_take_out<U: Units, L, P: Probes>(eng: &Engine<U, L, P
         }
         tokio::time::sleep(IDLE_POLL).await;
     }
-    let fraction = busy_share((busy, samples));
-    if samples == 0 || fraction >= 0.5 {
-        return Err(format!(
-            "it ran requests in {busy} of {samples} looks over {:.0} s: its first drain check would likely count one and wait 5 s more",
-            IDLE_LOOK.as_secs_f64()
-        ));
+    if samples == 0 {
+        return Err(format!("its load was not read within {:.0} s", IDLE_LOOK.as_secs_f64()));
     }
     let covers = stop_bound.is_none_or(|t| t >= eng.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
     let why = match last {
