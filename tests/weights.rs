@@ -12,6 +12,8 @@ use serde_json::Value;
 
 #[path = "weights/paused.rs"]
 mod paused;
+#[path = "weights/prefetch.rs"]
+mod prefetch;
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";

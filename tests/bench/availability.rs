@@ -5,24 +5,28 @@
 //!   units at once, then poll `journalctl --since "2 min ago"` every 20 s for the ready lines);
 //! - 2P2D: pdctl (sequential) and the seed's procedure;
 //!
-//! each behind both gateway generations (smg 1.13.0, sglang-router 0.3.2).
+//! each behind both gateway generations (smg 1.13.0, sglang-router 0.3.2), on the simulator and
+//! then on the real sglang 0.5.23 (when `scripts/setup` installed it), ending with one table of
+//! every server and gateway: the seed's window, `together` and sequential against it.
 //!
 //!     scripts/bench-availability [RATE_PER_S] [ONLY] [RUNS]
-//!         (default 10; ONLY: run only the cases whose "gateway layout procedure" contains it,
-//!         e.g. "smg 1.13.0 1P1D together"; RUNS: each case that many times, the cases taking
+//!         (default 10 on the simulator; the real server gets REAL_RATE, default 2, what two real
+//!         servers and a gateway on this 2-core CPU answer without queueing; ONLY: run only the
+//!         cases whose "server gateway layout procedure" contains it, e.g. "sim smg 1.13.0 1P1D"
+//!         or "1P1D together"; RUNS: each case that many times, the cases taking
 //!         turns so that a slow spell of the machine falls on all of them, and the ratios use
 //!         each case's median — the seed's window alone varies 4.6-8.1 s run to run;
 //!         LOAD_SECS: the simulated servers' weight load, 1.5 s by default — past 10 s a restarted
 //!         prefill is gone long enough for a decode's heartbeat, 2 missed checks 5 s apart, to drop
 //!         its cached entry, as with a real 60-80 s start;
-//!         REAL=1: the workers are the real sglang 0.5.23 on this CPU instead of the simulator —
-//!         docs/real-sglang.md; its start takes 15-30 s, so LOAD_SECS does not apply)
+//!         the real server's start takes 15-30 s, so LOAD_SECS does not apply to it;
+//!         REAL=1: the real server alone, REAL=0: the simulator alone — docs/real-sglang.md)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pdctl_sandbox::stack::{Stack, StackOptions, READY_LINE};
+use pdctl_sandbox::stack::{Server, Stack, StackOptions, READY_LINE};
 use pdctl_sandbox::Gateway;
 
 #[derive(Default)]
@@ -94,10 +98,9 @@ fn seed_procedure(stack: &Stack) {
     }
 }
 
-fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Option<f64>) -> (String, (f64, f64)) {
+fn run(server: Server, gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Option<f64>) -> (String, (f64, f64)) {
     let defaults = StackOptions::default();
-    let real = std::env::var("REAL").is_ok_and(|v| v == "1");
-    let server = if real { pdctl_sandbox::stack::Server::Real } else { pdctl_sandbox::stack::Server::Sim };
+    let real = server == Server::Real;
     let opts = StackOptions { gateway, pairs, server, load_secs: load_secs.unwrap_or(defaults.load_secs), ..defaults };
     let stack = Stack::boot(&opts).expect("stack");
     stack.wait_ready(Duration::from_secs(if real { 300 } else { 60 })).expect("ready");
@@ -148,7 +151,8 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Opt
     let l = seen.lock().unwrap_or_else(|p| p.into_inner());
     let longest = l.bad_since.map(|t| l.longest.max(t.elapsed())).unwrap_or(l.longest);
     let line = format!(
-        "{:<20} {}P{}D {:<11} clients: {:>4} failed of {:>4} requests; longest error window {:>6.1} s; total {:>5.1} s  {probe}",
+        "{:<4} {:<20} {}P{}D {:<11} clients: {:>4} failed of {:>4} requests; longest error window {:>6.1} s; total {:>5.1} s  {probe}",
+        server_name(server),
         gateway.name(),
         pairs,
         pairs,
@@ -161,75 +165,116 @@ fn run(gateway: Gateway, pairs: usize, how: Procedure, rate: f64, load_secs: Opt
     (line, (longest.as_secs_f64(), l.failed as f64 / rate))
 }
 
+fn server_name(s: Server) -> &'static str {
+    match s {
+        Server::Sim => "sim",
+        Server::Real => "real",
+    }
+}
+
+/// One server and gateway's medians (longest error window, seconds of errors) by case.
+type Medians = std::collections::BTreeMap<(usize, String), (f64, f64)>;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Every case of one server behind one gateway, `runs` times in turn; the medians.
+fn cases(server: Server, gateway: Gateway, only: &str, runs: usize, rate: f64, load_secs: Option<f64>) -> Medians {
+    let name = format!("{:<4} {:<20}", server_name(server), gateway.name());
+    let mut all: std::collections::BTreeMap<(usize, String), Vec<(f64, f64)>> = std::collections::BTreeMap::new();
+    for _ in 0..runs {
+        for (pairs, how) in [(1, Procedure::Sequential), (1, Procedure::Together), (1, Procedure::Seed), (2, Procedure::Sequential), (2, Procedure::Seed)] {
+            let procedure = format!("{how:?}").to_lowercase();
+            if !format!("{} {} {pairs}P{pairs}D {procedure}", server_name(server), gateway.name()).contains(only) {
+                continue;
+            }
+            let (line, figures) = run(server, gateway, pairs, how, rate, load_secs);
+            println!("{line}");
+            all.entry((pairs, procedure)).or_default().push(figures);
+        }
+    }
+    all.into_iter()
+        .map(|(k, v)| {
+            let longest = median(v.iter().map(|x| x.0).collect());
+            let errors = median(v.iter().map(|x| x.1).collect());
+            if runs > 1 {
+                let each: Vec<String> = v.iter().map(|x| format!("{:.1}", x.0)).collect();
+                println!("{name} {}P{}D {:<11} longest error window, median of {runs}: {longest:.1} s (each: {} s)", k.0, k.0, k.1, each.join(", "));
+            }
+            (k, (longest, errors))
+        })
+        .collect()
+}
+
+/// The table's row: against the seed's own window in the same run (medians; the bar: together ≤
+/// seed, sequential ≤ 2 × seed, in 1P1D). Sequential has two windows: its longest, and its errors
+/// in all (failed requests over the rate: seconds of errors) against twice the seed's window. A
+/// case the filter left out is "-", never a zero.
+fn row(name: &str, m: &Medians) -> String {
+    let got = |p: usize, h: &str| m.get(&(p, h.to_string())).copied();
+    let secs = |x: Option<(f64, f64)>| x.map(|x| format!("{:.1} s", x.0)).unwrap_or_else(|| "-".into());
+    let seed = got(1, "seed").map(|x| x.0);
+    let ratio = |x: Option<f64>| match (x, seed) {
+        (Some(x), Some(s)) if s > 0.0 => format!(" ({:.2}×)", x / s),
+        _ => String::new(),
+    };
+    let together = got(1, "together");
+    let sequential = got(1, "sequential");
+    let errors = sequential.map(|x| match seed {
+        Some(s) if s > 0.0 => format!("{:.1} s ({:.2}× 2×seed)", x.1, x.1 / (2.0 * s)),
+        _ => format!("{:.1} s", x.1),
+    });
+    format!(
+        "| {name} | {} | {}{} | {}{} | {} | {} / {} |",
+        secs(got(1, "seed")),
+        secs(together),
+        ratio(together.map(|x| x.0)),
+        secs(sequential),
+        ratio(sequential.map(|x| x.0)),
+        errors.unwrap_or_else(|| "-".into()),
+        secs(got(2, "sequential")),
+        secs(got(2, "seed")),
+    )
+}
+
 fn main() {
     let rate: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10.0);
     let only = std::env::args().nth(2).unwrap_or_default();
     let runs: usize = std::env::args().nth(3).and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
     let load_secs: Option<f64> = std::env::args().nth(4).and_then(|a| a.parse().ok());
+    let real_rate: f64 = std::env::var("REAL_RATE").ok().and_then(|a| a.parse().ok()).unwrap_or(2.0);
+    let mut servers = match std::env::var("REAL").as_deref() {
+        Ok("1") => vec![Server::Real],
+        Ok("0") => vec![Server::Sim],
+        _ => vec![Server::Sim, Server::Real],
+    };
+    if servers.contains(&Server::Real) {
+        if let Err(e) = pdctl_sandbox::RealSglang::find() {
+            println!("the real server is left out: {e} (scripts/setup installs it)");
+            servers.retain(|s| *s == Server::Sim);
+        }
+    }
     println!(
-        "pdctl availability benchmark: a steady load of {rate} requests/s through the real router, its own client; {runs} run(s) of each case; the simulated weight load {}",
+        "pdctl availability benchmark: a steady load through the real router, its own client ({rate} requests/s on the simulator, {real_rate} on the real server); {runs} run(s) of each case; the simulated weight load {}",
         load_secs.map(|s| format!("{s} s")).unwrap_or_else(|| format!("{} s (the sandbox's)", StackOptions::default().load_secs))
     );
-    let median = |mut v: Vec<f64>| -> f64 {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    for gateway in [Gateway::Smg113, Gateway::SglangRouter032] {
-        let mut all: std::collections::BTreeMap<(usize, String), Vec<(f64, f64)>> = std::collections::BTreeMap::new();
-        for _ in 0..runs {
-            for (pairs, how) in [(1, Procedure::Sequential), (1, Procedure::Together), (1, Procedure::Seed), (2, Procedure::Sequential), (2, Procedure::Seed)] {
-                let procedure = format!("{how:?}").to_lowercase();
-                if !format!("{} {pairs}P{pairs}D {procedure}", gateway.name()).contains(&only) {
-                    continue;
-                }
-                let (line, figures) = run(gateway, pairs, how, rate, load_secs);
-                println!("{line}");
-                all.entry((pairs, procedure)).or_default().push(figures);
+    let mut table = Vec::new();
+    for server in servers {
+        let r = if server == Server::Real { real_rate } else { rate };
+        for gateway in [Gateway::Smg113, Gateway::SglangRouter032] {
+            let m = cases(server, gateway, &only, runs, r, load_secs);
+            if !m.is_empty() {
+                table.push(row(&format!("{} {r}/s | {}", server_name(server), gateway.name()), &m));
             }
         }
-        if all.is_empty() {
-            continue;
-        }
-        let windows: std::collections::BTreeMap<(usize, String), (f64, f64)> = all
-            .into_iter()
-            .map(|(k, v)| {
-                let longest = median(v.iter().map(|x| x.0).collect());
-                let errors = median(v.iter().map(|x| x.1).collect());
-                if runs > 1 {
-                    let each: Vec<String> = v.iter().map(|x| format!("{:.1}", x.0)).collect();
-                    println!(
-                        "{:<20} {}P{}D {:<11} longest error window, median of {runs}: {longest:.1} s (each: {} s)",
-                        gateway.name(),
-                        k.0,
-                        k.0,
-                        k.1,
-                        each.join(", ")
-                    );
-                }
-                (k, (longest, errors))
-            })
-            .collect();
-        // Against the seed's own window in the same run (medians; the bar: together ≤ seed,
-        // sequential ≤ 2 × seed, in 1P1D). Sequential has two windows: its longest, and its
-        // errors in all (failed requests over the rate: seconds of errors) against twice the
-        // seed's window. A figure of a case the filter left out is not printed.
-        let got = |p: usize, h: &str| windows.get(&(p, h.to_string())).copied();
-        let mut said = Vec::new();
-        if let Some((seed, _)) = got(1, "seed") {
-            if let Some((t, _)) = got(1, "together") {
-                said.push(format!("together {:.2}×", t / seed));
-            }
-            if let Some((longest, errors)) = got(1, "sequential") {
-                said.push(format!(
-                    "sequential: longest window {:.2}×, errors in all {errors:.1} s = {:.2}× twice the seed's window",
-                    longest / seed,
-                    errors / (2.0 * seed)
-                ));
-            }
-            println!("{:<20} 1P1D against the seed's window ({seed:.1} s): {}", gateway.name(), said.join("; "));
-        }
-        if let (Some((s2, _)), Some((q2, _))) = (got(2, "sequential"), got(2, "seed")) {
-            println!("{:<20} 2P2D: sequential's longest window {s2:.1} s vs the seed's {q2:.1} s", gateway.name());
-        }
+    }
+    println!();
+    println!("longest error window clients saw, median of {runs} (ratio: against the seed's window in the same run)");
+    println!("| server | gateway | 1P1D seed | 1P1D together | 1P1D sequential | sequential errors in all | 2P2D sequential / seed |");
+    println!("|---|---|---|---|---|---|---|");
+    for l in table {
+        println!("{l}");
     }
 }

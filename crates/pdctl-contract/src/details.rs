@@ -246,6 +246,35 @@ pub struct SlotWait {
     pub waiting: String,
 }
 
+/// The prefetch step: a new checkpoint read into the page cache before anyone stops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prefetch {
+    /// The checkpoint directory (the new `--model-path`).
+    pub model_path: String,
+    /// The workers whose next start (or load) reads it.
+    pub units: Vec<String>,
+    /// Its files (the regular files at its top level).
+    pub files: usize,
+    /// Their size.
+    pub bytes: u64,
+    /// What was read (less than `bytes` when the read was cut short: the rollout aborted, or
+    /// its time was up).
+    pub read_bytes: u64,
+    /// `MemAvailable` before the read.
+    pub mem_available_bytes: u64,
+    /// The memory kept free.
+    pub headroom_bytes: u64,
+}
+
+/// The prefetch step while it reads (a `started` event, about once a second).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefetchRead {
+    /// Read so far.
+    pub read_bytes: u64,
+    /// Of.
+    pub of_bytes: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,6 +55,10 @@ pub enum Step {
     Stop,
     /// Host maintenance (`pdctl host resume`): StartUnit for a worker the reboot did not start.
     Start,
+    /// Before the first worker stops (or pauses for an in-place load): the files of a new
+    /// `--model-path` read into the page cache, so the start (or the load) reads them from
+    /// memory. Never fails a rollout: skipped where the checkpoint does not fit in memory.
+    Prefetch,
 }
 
 impl Step {
@@ -82,12 +86,12 @@ impl Step {
 
     /// The steps of a rollout that are not a worker's: preflight (before the first worker),
     /// then those around the runbook — a drain undone, a rollback, a load of new weights, a
-    /// fleet switch's phase.
-    pub const OF_THE_ROLLOUT: [Step; 5] = [Step::Preflight, Step::Reconcile, Step::Rollback, Step::Weights, Step::Switch];
+    /// fleet switch's phase, new weights read before anyone stops.
+    pub const OF_THE_ROLLOUT: [Step; 6] = [Step::Preflight, Step::Reconcile, Step::Rollback, Step::Weights, Step::Switch, Step::Prefetch];
 
     /// Every step: preflight, the runbook in its order, then the rollout's own others.
-    pub const ALL: [Step; 17] = {
-        let mut all = [Step::Preflight; 17];
+    pub const ALL: [Step; 18] = {
+        let mut all = [Step::Preflight; 18];
         let mut i = 0;
         while i < Step::RUNBOOK.len() {
             all[1 + i] = Step::RUNBOOK[i];
@@ -121,6 +125,7 @@ impl Step {
             Step::Switch => "switch",
             Step::Stop => "stop",
             Step::Start => "start",
+            Step::Prefetch => "prefetch",
         }
     }
 }
@@ -286,7 +291,7 @@ mod tests {
         // Every variant is in ALL: a step added to the enum and not to a list fails here.
         for s in Step::ALL {
             let listed = match s {
-                Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch => Step::OF_THE_ROLLOUT.contains(&s),
+                Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch | Step::Prefetch => Step::OF_THE_ROLLOUT.contains(&s),
                 Step::Slot
                 | Step::Drain
                 | Step::Restart

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pdctl_contract::api::ROUTER;
-use pdctl_contract::details::{PreflightDetail, SlotWait};
+use pdctl_contract::details::{Prefetch, PrefetchRead, PreflightDetail, SlotWait};
 use pdctl_contract::events::{Event, Outcome, Status, Step, Summary};
 use pdctl_core::plan::Plan;
 
@@ -40,6 +40,11 @@ pub struct Line {
     bar: ProgressBar,
     done: Vec<String>,
     current: Option<(String, Instant)>,
+}
+
+/// Bytes as MiB (a checkpoint's size).
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 fn secs(ms: u64) -> String {
@@ -148,6 +153,27 @@ impl Renderer {
             if let Ok(w) = serde_json::from_value::<SlotWait>(e.detail.clone()) {
                 self.note(&format!("pdctl: {}: {}", e.unit, w.waiting));
             }
+        }
+        // A new checkpoint read into memory before anyone stops: its progress, and what it read.
+        match (e.step, e.status) {
+            (Step::Prefetch, Status::Started) => {
+                if let Ok(p) = serde_json::from_value::<PrefetchRead>(e.detail.clone()) {
+                    self.note(&format!("pdctl: {}: reading the new checkpoint into memory: {} of {}", e.unit, mib(p.read_bytes), mib(p.of_bytes)));
+                }
+            }
+            (Step::Prefetch, Status::Passed) => {
+                if let Ok(p) = serde_json::from_value::<Prefetch>(e.detail.clone()) {
+                    self.note(&format!(
+                        "pdctl: read {} ({} in {} files) into memory for {} in {}, before any of them stops",
+                        p.model_path,
+                        mib(p.read_bytes),
+                        p.files,
+                        p.units.join(", "),
+                        secs(e.elapsed_ms)
+                    ));
+                }
+            }
+            _ => {}
         }
         if let Some(of) = &e.repair_of {
             if e.status == Status::Started && e.step == Step::Drain {

@@ -89,7 +89,7 @@ pub fn load(main: &Path) -> Result<Settings, ConfigError> {
     resolve(&texts, hostname.as_deref())
 }
 
-/// The machine's host name (`gethostname(2)`: pdctld's unit hides `/proc/sys`, `ProcSubset=pid`).
+/// The machine's host name (`gethostname(2)`: no file under `/proc/sys` to read).
 fn host_name() -> Option<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer and its length are valid; gethostname writes at most that many bytes.

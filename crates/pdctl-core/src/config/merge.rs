@@ -134,7 +134,8 @@ fn rollout(dst: &mut RawRollout, s: RawRollout, keys: &mut Keys, path: &Path, te
         on_stale_pair,
         abort_after_drain_timeout,
         unknown_load,
-        kill_mode
+        kill_mode,
+        prefetch_weights
     );
 }
 

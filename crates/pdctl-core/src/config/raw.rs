@@ -120,6 +120,7 @@ pub(super) struct RawRollout {
     pub(super) abort_after_drain_timeout: Option<bool>,
     pub(super) unknown_load: Option<UnknownLoad>,
     pub(super) kill_mode: Option<KillModePolicy>,
+    pub(super) prefetch_weights: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -227,6 +227,7 @@ pub(super) fn rollout(
         drain: ro.drain.unwrap_or(true) && verify.router,
         drain_timeout: o.bounded("rollout.drain_timeout", ro.drain_timeout, d(120))?,
         allow_outage: ro.allow_outage.unwrap_or(false),
+        prefetch_weights: ro.prefetch_weights.unwrap_or(true),
         single_pair: ro.single_pair.unwrap_or(SinglePair::Sequential),
         coherent: ro.coherent.unwrap_or(super::settings::Coherent::Auto),
         coherent_flags: coherent_flags(o, ro.coherent_flags)?,

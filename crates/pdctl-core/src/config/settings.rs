@@ -257,6 +257,10 @@ pub struct Rollout {
     pub drain_timeout: Duration,
     /// Taking the only worker of a role down (an interruption of serving) is accepted.
     pub allow_outage: bool,
+    /// A rollout that changes `--model-path` to a checkpoint directory on this host reads its
+    /// files into the page cache before the first worker stops (or pauses for an in-place
+    /// load), where they fit in the memory available (`pdctl_core::sglang::checkpoint`).
+    pub prefetch_weights: bool,
     /// How a 1P1D pair is restarted.
     pub single_pair: SinglePair,
     /// Which changes must not pair two versions.

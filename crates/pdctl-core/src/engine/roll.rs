@@ -40,6 +40,10 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
     if let Err((unit, f)) = runbook::preflight(eng, plan, sink, false, ctx).await {
         return t.summary(Outcome::Failed, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
     }
+    // A new checkpoint read into memory before anyone stops: each start then reads it from there.
+    if ctx.outage.restarts() {
+        runbook::prefetch(eng, &gates::prefetch::targets(eng, &plan.workers).await, sink, abort, notes).await;
+    }
     // A change of the model the workers compute with, on a host with two groups of both
     // roles (or, with [fleet], across the hosts behind the gateway): the old group serves
     // while the new one is restarted and verified, then the gateway switches (see

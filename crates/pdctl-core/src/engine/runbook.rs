@@ -6,6 +6,7 @@
 //! run before the one whose output it needs. This file alone turns a worker's steps into events.
 
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use pdctl_parse::service::ServiceScrape;
@@ -13,15 +14,15 @@ use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::details::SlotWait;
-use crate::engine::context::{Ctx, Outage, Repaired};
+use crate::details::{PrefetchRead, SlotWait};
+use crate::engine::context::{Ctx, Notes, Outage, Repaired};
 use crate::engine::gates::{
-    drain, health, metrics, pair, preflight, ready, restart, router, service_level, slot, soak, stop, stranded_kv, Deferred, Restarted,
+    drain, health, metrics, pair, prefetch, preflight, ready, restart, router, service_level, slot, soak, stop, stranded_kv, Deferred, Restarted,
 };
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, StepRun, Verdict};
-use crate::engine::steps::{rule, HELD_FOR_SWITCH, RAN_THROUGH};
+use crate::engine::steps::{rule, GateMode, HELD_FOR_SWITCH, RAN_THROUGH};
 use crate::events::{Failure, Sink, Status, Step};
 use crate::fleet::SlotRecord;
 use crate::names::{FLEET, ROUTER};
@@ -213,6 +214,25 @@ pub(in crate::engine) async fn preflight<U: Units, L, P: Probes>(
         judged(sink, ROUTER, Step::Preflight, gate).await.map_err(|(_, f)| (ROUTER.to_string(), f))?;
     }
     Ok(())
+}
+
+/// New checkpoints read into the page cache before the first worker stops or pauses: a step of
+/// the rollout for each, written under the first worker that reads it (progress as `started`
+/// events); what was not read, and why, is said in the summary.
+pub(in crate::engine) async fn prefetch<U, L, P>(eng: &Engine<U, L, P>, targets: &[prefetch::Target], sink: &Sink, abort: &AtomicBool, notes: &Notes) {
+    if rule(Step::Prefetch, &eng.settings).mode == GateMode::Off {
+        return;
+    }
+    for t in targets {
+        let Some(unit) = t.units.first() else { continue };
+        let s = StepRun::start(sink, unit, Step::Prefetch);
+        let v = prefetch::prefetch(t, abort, &|p: PrefetchRead| s.emit(Status::Started, detail_of(&p))).await;
+        match &v {
+            Verdict::Skipped(why) => notes.push(why.clone()),
+            Verdict::Passed(_, said) => notes.extend(said.note.clone()),
+        }
+        s.end(v);
+    }
 }
 
 /// Run `r`'s whole sequence, then give its slots back (verified). Returns the decodes

@@ -126,6 +126,10 @@ where
         };
         // Decodes first: nothing new reaches a prefill's KV hand-off while it pauses.
         before.sort_by_key(|(w, _)| u8::from(w.role != Role::Decode));
+        // The new checkpoint read into memory before anyone pauses: the loads read it from there.
+        let new_to = before.iter().filter(|(_, served)| served.0 != to.model_path).map(|(w, _)| w.unit.as_str());
+        let reads = crate::engine::gates::prefetch::for_load(to.model_path, new_to);
+        runbook::prefetch(self, &reads, sink, &std::sync::atomic::AtomicBool::new(false), notes).await;
         self.long_load_ahead(&before, dir, notes).await;
         let (paused, steps) = match self.pause_all(&before, sink, notes).await {
             Ok(p) => p,

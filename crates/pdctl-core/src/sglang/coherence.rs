@@ -58,6 +58,11 @@ fn value(argv: &[String], flag: &str) -> Option<String> {
     crate::sglang::pairing::last_value(argv, names)
 }
 
+/// The checkpoint `argv` starts from: its `--model-path` (or `--model`).
+pub fn model_path(argv: &[String]) -> Option<String> {
+    value(argv, "--model-path")
+}
+
 /// Every `--flag` the ExecStart gives (for `coherent = "always"`: any setting counts).
 pub fn given_flags(argv: &[String]) -> Vec<String> {
     argv.iter().filter(|a| a.starts_with("--")).map(|a| a.split('=').next().unwrap_or(a).to_string()).collect()

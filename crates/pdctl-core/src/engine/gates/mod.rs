@@ -9,6 +9,7 @@ pub(in crate::engine) mod health;
 pub(in crate::engine) mod metrics;
 pub(in crate::engine) mod pair;
 pub(in crate::engine) mod pd_checks;
+pub(in crate::engine) mod prefetch;
 pub(in crate::engine) mod preflight;
 pub(in crate::engine) mod ready;
 pub(in crate::engine) mod restart;
