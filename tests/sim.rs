@@ -10,6 +10,8 @@ use serde_json::{json, Value};
 
 #[path = "sim/pd.rs"]
 mod pd;
+#[path = "sim/role_switch.rs"]
+mod role_switch;
 
 const T: Duration = Duration::from_secs(15);
 

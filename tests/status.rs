@@ -79,3 +79,49 @@ fn a_pair_with_a_stopped_decode_is_not_ok_escapes_are_shown_not_sent_and_a_silen
     assert!(row["kv"]["error"].as_str().is_some_and(|e| e.contains("did not answer within 3s")), "{row:#}");
     drop(silent);
 }
+
+/// A decode switched to prefill by hand (`POST /pd_role_switch`, SGLang 0.5.23's runtime role
+/// switch, on a server started with `--enable-pd-role-switch`) while its unit and pdctl's config
+/// still say decode: `pdctl check` fails in preflight, before any request is sent, with
+/// `role_mismatch` naming both roles;
+/// `pdctl status` marks it not serving and says what it runs; the next step the failure names (a
+/// restart of that unit) brings the configured role back, and `check` passes again.
+#[test]
+fn a_worker_switched_to_the_other_role_by_hand_is_found_and_its_named_restart_brings_it_back() {
+    let boot = pdctl_tests::pdctl_sandbox::free_port().unwrap().to_string();
+    let opts = pdctl_tests::pdctl_sandbox::stack::StackOptions {
+        decode_args: vec!["--enable-pd-role-switch".into(), "--disaggregation-bootstrap-port".into(), boot],
+        ..Default::default()
+    };
+    let (stack, config, d) = pdctl_tests::stack_with_pdctld_opts(&opts);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let switched = rt.block_on(async {
+        let body = serde_json::json!({"new_role": "prefill"});
+        let r = pdctl_tests::http().post(format!("{}/pd_role_switch", stack.decode.url)).json(&body).send().await.unwrap();
+        (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap_or_default())
+    });
+    assert_eq!(switched.0, 200, "{}", switched.1);
+
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 1, "{:#} {}", check.summary, check.stderr);
+    let failed = &check.summary["failed"];
+    assert_eq!(
+        (failed["unit"].as_str(), failed["step"].as_str(), failed["cause_code"].as_str()),
+        (Some(D), Some("preflight"), Some("role_mismatch")),
+        "{failed:#}"
+    );
+    assert!(failed["cause"].as_str().is_some_and(|c| c.contains("runs as prefill") && c.contains("says decode")), "{failed:#}");
+    let next = failed["next"].as_str().unwrap_or_default().to_string();
+    assert!(next.contains(&format!("pdctl restart --rolling --unit {D}")), "{next}");
+
+    let (code, out) = human(&config, &d.socket, &["status"]);
+    assert_eq!(code, 1, "{out}");
+    let row = out.lines().find(|l| l.starts_with(D)).unwrap_or_else(|| panic!("the decode's row: {out}"));
+    assert!(row.contains("decode (runs prefill)"), "{out}");
+
+    // The named next step, run as written.
+    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--allow-outage", "--json"], LIMIT);
+    assert_eq!(r.code, 0, "{:#} {}", r.summary, r.stderr);
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}

@@ -44,12 +44,20 @@ fn evict(dir: &Path) {
     }
 }
 
-/// `pdctl ARGS --json` against the stack's pdctld: its events and last line.
-fn pdctl(config: &Path, socket: &Path, args: &[&str]) -> (Vec<Value>, Value) {
+/// `pdctl ARGS --json` against the stack's pdctld: its events and last line; on a failure, the
+/// units' and the gateway's last journal lines are printed before the panic.
+fn pdctl(stack: &Stack, config: &Path, socket: &Path, args: &[&str]) -> (Vec<Value>, Value) {
     let bin = pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl");
     let out = std::process::Command::new(bin).args(args).arg("--json").arg("--config").arg(config).arg("--socket").arg(socket).output().expect("pdctl");
     let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     let last = lines.last().cloned().unwrap_or_default();
+    if last["result"] != "succeeded" {
+        for args in [&["-u", D, "-n", "80"][..], &["-u", P, "-n", "40"][..], &["-p", "warning", "-n", "40"][..]] {
+            if let Ok(j) = stack.sandbox.journalctl(&[&["--no-pager", "-o", "short-precise"][..], args].concat()) {
+                println!("{}", String::from_utf8_lossy(&j.stdout));
+            }
+        }
+    }
     assert_eq!(last["result"], "succeeded", "{last:#}\n{}", String::from_utf8_lossy(&out.stderr));
     (lines, last)
 }
@@ -67,6 +75,31 @@ fn median(mut v: Vec<u64>) -> Option<u64> {
     v.get(v.len() / 2).copied()
 }
 
+/// The 1P1D stack on checkpoint `model`, both workers admitted by the gateway.
+fn boot(model: &str, fraction: &[String]) -> (Stack, StackOptions) {
+    // The stack's `--mem-fraction-static 0.05` suits the tiny model; SGLang refuses to start when
+    // the loaded weights leave nothing of that fraction for the KV cache ("Raise
+    // --mem-fraction-static above 0.334" for 3 GiB here, more for the second server, which
+    // measures what the first left). The pool stays capped by `--max-total-tokens`.
+    let model_args: Vec<String> = ["--model-path".to_string(), model.to_string()].into_iter().chain(fraction.iter().cloned()).collect();
+    // The sandbox's 3 s / 8 s PD timeouts suit the tiny model; this one's prefill and KV
+    // hand-off take longer on this CPU (measured: every decode gave up after 3.0 s "in
+    // KVPoll"), so SGLang's own order of magnitude.
+    let opts = StackOptions {
+        server: Server::Real,
+        gateway: Gateway::Smg113,
+        prefill_args: model_args.clone(),
+        decode_args: model_args,
+        waiting_timeout_secs: 120.0,
+        bootstrap_timeout_secs: 120.0,
+        ..StackOptions::default()
+    };
+    let stack = Stack::boot(&opts).expect("stack");
+    stack.wait_ready(Duration::from_secs(600)).expect("ready");
+    stack.wait_router_healthy(2, Duration::from_secs(120)).expect("router admits both");
+    (stack, opts)
+}
+
 fn main() {
     let gib: f64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3.0);
     let runs: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
@@ -78,12 +111,8 @@ fn main() {
         size as f64 / (1u64 << 30) as f64
     );
     let path = |i: usize| models[i % 2].display().to_string();
-    let model_args = vec!["--model-path".to_string(), path(0)];
-    let opts =
-        StackOptions { server: Server::Real, gateway: Gateway::Smg113, prefill_args: model_args.clone(), decode_args: model_args, ..StackOptions::default() };
-    let stack = Stack::boot(&opts).expect("stack");
-    stack.wait_ready(Duration::from_secs(600)).expect("ready");
-    stack.wait_router_healthy(2, Duration::from_secs(120)).expect("router admits both");
+    let fraction = ["--mem-fraction-static".to_string(), "0.7".to_string()];
+    let (stack, opts) = boot(&path(0), &fraction);
     let config = stack.write_pdctl_config().expect("config");
     let dir = config.parent().expect("dir").join("config.d");
     std::fs::write(
@@ -104,11 +133,12 @@ fn main() {
             let to = path(at + 1);
             evict(Path::new(&to));
             for (unit, w) in [(P, &stack.prefill), (D, &stack.decode)] {
-                let exec = stack.worker_unit(w, &opts, &["--model-path".into(), to.clone()]);
+                let args: Vec<String> = ["--model-path".to_string(), to.clone()].into_iter().chain(fraction.clone()).collect();
+                let exec = stack.worker_unit(w, &opts, &args);
                 let line = exec.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string();
                 stack.drop_in(unit, "50-bench-model", &format!("[Service]\nExecStart=\n{line}\n")).expect("drop-in");
             }
-            let (ev, _) = pdctl(&config, &daemon.socket, &["restart", "--rolling", "--load-changes"]);
+            let (ev, _) = pdctl(&stack, &config, &daemon.socket, &["restart", "--rolling", "--load-changes"]);
             at += 1;
             let start = |u: &str| passed(&ev, u, "ready").and_then(|e| e["detail"]["since_restart_ms"].as_u64());
             let read = ev.iter().find(|e| e["step"] == "prefetch" && e["status"] == "passed").and_then(|e| e["elapsed_ms"].as_u64());
@@ -124,7 +154,7 @@ fn main() {
             // The other checkpoint loaded in place.
             let to = path(at + 1);
             evict(Path::new(&to));
-            let (ev, _) = pdctl(&config, &daemon.socket, &["rollout", "weights", "--model-path", &to, "--version", &format!("v{at}")]);
+            let (ev, _) = pdctl(&stack, &config, &daemon.socket, &["rollout", "weights", "--model-path", &to, "--version", &format!("v{at}")]);
             at += 1;
             let w = ev.iter().find(|e| e["step"] == "weights" && e["status"] == "passed").map(|e| e["detail"].clone()).unwrap_or_default();
             let read = ev.iter().find(|e| e["step"] == "prefetch" && e["status"] == "passed").and_then(|e| e["elapsed_ms"].as_u64());
@@ -140,6 +170,11 @@ fn main() {
             }
         }
     }
+    print_table(&figures, runs);
+}
+
+/// The medians, cold against read ahead, as one markdown table.
+fn print_table(figures: &std::collections::BTreeMap<(&str, &str), Vec<u64>>, runs: usize) {
     println!();
     println!("median of {runs} (cold: prefetch_weights = false; both with the checkpoint out of the page cache first)");
     println!("| figure | cold | read ahead | read ahead / cold |");

@@ -25,10 +25,24 @@ import sys
 import zipfile
 
 SRT = "sglang/srt/"
+ROLE_SWITCH = "disaggregation/role_switch.py"
 LINES = {
     "ready": ("entrypoints/http_server.py", "fired up and ready to roll"),
     "sigterm": ("managers/tokenizer_manager.py", "Draining requests and shutting down"),
     "draining": ("managers/tokenizer_manager.py", "Gracefully exiting... Remaining number of requests"),
+    # The runtime role switch's answers (the first from the tokenizer, the rest from the scheduler).
+    "role_switch_not_enabled": ("managers/tokenizer_control_mixin.py", "--enable-pd-role-switch is not set on this server"),
+    "role_switch_unhealthy": (ROLE_SWITCH, "instance is unhealthy after a failed role switch"),
+    "role_switch_in_progress": (ROLE_SWITCH, "another role switch is already in progress"),
+    "role_switch_invalid_role": (ROLE_SWITCH, "invalid new_role="),
+    "role_switch_not_pd": (ROLE_SWITCH, "not running in PD disaggregation mode"),
+    "role_switch_backend": (ROLE_SWITCH, "does not support runtime role switch"),
+    "role_switch_already": (ROLE_SWITCH, "already in target role"),
+    "role_switch_not_idle": (ROLE_SWITCH, "instance is not idle"),
+    "role_switch_graph_memory_required": (ROLE_SWITCH, "is required before capturing decode graphs"),
+    "role_switch_graph_memory_negative": (ROLE_SWITCH, "must be non-negative"),
+    "role_switch_graph_headroom": (ROLE_SWITCH, "insufficient decode CUDA graph headroom"),
+    "role_switch_rebuild_failed": (ROLE_SWITCH, "role switch failed; instance unhealthy"),
 }
 SERVER_ARGS = ["disaggregation_bootstrap_port", "page_size", "kv_cache_dtype", "dtype", "api_key"]
 SERIES = [

@@ -47,6 +47,9 @@ impl Cause {
             Cause::RouterUnreachable { .. } => "bring the gateway back (it must answer GET /workers), then `pdctl check`".into(),
             Cause::DrainFailed { .. } => format!("`pdctl status` (the gateway's view of each worker), then {}", retry(unit)),
             Cause::JobFailed { .. } | Cause::FatalLine { .. } | Cause::Crashed { .. } | Cause::ReadyTimeout { .. } | Cause::HealthTimeout { .. } => logs(unit),
+            Cause::RoleMismatch { unit, configured, .. } => {
+                format!("`pdctl restart --rolling --unit {unit}` (it starts again as {configured}, its configured role)")
+            }
             Cause::WrongWorkerType { .. } => "make the worker's role in the config match its --disaggregation-mode, then `pdctl check`".into(),
             Cause::RegisterRefused { .. } | Cause::RouterNeverAdmits { .. } | Cause::CircuitOpen { .. } => {
                 format!("`pdctl status` (is the gateway the fault? the worker's own health is in the event above), fix the gateway, then {}", retry(unit))

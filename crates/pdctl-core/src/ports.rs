@@ -349,6 +349,17 @@ pub trait Probes: Send + Sync {
     fn gateway_responses(&self) -> impl Future<Output = Option<(f64, f64)>> + Send;
     /// A worker's `/model_info`: `(model_path, weight_version)`.
     fn model_info(&self, url: &str) -> impl Future<Output = Result<(String, String), HttpFailure>> + Send;
+    /// The role a worker runs now (`/model_info`, which follows a runtime role switch; `None`:
+    /// not reported, or not a PD role).
+    fn running_role(&self, url: &str) -> impl Future<Output = Result<Option<crate::config::Role>, HttpFailure>> + Send;
+    /// `POST /pd_role_switch` ([`crate::sglang::role_switch`]), within `limit`: the server's
+    /// answer, a refusal included.
+    fn role_switch(
+        &self,
+        url: &str,
+        ask: &crate::sglang::role_switch::Ask,
+        limit: Duration,
+    ) -> impl Future<Output = Result<crate::sglang::role_switch::Answer, HttpFailure>> + Send;
     /// `POST /pause_generation {"mode": mode}`, within `limit`.
     fn pause(&self, url: &str, mode: PauseMode, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// `POST /continue_generation`, within `limit`.

@@ -6,6 +6,7 @@
 
 pub use pdctl_parse::gateway::{open_breakers_in, responses_in, RouterWorker};
 pub use pdctl_parse::{kv, prom, quantile, service};
+pub mod role;
 pub mod router;
 pub use router::Router;
 pub mod weights;

@@ -237,6 +237,24 @@ impl Probes for HttpProbes {
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         pdctl_probe::weights::model_info(&self.http, url).await.map(|m| (m.model_path, m.weight_version)).map_err(failure)
     }
+    async fn running_role(&self, url: &str) -> Result<Option<pdctl_core::config::Role>, HttpFailure> {
+        use pdctl_core::config::Role;
+        let mode = pdctl_probe::role::running_role(&self.http, url).await.map_err(failure)?;
+        Ok(match mode.as_deref() {
+            Some("prefill") => Some(Role::Prefill),
+            Some("decode") => Some(Role::Decode),
+            _ => None,
+        })
+    }
+    async fn role_switch(
+        &self,
+        url: &str,
+        ask: &pdctl_core::sglang::role_switch::Ask,
+        limit: Duration,
+    ) -> Result<pdctl_core::sglang::role_switch::Answer, HttpFailure> {
+        let v = pdctl_probe::role::pd_role_switch(&self.http, url, &ask.body(), limit).await.map_err(admin_failure)?;
+        pdctl_core::sglang::role_switch::Answer::of(&v).ok_or_else(|| HttpFailure(format!("{url}/pd_role_switch answered {v} (no success and message)")))
+    }
     async fn pause(&self, url: &str, mode: pdctl_core::ports::PauseMode, limit: Duration) -> Result<(), HttpFailure> {
         pdctl_probe::weights::pause(&self.http, url, mode.as_str(), limit).await.map_err(admin_failure)
     }

@@ -124,15 +124,17 @@ async fn ask_workers(workers: &[pdctl_core::config::Worker], sd: &Result<Systemd
             let kv = within(&w.url, async { probes.kv(&w.url).await.map_err(|e| e.to_string()) });
             // What it serves (`/model_info`: its weight version, and the path after a weights rollout).
             let weights = within(&w.url, async { probes.model_info(&w.url).await.map_err(|e| e.to_string()) });
-            let (state, kv, weights) = tokio::join!(state, kv, weights);
-            (i, state, kv, weights.ok())
+            // The role it runs now (`/model_info` follows a runtime role switch).
+            let role = within(&w.url, async { probes.running_role(&w.url).await.map_err(|e| e.to_string()) });
+            let (state, kv, weights, role) = tokio::join!(state, kv, weights, role);
+            (i, state, kv, weights.ok(), role.ok().flatten())
         });
     }
     let mut fetched: Vec<Option<Fetched>> = vec![None; workers.len()];
     while let Some(r) = asked.join_next().await {
-        if let Ok((i, state, kv, weights)) = r {
+        if let Ok((i, state, kv, weights, role)) = r {
             if let Some(slot) = fetched.get_mut(i) {
-                *slot = Some((state, kv, weights));
+                *slot = Some((state, kv, weights, role));
             }
         }
     }
@@ -200,7 +202,13 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
             .to_vec()];
     let mut json_rows = Vec::new();
     for (w, got) in s.workers.iter().zip(fetched) {
-        let (state, kv, weights) = got.unwrap_or_else(|| (Err("not asked".into()), Err("not asked".into()), None));
+        let (state, kv, weights, runs) = got.unwrap_or_else(|| (Err("not asked".into()), Err("not asked".into()), None, None));
+        // A worker switched to the other role at run time does not serve as configured.
+        let switched = runs.filter(|r| *r != w.role && w.role != pdctl_core::config::Role::Regular);
+        if switched.is_some() {
+            not_serving = true;
+            down.push(w.unit.clone());
+        }
         let listed = match &router {
             None => None,
             Some(Err(e)) => Some(Err(e.clone())),
@@ -220,11 +228,26 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
             let mut row = json_row(w, &state, &listed, &kv, active && healthy_in_router);
             if let Some(o) = row.as_object_mut() {
                 o.insert("weights".into(), weights.map(|(path, version)| json!({ "model_path": path, "weight_version": version })).unwrap_or(Value::Null));
+                // The role it runs now (`null`: not reported); `role` is its configured one.
+                o.insert("running_role".into(), runs.map(|r| json!(r.as_str())).unwrap_or(Value::Null));
+                if switched.is_some() {
+                    o.insert("serving".into(), json!(false));
+                }
             }
             json_rows.push(row);
             continue;
         }
         let mut row = text_row(w, &state, &listed, &kv, &mut errors);
+        if let (Some(runs), Some(cell)) = (switched, row.get_mut(1)) {
+            *cell = format!("{cell} (runs {})", runs.as_str());
+            errors.push(format!(
+                "{} runs as {} while its configuration says {}: switched at run time; `pdctl restart --rolling --unit {}` starts it again as configured",
+                w.unit,
+                runs.as_str(),
+                w.role.as_str(),
+                w.unit
+            ));
+        }
         row.push(weights.map(|(_, version)| version).unwrap_or_else(|| "-".into()));
         rows.push(row);
     }
@@ -279,8 +302,9 @@ type Unit = Result<pdctl_core::ports::UnitState, String>;
 type Listed = Option<Result<Option<pdctl_core::ports::RouterWorker>, String>>;
 /// The worker's KV report.
 type Kv = Result<KvReport, String>;
-/// What `pdctl status` asked of one worker: its unit, its KV, what it serves (path, version).
-type Fetched = (Unit, Kv, Option<(String, String)>);
+/// What `pdctl status` asked of one worker: its unit, its KV, what it serves (path, version), the
+/// role it runs now (`None`: not reported).
+type Fetched = (Unit, Kv, Option<(String, String)>, Option<pdctl_core::config::Role>);
 
 /// One worker's `--json` row.
 fn json_row(w: &pdctl_core::config::Worker, state: &Unit, listed: &Listed, kv: &Kv, serving: bool) -> Value {

@@ -63,6 +63,12 @@ pub struct SimConfig {
     pub kv_cache_dtype: String,
     /// `--disaggregation-transfer-backend` (default `mooncake`).
     pub transfer_backend: String,
+    /// `--enable-pd-role-switch`: `/pd_role_switch` may flip the role at run time; every PD
+    /// instance runs a bootstrap server; the metrics' `engine_type` is `dynamic`.
+    pub enable_pd_role_switch: bool,
+    /// `--disable-cuda-graph`: no decode graphs are captured (a flip to decode still asks for
+    /// their footprint, measured on the real server).
+    pub disable_cuda_graph: bool,
     /// `--dp-size` / `--dp` (default 1).
     pub dp_size: u64,
     /// `--enable-dp-attention` (deprecated in 0.5.23: with `--dp-size N` it resolves to
@@ -227,6 +233,8 @@ const USED: &[(&str, Kind)] = &[
     ("--attn-dp-size", Kind::Value),
     ("--attention-data-parallel-size", Kind::Value),
     ("--weight-version", Kind::Value),
+    ("--enable-pd-role-switch", Kind::Flag),
+    ("--disable-cuda-graph", Kind::Flag),
 ];
 
 /// Common SGLang flags that are accepted and have no effect on the simulation.
@@ -244,7 +252,6 @@ const IGNORED: &[(&str, Kind)] = &[
     ("--log-level-http", Kind::Value),
     ("--decode-log-interval", Kind::Value),
     ("--enable-metrics-for-all-schedulers", Kind::Flag),
-    ("--disable-cuda-graph", Kind::Flag),
     ("--cuda-graph-max-bs", Kind::Value),
     ("--schedule-policy", Kind::Value),
     ("--watchdog-timeout", Kind::Value),
@@ -290,6 +297,9 @@ const SIM: &[(&str, Kind)] = &[
     ("faults-after", Kind::Value),
     ("weights-load-secs", Kind::Value),
     ("weights-fail", Kind::Flag),
+    ("role-switch-fail", Kind::Flag),
+    ("free-memory-gb", Kind::Value),
+    ("role-switch-secs", Kind::Value),
 ];
 
 fn kind_of(flag: &str) -> Option<Kind> {
@@ -394,6 +404,8 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         page_size: if deepseek_v4 { DEEPSEEK_V4_PAGE_SIZE } else { int("--page-size", 1)?.max(1) },
         kv_cache_dtype: given.get("--kv-cache-dtype").cloned().unwrap_or_else(|| "auto".into()),
         transfer_backend: resolve_transfer_backend(given.get("--disaggregation-transfer-backend").map(String::as_str)),
+        enable_pd_role_switch: given.contains_key("--enable-pd-role-switch"),
+        disable_cuda_graph: given.contains_key("--disable-cuda-graph"),
         dp_size,
         dp_attention: attn_dp > 1,
         attn_dp_size: u32::try_from(attn_dp).unwrap_or(u32::MAX),

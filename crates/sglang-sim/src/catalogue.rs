@@ -78,7 +78,7 @@ pub fn of(version: Version) -> Value {
         "routes": routes,
         "metrics": metrics,
         "series": series,
-        "lines": {"ready": READY_LINE, "sigterm": SIGTERM_LINE, "draining": DRAINING_LINE},
+        "lines": lines(),
         "api_key_exempt": API_KEY_EXEMPT,
         "env": env,
         "server_args": server_args,
@@ -88,6 +88,13 @@ pub fn of(version: Version) -> Value {
             "health_generate_poll_secs": cfg.sim.health_generate.as_secs_f64(),
         },
     })
+}
+
+/// The log lines and the role switch's answers, by key.
+fn lines() -> Value {
+    let mut l: BTreeMap<&str, &str> = [("ready", READY_LINE), ("sigterm", SIGTERM_LINE), ("draining", DRAINING_LINE)].into_iter().collect();
+    l.extend(crate::server::role_switch::MESSAGES.iter().copied());
+    json!(l)
 }
 
 /// The label names every series of a family has (`labels`: those beyond the collector's own,

@@ -129,6 +129,8 @@ pub struct Engine {
     /// `Some(mode)` while generation is paused (`/pause_generation`): the scheduler runs nothing,
     /// a prefill sends no KV.
     paused: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    /// The role the scheduler runs now: `--disaggregation-mode`, until `/pd_role_switch` flips it.
+    role: Arc<Mutex<Mode>>,
 }
 
 /// Tokens a running request holds; returned to the pool with [`Engine::finish`].
@@ -145,6 +147,7 @@ impl Engine {
     pub fn new(cfg: Arc<SimConfig>) -> Engine {
         Engine {
             paused: Arc::new(tokio::sync::watch::channel(None).0),
+            role: Arc::new(Mutex::new(cfg.mode)),
             state: Arc::new(Mutex::new(State {
                 status: Status::Starting,
                 ranks: (0..cfg.stats_ranks()).map(|_| Pool::new()).collect(),
@@ -241,6 +244,16 @@ impl Engine {
         if s.weights.identity() != kv_model {
             s.mixed_versions += 1;
         }
+    }
+
+    /// The role the scheduler runs now (the startup role until a `/pd_role_switch`).
+    pub fn mode(&self) -> Mode {
+        *self.role.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `/pd_role_switch` rebuilt the scheduler as `mode`.
+    pub fn set_mode(&self, mode: Mode) {
+        *self.role.lock().unwrap_or_else(|p| p.into_inner()) = mode;
     }
 
     /// The configuration the simulator runs with.
@@ -351,7 +364,7 @@ impl Engine {
             p.evictable = p.evictable.saturating_sub(need - free);
         }
         p.used += need;
-        if self.cfg.mode != Mode::Decode {
+        if self.mode() != Mode::Decode {
             let (used, running) = (p.used, p.running);
             log::line(&format!(
                 "Prefill batch, #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: {:.2}, #running-req: {}, #queue-req: 0",
@@ -439,7 +452,7 @@ impl Engine {
     /// A `/health` generate on an idle prefill-capable scheduler is a prefill batch.
     pub fn health_probe(&self) {
         let mut s = self.lock();
-        if self.cfg.mode != Mode::Decode && s.running() == 0 {
+        if self.mode() != Mode::Decode && s.running() == 0 {
             // The health generate runs on one DP rank: the first.
             self.publish(&mut s, 0);
         }

@@ -63,6 +63,15 @@ pub struct SimKnobs {
     /// `--sim-weights-fail`: fault: `/update_weights_from_disk` fails after its load time (the
     /// old weights stay), as a path without a loadable checkpoint does.
     pub weights_fail: bool,
+    /// `--sim-role-switch-fail`: fault: a `/pd_role_switch` fails while rebuilding the new role,
+    /// after tearing the old one down: the instance is left unhealthy, "restart required".
+    pub role_switch_fail: bool,
+    /// `--sim-free-memory-gb`: the device memory free for a flip to decode's CUDA graphs
+    /// (default 12.4, the `available_gpu_mem` the startup log reports).
+    pub free_memory_gb: f64,
+    /// `--sim-role-switch-secs`: how long a `/pd_role_switch`'s teardown and rebuild take
+    /// (default 0.5).
+    pub role_switch: Duration,
     /// `--sim-faults-after SECS`: the service faults (`--sim-slowdown`, `--sim-fail-fraction`)
     /// set in SECS after the ready line instead of at it: a change that serves well at first and
     /// badly later (a leak, a cache that fills), which only a bake sees.
@@ -109,6 +118,9 @@ impl Default for SimKnobs {
             faults_after: Duration::ZERO,
             weights_load: Duration::from_secs(2),
             weights_fail: false,
+            role_switch_fail: false,
+            free_memory_gb: 12.4,
+            role_switch: Duration::from_millis(500),
             pair_cache: PairCache::Refresh,
         }
     }
@@ -185,6 +197,13 @@ pub(crate) fn parse(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Opti
         k.weights_load = d;
     }
     k.weights_fail = flag("weights-fail");
+    k.role_switch_fail = flag("role-switch-fail");
+    if let Some(d) = secs("role-switch-secs")? {
+        k.role_switch = d;
+    }
+    if let Some(g) = num("free-memory-gb")? {
+        k.free_memory_gb = g.max(0.0);
+    }
     if let Some(v) = get("pair-cache") {
         k.pair_cache = match v.as_str() {
             "refresh" => PairCache::Refresh,

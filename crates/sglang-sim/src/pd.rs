@@ -88,8 +88,11 @@ struct Held {
 }
 
 struct Inner {
-    /// This process's identity (a prefill's generation, as its per-rank ports are).
-    identity: String,
+    /// This prefill's identity (its generation, as its per-rank ports are: new at every start
+    /// and at every flip to prefill).
+    identity: Mutex<String>,
+    /// Decode: the heartbeat runs (started once: by a decode's start or its first flip to decode).
+    heartbeat: std::sync::atomic::AtomicBool,
     /// Prefill: the port of its KV transfer listener.
     rank_port: Mutex<Option<u16>>,
     /// Prefill: rooms whose KV is held for a decode.
@@ -131,7 +134,8 @@ impl Pd {
         Pd {
             engine,
             inner: Arc::new(Inner {
-                identity,
+                identity: Mutex::new(identity),
+                heartbeat: std::sync::atomic::AtomicBool::new(false),
                 rank_port: Mutex::new(None),
                 rooms: Mutex::new(HashMap::new()),
                 added: tokio::sync::Notify::new(),
@@ -182,6 +186,9 @@ impl Pd {
     /// every `heartbeat_interval` GET each cached prefill's bootstrap `/health` (timeouts 2 s
     /// connect, 3 s read); after `heartbeat_failures` failures in a row drop its cached info.
     pub fn start_heartbeat(&self) {
+        if self.inner.heartbeat.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let me = self.clone();
         tokio::spawn(async move {
             let cfg = me.cfg();
@@ -207,6 +214,34 @@ impl Pd {
                 }
             }
         });
+    }
+
+    /// `/pd_role_switch` on an idle instance (0.5.23 `disaggregation/role_switch.py`
+    /// `teardown_disaggregation`): the old role's transfer structures released — a prefill's
+    /// registration (its `/route` answers 503 until a rebuild as prefill registers again), a
+    /// decode's cached bootstrap info (`CommonKVReceiver.close_all_sockets`). The bootstrap
+    /// server itself stays.
+    pub fn teardown(&self) {
+        *lock(&self.inner.rank_port) = None;
+        lock(&self.inner.cache).clear();
+        lock(&self.inner.aborted).clear();
+    }
+
+    /// `/pd_role_switch`'s rebuild as `mode`: a prefill registers a new generation (new rank
+    /// ports, as a new KV manager has: a decode's cached info for this address goes stale); a
+    /// decode's heartbeat runs.
+    pub async fn rebuild(&self, mode: crate::args::Mode) -> Result<(), String> {
+        match mode {
+            crate::args::Mode::Prefill => {
+                *lock(&self.inner.identity) = format!("{:016x}", crate::ids::rand_u128() as u64);
+                self.serve_transfer().await
+            }
+            crate::args::Mode::Decode => {
+                self.start_heartbeat();
+                Ok(())
+            }
+            crate::args::Mode::Null => Ok(()),
+        }
     }
 
     /// Prefill: release every held room (`/abort_request {"abort_all": true}`): each one's
@@ -518,7 +553,7 @@ async fn route(State(pd): State<Pd>) -> Response {
     axum::Json(json!({
         "rank_ip": cfg.host,
         "rank_port": port,
-        "identity": pd.inner.identity,
+        "identity": lock(&pd.inner.identity).clone(),
         "tp_size": cfg.tp_size,
         "dp_size": if cfg.dp_size == 1 { u64::from(cfg.attn_dp_size) } else { cfg.dp_size },
         "page_size": cfg.page_size,
@@ -531,7 +566,8 @@ async fn route(State(pd): State<Pd>) -> Response {
 /// `POST /kv/{room}` on the prefill's transfer port: the decode fetches a room (waiting for it to
 /// be prefilled, up to the bootstrap timeout).
 async fn fetch(State(pd): State<Pd>, Path(room): Path<u64>, axum::Json(body): axum::Json<Value>) -> Response {
-    if body.get("identity").and_then(Value::as_str) != Some(pd.inner.identity.as_str()) {
+    let identity = lock(&pd.inner.identity).clone();
+    if pd.engine.mode() != crate::args::Mode::Prefill || body.get("identity").and_then(Value::as_str) != Some(identity.as_str()) {
         // Metadata of another process of this prefill: nothing here knows that registration.
         return (StatusCode::GONE, "unknown prefill generation").into_response();
     }

@@ -25,6 +25,7 @@ impl Cause {
             Cause::Crashed { .. } => "crashed",
             Cause::ReadyTimeout { .. } => "ready_timeout",
             Cause::HealthTimeout { .. } => "health_timeout",
+            Cause::RoleMismatch { .. } => "role_mismatch",
             Cause::WrongWorkerType { .. } => "wrong_worker_type",
             Cause::RegisterRefused { .. } => "register_refused",
             Cause::RouterNeverAdmits { .. } => "router_never_admits",
@@ -121,6 +122,7 @@ impl Cause {
             | Cause::Crashed { .. }
             | Cause::ReadyTimeout { .. }
             | Cause::HealthTimeout { .. }
+            | Cause::RoleMismatch { .. }
             | Cause::WrongWorkerType { .. }
             | Cause::RegisterRefused { .. }
             | Cause::RouterNeverAdmits { .. }

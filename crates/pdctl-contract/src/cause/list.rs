@@ -232,6 +232,18 @@ pub enum Cause {
         /// The last answer.
         last: String,
     },
+    /// The server runs another PD role than its configuration says (`/model_info`: switched at
+    /// run time through `POST /pd_role_switch`).
+    RoleMismatch {
+        /// The unit.
+        unit: String,
+        /// The worker URL.
+        url: String,
+        /// The role it runs.
+        runs: String,
+        /// The role its configuration says.
+        configured: String,
+    },
     // --- router ---
     /// The router lists the worker under another role.
     WrongWorkerType {

@@ -46,6 +46,9 @@ impl Cause {
                 if *foreign > 0 { format!(" ({foreign} ready line(s) of another run were ignored)") } else { String::new() }
             ),
             Cause::HealthTimeout { url, after, last } => format!("{url}/health did not answer 200 within {} (last: {last})", dur(after)),
+            Cause::RoleMismatch { unit, url, runs, configured, .. } => format!(
+                "{url} runs as {runs} (its /model_info) while {unit}'s configuration says {configured}: it was switched at run time (POST /pd_role_switch) without its configuration, so the gateway's worker type and its pairs no longer match, and a restart would bring back {configured}"
+            ),
             Cause::WrongWorkerType { url, listed, role } => format!(
                 "the router lists {url} as \"{listed}\", not \"{role}\" (registered without worker_type?): remove it from the router and re-add it with worker_type \"{role}\""
             ),

@@ -194,7 +194,8 @@ pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
 /// `entrypoints/http_server.py` `@auth_level(AuthLevel.ADMIN_OPTIONAL)`; `utils/auth.py`
 /// `decide_request_auth`): on a server started with `--admin-api-key` they take that key and
 /// refuse the `--api-key` one (401); without it, the API key as any other route.
-pub const ADMIN_ROUTES: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
+pub const ADMIN_ROUTES: &[&str] =
+    &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request", "/pd_role_switch"];
 
 /// Why `path` cannot be the `--model-path` of a weights rollout, if it cannot: SGLang's
 /// `/update_weights_from_disk` takes any string and reports the load as done (an empty path

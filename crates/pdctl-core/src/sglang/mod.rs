@@ -3,7 +3,8 @@
 //! pairs and their diagnosis ([`pairing`]), a worker's stop ([`stop`]), the model a worker
 //! computes with ([`coherence`]) and its tokenizer ([`tokenizer`]), the arguments a unit that keeps
 //! its flags in a `--config` YAML file runs with ([`launch_config`]), a checkpoint's files and
-//! reading them into the page cache before a start needs them ([`checkpoint`]).
+//! reading them into the page cache before a start needs them ([`checkpoint`]), the runtime
+//! prefill/decode role switch ([`role_switch`]).
 
 pub mod checkpoint;
 pub mod coherence;
@@ -11,6 +12,7 @@ pub mod facts;
 pub mod judge;
 pub mod launch_config;
 pub mod pairing;
+pub mod role_switch;
 pub mod stop;
 pub mod tokenizer;
 

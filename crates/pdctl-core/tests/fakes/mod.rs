@@ -69,6 +69,13 @@ pub struct World {
     pub old_process_stays: bool,
     /// Workers started with an API key pdctl was not given (a call without it: 401).
     pub keyed: Vec<String>,
+    /// The role each worker runs (by URL; absent: not reported).
+    pub roles: HashMap<String, pdctl_core::config::Role>,
+    /// `/pd_role_switch` calls, in order: `switch URL ROLE` (`prepare URL ROLE` with
+    /// `prepare_only`).
+    pub switch_log: Vec<String>,
+    /// What the next `/pd_role_switch` calls answer, in order (then: success, the role flipped).
+    pub switch_answers: Vec<pdctl_core::sglang::role_switch::Answer>,
 }
 
 /// A fleet store with nothing in it (no other host has written its liveness or workers).
@@ -371,6 +378,28 @@ impl Probes for FakeProbes {
     }
     async fn model_info(&self, url: &str) -> Result<(String, String), HttpFailure> {
         Ok(self.0.lock().unwrap().weights.get(url).cloned().unwrap_or_else(|| ("m".into(), "default".into())))
+    }
+    async fn running_role(&self, url: &str) -> Result<Option<pdctl_core::config::Role>, HttpFailure> {
+        Ok(self.0.lock().unwrap().roles.get(url).copied())
+    }
+    async fn role_switch(
+        &self,
+        url: &str,
+        ask: &pdctl_core::sglang::role_switch::Ask,
+        _limit: Duration,
+    ) -> Result<pdctl_core::sglang::role_switch::Answer, HttpFailure> {
+        let mut g = self.0.lock().unwrap();
+        let verb = if ask.prepare_only { "prepare" } else { "switch" };
+        g.switch_log.push(format!("{verb} {url} {}", ask.new_role.as_str()));
+        let old_role = g.roles.get(url).map(|r| r.as_str().to_string()).unwrap_or_default();
+        if !g.switch_answers.is_empty() {
+            return Ok(g.switch_answers.remove(0));
+        }
+        if !ask.prepare_only {
+            g.roles.insert(url.to_string(), ask.new_role);
+        }
+        let message = if ask.prepare_only { "ready" } else { "ok" };
+        Ok(pdctl_core::sglang::role_switch::Answer { success: true, message: message.into(), old_role, safe_to_restore: ask.prepare_only })
     }
     async fn pause(&self, url: &str, mode: pdctl_core::ports::PauseMode, _limit: Duration) -> Result<(), HttpFailure> {
         let mode = if mode == pdctl_core::ports::PauseMode::Retract { String::new() } else { format!("{} ", mode.as_str()) };

@@ -117,7 +117,7 @@ impl Engine {
         if s.aborted_total > 0 {
             push(Family::counter("sglang:num_aborted_requests", "Number of requests aborted.", once(s.aborted_total)));
         }
-        if self.cfg.mode == crate::args::Mode::Decode {
+        if self.mode() == crate::args::Mode::Decode {
             // Simulator-only (no SGLang server has them): a decode's PD requests and those whose
             // KV came from a prefill of another weight version.
             push(Family::counter(
@@ -149,7 +149,11 @@ impl Engine {
     /// Scheduler labels for a TP rank, sorted by name as the multiprocess collector does.
     fn labels(&self, tp_rank: u32, dp_rank: Option<u32>, pid: Option<&str>) -> Vec<(String, String)> {
         let v = self.cfg.sim.version;
-        let engine_type = if v.engine_type_by_role() {
+        // 0.5.23 `observability/metrics_collector.py`: "dynamic" with `--enable-pd-role-switch`
+        // ("keep one metric series across role flips").
+        let engine_type = if v.engine_type_by_role() && self.cfg.enable_pd_role_switch {
+            "dynamic"
+        } else if v.engine_type_by_role() {
             match self.cfg.mode {
                 Mode::Null => "unified",
                 Mode::Prefill => "prefill",

@@ -53,6 +53,9 @@ pub(crate) async fn health(State(app): State<App>) -> Response {
     if cfg.sim.version.health_always_ok() {
         return StatusCode::OK.into_response();
     }
+    if app.role_switch.broken() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "instance unhealthy after a failed PD role switch (simulated)").into_response();
+    }
     if app.engine.status() == Status::Starting {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
@@ -152,7 +155,9 @@ pub(crate) async fn model_info(State(app): State<App>) -> Response {
         "is_generation": true,
         "preferred_sampling_params": null,
         "weight_version": w.version,
-        "disaggregation_mode": cfg.mode.as_str(),
+        // The role in effect (0.5.23 reads it through `config_value`, which a role switch
+        // overrides); `/server_info` keeps the startup role.
+        "disaggregation_mode": app.engine.mode().as_str(),
         "has_image_understanding": false,
         "has_audio_understanding": false,
         "model_type": "deepseek_v4",
@@ -220,7 +225,7 @@ pub(crate) async fn v1_loads(State(app): State<App>, axum::extract::Query(q): ax
     });
     if wants("disagg") {
         load["disaggregation"] = json!({
-            "mode": cfg.mode.as_str(), "prefill_bootstrap_queue_reqs": bootstrap, "prefill_inflight_queue_reqs": 0,
+            "mode": app.engine.mode().as_str(), "prefill_bootstrap_queue_reqs": bootstrap, "prefill_inflight_queue_reqs": 0,
             "decode_prealloc_queue_reqs": prealloc, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
             "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0,
         });

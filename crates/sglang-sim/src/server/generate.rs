@@ -56,7 +56,10 @@ pub(crate) const WORDS: &[&str] = &[" Paris", " is", " the", " capital", " of", 
 /// fails); a prefill returns the room to hold once its batch is done. Requests with the fake
 /// bootstrap host (SGLang's own warmup) skip the transfer.
 pub(crate) async fn pd_before(app: &App, v: &Value, rid: &str, tracked: &mut Tracked) -> Result<Option<Bootstrap>, Response> {
-    let mode = app.engine.config().mode;
+    let mode = app.engine.mode();
+    if app.role_switch.broken() {
+        return Err(pd::abort("The scheduler's disaggregation queues were torn down by a failed PD role switch; restart required (simulated)."));
+    }
     let b = Bootstrap::of(v);
     match (mode, b) {
         // `managers/scheduler.py` (0.5.23): both roles refuse a request without a room.
@@ -130,7 +133,7 @@ pub(crate) async fn execute(
     }
     // The `--sim-slowdown` fault acts from the ready line (and `--sim-faults-after`) on.
     let factor = if app.service_faults_on() { engine.config().sim.slowdown } else { 1.0 };
-    let mode = engine.config().mode;
+    let mode = engine.mode();
     let mut ticket = InBatch { engine, ticket: Some(engine.admit(job.prompt_tokens)) };
     if mode != Mode::Decode && !engine.config().sim.prefill.is_zero() {
         tokio::select! {
@@ -266,7 +269,7 @@ pub(crate) async fn generate(State(app): State<App>, body: Bytes) -> Response {
         Err(e) => return bad_request(&e),
     };
     if let Some(r) = failing(&app) {
-        if let (Mode::Prefill, Some(b)) = (app.engine.config().mode, Bootstrap::of(&v)) {
+        if let (Mode::Prefill, Some(b)) = (app.engine.mode(), Bootstrap::of(&v)) {
             app.pd.abort_room(b.room);
         }
         return r;

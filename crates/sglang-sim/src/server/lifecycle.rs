@@ -19,7 +19,16 @@ pub async fn run(cfg: SimConfig) -> i32 {
     // The scheduler's state exists from here on; the weights "load" below.
     let engine = Engine::new(cfg.clone());
     let pd = Pd::new(engine.clone());
-    if cfg.mode == Mode::Prefill {
+    // 0.5.23 `managers/disagg_service.py`: with role switching every PD instance runs its
+    // bootstrap server (one flipped to prefill already has it; it is not rebuilt on a flip).
+    let every_instance = cfg.enable_pd_role_switch && cfg.mode != Mode::Null;
+    if every_instance {
+        log::line(&format!(
+            "Role switch starts a bootstrap server on this instance at {}:{}. If another PD instance runs on the same host, give each one a distinct --disaggregation-bootstrap-port or the bind will conflict.",
+            cfg.host, cfg.bootstrap_port
+        ));
+    }
+    if cfg.mode == Mode::Prefill || every_instance {
         if let Err(e) = pd.start_bootstrap().await {
             log::line(&format!("Scheduler hit an exception: OSError: {e}"));
             return 1;
@@ -88,6 +97,7 @@ impl App {
             shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health_failed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             control: super::weight_update::Control::new(engine),
+            role_switch: super::role_switch::RoleSwitch::new(engine.config().mode, engine.config().disable_cuda_graph),
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The HTTP face of the simulator and its lifecycle: load → port opens → warmup → ready line.
 //! Its rooms: the shared state of a server ([`state`]), the lifecycle ([`lifecycle`]), the route
 //! table and API key ([`routes`]), the state endpoints ([`admin`]) and the generate endpoints
-//! ([`generate`]).
+//! ([`generate`]), the runtime role switch ([`role_switch`]).
 
 mod admin;
 mod generate;
 mod lifecycle;
+pub mod role_switch;
 mod routes;
 mod state;
 mod weight_update;

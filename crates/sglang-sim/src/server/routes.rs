@@ -36,6 +36,7 @@ pub fn served_routes(cfg: &SimConfig) -> Vec<(&'static str, &'static [&'static s
         ("/update_weights_from_disk", &["POST"]),
         ("/pause_generation", &["POST"]),
         ("/continue_generation", &["POST"]),
+        ("/pd_role_switch", &["POST"]),
     ];
     if cfg.enable_metrics {
         r.push(("/metrics", &["GET"]));
@@ -73,6 +74,7 @@ pub(crate) fn handler(path: &str, methods: &[&str]) -> Option<MethodRouter<App>>
         "/update_weights_from_disk" => on(f, super::weight_update::update_weights_from_disk),
         "/pause_generation" => on(f, super::weight_update::pause_generation),
         "/continue_generation" => on(f, super::weight_update::continue_generation),
+        "/pd_role_switch" => on(f, super::role_switch::pd_role_switch),
         "/metrics" => on(f, metrics),
         "/get_load" => on(f, get_load),
         "/ready" => on(f, ready),
@@ -103,7 +105,8 @@ pub const API_KEY_EXEMPT: &[&str] = &["/health", "/ready", "/metrics"];
 
 /// The routes of the simulator's that 0.5.23 marks `ADMIN_OPTIONAL`
 /// (`entrypoints/http_server.py` `@auth_level(AuthLevel.ADMIN_OPTIONAL)`).
-pub const ADMIN_ROUTES: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
+pub const ADMIN_ROUTES: &[&str] =
+    &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request", "/pd_role_switch"];
 
 /// `--api-key` and `--admin-api-key` as 0.5.23's `decide_request_auth` (`srt/utils/auth.py`):
 /// the exempt paths are open; an admin route takes the admin key when there is one (the API key

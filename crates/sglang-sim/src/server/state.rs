@@ -39,6 +39,8 @@ pub(crate) struct App {
     /// scheduler within `SGLANG_HEALTH_CHECK_TIMEOUT`, as behind a long pause): the server is
     /// UnHealthy — `/ready` 503, a SIGTERM force-exits — until a later `/health` succeeds.
     pub(crate) health_failed: Arc<std::sync::atomic::AtomicBool>,
+    /// `/pd_role_switch`'s state.
+    pub(crate) role_switch: super::role_switch::RoleSwitch,
 }
 
 impl App {

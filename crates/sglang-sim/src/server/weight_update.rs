@@ -59,7 +59,7 @@ impl Control {
 }
 
 /// The JSON object of a request (empty: `{}`); `Err`: why not (FastAPI answers 422).
-fn body_of(body: &Bytes) -> Result<Value, String> {
+pub(crate) fn body_of(body: &Bytes) -> Result<Value, String> {
     let v: Value = if body.is_empty() { json!({}) } else { serde_json::from_slice(body).map_err(|e| e.to_string())? };
     if v.is_object() {
         Ok(v)
@@ -68,7 +68,7 @@ fn body_of(body: &Bytes) -> Result<Value, String> {
     }
 }
 
-fn unprocessable(why: String) -> Response {
+pub(crate) fn unprocessable(why: String) -> Response {
     (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": why}]}))).into_response()
 }
 

@@ -1,5 +1,6 @@
 //! The health gate: `/health` (and `/ready` where served) answers 200 for the same run — or, for a
-//! PD worker whose pair gate follows, `/ready` alone where it is served.
+//! PD worker whose pair gate follows, `/ready` alone where it is served — and a PD worker runs the
+//! role its configuration says.
 
 use std::time::Instant;
 
@@ -12,6 +13,35 @@ use crate::sglang::judge::crashed_since;
 
 /// `pair_follows`: the pair gate runs next (a restart, a re-verification); `check` has none.
 pub(in crate::engine) async fn health<U: Units, L, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    after: Option<&UnitState>,
+    pair_follows: bool,
+) -> Result<Verdict<HealthDetail>, Fail> {
+    let answered = answers(eng, w, after, pair_follows).await?;
+    runs_its_role(eng, w).await?;
+    Ok(answered)
+}
+
+/// A PD worker runs the role its configuration says. SGLang 0.5.23 switches a server started with
+/// `--enable-pd-role-switch` at run time (`POST /pd_role_switch`); `/model_info`'s
+/// `disaggregation_mode` follows the switch while `/server_info` keeps the startup role (read in
+/// the wheel and measured on the real server). A role not reported (an older server, no answer)
+/// is not judged here: the router and pair gates see a wrong role by its effects.
+pub(in crate::engine) async fn runs_its_role<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker) -> Result<(), Fail> {
+    if w.role == Role::Regular {
+        return Ok(());
+    }
+    match eng.probes.running_role(&w.url).await {
+        Ok(Some(runs)) if runs != w.role => {
+            Err(Cause::RoleMismatch { unit: w.unit.clone(), url: w.url.clone(), runs: runs.as_str().into(), configured: w.role.as_str().into() }.into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `/health` (and `/ready`) answer 200, or `/ready` alone before a pair gate.
+async fn answers<U: Units, L, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     after: Option<&UnitState>,
@@ -115,6 +145,24 @@ mod tests {
         w.lock().expect("world").unhealthy.push(worker.url.clone());
         let failed = health(&eng, &worker, None, false).await.expect_err("a worker that never answers fails");
         assert_eq!(failed.cause.code(), "health_timeout", "{:?}", failed.cause);
+    }
+
+    /// A PD worker switched to the other role at run time fails the gate, naming both roles; one
+    /// whose role is not reported passes.
+    #[tokio::test]
+    async fn a_worker_running_the_other_role_fails_the_health_gate() {
+        use crate::fakes::{world, FakeProbes, FakeUnits};
+        let w = world();
+        let s = crate::fakes::with("");
+        let worker = s.workers.iter().find(|x| x.role == Role::Prefill).expect("a prefill").clone();
+        let eng = Engine { units: FakeUnits(w.clone()), logs: (), probes: FakeProbes(w.clone()), settings: s, coordinator: None };
+        health(&eng, &worker, None, false).await.expect("not reported: passes");
+        w.lock().expect("world").roles.insert(worker.url.clone(), Role::Prefill);
+        health(&eng, &worker, None, false).await.expect("its own role: passes");
+        w.lock().expect("world").roles.insert(worker.url.clone(), Role::Decode);
+        let failed = health(&eng, &worker, None, false).await.expect_err("the other role fails");
+        assert_eq!(failed.cause.code(), "role_mismatch");
+        assert!(failed.cause.sentence().contains("runs as decode"), "{}", failed.cause.sentence());
     }
 
     #[test]

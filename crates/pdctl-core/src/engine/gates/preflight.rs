@@ -140,6 +140,11 @@ pub(in crate::engine) async fn preflight_worker<U: Units, L, P: Probes>(
     not_blocked(eng, &w.unit, &w.url).await?;
     if ctx.outage.restarts() {
         a_peer_serves(eng, w, plan).await?;
+    } else {
+        // `check` sends requests through the gateway and between pairs: a worker switched to the
+        // other role at run time would make those fail under another worker's name. A restart
+        // needs no such look: it brings the unit's role back, and its health gate verifies it.
+        super::health::runs_its_role(eng, w).await?;
     }
     let exposed = rollback_writes(eng, w, &cfg, ctx).map_err(Fail::from)?;
     let api_key_check = api_key_check(eng, w, &st).await?;
