@@ -298,8 +298,8 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
 /// answers again and again (long answers in flight throughout): every worker restarted in turn
 /// through every gate, then one pair drained for its host's maintenance while the other serves
 /// (pdctld told of that pair alone, as on a host of its own) and resumed. Not one client request
-/// fails. Then what the stack sustains is measured ([`pdctl_tests::capacity::sustained`]): 3
-/// req/s is a tenth of it; why not 80 %, docs/benchmarks.md.
+/// fails. 3 req/s is about a tenth of what this stack sustains here (`scripts/bench-capacity`,
+/// [`pdctl_tests::capacity::sustained`]); why not 80 %, docs/benchmarks.md.
 #[test]
 fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drain_lose_no_request() {
     use pdctl_tests::capacity::LongStream;
@@ -307,7 +307,7 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
     fragment(&config, "20-2p2d", "[rollout]\nallow_outage = false\ndrain_timeout = \"120s\"\n");
     let router = stack.router.as_ref().expect("router").url.clone();
     let system = "You are a careful assistant for an operations team; answer briefly and name your sources. ".repeat(8);
-    // A tenth of what it sustains (measured at the end of this run, below): at 80 % of it a
+    // About a tenth of what it sustains (`scripts/bench-capacity`): at 80 % of it a
     // rolling restart loses requests on this CPU (docs/benchmarks.md says why).
     let rate = 3.0;
     // 1. A rolling restart of all four.
@@ -366,28 +366,6 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
     assert_eq!(resumed.code, 0, "{}", explain(&stack, &resumed));
     assert_eq!(failed, 0, "the other pair served throughout\n{}", gateway_errors(&stack));
     assert!(longs.iter().all(|&(status, tokens)| (status, tokens) == (200, 600)), "every long answer came back whole: {longs:?}\n{}", gateway_errors(&stack));
-
-    // 3. What this stack sustains, measured last: an overload's aftermath must not meet a
-    // rollout (smg vetoes a worker whose queue it last polled at 8 or more until its next poll,
-    // 10 s later: a rollout begun then saw "No available prefill workers", 9-16 failed).
-    let most = what_2p2d_sustains(&stack, &router, &system);
-    println!("this CPU sustains {most:.1} req/s through smg to 2P2D; the rollouts ran at {rate:.1} req/s");
-}
-
-/// What the 2P2D stack sustains through `router` with prompts sharing `system`, in req/s
-/// ([`pdctl_tests::capacity::sustained`]), each step printed; the servers' backlog served
-/// between steps.
-fn what_2p2d_sustains(stack: &Stack, router: &str, system: &str) -> f64 {
-    let queued = || stack.workers().iter().map(|w| loads(stack, &w.url).1).sum::<u64>();
-    let settled = || {
-        let idle = until(Duration::from_secs(300), Duration::from_millis(500), || stack.workers().iter().all(|w| loads(stack, &w.url) == (0, 0)));
-        assert!(idle, "the servers served their backlog within 300 s\n{}", logs(stack));
-    };
-    let (most, steps) = pdctl_tests::capacity::sustained(router, 4.0, 64.0, 15.0, system, &queued, &settled);
-    for s in &steps {
-        println!("capacity of 2P2D, no rollout: {}", s.line());
-    }
-    most.unwrap_or_else(|| panic!("not even 4 req/s held: {steps:#?}\n{}", logs(stack)))
 }
 
 /// What the gateway logged of the requests it failed (the first 20 distinct lines), with the
