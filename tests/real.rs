@@ -437,6 +437,11 @@ fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
     // And an admin key: pause, continue, the load and the flush take it, not the API key.
     let keys = StackOptions { api_key: Some("real-s3cret".into()), admin_api_key: Some("real-adm1n".into()), ..real_opts() };
     let (stack, config, d) = stack_with_pdctld_opts(&keys);
+    // The decode paused in place still runs its two long requests after the continue, and its
+    // cache is flushed only once it is idle, within `health_timeout`: with the default 30 s one
+    // fresh-clone CI run (2026-12-06, the machine loaded) failed `weights_failed` while they
+    // were still decoding. The bound a loaded machine needs, not the test's own timing.
+    fragment(&config, "20-flush", "[rollout]\nhealth_timeout = \"120s\"\n");
     let real = stack.real.clone().expect("the real server");
     let v2 = real.model_v2.display().to_string();
     let runs = || (stack.show(P, "InvocationID").expect("p"), stack.show(D, "InvocationID").expect("d"));
