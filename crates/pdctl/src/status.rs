@@ -240,13 +240,14 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
         let mut row = text_row(w, &state, &listed, &kv, &mut errors);
         if let (Some(runs), Some(cell)) = (switched, row.get_mut(1)) {
             *cell = format!("{cell} (runs {})", runs.as_str());
-            errors.push(format!(
-                "{} runs as {} while its configuration says {}: switched at run time; `pdctl restart --rolling --unit {}` starts it again as configured",
-                w.unit,
-                runs.as_str(),
-                w.role.as_str(),
-                w.unit
-            ));
+            // The words of the cause `pdctl check` gives for it, and its next step.
+            let c = pdctl_contract::cause::Cause::RoleMismatch {
+                unit: w.unit.clone(),
+                url: w.url.clone(),
+                runs: runs.as_str().into(),
+                configured: w.role.as_str().into(),
+            };
+            errors.push(format!("{}; next: {}", c.sentence(), c.next_step(&w.unit)));
         }
         row.push(weights.map(|(_, version)| version).unwrap_or_else(|| "-".into()));
         rows.push(row);
