@@ -128,6 +128,26 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         config: Option<ConfigIdentity>,
     },
+    /// `pdctl role set`: one worker to `role`, or this host's PD workers to `ratio` (`P:D`; pdctl
+    /// chooses which flip). Each flipped worker is drained, given its unit's role drop-in, and
+    /// switched at run time (`--enable-pd-role-switch`) or restarted, through every gate.
+    Role {
+        /// The worker (with `role`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unit: Option<String>,
+        /// Its new role: `prefill` or `decode` (with `unit`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        role: Option<String>,
+        /// `P:D` (instead of `unit` and `role`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ratio: Option<String>,
+        /// Why (`--reason`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The config the client planned with (see `Restart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<ConfigIdentity>,
+    },
 }
 
 /// Which config a client or pdctld runs with: the main file's path and a digest of the contents of

@@ -59,6 +59,10 @@ pub enum Step {
     /// `--model-path` read into the page cache, so the start (or the load) reads them from
     /// memory. Never fails a rollout: skipped where the checkpoint does not fit in memory.
     Prefetch,
+    /// `pdctl role set`: the unit's role drop-in written (a revision like any change), then the
+    /// drained server switched at run time (`POST /pd_role_switch`), or left to the restart
+    /// that follows.
+    Role,
 }
 
 impl Step {
@@ -67,11 +71,13 @@ impl Step {
     /// started after it), its ready line of this run, `/health`, its PD pairs probed directly
     /// (still out of the gateway: a stale pair is found and repaired before clients reach it),
     /// back in the gateway, its KV metrics, the KV its prefills held for its old process
-    /// released (a decode), and the soak. Written here once: every sequence the engine runs on a
+    /// released (a decode), and the soak; a change of role (`pdctl role set`) between the drain
+    /// and the restart. Written here once: every sequence the engine runs on a
     /// worker is a filter of it (`pdctl_core::engine::runbook`).
-    pub const RUNBOOK: [Step; 12] = [
+    pub const RUNBOOK: [Step; 13] = [
         Step::Slot,
         Step::Drain,
+        Step::Role,
         Step::Restart,
         Step::Stop,
         Step::Start,
@@ -90,8 +96,8 @@ impl Step {
     pub const OF_THE_ROLLOUT: [Step; 6] = [Step::Preflight, Step::Reconcile, Step::Rollback, Step::Weights, Step::Switch, Step::Prefetch];
 
     /// Every step: preflight, the runbook in its order, then the rollout's own others.
-    pub const ALL: [Step; 18] = {
-        let mut all = [Step::Preflight; 18];
+    pub const ALL: [Step; 19] = {
+        let mut all = [Step::Preflight; 19];
         let mut i = 0;
         while i < Step::RUNBOOK.len() {
             all[1 + i] = Step::RUNBOOK[i];
@@ -126,6 +132,7 @@ impl Step {
             Step::Stop => "stop",
             Step::Start => "start",
             Step::Prefetch => "prefetch",
+            Step::Role => "role",
         }
     }
 }
@@ -294,6 +301,7 @@ mod tests {
                 Step::Preflight | Step::Reconcile | Step::Rollback | Step::Weights | Step::Switch | Step::Prefetch => Step::OF_THE_ROLLOUT.contains(&s),
                 Step::Slot
                 | Step::Drain
+                | Step::Role
                 | Step::Restart
                 | Step::Stop
                 | Step::Start

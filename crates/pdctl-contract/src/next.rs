@@ -50,6 +50,9 @@ impl Cause {
             Cause::RoleMismatch { unit, configured, .. } => {
                 format!("`pdctl restart --rolling --unit {unit}` (it starts again as {configured}, its configured role)")
             }
+            Cause::RoleSwitchFailed { unit, .. } => {
+                format!("`pdctl status` (the summary says whether {unit} serves its old role again), then `journalctl -u {unit}` for why it did not switch")
+            }
             Cause::WrongWorkerType { .. } => "make the worker's role in the config match its --disaggregation-mode, then `pdctl check`".into(),
             Cause::RegisterRefused { .. } | Cause::RouterNeverAdmits { .. } | Cause::CircuitOpen { .. } => {
                 format!("`pdctl status` (is the gateway the fault? the worker's own health is in the event above), fix the gateway, then {}", retry(unit))

@@ -235,6 +235,8 @@ pub enum RolloutKind {
     HostDrain,
     /// `pdctl host resume` (or a FleetLock `steady-state`, or pdctld's start after a reboot).
     HostResume,
+    /// `pdctl role set`: workers changed between prefill and decode.
+    Role,
 }
 
 impl RolloutKind {
@@ -248,6 +250,7 @@ impl RolloutKind {
             RolloutKind::Weights => "weights",
             RolloutKind::HostDrain => "host_drain",
             RolloutKind::HostResume => "host_resume",
+            RolloutKind::Role => "role",
         }
     }
 }

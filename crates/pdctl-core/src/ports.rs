@@ -51,6 +51,9 @@ pub struct UnitConfig {
     /// argv of each ExecStart= command, with a `--config FILE.yaml` merged in as SGLang merges
     /// it ([`crate::sglang::launch_config`]): what the server runs with.
     pub exec_start: Vec<Vec<String>>,
+    /// argv of each ExecStart= command as systemd holds it (no `--config` file merged in): what a
+    /// drop-in that replaces the command starts from (`pdctl role set`).
+    pub exec_start_words: Vec<Vec<String>>,
     /// The `--config` files ExecStart names: part of the unit's configuration (snapshotted with
     /// its revision, restored by a rollback, a change of one is a change of the unit).
     pub config_files: Vec<String>,

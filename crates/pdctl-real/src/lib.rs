@@ -365,9 +365,14 @@ pub fn probes(settings: &Settings) -> HttpProbes {
     }
 }
 
-/// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes).
-pub async fn connect(settings: Settings) -> Result<RealEngine, UnitsError> {
+/// Connect the real drivers for `settings` (systemd on its bus, the journal, HTTP probes), each
+/// worker's role read from its unit ([`pdctl_core::engine::role_change::resolve_roles`]).
+pub async fn connect(mut settings: Settings) -> Result<RealEngine, UnitsError> {
     let units = SystemdUnits::connect(&settings).await?;
+    // A worker's role is its unit's (`pdctl role set` changes it there).
+    for said in pdctl_core::engine::role_change::resolve_roles(&units, &mut settings).await {
+        tracing::debug!("{said}");
+    }
     let coordinator = settings.fleet.as_ref().map(|f| std::sync::Arc::new(EtcdCoordinator::new(f)) as std::sync::Arc<dyn pdctl_core::ports::Coordinator>);
     Ok(Engine { units, logs: Journald(journal(&settings)), probes: probes(&settings), settings, coordinator })
 }

@@ -45,6 +45,7 @@ fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
     use pdctl_core::sglang::launch_config;
     let mut config_files = Vec::new();
     let mut launch_config_error = None;
+    let exec_start_words = c.exec_start.clone();
     let exec_start = c
         .exec_start
         .into_iter()
@@ -58,6 +59,7 @@ fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
         .collect();
     UnitConfig {
         exec_start,
+        exec_start_words,
         config_files,
         launch_config_error,
         environment: c.environment,

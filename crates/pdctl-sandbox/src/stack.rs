@@ -89,6 +89,11 @@ pub struct StackOptions {
     /// Each worker keeps its flags in a YAML file (`<sandbox>/sglang/<unit>.yaml`) and its
     /// ExecStart is the program with `--config FILE` and its `--port` ([`Stack::config_yaml`]).
     pub flags_in_config: bool,
+    /// Every worker runs with `--enable-pd-role-switch` (and `--disable-cuda-graph`: a flip to
+    /// decode then captures no graphs), a decode with its own `--disaggregation-bootstrap-port`
+    /// (with the flag every PD server runs its bootstrap server): `pdctl role set` can switch any
+    /// of them at run time.
+    pub role_switch: bool,
 }
 
 impl Default for StackOptions {
@@ -118,6 +123,7 @@ impl Default for StackOptions {
             admin_api_key: None,
             decode_env: Vec::new(),
             flags_in_config: false,
+            role_switch: false,
             worker_env: Vec::new(),
         }
     }
@@ -237,8 +243,14 @@ impl Stack {
         };
         let mut units = Vec::new();
         for w in stack.workers() {
-            let args = if w.role == "prefill" { &opts.prefill_args } else { &opts.decode_args };
-            stack.sandbox.write_unit(&w.unit, &stack.worker_unit(w, opts, args))?;
+            let mut args = if w.role == "prefill" { opts.prefill_args.clone() } else { opts.decode_args.clone() };
+            if opts.role_switch {
+                args.extend(["--enable-pd-role-switch".to_string(), "--disable-cuda-graph".to_string()]);
+                if w.bootstrap_port.is_none() {
+                    args.extend(["--disaggregation-bootstrap-port".to_string(), free_port()?.to_string()]);
+                }
+            }
+            stack.sandbox.write_unit(&w.unit, &stack.worker_unit(w, opts, &args))?;
             units.push(w.unit.clone());
         }
         if let Some(smg) = smg {

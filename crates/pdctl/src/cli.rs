@@ -66,12 +66,44 @@ pub(crate) enum Command {
     /// the fleet's budget before the reboot, resume it through every gate after.
     #[command(subcommand)]
     Host(HostCmd),
+    /// Change workers between prefill and decode (the P:D ratio), each through every gate.
+    #[command(subcommand)]
+    Role(RoleCmd),
     /// Print completion candidates, one a line (used by the bash completion script): the
     /// configured units, or pdctld's rollout ids, newest first.
     #[command(hide = true, name = "__complete")]
     Candidates {
         /// `units` or `rollouts`.
         what: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RoleCmd {
+    /// One worker to a role (`pdctl role set UNIT prefill|decode`), or this host's PD workers to a
+    /// ratio (`--ratio 3:1`; pdctl chooses which flip, the least busy first). Each is drained in
+    /// its old role, given its unit's role drop-in (a revision like any change), switched at run
+    /// time when its server runs with --enable-pd-role-switch (else restarted), and verified in
+    /// its new role: health, pairs, gateway, metrics, soak. Run by pdctld.
+    Set {
+        /// The worker.
+        #[arg(required_unless_present = "ratio", conflicts_with = "ratio")]
+        unit: Option<String>,
+        /// Its new role: prefill or decode.
+        #[arg(required_unless_present = "ratio", value_parser = ["prefill", "decode"])]
+        role: Option<String>,
+        /// This host's PD workers as P:D.
+        #[arg(long, value_name = "P:D")]
+        ratio: Option<String>,
+        /// Say which workers flip and which way (run-time switch or restart); touch nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Why (kept in the rollout's record with who started it).
+        #[arg(long)]
+        reason: Option<String>,
+        /// One JSON object per line (events, then a summary).
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -58,11 +58,17 @@ pub async fn engine(settings: Settings) -> Result<RealEngine, Exit> {
 /// Config → plan → connected engine, or the exit code of what went wrong (2 or 3).
 async fn prepare(config: &Path, only: &[String]) -> Result<(RealEngine, Plan), Exit> {
     let s = settings(config)?;
-    let plan = Plan::new(&s, only).map_err(|e| {
+    Plan::new(&s, only).map_err(|e| {
         eprintln!("pdctl: {e}");
         Exit::Usage
     })?;
-    Ok((engine(s).await?, plan))
+    // The plan's workers with their roles as their units say them (read by the connect).
+    let e = engine(s).await?;
+    let plan = Plan::new(&e.settings, only).map_err(|e| {
+        eprintln!("pdctl: {e}");
+        Exit::Usage
+    })?;
+    Ok((e, plan))
 }
 
 /// What pdctld knows of pending changes and quarantines (it keeps the revisions), when it answers

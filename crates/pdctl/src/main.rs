@@ -9,13 +9,14 @@ mod fleet;
 mod host;
 mod polkit;
 mod render;
+mod role_set;
 mod rollout;
 mod status;
 mod unit;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, FleetCmd, HostCmd, RestartArgs, RolloutCmd, StartArgs};
+use crate::cli::{Cli, Command, FleetCmd, HostCmd, RestartArgs, RoleCmd, RolloutCmd, StartArgs};
 use pdctl_contract::api::{Exit, Request};
 
 fn main() {
@@ -86,6 +87,18 @@ async fn dispatch(command: Command, config: &std::path::Path, client: &client::C
             HostCmd::Resume { reason, json } => host::start(client, config, Request::HostResume { reason, config: None }, json).await,
             HostCmd::Status(a) => host::status(client, a.json).await,
         },
+        Command::Role(RoleCmd::Set { unit, role, ratio, dry_run, reason, json }) => {
+            let ask = role_set::Ask { unit, role, ratio };
+            if dry_run {
+                return role_set::dry_run(config, &ask, json).await;
+            }
+            let identity = match rollout::same_config(client, config, json).await {
+                Ok(i) => i,
+                Err(c) => return c,
+            };
+            let req = Request::Role { unit: ask.unit, role: ask.role, ratio: ask.ratio, reason, config: identity };
+            rollout::start(client, config, &req, json).await
+        }
     }
 }
 

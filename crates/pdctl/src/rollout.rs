@@ -120,6 +120,7 @@ fn what_runs(rec: &Record) -> &'static str {
         pdctl_contract::api::RolloutKind::HostResume => {
             "host resume after maintenance: every worker through its gates, then the slots given back (run by pdctld)"
         }
+        pdctl_contract::api::RolloutKind::Role => "change of role: each worker drained, switched (or restarted) into its new role, verified (run by pdctld)",
     }
 }
 

@@ -179,17 +179,27 @@ fn age(at: &str) -> String {
     }
 }
 
+/// The config, and systemd (or why not) with each worker's role as its unit says it (`pdctl role
+/// set` changes it there).
+async fn connected(config: &Path) -> Result<(pdctl_core::config::Settings, Result<SystemdUnits, String>), Exit> {
+    let mut s = context::settings(config)?;
+    let sd = within("systemd", async { SystemdUnits::connect(&s).await.map_err(|e| e.to_string()) }).await;
+    if let Ok(units) = &sd {
+        pdctl_core::engine::role_change::resolve_roles(units, &mut s).await;
+    }
+    Ok((s, sd))
+}
+
 /// Run `pdctl status` for the workers: the table (not with `json`), and each worker's row as
 /// JSON, with the exit code.
 /// `maintenance`: pdctld said the host is in maintenance (the sentence).
 /// `pairs`: pdctld's last pair probe of each decode and prefill, said after the table beside
 /// what each worker is now.
 pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[pdctl_contract::api::PairStatus]) -> (Exit, Vec<Value>) {
-    let s = match context::settings(config) {
-        Ok(s) => s,
+    let (s, sd) = match connected(config).await {
+        Ok(x) => x,
         Err(c) => return (c, Vec::new()),
     };
-    let sd = within("systemd", async { SystemdUnits::connect(&s).await.map_err(|e| e.to_string()) }).await;
     let probes = pdctl_real::probes(&s);
     let router = if s.router.is_some() { Some(within("the gateway", async { probes.router_workers(0).await.map_err(|e| e.to_string()) }).await) } else { None };
     let fetched = ask_workers(&s.workers, &sd, &probes).await;

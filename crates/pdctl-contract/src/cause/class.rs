@@ -26,6 +26,7 @@ impl Cause {
             Cause::ReadyTimeout { .. } => "ready_timeout",
             Cause::HealthTimeout { .. } => "health_timeout",
             Cause::RoleMismatch { .. } => "role_mismatch",
+            Cause::RoleSwitchFailed { .. } => "role_switch_failed",
             Cause::WrongWorkerType { .. } => "wrong_worker_type",
             Cause::RegisterRefused { .. } => "register_refused",
             Cause::RouterNeverAdmits { .. } => "router_never_admits",
@@ -123,6 +124,7 @@ impl Cause {
             | Cause::ReadyTimeout { .. }
             | Cause::HealthTimeout { .. }
             | Cause::RoleMismatch { .. }
+            | Cause::RoleSwitchFailed { .. }
             | Cause::WrongWorkerType { .. }
             | Cause::RegisterRefused { .. }
             | Cause::RouterNeverAdmits { .. }

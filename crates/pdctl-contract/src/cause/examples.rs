@@ -40,6 +40,7 @@ impl Cause {
             Cause::ReadyTimeout { unit: unit(), pattern: "The server is fired up and ready to roll!".into(), after: d, foreign: 0 },
             Cause::HealthTimeout { url: url(), after: d, last: msg() },
             Cause::RoleMismatch { unit: unit(), url: url(), runs: "decode".into(), configured: "prefill".into() },
+            Cause::RoleSwitchFailed { unit: unit(), url: url(), to: "decode".into(), message: msg() },
             Cause::WrongWorkerType { url: url(), listed: "regular".into(), role: "prefill".into() },
             Cause::RegisterRefused { url: url(), error: msg() },
             Cause::RouterNeverAdmits { url: url(), after: d, last: msg() },

@@ -244,6 +244,18 @@ pub enum Cause {
         /// The role its configuration says.
         configured: String,
     },
+    /// `pdctl role set`: the server did not take its new role at run time (`POST
+    /// /pd_role_switch` refused or failed).
+    RoleSwitchFailed {
+        /// The unit.
+        unit: String,
+        /// The worker URL.
+        url: String,
+        /// The role asked for.
+        to: String,
+        /// What the server said.
+        message: String,
+    },
     // --- router ---
     /// The router lists the worker under another role.
     WrongWorkerType {

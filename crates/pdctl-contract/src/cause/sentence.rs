@@ -49,6 +49,7 @@ impl Cause {
             Cause::RoleMismatch { unit, url, runs, configured, .. } => format!(
                 "{url} runs as {runs} (its /model_info) while {unit}'s configuration says {configured}: it was switched at run time (POST /pd_role_switch) without its configuration, so the gateway's worker type and its pairs no longer match, and a restart would bring back {configured}"
             ),
+            Cause::RoleSwitchFailed { url, to, message, .. } => format!("{url} did not switch to {to} at run time (POST /pd_role_switch): {message}"),
             Cause::WrongWorkerType { url, listed, role } => format!(
                 "the router lists {url} as \"{listed}\", not \"{role}\" (registered without worker_type?): remove it from the router and re-add it with worker_type \"{role}\""
             ),

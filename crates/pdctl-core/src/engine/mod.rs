@@ -36,6 +36,7 @@ mod policy;
 mod reconcile;
 mod recovery;
 mod repair;
+pub mod role_change;
 mod role_floor;
 mod roll;
 mod run;

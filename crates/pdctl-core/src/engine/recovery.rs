@@ -59,11 +59,18 @@ where
     /// `id` changed them, the revision they replace is kept as that rollout's "before"
     /// ([`revisions::save_before`]): what a revert of it restores.
     pub(in crate::engine) async fn record_revision(&self, w: &Worker, dir: &Path, id: &str) -> String {
+        self.record_revision_of(w, dir, id, false).await
+    }
+
+    /// [`Self::record_revision`]; `all_run`: every file is what the process runs, those changed
+    /// since its start included (a role switched at run time runs what its new drop-in says).
+    pub(in crate::engine) async fn record_revision_of(&self, w: &Worker, dir: &Path, id: &str, all_run: bool) -> String {
         let (cfg, st) = match (self.units.config(&w.unit).await, self.units.state(&w.unit).await) {
             (Ok(c), Ok(s)) => (c, s),
             (Err(e), _) | (_, Err(e)) => return format!("could not record the revision of {}: {e}", w.unit),
         };
-        let mut rev = revisions::baseline(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), st.exec_main_start_us);
+        let since = if all_run { 0 } else { st.exec_main_start_us };
+        let mut rev = revisions::baseline(&w.unit, &revisions::paths(&w.unit, &cfg, &w.watch_files), since);
         rev.why = "started".into();
         if let Some(old) = revisions::load(dir, &w.unit).filter(|old| revisions::fingerprint(old) != revisions::fingerprint(&rev)) {
             if let Err(er) = revisions::save_before(dir, id, &old) {

@@ -17,7 +17,7 @@ use crate::config::{Role, Worker};
 use crate::details::{PrefetchRead, SlotWait};
 use crate::engine::context::{Ctx, Notes, Outage, Repaired};
 use crate::engine::gates::{
-    drain, health, metrics, pair, prefetch, preflight, ready, restart, router, service_level, slot, soak, stop, stranded_kv, Deferred, Restarted,
+    drain, health, metrics, pair, prefetch, preflight, ready, restart, router, service_level, slot, soak, stop, stranded_kv, switch_role, Deferred, Restarted,
 };
 use crate::engine::halt;
 use crate::engine::machine::Engine;
@@ -35,7 +35,7 @@ use crate::state::revisions;
 /// started around a reboot), ready, `/health`, its pairs, back in the gateway, its KV metrics,
 /// stranded KV released, the soak. Preflight runs before the first worker; reconcile, rollback,
 /// weights and switch are steps of a rollout, not of a worker's sequence.
-pub const RUNBOOK: [Step; 12] = Step::RUNBOOK;
+pub const RUNBOOK: [Step; 13] = Step::RUNBOOK;
 
 /// Which part of the runbook runs on a worker, and how its steps judge what they find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,16 +62,20 @@ pub enum Sequence {
     /// Host maintenance, after the reboot: started if the boot did not, then every gate a
     /// restart passes; a stale pair fails it.
     HostUp,
+    /// `pdctl role set`: drained in its old role, its unit's role changed (and the server switched
+    /// at run time, or restarted), then every gate a restart passes in its new role.
+    Role,
 }
 
 impl Sequence {
     /// Whether the sequence runs `step`.
     pub fn runs(self, step: Step) -> bool {
         match self {
-            Sequence::Restart | Sequence::Repair => RUNBOOK.contains(&step) && !matches!(step, Step::Stop | Step::Start),
-            Sequence::SwitchNew => RUNBOOK.contains(&step) && !matches!(step, Step::Slot | Step::Stop | Step::Start),
+            Sequence::Restart | Sequence::Repair => RUNBOOK.contains(&step) && !matches!(step, Step::Role | Step::Stop | Step::Start),
+            Sequence::Role => RUNBOOK.contains(&step) && !matches!(step, Step::Stop | Step::Start),
+            Sequence::SwitchNew => RUNBOOK.contains(&step) && !matches!(step, Step::Slot | Step::Role | Step::Stop | Step::Start),
             Sequence::HostDown => matches!(step, Step::Drain | Step::Stop),
-            Sequence::HostUp => RUNBOOK.contains(&step) && !matches!(step, Step::Slot | Step::Drain | Step::Restart | Step::Stop),
+            Sequence::HostUp => RUNBOOK.contains(&step) && !matches!(step, Step::Slot | Step::Drain | Step::Role | Step::Restart | Step::Stop),
             Sequence::Verify => matches!(step, Step::Health | Step::Pair | Step::Router | Step::Metrics | Step::StrandedKv),
             Sequence::Check => matches!(step, Step::Health | Step::Router | Step::Metrics),
         }
@@ -108,12 +112,14 @@ pub(in crate::engine) struct WorkerRun<'a> {
     /// comes back after this one), so no request can pass the gateway yet; the pair gate
     /// proved the pair directly.
     pub(in crate::engine) peers_out: bool,
+    /// A change of role (`w` in its new role): the worker as it runs now, and the way it changes.
+    pub(in crate::engine) role: Option<switch_role::RoleChange<'a>>,
 }
 
 impl<'a> WorkerRun<'a> {
     /// `w` about to run `seq` in `ctx`.
     pub(in crate::engine) fn new(w: &'a Worker, seq: Sequence, sink: &'a Sink, ctx: Ctx<'a>) -> Self {
-        WorkerRun { w, seq, sink, ctx, maintained: None, peers_out: false }
+        WorkerRun { w, seq, sink, ctx, maintained: None, peers_out: false, role: None }
     }
 }
 
@@ -257,6 +263,10 @@ pub(in crate::engine) async fn run_sequence<U: Units, L: Logs, P: Probes>(eng: &
             Vec::new()
         }
         Sequence::Verify | Sequence::Check => verified(eng, r).await?,
+        Sequence::Role => {
+            let up = role_changed(eng, r).await?;
+            back_in_service(eng, r, up).await?
+        }
     };
     // Verified: the slot goes back.
     slot::release_slots(eng, &r.w.unit, &slots, r.ctx).await;
@@ -291,6 +301,34 @@ pub(in crate::engine) async fn until_healthy<U: Units, L: Logs, P: Probes>(eng: 
     let run = restart(eng, r, deferred).await?;
     proven(eng, r, run, out).await
 }
+
+/// A change of role's first half: drained in its old role, its unit's role changed, then
+/// switched at run time (no restart: the restart and ready steps say so) or restarted, ready and
+/// healthy in its new role.
+async fn role_changed<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Up<U::W>, (Step, Fail)> {
+    let Some(c) = r.role else {
+        return Err(failed_before(r.sink, &r.w.unit, Step::Role, Fail::from(Cause::BadRequest { message: "a change of role names no old role".into() })));
+    };
+    let as_it_runs = WorkerRun { w: c.was, role: None, ..WorkerRun::new(c.was, r.seq, r.sink, r.ctx) };
+    let Drained { out, deferred } = drain(eng, &as_it_runs).await?;
+    let switched = report(r.sink, &r.w.unit, Step::Role, switch_role::change(eng, r.w, c, deferred.is_some())).await?;
+    match switched {
+        Some(run) => {
+            for step in [Step::Restart, Step::Ready] {
+                StepRun::start(r.sink, &r.w.unit, step).skip(SWITCHED_AT_RUN_TIME);
+            }
+            health(eng, r, Some(&run.after)).await?;
+            Ok(Up { run, out })
+        }
+        None => {
+            let run = restart(eng, r, deferred).await?;
+            proven(eng, r, run, out).await
+        }
+    }
+}
+
+/// The restart and ready steps of a worker switched at run time.
+pub const SWITCHED_AT_RUN_TIME: &str = "switched at run time (POST /pd_role_switch): no restart, its run goes on";
 
 /// A new run's ready and health steps.
 async fn proven<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, run: Restarted<U::W>, out: Out) -> Result<Up<U::W>, (Step, Fail)> {
@@ -358,7 +396,7 @@ pub(in crate::engine) async fn take_slots<U, L, P: Probes>(
 /// a pair restarted together passes before either stops.
 pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Drained, (Step, Fail)> {
     let (w, ctx) = (r.w, r.ctx);
-    let before = if r.seq == Sequence::Restart { service_level::before_drain(eng, w, ctx).await } else { None };
+    let before = if matches!(r.seq, Sequence::Restart | Sequence::Role) { service_level::before_drain(eng, w, ctx).await } else { None };
     let since = Some(Instant::now());
     let drained = match eng.settings.rollout.drain {
         true => report(r.sink, &w.unit, Step::Drain, drain::drain(eng, w, ctx)).await,
@@ -441,7 +479,7 @@ async fn pair<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun
     match r.seq {
         // A prefill back after a reboot runs a new process on its old address, as after a
         // restart: decodes that kept its old bootstrap info are repaired the same way.
-        Sequence::Restart | Sequence::HostUp => {
+        Sequence::Restart | Sequence::HostUp | Sequence::Role => {
             for st in stale {
                 match &st.owner {
                     // On the heap: a repair runs a sequence of its own.
@@ -554,7 +592,9 @@ mod tests {
 
     #[test]
     fn every_sequence_keeps_the_runbook_order_and_steps_after_restart_need_it() {
-        for seq in [Sequence::Restart, Sequence::Repair, Sequence::SwitchNew, Sequence::Verify, Sequence::Check, Sequence::HostDown, Sequence::HostUp] {
+        for seq in
+            [Sequence::Restart, Sequence::Repair, Sequence::SwitchNew, Sequence::Verify, Sequence::Check, Sequence::HostDown, Sequence::HostUp, Sequence::Role]
+        {
             let steps: Vec<Step> = seq.steps().collect();
             let at = |s: &Step| RUNBOOK.iter().position(|x| x == s);
             assert!(steps.windows(2).all(|p| at(&p[0]) < at(&p[1])), "{seq:?}: {steps:?}");
@@ -566,6 +606,8 @@ mod tests {
         assert_eq!(Sequence::Check.steps().collect::<Vec<_>>(), [Step::Health, Step::Router, Step::Metrics]);
         assert_eq!(Sequence::SwitchNew.steps().take(4).collect::<Vec<_>>(), [Step::Drain, Step::Restart, Step::Ready, Step::Health]);
         assert_eq!(Sequence::HostDown.steps().collect::<Vec<_>>(), [Step::Drain, Step::Stop]);
+        assert_eq!(Sequence::Role.steps().take(4).collect::<Vec<_>>(), [Step::Slot, Step::Drain, Step::Role, Step::Restart]);
+        assert!(!Sequence::Restart.runs(Step::Role));
         assert!(!Sequence::Verify.restarts() && Sequence::Repair.restarts());
     }
 }

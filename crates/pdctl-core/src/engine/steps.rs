@@ -64,6 +64,9 @@ pub fn deadline(step: Step, r: &Rollout, v: &Verify) -> Duration {
         Step::Start => r.job_timeout,
         Step::Ready => r.ready_timeout,
         Step::Health => r.health_timeout,
+        // The drop-in, a reload, SGLang's preparation check and its switch (a teardown and a
+        // rebuild of its KV pools, on the scale of a start: ready_timeout).
+        Step::Role => r.job_timeout + r.ready_timeout,
         Step::Router => r.router_timeout,
         Step::Metrics => r.metrics_timeout + call,
         // The service gate waits up to its max_wait beyond the soak; its scrapes at the start
@@ -99,6 +102,7 @@ pub fn rule(step: Step, s: &Settings) -> StepRule {
         | Step::Reconcile
         | Step::Rollback
         | Step::Weights
+        | Step::Role
         | Step::Switch => (Required, None),
         // A read that cannot be made is said, never a failure.
         Step::Prefetch if s.rollout.prefetch_weights => (Warn, None),

@@ -197,6 +197,46 @@ pub fn with_role(argv: &[String], role: Role) -> Vec<String> {
     out
 }
 
+/// The value of `flag` in `argv` (`--flag v` or `--flag=v`), the last one given (argparse keeps
+/// the last).
+fn value_of<'a>(argv: &'a [String], flag: &str) -> Option<&'a str> {
+    let eq = format!("{flag}=");
+    let mut found = None;
+    let mut it = argv.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            found = it.next().map(String::as_str);
+        } else if let Some(v) = a.strip_prefix(&eq) {
+            found = Some(v);
+        }
+    }
+    found
+}
+
+/// The PD role a server started with `argv` (its `--config` file merged in) runs:
+/// `--disaggregation-mode`; `None` when it names none or `null` (a plain server: the config's
+/// role stands).
+pub fn unit_role(argv: &[String]) -> Option<Role> {
+    match value_of(argv, "--disaggregation-mode")? {
+        "prefill" => Some(Role::Prefill),
+        "decode" => Some(Role::Decode),
+        _ => None,
+    }
+}
+
+/// The bootstrap port a server started with `argv` listens on (`--disaggregation-bootstrap-port`,
+/// default 8998). With `--enable-pd-role-switch` every PD server runs its bootstrap server, a
+/// decode too, so a decode switched to prefill is registered with it.
+pub fn bootstrap_port(argv: &[String]) -> u16 {
+    value_of(argv, "--disaggregation-bootstrap-port").and_then(|p| p.parse().ok()).unwrap_or(crate::sglang::BOOTSTRAP_PORT_DEFAULT)
+}
+
+/// Whether a flip of a server started with `argv` to `to` captures decode CUDA graphs (then
+/// SGLang wants their footprint): to decode, without `--disable-cuda-graph`.
+pub fn captures_graphs(argv: &[String], to: Role) -> bool {
+    to == Role::Decode && !argv.iter().any(|a| a == "--disable-cuda-graph")
+}
+
 /// A PD worker of this host as a ratio sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
@@ -280,8 +320,25 @@ mod tests {
         Candidate { unit: unit.into(), role, in_flight }
     }
 
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
     fn answer(success: bool, message: &str, safe: bool) -> Answer {
         Answer { success, message: message.into(), old_role: "prefill".into(), safe_to_restore: safe }
+    }
+
+    #[test]
+    fn the_role_and_bootstrap_port_are_read_as_argparse_keeps_them() {
+        assert_eq!(unit_role(&argv("-m x --disaggregation-mode prefill")), Some(Role::Prefill));
+        assert_eq!(unit_role(&argv("--disaggregation-mode=prefill --disaggregation-mode decode")), Some(Role::Decode));
+        assert_eq!(unit_role(&argv("--disaggregation-mode null")), None);
+        assert_eq!(unit_role(&argv("-m x")), None);
+        assert_eq!(bootstrap_port(&argv("--disaggregation-bootstrap-port 9100")), 9100);
+        assert_eq!(bootstrap_port(&argv("--disaggregation-bootstrap-port=x")), crate::sglang::BOOTSTRAP_PORT_DEFAULT);
+        assert!(captures_graphs(&argv("-m x"), Role::Decode));
+        assert!(!captures_graphs(&argv("-m x --disable-cuda-graph"), Role::Decode));
+        assert!(!captures_graphs(&argv("-m x"), Role::Prefill));
     }
 
     #[test]
@@ -307,7 +364,6 @@ mod tests {
 
     #[test]
     fn the_runtime_path_needs_the_flag_and_a_backend_that_can() {
-        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         let with = argv("--model-path m --disaggregation-mode decode --enable-pd-role-switch");
         assert_eq!(path_for(Some(&with), Some("mooncake")), SwitchPath::Runtime);
         assert!(matches!(path_for(Some(&with), Some("nixl")), SwitchPath::Restart(why) if why.contains("nixl")));
@@ -318,7 +374,6 @@ mod tests {
 
     #[test]
     fn the_units_words_say_the_new_role_whatever_their_spelling() {
-        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         assert_eq!(with_role(&argv("-m x --disaggregation-mode decode --port 1"), Role::Prefill), argv("-m x --disaggregation-mode prefill --port 1"));
         assert_eq!(with_role(&argv("--disaggregation-mode=prefill"), Role::Decode), argv("--disaggregation-mode=decode"));
         assert_eq!(with_role(&argv("--config a.yaml"), Role::Decode), argv("--config a.yaml --disaggregation-mode decode"));

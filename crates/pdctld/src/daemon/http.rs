@@ -47,7 +47,8 @@ pub(super) async fn post_rollout(State(d): State<Arc<Daemon>>, peer: Option<axum
         | Request::Revert { reason, .. }
         | Request::Weights { reason, .. }
         | Request::HostDrain { reason, .. }
-        | Request::HostResume { reason, .. } => reason.clone(),
+        | Request::HostResume { reason, .. }
+        | Request::Role { reason, .. } => reason.clone(),
         Request::Resume { .. } => None,
     };
     let by = StartedBy { uid: peer.and_then(|p| p.0.uid), reason, ..Default::default() };

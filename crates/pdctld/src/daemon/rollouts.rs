@@ -12,6 +12,7 @@ use pdctl_contract::lifecycle::{now, RolloutState};
 use pdctl_core::engine::{RolloutRun, Work};
 use pdctl_core::plan::Plan;
 use pdctl_core::ports::Units as _;
+use pdctl_core::sglang::role_switch::Flip;
 use pdctl_real::RealEngine;
 use tokio::sync::broadcast;
 
@@ -49,7 +50,7 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     daemon.storm_refusal(&e.settings)?;
     let p = match req {
         Request::HostDrain { .. } | Request::HostResume { .. } => match plan_host(&daemon, &e, &req)? {
-            Planning::Run(p) => p,
+            Planning::Run(p) => *p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         // An unreadable maintenance record counts as one: the host may be down for a reboot.
@@ -61,13 +62,17 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
         // Nothing stale: no record whether or not `--if-changed` was given (it only says so for
         // the timer's sake).
         Request::Apply { all, allow_outage, .. } => match plan_apply(&e, &daemon.store.revisions_dir(), all, allow_outage).await? {
-            Planning::Run(p) => p,
+            Planning::Run(p) => *p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
         Request::Resume { id: old_id, .. } => plan_resume(&daemon, &e, old_id, &id).await?,
         Request::Weights { model_path, version, fleet_rollout, .. } => plan_weights(&e, model_path, version, fleet_rollout)?,
         Request::Revert { id: old_id, allow_outage, .. } => match plan_revert(&daemon, &e, &old_id, allow_outage)? {
-            Planning::Run(p) => p,
+            Planning::Run(p) => *p,
+            Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
+        },
+        Request::Role { unit, role, ratio, .. } => match plan_role(&e, unit.as_deref(), role.as_deref(), ratio.as_deref()).await? {
+            Planning::Run(p) => *p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
     };
@@ -91,13 +96,13 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
     }
     guard.armed = false;
     daemon.rollouts_begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let (kind, plan, reverify, restore, weights) = (p.kind, p.plan, p.reverify, p.restore, p.weights);
+    let (kind, plan, reverify, restore, weights, flips) = (p.kind, p.plan, p.reverify, p.restore, p.weights, p.flips);
     notify_status(&format!("rollout {id} ({}): starting", kind.as_str()));
     tracing::info!(pdctl_rollout_id = %id, "rollout {id} ({}) started: {}", kind.as_str(), plan.workers.iter().map(|w| w.unit.as_str()).collect::<Vec<_>>().join(", "));
     let d2 = daemon.clone();
     let id2 = id.clone();
     let limits = (e.settings.rollout.clone(), e.settings.verify);
-    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, (reverify, restore, weights)).await });
+    let task = tokio::spawn(async move { run(d2, e, plan, id2, kind, record, tx, abort, (reverify, restore, weights, flips)).await });
     if let Some(r) = lock(&daemon.running).as_mut().filter(|r| r.id == id) {
         *lock(&r.task) = Some(task.abort_handle());
         r.limits = Some(limits);
@@ -113,7 +118,8 @@ fn same_config(daemon: &Daemon, req: &Request) -> Result<(), Cause> {
     | Request::Weights { config: Some(given), .. }
     | Request::Revert { config: Some(given), .. }
     | Request::HostDrain { config: Some(given), .. }
-    | Request::HostResume { config: Some(given), .. } = req
+    | Request::HostResume { config: Some(given), .. }
+    | Request::Role { config: Some(given), .. } = req
     {
         let ours = pdctl_core::config::identity(&daemon.config);
         if ours.as_ref().map(|o| &o.sha256) != Some(&given.sha256) {
@@ -187,6 +193,8 @@ struct Planned {
     weights: Option<Weights>,
     /// Said in the record from its start (a config rollout: why it restarts rather than loads).
     notes: Vec<String>,
+    /// `pdctl role set`: the workers that change role, in order.
+    flips: Option<Vec<Flip>>,
 }
 
 /// A host in maintenance rolls nothing but its resume.
@@ -209,10 +217,10 @@ fn plan_host(daemon: &Daemon, e: &RealEngine, req: &Request) -> Result<Planning,
             // The record's plan in the order the drain takes them (decodes first), as said.
             let order: Vec<String> = pdctl_core::engine::host::drain_order_of(&plan.workers).iter().map(|w| w.unit.clone()).collect();
             let plan = Plan::in_order(&e.settings, &order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-            Planning::Run(Planned::of(RolloutKind::HostDrain, plan, *allow_outage))
+            Planning::Run(Box::new(Planned::of(RolloutKind::HostDrain, plan, *allow_outage)))
         }
         _ if !on_record => Planning::Nothing("this host is not in maintenance: nothing to resume".into()),
-        _ => Planning::Run(Planned::of(RolloutKind::HostResume, plan, true)),
+        _ => Planning::Run(Box::new(Planned::of(RolloutKind::HostResume, plan, true))),
     })
 }
 
@@ -226,6 +234,7 @@ impl Planned {
             resumes: None,
             allow_outage,
             load_changes: false,
+            flips: None,
             reverify: 0,
             restore: None,
             weights: None,
@@ -238,7 +247,7 @@ impl Planned {
 /// "succeeded" one would say a rollout happened).
 enum Planning {
     /// Run it.
-    Run(Planned),
+    Run(Box<Planned>),
     /// Nothing to roll, and why.
     Nothing(String),
 }
@@ -260,6 +269,24 @@ fn plan_weights(e: &RealEngine, model_path: String, version: Option<String>, fle
     }
     let plan = Plan::new(&e.settings, &[]).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
     Ok(Planned { weights: Some((model_path, version, fleet_rollout)), ..Planned::of(RolloutKind::Weights, plan, true) })
+}
+
+/// `pdctl role set`'s plan: the flips (which workers, decided in pdctl-core), each with the way it
+/// changes, said in the record from its start; a ratio the host has already is nothing to do.
+async fn plan_role(e: &RealEngine, unit: Option<&str>, role: Option<&str>, ratio: Option<&str>) -> Result<Planning, Cause> {
+    let refused = |why: String| Cause::BadRequest { message: format!("{why}; nothing was touched") };
+    let ask = pdctl_core::engine::role_change::RoleAsk::of(unit, role, ratio).map_err(refused)?;
+    let flips = e.role_flips(&ask).await.map_err(refused)?;
+    if flips.is_empty() {
+        return Ok(Planning::Nothing(match ask {
+            pdctl_core::engine::role_change::RoleAsk::One { unit, role } => format!("{unit} already runs as {}", role.as_str()),
+            pdctl_core::engine::role_change::RoleAsk::Ratio { prefill, decode } => format!("this host already runs {prefill}:{decode}"),
+        }));
+    }
+    let units: Vec<String> = flips.iter().map(|f| f.unit.clone()).collect();
+    let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
+    let notes = e.role_paths(&flips).await.iter().map(|(f, p)| pdctl_core::engine::role_change::planned(f, p)).collect();
+    Ok(Planning::Run(Box::new(Planned { notes, flips: Some(flips), ..Planned::of(RolloutKind::Role, plan, false) })))
 }
 
 /// A config rollout's plan: which workers (`pdctl_core::apply::order`: the stale ones, all with
@@ -299,7 +326,7 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
             None
         }
     };
-    Ok(Planning::Run(Planned {
+    Ok(Planning::Run(Box::new(Planned {
         kind: RolloutKind::Apply,
         plan,
         reasons,
@@ -310,7 +337,8 @@ async fn plan_apply(e: &RealEngine, dir: &std::path::Path, all: bool, allow_outa
         restore: None,
         weights,
         notes,
-    }))
+        flips: None,
+    })))
 }
 
 /// A resume's plan: the interrupted rollout `old_id` from the unit it stopped at (once; its
@@ -347,6 +375,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
         restore: None,
         weights: None,
         notes: Vec::new(),
+        flips: None,
     })
 }
 
@@ -369,7 +398,7 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str, allow_outage: Opti
         RevertOrder::Run { units, restore, reasons } => (units, restore, reasons),
     };
     let plan = Plan::in_order(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    Ok(Planning::Run(Planned {
+    Ok(Planning::Run(Box::new(Planned {
         kind: RolloutKind::Revert,
         plan,
         reasons,
@@ -380,7 +409,8 @@ fn plan_revert(daemon: &Daemon, e: &RealEngine, old_id: &str, allow_outage: Opti
         restore: Some(restore),
         weights: None,
         notes: Vec::new(),
-    }))
+        flips: None,
+    })))
 }
 
 /// Persist, broadcast, count and log one event.
@@ -441,7 +471,7 @@ pub(super) async fn run(
     record: Arc<Mutex<Record>>,
     tx: broadcast::Sender<StreamLine>,
     abort: Arc<AtomicBool>,
-    (reverify, restore, weights): (usize, Restore, Option<Weights>),
+    (reverify, restore, weights, flips): (usize, Restore, Option<Weights>, Option<Vec<Flip>>),
 ) {
     let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let consumer = {
@@ -472,7 +502,11 @@ pub(super) async fn run(
         // A fleet rollout's own part (not a revert or a resume of it): its phases are its own.
         fleet_rollout: fleet_rollout.as_deref().filter(|_| kind == RolloutKind::Restart),
     };
-    let mut finished = e.execute(run, &sink).await;
+    let mut e = e;
+    let mut finished = match &flips {
+        Some(flips) => e.change_roles(run, flips, &sink).await,
+        None => e.execute(run, &sink).await,
+    };
     daemon.keep_baseline(&id, std::mem::take(&mut finished.service_before));
     drop(sink);
     let _ = consumer.await;

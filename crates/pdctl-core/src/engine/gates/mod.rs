@@ -17,6 +17,7 @@ pub(in crate::engine) use restart::Restarted;
 pub(in crate::engine) mod router;
 pub(in crate::engine) mod service_level;
 pub(in crate::engine) mod slot;
+pub(in crate::engine) mod switch_role;
 pub(in crate::engine) use service_level::Mark;
 pub(in crate::engine) mod soak;
 pub(in crate::engine) mod stop;

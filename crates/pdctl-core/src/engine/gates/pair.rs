@@ -24,7 +24,8 @@ pub(in crate::engine) fn peers<'e, U, L, P>(eng: &'e Engine<U, L, P>, w: &Worker
         Role::Decode => Role::Prefill,
         Role::Regular => return Vec::new(),
     };
-    eng.settings.workers.iter().filter(|o| o.role == other).collect()
+    // Not itself: a worker changing role is still listed in its old one.
+    eng.settings.workers.iter().filter(|o| o.role == other && o.unit != w.unit).collect()
 }
 
 /// The pair gate of a restarted worker: a PD request pair sent straight to it and each peer

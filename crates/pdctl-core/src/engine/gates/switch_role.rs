@@ -1,0 +1,148 @@
+//! The role step of `pdctl role set`, after the worker's drain: its unit's role drop-in written
+//! and the manager reloaded (what the undo needs is kept first, in [`Undo`]), then — on the
+//! runtime path — SGLang asked to check every precondition (`prepare_only`) and to switch. On the
+//! restart path the restart that follows starts it in its new role.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::cause::Cause;
+use crate::config::Worker;
+use crate::engine::gates::Restarted;
+use crate::engine::machine::Engine;
+use crate::engine::step_run::{lock, Fail, Verdict};
+use crate::ports::{Probes, Units};
+use crate::sglang::role_switch::{self, Ask, SwitchPath};
+use crate::state::role_dropin;
+
+/// A worker changing role: as it runs now, which way it changes, and what to undo if it fails.
+#[derive(Clone, Copy)]
+pub(in crate::engine) struct RoleChange<'a> {
+    /// The worker as it runs now (its old role): drained as such.
+    pub(in crate::engine) was: &'a Worker,
+    /// Runtime switch, or restart.
+    pub(in crate::engine) path: &'a SwitchPath,
+    /// Written by the step before each side effect.
+    pub(in crate::engine) undo: &'a Mutex<Undo>,
+}
+
+/// What a failed change of role leaves to undo.
+#[derive(Debug, Default, Clone)]
+pub(in crate::engine) struct Undo {
+    /// The drop-in written, and what was at its place before.
+    pub(in crate::engine) dropin: Option<(PathBuf, role_dropin::Before)>,
+    /// The server was asked to switch and may have torn its old role down: only a restart in
+    /// the old role is sure to bring it back (`safe_to_restore` false, or no answer).
+    pub(in crate::engine) torn_down: bool,
+}
+
+/// The role step's detail.
+#[derive(serde::Serialize)]
+pub(in crate::engine) struct RoleDetail {
+    /// The role it ran.
+    from: &'static str,
+    /// The role it runs now (runtime), or starts with (restart).
+    to: &'static str,
+    /// `runtime` or `restart`.
+    path: &'static str,
+    /// Why it is restarted rather than switched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restart_because: Option<String>,
+    /// The drop-in written.
+    drop_in: String,
+    /// How long SGLang's switch took (its teardown and rebuild).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    switch_ms: Option<u64>,
+}
+
+/// The role step of `w` (the worker in its new role). `in_gateway`: its drain left the taking
+/// out to a stop (the only worker of its role): a runtime switch is refused then (SGLang
+/// switches only an idle server). Returns the run the later gates hold it to on the runtime
+/// path, `None` when a restart follows.
+pub(in crate::engine) async fn change<U: Units, L, P: Probes>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    c: RoleChange<'_>,
+    in_gateway: bool,
+) -> Result<(Verdict<RoleDetail>, Option<Restarted<U::W>>), Fail> {
+    let unit = w.unit.as_str();
+    let cfg = eng.units.config(unit).await?;
+    let [argv] = cfg.exec_start_words.as_slice() else {
+        return Err(Cause::BadRequest {
+            message: format!("{unit} has {} ExecStart= commands: pdctl role set changes a unit with one", cfg.exec_start_words.len()),
+        }
+        .into());
+    };
+    let path = role_dropin::path(unit, &cfg.fragment_path);
+    let text = role_dropin::text(unit, w.role, argv);
+    let unwritable = |e: std::io::Error| Fail::from(Cause::RecordUnwritable { dir: path.display().to_string(), error: e.to_string() });
+    // What was there is known before the write: a failure after it puts that back.
+    let before = std::fs::read_to_string(&path).ok();
+    lock(c.undo).dropin = Some((path.clone(), before));
+    role_dropin::write(&path, &text).map_err(unwritable)?;
+    eng.units.reload().await?;
+    let mut detail = RoleDetail {
+        from: c.was.role.as_str(),
+        to: w.role.as_str(),
+        path: "restart",
+        restart_because: None,
+        drop_in: path.display().to_string(),
+        switch_ms: None,
+    };
+    if let SwitchPath::Restart(why) = c.path {
+        detail.restart_because = Some(why.clone());
+        return Ok((Verdict::passed(detail), None));
+    }
+    detail.path = "runtime";
+    if in_gateway {
+        return Err(failed(w, "it is the only worker of its role in the gateway, which keeps it until a stop: SGLang switches only an idle server".into()));
+    }
+    let limit = eng.settings.rollout.ready_timeout;
+    let watch = eng.units.watch(unit).await?;
+    // Every precondition on every DP worker first; nothing is torn down by it. A flip to decode
+    // that has not captured decode graphs must be told their footprint (0.5.23 asks even with
+    // --disable-cuda-graph); the runtime path is taken only with that flag ([`path`]), where
+    // nothing is captured: 0 GB.
+    let graph_memory_gb = (w.role == crate::config::Role::Decode).then_some(0.0);
+    let ask = Ask { new_role: w.role, graph_memory_gb, prepare_only: true };
+    let said = eng.probes.role_switch(&w.url, &ask, limit).await.map_err(|e| failed(w, format!("its preparation check did not answer: {e}")))?;
+    if let Some(r) = said.refusal() {
+        return Err(failed(w, format!("its preparation check refused ({r:?}): {}", said.message)));
+    }
+    let t0 = Instant::now();
+    lock(c.undo).torn_down = true;
+    let said = eng.probes.role_switch(&w.url, &Ask { prepare_only: false, ..ask }, limit).await.map_err(|e| failed(w, format!("no answer: {e}")))?;
+    if let Some(r) = said.refusal() {
+        lock(c.undo).torn_down = !(r.safe_to_restore() || said.safe_to_restore);
+        return Err(failed(w, said.message));
+    }
+    detail.switch_ms = Some(t0.elapsed().as_millis() as u64);
+    let after = eng.units.state(unit).await?;
+    let run = Restarted { watch, cursor: None, after, taken_out: None, ran_through: true };
+    Ok((Verdict::passed(detail), Some(run)))
+}
+
+/// `w`'s switch failed with `message`.
+fn failed(w: &Worker, message: String) -> Fail {
+    Cause::RoleSwitchFailed { unit: w.unit.clone(), url: w.url.clone(), to: w.role.as_str().into(), message }.into()
+}
+
+/// The way `was` changes to `to`: at run time when the server runs with `--enable-pd-role-switch`
+/// and a backend that can, and no decode CUDA graphs need a measured footprint; else a restart
+/// (why said).
+pub(in crate::engine) async fn path<U, L, P: Probes>(eng: &Engine<U, L, P>, was: &Worker, to: crate::config::Role) -> SwitchPath {
+    let info = match eng.probes.server_info(&was.url).await {
+        Ok(i) => i,
+        Err(e) => return SwitchPath::Restart(format!("its /server_info did not answer ({e})")),
+    };
+    let launch = crate::sglang::launch_argv(&info);
+    let backend = info.get("disaggregation_transfer_backend").and_then(|b| b.as_str());
+    match role_switch::path_for(launch.as_deref(), backend) {
+        SwitchPath::Runtime if launch.as_deref().is_some_and(|a| role_switch::captures_graphs(a, to)) => SwitchPath::Restart(
+            "as a decode it would capture CUDA graphs, whose footprint pdctl does not measure yet (give it --disable-cuda-graph, or let the restart size them)"
+                .into(),
+        ),
+        p => p,
+    }
+}

@@ -1,0 +1,88 @@
+//! `pdctl role set --dry-run`: which workers would change role and which way, read here (the
+//! run itself is pdctld's).
+
+use std::path::Path;
+
+use pdctl_contract::api::Exit;
+use pdctl_core::engine::role_change::{planned, RoleAsk};
+use pdctl_core::sglang::role_switch::SwitchPath;
+
+/// What was asked on the command line.
+pub struct Ask {
+    /// The worker (with `role`).
+    pub unit: Option<String>,
+    /// Its new role.
+    pub role: Option<String>,
+    /// `P:D`.
+    pub ratio: Option<String>,
+}
+
+impl Ask {
+    /// The command that runs it.
+    fn command(&self) -> String {
+        match (&self.unit, &self.role, &self.ratio) {
+            (_, _, Some(r)) => format!("pdctl role set --ratio {r}"),
+            (Some(u), Some(role), None) => format!("pdctl role set {u} {role}"),
+            _ => "pdctl role set UNIT prefill|decode".into(),
+        }
+    }
+}
+
+/// The dry run: the flips pdctld would make, each with its way (a run-time switch, or a
+/// restart and why), touching nothing.
+pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
+    let ask_core = match RoleAsk::of(ask.unit.as_deref(), ask.role.as_deref(), ask.ratio.as_deref()) {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!("pdctl: ✗ {why}; nothing was touched; next: pdctl role set --help");
+            return Exit::Usage;
+        }
+    };
+    let settings = match crate::context::settings(config) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let engine = match pdctl_real::connect(settings).await {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("pdctl: ✗ {}; nothing was touched; next: pdctl status", e.cause().sentence());
+            return Exit::Unreachable;
+        }
+    };
+    let flips = match engine.role_flips(&ask_core).await {
+        Ok(f) => f,
+        Err(why) => {
+            if json {
+                println!("{}", serde_json::json!({ "dry_run": true, "result": "failed", "refused": format!("{why}; nothing was touched") }));
+            } else {
+                println!("pdctl: ✗ dry run: {why}; nothing was touched; next: pdctl status");
+            }
+            return Exit::GateFailed;
+        }
+    };
+    let paths = engine.role_paths(&flips).await;
+    if json {
+        let rows: Vec<serde_json::Value> = paths
+            .iter()
+            .map(|(f, p)| {
+                let (path, why) = match p {
+                    SwitchPath::Runtime => ("runtime", None),
+                    SwitchPath::Restart(why) => ("restart", Some(why.clone())),
+                };
+                serde_json::json!({ "unit": f.unit, "from": f.from.as_str(), "to": f.to.as_str(), "path": path, "restart_because": why })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "dry_run": true, "result": "succeeded", "flips": rows }));
+        return Exit::Ok;
+    }
+    if paths.is_empty() {
+        println!("pdctl: ✓ dry run: nothing to change (the workers already run these roles); nothing was touched; next: pdctl status");
+        return Exit::Ok;
+    }
+    println!("pdctl: role set would change, one at a time, each drained first and verified after:");
+    for (f, p) in &paths {
+        println!("  {}", planned(f, p));
+    }
+    println!("pdctl: ✓ dry run: nothing was touched; next: {}", ask.command());
+    Exit::Ok
+}

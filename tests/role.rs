@@ -1,0 +1,169 @@
+//! `pdctl role set` on the simulator behind the real gateway, through pdctld: a worker changed
+//! between prefill and decode at run time (`--enable-pd-role-switch`) or by a restart, its unit's
+//! role drop-in kept through a later restart, refusals that touch nothing, and a failed rebuild
+//! brought back in its old role.
+
+use std::time::Duration;
+
+use pdctl_tests::pdctl_sandbox::stack::{Stack, StackOptions};
+use pdctl_tests::{pdctl_daemon, stack_with_pdctld_opts, JsonRun};
+use serde_json::Value;
+
+const P2: &str = "sglang-dsv4-prefill-2.service";
+const D2: &str = "sglang-dsv4-decode-2.service";
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// The worker at `url` as the gateway lists it: its type.
+fn gateway_type(stack: &Stack, url: &str) -> Option<String> {
+    let router = &stack.router.as_ref().expect("a gateway").url;
+    let (_, body) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{router}/workers")).unwrap_or_default();
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["workers"].as_array()?.iter().find(|w| w["url"] == url)?["worker_type"].as_str().map(String::from)
+}
+
+/// The role the server at `url` runs now (its `/model_info`).
+fn running_role(url: &str) -> Option<String> {
+    let (_, body) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{url}/model_info")).unwrap_or_default();
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    v["disaggregation_mode"].as_str().map(String::from)
+}
+
+fn url_of<'a>(stack: &'a Stack, unit: &str) -> &'a str {
+    &stack.workers().into_iter().find(|w| w.unit == unit).expect("a worker of the stack").url
+}
+
+fn drop_in(stack: &Stack, unit: &str) -> std::path::PathBuf {
+    stack.sandbox.unit_dir().join(format!("{unit}.d")).join("90-pdctl-role.conf")
+}
+
+fn passed_path(r: &JsonRun, unit: &str) -> String {
+    r.event(unit, "role", "passed")["detail"]["path"].as_str().unwrap_or_default().to_string()
+}
+
+fn ok(r: &JsonRun) {
+    assert_eq!(r.code, 0, "{:#} {}", r.summary, r.stderr);
+    assert_eq!(r.summary["result"], "succeeded", "{:#}", r.summary);
+}
+
+fn role_opts(decode_args: &[&str]) -> StackOptions {
+    StackOptions { pairs: 2, role_switch: true, decode_args: decode_args.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+}
+
+/// 2P2D, every server started with `--enable-pd-role-switch`: `--ratio 3:1` flips one decode
+/// (the dry run says which, and that it switches at run time); the run drains it, writes its
+/// unit's drop-in, switches it without a restart (its run goes on: the same InvocationID), and
+/// passes every gate in its new role — the gateway lists it as a prefill, its server says prefill.
+/// A later restart of that unit keeps the role (the drop-in), and `role set UNIT decode` brings
+/// the host back to 2:2 with the drop-in naming decode.
+#[test]
+fn a_ratio_flips_a_decode_at_run_time_and_its_role_survives_a_restart() {
+    let (stack, config, d) = stack_with_pdctld_opts(&role_opts(&[]));
+    let dry = pdctl_daemon(&d, &config, &["role", "set", "--ratio", "3:1", "--dry-run", "--json"], LIMIT);
+    assert_eq!(dry.code, 0, "{:#} {}", dry.summary, dry.stderr);
+    let flips = dry.summary["flips"].as_array().cloned().unwrap_or_default();
+    assert_eq!(flips.len(), 1, "{:#}", dry.summary);
+    let unit = flips[0]["unit"].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        (flips[0]["from"].as_str(), flips[0]["to"].as_str(), flips[0]["path"].as_str()),
+        (Some("decode"), Some("prefill"), Some("runtime")),
+        "{flips:?}"
+    );
+    let url = url_of(&stack, &unit).to_string();
+    let invocation =
+        stack.sandbox.systemctl(&["show", "-P", "InvocationID", &unit]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+
+    let r = pdctl_daemon(&d, &config, &["role", "set", "--ratio", "3:1", "--json"], LIMIT);
+    ok(&r);
+    assert_eq!(passed_path(&r, &unit), "runtime");
+    assert_eq!(r.event(&unit, "restart", "skipped")["unit"], unit.as_str());
+    for step in ["drain", "health", "pair", "router", "metrics", "soak"] {
+        r.event(&unit, step, "passed");
+    }
+    assert_eq!(running_role(&url).as_deref(), Some("prefill"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
+    let same_run =
+        stack.sandbox.systemctl(&["show", "-P", "InvocationID", &unit]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    assert_eq!(same_run, invocation, "switched at run time: the same run");
+    let text = std::fs::read_to_string(drop_in(&stack, &unit)).expect("the role drop-in");
+    assert!(text.contains("--disaggregation-mode prefill"), "{text}");
+
+    // The role is the unit's now: a restart keeps it, and its gates hold it to prefill.
+    let again = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", &unit, "--json"], LIMIT);
+    ok(&again);
+    assert_eq!(running_role(&url).as_deref(), Some("prefill"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
+
+    let back = pdctl_daemon(&d, &config, &["role", "set", &unit, "decode", "--json"], LIMIT);
+    ok(&back);
+    assert_eq!(running_role(&url).as_deref(), Some("decode"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("decode"));
+    let text = std::fs::read_to_string(drop_in(&stack, &unit)).expect("the role drop-in");
+    assert!(text.contains("--disaggregation-mode decode"), "{text}");
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}
+
+/// Refusals touch nothing: a ratio that leaves a role empty, a count that is not this host's,
+/// the only worker of its role — each refused before any drain, no drop-in written. Without
+/// the flag (a server started without `--enable-pd-role-switch`) the dry run says the restart
+/// path and why.
+#[test]
+fn a_role_left_empty_is_refused_touching_nothing_and_without_the_flag_the_way_is_a_restart() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, ..Default::default() });
+    for args in [&["role", "set", "--ratio", "4:0", "--json"][..], &["role", "set", "--ratio", "2:1", "--json"][..]] {
+        let r = pdctl_daemon(&d, &config, args, LIMIT);
+        assert_ne!(r.code, 0, "{args:?}: {:#}", r.summary);
+        assert!(r.events.is_empty(), "{args:?}: nothing runs: {:#?}", r.events);
+        assert!(r.stderr.contains("nothing was touched") || r.summary.to_string().contains("nothing was touched"), "{args:?}: {} {:#}", r.stderr, r.summary);
+    }
+    for w in stack.workers() {
+        assert!(!drop_in(&stack, &w.unit).exists(), "{}", w.unit);
+    }
+    let dry = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--dry-run", "--json"], LIMIT);
+    assert_eq!(dry.code, 0, "{:#} {}", dry.summary, dry.stderr);
+    let flip = &dry.summary["flips"][0];
+    assert_eq!(flip["path"], "restart", "{flip:#}");
+    assert!(flip["restart_because"].as_str().is_some_and(|w| w.contains("--enable-pd-role-switch")), "{flip:#}");
+}
+
+/// Without the flag the same verb restarts the worker with its unit's new role: a prefill of a
+/// 2P2D host becomes a decode through every gate, the gateway lists it as one.
+#[test]
+fn without_the_flag_a_prefill_becomes_a_decode_by_a_restart_through_every_gate() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, ..Default::default() });
+    let url = url_of(&stack, P2).to_string();
+    let r = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--json"], LIMIT);
+    ok(&r);
+    assert_eq!(passed_path(&r, P2), "restart");
+    for step in ["drain", "restart", "ready", "health", "pair", "router", "metrics", "soak"] {
+        r.event(P2, step, "passed");
+    }
+    assert_eq!(running_role(&url).as_deref(), Some("decode"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("decode"));
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}
+
+/// A rebuild that fails after the teardown leaves the server unhealthy ("restart required"):
+/// pdctl fails the change with `role_switch_failed`, puts the unit's files back (no drop-in),
+/// restarts it in its old role through every gate, and the host passes `check` again.
+#[test]
+fn a_failed_rebuild_is_restarted_in_its_old_role_and_the_unit_files_put_back() {
+    let (stack, config, d) = stack_with_pdctld_opts(&role_opts(&["--sim-role-switch-fail"]));
+    let url = url_of(&stack, D2).to_string();
+    let r = pdctl_daemon(&d, &config, &["role", "set", D2, "prefill", "--json"], LIMIT);
+    assert_eq!(r.code, 1, "{:#} {}", r.summary, r.stderr);
+    let failed = &r.summary["failed"];
+    assert_eq!(
+        (failed["unit"].as_str(), failed["step"].as_str(), failed["cause_code"].as_str()),
+        (Some(D2), Some("role"), Some("role_switch_failed")),
+        "{failed:#}"
+    );
+    assert!(!drop_in(&stack, D2).exists(), "the drop-in is taken back");
+    let notes = pdctl_tests::record(&d.socket, r.summary["id"].as_str().unwrap_or_default())["notes"].to_string();
+    assert!(notes.contains("restarted in its old role"), "{notes}");
+    assert_eq!(running_role(&url).as_deref(), Some("decode"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("decode"));
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}
