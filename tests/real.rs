@@ -8,53 +8,13 @@
 
 use std::time::Duration;
 
-use pdctl_tests::pdctl_sandbox::stack::{http_get_with, Server, Stack, StackOptions};
-use pdctl_tests::{http, live_daemon, pdctl_daemon, raw_api, stack_with_pdctld_opts, until, JsonRun, Load};
+use pdctl_tests::pdctl_sandbox::stack::{http_get_with, Stack, StackOptions};
+use pdctl_tests::real_stack::{explain, fragment, logs, real_opts};
+use pdctl_tests::{http, live_daemon, pdctl_daemon, raw_api, stack_with_pdctld_opts, until, Load};
 use serde_json::{json, Value};
 
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
-
-/// The real 1P1D stack. The decode waits 30 s for a room's KV and the prefill holds a room 30 s
-/// (SGLang's defaults are 300 s each): a failed transfer shows within a test's time.
-fn real_opts() -> StackOptions {
-    StackOptions { server: Server::Real, waiting_timeout_secs: 30.0, bootstrap_timeout_secs: 30.0, ..Default::default() }
-}
-
-/// Write a config fragment `name` beside the stack's pdctl config (read by the next `pdctl`).
-fn fragment(config: &std::path::Path, name: &str, text: &str) {
-    let dir = config.parent().expect("config dir").join("config.d");
-    std::fs::write(dir.join(format!("{name}.toml")), text).expect("fragment");
-}
-
-/// The last lines of each unit and of the gateway, for a failure report.
-fn logs(stack: &Stack) -> String {
-    let mut units: Vec<String> = stack.workers().iter().map(|w| w.unit.clone()).collect();
-    units.extend(stack.router.iter().map(|r| r.unit.clone()));
-    units
-        .iter()
-        .map(|u| {
-            let out = stack.sandbox.journalctl(&["-u", u, "-n", "60", "--no-pager", "-o", "short-precise"]);
-            format!("--- {u}:\n{}\n", out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| e.to_string()))
-        })
-        .collect()
-}
-
-/// What failed, by gate, with the servers' last lines.
-fn explain(stack: &Stack, r: &JsonRun) -> String {
-    let f = &r.summary["failed"];
-    format!(
-        "exit {}: {} failed at {} ({}): {}\nsummary: {:#}\nstderr: {}\n{}",
-        r.code,
-        f["unit"],
-        f["step"],
-        f["cause_code"],
-        f["cause"],
-        r.summary,
-        r.stderr,
-        logs(stack)
-    )
-}
 
 #[test]
 fn a_rolling_restart_of_the_unchanged_real_pair_passes_every_gate_under_load() {
@@ -291,104 +251,6 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
     stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(&stack)));
     let (status, tokens, _) = reqs.into_iter().next().expect("one").join().expect("request thread");
     assert_eq!((status, tokens), (200, 1500), "the request in flight finished\n{}", logs(&stack));
-}
-
-/// 2P2D on the real server (four servers, ~12 GB) under the load this CPU sustains. Clients
-/// send 3 req/s of prompts sharing a long system prompt while three more ask for 600-token
-/// answers again and again (long answers in flight throughout): every worker restarted in turn
-/// through every gate, then one pair drained for its host's maintenance while the other serves
-/// (pdctld told of that pair alone, as on a host of its own) and resumed. Not one client request
-/// fails. 3 req/s is about a tenth of what this stack sustains here (`scripts/bench-capacity`,
-/// [`pdctl_tests::capacity::sustained`]); why not 80 %, docs/benchmarks.md.
-#[test]
-fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drain_lose_no_request() {
-    use pdctl_tests::capacity::LongStream;
-    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, ..real_opts() });
-    fragment(&config, "20-2p2d", "[rollout]\nallow_outage = false\ndrain_timeout = \"120s\"\n");
-    let router = stack.router.as_ref().expect("router").url.clone();
-    let system = "You are a careful assistant for an operations team; answer briefly and name your sources. ".repeat(8);
-    // About a tenth of what it sustains (`scripts/bench-capacity`): at 80 % of it a
-    // rolling restart loses requests on this CPU (docs/benchmarks.md says why).
-    let rate = 3.0;
-    // 1. A rolling restart of all four.
-    let load = Load::start_with(&router, rate, 16, None, Some(system.clone()));
-    let long = LongStream::start(&router, 3, 600);
-    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], Duration::from_secs(1500));
-    let (sent, failed) = load.stop();
-    let longs = long.stop();
-    println!("the rolling restart at {rate:.1} req/s: {sent} sent, {failed} failed; {} long answers", longs.len());
-    if failed > 0 {
-        for e in r.events.iter().filter(|e| e["status"] != "started") {
-            println!(
-                "  {} {} {} {}",
-                e["at"].as_str().unwrap_or(""),
-                e["unit"].as_str().unwrap_or(""),
-                e["step"].as_str().unwrap_or(""),
-                e["status"].as_str().unwrap_or("")
-            );
-        }
-    }
-    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
-    for w in stack.workers() {
-        for step in ["drain", "restart", "ready", "health", "pair", "router", "metrics", "soak"] {
-            r.event(&w.unit, step, "passed");
-        }
-        let drain = &r.event(&w.unit, "drain", "passed")["detail"];
-        // smg's own count of what it had in flight to the worker when the drain took it out.
-        println!("{}: {} in flight at its drain (smg's count)", w.unit, drain["router_load"]);
-        assert_eq!(r.event(&w.unit, "restart", "passed")["detail"]["stop"]["ended_by"], "drained");
-    }
-    assert!(sent as f64 >= rate * 20.0, "the load ran: {sent} sent");
-    assert_eq!(failed, 0, "a second worker of each role served throughout\n{}", gateway_errors(&stack));
-    assert!(longs.iter().all(|&(status, tokens)| (status, tokens) == (200, 600)), "every long answer came back whole: {longs:?}\n{}", gateway_errors(&stack));
-
-    // 2. One pair's host drained for maintenance while the other pair serves, then resumed.
-    for path in [config.clone(), d.config.clone()] {
-        let text = std::fs::read_to_string(&path).expect("config");
-        std::fs::write(&path, pdctl_tests::fleet_hosts::config_with_only(&text, &[P, D])).expect("config");
-    }
-    stack.sandbox.systemctl(&["restart", &d.unit]).expect("pdctld starts again");
-    let settled = || raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"] == false;
-    assert!(until(Duration::from_secs(120), Duration::from_millis(200), settled), "pdctld started");
-    let load = Load::start_with(&router, rate, 16, None, Some(system.clone()));
-    let long = LongStream::start(&router, 3, 600);
-    let drained = pdctl_daemon(&d, &config, &["host", "drain", "--reason", "pair one's driver update", "--json"], Duration::from_secs(900));
-    assert_eq!(drained.code, 0, "{}", explain(&stack, &drained));
-    for unit in [P, D] {
-        assert_eq!(stack.show(unit, "ActiveState").expect("ActiveState"), "inactive", "{unit} stopped");
-        assert_eq!(drained.event(unit, "stop", "passed")["detail"]["stop"]["ended_by"], "drained");
-    }
-    let resumed = pdctl_daemon(&d, &config, &["host", "resume", "--json"], Duration::from_secs(900));
-    let (sent, failed) = load.stop();
-    let longs = long.stop();
-    println!("one pair's maintenance at {rate:.1} req/s: {sent} sent, {failed} failed; {} long answers", longs.len());
-    println!("the decode's drain for maintenance: {}", drained.event(D, "drain", "passed")["detail"]);
-    assert_eq!(resumed.code, 0, "{}", explain(&stack, &resumed));
-    assert_eq!(failed, 0, "the other pair served throughout\n{}", gateway_errors(&stack));
-    assert!(longs.iter().all(|&(status, tokens)| (status, tokens) == (200, 600)), "every long answer came back whole: {longs:?}\n{}", gateway_errors(&stack));
-}
-
-/// What the gateway logged of the requests it failed (the first 20 distinct lines), with the
-/// pdctl steps' times beside them in the caller's output: why a client request failed.
-fn gateway_errors(stack: &Stack) -> String {
-    let Some(r) = &stack.router else { return String::new() };
-    let out = stack
-        .sandbox
-        .journalctl(&["-u", &r.unit, "--no-pager", "-o", "short-precise"])
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut lines = Vec::new();
-    for l in out.lines().filter(|l| {
-        (l.contains("ERROR") || l.contains("No available") || l.contains("Circuit breaker state") || l.contains("status_code=5"))
-            && !l.contains("detect_connection_mode")
-    }) {
-        let key: String = l.chars().skip(60).take(120).collect();
-        if seen.insert(key) && lines.len() < 20 {
-            lines.push(l.chars().take(700).collect::<String>());
-        }
-    }
-    format!("--- what {} logged of the requests it failed:\n{}\n{}", r.unit, lines.join("\n"), logs(stack))
 }
 
 /// The stale pair on the real server, made certain: a decode whose heartbeat looks every 30 s

@@ -13,6 +13,7 @@ pub mod fleet_hosts;
 pub mod fleet_sim;
 pub mod host_maintenance;
 pub mod load;
+pub mod real_stack;
 pub use load::{served_requests, Answer, Load, MixedWatch};
 pub mod router_watch;
 pub use router_watch::{Observed, RouterWatch, MAX_GAP};

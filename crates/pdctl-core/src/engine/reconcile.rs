@@ -112,6 +112,9 @@ where
             let st = self.units.state(&d.unit).await?;
             let same_run = !d.invocation_id.is_empty() && st.invocation_id == d.invocation_id;
             self.serving_again(d, &w, t0, budget).await?;
+            // Not re-admitted as a role it does not run (cut short mid `pdctl role set`: its unit
+            // says the new role, its server may still run the old one): it stays out, said.
+            gates::health::runs_its_role(self, &w).await?;
             let admitted = gates::router::router(self, &w, true, false).await?;
             ledger.clear(&d.unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;
             Ok::<_, Fail>(detail_of(&Reconciled {
