@@ -86,6 +86,16 @@ fn a_ratio_flips_a_decode_at_run_time_and_its_role_survives_a_restart() {
     assert_eq!(same_run, invocation, "switched at run time: the same run");
     let text = std::fs::read_to_string(drop_in(&stack, &unit)).expect("the role drop-in");
     assert!(text.contains("--disaggregation-mode prefill"), "{text}");
+    // `pdctl status` counts each role by what its workers run, with the figures behind it.
+    let bin = pdctl_tests::pdctl_sandbox::workspace_bin("pdctl", "PDCTL_BIN").expect("pdctl built");
+    let o = std::process::Command::new(&bin)
+        .args(["status", "--json", "--config", &config.display().to_string(), "--socket", &d.socket.display().to_string()])
+        .output()
+        .expect("pdctl status");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    let roles = &v["roles"];
+    assert_eq!((roles["prefill"]["workers"].as_u64(), roles["decode"]["workers"].as_u64()), (Some(3), Some(1)), "{roles:#}");
+    assert!(roles["why"].as_str().is_some_and(|w| !w.is_empty()), "{roles:#}");
 
     // The role is the unit's now: a restart keeps it, and its gates hold it to prefill.
     let again = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", &unit, "--json"], LIMIT);

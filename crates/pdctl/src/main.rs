@@ -318,6 +318,19 @@ mod next_steps {
         assert!(seen > 40, "only {seen} commands were checked");
     }
 
+    /// The command `pdctl status` suggests for a role short of capacity is one this CLI parses.
+    #[test]
+    fn the_suggested_ratio_change_parses() {
+        use pdctl_core::config::Role;
+        use pdctl_core::service::role_pressure::{pressure, Load};
+        let l = |role, queued, kv| Load { role, queued: Some(queued), running: Some(1.0), kv_used: Some(kv) };
+        let p = pressure(&[l(Role::Prefill, 6.0, 0.1), l(Role::Prefill, 6.0, 0.1), l(Role::Decode, 0.0, 0.2), l(Role::Decode, 0.0, 0.2)]);
+        let line = crate::status::pressure_line(&p).expect("a PD host");
+        let cmds = pdctl_contract::next::pdctl_commands(&line);
+        assert_eq!(cmds, ["pdctl role set --ratio 3:1 --dry-run"], "{line}");
+        assert!(super::Cli::try_parse_from(cmds[0].split_whitespace()).is_ok(), "{line}");
+    }
+
     /// Every page a man page refers to (`pdctl-x-y(1)`) is written, and every page has EXIT STATUS.
     #[test]
     fn man_pages_refer_only_to_pages_that_exist() {

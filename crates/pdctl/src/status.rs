@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use pdctl_contract::api::{DaemonStatus, Exit};
 use pdctl_core::ports::{KvReport, Probes as _, Units as _};
+use pdctl_core::service::role_pressure::Load;
 use pdctl_real::SystemdUnits;
 use serde_json::{json, Value};
 
@@ -98,13 +99,45 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
     if let (Some(m), false) = (&maintenance, json) {
         println!("pdctld: ! {m}: its workers are stopped on purpose until `pdctl host resume` (pdctld runs it by itself after the reboot)");
     }
-    let (code, workers) = run(config, json, maintenance.as_deref(), &pairs).await;
+    let (code, workers, loads) = run(config, json, maintenance.as_deref(), &pairs).await;
+    let pressure = pdctl_core::service::role_pressure::pressure(&loads);
     if json {
-        println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed }));
+        println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed, "roles": pressure }));
+    } else {
+        say_pressure(&pressure);
     }
     match code {
         Exit::Ok if !daemon_ok => Exit::Unreachable,
         c => c,
+    }
+}
+
+/// Each role's pressure, and the ratio it suggests with the command that shows what it would do.
+fn say_pressure(p: &pdctl_core::service::role_pressure::Pressure) {
+    if let Some(line) = pressure_line(p) {
+        println!("{line}");
+    }
+}
+
+/// [`say_pressure`]'s line (`None`: not a PD host).
+pub(crate) fn pressure_line(p: &pdctl_core::service::role_pressure::Pressure) -> Option<String> {
+    if p.prefill.workers == 0 || p.decode.workers == 0 {
+        return None;
+    }
+    Some(match &p.suggested_ratio {
+        Some(r) => format!("roles: {}:{} now; {}; next: `pdctl role set --ratio {r} --dry-run`", p.prefill.workers, p.decode.workers, p.why),
+        None => format!("roles: {}:{} now; {}", p.prefill.workers, p.decode.workers, p.why),
+    })
+}
+
+/// One worker's figures for the role pressure (`runs`: the role it runs now, else its unit's).
+fn load_of(w: &pdctl_core::config::Worker, runs: Option<pdctl_core::config::Role>, kv: &Kv) -> pdctl_core::service::role_pressure::Load {
+    let kv = kv.as_ref().ok();
+    pdctl_core::service::role_pressure::Load {
+        role: runs.unwrap_or(w.role),
+        queued: kv.and_then(|k| k.queue_reqs),
+        running: kv.and_then(|k| k.running_reqs),
+        kv_used: kv.map(|k| k.token_usage),
     }
 }
 
@@ -195,11 +228,12 @@ async fn connected(config: &Path) -> Result<(pdctl_core::config::Settings, Resul
 /// `maintenance`: pdctld said the host is in maintenance (the sentence).
 /// `pairs`: pdctld's last pair probe of each decode and prefill, said after the table beside
 /// what each worker is now.
-pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[pdctl_contract::api::PairStatus]) -> (Exit, Vec<Value>) {
+pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[pdctl_contract::api::PairStatus]) -> (Exit, Vec<Value>, Vec<Load>) {
     let (s, sd) = match connected(config).await {
         Ok(x) => x,
-        Err(c) => return (c, Vec::new()),
+        Err(c) => return (c, Vec::new(), Vec::new()),
     };
+    let mut loads = Vec::new();
     let probes = pdctl_real::probes(&s);
     let router = if s.router.is_some() { Some(within("the gateway", async { probes.router_workers(0).await.map_err(|e| e.to_string()) }).await) } else { None };
     let fetched = ask_workers(&s.workers, &sd, &probes).await;
@@ -213,6 +247,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
     let mut json_rows = Vec::new();
     for (w, got) in s.workers.iter().zip(fetched) {
         let (state, kv, weights, runs) = got.unwrap_or_else(|| (Err("not asked".into()), Err("not asked".into()), None, None));
+        loads.push(load_of(w, runs, &kv));
         // A worker switched to the other role at run time does not serve as configured.
         let switched = runs.filter(|r| *r != w.role && w.role != pdctl_core::config::Role::Regular);
         if switched.is_some() {
@@ -289,7 +324,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
         }
         Ok(_) => Exit::Ok,
     };
-    (code, json_rows)
+    (code, json_rows, loads)
 }
 
 /// Print `rows` (the first is the header) in columns as wide as their widest cell; the columns
