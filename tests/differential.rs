@@ -6,7 +6,7 @@
 //!
 //! The session: the start (`/health` and `/ready` while starting), requests with and without the
 //! API key, `/v1/loads` (keys and types), `/server_info` (what pdctl reads; `launch_command`),
-//! `/model_info` (every field), a pause and continue, a weight update with a request in flight
+//! `/model_info` (every field), a pause and continue, `/pd_role_switch` on a server without its flag, a weight update with a request in flight
 //! (not paused, then paused), SIGTERM with a request in flight (the status codes during the
 //! drain, whether the request finished, when the process exited), and the metric families after
 //! a batch. Timing is compared only where pdctl relies on it, coarsely.
@@ -22,7 +22,7 @@ const KEY: &str = "diff-s3cret";
 /// The servers' `--admin-api-key`: SGLang's admin routes take it instead of [`KEY`].
 const ADMIN_KEY: &str = "diff-adm1n";
 /// The admin routes the session calls (0.5.23 `@auth_level(AuthLevel.ADMIN_OPTIONAL)`).
-const ADMIN: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request"];
+const ADMIN: &[&str] = &["/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache", "/abort_request", "/pd_role_switch"];
 
 /// What one session saw: a name per observation, its value.
 type Seen = BTreeMap<String, Value>;
@@ -187,6 +187,7 @@ impl Session {
         self.auth(&url);
         self.reads(&url, &server);
         self.pause(&url);
+        self.role_switch(&url);
         self.weights(&url, real);
         self.metrics(&url);
         self.sigterm(&mut server);
@@ -289,6 +290,18 @@ impl Session {
     }
 
     /// A pause and a continue.
+    /// `POST /pd_role_switch` on a server started without `--enable-pd-role-switch` (this
+    /// session's servers run no PD role): the answer (status, success, message,
+    /// `safe_to_restore`), and a body of the wrong type. A PD pair switching both ways on the real
+    /// server is `tests/real_2p2d.rs`'s.
+    fn role_switch(&mut self, url: &str) {
+        let u = format!("{url}/pd_role_switch");
+        let (s, v) = self.call("POST", &u, Some(json!({"new_role": "decode", "prepare_only": true})), true);
+        self.note("pd_role_switch without the flag: status, success, message, safe_to_restore", json!([s, v["success"], v["message"], v["safe_to_restore"]]));
+        let (s, v) = self.call("POST", &u, Some(json!({"new_role": 5})), true);
+        self.note("pd_role_switch with a role of the wrong type: status, body type", json!([s, type_of(&v)]));
+    }
+
     fn pause(&mut self, url: &str) {
         let (p, _) = self.call("POST", &format!("{url}/pause_generation"), Some(json!({"mode": "retract"})), true);
         let (r_paused, _) = self.call("GET", &format!("{url}/ready"), None, false);

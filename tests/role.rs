@@ -177,3 +177,81 @@ fn a_failed_rebuild_is_restarted_in_its_old_role_and_the_unit_files_put_back() {
     let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
     assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
 }
+
+/// Servers that capture CUDA graphs: a prefill's flip to decode is given the footprint a serving
+/// decode reports (`sglang:graph_memory_usage_gb{phase="decode"}`, 2.5 GB here) — the dry run
+/// says it, the role step passes it — and the new decode reports its own graphs after.
+#[test]
+fn a_flip_to_decode_is_given_the_graph_footprint_a_serving_decode_reports() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { cuda_graphs: true, ..role_opts(&[]) });
+    let dry = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--dry-run", "--json"], LIMIT);
+    let flip = &dry.summary["flips"][0];
+    assert_eq!((flip["path"].as_str(), flip["graph_memory_gb"].as_f64()), (Some("runtime"), Some(2.5)), "{:#}", dry.summary);
+    let r = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--json"], LIMIT);
+    ok(&r);
+    assert_eq!(r.event(P2, "role", "passed")["detail"]["graph_memory_gb"].as_f64(), Some(2.5));
+    let url = url_of(&stack, P2).to_string();
+    assert_eq!(running_role(&url).as_deref(), Some("decode"));
+    let (_, metrics) = pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{url}/metrics")).unwrap_or_default();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("sglang:graph_memory_usage_gb{") && l.contains("phase=\"decode\"") && l.ends_with(" 2.5")),
+        "its own graphs now"
+    );
+}
+
+/// The footprint does not fit (the decodes report 20 GB, a prefill has 12.4 GB free): SGLang's
+/// preparation check refuses after the drain, before anything is torn down; the drop-in is taken
+/// back and the prefill re-admitted as it runs, no restart.
+#[test]
+fn a_flip_to_decode_without_the_headroom_is_refused_and_the_worker_readmitted_as_it_runs() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { cuda_graphs: true, ..role_opts(&["--sim-graph-memory-gb", "20"]) });
+    let url = url_of(&stack, P2).to_string();
+    let before =
+        stack.sandbox.systemctl(&["show", "-P", "InvocationID", P2]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let r = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--json"], LIMIT);
+    assert_eq!(r.code, 1, "{:#} {}", r.summary, r.stderr);
+    let failed = &r.summary["failed"];
+    assert_eq!((failed["step"].as_str(), failed["cause_code"].as_str()), (Some("role"), Some("role_switch_failed")), "{failed:#}");
+    assert!(failed["cause"].as_str().is_some_and(|c| c.contains("insufficient decode CUDA graph headroom")), "{failed:#}");
+    assert!(!drop_in(&stack, P2).exists(), "the drop-in is taken back");
+    assert_eq!(running_role(&url).as_deref(), Some("prefill"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
+    let after = stack.sandbox.systemctl(&["show", "-P", "InvocationID", P2]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    assert_eq!(after, before, "nothing was torn down: re-admitted as it runs, not restarted");
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}
+
+/// pdctld SIGKILLed in the middle of a change of role (after its drop-in is written, while the
+/// simulator's switch takes 6 s): the CLI says interrupted; when pdctld starts again it does not
+/// re-admit the worker as a role it does not run; `pdctl rollout resume ID` verifies it in its
+/// unit's new role (restarted into it if the switch never happened) and the host converges: the
+/// worker serves as a prefill, the gateway lists it so, `check` passes.
+#[test]
+fn pdctld_killed_mid_switch_is_resumed_into_the_role_its_unit_says() {
+    let (stack, config, d) = stack_with_pdctld_opts(&role_opts(&["--sim-role-switch-secs", "6"]));
+    let url = url_of(&stack, D2).to_string();
+    let mut cli = pdctl_tests::live_daemon(&d, &config, &["role", "set", D2, "prefill", "--json"]);
+    cli.wait_line(LIMIT, |e| e["unit"] == D2 && e["step"] == "role" && e["status"] == "started").expect("the role step began");
+    let written = pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(20), || drop_in(&stack, D2).exists());
+    assert!(written, "the drop-in is written first");
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    assert_eq!(cli.finish(Duration::from_secs(20)), Some(3), "interrupted");
+    let last = cli.seen.last().cloned().unwrap_or_default();
+    assert_eq!(last["result"], "interrupted", "{last}");
+    let id = last["id"].as_str().unwrap_or_default().to_string();
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    // pdctld first reconciles what it drained: re-admitted only as the role its server runs.
+    let settled = || pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"] == false;
+    assert!(pdctl_tests::until(Duration::from_secs(120), Duration::from_millis(200), settled), "pdctld reconciled");
+    let r = pdctl_daemon(&d, &config, &["rollout", "resume", &id, "--json"], LIMIT);
+    ok(&r);
+    let steps: Vec<String> =
+        r.events.iter().filter(|e| e["unit"] == D2 && e["status"] != "started").map(|e| format!("{} {}", e["step"], e["status"])).collect();
+    println!("the resume of {D2}: {}", steps.join(", "));
+    r.event(D2, "health", "passed");
+    assert_eq!(running_role(&url).as_deref(), Some("prefill"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
+    let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
+    assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}

@@ -92,7 +92,7 @@ async fn a_pair_swaps_roles_at_run_time_and_each_refusal_says_why() {
     assert_eq!(role(&prefill).await, ("prefill".into(), "prefill".into()));
     // A role that is not one is refused (an empty one by the handler, another by the decoder).
     assert_eq!(switch(&prefill, json!({"new_role": ""})).await.1["message"], "invalid new_role=''");
-    assert_eq!(switch(&prefill, json!({"new_role": "both"})).await.0, 422);
+    assert_eq!(switch(&prefill, json!({"new_role": "both"})).await.0, 400);
 
     // The swap: the prefill becomes a decode and the decode a prefill.
     let (code, a) = switch(&prefill, json!({"new_role": "decode", "decode_cuda_graph_memory_gb": 0})).await;

@@ -355,6 +355,9 @@ pub trait Probes: Send + Sync {
     /// The role a worker runs now (`/model_info`, which follows a runtime role switch; `None`:
     /// not reported, or not a PD role).
     fn running_role(&self, url: &str) -> impl Future<Output = Result<Option<crate::config::Role>, HttpFailure>> + Send;
+    /// A decode's captured CUDA graphs' footprint in GB (`sglang:graph_memory_usage_gb`, its
+    /// decode phases; `None`: not exported or nothing captured): what a flip to decode asks for.
+    fn decode_graph_gb(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
     /// `POST /pd_role_switch` ([`crate::sglang::role_switch`]), within `limit`: the server's
     /// answer, a refusal included.
     fn role_switch(

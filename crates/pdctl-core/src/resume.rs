@@ -25,6 +25,11 @@ pub struct ResumeOrder {
     pub order: Vec<String>,
     /// How many at the front are re-verified, not restarted.
     pub reverify: usize,
+    /// Units of the plan not resumed: an interrupted change of role resumes only the worker it
+    /// stopped at (its unit already says its new role, so its verification or restart brings
+    /// it there); a restart of the later ones would keep their old role, so they are left for
+    /// `pdctl role set` to be asked again.
+    pub left: Vec<String>,
 }
 
 /// Why a rollout of `kind` is not resumed as a rolling restart (its workers were continued when
@@ -82,7 +87,8 @@ pub fn order(old: &Record, now: &BTreeMap<String, RunNow>) -> Result<ResumeOrder
         }
     }
     let reverify = if touched { lead.len() } else { 0 };
-    Ok(ResumeOrder { order: lead.into_iter().chain(rest).collect(), reverify })
+    let left = if old.kind == RolloutKind::Role { std::mem::take(&mut rest) } else { Vec::new() };
+    Ok(ResumeOrder { order: lead.into_iter().chain(rest).collect(), reverify, left })
 }
 
 #[cfg(test)]
@@ -108,12 +114,19 @@ mod tests {
     }
 
     #[test]
+    fn an_interrupted_change_of_role_resumes_only_the_worker_it_stopped_at() {
+        let r = record(RolloutKind::Role, &["d2", "d3"], ("d2", Step::Role));
+        let o = order(&r, &BTreeMap::new()).unwrap();
+        assert_eq!((o.order, o.reverify, o.left), (vec!["d2".to_string()], 1, vec!["d3".to_string()]));
+    }
+
+    #[test]
     fn resumes_at_the_unit_it_stopped_at_and_reverifies_those_it_restarted_whose_run_is_still_that_one() {
         let mut r = record(RolloutKind::Restart, &["p", "d", "x"], ("p", Step::Ready));
         // `together`: d was restarted with p (its run is still that one); x was not.
         restarted(&mut r, "d", "inv-d");
         let now = BTreeMap::from([("d".to_string(), run("inv-d", 900)), ("x".to_string(), run("inv-x", 900))]);
-        assert_eq!(order(&r, &now).unwrap(), ResumeOrder { order: vec!["p".into(), "d".into(), "x".into()], reverify: 2 });
+        assert_eq!(order(&r, &now).unwrap(), ResumeOrder { order: vec!["p".into(), "d".into(), "x".into()], reverify: 2, left: vec![] });
         // d restarted since by someone else: restarted again.
         let now = BTreeMap::from([("d".to_string(), run("other", 900))]);
         assert_eq!(order(&r, &now).unwrap().reverify, 1);
@@ -128,7 +141,7 @@ mod tests {
         let mut r = record(RolloutKind::Restart, &["p", "d"], ("p", Step::Slot));
         restarted(&mut r, "d", "inv-d");
         let now = BTreeMap::from([("d".to_string(), run("inv-d", 2_000))]);
-        assert_eq!(order(&r, &now).unwrap(), ResumeOrder { order: vec!["p".into(), "d".into()], reverify: 0 });
+        assert_eq!(order(&r, &now).unwrap(), ResumeOrder { order: vec!["p".into(), "d".into()], reverify: 0, left: vec![] });
     }
 
     #[test]

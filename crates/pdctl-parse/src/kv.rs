@@ -81,6 +81,25 @@ pub fn sglang_suffix(name: &str) -> Option<&str> {
     name.strip_prefix("sglang:").or_else(|| name.strip_prefix("sglang_"))
 }
 
+/// The phases of a decode's captured device graphs in 0.5.23's `sglang:graph_memory_usage_gb`
+/// (`model_executor/graph_memory_usage.py`): what a flip to decode captures.
+pub const DECODE_GRAPH_PHASES: &[&str] = &["decode", "target_verify", "draft_decode", "draft_extend"];
+
+/// A decode's captured graphs' footprint (GB): per scheduler, the phases of
+/// [`DECODE_GRAPH_PHASES`] summed; the largest scheduler's (each has a device of its own).
+/// `None`: not exported (a server before 0.5.23), or nothing captured (0 GB).
+pub fn decode_graph_gb(e: &Exposition) -> Option<f64> {
+    let mut per: std::collections::BTreeMap<Vec<(String, String)>, f64> = std::collections::BTreeMap::new();
+    for s in e.samples.iter().filter(|s| sglang_suffix(&s.name) == Some("graph_memory_usage_gb") && s.value.is_finite()) {
+        if !s.label("phase").is_some_and(|p| DECODE_GRAPH_PHASES.contains(&p)) {
+            continue;
+        }
+        let rank: Vec<(String, String)> = s.labels.iter().filter(|(k, _)| k != "phase").cloned().collect();
+        *per.entry(rank).or_default() += s.value;
+    }
+    per.into_values().reduce(f64::max).filter(|gb| *gb > 0.0)
+}
+
 /// A sample that stands for its rank: a per-priority breakdown (`priority="3"`) is part of the
 /// rank's total (`priority=""`), never a rank of its own.
 fn rank_total(s: &crate::prom::Sample) -> bool {
@@ -314,6 +333,22 @@ fn sane(r: &RankKv, un: &str, kn: &str, several: bool) -> Result<(), KvProblem> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod graph_tests {
+    #[test]
+    fn a_decodes_graph_footprint_is_its_decode_phases_on_its_largest_scheduler() {
+        let text = "sglang:graph_memory_usage_gb{phase=\"prefill\",tp_rank=\"0\"} 9.0\n\
+                    sglang:graph_memory_usage_gb{phase=\"decode\",tp_rank=\"0\"} 2.5\n\
+                    sglang:graph_memory_usage_gb{phase=\"draft_decode\",tp_rank=\"0\"} 0.5\n\
+                    sglang:graph_memory_usage_gb{phase=\"decode\",tp_rank=\"1\"} 2.75\n";
+        let e = crate::prom::parse(text).unwrap();
+        assert_eq!(super::decode_graph_gb(&e), Some(3.0));
+        let none = crate::prom::parse("sglang:graph_memory_usage_gb{phase=\"decode\",tp_rank=\"0\"} 0.0\n").unwrap();
+        assert_eq!(super::decode_graph_gb(&none), None);
+        assert_eq!(super::decode_graph_gb(&crate::prom::parse("x 1\n").unwrap()), None);
+    }
 }
 
 #[cfg(test)]

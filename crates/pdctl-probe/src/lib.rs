@@ -462,6 +462,14 @@ pub async fn kv_metrics(http: &Http, url: &str) -> Result<kv::KvReport, MetricsP
     kv::check(&e).map_err(MetricsProblem::Kv)
 }
 
+/// A decode's captured graphs' footprint (`GET /metrics`, [`kv::decode_graph_gb`]).
+pub async fn decode_graph_gb(http: &Http, url: &str) -> Result<Option<f64>, MetricsProblem> {
+    let u = format!("{}/metrics", url.trim_end_matches('/'));
+    let text = fetch_metrics(http, &u).await?;
+    let e = prom::parse(&text).map_err(|err| MetricsProblem::Unparseable { url: u.clone(), err })?;
+    Ok(kv::decode_graph_gb(&e))
+}
+
 /// A worker's service figures (`GET /metrics`): latency histograms and request counters.
 pub async fn service_figures(http: &Http, url: &str) -> Result<service::ServiceScrape, MetricsProblem> {
     let u = format!("{}/metrics", url.trim_end_matches('/'));

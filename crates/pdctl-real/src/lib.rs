@@ -246,6 +246,9 @@ impl Probes for HttpProbes {
             _ => None,
         })
     }
+    async fn decode_graph_gb(&self, url: &str) -> Result<Option<f64>, MetricsError> {
+        pdctl_probe::decode_graph_gb(&self.http, url).await.map_err(metrics_error)
+    }
     async fn role_switch(
         &self,
         url: &str,

@@ -94,6 +94,9 @@ pub struct StackOptions {
     /// (with the flag every PD server runs its bootstrap server): `pdctl role set` can switch any
     /// of them at run time.
     pub role_switch: bool,
+    /// With `role_switch`: the servers capture CUDA graphs (no `--disable-cuda-graph`), so a flip
+    /// to decode needs their footprint, measured on a serving decode.
+    pub cuda_graphs: bool,
 }
 
 impl Default for StackOptions {
@@ -124,6 +127,7 @@ impl Default for StackOptions {
             decode_env: Vec::new(),
             flags_in_config: false,
             role_switch: false,
+            cuda_graphs: false,
             worker_env: Vec::new(),
         }
     }
@@ -245,7 +249,10 @@ impl Stack {
         for w in stack.workers() {
             let mut args = if w.role == "prefill" { opts.prefill_args.clone() } else { opts.decode_args.clone() };
             if opts.role_switch {
-                args.extend(["--enable-pd-role-switch".to_string(), "--disable-cuda-graph".to_string()]);
+                args.push("--enable-pd-role-switch".to_string());
+                if !opts.cuda_graphs {
+                    args.push("--disable-cuda-graph".to_string());
+                }
                 if w.bootstrap_port.is_none() {
                     args.extend(["--disaggregation-bootstrap-port".to_string(), free_port()?.to_string()]);
                 }

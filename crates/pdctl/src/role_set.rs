@@ -64,12 +64,12 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
     if json {
         let rows: Vec<serde_json::Value> = paths
             .iter()
-            .map(|(f, p)| {
-                let (path, why) = match p {
+            .map(|(f, w)| {
+                let (path, why) = match &w.path {
                     SwitchPath::Runtime => ("runtime", None),
                     SwitchPath::Restart(why) => ("restart", Some(why.clone())),
                 };
-                serde_json::json!({ "unit": f.unit, "from": f.from.as_str(), "to": f.to.as_str(), "path": path, "restart_because": why })
+                serde_json::json!({ "unit": f.unit, "from": f.from.as_str(), "to": f.to.as_str(), "path": path, "restart_because": why, "graph_memory_gb": w.graph_memory_gb })
             })
             .collect();
         println!("{}", serde_json::json!({ "dry_run": true, "result": "succeeded", "flips": rows }));

@@ -299,6 +299,7 @@ const SIM: &[(&str, Kind)] = &[
     ("weights-fail", Kind::Flag),
     ("role-switch-fail", Kind::Flag),
     ("free-memory-gb", Kind::Value),
+    ("graph-memory-gb", Kind::Value),
     ("role-switch-secs", Kind::Value),
 ];
 

@@ -131,6 +131,9 @@ pub struct Engine {
     paused: Arc<tokio::sync::watch::Sender<Option<String>>>,
     /// The role the scheduler runs now: `--disaggregation-mode`, until `/pd_role_switch` flips it.
     role: Arc<Mutex<Mode>>,
+    /// Decode CUDA graphs were captured (0.5.23's `tp_worker.get_decode_cuda_graph_bs()` not
+    /// empty): a decode started without `--disable-cuda-graph`, or a flip to decode that captured.
+    decode_graphs: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Tokens a running request holds; returned to the pool with [`Engine::finish`].
@@ -148,6 +151,7 @@ impl Engine {
         Engine {
             paused: Arc::new(tokio::sync::watch::channel(None).0),
             role: Arc::new(Mutex::new(cfg.mode)),
+            decode_graphs: Arc::new(std::sync::atomic::AtomicBool::new(cfg.mode == Mode::Decode && !cfg.disable_cuda_graph)),
             state: Arc::new(Mutex::new(State {
                 status: Status::Starting,
                 ranks: (0..cfg.stats_ranks()).map(|_| Pool::new()).collect(),
@@ -254,6 +258,16 @@ impl Engine {
     /// `/pd_role_switch` rebuilt the scheduler as `mode`.
     pub fn set_mode(&self, mode: Mode) {
         *self.role.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// Whether decode CUDA graphs were captured.
+    pub fn decode_graphs(&self) -> bool {
+        self.decode_graphs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A flip to decode captured its graphs.
+    pub fn set_decode_graphs(&self) {
+        self.decode_graphs.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The configuration the simulator runs with.

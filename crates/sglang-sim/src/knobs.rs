@@ -69,6 +69,9 @@ pub struct SimKnobs {
     /// `--sim-free-memory-gb`: the device memory free for a flip to decode's CUDA graphs
     /// (default 12.4, the `available_gpu_mem` the startup log reports).
     pub free_memory_gb: f64,
+    /// `--sim-graph-memory-gb`: what a decode's captured CUDA graphs take (default 2.5), reported
+    /// as `sglang:graph_memory_usage_gb{phase="decode"}` where they are captured.
+    pub graph_memory_gb: f64,
     /// `--sim-role-switch-secs`: how long a `/pd_role_switch`'s teardown and rebuild take
     /// (default 0.5).
     pub role_switch: Duration,
@@ -120,6 +123,7 @@ impl Default for SimKnobs {
             weights_fail: false,
             role_switch_fail: false,
             free_memory_gb: 12.4,
+            graph_memory_gb: 2.5,
             role_switch: Duration::from_millis(500),
             pair_cache: PairCache::Refresh,
         }
@@ -203,6 +207,9 @@ pub(crate) fn parse(given: &BTreeMap<String, String>, env: &dyn Fn(&str) -> Opti
     }
     if let Some(g) = num("free-memory-gb")? {
         k.free_memory_gb = g.max(0.0);
+    }
+    if let Some(g) = num("graph-memory-gb")? {
+        k.graph_memory_gb = g.max(0.0);
     }
     if let Some(v) = get("pair-cache") {
         k.pair_cache = match v.as_str() {

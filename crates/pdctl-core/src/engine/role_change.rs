@@ -19,7 +19,7 @@ use crate::engine::work::{Finished, RolloutRun};
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
-use crate::sglang::role_switch::{self, Candidate, Flip, SwitchPath};
+use crate::sglang::role_switch::{self, Candidate, Flip, SwitchPath, Way};
 
 /// What an operator asked of `pdctl role set`.
 #[derive(Debug, Clone)]
@@ -56,11 +56,18 @@ impl RoleAsk {
 }
 
 /// What a flip does, as the record and the dry run say it.
-pub fn planned(f: &Flip, path: &SwitchPath) -> String {
-    match path {
-        SwitchPath::Runtime => {
-            format!("{}: {} -> {}, switched at run time (drained, POST /pd_role_switch, no restart)", f.unit, f.from.as_str(), f.to.as_str())
-        }
+pub fn planned(f: &Flip, way: &Way) -> String {
+    match &way.path {
+        SwitchPath::Runtime => format!(
+            "{}: {} -> {}, switched at run time (drained, POST /pd_role_switch, no restart{})",
+            f.unit,
+            f.from.as_str(),
+            f.to.as_str(),
+            way.graph_memory_gb
+                .filter(|gb| *gb > 0.0)
+                .map(|gb| format!("; its decode CUDA graphs' footprint {gb:.2} GB, measured on a serving decode"))
+                .unwrap_or_default()
+        ),
         SwitchPath::Restart(why) => format!("{}: {} -> {}, restarted with its new role ({why})", f.unit, f.from.as_str(), f.to.as_str()),
     }
 }
@@ -113,11 +120,11 @@ where
     }
 
     /// Which way each flip goes, in plan order (the dry run says it; the run takes it).
-    pub async fn role_paths(&self, flips: &[Flip]) -> Vec<(Flip, SwitchPath)> {
+    pub async fn role_paths(&self, flips: &[Flip]) -> Vec<(Flip, Way)> {
         let mut out = Vec::new();
         for f in flips {
             let Some(w) = self.settings.workers.iter().find(|w| w.unit == f.unit) else { continue };
-            out.push((f.clone(), switch_role::path(self, w, f.to).await));
+            out.push((f.clone(), switch_role::way(self, w, f.to).await));
         }
         out
     }
@@ -154,7 +161,7 @@ async fn change<U: Units, L: Logs, P: Probes>(eng: &mut Engine<U, L, P>, r: &Rol
         let _ = eng.staleness(dir).await;
     }
     let paths = eng.role_paths(flips).await;
-    for ((flip, path), was) in paths.iter().zip(&old) {
+    for ((flip, way), was) in paths.iter().zip(&old) {
         if r.abort.load(Ordering::SeqCst) {
             return t.summary(Outcome::Aborted, None);
         }
@@ -164,16 +171,16 @@ async fn change<U: Units, L: Logs, P: Probes>(eng: &mut Engine<U, L, P>, r: &Rol
         };
         let new = as_new(was, flip.to, launch.as_deref());
         let undone = Mutex::new(Undo::default());
-        let run = WorkerRun { role: Some(RoleChange { was, path, undo: &undone }), ..WorkerRun::new(&new, Sequence::Role, sink, ctx) };
+        let run = WorkerRun { role: Some(RoleChange { was, way, undo: &undone }), ..WorkerRun::new(&new, Sequence::Role, sink, ctx) };
         match runbook::run_sequence(eng, &run).await {
             Ok(repaired) => {
                 for (d, of) in repaired {
                     notes.push(format!("{} was restarted to repair its stale pairing with {of}", d.unit));
                 }
                 if let Some(dir) = r.revisions {
-                    notes.push(eng.record_revision_of(&new, dir, r.id, *path == SwitchPath::Runtime).await);
+                    notes.push(eng.record_revision_of(&new, dir, r.id, way.path == SwitchPath::Runtime).await);
                 }
-                notes.push(match path {
+                notes.push(match &way.path {
                     SwitchPath::Runtime => format!("{} runs as {} now: switched at run time, without a restart", new.unit, new.role.as_str()),
                     SwitchPath::Restart(why) => format!("{} runs as {} now: restarted ({why})", new.unit, new.role.as_str()),
                 });

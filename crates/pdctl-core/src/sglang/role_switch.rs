@@ -154,6 +154,16 @@ pub enum SwitchPath {
     Restart(String),
 }
 
+/// Which way a worker changes role, and what a flip to decode at run time tells SGLang.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Way {
+    /// At run time, or by a restart.
+    pub path: SwitchPath,
+    /// A flip to decode at run time: its decode CUDA graphs' footprint (GB), measured on a
+    /// serving decode (0 with `--disable-cuda-graph`: nothing is captured).
+    pub graph_memory_gb: Option<f64>,
+}
+
 /// The path for a server that was asked to run `launch` (`/server_info`'s `launch_command`,
 /// its `--config` file merged in) and resolved `backend` (`disaggregation_transfer_backend`).
 pub fn path_for(launch: Option<&[String]>, backend: Option<&str>) -> SwitchPath {

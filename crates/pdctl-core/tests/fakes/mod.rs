@@ -382,6 +382,9 @@ impl Probes for FakeProbes {
     async fn running_role(&self, url: &str) -> Result<Option<pdctl_core::config::Role>, HttpFailure> {
         Ok(self.0.lock().unwrap().roles.get(url).copied())
     }
+    async fn decode_graph_gb(&self, _url: &str) -> Result<Option<f64>, MetricsError> {
+        Ok(None)
+    }
     async fn role_switch(
         &self,
         url: &str,

@@ -355,7 +355,14 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
     }
     let decided = pdctl_core::resume::order(&old, &now)?;
     let plan = Plan::in_order(&e.settings, &decided.order).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    let (allow_outage, load_changes) = (old.allow_outage, old.load_changes);
+    // A change of role wrote its unit's drop-in: a worker that fails its re-verification is
+    // restarted with it.
+    let (allow_outage, load_changes) = (old.allow_outage, old.load_changes || old.kind == RolloutKind::Role);
+    let notes: Vec<String> = decided
+        .left
+        .iter()
+        .map(|u| format!("{u} was not changed: an interrupted change of role resumes only the worker it stopped at; ask `pdctl role set` again for the rest"))
+        .collect();
     let state = old.lifecycle.state();
     old.lifecycle.resume(id).map_err(|_| Cause::WrongState {
         id: old_id.clone(),
@@ -374,7 +381,7 @@ async fn plan_resume(daemon: &Daemon, e: &RealEngine, old_id: String, id: &str) 
         reverify: decided.reverify,
         restore: None,
         weights: None,
-        notes: Vec::new(),
+        notes,
         flips: None,
     })
 }

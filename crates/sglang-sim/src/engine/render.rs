@@ -89,6 +89,19 @@ impl Engine {
             let samples = self.cfg.schedulers().into_iter().map(|(tp, dp)| (self.labels(tp, dp, None), val)).collect();
             fams.push(Family::gauge(name, help, samples));
         }
+        // 0.5.23 writes every phase of its base schema (`graph_memory_usage.py`), 0 where
+        // nothing was captured; a decode's captured graphs under `phase="decode"`.
+        let graphs = if self.decode_graphs() { self.cfg.sim.graph_memory_gb } else { 0.0 };
+        let mut samples = Vec::new();
+        for (tp, dp) in self.cfg.schedulers() {
+            for phase in ["prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"] {
+                let mut l = self.labels(tp, dp, None);
+                l.push(("phase".into(), phase.into()));
+                l.sort();
+                samples.push((l, if phase == "decode" { graphs } else { 0.0 }));
+            }
+        }
+        fams.push(Family::gauge("sglang:graph_memory_usage_gb", "Memory used by captured device graphs in GB.", samples));
     }
 
     /// The tokenizer manager's families: token and request counters, the three latency

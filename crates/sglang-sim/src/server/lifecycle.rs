@@ -97,7 +97,7 @@ impl App {
             shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             health_failed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             control: super::weight_update::Control::new(engine),
-            role_switch: super::role_switch::RoleSwitch::new(engine.config().mode, engine.config().disable_cuda_graph),
+            role_switch: super::role_switch::RoleSwitch::default(),
         }
     }
 }

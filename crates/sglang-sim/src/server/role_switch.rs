@@ -72,18 +72,9 @@ pub(crate) struct RoleSwitch {
     in_progress: Arc<AtomicBool>,
     /// `_pd_role_switch_unhealthy`: a rebuild failed; every later switch is refused.
     unhealthy: Arc<AtomicBool>,
-    /// Decode CUDA graphs were captured (`tp_worker.get_decode_cuda_graph_bs()` non-empty).
-    graphs: Arc<AtomicBool>,
 }
 
 impl RoleSwitch {
-    /// The state of a server started in `mode`: a decode started with CUDA graphs has them.
-    pub(crate) fn new(mode: Mode, disable_cuda_graph: bool) -> RoleSwitch {
-        let s = RoleSwitch::default();
-        s.graphs.store(mode == Mode::Decode && !disable_cuda_graph, Ordering::SeqCst);
-        s
-    }
-
     /// A rebuild failed: `/health` and generation fail until the server restarts.
     pub(crate) fn broken(&self) -> bool {
         self.unhealthy.load(Ordering::SeqCst)
@@ -98,7 +89,7 @@ struct Ask {
 }
 
 impl Ask {
-    /// The fields of a JSON object, typed as msgspec decodes them; `Err`: why not (422).
+    /// The fields of a JSON object, typed as msgspec decodes them; `Err`: why not (400).
     fn of(v: &Value) -> Result<Ask, String> {
         let new_role = match v.get("new_role") {
             None => String::new(),
@@ -141,12 +132,20 @@ impl IntoResponse for Answer {
 pub(crate) async fn pd_role_switch(State(app): State<App>, body: Bytes) -> Response {
     let ask = match super::weight_update::body_of(&body).and_then(|v| Ask::of(&v)) {
         Ok(a) => a,
-        Err(why) => return super::weight_update::unprocessable(why),
+        Err(why) => return invalid_body(why),
     };
     switch(&app, &ask).await.into_response()
 }
 
 /// The backends whose KV manager declares `supports_role_switch` (mooncake, mori).
+/// A body that does not decode: 0.5.23's `RequestValidationError` handler answers 400 with its
+/// `ErrorResponse` (`entrypoints/http_server.py`, "Override FastAPI's default 422 validation error
+/// with 400"), as the differential test measured on the real server.
+fn invalid_body(why: String) -> Response {
+    let body = json!({"object": "error", "message": why, "type": "Bad Request", "param": null, "code": 400});
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
 fn backend_supports(backend: &str) -> bool {
     matches!(backend, "mooncake" | "mori")
 }
@@ -181,7 +180,7 @@ fn idle(app: &App) -> bool {
 
 /// The decode CUDA graph check of a flip to decode; `Err`: why not.
 fn headroom(app: &App, ask: &Ask) -> Result<(), String> {
-    if ask.new_role != "decode" || app.role_switch.graphs.load(Ordering::SeqCst) {
+    if ask.new_role != "decode" || app.engine.decode_graphs() {
         return Ok(());
     }
     let Some(required) = ask.decode_cuda_graph_memory_gb else {
@@ -244,7 +243,7 @@ async fn switch(app: &App, ask: &Ask) -> Answer {
         Ok(()) => {
             app.engine.set_mode(new_mode);
             if new_mode == Mode::Decode && !cfg.disable_cuda_graph {
-                s.graphs.store(true, Ordering::SeqCst);
+                app.engine.set_decode_graphs();
             }
             log::line(&format!("PD role switch succeeded: {old_role} -> {}", ask.new_role));
             log::line(&format!("Re-dispatching event loop after PD role switch -> {}", ask.new_role));

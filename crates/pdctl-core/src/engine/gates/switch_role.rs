@@ -8,12 +8,12 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::cause::Cause;
-use crate::config::Worker;
+use crate::config::{Role, Worker};
 use crate::engine::gates::Restarted;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{lock, Fail, Verdict};
 use crate::ports::{Probes, Units};
-use crate::sglang::role_switch::{self, Ask, SwitchPath};
+use crate::sglang::role_switch::{self, Ask, SwitchPath, Way};
 use crate::state::role_dropin;
 
 /// A worker changing role: as it runs now, which way it changes, and what to undo if it fails.
@@ -21,8 +21,8 @@ use crate::state::role_dropin;
 pub(in crate::engine) struct RoleChange<'a> {
     /// The worker as it runs now (its old role): drained as such.
     pub(in crate::engine) was: &'a Worker,
-    /// Runtime switch, or restart.
-    pub(in crate::engine) path: &'a SwitchPath,
+    /// Runtime switch (with the graphs' footprint to give), or restart.
+    pub(in crate::engine) way: &'a Way,
     /// Written by the step before each side effect.
     pub(in crate::engine) undo: &'a Mutex<Undo>,
 }
@@ -51,6 +51,9 @@ pub(in crate::engine) struct RoleDetail {
     restart_because: Option<String>,
     /// The drop-in written.
     drop_in: String,
+    /// The decode CUDA graphs' footprint given to SGLang (a flip to decode at run time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    graph_memory_gb: Option<f64>,
     /// How long SGLang's switch took (its teardown and rebuild).
     #[serde(skip_serializing_if = "Option::is_none")]
     switch_ms: Option<u64>,
@@ -88,9 +91,10 @@ pub(in crate::engine) async fn change<U: Units, L, P: Probes>(
         path: "restart",
         restart_because: None,
         drop_in: path.display().to_string(),
+        graph_memory_gb: c.way.graph_memory_gb,
         switch_ms: None,
     };
-    if let SwitchPath::Restart(why) = c.path {
+    if let SwitchPath::Restart(why) = &c.way.path {
         detail.restart_because = Some(why.clone());
         return Ok((Verdict::passed(detail), None));
     }
@@ -102,10 +106,8 @@ pub(in crate::engine) async fn change<U: Units, L, P: Probes>(
     let watch = eng.units.watch(unit).await?;
     // Every precondition on every DP worker first; nothing is torn down by it. A flip to decode
     // that has not captured decode graphs must be told their footprint (0.5.23 asks even with
-    // --disable-cuda-graph); the runtime path is taken only with that flag ([`path`]), where
-    // nothing is captured: 0 GB.
-    let graph_memory_gb = (w.role == crate::config::Role::Decode).then_some(0.0);
-    let ask = Ask { new_role: w.role, graph_memory_gb, prepare_only: true };
+    // --disable-cuda-graph): measured on a serving decode, or 0 with that flag ([`way`]).
+    let ask = Ask { new_role: w.role, graph_memory_gb: c.way.graph_memory_gb, prepare_only: true };
     let said = eng.probes.role_switch(&w.url, &ask, limit).await.map_err(|e| failed(w, format!("its preparation check did not answer: {e}")))?;
     if let Some(r) = said.refusal() {
         return Err(failed(w, format!("its preparation check refused ({r:?}): {}", said.message)));
@@ -129,20 +131,34 @@ fn failed(w: &Worker, message: String) -> Fail {
 }
 
 /// The way `was` changes to `to`: at run time when the server runs with `--enable-pd-role-switch`
-/// and a backend that can, and no decode CUDA graphs need a measured footprint; else a restart
-/// (why said).
-pub(in crate::engine) async fn path<U, L, P: Probes>(eng: &Engine<U, L, P>, was: &Worker, to: crate::config::Role) -> SwitchPath {
+/// and a backend that can, a flip to decode then given its graphs' footprint (0 with
+/// `--disable-cuda-graph`, else the largest a serving decode of this host reports); else a
+/// restart, and why.
+pub(in crate::engine) async fn way<U, L, P: Probes>(eng: &Engine<U, L, P>, was: &Worker, to: Role) -> Way {
+    let restart = |why: String| Way { path: SwitchPath::Restart(why), graph_memory_gb: None };
     let info = match eng.probes.server_info(&was.url).await {
         Ok(i) => i,
-        Err(e) => return SwitchPath::Restart(format!("its /server_info did not answer ({e})")),
+        Err(e) => return restart(format!("its /server_info did not answer ({e})")),
     };
     let launch = crate::sglang::launch_argv(&info);
     let backend = info.get("disaggregation_transfer_backend").and_then(|b| b.as_str());
-    match role_switch::path_for(launch.as_deref(), backend) {
-        SwitchPath::Runtime if launch.as_deref().is_some_and(|a| role_switch::captures_graphs(a, to)) => SwitchPath::Restart(
-            "as a decode it would capture CUDA graphs, whose footprint pdctl does not measure yet (give it --disable-cuda-graph, or let the restart size them)"
-                .into(),
+    let path = role_switch::path_for(launch.as_deref(), backend);
+    if path != SwitchPath::Runtime || to != Role::Decode {
+        return Way { path, graph_memory_gb: None };
+    }
+    if !launch.as_deref().is_some_and(|a| role_switch::captures_graphs(a, to)) {
+        return Way { path, graph_memory_gb: Some(0.0) };
+    }
+    let mut measured: Option<f64> = None;
+    for peer in eng.settings.workers.iter().filter(|p| p.role == Role::Decode && p.unit != was.unit) {
+        if let Ok(Some(gb)) = eng.probes.decode_graph_gb(&peer.url).await {
+            measured = Some(measured.map_or(gb, |m: f64| m.max(gb)));
+        }
+    }
+    match measured {
+        Some(gb) => Way { path, graph_memory_gb: Some(gb) },
+        None => restart(
+            "as a decode it captures CUDA graphs and no serving decode of this host reports their footprint (sglang:graph_memory_usage_gb), which SGLang needs first".into(),
         ),
-        p => p,
     }
 }
