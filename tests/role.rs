@@ -69,8 +69,7 @@ fn a_ratio_flips_a_decode_at_run_time_and_its_role_survives_a_restart() {
         "{flips:?}"
     );
     let url = url_of(&stack, &unit).to_string();
-    let invocation =
-        stack.sandbox.systemctl(&["show", "-P", "InvocationID", &unit]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let invocation = stack.show(&unit, "InvocationID").unwrap_or_default();
 
     let r = pdctl_daemon(&d, &config, &["role", "set", "--ratio", "3:1", "--json"], LIMIT);
     ok(&r);
@@ -81,8 +80,7 @@ fn a_ratio_flips_a_decode_at_run_time_and_its_role_survives_a_restart() {
     }
     assert_eq!(running_role(&url).as_deref(), Some("prefill"));
     assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
-    let same_run =
-        stack.sandbox.systemctl(&["show", "-P", "InvocationID", &unit]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let same_run = stack.show(&unit, "InvocationID").unwrap_or_default();
     assert_eq!(same_run, invocation, "switched at run time: the same run");
     let text = std::fs::read_to_string(drop_in(&stack, &unit)).expect("the role drop-in");
     assert!(text.contains("--disaggregation-mode prefill"), "{text}");
@@ -206,8 +204,7 @@ fn a_flip_to_decode_is_given_the_graph_footprint_a_serving_decode_reports() {
 fn a_flip_to_decode_without_the_headroom_is_refused_and_the_worker_readmitted_as_it_runs() {
     let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { cuda_graphs: true, ..role_opts(&["--sim-graph-memory-gb", "20"]) });
     let url = url_of(&stack, P2).to_string();
-    let before =
-        stack.sandbox.systemctl(&["show", "-P", "InvocationID", P2]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let before = stack.show(P2, "InvocationID").unwrap_or_default();
     let r = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--json"], LIMIT);
     assert_eq!(r.code, 1, "{:#} {}", r.summary, r.stderr);
     let failed = &r.summary["failed"];
@@ -216,7 +213,7 @@ fn a_flip_to_decode_without_the_headroom_is_refused_and_the_worker_readmitted_as
     assert!(!drop_in(&stack, P2).exists(), "the drop-in is taken back");
     assert_eq!(running_role(&url).as_deref(), Some("prefill"));
     assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
-    let after = stack.sandbox.systemctl(&["show", "-P", "InvocationID", P2]).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let after = stack.show(P2, "InvocationID").unwrap_or_default();
     assert_eq!(after, before, "nothing was torn down: re-admitted as it runs, not restarted");
     let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
     assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
