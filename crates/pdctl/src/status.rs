@@ -100,11 +100,9 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
         println!("pdctld: ! {m}: its workers are stopped on purpose until `pdctl host resume` (pdctld runs it by itself after the reboot)");
     }
     let (code, workers, loads) = run(config, json, maintenance.as_deref(), &pairs).await;
-    let pressure = pdctl_core::service::role_pressure::pressure(&loads);
     if json {
-        println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed, "roles": pressure }));
-    } else {
-        say_pressure(&pressure);
+        let roles = pdctl_core::service::role_pressure::pressure(&loads);
+        println!("{}", json!({ "pdctld": line, "workers": workers, "serving": code != Exit::GateFailed, "roles": roles }));
     }
     match code {
         Exit::Ok if !daemon_ok => Exit::Unreachable,
@@ -300,6 +298,7 @@ pub async fn run(config: &Path, json: bool, maintenance: Option<&str>, pairs: &[
     if !json {
         print_table(&rows, &[3, 9, 10]);
         print_pairs(pairs, &down);
+        say_pressure(&pdctl_core::service::role_pressure::pressure(&loads));
     }
     if !json && !errors.is_empty() {
         println!();
