@@ -47,9 +47,9 @@ impl Cause {
             Cause::RouterUnreachable { .. } => "bring the gateway back (it must answer GET /workers), then `pdctl check`".into(),
             Cause::DrainFailed { .. } => format!("`pdctl status` (the gateway's view of each worker), then {}", retry(unit)),
             Cause::JobFailed { .. } | Cause::FatalLine { .. } | Cause::Crashed { .. } | Cause::ReadyTimeout { .. } | Cause::HealthTimeout { .. } => logs(unit),
-            Cause::RoleMismatch { unit, configured, .. } => {
-                format!("`pdctl restart --rolling --unit {unit}` (it starts again as {configured}, its configured role)")
-            }
+            Cause::RoleMismatch { unit, configured, runs, .. } => format!(
+                "`pdctl restart --rolling --unit {unit}` (it starts again as {configured}, its configured role), or `pdctl role set {unit} {runs}` to keep the role it runs (its unit then says it)"
+            ),
             Cause::RoleSwitchFailed { unit, .. } => {
                 format!("`pdctl status` (the summary says whether {unit} serves its old role again), then `journalctl -u {unit}` for why it did not switch")
             }

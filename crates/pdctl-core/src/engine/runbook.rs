@@ -396,7 +396,9 @@ pub(in crate::engine) async fn take_slots<U, L, P: Probes>(
 /// a pair restarted together passes before either stops.
 pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Drained, (Step, Fail)> {
     let (w, ctx) = (r.w, r.ctx);
-    let before = if matches!(r.seq, Sequence::Restart | Sequence::Role) { service_level::before_drain(eng, w, ctx).await } else { None };
+    // A change of role has no baseline of its own: its figures in the old role are another
+    // role's (the soak judges it among its new peers).
+    let before = if r.seq == Sequence::Restart { service_level::before_drain(eng, w, ctx).await } else { None };
     let since = Some(Instant::now());
     let drained = match eng.settings.rollout.drain {
         true => report(r.sink, &w.unit, Step::Drain, drain::drain(eng, w, ctx)).await,

@@ -84,7 +84,12 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<Before> {
 
 /// Put back what [`write`] replaced: the old text, or no file.
 pub fn undo(path: &Path, before: &Before) -> std::io::Result<()> {
-    let (dir, name) = safe_path::open_parent(path)?;
+    let (dir, name) = match safe_path::open_parent(path) {
+        Ok(x) => x,
+        // Its directory was never made: nothing was written, nothing to take back.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && before.is_none() => return Ok(()),
+        Err(e) => return Err(e),
+    };
     match before {
         Some(t) => safe_path::write_in(&dir, &name, t.as_bytes(), 0o644, None),
         None => match rustix::fs::unlinkat(&dir, name.as_os_str(), rustix::fs::AtFlags::empty()) {
@@ -132,5 +137,7 @@ mod tests {
         undo(&p, &None).unwrap();
         assert!(!p.exists());
         undo(&p, &None).unwrap();
+        // A directory never made: nothing to take back.
+        undo(&dir.path().canonicalize().unwrap().join("never.d").join(NAME), &None).unwrap();
     }
 }

@@ -32,8 +32,9 @@ pub(in crate::engine) struct RoleChange<'a> {
 pub(in crate::engine) struct Undo {
     /// The drop-in written, and what was at its place before.
     pub(in crate::engine) dropin: Option<(PathBuf, role_dropin::Before)>,
-    /// The server was asked to switch and may have torn its old role down: only a restart in
-    /// the old role is sure to bring it back (`safe_to_restore` false, or no answer).
+    /// The server was asked to switch and may have torn its old role down (`safe_to_restore`
+    /// false, or no answer), or a restart into the new role follows: only a restart in the old
+    /// role is sure to bring it back.
     pub(in crate::engine) torn_down: bool,
 }
 
@@ -95,6 +96,9 @@ pub(in crate::engine) async fn change<U: Units, L, P: Probes>(
         switch_ms: None,
     };
     if let SwitchPath::Restart(why) = &c.way.path {
+        // The restart that follows runs the new role: from here only a restart brings the old
+        // one back.
+        lock(c.undo).torn_down = true;
         detail.restart_because = Some(why.clone());
         return Ok((Verdict::passed(detail), None));
     }
