@@ -1,7 +1,7 @@
 //! `pdctl role set` on the simulator behind the real gateway, through pdctld: a worker changed
 //! between prefill and decode at run time (`--enable-pd-role-switch`) or by a restart, its unit's
-//! role drop-in kept through a later restart, refusals that touch nothing, and a failed rebuild
-//! brought back in its old role.
+//! role drop-in kept through a later restart, refusals that touch nothing, a failed rebuild
+//! brought back in its old role, and three fleet hosts changing ratio one at a time on the slots.
 
 use std::time::Duration;
 
@@ -251,4 +251,44 @@ fn pdctld_killed_mid_switch_is_resumed_into_the_role_its_unit_says() {
     assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
     let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
     assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+}
+
+/// A fleet of three 2P2D hosts, each with its own gateway, all asked `--ratio 3:1` at once: each
+/// flip takes its old role's slot of the fleet's budget (`[fleet.max_unavailable] decode = 1`), so
+/// the decodes change one host at a time — etcd's history of the decode slot never shows two
+/// holders, and shows each host's — and every host ends 3:1 with every gate passed.
+#[test]
+fn a_fleet_of_three_hosts_changes_ratio_one_host_at_a_time_on_the_slots() {
+    use pdctl_tests::fleet_hosts::{alive, fleet_status, host_with, max_holders_ever, until};
+    let etcd = pdctl_tests::pdctl_sandbox::etcd::Etcd::start().expect("etcd");
+    let names = ["gpu-node-a", "gpu-node-b", "gpu-node-c"];
+    let hosts: Vec<_> = names.iter().map(|h| host_with(&etcd.url(), h, &role_opts(&[]))).collect();
+    assert!(until(Duration::from_secs(30), || {
+        let s = fleet_status(&hosts[0].1);
+        names.iter().all(|h| alive(&s, h))
+    }));
+    let runs: Vec<JsonRun> = std::thread::scope(|sc| {
+        let started: Vec<_> =
+            hosts.iter().map(|(_, config, d)| sc.spawn(move || pdctl_daemon(d, config, &["role", "set", "--ratio", "3:1", "--json"], LIMIT))).collect();
+        started.into_iter().map(|t| t.join().expect("a host's role set")).collect()
+    });
+    for (r, h) in runs.iter().zip(names) {
+        ok(r);
+        let flipped: Vec<&Value> = r.events.iter().filter(|e| e["step"] == "role" && e["status"] == "passed").collect();
+        assert_eq!(flipped.len(), 1, "{h}: one decode flipped: {:#?}", r.events);
+        let unit = flipped[0]["unit"].as_str().unwrap_or_default();
+        r.event(unit, "slot", "passed");
+        r.event(unit, "soak", "passed");
+    }
+    let (max, seen) = max_holders_ever(&etcd.url(), "decode");
+    assert_eq!(max, 1, "never two hosts' decodes out at once: {seen:?}");
+    for h in names {
+        assert!(seen.iter().any(|s| s.iter().any(|x| x.starts_with(h))), "{h} held the decode slot in its turn: {seen:?}");
+    }
+    let (pmax, pseen) = max_holders_ever(&etcd.url(), "prefill");
+    assert_eq!(pmax, 0, "a decode becoming a prefill takes no prefill slot: {pseen:?}");
+    for (stack, _, _) in &hosts {
+        let prefills = stack.workers().into_iter().filter(|w| running_role(&w.url).as_deref() == Some("prefill")).count();
+        assert_eq!(prefills, 3, "3:1 on every host");
+    }
 }

@@ -279,7 +279,10 @@ pub fn free_port() -> Result<u16> {
     static GIVEN: Mutex<Vec<(u16, std::fs::File)>> = Mutex::new(Vec::new());
     static SEQ: AtomicU64 = AtomicU64::new(0);
     // Below Linux's ephemeral range (32768-60999 by default): a port picked from that range can be
-    // taken by any outgoing connection (the tests make many) before the server binds it. Test
+    // taken by any outgoing connection (the tests make many) before the server binds it. And
+    // outside 22000-29999, where sglang 0.5.23 picks the port its scheduler binds later when no
+    // `--nccl-port` is given (`get_free_port_below_ephemeral`, srt/utils/network.py): a port
+    // claimed here but not yet bound looks free to it. So 17000-21999 and 30000-32767. Test
     // processes run in parallel and a port is bound by its server only later, inside a sandbox: a
     // bind check alone lets two processes pick the same port. So each port is claimed across
     // processes by an exclusive lock on a file named after it, held until this process exits (the
@@ -290,7 +293,8 @@ pub fn free_port() -> Result<u16> {
         std::process::id() as u64 * 7919 + std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
     for _ in 0..1024 {
         let n = seed.wrapping_add(SEQ.fetch_add(1, Ordering::Relaxed).wrapping_mul(2654435761));
-        let port = 20000 + (n % 12000) as u16;
+        let k = (n % (5000 + 2768)) as u16;
+        let port = if k < 5000 { 17000 + k } else { 30000 + (k - 5000) };
         let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
         if given.iter().any(|(p, _)| *p == port) {
             continue;
@@ -306,7 +310,7 @@ pub fn free_port() -> Result<u16> {
             return Ok(port);
         }
     }
-    Err(SandboxError::Boot("no free loopback port found between 20000 and 32000".into()))
+    Err(SandboxError::Boot("no free loopback port found in 17000-21999 or 30000-32767".into()))
 }
 
 impl Sandbox {

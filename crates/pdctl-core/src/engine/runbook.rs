@@ -246,7 +246,9 @@ pub(in crate::engine) async fn prefetch<U, L, P>(eng: &Engine<U, L, P>, targets:
 pub(in crate::engine) async fn run_sequence<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>) -> Result<Repaired, (Step, Fail)> {
     // A pair restarted together took both slots at once before.
     let own_slot = r.seq.runs(Step::Slot) && r.ctx.scope.together_with.is_none();
-    let slots = if own_slot { take_slots(eng, &[r.w], r.sink, r.ctx).await? } else { Vec::new() };
+    // A change of role takes its old role's slot: that role loses the worker while it changes.
+    let leaves = r.role.as_ref().map_or(r.w, |c| c.was);
+    let slots = if own_slot { take_slots(eng, &[leaves], r.sink, r.ctx).await? } else { Vec::new() };
     let repaired = match r.seq {
         Sequence::Restart | Sequence::Repair | Sequence::SwitchNew => {
             let up = until_healthy(eng, r).await?;
