@@ -114,7 +114,8 @@ fn a_ratio_flips_a_decode_at_run_time_and_its_role_survives_a_restart() {
 /// Refusals touch nothing: a ratio that leaves a role empty, a count that is not this host's,
 /// the only worker of its role — each refused before any drain, no drop-in written. Without
 /// the flag (a server started without `--enable-pd-role-switch`) the dry run says the restart
-/// path and why.
+/// path and why; a unit the run's preflight refuses (changes on disk its process does not run)
+/// fails the dry run the same way.
 #[test]
 fn a_role_left_empty_is_refused_touching_nothing_and_without_the_flag_the_way_is_a_restart() {
     let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, ..Default::default() });
@@ -132,6 +133,27 @@ fn a_role_left_empty_is_refused_touching_nothing_and_without_the_flag_the_way_is
     let flip = &dry.summary["flips"][0];
     assert_eq!(flip["path"], "restart", "{flip:#}");
     assert!(flip["restart_because"].as_str().is_some_and(|w| w.contains("--enable-pd-role-switch")), "{flip:#}");
+    // A unit changed on disk after its process started (here its KillMode): the dry run runs the
+    // run's own preflight and stops where the run stops, with the same cause; the run touches
+    // nothing.
+    let dir = stack.sandbox.unit_dir().join(format!("{P2}.d"));
+    std::fs::create_dir_all(&dir).expect("drop-in dir");
+    std::fs::write(dir.join("50-kill.conf"), "[Service]\nKillMode=control-group\n").expect("drop-in");
+    stack.sandbox.systemctl(&["daemon-reload"]).expect("reload");
+    let dry = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--dry-run", "--json"], LIMIT);
+    let run = pdctl_daemon(&d, &config, &["role", "set", P2, "decode", "--json"], LIMIT);
+    assert_eq!(dry.code, run.code, "the same exit: {:#} {:#}", dry.summary, run.summary);
+    for r in [&dry, &run] {
+        assert_eq!(r.code, 2, "a config refusal: {:#} {}", r.summary, r.stderr);
+        assert_eq!(
+            (r.summary["failed"]["step"].as_str(), r.summary["failed"]["cause_code"].as_str()),
+            (Some("preflight"), Some("changes_pending")),
+            "{:#}",
+            r.summary
+        );
+    }
+    assert!(!drop_in(&stack, P2).exists(), "refused in preflight: no role drop-in");
+    assert!(run.events.iter().all(|e| e["step"] == "preflight"), "nothing but the preflight ran: {:#?}", run.events);
 }
 
 /// Without the flag the same verb restarts the worker with its unit's new role: a prefill of a

@@ -1,5 +1,5 @@
-//! `pdctl role set --dry-run`: which workers would change role and which way, read here (the
-//! run itself is pdctld's).
+//! `pdctl role set --dry-run`: which workers would change role and which way, and the run's own
+//! preflight of them, here (the run itself is pdctld's).
 
 use std::path::Path;
 
@@ -29,7 +29,7 @@ impl Ask {
 }
 
 /// The dry run: the flips pdctld would make, each with its way (a run-time switch, or a
-/// restart and why), touching nothing.
+/// restart and why), after the preflight the run starts with; touching nothing.
 pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
     let ask_core = match RoleAsk::of(ask.unit.as_deref(), ask.role.as_deref(), ask.ratio.as_deref()) {
         Ok(a) => a,
@@ -60,6 +60,9 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
             return Exit::GateFailed;
         }
     };
+    if let Some(exit) = preflight(&engine, &flips, json, ask).await {
+        return exit;
+    }
     let paths = engine.role_paths(&flips).await;
     if json {
         let rows: Vec<serde_json::Value> = paths
@@ -85,4 +88,26 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
     }
     println!("pdctl: ✓ dry run: nothing was touched; next: {}", ask.command());
     Exit::Ok
+}
+
+/// The run's preflight of the workers `flips` change, with live output; `Some`: it failed (its
+/// events and the failed summary printed as a rolling restart's dry run prints them), the exit.
+async fn preflight(engine: &pdctl_real::RealEngine, flips: &[pdctl_core::sglang::role_switch::Flip], json: bool, ask: &Ask) -> Option<Exit> {
+    if flips.is_empty() {
+        return None;
+    }
+    let units: Vec<String> = flips.iter().map(|f| f.unit.clone()).collect();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let what = "dry run (preflight only, nothing is touched) of a change of role";
+    let printer = tokio::spawn(crate::render::Renderer::for_units_as(json, &units, crate::render::Kind::DryRun, Some(what)).with_next(ask.command()).run(rx));
+    let t0 = std::time::Instant::now();
+    let failed = engine.role_preflight(flips, &tx).await;
+    drop(tx);
+    let renderer = printer.await.ok();
+    let failed = failed?;
+    let summary = pdctl_contract::api::Summary::untouched(t0.elapsed().as_millis() as u64, Some(failed));
+    if let Some(r) = renderer {
+        r.summary(&summary, &crate::render::Epilogue { plan: units, ..Default::default() });
+    }
+    Some(Exit::of(&summary))
 }

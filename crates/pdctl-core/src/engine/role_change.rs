@@ -129,6 +129,17 @@ where
         out
     }
 
+    /// `pdctl role set --dry-run`'s verdict: the run's own first step — the preflight of the
+    /// workers that would change, in their old roles (the unit, its pending changes, the role's
+    /// floor) — touching nothing. `Some`: the failure the run would stop at.
+    pub async fn role_preflight(&self, flips: &[Flip], sink: &Sink) -> Option<crate::events::Failure> {
+        let ctx = Ctx::none(Outage::of(self.settings.rollout.allow_outage), false);
+        match runbook::preflight(self, &Plan { workers: old_workers(self, flips) }, sink, true, ctx).await {
+            Ok(()) => None,
+            Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),
+        }
+    }
+
     /// `pdctl role set` as pdctld runs it: the old workers' preflight (a restart's: the unit, its
     /// pending changes, the role's floor), then each flip in turn through [`Sequence::Role`], its
     /// unit's files recorded as its good revision once it passed; the first failure undone and
@@ -142,7 +153,7 @@ where
 
 async fn change<U: Units, L: Logs, P: Probes>(eng: &mut Engine<U, L, P>, r: &RolloutRun<'_>, flips: &[Flip], sink: &Sink, notes: &Notes) -> Summary {
     let mut t = Tally { t0: Instant::now(), done: Vec::new(), repairs: Default::default() };
-    let old: Vec<Worker> = flips.iter().filter_map(|f| eng.settings.workers.iter().find(|w| w.unit == f.unit).cloned()).collect();
+    let old = old_workers(eng, flips);
     let ctx = Ctx {
         writes: Writes { id: r.id, revisions: r.revisions, ledger: r.ledger, notes: Some(notes), before: None },
         outage: Outage::of(r.allow_outage || eng.settings.rollout.allow_outage),
@@ -199,6 +210,11 @@ async fn change<U: Units, L: Logs, P: Probes>(eng: &mut Engine<U, L, P>, r: &Rol
         }
     }
     t.summary(Outcome::Succeeded, None)
+}
+
+/// The workers `flips` change, as they are now (in plan order).
+fn old_workers<U, L, P>(eng: &Engine<U, L, P>, flips: &[Flip]) -> Vec<Worker> {
+    flips.iter().filter_map(|f| eng.settings.workers.iter().find(|w| w.unit == f.unit).cloned()).collect()
 }
 
 /// A failed change of `was`'s role undone: its unit's files as they were (and the manager
