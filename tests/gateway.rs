@@ -103,7 +103,7 @@ fn drain_under_load(gateway: Gateway) {
     // ~8 s of decoding at the simulator's 200 tokens/s, in flight before the rollout starts: it
     // outlasts smg's 5 s drain settle (the drain waits for the gateway to unlist the worker
     // first), and ends within the test config's 10 s drain_timeout.
-    let (load, busy) = request_in_flight_on(&stack, 1600);
+    let (load, busy) = pdctl_tests::load::request_in_flight_on(&stack, 1600);
     let r = run(&d, &config, &["restart", "--rolling", "--unit", &busy, "--json"]);
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let drain = &r.event(&busy, "drain", "passed")["detail"];
@@ -117,38 +117,9 @@ fn drain_under_load(gateway: Gateway) {
 /// A request through the gateway of `tokens` tokens (200 tokens/s in the simulator), on the decode
 /// before this returns. Returns the thread that ends with its status.
 fn request_in_flight(stack: &Stack, tokens: u32) -> std::thread::JoinHandle<Option<u16>> {
-    let (load, unit) = request_in_flight_on(stack, tokens);
+    let (load, unit) = pdctl_tests::load::request_in_flight_on(stack, tokens);
     assert_eq!(unit, stack.decode.unit, "1P1D: the one decode runs it");
     load
-}
-
-/// [`request_in_flight`] with any number of decodes: also returns the unit of the decode that runs it.
-fn request_in_flight_on(stack: &Stack, tokens: u32) -> (std::thread::JoinHandle<Option<u16>>, String) {
-    let url = format!("{}/generate", stack.router.as_ref().unwrap().url);
-    let load = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let c = reqwest::Client::builder().timeout(Duration::from_secs(90)).build().unwrap();
-            c.post(&url)
-                .json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": tokens}}))
-                .send()
-                .await
-                .ok()
-                .map(|r| r.status().as_u16())
-        })
-    });
-    let t0 = Instant::now();
-    // SGLang 0.5.23 serves its load at /v1/loads only (no /get_load).
-    let busy = |url: &str| {
-        pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{url}/v1/loads")).is_ok_and(|(status, b)| status == 200 && !b.contains("\"num_running_reqs\":0"))
-    };
-    loop {
-        if let Some(w) = stack.workers().into_iter().find(|w| w.role == "decode" && busy(&w.url)) {
-            return (load, w.unit.clone());
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "the request reached a decode");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A request that outlives the drain's wait (`drain_timeout` is 10 s in the test config; this

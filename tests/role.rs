@@ -1,6 +1,7 @@
 //! `pdctl role set` on the simulator behind the real gateway, through pdctld: a worker changed
 //! between prefill and decode at run time (`--enable-pd-role-switch`) or by a restart, its unit's
-//! role drop-in kept through a later restart, refusals that touch nothing, a failed rebuild
+//! role drop-in kept through a later restart, refusals that touch nothing (by pdctl, or by the
+//! server while a request still runs), a failed rebuild
 //! brought back in its old role, and three fleet hosts changing ratio one at a time on the slots.
 
 use std::time::Duration;
@@ -313,4 +314,75 @@ fn a_fleet_of_three_hosts_changes_ratio_one_host_at_a_time_on_the_slots() {
         let prefills = stack.workers().into_iter().filter(|w| running_role(&w.url).as_deref() == Some("prefill")).count();
         assert_eq!(prefills, 3, "3:1 on every host");
     }
+}
+
+/// A decode still running a request when its drain's wait ends (`drain_timeout` 2 s, the
+/// request ~16 s): SGLang's preparation check refuses the switch ("instance is not idle"),
+/// nothing is torn down — the drop-in is taken back, the decode re-admitted as it runs (the same
+/// InvocationID) and its request finishes.
+#[test]
+fn a_switch_while_a_request_still_runs_is_refused_by_the_server_and_nothing_is_torn_down() {
+    let (stack, config, d) = stack_with_pdctld_opts(&role_opts(&[]));
+    let frag = config.parent().expect("dir").join("config.d/40-short-drain.toml");
+    std::fs::write(frag, "[rollout]\ndrain_timeout = \"2s\"\n").expect("fragment");
+    let (load, busy) = pdctl_tests::load::request_in_flight_on(&stack, 3200);
+    let url = url_of(&stack, &busy).to_string();
+    let before = stack.show(&busy, "InvocationID").unwrap_or_default();
+    let r = pdctl_daemon(&d, &config, &["role", "set", &busy, "prefill", "--json"], LIMIT);
+    assert_eq!(r.code, 1, "{:#} {}", r.summary, r.stderr);
+    let drain = &r.event(&busy, "drain", "passed")["detail"];
+    assert!(drain["waited_ms"].as_u64().is_some_and(|ms| ms >= 2000), "the drain waited its whole drain_timeout: {drain}");
+    assert!(drain["in_flight_left"].as_u64().is_some_and(|n| n >= 1) && drain["timed_out"] == true, "and measured the request left: {drain}");
+    let failed = &r.summary["failed"];
+    assert_eq!((failed["step"].as_str(), failed["cause_code"].as_str()), (Some("role"), Some("role_switch_failed")), "{failed:#}");
+    assert!(failed["cause"].as_str().is_some_and(|c| c.contains("instance is not idle")), "the server's own refusal: {failed:#}");
+    assert!(!drop_in(&stack, &busy).exists(), "the drop-in is taken back");
+    assert_eq!(stack.show(&busy, "InvocationID").unwrap_or_default(), before, "nothing torn down: the same run");
+    assert_eq!(running_role(&url).as_deref(), Some("decode"));
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("decode"), "re-admitted as it runs");
+    assert_eq!(load.join().expect("the request"), Some(200), "its request finished");
+}
+
+/// `[maintenance] balance_roles`: a long answer fills a decode's KV (its pool is 500 tokens)
+/// while both prefills are idle, so the roles' pressure suggests 1:3. Outside every maintenance
+/// window the change waits, and pdctld's status says so; once the window is gone from the config
+/// and the suggestion has stood for `balance_after` (3 s), pdctld changes the ratio by itself —
+/// a `role` rollout it started, the figures as its reason — through every gate, and the request
+/// is answered. Its status says what it did.
+#[test]
+fn with_balance_roles_pdctld_changes_the_ratio_by_itself_once_the_suggestion_stood() {
+    let (stack, config) = pdctl_tests::stack_with_config(&role_opts(&["--sim-max-total-tokens", "500"]));
+    let frag = config.parent().expect("dir").join("config.d/45-balance.toml");
+    let balance = "[maintenance]\nfleetlock_listen = \"\"\nbalance_roles = true\nbalance_after = \"3s\"\n";
+    // A window twelve hours from now: closed.
+    let hour = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() / 3600 + 12) % 24;
+    std::fs::write(&frag, format!("{balance}windows = [\"* {hour:02}:00-{hour:02}:01 UTC\"]\n")).expect("fragment");
+    let d = stack.start_pdctld().expect("pdctld");
+    let (load, _busy) = pdctl_tests::load::request_in_flight_on(&stack, 4000);
+    let said = || pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1["role_balance"].as_str().unwrap_or_default().to_string();
+    let waits = pdctl_tests::until(Duration::from_secs(30), Duration::from_millis(250), || said().contains("due, waits: outside every maintenance window"));
+    assert!(waits, "the due change waits for a window: {}", said());
+    assert!(said().starts_with("1:3 suggested for"), "{}", said());
+    let (_, h) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+    assert_eq!(h["rollouts"].as_array().map(Vec::len), Some(0), "nothing started outside the window: {h}");
+    std::fs::write(&frag, balance).expect("fragment");
+    let mut id = String::new();
+    let started = pdctl_tests::until(Duration::from_secs(60), Duration::from_millis(250), || {
+        let (_, h) = pdctl_tests::raw_api(&d.socket, "GET", "/v1/rollouts", "");
+        let role = h["rollouts"].as_array().and_then(|a| a.iter().find(|r| r["kind"] == "role").cloned());
+        id = role.and_then(|r| r["id"].as_str().map(String::from)).unwrap_or_default();
+        !id.is_empty()
+    });
+    assert!(started, "pdctld started a change of ratio: {}", pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1);
+    let r = pdctl_daemon(&d, &config, &["rollout", "watch", &id, "--json"], LIMIT);
+    ok(&r);
+    let rec = pdctl_tests::record(&d.socket, &id);
+    let by = &rec["started_by"];
+    assert_eq!(by["pdctld"], true, "{by}");
+    assert!(by["reason"].as_str().is_some_and(|w| w.starts_with("role balance: decodes are short, prefills have one to spare")), "{by}");
+    let prefills: Vec<String> = stack.workers().into_iter().filter(|w| running_role(&w.url).as_deref() == Some("prefill")).map(|w| w.unit.clone()).collect();
+    assert_eq!(prefills.len(), 1, "1:3 now: {prefills:?}");
+    assert_eq!(load.join().expect("the request"), Some(200), "the long answer was not touched");
+    let status = pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1;
+    assert!(status["role_balance"].as_str().is_some_and(|b| b.contains(&format!("changed to 1:3 by rollout {id}"))), "{status:#}");
 }

@@ -169,3 +169,32 @@ impl MixedWatch {
         self.thread.join().expect("mixed watch")
     }
 }
+
+/// A request through the gateway of `tokens` tokens (200 tokens/s in the simulator), running on a
+/// decode before this returns: the thread that ends with its status, and that decode's unit.
+pub fn request_in_flight_on(stack: &crate::pdctl_sandbox::stack::Stack, tokens: u32) -> (std::thread::JoinHandle<Option<u16>>, String) {
+    let url = format!("{}/generate", stack.router.as_ref().expect("a gateway").url);
+    let load = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let c = reqwest::Client::builder().timeout(Duration::from_secs(90)).build().expect("client");
+            c.post(&url)
+                .json(&serde_json::json!({"text": "long", "sampling_params": {"max_new_tokens": tokens}}))
+                .send()
+                .await
+                .ok()
+                .map(|r| r.status().as_u16())
+        })
+    });
+    // SGLang 0.5.23 serves its load at /v1/loads only (no /get_load).
+    let busy = |url: &str| {
+        crate::pdctl_sandbox::stack::http_get(&format!("{url}/v1/loads")).is_ok_and(|(status, b)| status == 200 && !b.contains("\"num_running_reqs\":0"))
+    };
+    let mut unit = None;
+    let found = crate::until(Duration::from_secs(10), Duration::from_millis(20), || {
+        unit = stack.workers().into_iter().find(|w| w.role == "decode" && busy(&w.url)).map(|w| w.unit.clone());
+        unit.is_some()
+    });
+    assert!(found, "the request reached a decode");
+    (load, unit.unwrap_or_default())
+}

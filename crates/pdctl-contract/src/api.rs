@@ -337,6 +337,10 @@ pub struct DaemonStatus {
     /// while any is left (`reconciling`), and pdctld keeps trying.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unresolved: Vec<String>,
+    /// `[maintenance] balance_roles`: what pdctld's last look at the roles' pressure saw — the
+    /// ratio suggested and for how long, why a due change waits, or the change it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_balance: Option<String>,
 }
 
 /// The last pair probe of one prefill/decode pair.

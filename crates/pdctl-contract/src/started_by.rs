@@ -23,8 +23,8 @@ pub struct StartedBy {
     /// The update agent's FleetLock id whose `pre-reboot` (or `steady-state`) started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleetlock: Option<String>,
-    /// pdctld started it by itself (at its start: the resume of a host whose maintenance was
-    /// under way), not for a caller.
+    /// pdctld started it by itself, not for a caller: at its start, the resume of a host whose
+    /// maintenance was under way; a change of ratio by `[maintenance] balance_roles`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pdctld: bool,
 }

@@ -53,6 +53,9 @@ pub async fn run_with_daemon(config: &Path, json: bool, client: &crate::client::
                         v.last.as_ref().map(|l| format!("{} ({}, {})", l.id, l.kind.as_str(), l.state.as_str())).unwrap_or_else(|| "none".into())
                     ),
                 }
+                if let Some(b) = &v.role_balance {
+                    println!("pdctld: role balance ([maintenance] balance_roles): {b}");
+                }
                 for d in &v.drained {
                     println!("pdctld: ! {} is out of the router by pdctl's hand since rollout {} and not re-admitted yet (not serving)", d.unit, d.rollout_id);
                 }

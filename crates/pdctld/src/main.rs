@@ -380,6 +380,7 @@ fn spawn_background(d: &Arc<daemon::Daemon>, args: &Args) {
     tokio::spawn(d.clone().fleet_rollouts());
     tokio::spawn(d.clone().fleet_retention());
     tokio::spawn(d.clone().storm_watch());
+    tokio::spawn(d.clone().balance_roles());
 }
 
 /// Feed systemd's watchdog only while the control socket accepts and answers (`GET /v1/ping`

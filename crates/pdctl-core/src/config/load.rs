@@ -299,6 +299,9 @@ smoke_request = true
             .unwrap();
         assert_eq!((m.fleetlock_listen, m.group.as_str(), m.windows.len()), (None, "default", 1));
         assert!(m.fleetlock_users.is_empty(), "nobody but root by default");
+        assert_eq!((m.balance_roles, m.balance_after), (false, std::time::Duration::from_secs(15 * 60)), "no ratio changed by itself by default");
+        let m = one(&format!("{BASE}\n[maintenance]\nfleetlock_id = \"z1\"\nbalance_roles = true\nbalance_after = \"1h\"\n")).unwrap().maintenance.unwrap();
+        assert_eq!((m.balance_roles, m.balance_after), (true, std::time::Duration::from_secs(3600)));
         let m = one(&format!("{BASE}\n[maintenance]\nfleetlock_id = \"z1\"\nfleetlock_listen = \"[::1]:9753\"\nfleetlock_users = [\"zincati\"]\n"))
             .unwrap()
             .maintenance
@@ -312,6 +315,8 @@ smoke_request = true
             ("fleetlock_users = [\"zincati\", \"\"]", "maintenance.fleetlock_users", "not an account name"),
             ("windows = [\"Sat 02:00-06:00 CET\"]", "maintenance.windows", "only UTC"),
             ("hold_while_alerting = \"http://prom:9090/metrics\"", "maintenance.hold_while_alerting", "Prometheus instant query"),
+            ("balance_after = \"0s\"", "maintenance.balance_after", "outside 1s"),
+            ("balance_roles = \"yes\"", "balance_roles", "invalid type"),
             ("reboot = true", "reboot", "unknown field"),
         ] {
             let text = format!("{BASE}\n[maintenance]\nfleetlock_id = \"a\"\n{bad}\n");

@@ -91,7 +91,21 @@ pub(super) fn merge(texts: &[(PathBuf, String)]) -> Result<(Merged, Origins<'_>)
         }
         if let Some(s) = raw.maintenance {
             m.maintenance_seen = true;
-            over!(k, maintenance, path, text, m.maintenance, s, fleetlock_listen, fleetlock_id, fleetlock_users, windows, hold_while_alerting);
+            over!(
+                k,
+                maintenance,
+                path,
+                text,
+                m.maintenance,
+                s,
+                fleetlock_listen,
+                fleetlock_id,
+                fleetlock_users,
+                windows,
+                hold_while_alerting,
+                balance_roles,
+                balance_after
+            );
         }
         for w in raw.worker.unwrap_or_default() {
             let line = line_of(text, w.unit.span().start);

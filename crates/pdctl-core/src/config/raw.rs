@@ -187,6 +187,8 @@ pub(super) struct RawMaintenance {
     pub(super) fleetlock_users: Option<Vec<String>>,
     pub(super) windows: Option<Vec<String>>,
     pub(super) hold_while_alerting: Option<String>,
+    pub(super) balance_roles: Option<bool>,
+    pub(super) balance_after: Option<Dur>,
 }
 
 #[derive(Debug, Default, Deserialize)]

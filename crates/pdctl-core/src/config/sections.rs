@@ -376,7 +376,9 @@ pub(super) fn maintenance(
         return Err(o.at("maintenance.fleetlock_users", format!("{bad:?} is not an account name: list local accounts, like [\"zincati\"]")));
     }
     let group = fleet.map(|f| f.name.clone()).unwrap_or_else(|| "default".into());
-    Ok(Some(MaintenanceSettings { fleetlock_listen, fleetlock_id, fleetlock_users, group, windows, hold_while_alerting }))
+    let balance_roles = m.balance_roles.unwrap_or(false);
+    let balance_after = o.bounded("maintenance.balance_after", m.balance_after, d(15 * 60))?;
+    Ok(Some(MaintenanceSettings { fleetlock_listen, fleetlock_id, fleetlock_users, group, windows, hold_while_alerting, balance_roles, balance_after }))
 }
 
 /// `[systemd]` and `[journal]`: how this process reaches the manager, the journal and procfs.

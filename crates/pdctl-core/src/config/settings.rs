@@ -369,6 +369,13 @@ pub struct MaintenanceSettings {
     /// A Prometheus instant-query URL (`…/api/v1/query?query=…`): while it returns any series,
     /// no maintenance begins.
     pub hold_while_alerting: Option<String>,
+    /// `balance_roles` (default false): pdctld changes this host's P:D ratio by itself (`pdctl
+    /// role set --ratio`) once the role pressure has suggested the same ratio for
+    /// `balance_after`, only when a maintenance could begin (its windows, the fleet not paused,
+    /// the hold query quiet, no rollout running) and within the budget every rollout keeps.
+    pub balance_roles: bool,
+    /// `balance_after` (default 15 min): how long the same suggestion must stand first.
+    pub balance_after: Duration,
 }
 
 /// The FleetLock endpoint's address when `[maintenance]` does not say (loopback).
@@ -490,6 +497,7 @@ pub const DURATION_BOUNDS: &[(&str, Duration, Duration)] = &[
     ("slo.max_wait", Duration::from_secs(0), Duration::from_secs(3600)),
     ("storm.within", Duration::from_secs(10), Duration::from_secs(24 * 3600)),
     ("bake", Duration::from_secs(10), Duration::from_secs(24 * 3600)),
+    ("balance_after", Duration::from_secs(1), Duration::from_secs(7 * 24 * 3600)),
 ];
 
 /// A server's base URL: http(s), a host, an optional port, nothing after it.

@@ -129,6 +129,20 @@ where
         out
     }
 
+    /// Each role's pressure as `pdctl status` judges it, from every PD worker's figures (its KV
+    /// report: requests queued and running, KV used) in the role its unit runs; a worker that
+    /// does not answer is not read (said in the verdict, never counted as idle).
+    pub async fn role_pressure(&self) -> crate::service::role_pressure::Pressure {
+        use crate::service::role_pressure::{pressure, Load};
+        let mut loads = Vec::new();
+        for w in self.settings.workers.iter().filter(|w| w.role != Role::Regular) {
+            let kv = self.probes.kv(&w.url).await.ok();
+            let k = kv.as_ref();
+            loads.push(Load { role: w.role, queued: k.and_then(|k| k.queue_reqs), running: k.and_then(|k| k.running_reqs), kv_used: k.map(|k| k.token_usage) });
+        }
+        pressure(&loads)
+    }
+
     /// `pdctl role set --dry-run`'s verdict: the run's own first step — the preflight of the
     /// workers that would change, in their old roles (the unit, its pending changes, the role's
     /// floor) — touching nothing. `Some`: the failure the run would stop at.

@@ -332,6 +332,7 @@ pub(super) async fn status(State(d): State<Arc<Daemon>>) -> Response {
         corrupt,
         quarantined,
         unresolved: lock(&d.unresolved).values().cloned().collect(),
+        role_balance: lock(&d.role_balance).clone(),
     })
     .into_response()
 }

@@ -259,7 +259,7 @@ async fn worker_runs(e: &pdctl_real::RealEngine, unit: &str) -> bool {
 
 /// Why a new maintenance would wait now: a rollout running here, outside every window, the fleet
 /// paused, or the hold query returning a series. `None`: it may begin.
-async fn waits(d: &Daemon, s: &pdctl_core::config::Settings) -> Option<String> {
+pub(super) async fn waits(d: &Daemon, s: &pdctl_core::config::Settings) -> Option<String> {
     if let Some(id) = d.running_id() {
         return Some(format!("rollout {id} is running on this host (pdctl rollout watch {id})"));
     }

@@ -5,13 +5,15 @@
 //!
 //! Its rooms: the records and the one running slot ([`shared`]), recovery at start and while idle
 //! ([`recovery`]), driving a rollout ([`rollouts`]), the HTTP API ([`http`]), fleet
-//! participation ([`fleet`]) and host maintenance with its FleetLock endpoint ([`maintenance`]).
+//! participation ([`fleet`]), host maintenance with its FleetLock endpoint ([`maintenance`]), and
+//! the P:D ratio changed by itself when asked to ([`role_balance`]).
 
 pub mod fleet;
 pub mod fleet_bake;
 pub mod http;
 pub mod maintenance;
 mod recovery;
+mod role_balance;
 mod rollouts;
 mod shared;
 pub mod storm;

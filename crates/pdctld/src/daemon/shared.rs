@@ -66,6 +66,8 @@ pub struct Daemon {
     pub(crate) unsaved: Mutex<BTreeMap<String, Record>>,
     /// Restarts pdctl did not make ([`storm`]).
     pub(crate) storm: Mutex<storm::StormWatch>,
+    /// What the role balance's last look saw ([`super::role_balance`]; `None`: off).
+    pub(crate) role_balance: Mutex<Option<String>>,
     /// Rollouts begun by this process (the storm watch's "was it us?").
     pub(crate) rollouts_begun: std::sync::atomic::AtomicU64,
     /// Rollout id → its restarted workers' service figures from before their drains: the fleet
@@ -181,6 +183,7 @@ impl Daemon {
             record_error: Mutex::new(None),
             unsaved: Mutex::new(BTreeMap::new()),
             storm: Mutex::new(storm::StormWatch::default()),
+            role_balance: Mutex::new(None),
             rollouts_begun: std::sync::atomic::AtomicU64::new(0),
             baselines: Mutex::new(BTreeMap::new()),
             etcd: Mutex::new(None),

@@ -271,17 +271,18 @@ async fn wait_unlisted<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, entri
 
 /// Wait (bounded by drain_timeout from `t0`) until the worker runs no request: in flight at
 /// the start, left at the end, and a load that could not be read (a warning by the setting,
-/// else the failure).
+/// else the failure). Read at least once, even when the wait for the gateway used the whole
+/// drain_timeout: what is left is then measured, not assumed.
 async fn wait_in_flight<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, t0: Instant) -> Result<(Option<u64>, Option<u64>, Option<Cause>), Fail> {
     let mut left = None;
     let mut at_start = None;
     let mut unknown: Option<Cause> = None;
-    while t0.elapsed() < eng.settings.rollout.drain_timeout {
+    loop {
         match eng.probes.in_flight(&w.url).await {
             Ok(n) => {
                 at_start.get_or_insert(n);
                 left = Some(n);
-                if n == 0 {
+                if n == 0 || t0.elapsed() >= eng.settings.rollout.drain_timeout {
                     break;
                 }
             }
