@@ -142,8 +142,9 @@ fn in_2p2d_under_load_the_ratio_goes_to_3p1d_and_back_at_run_time_with_no_failed
     let (sent, failed) = load.stop();
     let longs = long.stop();
     println!("2P2D -> 3P1D -> 2P2D at {rate:.1} req/s: {sent} sent, {failed} failed; {} long answers", longs.len());
-    // Two switches take about 20 s here: the load ran throughout.
-    assert!(sent as f64 >= rate * 10.0, "the load ran: {sent} sent");
+    // Two switches take 10-20 s here (behind sglang-router 0.3.2, whose drain has no
+    // draining state, about 10 s): the load ran throughout.
+    assert!(sent as f64 >= rate * 5.0, "the load ran: {sent} sent");
     assert_eq!(failed, 0, "the other workers of each role served throughout\n{}", gateway_errors(&stack));
     assert!(longs.iter().all(|&(status, tokens)| (status, tokens) == (200, 300)), "every long answer came back whole: {longs:?}\n{}", gateway_errors(&stack));
     // The decode that ran as a prefill served prefills: its own journal's prefill batches

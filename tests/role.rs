@@ -386,3 +386,52 @@ fn with_balance_roles_pdctld_changes_the_ratio_by_itself_once_the_suggestion_sto
     let status = pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1;
     assert!(status["role_balance"].as_str().is_some_and(|b| b.contains(&format!("changed to 1:3 by rollout {id}"))), "{status:#}");
 }
+
+/// Behind sglang-router 0.3.2 (which lists a worker's type and bootstrap port as smg does, and
+/// takes a worker out at once): under client load, `--ratio 3:1` flips a decode at run time,
+/// the gateway lists it as a prefill afterwards, and no client request failed.
+#[test]
+fn the_ratio_changes_under_load_behind_sglang_router_0_3_2_with_no_failed_request() {
+    let opts = StackOptions { gateway: pdctl_tests::pdctl_sandbox::Gateway::SglangRouter032, ..role_opts(&[]) };
+    let (stack, config, d) = stack_with_pdctld_opts(&opts);
+    let router = stack.router.as_ref().expect("a gateway").url.clone();
+    let load = pdctl_tests::Load::start(&router, 8.0, 16);
+    let r = pdctl_daemon(&d, &config, &["role", "set", "--ratio", "3:1", "--json"], LIMIT);
+    let (sent, failed) = load.stop();
+    ok(&r);
+    let unit = r.events.iter().find(|e| e["step"] == "role" && e["status"] == "passed").and_then(|e| e["unit"].as_str()).unwrap_or_default().to_string();
+    assert_eq!(passed_path(&r, &unit), "runtime");
+    let url = url_of(&stack, &unit).to_string();
+    assert_eq!(gateway_type(&stack, &url).as_deref(), Some("prefill"));
+    assert_eq!(running_role(&url).as_deref(), Some("prefill"));
+    assert!(sent >= 20, "the load ran through the change: {sent} sent");
+    assert_eq!(failed, 0, "{failed} of {sent} client requests failed");
+}
+
+/// pdctld SIGKILLed just after a switch at run time passed (before the later gates): `pdctl
+/// rollout resume ID` verifies the worker again without a restart (the same InvocationID) and
+/// records its unit's files, the role drop-in newer than its process included, as its good
+/// revision — so a later plain restart of it is not refused as a change on disk its process does
+/// not run.
+#[test]
+fn a_switch_resumed_after_it_passed_is_recorded_so_a_later_restart_is_not_refused() {
+    let (stack, config, d) = stack_with_pdctld_opts(&role_opts(&[]));
+    let url = url_of(&stack, D2).to_string();
+    let mut cli = pdctl_tests::live_daemon(&d, &config, &["role", "set", D2, "prefill", "--json"]);
+    cli.wait_line(LIMIT, |e| e["unit"] == D2 && e["step"] == "role" && e["status"] == "passed").expect("the switch passed");
+    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    assert_eq!(cli.finish(Duration::from_secs(20)), Some(3), "interrupted");
+    let id = cli.seen.last().and_then(|l| l["id"].as_str().map(String::from)).unwrap_or_default();
+    let invocation = stack.show(D2, "InvocationID").unwrap_or_default();
+    stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
+    let settled = || pdctl_tests::raw_api(&d.socket, "GET", "/v1/status", "").1["reconciling"] == false;
+    assert!(pdctl_tests::until(Duration::from_secs(120), Duration::from_millis(200), settled), "pdctld reconciled");
+    let r = pdctl_daemon(&d, &config, &["rollout", "resume", &id, "--json"], LIMIT);
+    ok(&r);
+    assert_eq!(stack.show(D2, "InvocationID").unwrap_or_default(), invocation, "verified again, not restarted");
+    let notes = pdctl_tests::record(&d.socket, r.summary["id"].as_str().unwrap_or_default())["notes"].to_string();
+    assert!(notes.contains(&format!("recorded the revision {D2} runs with")) && notes.contains("90-pdctl-role.conf"), "{notes}");
+    let again = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D2, "--json"], LIMIT);
+    ok(&again);
+    assert_eq!(running_role(&url).as_deref(), Some("prefill"));
+}

@@ -47,15 +47,18 @@ where
         let t0 = Instant::now();
         let notes = Notes::default();
         let mut plan = r.plan.clone();
-        let resume = match r.work {
-            Work::Restart { resume } => resume,
-            _ => 0,
+        let (resume, role) = match r.work {
+            Work::Restart { resume, role } => (resume, role),
+            _ => (0, false),
         };
         let lead: Vec<_> = plan.workers.iter().take(resume).cloned().collect();
         for w in lead {
             if runbook::verify(self, &w, sink).await {
                 plan.workers.retain(|x| x.unit != w.unit);
                 notes.push(format!("{} passed its gates again without a restart", w.unit));
+                if let Some(dir) = r.revisions {
+                    notes.push(self.record_revision_of(&w, dir, r.id, role).await);
+                }
             }
         }
         let clients = Clients::default();

@@ -19,10 +19,15 @@ use crate::state::revisions;
 pub enum Work<'a> {
     /// Restart each through every gate, in plan order. `resume`: the rest of an interrupted
     /// rollout — its first `resume` units (the one it stopped at, and those it had already
-    /// restarted) are re-verified, each restarted only if that fails.
+    /// restarted) are re-verified, each restarted only if that fails; one that passes has its
+    /// files recorded as its good revision.
     Restart {
         /// Units re-verified first.
         resume: usize,
+        /// The interrupted rollout was a change of role: a worker that passes again runs its
+        /// unit's files as they are now, its role drop-in included though it may be newer than
+        /// its process (switched at run time).
+        role: bool,
     },
     /// A revert: each worker gets back its files from before the reverted rollout (step
     /// `rollback`) and is restarted through every gate, in plan order.

@@ -444,7 +444,7 @@ pub fn settings() -> Settings {
 pub fn rollout_of<'a>(plan: &'a Plan, abort: &'a std::sync::atomic::AtomicBool, allow_outage: bool, load_changes: bool) -> pdctl_core::engine::RolloutRun<'a> {
     pdctl_core::engine::RolloutRun {
         plan,
-        work: pdctl_core::engine::Work::Restart { resume: 0 },
+        work: pdctl_core::engine::Work::Restart { resume: 0, role: false },
         abort,
         revisions: None,
         ledger: None,

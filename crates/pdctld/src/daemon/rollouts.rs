@@ -490,13 +490,20 @@ pub(super) async fn run(
         })
     };
     let dir = daemon.store.revisions_dir();
-    let (allow_outage, load_changes, fleet_rollout, by) = {
+    let (allow_outage, load_changes, fleet_rollout, by, resumes) = {
         let r = lock(&record);
-        (r.allow_outage, r.load_changes, r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()), r.started_by.clone().unwrap_or_default())
+        (
+            r.allow_outage,
+            r.load_changes,
+            r.started_by.as_ref().and_then(|b| b.fleet_rollout.clone()),
+            r.started_by.clone().unwrap_or_default(),
+            r.resumes.clone(),
+        )
     };
+    let resumed_role = resumes.and_then(|old| daemon.load(&old)).is_some_and(|old| old.kind == RolloutKind::Role);
     let who = by.who();
     let asked = pdctl_core::engine::Asked { by: &who, reason: by.reason.as_deref() };
-    let work = work_of(kind, asked, restore.as_ref(), weights.as_ref(), reverify);
+    let work = work_of(kind, asked, restore.as_ref(), weights.as_ref(), reverify, resumed_role);
     let run = RolloutRun {
         plan: &plan,
         work,
@@ -553,13 +560,14 @@ pub(super) async fn run(
 }
 
 /// The work a rollout of `kind` asks of the engine (`reverify`: a resume's units verified again
-/// without a restart).
+/// without a restart; `resumed_role`: of an interrupted change of role).
 fn work_of<'a>(
     kind: RolloutKind,
     asked: pdctl_core::engine::Asked<'a>,
     restore: Option<&'a BTreeMap<String, pdctl_core::state::revisions::Revision>>,
     weights: Option<&'a Weights>,
     reverify: usize,
+    resumed_role: bool,
 ) -> Work<'a> {
     match (restore, weights) {
         _ if kind == RolloutKind::HostDrain => Work::HostDrain { asked },
@@ -573,7 +581,7 @@ fn work_of<'a>(
             },
         },
         (Some(restore), None) => Work::Revert { restore },
-        (None, None) => Work::Restart { resume: if kind == RolloutKind::Resume { reverify } else { 0 } },
+        (None, None) => Work::Restart { resume: if kind == RolloutKind::Resume { reverify } else { 0 }, role: resumed_role },
     }
 }
 
