@@ -69,6 +69,7 @@ fn a_ratio_flips_a_decode_at_run_time_and_its_role_survives_a_restart() {
         (Some("decode"), Some("prefill"), Some("runtime")),
         "{flips:?}"
     );
+    assert!(flips[0]["expected_out"].as_str().is_some_and(|o| o.contains("no stop, no start")), "{flips:?}");
     let url = url_of(&stack, &unit).to_string();
     let invocation = stack.show(&unit, "InvocationID").unwrap_or_default();
 
@@ -134,6 +135,13 @@ fn a_role_left_empty_is_refused_touching_nothing_and_without_the_flag_the_way_is
     let flip = &dry.summary["flips"][0];
     assert_eq!(flip["path"], "restart", "{flip:#}");
     assert!(flip["restart_because"].as_str().is_some_and(|w| w.contains("--enable-pd-role-switch")), "{flip:#}");
+    // Its expected time out: a restart's, not measured on this host yet (said, not a number).
+    assert!(
+        flip["expected_out"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("out of the gateway as long as its drain, stop, start") && o.contains("not measured here yet")),
+        "{flip:#}"
+    );
     // A unit changed on disk after its process started (here its KillMode): the dry run runs the
     // run's own preflight and stops where the run stops, with the same cause; the run touches
     // nothing.
@@ -173,6 +181,10 @@ fn without_the_flag_a_prefill_becomes_a_decode_by_a_restart_through_every_gate()
     assert_eq!(gateway_type(&stack, &url).as_deref(), Some("decode"));
     let check = pdctl_daemon(&d, &config, &["check", "--json"], LIMIT);
     assert_eq!(check.code, 0, "{:#} {}", check.summary, check.stderr);
+    // Its way back is a restart too, and now its time out was measured: the dry run says it.
+    let dry = pdctl_daemon(&d, &config, &["role", "set", P2, "prefill", "--dry-run", "--json"], LIMIT);
+    let out = dry.summary["flips"][0]["expected_out"].as_str().unwrap_or_default().to_string();
+    assert!(out.starts_with("out of the gateway about ") && out.contains("its last measured window"), "{:#}", dry.summary);
 }
 
 /// A rebuild that fails after the teardown leaves the server unhealthy ("restart required"):

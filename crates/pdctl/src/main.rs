@@ -90,7 +90,7 @@ async fn dispatch(command: Command, config: &std::path::Path, client: &client::C
         Command::Role(RoleCmd::Set { unit, role, ratio, dry_run, reason, json }) => {
             let ask = role_set::Ask { unit, role, ratio };
             if dry_run {
-                return role_set::dry_run(config, &ask, json).await;
+                return role_set::dry_run(config, &ask, json, client).await;
             }
             let identity = match rollout::same_config(client, config, json).await {
                 Ok(i) => i,

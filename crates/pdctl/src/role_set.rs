@@ -30,7 +30,7 @@ impl Ask {
 
 /// The dry run: the flips pdctld would make, each with its way (a run-time switch, or a
 /// restart and why), after the preflight the run starts with; touching nothing.
-pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
+pub async fn dry_run(config: &Path, ask: &Ask, json: bool, client: &crate::client::Client) -> Exit {
     let ask_core = match RoleAsk::of(ask.unit.as_deref(), ask.role.as_deref(), ask.ratio.as_deref()) {
         Ok(a) => a,
         Err(why) => {
@@ -64,6 +64,10 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
         return exit;
     }
     let paths = engine.role_paths(&flips).await;
+    // Each worker's last measured start and window, as pdctld keeps them (when it runs this
+    // config): the restart path's expected time out.
+    let known = crate::context::known_changes(client, config).await.unwrap_or_default();
+    let timing = |unit: &str| known.get(unit).and_then(|k| k.timing.clone());
     if json {
         let rows: Vec<serde_json::Value> = paths
             .iter()
@@ -72,7 +76,8 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
                     SwitchPath::Runtime => ("runtime", None),
                     SwitchPath::Restart(why) => ("restart", Some(why.clone())),
                 };
-                serde_json::json!({ "unit": f.unit, "from": f.from.as_str(), "to": f.to.as_str(), "path": path, "restart_because": why, "graph_memory_gb": w.graph_memory_gb })
+                let out = pdctl_core::engine::role_change::expected_out(w, timing(&f.unit).as_ref());
+                serde_json::json!({ "unit": f.unit, "from": f.from.as_str(), "to": f.to.as_str(), "path": path, "restart_because": why, "graph_memory_gb": w.graph_memory_gb, "expected_out": out })
             })
             .collect();
         println!("{}", serde_json::json!({ "dry_run": true, "result": "succeeded", "flips": rows }));
@@ -84,7 +89,7 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool) -> Exit {
     }
     println!("pdctl: role set would change, one at a time, each drained first and verified after:");
     for (f, p) in &paths {
-        println!("  {}", planned(f, p));
+        println!("  {}", planned(f, p, timing(&f.unit).as_ref()));
     }
     println!("pdctl: ✓ dry run: nothing was touched; next: {}", ask.command());
     Exit::Ok

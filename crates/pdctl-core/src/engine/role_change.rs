@@ -20,6 +20,7 @@ use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
 use crate::sglang::role_switch::{self, Candidate, Flip, SwitchPath, Way};
+use pdctl_contract::clock::StartTime;
 
 /// What an operator asked of `pdctl role set`.
 #[derive(Debug, Clone)]
@@ -56,8 +57,8 @@ impl RoleAsk {
 }
 
 /// What a flip does, as the record and the dry run say it.
-pub fn planned(f: &Flip, way: &Way) -> String {
-    match &way.path {
+pub fn planned(f: &Flip, way: &Way, timing: Option<&StartTime>) -> String {
+    let how = match &way.path {
         SwitchPath::Runtime => format!(
             "{}: {} -> {}, switched at run time (drained, POST /pd_role_switch, no restart{})",
             f.unit,
@@ -69,6 +70,16 @@ pub fn planned(f: &Flip, way: &Way) -> String {
                 .unwrap_or_default()
         ),
         SwitchPath::Restart(why) => format!("{}: {} -> {}, restarted with its new role ({why})", f.unit, f.from.as_str(), f.to.as_str()),
+    };
+    format!("{how}; {}", expected_out(way, timing))
+}
+
+/// How long a flip keeps its worker out of the gateway, in words (`timing`: its last measured
+/// start and window, for the restart path); the other workers of its role serve meanwhile.
+pub fn expected_out(way: &Way, timing: Option<&StartTime>) -> String {
+    match &way.path {
+        SwitchPath::Runtime => "out of the gateway for its drain, the switch (under a second measured here: no stop, no start) and its gates".into(),
+        SwitchPath::Restart(_) => format!("out of the gateway {}", pdctl_contract::cause::outage(timing)),
     }
 }
 

@@ -71,10 +71,12 @@ pub(super) async fn start(daemon: Arc<Daemon>, req: Request, by: StartedBy) -> R
             Planning::Run(p) => *p,
             Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
         },
-        Request::Role { unit, role, ratio, .. } => match plan_role(&e, unit.as_deref(), role.as_deref(), ratio.as_deref()).await? {
-            Planning::Run(p) => *p,
-            Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
-        },
+        Request::Role { unit, role, ratio, .. } => {
+            match plan_role(&e, &daemon.store.revisions_dir(), unit.as_deref(), role.as_deref(), ratio.as_deref()).await? {
+                Planning::Run(p) => *p,
+                Planning::Nothing(message) => return Ok(Started { id: None, message: Some(message) }),
+            }
+        }
     };
     {
         let mut r = lock(&record);
@@ -272,8 +274,9 @@ fn plan_weights(e: &RealEngine, model_path: String, version: Option<String>, fle
 }
 
 /// `pdctl role set`'s plan: the flips (which workers, decided in pdctl-core), each with the way it
-/// changes, said in the record from its start; a ratio the host has already is nothing to do.
-async fn plan_role(e: &RealEngine, unit: Option<&str>, role: Option<&str>, ratio: Option<&str>) -> Result<Planning, Cause> {
+/// changes and how long it is out (its last start and window in `dir`), said in the record from
+/// its start; a ratio the host has already is nothing to do.
+async fn plan_role(e: &RealEngine, dir: &std::path::Path, unit: Option<&str>, role: Option<&str>, ratio: Option<&str>) -> Result<Planning, Cause> {
     let refused = |why: String| Cause::BadRequest { message: format!("{why}; nothing was touched") };
     let ask = pdctl_core::engine::role_change::RoleAsk::of(unit, role, ratio).map_err(refused)?;
     let flips = e.role_flips(&ask).await.map_err(refused)?;
@@ -285,7 +288,8 @@ async fn plan_role(e: &RealEngine, unit: Option<&str>, role: Option<&str>, ratio
     }
     let units: Vec<String> = flips.iter().map(|f| f.unit.clone()).collect();
     let plan = Plan::new(&e.settings, &units).map_err(|er| Cause::BadRequest { message: er.to_string() })?;
-    let notes = e.role_paths(&flips).await.iter().map(|(f, p)| pdctl_core::engine::role_change::planned(f, p)).collect();
+    let timing = |unit: &str| pdctl_core::state::revisions::last_start(dir, unit);
+    let notes = e.role_paths(&flips).await.iter().map(|(f, p)| pdctl_core::engine::role_change::planned(f, p, timing(&f.unit).as_ref())).collect();
     Ok(Planning::Run(Box::new(Planned { notes, flips: Some(flips), ..Planned::of(RolloutKind::Role, plan, false) })))
 }
 
