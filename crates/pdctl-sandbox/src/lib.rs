@@ -282,7 +282,9 @@ pub fn free_port() -> Result<u16> {
     // taken by any outgoing connection (the tests make many) before the server binds it. And
     // outside 22000-29999, where sglang 0.5.23 picks the port its scheduler binds later when no
     // `--nccl-port` is given (`get_free_port_below_ephemeral`, srt/utils/network.py): a port
-    // claimed here but not yet bound looks free to it. So 17000-21999 and 30000-32767. Test
+    // claimed here but not yet bound looks free to it. (A fixed `--nccl-port` is no way out: each
+    // attention-DP rank of one server binds its own, and one fixed port fails the second with
+    // EADDRINUSE.) So 17000-21999 and 30000-32767. Test
     // processes run in parallel and a port is bound by its server only later, inside a sandbox: a
     // bind check alone lets two processes pick the same port. So each port is claimed across
     // processes by an exclusive lock on a file named after it, held until this process exits (the

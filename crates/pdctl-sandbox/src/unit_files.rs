@@ -43,7 +43,6 @@ fn decode_env(w: &Worker, opts: &StackOptions) -> String {
 /// - `--disaggregation-transfer-backend mooncake_tcp`: PD over mooncake's TCP transport (no RDMA
 ///   here); `--disable-overlap-schedule` and, on a decode, `--disaggregation-decode-retraction-backup
 ///   cpu_tensor`: 0.5.23's PD paths that otherwise call CUDA on a CPU-only machine;
-/// - `--nccl-port`: a port claimed by the sandbox ([`crate::free_port`]), not SGLang's own pick;
 /// - `LD_LIBRARY_PATH` (the stand-in `libcuda.so.1`) and `PYTHONPATH` (`sitecustomize.py`):
 ///   scripts/setup says why;
 /// - `KillMode=mixed`: the stop's SIGTERM reaches the main process only, which drains;
@@ -54,11 +53,6 @@ pub fn real_worker_unit(r: &RealSglang, w: &Worker, opts: &StackOptions, extra: 
     args.extend(r.cpu_flags());
     args.extend(["--port".into(), w.port.to_string(), "--disaggregation-mode".into(), w.role.into()]);
     args.extend(["--disaggregation-transfer-backend".into(), "mooncake_tcp".into()]);
-    // Claimed like every port here: without it SGLang picks one that looks free, which can be a
-    // port the sandbox handed to a server not yet started.
-    if let Ok(p) = crate::free_port() {
-        args.extend(["--nccl-port".into(), p.to_string()]);
-    }
     if w.role != "decode" || opts.decode_metrics {
         args.push("--enable-metrics".into());
     }
