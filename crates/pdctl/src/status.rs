@@ -132,14 +132,8 @@ pub(crate) fn pressure_line(p: &pdctl_core::service::role_pressure::Pressure) ->
 }
 
 /// One worker's figures for the role pressure (`runs`: the role it runs now, else its unit's).
-fn load_of(w: &pdctl_core::config::Worker, runs: Option<pdctl_core::config::Role>, kv: &Kv) -> pdctl_core::service::role_pressure::Load {
-    let kv = kv.as_ref().ok();
-    pdctl_core::service::role_pressure::Load {
-        role: runs.unwrap_or(w.role),
-        queued: kv.and_then(|k| k.queue_reqs),
-        running: kv.and_then(|k| k.running_reqs),
-        kv_used: kv.map(|k| k.token_usage),
-    }
+fn load_of(w: &pdctl_core::config::Worker, runs: Option<pdctl_core::config::Role>, kv: &Kv) -> Load {
+    Load::of(runs.unwrap_or(w.role), kv.as_ref().ok())
 }
 
 /// Every worker asked at once (its unit, its KV, what it serves), each call bounded: one that

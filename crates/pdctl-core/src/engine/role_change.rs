@@ -147,9 +147,7 @@ where
         use crate::service::role_pressure::{pressure, Load};
         let mut loads = Vec::new();
         for w in self.settings.workers.iter().filter(|w| w.role != Role::Regular) {
-            let kv = self.probes.kv(&w.url).await.ok();
-            let k = kv.as_ref();
-            loads.push(Load { role: w.role, queued: k.and_then(|k| k.queue_reqs), running: k.and_then(|k| k.running_reqs), kv_used: k.map(|k| k.token_usage) });
+            loads.push(Load::of(w.role, self.probes.kv(&w.url).await.ok().as_ref()));
         }
         pressure(&loads)
     }

@@ -30,6 +30,13 @@ pub struct Load {
     pub kv_used: Option<f64>,
 }
 
+impl Load {
+    /// A worker running `role` as its KV report says it (`None`: not read).
+    pub fn of(role: Role, kv: Option<&pdctl_parse::kv::KvReport>) -> Load {
+        Load { role, queued: kv.and_then(|k| k.queue_reqs), running: kv.and_then(|k| k.running_reqs), kv_used: kv.map(|k| k.token_usage) }
+    }
+}
+
 /// One role's figures.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RolePressure {

@@ -53,12 +53,12 @@ impl Daemon {
                 })
             };
             let Some(ratio) = due else {
-                *lock(&self.role_balance) = shown(said);
+                *lock(&self.role_balance) = shown(said).map(|t| pdctl_contract::redact::line(&t));
                 continue;
             };
             if let Some(why) = super::maintenance::waits(&self, &settings).await {
                 tracing::info!("the ratio {ratio} is due but waits: {why}");
-                *lock(&self.role_balance) = shown(format!("{said}; due, waits: {why}"));
+                *lock(&self.role_balance) = shown(format!("{said}; due, waits: {why}")).map(|t| pdctl_contract::redact::line(&t));
                 continue;
             }
             let reason = format!("role balance: {} (suggested for {}s)", p.why, balance.stood(now).unwrap_or_default().as_secs());
@@ -75,6 +75,7 @@ impl Daemon {
                     format!("the change to {ratio} was refused ({}): {}", c.code(), c.sentence())
                 }
             };
+            let now_said = pdctl_contract::redact::line(&now_said);
             *lock(&self.role_balance) = Some(now_said.clone());
             last = Some(now_said);
             balance.made();
