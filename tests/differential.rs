@@ -283,6 +283,11 @@ impl Session {
         self.note("/server_info: launch_command is the flags given", json!(info["launch_command"].as_str() == Some(server.args.join(" ").as_str())));
         self.note("/server_info: page_size", info["page_size"].clone());
         self.note("/server_info: disaggregation_transfer_backend", info["disaggregation_transfer_backend"].clone());
+        // Resolved: whether a run-time flip to decode is safe is decided on these two.
+        self.note(
+            "/server_info: disable_radix_cache, disaggregation_decode_enable_radix_cache",
+            json!([info["disable_radix_cache"], info["disaggregation_decode_enable_radix_cache"]]),
+        );
 
         // /model_info: every field.
         let (_, mi) = self.call("GET", &format!("{url}/model_info"), None, true);

@@ -108,10 +108,12 @@ fn took(r: &JsonRun, unit: &str, step: &str) -> i64 {
 }
 
 /// The ratio changed live on the real servers under load: 2P2D → 3P1D → 2P2D through `pdctl role
-/// set --ratio`, every server started with `--enable-pd-role-switch`. Each flip drains the least
-/// busy worker of the role that has too many, switches it at run time (no restart: the same
-/// InvocationID), and passes every gate in its new role; the switched decode serves prefills
-/// (its own journal's prefill batches after the switch). No client request fails. The figures
+/// set --ratio`, every server started with `--enable-pd-role-switch` and otherwise SGLang's
+/// defaults. Each flip drains a worker of the role that has too many — one that can switch at run
+/// time first (a born prefill's radix cache rules it out as a decode: the dry run says so), then
+/// the least busy — switches it at run time (no restart: the same InvocationID), and passes every
+/// gate in its new role; the switched decode serves prefills (its own journal's prefill batches
+/// after the switch). No client request fails. The figures
 /// per switch (drain, switch, re-admission) are printed for docs/benchmarks.md.
 #[test]
 fn in_2p2d_under_load_the_ratio_goes_to_3p1d_and_back_at_run_time_with_no_failed_request() {
@@ -119,6 +121,15 @@ fn in_2p2d_under_load_the_ratio_goes_to_3p1d_and_back_at_run_time_with_no_failed
     fragment(&config, "20-2p2d", "[rollout]\nallow_outage = false\ndrain_timeout = \"120s\"\n");
     let router = stack.router.as_ref().expect("router").url.clone();
     let rate = 3.0;
+    // A server started as a prefill runs its radix cache (SGLang's default): as a decode after a
+    // run-time flip, 0.5.23 loses KV and the server exits at its next idle check (measured here:
+    // `pdctl_core::sglang::role_switch::decode_refusal`). The dry run says it takes the restart path.
+    let born_prefill = stack.workers().into_iter().find(|w| w.role == "prefill").map(|w| w.unit.clone()).expect("a prefill");
+    let dry = pdctl_daemon(&d, &config, &["role", "set", &born_prefill, "decode", "--dry-run", "--json"], Duration::from_secs(300));
+    assert_eq!(dry.code, 0, "{}", explain(&stack, &dry));
+    let flip = &dry.summary["flips"][0];
+    assert_eq!(flip["path"], "restart", "{flip:#}");
+    assert!(flip["restart_because"].as_str().is_some_and(|w| w.contains("radix cache")), "{flip:#}");
     let load = Load::start_with(&router, rate, 16, None, Some(system_prompt()));
     let long = LongStream::start(&router, 2, 300);
     let mut flipped = Vec::new();
@@ -139,6 +150,8 @@ fn in_2p2d_under_load_the_ratio_goes_to_3p1d_and_back_at_run_time_with_no_failed
         );
         flipped.push(unit);
     }
+    // Back to 2:2, pdctl flips the one that can switch at run time: the decode it made a prefill.
+    assert_eq!(flipped[0], flipped[1], "the same worker went back");
     let (sent, failed) = load.stop();
     let longs = long.stop();
     println!("2P2D -> 3P1D -> 2P2D at {rate:.1} req/s: {sent} sent, {failed} failed; {} long answers", longs.len());

@@ -46,8 +46,59 @@ fn ok(r: &JsonRun) {
     assert_eq!(r.summary["result"], "succeeded", "{:#}", r.summary);
 }
 
+/// Every prefill is also started with `--disaggregation-decode-enable-radix-cache`, so it too can
+/// become a decode at run time (with its radix cache on and unaccounted for, it cannot:
+/// [`a_prefill_with_its_radix_cache_on_becomes_a_decode_by_a_restart_and_a_ratio_prefers_one_that_switches_live`]).
 fn role_opts(decode_args: &[&str]) -> StackOptions {
-    StackOptions { pairs: 2, role_switch: true, decode_args: decode_args.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    StackOptions {
+        pairs: 2,
+        role_switch: true,
+        prefill_args: vec!["--disaggregation-decode-enable-radix-cache".into()],
+        decode_args: decode_args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Default flags (a prefill's radix cache on, as SGLang resolves it): a run-time flip of a
+/// prefill to decode would lose KV on sglang 0.5.23 and the server would exit at its next idle
+/// check (measured on the real server: `pdctl_core::sglang::role_switch::decode_refusal`). So the
+/// dry run of `role set prefill-1 decode` says the restart path and why, and `--ratio 1:3` too;
+/// after `--ratio 3:1` has made a decode a prefill, `--ratio 2:2` flips that one back at run time
+/// — it was born a decode, its cache resolved off — even when it is the busier prefill.
+#[test]
+fn a_prefill_with_its_radix_cache_on_becomes_a_decode_by_a_restart_and_a_ratio_prefers_one_that_switches_live() {
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { pairs: 2, role_switch: true, ..Default::default() });
+    let prefill = stack.workers().into_iter().find(|w| w.role == "prefill").map(|w| w.unit.clone()).expect("a prefill");
+    let radix_reason = |flip: &Value| flip["restart_because"].as_str().is_some_and(|w| w.contains("radix cache") && w.contains("--disable-radix-cache"));
+    for args in [vec!["role", "set", prefill.as_str(), "decode"], vec!["role", "set", "--ratio", "1:3"]] {
+        let dry = pdctl_daemon(&d, &config, &[args.as_slice(), &["--dry-run", "--json"]].concat(), LIMIT);
+        assert_eq!(dry.code, 0, "{:#} {}", dry.summary, dry.stderr);
+        let flip = dry.summary["flips"][0].clone();
+        assert_eq!(flip["path"], "restart", "{args:?}: {flip:#}");
+        assert!(radix_reason(&flip), "{args:?}: {flip:#}");
+    }
+    let dry = pdctl_daemon(&d, &config, &["role", "set", "--ratio", "3:1", "--dry-run", "--json"], LIMIT);
+    let flipped = dry.summary["flips"][0]["unit"].as_str().unwrap_or_default().to_string();
+    ok(&pdctl_daemon(&d, &config, &["role", "set", "--ratio", "3:1", "--json"], LIMIT));
+    assert_eq!(running_role(url_of(&stack, &flipped)).as_deref(), Some("prefill"), "{flipped}");
+    // The flipped one is the busier prefill now (a request no decode fetches stays queued on it
+    // until its bootstrap timeout); the born prefills are idle.
+    let url = url_of(&stack, &flipped).to_string();
+    let held = url.clone();
+    let _direct = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let body = serde_json::json!({"text": "held", "sampling_params": {"max_new_tokens": 1}, "bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 7});
+            let c = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+            c.post(format!("{held}/generate")).json(&body).send().await.map(|r| r.status().as_u16()).ok()
+        })
+    });
+    let queued = || pdctl_tests::pdctl_sandbox::stack::http_get(&format!("{url}/v1/loads")).is_ok_and(|(_, b)| !b.contains("\"num_waiting_reqs\":0"));
+    assert!(pdctl_tests::until(Duration::from_secs(5), Duration::from_millis(20), queued), "the request is queued on {flipped}");
+    let dry = pdctl_daemon(&d, &config, &["role", "set", "--ratio", "2:2", "--dry-run", "--json"], LIMIT);
+    assert_eq!(dry.code, 0, "{:#} {}", dry.summary, dry.stderr);
+    let flip = &dry.summary["flips"][0];
+    assert_eq!((flip["unit"].as_str(), flip["path"].as_str()), (Some(flipped.as_str()), Some("runtime")), "{:#}", dry.summary);
 }
 
 /// 2P2D, every server started with `--enable-pd-role-switch`: `--ratio 3:1` flips one decode

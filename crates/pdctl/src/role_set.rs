@@ -60,13 +60,15 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool, client: &crate::clien
             return Exit::GateFailed;
         }
     };
-    if let Some(exit) = preflight(&engine, &flips, json, ask).await {
+    // pdctld's view of pending changes (a run-time switch's own drop-in is recorded as running)
+    // and each worker's last measured start and window (the restart path's expected time out),
+    // when it runs this config.
+    let known = crate::context::known_changes(client, config).await;
+    if let Some(exit) = preflight(&engine, &flips, json, ask, known.as_ref()).await {
         return exit;
     }
     let paths = engine.role_paths(&flips).await;
-    // Each worker's last measured start and window, as pdctld keeps them (when it runs this
-    // config): the restart path's expected time out.
-    let known = crate::context::known_changes(client, config).await.unwrap_or_default();
+    let known = known.unwrap_or_default();
     let timing = |unit: &str| known.get(unit).and_then(|k| k.timing.clone());
     if json {
         let rows: Vec<serde_json::Value> = paths
@@ -97,7 +99,13 @@ pub async fn dry_run(config: &Path, ask: &Ask, json: bool, client: &crate::clien
 
 /// The run's preflight of the workers `flips` change, with live output; `Some`: it failed (its
 /// events and the failed summary printed as a rolling restart's dry run prints them), the exit.
-async fn preflight(engine: &pdctl_real::RealEngine, flips: &[pdctl_core::sglang::role_switch::Flip], json: bool, ask: &Ask) -> Option<Exit> {
+async fn preflight(
+    engine: &pdctl_real::RealEngine,
+    flips: &[pdctl_core::sglang::role_switch::Flip],
+    json: bool,
+    ask: &Ask,
+    known: Option<&pdctl_core::engine::KnownChanges>,
+) -> Option<Exit> {
     if flips.is_empty() {
         return None;
     }
@@ -106,7 +114,7 @@ async fn preflight(engine: &pdctl_real::RealEngine, flips: &[pdctl_core::sglang:
     let what = "dry run (preflight only, nothing is touched) of a change of role";
     let printer = tokio::spawn(crate::render::Renderer::for_units_as(json, &units, crate::render::Kind::DryRun, Some(what)).with_next(ask.command()).run(rx));
     let t0 = std::time::Instant::now();
-    let failed = engine.role_preflight(flips, &tx).await;
+    let failed = engine.role_preflight(flips, &tx, known).await;
     drop(tx);
     let renderer = printer.await.ok();
     let failed = failed?;

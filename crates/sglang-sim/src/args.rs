@@ -69,6 +69,13 @@ pub struct SimConfig {
     /// `--disable-cuda-graph`: no decode graphs are captured (a flip to decode still asks for
     /// their footprint, measured on the real server).
     pub disable_cuda_graph: bool,
+    /// Resolved as 0.5.23's `handle_pd_disaggregation` does (`arg_groups/pd_disaggregation_hook.py`):
+    /// `--disable-radix-cache` given, or a decode started without
+    /// `--disaggregation-decode-enable-radix-cache`. `/server_info` reports it; a run-time flip
+    /// keeps it (the flag is resolved once, at start).
+    pub disable_radix_cache: bool,
+    /// `--disaggregation-decode-enable-radix-cache`: a decode keeps a radix cache and accounts for it.
+    pub decode_radix_cache: bool,
     /// `--dp-size` / `--dp` (default 1).
     pub dp_size: u64,
     /// `--enable-dp-attention` (deprecated in 0.5.23: with `--dp-size N` it resolves to
@@ -235,6 +242,8 @@ const USED: &[(&str, Kind)] = &[
     ("--weight-version", Kind::Value),
     ("--enable-pd-role-switch", Kind::Flag),
     ("--disable-cuda-graph", Kind::Flag),
+    ("--disable-radix-cache", Kind::Flag),
+    ("--disaggregation-decode-enable-radix-cache", Kind::Flag),
 ];
 
 /// Common SGLang flags that are accepted and have no effect on the simulation.
@@ -407,6 +416,9 @@ pub fn parse(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Si
         transfer_backend: resolve_transfer_backend(given.get("--disaggregation-transfer-backend").map(String::as_str)),
         enable_pd_role_switch: given.contains_key("--enable-pd-role-switch"),
         disable_cuda_graph: given.contains_key("--disable-cuda-graph"),
+        disable_radix_cache: given.contains_key("--disable-radix-cache")
+            || (mode == Mode::Decode && !given.contains_key("--disaggregation-decode-enable-radix-cache")),
+        decode_radix_cache: given.contains_key("--disaggregation-decode-enable-radix-cache"),
         dp_size,
         dp_attention: attn_dp > 1,
         attn_dp_size: u32::try_from(attn_dp).unwrap_or(u32::MAX),

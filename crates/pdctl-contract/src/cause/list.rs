@@ -44,6 +44,8 @@ pub enum Phase {
     Health,
     /// While its PD pairs were probed.
     Pair,
+    /// While the gateway was to admit it.
+    Router,
     /// During the soak.
     Soak,
 }

@@ -38,6 +38,7 @@ impl Cause {
                 Phase::Starting => format!("{unit} did not become ready: {why}"),
                 Phase::Health => format!("{unit} went down while waiting for /health: {why}"),
                 Phase::Pair => format!("{unit} went down while its PD pairs were probed: {why}"),
+                Phase::Router => format!("{unit} went down before the gateway admitted it: {why}"),
                 Phase::Soak => format!("{unit} did not stay up: {why}"),
             },
             Cause::ReadyTimeout { unit, pattern, after, foreign } => format!(

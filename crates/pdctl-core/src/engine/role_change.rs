@@ -123,7 +123,9 @@ where
             RoleAsk::Ratio { prefill, decode } => {
                 let mut pd = Vec::new();
                 for w in self.settings.workers.iter().filter(|w| w.role != Role::Regular) {
-                    pd.push(Candidate { unit: w.unit.clone(), role: w.role, in_flight: self.probes.in_flight(&w.url).await.ok() });
+                    let other = if w.role == Role::Prefill { Role::Decode } else { Role::Prefill };
+                    let runtime = switch_role::way(self, w, other).await.path == SwitchPath::Runtime;
+                    pd.push(Candidate { unit: w.unit.clone(), role: w.role, in_flight: self.probes.in_flight(&w.url).await.ok(), runtime });
                 }
                 role_switch::plan_ratio(&pd, *prefill, *decode).map_err(|e| e.to_string())
             }
@@ -155,8 +157,8 @@ where
     /// `pdctl role set --dry-run`'s verdict: the run's own first step — the preflight of the
     /// workers that would change, in their old roles (the unit, its pending changes, the role's
     /// floor) — touching nothing. `Some`: the failure the run would stop at.
-    pub async fn role_preflight(&self, flips: &[Flip], sink: &Sink) -> Option<crate::events::Failure> {
-        let ctx = Ctx::none(Outage::of(self.settings.rollout.allow_outage), false);
+    pub async fn role_preflight(&self, flips: &[Flip], sink: &Sink, known: Option<&crate::engine::KnownChanges>) -> Option<crate::events::Failure> {
+        let ctx = Ctx { known, ..Ctx::none(Outage::of(self.settings.rollout.allow_outage), false) };
         match runbook::preflight(self, &Plan { workers: old_workers(self, flips) }, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),

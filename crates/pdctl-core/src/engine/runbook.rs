@@ -351,7 +351,7 @@ pub(in crate::engine) async fn back_in_service<U: Units, L: Logs, P: Probes>(
     // Out of the router since its drain — or since the restart took it out (deferred). A
     // run resumed after its drain does not know when that was: it records no window (one
     // from here would be its router gate alone, and the next estimate would say "about 2s").
-    router_back(eng, r, run.taken_out.or(out.since)).await?;
+    router_back(eng, r, run.taken_out.or(out.since), &run.after).await?;
     metrics(eng, r).await?;
     stranded(eng, r).await?;
     soak(eng, r, &mut run, out.before).await?;
@@ -515,8 +515,14 @@ async fn router_as_is<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerR
 }
 
 /// The router step of a new run: held out for a coherent switch; else re-admitted, its drain
-/// crossed off and its window out of the gateway (from `out_since`) recorded.
-async fn router_back<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, out_since: Option<Instant>) -> Result<(), (Step, Fail)> {
+/// crossed off and its window out of the gateway (from `out_since`) recorded. A gateway that
+/// never admitted a worker whose run ended since `after` failed on that crash, said as one.
+async fn router_back<U: Units, L, P: Probes>(
+    eng: &Engine<U, L, P>,
+    r: &WorkerRun<'_>,
+    out_since: Option<Instant>,
+    after: &UnitState,
+) -> Result<(), (Step, Fail)> {
     let (w, sink, ctx) = (r.w, r.sink, r.ctx);
     let unit = w.unit.as_str();
     if ctx.scope.hold.is_some() {
@@ -536,7 +542,16 @@ async fn router_back<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRu
         let peers = pair::peers(eng, w);
         let peers_drained = r.peers_out
             || !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
-        let d = router::router_recorded(eng, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await?;
+        let d = match router::router_recorded(eng, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await {
+            Ok(d) => d,
+            Err(f) => {
+                let st = eng.units.state(unit).await?;
+                return Err(match crate::sglang::judge::crashed_since(&st, after) {
+                    Some(why) => Fail::from(Cause::Crashed { unit: unit.to_string(), phase: crate::cause::Phase::Router, why }),
+                    None => f,
+                });
+            }
+        };
         // Admitted again: the drain is undone.
         if let Some(l) = ctx.writes.ledger {
             l.clear(unit).map_err(|e| Fail::from(Cause::RecordUnwritable { dir: "the drain ledger".into(), error: e.to_string() }))?;

@@ -164,9 +164,51 @@ pub struct Way {
     pub graph_memory_gb: Option<f64>,
 }
 
-/// The path for a server that was asked to run `launch` (`/server_info`'s `launch_command`,
-/// its `--config` file merged in) and resolved `backend` (`disaggregation_transfer_backend`).
-pub fn path_for(launch: Option<&[String]>, backend: Option<&str>) -> SwitchPath {
+/// A server's radix cache as `/server_info` reports it resolved (`None`: not reported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Radix {
+    /// `disable_radix_cache`: 0.5.23 resolves it `true` on a decode started without
+    /// `--disaggregation-decode-enable-radix-cache`, `false` on a prefill unless
+    /// `--disable-radix-cache` is given; a run-time flip does not change it.
+    pub disabled: Option<bool>,
+    /// `disaggregation_decode_enable_radix_cache`: a decode that keeps a radix cache accounts for it.
+    pub decode_accounts: Option<bool>,
+}
+
+impl Radix {
+    /// The two fields in a `/server_info` answer.
+    pub fn of(info: &serde_json::Value) -> Radix {
+        let flag = |k: &str| info.get(k).and_then(|v| v.as_bool());
+        Radix { disabled: flag("disable_radix_cache"), decode_accounts: flag("disaggregation_decode_enable_radix_cache") }
+    }
+}
+
+/// Why a server with `radix` must not become a decode at run time; `None`: it may. Measured on
+/// the real 0.5.23 on this CPU: a server started as a prefill with its radix cache on (the
+/// default), flipped to decode, decodes with a radix cache its decode path does not account for
+/// (the decode path keeps one only with `--disaggregation-decode-enable-radix-cache`); after a few
+/// concurrent requests its idle pool check finds the requests' KV missing ("pool memory leak
+/// detected! [full] total=8192, available=7898, evictable=48") and the scheduler exits, the server
+/// with it (`SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE` is on by default). Started with
+/// `--disable-radix-cache` or `--disaggregation-decode-enable-radix-cache` it served every
+/// request and stayed up.
+pub fn decode_refusal(radix: Radix) -> Option<String> {
+    match (radix.disabled, radix.decode_accounts) {
+        (Some(true), _) | (_, Some(true)) => None,
+        (Some(false), _) => Some(
+            "its radix cache is on and SGLang's decode path does not account for it after a run-time flip \
+             (sglang 0.5.23 then loses KV and the server exits at its next idle check): \
+             start it with --disable-radix-cache or --disaggregation-decode-enable-radix-cache to flip it at run time"
+                .into(),
+        ),
+        (None, _) => Some("the server does not report whether its radix cache is on (disable_radix_cache)".into()),
+    }
+}
+
+/// The path to `to` for a server that was asked to run `launch` (`/server_info`'s
+/// `launch_command`, its `--config` file merged in) and resolved `backend`
+/// (`disaggregation_transfer_backend`) and `radix`.
+pub fn path_for(launch: Option<&[String]>, backend: Option<&str>, radix: Radix, to: Role) -> SwitchPath {
     let Some(argv) = launch else {
         return SwitchPath::Restart("the server does not report what it was started with (no launch_command)".into());
     };
@@ -174,9 +216,13 @@ pub fn path_for(launch: Option<&[String]>, backend: Option<&str>) -> SwitchPath 
         return SwitchPath::Restart(format!("the server was started without {FLAG}"));
     }
     match backend {
-        Some(b) if BACKENDS.contains(&b) => SwitchPath::Runtime,
-        Some(b) => SwitchPath::Restart(format!("its transfer backend {b} cannot switch at run time (only {})", BACKENDS.join(" and "))),
-        None => SwitchPath::Restart("the server does not report its transfer backend".into()),
+        Some(b) if BACKENDS.contains(&b) => {}
+        Some(b) => return SwitchPath::Restart(format!("its transfer backend {b} cannot switch at run time (only {})", BACKENDS.join(" and "))),
+        None => return SwitchPath::Restart("the server does not report its transfer backend".into()),
+    }
+    match decode_refusal(radix) {
+        Some(why) if to == Role::Decode => SwitchPath::Restart(why),
+        _ => SwitchPath::Runtime,
     }
 }
 
@@ -256,6 +302,9 @@ pub struct Candidate {
     pub role: Role,
     /// Requests it runs or queues (`None`: not read; chosen last).
     pub in_flight: Option<u64>,
+    /// It can change role at run time ([`SwitchPath::Runtime`]): chosen before one that needs a
+    /// restart, whose worker is out for a whole start.
+    pub runtime: bool,
 }
 
 /// One worker to flip.
@@ -294,9 +343,10 @@ impl std::fmt::Display for RatioRefusal {
     }
 }
 
-/// The flips that turn `workers` into `prefill`:`decode`: from the role that has too many, the
-/// least busy first (fewest requests in flight, those not read last; then by unit name), so the
-/// drains before the switches are short.
+/// The flips that turn `workers` into `prefill`:`decode`: from the role that has too many, those
+/// that can switch at run time first (a second out, not a start), then the least busy (fewest
+/// requests in flight, those not read last; then by unit name), so the drains before the switches
+/// are short.
 pub fn plan_ratio(workers: &[Candidate], prefill: usize, decode: usize) -> Result<Vec<Flip>, RatioRefusal> {
     let pd: Vec<&Candidate> = workers.iter().filter(|w| w.role != Role::Regular).collect();
     if prefill + decode != pd.len() {
@@ -311,7 +361,8 @@ pub fn plan_ratio(workers: &[Candidate], prefill: usize, decode: usize) -> Resul
     let now = pd.iter().filter(|w| w.role == Role::Prefill).count();
     let (from, to, n) = if now > prefill { (Role::Prefill, Role::Decode, now - prefill) } else { (Role::Decode, Role::Prefill, prefill - now) };
     let mut pool: Vec<&&Candidate> = pd.iter().filter(|w| w.role == from).collect();
-    pool.sort_by(|a, b| (a.in_flight.unwrap_or(u64::MAX), &a.unit).cmp(&(b.in_flight.unwrap_or(u64::MAX), &b.unit)));
+    let key = |w: &Candidate| (!w.runtime, w.in_flight.unwrap_or(u64::MAX), w.unit.clone());
+    pool.sort_by_key(|w| key(w));
     Ok(pool.into_iter().take(n).map(|w| Flip { unit: w.unit.clone(), from, to }).collect())
 }
 
@@ -327,7 +378,7 @@ mod tests {
     use super::*;
 
     fn c(unit: &str, role: Role, in_flight: Option<u64>) -> Candidate {
-        Candidate { unit: unit.into(), role, in_flight }
+        Candidate { unit: unit.into(), role, in_flight, runtime: true }
     }
 
     fn argv(s: &str) -> Vec<String> {
@@ -374,12 +425,32 @@ mod tests {
 
     #[test]
     fn the_runtime_path_needs_the_flag_and_a_backend_that_can() {
+        let off = Radix { disabled: Some(true), decode_accounts: Some(false) };
         let with = argv("--model-path m --disaggregation-mode decode --enable-pd-role-switch");
-        assert_eq!(path_for(Some(&with), Some("mooncake")), SwitchPath::Runtime);
-        assert!(matches!(path_for(Some(&with), Some("nixl")), SwitchPath::Restart(why) if why.contains("nixl")));
+        assert_eq!(path_for(Some(&with), Some("mooncake"), off, Role::Prefill), SwitchPath::Runtime);
+        assert!(matches!(path_for(Some(&with), Some("nixl"), off, Role::Prefill), SwitchPath::Restart(why) if why.contains("nixl")));
         let without = argv("--model-path m --disaggregation-mode decode");
-        assert!(matches!(path_for(Some(&without), Some("mooncake")), SwitchPath::Restart(why) if why.contains(FLAG)));
-        assert!(matches!(path_for(None, Some("mooncake")), SwitchPath::Restart(_)));
+        assert!(matches!(path_for(Some(&without), Some("mooncake"), off, Role::Prefill), SwitchPath::Restart(why) if why.contains(FLAG)));
+        assert!(matches!(path_for(None, Some("mooncake"), off, Role::Prefill), SwitchPath::Restart(_)));
+    }
+
+    #[test]
+    fn a_server_with_its_radix_cache_on_becomes_a_decode_only_by_a_restart() {
+        let prefill = argv("--model-path m --disaggregation-mode prefill --enable-pd-role-switch");
+        let born_prefill = Radix::of(&serde_json::json!({"disable_radix_cache": false, "disaggregation_decode_enable_radix_cache": false}));
+        let to_decode = path_for(Some(&prefill), Some("mooncake"), born_prefill, Role::Decode);
+        assert!(matches!(&to_decode, SwitchPath::Restart(why) if why.contains("--disable-radix-cache")), "{to_decode:?}");
+        // The other way needs nothing of the cache.
+        assert_eq!(path_for(Some(&prefill), Some("mooncake"), born_prefill, Role::Prefill), SwitchPath::Runtime);
+        // Either remedy lets it flip at run time; a born decode (resolved off) flips back.
+        let accounts = Radix { disabled: Some(false), decode_accounts: Some(true) };
+        assert_eq!(path_for(Some(&prefill), Some("mooncake"), accounts, Role::Decode), SwitchPath::Runtime);
+        let born_decode = Radix::of(&serde_json::json!({"disable_radix_cache": true}));
+        assert_eq!(path_for(Some(&prefill), Some("mooncake"), born_decode, Role::Decode), SwitchPath::Runtime);
+        // Not reported: not assumed safe.
+        assert!(
+            matches!(path_for(Some(&prefill), Some("mooncake"), Radix::default(), Role::Decode), SwitchPath::Restart(why) if why.contains("disable_radix_cache"))
+        );
     }
 
     #[test]
@@ -402,6 +473,11 @@ mod tests {
         assert_eq!(plan_ratio(&two_two, 0, 4), Err(RatioRefusal::Empty(Role::Prefill)));
         assert_eq!(plan_ratio(&two_two, 3, 3), Err(RatioRefusal::Count { have: 4, asked: 6 }));
         assert!(RatioRefusal::Count { have: 4, asked: 6 }.to_string().contains("4 PD worker(s)"));
+        // One that needs a restart is chosen after every one that switches at run time, however busy.
+        let restart = Candidate { runtime: false, ..c("p2", Role::Prefill, Some(0)) };
+        let mixed = [c("p1", Role::Prefill, Some(7)), restart, c("d1", Role::Decode, Some(0))];
+        assert_eq!(plan_ratio(&mixed, 1, 2).map(|f| f[0].unit.clone()), Ok("p1".into()));
+        assert_eq!(plan_ratio(&mixed, 0, 3), Err(RatioRefusal::Empty(Role::Prefill)));
     }
 
     #[test]

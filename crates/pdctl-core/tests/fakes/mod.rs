@@ -103,6 +103,8 @@ pub struct FakeRouter {
     /// `register URL` / `deregister ID`, in order.
     pub log: Vec<String>,
     pub smoke_fails: bool,
+    /// `(url, unit)`: registering `url` makes `unit` fail (its server died after its gates).
+    pub crash_on_register: Option<(String, String)>,
 }
 
 impl FakeRouter {
@@ -310,7 +312,16 @@ impl Probes for FakeProbes {
         let mut w = self.0.lock().unwrap();
         let r = w.router.as_mut().ok_or_else(|| HttpFailure("no router".into()))?;
         r.log.push(format!("register {u}"));
-        Ok(r.add(u, t))
+        let id = r.add(u, t);
+        if let Some((_, unit)) = r.crash_on_register.clone().filter(|(url, _)| url == u) {
+            if let Some(st) = w.states.get_mut(&unit) {
+                st.active_state = "failed".into();
+                st.result = "exit-code".into();
+                st.exec_main_code = 1;
+                st.exec_main_status = 1;
+            }
+        }
+        Ok(id)
     }
     async fn settle_now(&self, _r: usize, id: &str) -> Result<(), HttpFailure> {
         let mut w = self.0.lock().unwrap();

@@ -113,6 +113,8 @@ pub(crate) async fn server_info(State(app): State<App>) -> Response {
         "attn_dp_size": cfg.attn_dp_size,
         "enable_dp_attention": cfg.dp_attention,
         "disaggregation_transfer_backend": cfg.transfer_backend,
+        "disable_radix_cache": cfg.disable_radix_cache,
+        "disaggregation_decode_enable_radix_cache": cfg.decode_radix_cache,
         "load_balance_method": "round_robin",
         // What was asked: the command line without the program (0.5.23 `server_args.py` joins
         // `sys.argv[1:]` with spaces); the other values are resolved.

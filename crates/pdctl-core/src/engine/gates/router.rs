@@ -288,10 +288,28 @@ mod tests {
 }
 
 /// The router gate inside a rollout over fakes of the gateway: a failed entry removed and added
-/// again; a prefill re-admitted while no decode is listed ends at once.
+/// again; a prefill re-admitted while no decode is listed ends at once; a worker that died after
+/// its gates fails as the crash it is.
 #[cfg(test)]
 mod over_fakes {
     use crate::fakes::*;
+
+    #[tokio::test]
+    async fn a_worker_whose_server_dies_before_the_gateway_admits_it_fails_as_a_crash() {
+        let w = world();
+        let mut s = with_router(&w, true);
+        s.rollout.router_timeout = std::time::Duration::from_secs(1);
+        {
+            let mut g = w.lock().unwrap();
+            let r = g.router.as_mut().unwrap();
+            r.statuses = vec!["failed".into(), "failed".into()];
+            r.crash_on_register = Some(("http://p".into(), "p.service".into()));
+        }
+        let (summary, _) = run_only(&w, s, &["p.service".into()]).await;
+        let f = summary.failed.expect("failed");
+        assert_eq!((f.unit.as_str(), f.step, f.cause_code.as_str()), ("p.service", Step::Router, "crashed"), "{}", f.cause);
+        assert!(f.cause.contains("before the gateway admitted it") && f.cause.contains("the unit failed"), "{}", f.cause);
+    }
 
     #[tokio::test]
     async fn a_worker_the_gateway_lists_failed_is_removed_and_re_added() {

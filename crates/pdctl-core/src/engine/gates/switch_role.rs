@@ -146,7 +146,7 @@ pub(in crate::engine) async fn way<U, L, P: Probes>(eng: &Engine<U, L, P>, was: 
     };
     let launch = crate::sglang::launch_argv(&info);
     let backend = info.get("disaggregation_transfer_backend").and_then(|b| b.as_str());
-    let path = role_switch::path_for(launch.as_deref(), backend);
+    let path = role_switch::path_for(launch.as_deref(), backend, role_switch::Radix::of(&info), to);
     if path != SwitchPath::Runtime || to != Role::Decode {
         return Way { path, graph_memory_gb: None };
     }
