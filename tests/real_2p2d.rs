@@ -21,10 +21,11 @@ fn system_prompt() -> String {
 
 /// 2P2D on the real server (four servers, ~12 GB) under the load this CPU sustains. Clients
 /// send 3 req/s of prompts sharing a long system prompt while three more ask for 600-token
-/// answers again and again (long answers in flight throughout): every worker restarted in turn
-/// through every gate, then one pair drained for its host's maintenance while the other serves
-/// (pdctld told of that pair alone, as on a host of its own) and resumed. Not one client request
-/// fails. 3 req/s is about a tenth of what this stack sustains here (`scripts/bench-capacity`,
+/// answers again and again (long answers in flight throughout): one worker of each role (the
+/// second pair) restarted in turn through every gate while the other of its role serves, then
+/// the first pair drained for its host's maintenance while the second serves (pdctld told of
+/// that pair alone, as on a host of its own) and resumed — so each of the four stops and starts
+/// once. Not one client request fails. 3 req/s is about a tenth of what this stack sustains here (`scripts/bench-capacity`,
 /// [`pdctl_tests::capacity::sustained`]); why not 80 %, docs/benchmarks.md.
 #[test]
 fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drain_lose_no_request() {
@@ -35,10 +36,16 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
     // About a tenth of what it sustains (`scripts/bench-capacity`): at 80 % of it a
     // rolling restart loses requests on this CPU (docs/benchmarks.md says why).
     let rate = 3.0;
-    // 1. A rolling restart of all four.
+    // 1. A rolling restart of the second pair (the first pair's stop and start is part 2's).
+    let second: Vec<String> = stack.workers().into_iter().filter(|w| w.unit != P && w.unit != D).map(|w| w.unit.clone()).collect();
+    assert_eq!(second.len(), 2, "{second:?}");
     let load = Load::start_with(&router, rate, 16, None, Some(system.clone()));
     let long = LongStream::start(&router, 3, 600);
-    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], Duration::from_secs(1500));
+    let mut args = vec!["restart", "--rolling", "--json"];
+    for u in &second {
+        args.extend(["--unit", u.as_str()]);
+    }
+    let r = pdctl_daemon(&d, &config, &args, Duration::from_secs(1500));
     let (sent, failed) = load.stop();
     let longs = long.stop();
     println!("the rolling restart at {rate:.1} req/s: {sent} sent, {failed} failed; {} long answers", longs.len());
@@ -54,7 +61,7 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
         }
     }
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
-    for w in stack.workers() {
+    for w in stack.workers().into_iter().filter(|w| second.contains(&w.unit)) {
         for step in ["drain", "restart", "ready", "health", "pair", "router", "metrics", "soak"] {
             r.event(&w.unit, step, "passed");
         }
@@ -63,7 +70,7 @@ fn in_2p2d_at_the_load_this_cpu_sustains_a_rolling_restart_and_a_pairs_host_drai
         println!("{}: {} in flight at its drain (smg's count)", w.unit, drain["router_load"]);
         assert_eq!(r.event(&w.unit, "restart", "passed")["detail"]["stop"]["ended_by"], "drained");
     }
-    assert!(sent as f64 >= rate * 20.0, "the load ran: {sent} sent");
+    assert!(sent as f64 >= rate * 10.0, "the load ran: {sent} sent");
     assert_eq!(failed, 0, "a second worker of each role served throughout\n{}", gateway_errors(&stack));
     assert!(longs.iter().all(|&(status, tokens)| (status, tokens) == (200, 600)), "every long answer came back whole: {longs:?}\n{}", gateway_errors(&stack));
 

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod fleet_bake;
 pub mod http;
 pub mod maintenance;
+mod planning;
 mod recovery;
 mod role_balance;
 mod rollouts;
