@@ -1,6 +1,6 @@
 //! Benchmark (prints figures; asserts nothing on time): what 2P2D of the real sglang 0.5.23 on
 //! this CPU sustains through smg 1.13, with prompts sharing a long system prompt (the load the
-//! real tier's 2P2D rollouts run under, `real_2p2d.rs::in_2p2d_at_the_load_this_cpu_sustains_…`, at
+//! real tier's 2P2D rollouts run under, `real_2p2d.rs::in_2p2d_under_load_the_ratio_changes_live_then_…`, at
 //! 3 req/s). From 4 req/s doubled until a rate is not held, then once halfway back
 //! ([`pdctl_tests::capacity::sustained`]); each step printed, the servers' backlog served between
 //! steps. Moved out of that test: a measurement of the machine is not a test of pdctl, and it
