@@ -21,7 +21,7 @@ use crate::engine::gates::{
 };
 use crate::engine::halt;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, Fail, StepRun, Verdict};
+use crate::engine::step_run::{crash_since, detail_of, Fail, StepRun, Verdict};
 use crate::engine::steps::{rule, GateMode, HELD_FOR_SWITCH, RAN_THROUGH};
 use crate::events::{Failure, Sink, Status, Step};
 use crate::fleet::SlotRecord;
@@ -544,13 +544,7 @@ async fn router_back<U: Units, L, P: Probes>(
             || !peers.is_empty() && ctx.writes.ledger.is_some_and(|l| peers.iter().all(|p| l.get(&p.unit).is_some_and(|d| d.rollout_id == ctx.writes.id)));
         let d = match router::router_recorded(eng, w, true, peers_drained, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await {
             Ok(d) => d,
-            Err(f) => {
-                let st = eng.units.state(unit).await?;
-                return Err(match crate::sglang::judge::crashed_since(&st, after) {
-                    Some(why) => Fail::from(Cause::Crashed { unit: unit.to_string(), phase: crate::cause::Phase::Router, why }),
-                    None => f,
-                });
-            }
+            Err(f) => return Err(crash_since(&eng.units, unit, after, crate::cause::Phase::Router).await?.unwrap_or(f)),
         };
         // Admitted again: the drain is undone.
         if let Some(l) = ctx.writes.ledger {

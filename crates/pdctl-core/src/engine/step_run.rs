@@ -161,3 +161,15 @@ pub(in crate::engine) async fn within<T>(t0: Instant, limit: Duration, fut: impl
 pub(in crate::engine) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// A gate that failed while its worker's run ended since `after` failed on that crash: the
+/// crash as the failure (`phase`: when), `None` when the run still goes on.
+pub(in crate::engine) async fn crash_since<U: crate::ports::Units>(
+    units: &U,
+    unit: &str,
+    after: &crate::ports::UnitState,
+    phase: crate::cause::Phase,
+) -> Result<Option<Fail>, Fail> {
+    let st = units.state(unit).await?;
+    Ok(crate::sglang::judge::crashed_since(&st, after).map(|why| Fail::from(Cause::Crashed { unit: unit.to_string(), phase, why })))
+}

@@ -11,11 +11,10 @@ use crate::details::{PairDetail, PairOutcome, PairResult};
 use crate::engine::context::{Ctx, Stale};
 use crate::engine::gates;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, within, Fail, Verdict, POLL};
+use crate::engine::step_run::{crash_since, detail_of, within, Fail, Verdict, POLL};
 use crate::engine::steps::{rule, NO_OTHER_ROLE};
 use crate::events::Step;
 use crate::ports::{Health, PairTarget, Probes, UnitState, Units};
-use crate::sglang::judge::crashed_since;
 
 /// The peers a worker pairs with: every configured worker of the other PD role.
 pub(in crate::engine) fn peers<'e, U, L, P>(eng: &'e Engine<U, L, P>, w: &Worker) -> Vec<&'e Worker> {
@@ -91,9 +90,8 @@ pub(in crate::engine) async fn pair<U: Units, L, P: Probes>(
     }
     // A pair that failed because the restarted worker itself went down is that crash.
     if failed.is_some() {
-        let st = eng.units.state(&w.unit).await?;
-        if let Some(why) = crashed_since(&st, after) {
-            failed = Some(Fail::from(Cause::Crashed { unit: w.unit.clone(), phase: Phase::Pair, why }));
+        if let Some(crash) = crash_since(&eng.units, &w.unit, after, Phase::Pair).await? {
+            failed = Some(crash);
         }
     }
     let detail =
