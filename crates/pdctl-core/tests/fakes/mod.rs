@@ -67,6 +67,9 @@ pub struct World {
     /// With `restart_takes`: the old process keeps running through the job (a long stop)
     /// instead of being gone at once.
     pub old_process_stays: bool,
+    /// Requests each worker (by URL) runs from the moment a restart job begins (its stop's
+    /// drain, while the gateway still sends it work).
+    pub in_flight_in_stop: HashMap<String, u64>,
     /// Workers started with an API key pdctl was not given (a call without it: 401).
     pub keyed: Vec<String>,
     /// The role each worker runs (by URL; absent: not reported).
@@ -187,7 +190,9 @@ impl Units for FakeUnits {
     }
     async fn restart(&self, unit: &str, _t: Duration) -> Result<JobOutcome, UnitsError> {
         let (takes, stays) = {
-            let w = self.0.lock().unwrap();
+            let mut w = self.0.lock().unwrap();
+            let in_stop = std::mem::take(&mut w.in_flight_in_stop);
+            w.in_flight.extend(in_stop);
             (w.restart_takes, w.old_process_stays)
         };
         if let Some(t) = takes {

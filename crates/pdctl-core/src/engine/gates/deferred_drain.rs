@@ -53,10 +53,47 @@ pub(in crate::engine) struct DeferredDrain {
 pub(in crate::engine) struct Deferred {
     /// Each replica that lists the worker, and the worker's id there.
     pub(in crate::engine) entries: Vec<(usize, String)>,
-    /// Taken out this long after its SIGTERM at the latest, if no drain check came before
-    /// ([`take_out_by`]).
-    pub(in crate::engine) by: Duration,
+    /// Looks before its stop that found it running a request, of all looks: where the deadline
+    /// after SIGTERM starts ([`take_out_by`]); the restart goes on looking during the stop
+    /// ([`StopLook`]).
+    pub(in crate::engine) busy: (u32, u32),
 }
+
+/// The look at a deferred worker's load that goes on after its SIGTERM, while it still serves:
+/// every look adds to the share the look before the stop began, and the deadline
+/// ([`take_out_by`]) follows the share. A look before the stop long enough to tell a busy
+/// worker from an idle one would itself be part of every drain's time (it was 1 s); looking on
+/// while the stop runs costs nothing, since the worker serves then anyway.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::engine) struct StopLook {
+    busy: (u32, u32),
+}
+
+impl StopLook {
+    pub(in crate::engine) fn from(d: &Deferred) -> Self {
+        StopLook { busy: d.busy }
+    }
+
+    /// How long after SIGTERM the worker is to be taken out, by what the looks found so far.
+    pub(in crate::engine) fn deadline(&self) -> Duration {
+        take_out_by(self.busy)
+    }
+
+    /// One more look: `Some(n)` requests in flight, `None` unreadable (it does not count).
+    pub(in crate::engine) fn saw(&mut self, in_flight: Option<u64>) {
+        if let Some(n) = in_flight {
+            self.busy = (self.busy.0 + u32::from(n > 0), self.busy.1 + 1);
+        }
+    }
+
+    /// The share of looks that found it busy, and how many looks there were.
+    pub(in crate::engine) fn share(&self) -> (f64, u32) {
+        (busy_share(self.busy), self.busy.1)
+    }
+}
+
+/// How often a deferred worker's load is read, before and during its stop.
+pub(in crate::engine) const LOAD_POLL: Duration = Duration::from_millis(20);
 
 /// When, after its SIGTERM, a deferred worker that ran requests in a fraction `busy` of the
 /// looks at it is taken out of the gateway if its server's first drain check has not come yet.
@@ -76,12 +113,15 @@ fn busy_share((busy, looks): (u32, u32)) -> f64 {
     f64::from(busy) / f64::from(looks.max(1))
 }
 
-/// How long the only worker of its role is looked at before its drain is deferred (how busy it
-/// is; then, for up to as long again, a moment with no request in flight; it serves meanwhile),
-/// and how often its load is read.
-const IDLE_LOOK: Duration = Duration::from_secs(1);
+/// How long the only worker of its role is looked at before its drain is deferred: a first
+/// share of how busy it is, which the restart refines during the stop ([`StopLook`]). Each
+/// look's time is the drain step's own; 250 ms gives a dozen looks.
+const LOAD_LOOK: Duration = Duration::from_millis(250);
 
-const IDLE_POLL: Duration = Duration::from_millis(20);
+/// When its `TimeoutStopSec=` would not give a busy worker's requests `drain_timeout` and the
+/// stop: how much longer it is looked at for a moment with no request in flight (it serves
+/// meanwhile).
+const IDLE_SEARCH: Duration = Duration::from_secs(1);
 
 /// How much longer than SGLang's first drain check ([`crate::sglang::stop::WATCHDOG_PERIOD`] after
 /// SIGTERM) a deferred worker's `TimeoutStopSec=` must be: a stop that SIGKILLs it before that
@@ -108,15 +148,16 @@ pub(super) struct Deferral {
 /// costs the requests it runs nothing:
 /// - shorter, however busy it is: drained before its stop, its outage holds the drain's wait and
 ///   then its first drain check, 0-5 s after SIGTERM (2.5 s on average); deferred, it is taken
-///   out at that check or at the deadline [`take_out_by`] sets from how busy it was (its load
-///   read every 20 ms for 1 s while it serves: [`IDLE_LOOK`]), whose expected extra outage,
+///   out at that check or at the deadline [`take_out_by`] sets from how busy it is (its load
+///   read every 20 ms for 250 ms while it serves, [`LOAD_LOOK`], and on through the stop,
+///   [`StopLook`]), whose expected extra outage,
 ///   5·b − 2.5·b² s for a busy share b, is at most those 2.5 s (b = 1: taken out at SIGTERM, the
 ///   drain's wait spent serving instead). An earlier rule also refused a worker busy half the
 ///   time or more; it predates the deadline, which made it redundant, and it put a loaded
 ///   `together` pair's whole stop inside the window;
 /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
 ///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
-///   that look (looked for up to [`IDLE_LOOK`] more), or its `TimeoutStopSec=` covers
+///   that look (looked for up to [`IDLE_SEARCH`] more), or its `TimeoutStopSec=` covers
 ///   `drain_timeout` and two drain checks;
 /// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
 ///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
@@ -141,13 +182,14 @@ pub(super) async fn defers_take_out<U: Units, L, P: Probes>(eng: &Engine<U, L, P
             crate::sglang::stop::WATCHDOG_PERIOD.as_secs()
         ));
     }
+    let covers = stop_bound.is_none_or(|t| t >= eng.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
     let t0 = Instant::now();
     let (mut samples, mut busy) = (0u32, 0u32);
     let mut last = None;
-    while t0.elapsed() < IDLE_LOOK || (last.is_some_and(|n| n > 0) && t0.elapsed() < 2 * IDLE_LOOK) {
+    while t0.elapsed() < LOAD_LOOK || (!covers && last.is_some_and(|n| n > 0) && t0.elapsed() < LOAD_LOOK + IDLE_SEARCH) {
         match eng.probes.in_flight(&w.url).await {
             Ok(n) => {
-                if t0.elapsed() < IDLE_LOOK {
+                if t0.elapsed() < LOAD_LOOK {
                     samples += 1;
                     busy += u32::from(n > 0);
                 }
@@ -155,12 +197,11 @@ pub(super) async fn defers_take_out<U: Units, L, P: Probes>(eng: &Engine<U, L, P
             }
             Err(e) => return Err(format!("its load could not be read ({e})")),
         }
-        tokio::time::sleep(IDLE_POLL).await;
+        tokio::time::sleep(LOAD_POLL).await;
     }
     if samples == 0 {
-        return Err(format!("its load was not read within {:.0} s", IDLE_LOOK.as_secs_f64()));
+        return Err(format!("its load was not read within {:.2} s", LOAD_LOOK.as_secs_f64()));
     }
-    let covers = stop_bound.is_none_or(|t| t >= eng.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
     let why = match last {
         Some(0) => "it runs no request now".to_string(),
         _ if covers => format!(
@@ -186,12 +227,11 @@ pub(super) async fn defer<U, L, P: Probes>(
     let Deferral { why, in_flight, busy } = d;
     let (settle, settle_warnings) = settle_now(eng, w, entries).await;
     let role = w.role.as_str();
-    let by = take_out_by(busy);
     let detail = DeferredDrain {
         taken_out: format!(
             "deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"
         ),
-        take_out_by_ms: by.as_millis() as u64,
+        take_out_by_ms: take_out_by(busy).as_millis() as u64,
         removed_router_id: entries.first().map(|(_, e)| e.id.clone()),
         router_load: entries.first().map(|(_, e)| e.load),
         router_status: entries.first().and_then(|(_, e)| e.status.clone()),
@@ -202,7 +242,7 @@ pub(super) async fn defer<U, L, P: Probes>(
         drain_settle_secs: settle,
         warning: (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
     };
-    (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), by }))
+    (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), busy }))
 }
 
 /// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so

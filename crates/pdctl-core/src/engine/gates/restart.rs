@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::details::Said;
+use crate::engine::gates::deferred_drain::{StopLook, LOAD_POLL};
 use crate::engine::gates::Deferred;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, Verdict, POLL};
@@ -180,8 +181,8 @@ pub(in crate::engine) async fn stop_report<U, L: Logs, P>(
 
 /// The restart job of a worker whose drain was deferred, taking it out of every replica at
 /// the old process's first drain check (`old_invocation`'s `Gracefully exiting... Remaining
-/// number of requests N` line, followed from `cursor`), at its deadline ([`Deferred::by`])
-/// if that comes first, or when the job ends if neither came (an older server, a stop
+/// number of requests N` line, followed from `cursor`), at its deadline after SIGTERM (set by
+/// how busy it was before and is during the stop: [`StopLook`]) if that comes first, or when the job ends if neither came (an older server, a stop
 /// without a check) or the journal cannot be followed.
 pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
@@ -240,10 +241,13 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
             None => "when the journal could no longer be followed during its stop".to_string(),
         }),
         why = serves_no_more => (None, why),
-        () = tokio::time::sleep(d.by) => (None, format!(
-            "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − the share of looks that found it busy), so that what it runs ends before that check)",
-            d.by.as_secs_f64()
-        )),
+        look = look_until_deadline(eng, w, StopLook::from(d), t0) => {
+            let (share, looks) = look.share();
+            (None, format!(
+                "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − {share:.2}, the share of {looks} looks before and during its stop that found it busy), so that what it runs ends before that check)",
+                look.deadline().as_secs_f64()
+            ))
+        }
     };
     let at = Instant::now();
     let refused = take_out_deferred(eng, w, d).await;
@@ -253,6 +257,19 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
         None => restart.await,
     };
     (out, taken)
+}
+
+/// Looks on at a deferred worker's load during its stop, every [`LOAD_POLL`], until as much time
+/// has passed since `t0` (its SIGTERM) as the deadline the looks so far set ([`StopLook`]); an
+/// unreadable load leaves the estimate as it was.
+async fn look_until_deadline<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, mut look: StopLook, t0: Instant) -> StopLook {
+    loop {
+        let Some(left) = look.deadline().checked_sub(t0.elapsed()).filter(|l| !l.is_zero()) else {
+            return look;
+        };
+        tokio::time::sleep(left.min(LOAD_POLL)).await;
+        look.saw(eng.probes.in_flight(&w.url).await.ok());
+    }
 }
 
 /// Take a deferred drain's worker out of every replica now; what could not be removed is
@@ -353,5 +370,27 @@ mod over_fakes {
         let taken = &restart["taken_out"];
         assert!(taken["when"].as_str().is_some_and(|t| t.starts_with("5.0 s after its SIGTERM")), "{restart}");
         assert!(taken["after_ms"].as_u64().is_some_and(|ms| (5000..7000).contains(&ms)), "at its deadline, before the job ended: {restart}");
+    }
+
+    /// A worker idle in the look before its stop that turns busy during it (the gateway still
+    /// sends it work) is taken out sooner than the idle deadline: the look goes on after
+    /// SIGTERM, and the deadline follows the share of all looks that found it busy.
+    #[tokio::test]
+    async fn a_deferred_worker_busy_during_its_stop_is_taken_out_sooner_than_an_idle_one() {
+        let w = world();
+        let s = with_router(&w, true);
+        {
+            let mut world = w.lock().unwrap();
+            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(7)), true);
+            world.in_flight_in_stop.insert("http://p".into(), 1);
+        }
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let passed = |step: Step| event(&events, "p.service", step, Status::Passed).detail.clone();
+        assert_eq!(passed(Step::Drain)["take_out_by_ms"], 5000, "idle in every look before the stop");
+        let restart = passed(Step::Restart);
+        let taken = &restart["taken_out"];
+        assert!(taken["when"].as_str().is_some_and(|t| t.contains("looks before and during its stop")), "{restart}");
+        assert!(taken["after_ms"].as_u64().is_some_and(|ms| ms < 4000), "well before the idle deadline (5 s): {restart}");
     }
 }
