@@ -34,3 +34,4 @@ pub mod service;
 pub mod sglang;
 pub mod state;
 pub mod systemd_states;
+pub mod wire;

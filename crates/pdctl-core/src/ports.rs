@@ -1,6 +1,6 @@
 //! The boundary of the engine: three small traits — systemd ([`Units`]), the journal ([`Logs`]),
 //! HTTP checks of workers and the router ([`Probes`]) — and the facts they report, in core's own
-//! types. Drivers report facts; the engine and [`crate::sglang::judge`] decide what they mean. The real
+//! types. Drivers report facts; the engine and `sglang::judge` decide what they mean. The real
 //! implementations are in the crate `pdctl-real`; unit tests use in-memory fakes behind the same traits.
 
 use std::collections::BTreeMap;
@@ -49,7 +49,7 @@ pub struct UnitState {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitConfig {
     /// argv of each ExecStart= command, with a `--config FILE.yaml` merged in as SGLang merges
-    /// it ([`crate::sglang::launch_config`]): what the server runs with.
+    /// it (`sglang::launch_config`): what the server runs with.
     pub exec_start: Vec<Vec<String>>,
     /// argv of each ExecStart= command as systemd holds it (no `--config` file merged in): what a
     /// drop-in that replaces the command starts from (`pdctl role set`).
@@ -73,7 +73,7 @@ pub struct UnitConfig {
     /// SGLang's stop waits for its requests in flight, so this bounds a stop.
     pub timeout_stop: Option<Duration>,
     /// `KillMode=` (`None`: not known). With systemd's default `control-group` the stop's
-    /// SIGTERM also reaches SGLang's scheduler process, which dies of it; see [`crate::sglang::stop`].
+    /// SIGTERM also reaches SGLang's scheduler process, which dies of it; see `sglang::stop`.
     pub kill_mode: Option<String>,
 }
 
@@ -354,18 +354,13 @@ pub trait Probes: Send + Sync {
     fn model_info(&self, url: &str) -> impl Future<Output = Result<(String, String), HttpFailure>> + Send;
     /// The role a worker runs now (`/model_info`, which follows a runtime role switch; `None`:
     /// not reported, or not a PD role).
-    fn running_role(&self, url: &str) -> impl Future<Output = Result<Option<crate::config::Role>, HttpFailure>> + Send;
+    fn running_role(&self, url: &str) -> impl Future<Output = Result<Option<pdctl_contract::records::Role>, HttpFailure>> + Send;
     /// A decode's captured CUDA graphs' footprint in GB (`sglang:graph_memory_usage_gb`, its
     /// decode phases; `None`: not exported or nothing captured): what a flip to decode asks for.
     fn decode_graph_gb(&self, url: &str) -> impl Future<Output = Result<Option<f64>, MetricsError>> + Send;
-    /// `POST /pd_role_switch` ([`crate::sglang::role_switch`]), within `limit`: the server's
+    /// `POST /pd_role_switch` (`sglang::role_switch` says what the answers mean), within `limit`: the server's
     /// answer, a refusal included.
-    fn role_switch(
-        &self,
-        url: &str,
-        ask: &crate::sglang::role_switch::Ask,
-        limit: Duration,
-    ) -> impl Future<Output = Result<crate::sglang::role_switch::Answer, HttpFailure>> + Send;
+    fn role_switch(&self, url: &str, ask: &crate::wire::Ask, limit: Duration) -> impl Future<Output = Result<crate::wire::Answer, HttpFailure>> + Send;
     /// `POST /pause_generation {"mode": mode}`, within `limit`.
     fn pause(&self, url: &str, mode: PauseMode, limit: Duration) -> impl Future<Output = Result<(), HttpFailure>> + Send;
     /// `POST /continue_generation`, within `limit`.

@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::config::Role;
+use pdctl_contract::records::Role;
 
 /// Requests waiting per prefill from which prefills are short of capacity.
 pub const QUEUE_HIGH: f64 = 4.0;
