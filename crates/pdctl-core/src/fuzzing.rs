@@ -102,7 +102,7 @@ pub fn state(data: &[u8]) {
     let _ = serde_json::from_slice::<crate::state::revisions::Quarantine>(data);
     if let Ok(r) = serde_json::from_slice::<crate::state::revisions::Revision>(data) {
         let _ = crate::state::in_place::effective_argv(&r);
-        let _ = crate::state::in_place::target(&r, &r, |_, _| Ok(()));
+        let _ = crate::state::in_place::target(&r, &r, |_, _| Ok::<(), String>(()));
     }
 }
 

@@ -36,17 +36,79 @@ pub struct Checkpoint {
     pub bytes: u64,
 }
 
-/// The files of the checkpoint directory `dir`; `Err`: why it cannot be read here (one phrase).
+/// Why a checkpoint is not read ahead (each said as one phrase after "not read ahead: ").
+#[derive(Debug, thiserror::Error)]
+pub enum NotRead {
+    /// The directory cannot be read by this process.
+    #[error("{} cannot be read on this host ({source})", dir.display())]
+    Unreadable {
+        /// The directory.
+        dir: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// `--model-path` is not a directory here (a hub id, a file).
+    #[error("{} is not a directory on this host", .0.display())]
+    NotADirectory(PathBuf),
+    /// Its entries cannot be listed.
+    #[error("{} cannot be listed ({source})", dir.display())]
+    Unlisted {
+        /// The directory.
+        dir: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// More than [`MOST_FILES`] files.
+    #[error("{} holds more than {MOST_FILES} files: not a checkpoint directory", .0.display())]
+    TooManyFiles(PathBuf),
+    /// The host's memory cannot be read.
+    #[error("/proc/meminfo cannot be read ({0})")]
+    Meminfo(std::io::Error),
+    /// The host's memory reads without its figures.
+    #[error("/proc/meminfo has no MemTotal or MemAvailable")]
+    MeminfoIncomplete,
+    /// Larger than the memory available less the headroom ([`fits`]).
+    #[error(
+        "its {} do not fit in this host's available memory ({} available, {} kept free): read now, they would push their own first files out before the server reads them",
+        gib(*bytes),
+        gib(mem.available),
+        gib(headroom(mem.total))
+    )]
+    DoesNotFit {
+        /// The checkpoint's size.
+        bytes: u64,
+        /// The host's memory then.
+        mem: Memory,
+    },
+    /// A file cannot be opened.
+    #[error("{} cannot be opened ({source})", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A file cannot be read through.
+    #[error("{} cannot be read ({source})", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// The files of the checkpoint directory `dir`; `Err`: why it cannot be read here.
 /// Blocking: call it off the async threads.
-pub fn list(dir: &Path) -> Result<Checkpoint, String> {
-    let meta = std::fs::metadata(dir).map_err(|e| format!("{} cannot be read on this host ({e})", dir.display()))?;
+pub fn list(dir: &Path) -> Result<Checkpoint, NotRead> {
+    let meta = std::fs::metadata(dir).map_err(|source| NotRead::Unreadable { dir: dir.into(), source })?;
     if !meta.is_dir() {
-        return Err(format!("{} is not a directory on this host", dir.display()));
+        return Err(NotRead::NotADirectory(dir.into()));
     }
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{} cannot be listed ({e})", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|source| NotRead::Unlisted { dir: dir.into(), source })?;
     let mut files = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|e| format!("{} cannot be listed ({e})", dir.display()))?;
+        let entry = entry.map_err(|source| NotRead::Unlisted { dir: dir.into(), source })?;
         if entry.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
@@ -57,7 +119,7 @@ pub fn list(dir: &Path) -> Result<Checkpoint, String> {
             files.push((entry.path(), m.len()));
         }
         if files.len() > MOST_FILES {
-            return Err(format!("{} holds more than {MOST_FILES} files: not a checkpoint directory", dir.display()));
+            return Err(NotRead::TooManyFiles(dir.into()));
         }
     }
     files.sort();
@@ -82,23 +144,18 @@ pub fn parse_meminfo(text: &str) -> Option<Memory> {
 }
 
 /// This host's memory now.
-pub fn memory() -> Result<Memory, String> {
-    let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| format!("/proc/meminfo cannot be read ({e})"))?;
-    parse_meminfo(&text).ok_or_else(|| "/proc/meminfo has no MemTotal or MemAvailable".to_string())
+pub fn memory() -> Result<Memory, NotRead> {
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(NotRead::Meminfo)?;
+    parse_meminfo(&text).ok_or(NotRead::MeminfoIncomplete)
 }
 
 /// Whether `bytes` may be read into the cache with `mem` as it is: `Err` says why not.
-pub fn fits(bytes: u64, mem: Memory) -> Result<(), String> {
+pub fn fits(bytes: u64, mem: Memory) -> Result<(), NotRead> {
     let budget = mem.available.saturating_sub(headroom(mem.total));
     if bytes <= budget {
         return Ok(());
     }
-    Err(format!(
-        "its {} do not fit in this host's available memory ({} available, {} kept free): read now, they would push their own first files out before the server reads them",
-        gib(bytes),
-        gib(mem.available),
-        gib(headroom(mem.total))
-    ))
+    Err(NotRead::DoesNotFit { bytes, mem })
 }
 
 /// `bytes` as GiB with two decimals.
@@ -108,11 +165,11 @@ pub fn gib(bytes: u64) -> String {
 
 /// Read `files` through, counting into `read` as it goes, until the end or `stop`. Returns the
 /// bytes read. Blocking: call it off the async threads.
-pub fn read(files: &[(PathBuf, u64)], read: &AtomicU64, stop: &AtomicBool) -> Result<u64, String> {
+pub fn read(files: &[(PathBuf, u64)], read: &AtomicU64, stop: &AtomicBool) -> Result<u64, NotRead> {
     let mut buf = vec![0u8; 8 << 20];
     let mut total = 0u64;
     for (path, _) in files {
-        let mut f = std::fs::File::open(path).map_err(|e| format!("{} cannot be opened ({e})", path.display()))?;
+        let mut f = std::fs::File::open(path).map_err(|source| NotRead::Open { path: path.clone(), source })?;
         loop {
             if stop.load(Ordering::SeqCst) {
                 return Ok(total);
@@ -124,7 +181,7 @@ pub fn read(files: &[(PathBuf, u64)], read: &AtomicU64, stop: &AtomicBool) -> Re
                     read.fetch_add(n as u64, Ordering::SeqCst);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("{} cannot be read ({e})", path.display())),
+                Err(source) => return Err(NotRead::Read { path: path.clone(), source }),
             }
         }
     }
@@ -148,11 +205,12 @@ mod tests {
         assert_eq!(names, ["config.json", "model-00001-of-00002.safetensors"]);
         assert_eq!(c.bytes, 3002);
         let read_so_far = AtomicU64::new(0);
-        assert_eq!(read(&c.files, &read_so_far, &AtomicBool::new(false)), Ok(3002));
+        assert_eq!(read(&c.files, &read_so_far, &AtomicBool::new(false)).ok(), Some(3002));
         assert_eq!(read_so_far.load(Ordering::SeqCst), 3002);
-        assert_eq!(read(&c.files, &AtomicU64::new(0), &AtomicBool::new(true)), Ok(0), "a stop reads nothing more");
-        assert!(list(&d.path().join("config.json")).unwrap_err().contains("not a directory"));
-        assert!(list(&d.path().join("missing")).unwrap_err().contains("cannot be read"));
+        assert_eq!(read(&c.files, &AtomicU64::new(0), &AtomicBool::new(true)).ok(), Some(0), "a stop reads nothing more");
+        assert!(matches!(list(&d.path().join("config.json")), Err(NotRead::NotADirectory(_))));
+        assert!(list(&d.path().join("config.json")).unwrap_err().to_string().contains("not a directory"));
+        assert!(list(&d.path().join("missing")).unwrap_err().to_string().contains("cannot be read"));
     }
 
     #[test]
@@ -165,7 +223,7 @@ mod tests {
         let keep = headroom(m.total);
         assert_eq!(keep, m.total / 10);
         assert!(fits(m.available - keep, m).is_ok());
-        let why = fits(m.available - keep + 1, m).unwrap_err();
+        let why = fits(m.available - keep + 1, m).unwrap_err().to_string();
         assert!(why.contains("do not fit") && why.contains("kept free"), "{why}");
         // A small host keeps 1 GiB.
         assert_eq!(headroom(4 << 30), 1 << 30);

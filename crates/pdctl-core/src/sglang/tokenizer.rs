@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
@@ -37,12 +37,55 @@ pub const TOKENIZER_FILES: &[&str] = &[
 /// The most of one tokenizer file read (a large vocabulary's `tokenizer.json` is tens of MB).
 const MOST: u64 = 256 * 1024 * 1024;
 
+/// Why two tokenizers are not known to be the same (each one phrase).
+#[derive(Debug, thiserror::Error)]
+pub enum NotSame {
+    /// The directory cannot be read by this process.
+    #[error("{} cannot be read on this host ({source})", dir.display())]
+    Unreadable {
+        /// The directory.
+        dir: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// Not a directory here (a hub id, a file).
+    #[error("{} is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    /// A tokenizer file's name is something other than a regular file.
+    #[error("{} is not a regular file", .0.display())]
+    NotAFile(PathBuf),
+    /// A tokenizer file larger than [`MOST`].
+    #[error("{} is larger than {} MB", .0.display(), MOST / (1024 * 1024))]
+    TooLarge(PathBuf),
+    /// A tokenizer file cannot be read through.
+    #[error("{} cannot be read ({source})", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// No tokenizer file at all.
+    #[error("{} holds no tokenizer file", .0.display())]
+    NoTokenizer(PathBuf),
+    /// Both read, and these files differ.
+    #[error("{} differ between {a} and {b}", files.join(", "))]
+    Differ {
+        /// The tokenizer files that differ.
+        files: Vec<&'static str>,
+        /// One path.
+        a: String,
+        /// The other.
+        b: String,
+    },
+}
+
 /// Each tokenizer file of `dir` present, by name, with its SHA-256; `Err`: why the directory
-/// cannot be judged (one phrase). Blocking: call it off the async threads.
-pub fn fingerprint(dir: &Path) -> Result<BTreeMap<&'static str, String>, String> {
-    let meta = std::fs::metadata(dir).map_err(|e| format!("{} cannot be read on this host ({e})", dir.display()))?;
+/// cannot be judged. Blocking: call it off the async threads.
+pub fn fingerprint(dir: &Path) -> Result<BTreeMap<&'static str, String>, NotSame> {
+    let meta = std::fs::metadata(dir).map_err(|source| NotSame::Unreadable { dir: dir.into(), source })?;
     if !meta.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
+        return Err(NotSame::NotADirectory(dir.into()));
     }
     let mut out = BTreeMap::new();
     for name in TOKENIZER_FILES {
@@ -50,25 +93,25 @@ pub fn fingerprint(dir: &Path) -> Result<BTreeMap<&'static str, String>, String>
         let Ok(meta) = std::fs::metadata(&path) else { continue };
         // A FIFO or a device would block or never end: only regular files are tokenizer files.
         if !meta.is_file() {
-            return Err(format!("{} is not a regular file", path.display()));
+            return Err(NotSame::NotAFile(path));
         }
         if meta.len() > MOST {
-            return Err(format!("{} is larger than {} MB", path.display(), MOST / (1024 * 1024)));
+            return Err(NotSame::TooLarge(path));
         }
         let mut bytes = Vec::new();
-        std::fs::File::open(&path).and_then(|f| f.take(MOST + 1).read_to_end(&mut bytes)).map_err(|e| format!("{} cannot be read ({e})", path.display()))?;
+        std::fs::File::open(&path).and_then(|f| f.take(MOST + 1).read_to_end(&mut bytes)).map_err(|source| NotSame::Read { path: path.clone(), source })?;
         out.insert(*name, Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect());
     }
     if out.is_empty() {
-        return Err(format!("{} holds no tokenizer file", dir.display()));
+        return Err(NotSame::NoTokenizer(dir.into()));
     }
     Ok(out)
 }
 
 /// Whether the tokenizers at `a` and `b` are the same: the same path, or directories with the
-/// same tokenizer files, byte for byte. `Err`: why not, or why it cannot be told (one phrase).
+/// same tokenizer files, byte for byte. `Err`: why not, or why it cannot be told.
 /// Blocking: call it off the async threads.
-pub fn same(a: &str, b: &str) -> Result<(), String> {
+pub fn same(a: &str, b: &str) -> Result<(), NotSame> {
     if a.trim_end_matches('/') == b.trim_end_matches('/') {
         return Ok(());
     }
@@ -76,8 +119,8 @@ pub fn same(a: &str, b: &str) -> Result<(), String> {
     if fa == fb {
         return Ok(());
     }
-    let differ: Vec<&str> = TOKENIZER_FILES.iter().copied().filter(|n| fa.get(n) != fb.get(n)).collect();
-    Err(format!("{} differ between {a} and {b}", differ.join(", ")))
+    let files = TOKENIZER_FILES.iter().copied().filter(|n| fa.get(n) != fb.get(n)).collect();
+    Err(NotSame::Differ { files, a: a.to_string(), b: b.to_string() })
 }
 
 #[cfg(test)]
@@ -98,22 +141,24 @@ mod tests {
         let b = dir(&[("tokenizer.json", "{\"v\":1}"), ("tokenizer_config.json", "{}"), ("model.safetensors", "b")]);
         let c = dir(&[("tokenizer.json", "{\"v\":2}"), ("tokenizer_config.json", "{}")]);
         let (pa, pb, pc) = (a.path().display().to_string(), b.path().display().to_string(), c.path().display().to_string());
-        assert_eq!(same(&pa, &pb), Ok(()), "weights differ, the tokenizer does not");
+        assert!(same(&pa, &pb).is_ok(), "weights differ, the tokenizer does not");
         let e = same(&pa, &pc).expect_err("another vocabulary");
+        assert!(matches!(&e, NotSame::Differ { files, .. } if files == &["tokenizer.json"]), "{e}");
+        let e = e.to_string();
         assert!(e.starts_with("tokenizer.json differ"), "{e}");
         // A file present in one only is a difference too.
         let d = dir(&[("tokenizer.json", "{\"v\":1}"), ("tokenizer_config.json", "{}"), ("chat_template.jinja", "x")]);
-        assert!(same(&pa, &d.path().display().to_string()).expect_err("a template more").contains("chat_template.jinja"));
+        assert!(same(&pa, &d.path().display().to_string()).expect_err("a template more").to_string().contains("chat_template.jinja"));
     }
 
     #[test]
     fn a_path_that_cannot_be_judged_is_not_the_same_unless_it_is_the_same_path() {
-        assert_eq!(same("org/model", "org/model/"), Ok(()), "the same path needs no files");
-        let e = same("org/model", "org/other").expect_err("hub ids");
+        assert!(same("org/model", "org/model/").is_ok(), "the same path needs no files");
+        let e = same("org/model", "org/other").expect_err("hub ids").to_string();
         assert!(e.contains("cannot be read on this host"), "{e}");
         let empty = dir(&[("config.json", "{}")]);
         let p = empty.path().display().to_string();
-        assert!(same(&p, "/nonexistent").expect_err("no tokenizer").contains("holds no tokenizer file"));
+        assert!(same(&p, "/nonexistent").expect_err("no tokenizer").to_string().contains("holds no tokenizer file"));
     }
 
     #[test]
@@ -126,7 +171,7 @@ mod tests {
             eprintln!("mkfifo is not available: this test could not observe");
             return;
         }
-        let e = fingerprint(d.path()).expect_err("a FIFO");
+        let e = fingerprint(d.path()).expect_err("a FIFO").to_string();
         assert!(e.contains("not a regular file"), "{e}");
     }
 }

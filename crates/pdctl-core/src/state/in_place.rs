@@ -211,7 +211,7 @@ fn first_change(old: &[String], new: &[String]) -> String {
 /// What `new` asks a worker running `old` to load, when that is all that changes; `Err`: why it
 /// needs a restart (one sentence that names the flag or line). `same_tokenizer(a, b)` tells
 /// whether two tokenizer paths hold the same tokenizer (`Err`: why not).
-pub fn target(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str) -> Result<(), String>) -> Result<Target, String> {
+pub fn target<E: std::fmt::Display>(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str) -> Result<(), E>) -> Result<Target, String> {
     let (old_exec, old_rest) = read(old)?;
     let (new_exec, new_rest) = read(new)?;
     let paths: std::collections::BTreeSet<&String> = old_rest.keys().chain(new_rest.keys()).collect();
@@ -373,7 +373,7 @@ mod tests {
         let old = rev(&[("/u", &free)]);
         // Unpinned, it follows the new path: in place when that path holds the same tokenizer.
         let moved = rev(&[("/u", &free.replace("/m/a", "/m/b"))]);
-        let same_files = |_: &str, _: &str| Ok(());
+        let same_files = |_: &str, _: &str| Ok::<(), String>(());
         assert_eq!(target(&old, &moved, same_files).map(|t| t.model_path), Ok("/m/b".to_string()));
         let e = target(&old, &moved, by_path).unwrap_err();
         assert!(e.starts_with("its tokenizer (no --tokenizer-path: it follows --model-path) changes /m/a → /m/b (other files)"), "{e}");

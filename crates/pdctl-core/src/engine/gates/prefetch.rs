@@ -69,7 +69,7 @@ fn with(out: &mut Vec<Target>, path: &str, unit: &str) {
 /// this process can read, or does not fit in the memory available.
 pub(in crate::engine) async fn prefetch(t: &Target, abort: &AtomicBool, progress: &(dyn Fn(PrefetchRead) + Sync)) -> Verdict<Prefetch> {
     let dir = std::path::PathBuf::from(&t.model_path);
-    let looked = tokio::task::spawn_blocking(move || Ok::<_, String>((checkpoint::list(&dir)?, checkpoint::memory()?))).await;
+    let looked = tokio::task::spawn_blocking(move || Ok::<_, checkpoint::NotRead>((checkpoint::list(&dir)?, checkpoint::memory()?))).await;
     let (c, mem) = match looked {
         Ok(Ok(x)) => x,
         Ok(Err(why)) => return Verdict::Skipped(format!("{} not read ahead: {why}", t.model_path)),
@@ -86,7 +86,7 @@ pub(in crate::engine) async fn prefetch(t: &Target, abort: &AtomicBool, progress
     tick.tick().await;
     let ended = loop {
         tokio::select! {
-            r = &mut job => break r.map_err(|e| e.to_string()).and_then(|r| r),
+            r = &mut job => break r.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())),
             _ = tick.tick() => {
                 progress(PrefetchRead { read_bytes: read.load(Ordering::SeqCst), of_bytes: c.bytes });
                 if abort.load(Ordering::SeqCst) || t0.elapsed() >= PREFETCH_LIMIT {
