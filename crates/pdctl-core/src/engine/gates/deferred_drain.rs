@@ -67,20 +67,25 @@ pub(in crate::engine) struct Deferred {
 #[derive(Debug, Clone, Copy)]
 pub(in crate::engine) struct StopLook {
     busy: (u32, u32),
+    /// Looks tried, read or not.
+    tried: u32,
 }
 
 impl StopLook {
     pub(in crate::engine) fn from(d: &Deferred) -> Self {
-        StopLook { busy: d.busy }
+        StopLook { busy: d.busy, tried: d.busy.1 }
     }
 
-    /// How long after SIGTERM the worker is to be taken out, by what the looks found so far.
-    pub(in crate::engine) fn deadline(&self) -> Duration {
-        take_out_by(self.busy)
+    /// How long after SIGTERM the worker is to be taken out, by what the looks found so far;
+    /// `None` before [`MIN_LOOKS`] looks were tried (an unreadable one counts as tried, so that
+    /// a load that cannot be read does not hold the deadline off).
+    pub(in crate::engine) fn deadline(&self) -> Option<Duration> {
+        (self.tried >= MIN_LOOKS).then(|| take_out_by(self.busy))
     }
 
     /// One more look: `Some(n)` requests in flight, `None` unreadable (it does not count).
     pub(in crate::engine) fn saw(&mut self, in_flight: Option<u64>) {
+        self.tried += 1;
         if let Some(n) = in_flight {
             self.busy = (self.busy.0 + u32::from(n > 0), self.busy.1 + 1);
         }
@@ -91,6 +96,12 @@ impl StopLook {
         (busy_share(self.busy), self.busy.1)
     }
 }
+
+/// The looks the deadline is judged by at the least: as many as the 1 s look before the stop
+/// used to take (every 20 ms). Judged on fewer (the 250 ms look alone), a worker's share is
+/// noisier and the deadline fires early more often: under the model of `scripts/model-take-out`
+/// with requests that outlive an early take-out, 0.05-0.14 s more outage on average.
+pub(in crate::engine) const MIN_LOOKS: u32 = 50;
 
 /// How often a deferred worker's load is read, before and during its stop.
 pub(in crate::engine) const LOAD_POLL: Duration = Duration::from_millis(20);
@@ -296,6 +307,22 @@ mod tests {
             "warning",
         ];
         assert_eq!(keys(&detail_of(&f)), want);
+    }
+
+    #[test]
+    fn the_look_during_the_stop_moves_the_deadline_once_it_has_enough_looks() {
+        let mut look = StopLook::from(&Deferred { entries: vec![], busy: (0, 12) });
+        assert_eq!(look.deadline(), None, "12 looks: not yet judged");
+        for _ in 0..(MIN_LOOKS - 12) {
+            look.saw(Some(1));
+        }
+        assert_eq!(look.share(), (38.0 / 50.0, 50));
+        assert_eq!(look.deadline().map(|d| d.as_millis()), Some(1200), "busy in 38 of 50 looks: 5 s × 0.24");
+        let mut unread = StopLook::from(&Deferred { entries: vec![], busy: (0, 0) });
+        for _ in 0..MIN_LOOKS {
+            unread.saw(None);
+        }
+        assert_eq!(unread.deadline(), Some(Duration::from_secs(5)), "a load never read holds nothing off: as idle");
     }
 
     #[test]

@@ -245,7 +245,7 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
             let (share, looks) = look.share();
             (None, format!(
                 "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − {share:.2}, the share of {looks} looks before and during its stop that found it busy), so that what it runs ends before that check)",
-                look.deadline().as_secs_f64()
+                t0.elapsed().as_secs_f64()
             ))
         }
     };
@@ -260,14 +260,16 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
 }
 
 /// Looks on at a deferred worker's load during its stop, every [`LOAD_POLL`], until as much time
-/// has passed since `t0` (its SIGTERM) as the deadline the looks so far set ([`StopLook`]); an
-/// unreadable load leaves the estimate as it was.
+/// has passed since `t0` (its SIGTERM) as the deadline the looks so far set, once there are
+/// enough of them ([`StopLook`]); an unreadable load leaves the estimate as it was (and the
+/// restart job's end bounds the wait).
 async fn look_until_deadline<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, mut look: StopLook, t0: Instant) -> StopLook {
     loop {
-        let Some(left) = look.deadline().checked_sub(t0.elapsed()).filter(|l| !l.is_zero()) else {
+        let left = look.deadline().map(|d| d.saturating_sub(t0.elapsed()));
+        if left.is_some_and(|l| l.is_zero()) {
             return look;
-        };
-        tokio::time::sleep(left.min(LOAD_POLL)).await;
+        }
+        tokio::time::sleep(left.unwrap_or(LOAD_POLL).min(LOAD_POLL)).await;
         look.saw(eng.probes.in_flight(&w.url).await.ok());
     }
 }
