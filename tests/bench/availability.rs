@@ -118,7 +118,13 @@ fn run(server: Server, gateway: Gateway, pairs: usize, how: Procedure, rate: f64
     let seen = Arc::new(Mutex::new(Load::default()));
     let t0 = Instant::now();
     let h = load(url, rate, stop.clone(), seen.clone());
-    std::thread::sleep(Duration::from_secs(2));
+    // The load settles for 2 s; then a wait of 0-5 s, different each run, so that the procedure
+    // starts at a random moment of the servers' 5 s drain-check cycle (SGLang's SIGTERM watchdog
+    // runs every 5 s from a server's first request), as real restarts do: started at a fixed
+    // offset from the boot, every run met that cycle at the same moment, and a median of three
+    // runs measured that moment rather than the procedure.
+    let phase_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| u64::from(d.subsec_micros()) % 5000).unwrap_or(0);
+    std::thread::sleep(Duration::from_secs(2) + Duration::from_millis(phase_ms));
     let mut probe = String::new();
     match how {
         Procedure::Sequential | Procedure::Together => {
