@@ -83,7 +83,7 @@ impl StopLook {
         (self.tried >= MIN_LOOKS).then(|| take_out_by(self.busy))
     }
 
-    /// One more look: `Some(n)` requests in flight, `None` unreadable (it does not count).
+    /// One more look: `Some(n)` requests in flight, `None` unreadable (tried, but not in the share).
     pub(in crate::engine) fn saw(&mut self, in_flight: Option<u64>) {
         self.tried += 1;
         if let Some(n) = in_flight {
@@ -163,7 +163,8 @@ pub(super) struct Deferral {
 ///   read every 20 ms for 250 ms while it serves, [`LOAD_LOOK`], and on through the stop,
 ///   [`StopLook`]), whose expected extra outage,
 ///   5·b − 2.5·b² s for a busy share b, is at most those 2.5 s (b = 1: taken out at SIGTERM, the
-///   drain's wait spent serving instead). An earlier rule also refused a worker busy half the
+///   drain's wait spent serving instead) — when what it runs ends before the check; requests that
+///   outlive an early take-out cost more (`scripts/model-take-out` models both). An earlier rule also refused a worker busy half the
 ///   time or more; it predates the deadline, which made it redundant, and it put a loaded
 ///   `together` pair's whole stop inside the window;
 /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
