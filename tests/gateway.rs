@@ -130,10 +130,9 @@ fn long_request(stack: &Stack) -> std::thread::JoinHandle<Option<u16>> {
 
 /// SGLang 0.5.23's stop waits for the requests in flight (its SIGTERM watchdog checks every 5 s):
 /// the restart job lasts that long, the request finishes, and the restart step says why. The
-/// decode is the only one of its role and busy in every look; its `TimeoutStopSec=40` covers
-/// `drain_timeout` and two drain checks, so its drain is deferred to its stop, with a take-out
-/// deadline of 0 s after SIGTERM (busy throughout: a check would count a request): it serves
-/// until its SIGTERM instead of waiting out a drain out of the gateway. Margins that hold on a
+/// decode is the only one of its role and busy when looked at; its `TimeoutStopSec=40` covers
+/// `drain_timeout` and two drain checks, so its drain is deferred to its stop: it serves through
+/// its SIGTERM instead of waiting out a drain out of the gateway, and leaves it during the stop. Margins that hold on a
 /// loaded machine: the request decodes for ~25 s, more than the 5 s to the server's first check
 /// and less than the unit's `TimeoutStopSec=40`.
 #[test]
@@ -144,10 +143,9 @@ fn a_busy_only_worker_serves_until_its_stop_which_waits_for_its_request_and_says
     assert_eq!(r.code, 0, "{:#?} {}", r.summary, r.stderr);
     let drain = &r.event(D, "drain", "passed")["detail"];
     assert!(drain["taken_out"].as_str().is_some_and(|t| t.starts_with("deferred: the only decode worker")), "deferred however busy: {drain}");
-    assert_eq!(
-        (drain["busy_looks"].as_u64(), drain["take_out_by_ms"].as_u64()),
-        (drain["looks"].as_u64(), Some(0)),
-        "busy in every look: out at SIGTERM: {drain}"
+    assert!(
+        drain["looks"].as_u64().is_some_and(|n| n >= 1) && drain["busy_looks"] == drain["looks"],
+        "busy when looked at: deferred all the same (its TimeoutStopSec covers the wait): {drain}"
     );
     let restart = &r.event(D, "restart", "passed")["detail"];
     assert!(restart["taken_out"].is_object(), "the restart took it out: {restart:#}");

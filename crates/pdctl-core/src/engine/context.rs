@@ -23,6 +23,31 @@ pub(in crate::engine) struct Together<'a> {
     pub(in crate::engine) unit: &'a str,
     /// Passed by both once their drains ended (failed or not: neither waits for ever).
     pub(in crate::engine) drained: &'a tokio::sync::Barrier,
+    /// The first half to leave the gateway (its drain, or its restart's deferred taking out):
+    /// from then on the gateway sends the other half nothing (a PD request needs both), so a
+    /// deferred other half leaves too ([`Together::left`], [`Together::other_left`]).
+    pub(in crate::engine) out: &'a tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Together<'_> {
+    /// `unit` (this half) left the gateway; the first to leave is kept.
+    pub(in crate::engine) fn left(&self, unit: &str) {
+        self.out.send_if_modified(|o| {
+            let first = o.is_none();
+            if first {
+                *o = Some(unit.to_string());
+            }
+            first
+        });
+    }
+
+    /// Once the other half left the gateway (at once if it already has).
+    pub(in crate::engine) async fn other_left(&self) {
+        let mut rx = self.out.subscribe();
+        if rx.wait_for(|o| o.as_deref() == Some(self.unit)).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// What a run writes to besides events.

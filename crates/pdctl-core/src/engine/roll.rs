@@ -179,9 +179,11 @@ async fn together<U: Units, L: Logs, P: Probes>(
         Ok(s) => s,
         Err((step, f)) => return Err(halt::failure(eng, &p.unit, step, f).await),
     };
-    let drained = tokio::sync::Barrier::new(2);
-    let (tp, td) =
-        (crate::engine::context::Together { unit: &d.unit, drained: &drained }, crate::engine::context::Together { unit: &p.unit, drained: &drained });
+    let (drained, out) = (tokio::sync::Barrier::new(2), tokio::sync::watch::Sender::new(None));
+    let (tp, td) = (
+        crate::engine::context::Together { unit: &d.unit, drained: &drained, out: &out },
+        crate::engine::context::Together { unit: &p.unit, drained: &drained, out: &out },
+    );
     let (cp, cd) = (Ctx { scope: Scope { together_with: Some(tp), ..ctx.scope }, ..ctx }, Ctx { scope: Scope { together_with: Some(td), ..ctx.scope }, ..ctx });
     let (rp, rd) = tokio::join!(runbook::restart_one(eng, p, sink, cp), runbook::restart_one(eng, d, sink, cd));
     if rp.is_ok() && rd.is_ok() {

@@ -406,8 +406,12 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<
         true => report(r.sink, &w.unit, Step::Drain, drain::drain(eng, w, ctx)).await,
         false => Ok(None),
     };
-    // Restarted together: neither stops while the other still drains (`Together`).
+    // Restarted together: neither stops while the other still drains (`Together`); a half
+    // its drain took out of the gateway has left it, and the other half with it.
     if let Some(t) = ctx.scope.together_with {
+        if eng.settings.rollout.drain && matches!(drained, Ok(None)) {
+            t.left(&w.unit);
+        }
         t.drained.wait().await;
     }
     Ok(Drained { out: Out { before, since }, deferred: drained? })
@@ -415,7 +419,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(eng: &Engine<
 
 /// The restart step: a new run, the drain's deferred taking out done during its stop.
 async fn restart<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &WorkerRun<'_>, deferred: Option<Deferred>) -> Result<Restarted<U::W>, (Step, Fail)> {
-    report(r.sink, &r.w.unit, Step::Restart, restart::restart(eng, r.w, deferred.as_ref())).await
+    report(r.sink, &r.w.unit, Step::Restart, restart::restart(eng, r.w, deferred.as_ref(), r.ctx.scope.together_with)).await
 }
 
 /// Host maintenance: the stop step, after its drain. Stopped for the reboot, it is no drain to

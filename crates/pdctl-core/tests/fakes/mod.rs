@@ -70,6 +70,9 @@ pub struct World {
     /// Requests each worker (by URL) runs from the moment a restart job begins (its stop's
     /// drain, while the gateway still sends it work).
     pub in_flight_in_stop: HashMap<String, u64>,
+    /// A unit's old process logs SGLang's first drain check this long after its journal is
+    /// first followed (its restart's) and counts this many requests.
+    pub drain_check: HashMap<String, (Duration, u64)>,
     /// Workers started with an API key pdctl was not given (a call without it: 401).
     pub keyed: Vec<String>,
     /// The role each worker runs (by URL; absent: not reported).
@@ -231,9 +234,13 @@ pub fn entry(msg: &str, pid: u32) -> LogEntry {
     LogEntry { realtime_us: 0, read_at: SystemTime::now(), fields }
 }
 
-pub struct FakeFollow(Vec<LogEntry>);
+pub struct FakeFollow(Vec<LogEntry>, Option<(tokio::time::Instant, LogEntry)>);
 impl Follow for FakeFollow {
     async fn next(&mut self) -> Option<Result<LogEntry, LogError>> {
+        if let Some((at, e)) = self.1.take() {
+            tokio::time::sleep_until(at).await;
+            return Some(Ok(e));
+        }
         if self.0.is_empty() {
             std::future::pending::<()>().await;
         }
@@ -251,9 +258,14 @@ impl Logs for FakeLogs {
         Ok(Some(format!("head of boot {boot_id}")))
     }
     fn follow(&self, _cursor: Option<String>, unit: &str) -> FakeFollow {
-        let pid = self.0.lock().unwrap().states.get(unit).map(|s| s.main_pid).unwrap_or(0);
+        let mut w = self.0.lock().unwrap();
+        let pid = w.states.get(unit).map(|s| s.main_pid).unwrap_or(0);
+        let check = w.drain_check.remove(unit).map(|(after, n)| {
+            let line = format!("Gracefully exiting... Remaining number of requests {n}. Remaining requests remaining_rids=[].");
+            (tokio::time::Instant::now() + after, entry(&line, pid))
+        });
         // The old process flushes its ready line first; then the new run's.
-        FakeFollow(vec![entry("The server is fired up and ready to roll!", 1), entry("[t] The server is fired up and ready to roll!", pid)])
+        FakeFollow(vec![entry("The server is fired up and ready to roll!", 1), entry("[t] The server is fired up and ready to roll!", pid)], check)
     }
     async fn last_lines(&self, _unit: &str, _n: usize) -> Result<Vec<String>, LogError> {
         Ok(vec!["last line".into()])

@@ -1,7 +1,8 @@
 //! The only worker of its role keeps serving through its stop's drain: its taking out of the
-//! gateway is deferred to its server's first drain check ([`Deferred`]), when nothing is lost by
-//! it — how busy it is looked at first, its `TimeoutStopSec=` must reach past that check, and on
-//! smg 1.x its entry's settle is set to 0 so that the gateway removes it at once.
+//! gateway is deferred to its server's first drain check ([`Deferred`]), or just before the
+//! second when the first counts requests, when nothing is lost by it — it runs no request now
+//! or its `TimeoutStopSec=` covers what a drain would have given them and reaches past that
+//! check, and on smg 1.x its entry's settle is set to 0 so that the gateway removes it at once.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use crate::ports::{Probes, RouterWorker, Units};
 pub(in crate::engine) struct DeferredDrain {
     /// Deferred, and why that loses nothing.
     taken_out: String,
-    /// Taken out this long after its SIGTERM at the latest.
+    /// Taken out this long after its SIGTERM at the latest while its stop runs ([`latest_take_out`]).
     take_out_by_ms: u64,
     /// The gateway's id of the entry to remove.
     removed_router_id: Option<String>,
@@ -27,9 +28,9 @@ pub(in crate::engine) struct DeferredDrain {
     replicas_drained: usize,
     /// Requests in flight at the last look.
     in_flight_at_start: Option<u64>,
-    /// Looks that found it busy.
+    /// Looks at its load that found it busy.
     busy_looks: u32,
-    /// Looks in all.
+    /// Looks in all (one, or more while it was looked at for a moment with no request).
     looks: u32,
     /// smg's settle set for it (0), when every replica took it.
     drain_settle_secs: Option<u64>,
@@ -40,94 +41,58 @@ pub(in crate::engine) struct DeferredDrain {
 /// A drain whose taking out of the gateway waits for the stop: the worker is the only one of its
 /// role the gateway admits, so taking it out before its stop only starts the outage early. SGLang
 /// 0.5.23 keeps serving new requests while SIGTERM drains it (only `/health` and `/ready` answer
-/// 503; `generate_request` has no shutdown check) and looks for requests left only every 5 s
-/// from its start (`sigterm_watchdog`, `managers/tokenizer_manager.py:3508-3545`): 0-5 s of a
-/// stop that, taken out first, would all be outage. So the restart takes it out at the first
-/// `Gracefully exiting... Remaining number of requests N` line of the old process: with N = 0 the
-/// server exits now; with N > 0 the gateway stops sending and the next check, 5 s later, finds
-/// them done (the same wait a drain before the stop would have had, rounded up to a check). Or
-/// before that check, at a deadline after SIGTERM set by how busy it was ([`take_out_by`]), so
-/// that a busy worker's requests end before the check instead of holding the stop 5 s more. At
-/// the latest when the restart job ends. The ledger is written before the stop, as for any drain.
+/// 503; `generate_request` has no shutdown check) and looks for requests left only at its
+/// watchdog's next 5 s tick, then every 5 s after each look (`sigterm_watchdog`,
+/// `managers/tokenizer_manager.py:3508-3545`); it exits at the first look that counts none. So
+/// the restart leaves it in the gateway through that first look ([`take_out_after_check`]):
+/// - the look counts none (`Gracefully exiting... Remaining number of requests 0`): the server
+///   exits now, and is taken out now — the outage starts where the server's own does;
+/// - the look counts requests: SGLang waits 5 s more, and the worker serves on meanwhile; it is
+///   taken out [`STAY_MARGIN`] before the next look, so that what it runs then ends before it;
+/// - no look logged [`FIRST_CHECK_BY`] after SIGTERM (an older server, a journal behind): then.
+///
+/// Sooner when it serves nothing any more: its old process gone, the gateway's own health checks
+/// stopped routing to it, or (a pair restarted together) the other half left the gateway — a
+/// prefill without its decode, or a decode without its prefill, is sent no request. At the latest
+/// when the restart job ends. The ledger is written before the stop, as for any drain.
 #[derive(Debug, Clone)]
 pub(in crate::engine) struct Deferred {
     /// Each replica that lists the worker, and the worker's id there.
     pub(in crate::engine) entries: Vec<(usize, String)>,
-    /// Looks before its stop that found it running a request, of all looks: where the deadline
-    /// after SIGTERM starts ([`take_out_by`]); the restart goes on looking during the stop
-    /// ([`StopLook`]).
-    pub(in crate::engine) busy: (u32, u32),
 }
 
-/// The look at a deferred worker's load that goes on after its SIGTERM, while it still serves:
-/// every look adds to the share the look before the stop began, and the deadline
-/// ([`take_out_by`]) follows the share. A look before the stop long enough to tell a busy
-/// worker from an idle one would itself be part of every drain's time (it was 1 s); looking on
-/// while the stop runs costs nothing, since the worker serves then anyway.
-#[derive(Debug, Clone, Copy)]
-pub(in crate::engine) struct StopLook {
-    busy: (u32, u32),
-    /// Looks tried, read or not.
-    tried: u32,
-}
+/// How long before SGLang's second drain look a worker whose first look counted requests is
+/// taken out of the gateway: what the gateway sent it until then must end within this to let
+/// the second look find it done. Under `scripts/model-take-out` (requests arriving at random,
+/// lasting an exponential time) staying in through the first look and leaving 1 s before the
+/// second has 2-4× less expected outage before the exit than any deadline set before the first
+/// look from how busy the worker was (40 requests/s of 20 ms: 0.54 s against 2.0 s; one of 5 s
+/// every 5 s: 4.3 against 6.1), and loses only on a saturated worker (+0.4 s).
+pub(in crate::engine) const STAY_MARGIN: Duration = Duration::from_secs(1);
 
-impl StopLook {
-    pub(in crate::engine) fn from(d: &Deferred) -> Self {
-        StopLook { busy: d.busy, tried: d.busy.1 }
-    }
+/// How long after SIGTERM a deferred worker stays in the gateway without a drain look logged: the
+/// first look comes within [`crate::sglang::stop::WATCHDOG_PERIOD`]; 1 s more for the journal.
+pub(in crate::engine) const FIRST_CHECK_BY: Duration = Duration::from_secs(6);
 
-    /// How long after SIGTERM the worker is to be taken out, by what the looks found so far;
-    /// `None` before [`MIN_LOOKS`] looks were tried (an unreadable one counts as tried, so that
-    /// a load that cannot be read does not hold the deadline off).
-    pub(in crate::engine) fn deadline(&self) -> Option<Duration> {
-        (self.tried >= MIN_LOOKS).then(|| take_out_by(self.busy))
-    }
-
-    /// One more look: `Some(n)` requests in flight, `None` unreadable (tried, but not in the share).
-    pub(in crate::engine) fn saw(&mut self, in_flight: Option<u64>) {
-        self.tried += 1;
-        if let Some(n) = in_flight {
-            self.busy = (self.busy.0 + u32::from(n > 0), self.busy.1 + 1);
-        }
-    }
-
-    /// The share of looks that found it busy, and how many looks there were.
-    pub(in crate::engine) fn share(&self) -> (f64, u32) {
-        (busy_share(self.busy), self.busy.1)
+/// When, after SGLang's first drain look that counted `remaining` requests, a deferred worker
+/// leaves the gateway: at once when it counted none (the server exits now; an unreadable count
+/// too), else [`STAY_MARGIN`] before the next look.
+pub(in crate::engine) fn take_out_after_check(remaining: Option<u64>) -> Duration {
+    match remaining {
+        Some(n) if n > 0 => crate::sglang::stop::WATCHDOG_PERIOD.saturating_sub(STAY_MARGIN),
+        _ => Duration::ZERO,
     }
 }
 
-/// The looks the deadline is judged by at the least: as many as the 1 s look before the stop
-/// used to take (every 20 ms). Judged on fewer (the 250 ms look alone), a worker's share is
-/// noisier and the deadline fires early more often: under the model of `scripts/model-take-out`
-/// with requests that outlive an early take-out, 0.05-0.14 s more outage on average.
-pub(in crate::engine) const MIN_LOOKS: u32 = 50;
-
-/// How often a deferred worker's load is read, before and during its stop.
-pub(in crate::engine) const LOAD_POLL: Duration = Duration::from_millis(20);
-
-/// When, after its SIGTERM, a deferred worker that ran requests in a fraction `busy` of the
-/// looks at it is taken out of the gateway if its server's first drain check has not come yet.
-/// That check comes at a moment U spread evenly over the 5 s after SIGTERM (the watchdog wakes
-/// every 5 s from the server's first request). Taken out at x before it, the outage starts U − x
-/// early and the check finds its requests done (they end within x); taken out at the check
-/// itself, the outage starts at U but the check counts a request with probability `busy`, and
-/// SGLang then waits 5 s more. The expected extra outage, (5 − x)²/10 + busy·x, is least at
-/// x = 5 s × (1 − busy): at the check alone for an idle worker, 2.5 s after SIGTERM for one busy
-/// half the time (the most the deferral takes).
-fn take_out_by(busy: (u32, u32)) -> Duration {
-    crate::sglang::stop::WATCHDOG_PERIOD.mul_f64((1.0 - busy_share(busy)).clamp(0.0, 1.0))
+/// The latest a deferred worker leaves the gateway after its SIGTERM while its stop runs: a first
+/// look at the end of the first watchdog period that counted requests, and the stay after it.
+pub(in crate::engine) fn latest_take_out() -> Duration {
+    (crate::sglang::stop::WATCHDOG_PERIOD + take_out_after_check(Some(1))).max(FIRST_CHECK_BY)
 }
 
-/// The share of looks that found the worker running a request: `(busy, looks)`; 0 without a look.
-fn busy_share((busy, looks): (u32, u32)) -> f64 {
-    f64::from(busy) / f64::from(looks.max(1))
-}
-
-/// How long the only worker of its role is looked at before its drain is deferred: a first
-/// share of how busy it is, which the restart refines during the stop ([`StopLook`]). Each
-/// look's time is the drain step's own; 250 ms gives a dozen looks.
-const LOAD_LOOK: Duration = Duration::from_millis(250);
+/// How often a deferred worker's load is read while it is looked at for a moment with no request
+/// in flight ([`IDLE_SEARCH`]).
+const LOAD_POLL: Duration = Duration::from_millis(20);
 
 /// When its `TimeoutStopSec=` would not give a busy worker's requests `drain_timeout` and the
 /// stop: how much longer it is looked at for a moment with no request in flight (it serves
@@ -155,25 +120,21 @@ pub(super) struct Deferral {
 /// worker of its role serves; `Err`: why not (said in the drain's detail). Not for a coherent
 /// switch's group (held out on purpose), nor when what is left after the drain is to be
 /// aborted (a stale decode's requests, `abort_after_drain_timeout`): those need the worker out
-/// and its requests counted first. Then only when it is expected to shorten the outage and
-/// costs the requests it runs nothing:
-/// - shorter, however busy it is: drained before its stop, its outage holds the drain's wait and
-///   then its first drain check, 0-5 s after SIGTERM (2.5 s on average); deferred, it is taken
-///   out at that check or at the deadline [`take_out_by`] sets from how busy it is (its load
-///   read every 20 ms for 250 ms while it serves, [`LOAD_LOOK`], and on through the stop,
-///   [`StopLook`]), whose expected extra outage,
-///   5·b − 2.5·b² s for a busy share b, is at most those 2.5 s (b = 1: taken out at SIGTERM, the
-///   drain's wait spent serving instead) — when what it runs ends before the check; requests that
-///   outlive an early take-out cost more (`scripts/model-take-out` models both). An earlier rule also refused a worker busy half the
-///   time or more; it predates the deadline, which made it redundant, and it put a loaded
-///   `together` pair's whole stop inside the window;
+/// and its requests counted first. Then only when it costs the requests it runs nothing — the
+/// outage is shorter however busy it is: drained before its stop, the outage holds the drain's
+/// wait and then the server's first drain look, 0-5 s after SIGTERM; deferred, it starts at that
+/// look when it counts none, or [`STAY_MARGIN`] before the second when it counts some:
 /// - nothing lost: a drain before the stop gives what it runs `drain_timeout` and then the
-///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none at the end of
-///   that look (looked for up to [`IDLE_SEARCH`] more), or its `TimeoutStopSec=` covers
+///   stop's `TimeoutStopSec=`; deferred, the stop's bound alone. So it runs none now (looked at
+///   every 20 ms for up to [`IDLE_SEARCH`] while it serves), or its `TimeoutStopSec=` covers
 ///   `drain_timeout` and two drain checks;
 /// - never killed while routed to: its `TimeoutStopSec=` reaches past its first drain check
 ///   ([`FIRST_CHECK_MARGIN`]); a shorter stop SIGKILLs it while the gateway still sends it
 ///   requests.
+///
+/// An earlier rule looked at its load for 1 s (then 250 ms) to set a deadline before the first
+/// look from how busy it was; staying in through the look needs no share, and that look was most
+/// of the drain step's own time.
 pub(super) async fn defers_take_out<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, ctx: Ctx<'_>) -> Result<Deferral, String> {
     if ctx.scope.hold.is_some() {
         return Err("held out by the coherent switch".into());
@@ -196,33 +157,24 @@ pub(super) async fn defers_take_out<U: Units, L, P: Probes>(eng: &Engine<U, L, P
     }
     let covers = stop_bound.is_none_or(|t| t >= eng.settings.rollout.drain_timeout + 2 * crate::sglang::stop::WATCHDOG_PERIOD);
     let t0 = Instant::now();
-    let (mut samples, mut busy) = (0u32, 0u32);
-    let mut last = None;
-    while t0.elapsed() < LOAD_LOOK || (!covers && last.is_some_and(|n| n > 0) && t0.elapsed() < LOAD_LOOK + IDLE_SEARCH) {
-        match eng.probes.in_flight(&w.url).await {
-            Ok(n) => {
-                if t0.elapsed() < LOAD_LOOK {
-                    samples += 1;
-                    busy += u32::from(n > 0);
-                }
-                last = Some(n);
-            }
-            Err(e) => return Err(format!("its load could not be read ({e})")),
+    let (mut looks, mut busy) = (0u32, 0u32);
+    let last = loop {
+        let n = eng.probes.in_flight(&w.url).await.map_err(|e| format!("its load could not be read ({e})"))?;
+        (looks, busy) = (looks + 1, busy + u32::from(n > 0));
+        if n == 0 || covers || t0.elapsed() >= IDLE_SEARCH {
+            break n;
         }
         tokio::time::sleep(LOAD_POLL).await;
-    }
-    if samples == 0 {
-        return Err(format!("its load was not read within {:.2} s", LOAD_LOOK.as_secs_f64()));
-    }
+    };
     let why = match last {
-        Some(0) => "it runs no request now".to_string(),
+        0 => "it runs no request now".to_string(),
         _ if covers => format!(
             "its TimeoutStopSec={} covers drain_timeout and two of SGLang's drain checks",
             stop_bound.map(|t| format!("{}s", t.as_secs())).unwrap_or_else(|| "infinity".into())
         ),
         _ => return Err("it still runs a request, and its TimeoutStopSec alone would give that less time than drain_timeout and the stop".into()),
     };
-    Ok(Deferral { why, in_flight: last, busy: (busy, samples) })
+    Ok(Deferral { why, in_flight: Some(last), busy: (busy, looks) })
 }
 
 /// The deferred drain's detail: nothing is taken out yet. On smg 1.x each entry's
@@ -243,7 +195,7 @@ pub(super) async fn defer<U, L, P: Probes>(
         taken_out: format!(
             "deferred: the only {role} worker in the gateway serves through its stop's drain and is taken out at its server's first drain check ({why})"
         ),
-        take_out_by_ms: take_out_by(busy).as_millis() as u64,
+        take_out_by_ms: latest_take_out().as_millis() as u64,
         removed_router_id: entries.first().map(|(_, e)| e.id.clone()),
         router_load: entries.first().map(|(_, e)| e.load),
         router_status: entries.first().and_then(|(_, e)| e.status.clone()),
@@ -254,7 +206,7 @@ pub(super) async fn defer<U, L, P: Probes>(
         drain_settle_secs: settle,
         warning: (!settle_warnings.is_empty()).then(|| settle_warnings.join("; ")),
     };
-    (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect(), busy }))
+    (detail, Some(Deferred { entries: entries.iter().map(|(r, e)| (*r, e.id.clone())).collect() }))
 }
 
 /// smg 1.x (a replica that lists a `status`): each entry's `drain_settle_secs` set to 0, so
@@ -311,28 +263,10 @@ mod tests {
     }
 
     #[test]
-    fn the_look_during_the_stop_moves_the_deadline_once_it_has_enough_looks() {
-        let mut look = StopLook::from(&Deferred { entries: vec![], busy: (0, 12) });
-        assert_eq!(look.deadline(), None, "12 looks: not yet judged");
-        for _ in 0..(MIN_LOOKS - 12) {
-            look.saw(Some(1));
-        }
-        assert_eq!(look.share(), (38.0 / 50.0, 50));
-        assert_eq!(look.deadline().map(|d| d.as_millis()), Some(1200), "busy in 38 of 50 looks: 5 s × 0.24");
-        let mut unread = StopLook::from(&Deferred { entries: vec![], busy: (0, 0) });
-        for _ in 0..MIN_LOOKS {
-            unread.saw(None);
-        }
-        assert_eq!(unread.deadline(), Some(Duration::from_secs(5)), "a load never read holds nothing off: as idle");
-    }
-
-    #[test]
-    fn a_busier_worker_is_taken_out_sooner_before_its_drain_check() {
-        let ms = |busy| take_out_by(busy).as_millis();
-        assert_eq!(ms((0, 50)), 5000, "idle: at the check itself");
-        assert_eq!(ms((10, 50)), 4000);
-        assert_eq!(ms((25, 50)), 2500, "busy half the time: 2.5 s after SIGTERM");
-        assert_eq!(ms((0, 0)), 5000, "no look: as idle");
-        assert_eq!(ms((60, 50)), 0, "never past SIGTERM itself");
+    fn a_worker_stays_in_through_a_drain_look_that_counts_requests_until_just_before_the_next() {
+        assert_eq!(take_out_after_check(Some(0)), Duration::ZERO, "none left: the server exits now");
+        assert_eq!(take_out_after_check(None), Duration::ZERO, "a count that cannot be read: out now");
+        assert_eq!(take_out_after_check(Some(3)), Duration::from_secs(4), "1 s before the look 5 s later");
+        assert_eq!(latest_take_out(), Duration::from_secs(9), "a first look 5 s after SIGTERM that counted requests");
     }
 }

@@ -10,7 +10,8 @@ use serde::Serialize;
 use crate::cause::Cause;
 use crate::config::Worker;
 use crate::details::Said;
-use crate::engine::gates::deferred_drain::{StopLook, LOAD_POLL};
+use crate::engine::context::Together;
+use crate::engine::gates::deferred_drain::{take_out_after_check, FIRST_CHECK_BY};
 use crate::engine::gates::Deferred;
 use crate::engine::machine::Engine;
 use crate::engine::step_run::{detail_of, Fail, Verdict, POLL};
@@ -95,6 +96,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     deferred: Option<&Deferred>,
+    pair: Option<Together<'_>>,
 ) -> Result<(Verdict<RestartDetail>, Restarted<U::W>), Fail> {
     let unit = w.unit.as_str();
     let before = eng.units.state(unit).await?;
@@ -110,7 +112,7 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
         Some(d) => {
             // On the heap: the follower and the job side by side make a future too
             // large for a worker thread's stack in a debug build (measured: overflow).
-            let (out, taken) = Box::pin(restart_taking_out(eng, w, d, cursor.clone(), &before.invocation_id, limit)).await;
+            let (out, taken) = Box::pin(restart_taking_out(eng, w, d, pair, cursor.clone(), &before.invocation_id, limit)).await;
             (out?, Some(taken))
         }
     };
@@ -179,22 +181,26 @@ pub(in crate::engine) async fn stop_report<U, L: Logs, P>(
     stop
 }
 
-/// The restart job of a worker whose drain was deferred, taking it out of every replica at
-/// the old process's first drain check (`old_invocation`'s `Gracefully exiting... Remaining
-/// number of requests N` line, followed from `cursor`), at its deadline after SIGTERM (set by
-/// how busy it was before and is during the stop: [`StopLook`]) if that comes first, or when the job ends if neither came (an older server, a stop
-/// without a check) or the journal cannot be followed.
+/// The restart job of a worker whose drain was deferred, taking it out of every replica during
+/// its stop ([`Deferred`] says when): after the old process's first drain check
+/// (`old_invocation`'s `Gracefully exiting... Remaining number of requests N` line, followed
+/// from `cursor`) — at once when it counted none, else just before the next check — or
+/// [`FIRST_CHECK_BY`] after SIGTERM without one; sooner when it serves nothing any more (its old
+/// process gone, the gateway's own health checks, the other half of its `pair` out); when the
+/// job ends at the latest, or the journal cannot be followed.
 pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
     eng: &Engine<U, L, P>,
     w: &Worker,
     d: &Deferred,
+    pair: Option<Together<'_>>,
     cursor: Option<String>,
     old_invocation: &str,
     limit: Duration,
 ) -> (Result<JobOutcome, UnitsError>, TakenOut) {
     let t0 = Instant::now();
     let mut follow = eng.logs.follow(cursor, &w.unit);
-    let check = async {
+    let checked = std::sync::atomic::AtomicBool::new(false);
+    let first_check = async {
         while let Some(Ok(e)) = follow.next().await {
             let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
             if of_old && e.message().contains(crate::sglang::stop::REMAINING_MARK) {
@@ -202,6 +208,29 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
             }
         }
         None
+    };
+    let stay = async {
+        match tokio::time::timeout(FIRST_CHECK_BY.saturating_sub(t0.elapsed()), first_check).await {
+            Err(_) => format!("{:.1} s after its SIGTERM: its server logged no drain check by then", t0.elapsed().as_secs_f64()),
+            Ok(None) => "when the journal could no longer be followed during its stop".to_string(),
+            Ok(Some(line)) => {
+                checked.store(true, std::sync::atomic::Ordering::Relaxed);
+                let remaining = crate::sglang::stop::remaining_in(&line);
+                let stay = take_out_after_check(remaining);
+                if stay.is_zero() {
+                    format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&line))
+                } else {
+                    tokio::time::sleep(stay).await;
+                    format!(
+                        "{:.1} s after its server's first drain check counted {} request(s), {:.0} s before the next: {}",
+                        stay.as_secs_f64(),
+                        remaining.unwrap_or_default(),
+                        crate::sglang::stop::WATCHDOG_PERIOD.saturating_sub(stay).as_secs_f64(),
+                        crate::sglang::stop::remaining_part(&line)
+                    )
+                }
+            }
+        }
     };
     // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
     // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
@@ -233,45 +262,40 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
             }
         }
     };
-    let mut restart = Box::pin(eng.units.restart(&w.unit, limit));
-    let (done, when) = tokio::select! {
-        out = &mut restart => (Some(out), "when its restart job ended: no drain check was logged".to_string()),
-        line = check => (None, match line {
-            Some(l) => format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&l)),
-            None => "when the journal could no longer be followed during its stop".to_string(),
-        }),
-        why = serves_no_more => (None, why),
-        look = look_until_deadline(eng, w, StopLook::from(d), t0) => {
-            let (share, looks) = look.share();
-            (None, format!(
-                "{:.1} s after its SIGTERM, before its server's first drain check (5 s × (1 − {share:.2}, the share of {looks} looks before and during its stop that found it busy), so that what it runs ends before that check)",
-                t0.elapsed().as_secs_f64()
-            ))
+    // A pair restarted together: once the other half is out of the gateway, this one is sent
+    // nothing new (a PD request needs a prefill and a decode).
+    let other_left = async {
+        match pair {
+            Some(t) => {
+                t.other_left().await;
+                format!("when the other half of its pair, {}, left the gateway: a PD request needs both", t.unit)
+            }
+            None => std::future::pending().await,
         }
+    };
+    let mut restart = Box::pin(eng.units.restart(&w.unit, limit));
+    // In this order when several are ready at once, so that a run over fakes says one thing.
+    let (done, when) = tokio::select! {
+        biased;
+        out = &mut restart => (Some(out), match checked.load(std::sync::atomic::Ordering::Relaxed) {
+            false => "when its restart job ended: no drain check was logged".to_string(),
+            true => "when its restart job ended, before the next drain check".to_string(),
+        }),
+        why = stay => (None, why),
+        why = other_left => (None, why),
+        why = serves_no_more => (None, why),
     };
     let at = Instant::now();
     let refused = take_out_deferred(eng, w, d).await;
+    if let Some(t) = pair {
+        t.left(&w.unit);
+    }
     let taken = TakenOut { at, after_ms: at.duration_since(t0).as_millis() as u64, when, refused };
     let out = match done {
         Some(out) => out,
         None => restart.await,
     };
     (out, taken)
-}
-
-/// Looks on at a deferred worker's load during its stop, every [`LOAD_POLL`], until as much time
-/// has passed since `t0` (its SIGTERM) as the deadline the looks so far set, once there are
-/// enough of them ([`StopLook`]); an unreadable load leaves the estimate as it was (and the
-/// restart job's end bounds the wait).
-async fn look_until_deadline<U, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, mut look: StopLook, t0: Instant) -> StopLook {
-    loop {
-        let left = look.deadline().map(|d| d.saturating_sub(t0.elapsed()));
-        if left.is_some_and(|l| l.is_zero()) {
-            return look;
-        }
-        tokio::time::sleep(left.unwrap_or(LOAD_POLL).min(LOAD_POLL)).await;
-        look.saw(eng.probes.in_flight(&w.url).await.ok());
-    }
 }
 
 /// Take a deferred drain's worker out of every replica now; what could not be removed is
@@ -354,45 +378,85 @@ mod over_fakes {
     }
 
     /// A deferred worker whose stop logs no drain check (the fake's journal has none) and whose old
-    /// process keeps running is taken out at its deadline after SIGTERM — 5 s × (1 − the share of
-    /// looks that found it busy), 5 s for this idle one — not only when the restart job ends.
+    /// process keeps running is taken out [`FIRST_CHECK_BY`] after SIGTERM (SGLang's first check
+    /// comes within 5 s), not only when the restart job ends.
     #[tokio::test]
-    async fn a_deferred_worker_is_taken_out_by_its_deadline_when_no_drain_check_comes() {
+    async fn a_deferred_worker_is_taken_out_6_s_after_its_sigterm_when_no_drain_check_comes() {
         let w = world();
         let s = with_router(&w, true);
         {
             let mut world = w.lock().unwrap();
-            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(7)), true);
+            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(8)), true);
         }
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
         let passed = |step: Step| event(&events, "p.service", step, Status::Passed).detail.clone();
-        assert_eq!(passed(Step::Drain)["take_out_by_ms"], 5000, "idle in every look");
+        assert_eq!(passed(Step::Drain)["take_out_by_ms"], 9000, "at the latest 4 s after a first check 5 s after SIGTERM");
         let restart = passed(Step::Restart);
         let taken = &restart["taken_out"];
-        assert!(taken["when"].as_str().is_some_and(|t| t.starts_with("5.0 s after its SIGTERM")), "{restart}");
-        assert!(taken["after_ms"].as_u64().is_some_and(|ms| (5000..7000).contains(&ms)), "at its deadline, before the job ended: {restart}");
+        assert!(taken["when"].as_str().is_some_and(|t| t.starts_with("6.0 s after its SIGTERM: its server logged no drain check")), "{restart}");
+        assert!(taken["after_ms"].as_u64().is_some_and(|ms| (6000..8000).contains(&ms)), "then, before the job ended: {restart}");
     }
 
-    /// A worker idle in the look before its stop that turns busy during it (the gateway still
-    /// sends it work) is taken out sooner than the idle deadline: the look goes on after
-    /// SIGTERM, and the deadline follows the share of all looks that found it busy.
+    /// A first drain check that counts no request: the server exits now, and the worker leaves
+    /// the gateway now — the outage starts with the server's own.
     #[tokio::test]
-    async fn a_deferred_worker_busy_during_its_stop_is_taken_out_sooner_than_an_idle_one() {
+    async fn a_deferred_worker_whose_first_drain_check_counts_none_is_taken_out_at_it() {
         let w = world();
         let s = with_router(&w, true);
         {
             let mut world = w.lock().unwrap();
-            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(7)), true);
-            world.in_flight_in_stop.insert("http://p".into(), 1);
+            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(4)), true);
+            world.drain_check.insert("p.service".into(), (Duration::from_millis(300), 0));
         }
         let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
         assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
-        let passed = |step: Step| event(&events, "p.service", step, Status::Passed).detail.clone();
-        assert_eq!(passed(Step::Drain)["take_out_by_ms"], 5000, "idle in every look before the stop");
-        let restart = passed(Step::Restart);
+        let restart = event(&events, "p.service", Step::Restart, Status::Passed).detail.clone();
         let taken = &restart["taken_out"];
-        assert!(taken["when"].as_str().is_some_and(|t| t.contains("looks before and during its stop")), "{restart}");
-        assert!(taken["after_ms"].as_u64().is_some_and(|ms| ms < 4000), "well before the idle deadline (5 s): {restart}");
+        assert!(taken["when"].as_str().is_some_and(|t| t.starts_with("at its server's first drain check")), "{restart}");
+        assert!(taken["after_ms"].as_u64().is_some_and(|ms| (300..4000).contains(&ms)), "at the check, before the job ended: {restart}");
+    }
+
+    /// A first drain check that counts requests: SGLang waits 5 s for the next, and the worker
+    /// serves on meanwhile; it leaves the gateway 1 s before that next check, not at the first.
+    #[tokio::test]
+    async fn a_deferred_worker_whose_first_drain_check_counts_requests_stays_in_until_just_before_the_next() {
+        let w = world();
+        let s = with_router(&w, true);
+        {
+            let mut world = w.lock().unwrap();
+            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(6)), true);
+            world.drain_check.insert("p.service".into(), (Duration::from_millis(300), 2));
+        }
+        let (summary, events) = run_only(&w, s, &["p.service".into()]).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let restart = event(&events, "p.service", Step::Restart, Status::Passed).detail.clone();
+        let taken = &restart["taken_out"];
+        assert!(
+            taken["when"].as_str().is_some_and(|t| t.starts_with("4.0 s after its server's first drain check counted 2 request(s), 1 s before the next")),
+            "{restart}"
+        );
+        assert!(taken["after_ms"].as_u64().is_some_and(|ms| (4300..6000).contains(&ms)), "4 s after the check, before the job ended: {restart}");
+    }
+
+    /// A pair restarted together: once one half has left the gateway (its first drain check
+    /// counted none), the other serves nothing new and leaves too, before its own check.
+    #[tokio::test]
+    async fn a_pair_restarted_together_leaves_the_gateway_with_its_first_half() {
+        let w = world();
+        let mut s = with_router(&w, true);
+        s.rollout.single_pair = crate::config::SinglePair::Together;
+        {
+            let mut world = w.lock().unwrap();
+            (world.restart_takes, world.old_process_stays) = (Some(Duration::from_secs(4)), true);
+            world.drain_check.insert("p.service".into(), (Duration::from_millis(300), 0));
+        }
+        let (summary, events) = run(&w, s).await;
+        assert_eq!(summary.result, Outcome::Succeeded, "{summary:?}");
+        let taken = |unit: &str| event(&events, unit, Step::Restart, Status::Passed).detail["taken_out"].clone();
+        let (p, d) = (taken("p.service"), taken("d.service"));
+        assert!(p["when"].as_str().is_some_and(|t| t.starts_with("at its server's first drain check")), "{p}");
+        assert!(d["when"].as_str().is_some_and(|t| t.starts_with("when the other half of its pair, p.service, left the gateway")), "{d}");
+        assert!(d["after_ms"].as_u64().is_some_and(|ms| ms < 4000), "with the prefill, not at its own job's end: {d}");
     }
 }
