@@ -136,9 +136,24 @@ fn run(server: Server, gateway: Gateway, pairs: usize, how: Procedure, rate: f64
                 .arg(&daemon.socket)
                 .output()
                 .expect("pdctl");
-            let last = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            let last = stdout.lines().last().unwrap_or_default().to_string();
+            // What took each deferred worker out of the gateway during its stop, and what the pair gate waited for.
+            let mut said = String::new();
+            for e in stdout.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) {
+                let (unit, step, status) = (e["unit"].as_str().unwrap_or(""), e["step"].as_str().unwrap_or(""), e["status"].as_str().unwrap_or(""));
+                match (step, status) {
+                    ("restart", "passed") if e["detail"]["taken_out"].is_object() => {
+                        said.push_str(&format!("\n    taken out {unit}: {} ms after SIGTERM, {}", e["detail"]["taken_out"]["after_ms"], e["detail"]["taken_out"]["when"]))
+                    }
+                    ("pair", "passed") if e["elapsed_ms"].as_u64().is_some_and(|ms| ms >= 500) => {
+                        said.push_str(&format!("\n    pair {unit}: {} ms: {}", e["elapsed_ms"], e["detail"]))
+                    }
+                    _ => {}
+                }
+            }
             let v: serde_json::Value = serde_json::from_str(&last).unwrap_or_default();
-            probe = format!("result {}; pdctl's probe: {}", v["result"], v["availability"]);
+            probe = format!("result {}; pdctl's probe: {}{said}", v["result"], v["availability"]);
             // Where each unit's time out of the router went (the record's `windows`).
             if let Some(id) = v["id"].as_str() {
                 let shown =
