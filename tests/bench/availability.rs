@@ -147,7 +147,15 @@ fn run(server: Server, gateway: Gateway, pairs: usize, how: Procedure, rate: f64
                         said.push_str(&format!("\n    taken out {unit}: {} ms after SIGTERM, {}", e["detail"]["taken_out"]["after_ms"], e["detail"]["taken_out"]["when"]))
                     }
                     ("pair", "passed") if e["elapsed_ms"].as_u64().is_some_and(|ms| ms >= 500) => {
-                        said.push_str(&format!("\n    pair {unit}: {} ms: {}", e["elapsed_ms"], e["detail"]))
+                        let pairs = e["detail"]["pairs"].as_array().cloned().unwrap_or_default();
+                        let each: Vec<String> = pairs
+                            .iter()
+                            .map(|p| {
+                                let took: Vec<String> = p["probes"].as_array().map(|v| v.iter().map(|x| format!("{} ms", x["took"])).collect()).unwrap_or_default();
+                                format!("{} with {}: {} (probes took {})", p["prefill"], p["decode"], p["result"], took.join(", "))
+                            })
+                            .collect();
+                        said.push_str(&format!("\n    pair {unit}: {} ms: {}", e["elapsed_ms"], each.join("; ")))
                     }
                     _ => {}
                 }
