@@ -143,15 +143,17 @@ fn run(server: Server, gateway: Gateway, pairs: usize, how: Procedure, rate: f64
             for e in stdout.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) {
                 let (unit, step, status) = (e["unit"].as_str().unwrap_or(""), e["step"].as_str().unwrap_or(""), e["status"].as_str().unwrap_or(""));
                 match (step, status) {
-                    ("restart", "passed") if e["detail"]["taken_out"].is_object() => {
-                        said.push_str(&format!("\n    taken out {unit}: {} ms after SIGTERM, {}", e["detail"]["taken_out"]["after_ms"], e["detail"]["taken_out"]["when"]))
-                    }
+                    ("restart", "passed") if e["detail"]["taken_out"].is_object() => said.push_str(&format!(
+                        "\n    taken out {unit}: {} ms after SIGTERM, {}",
+                        e["detail"]["taken_out"]["after_ms"], e["detail"]["taken_out"]["when"]
+                    )),
                     ("pair", "passed") if e["elapsed_ms"].as_u64().is_some_and(|ms| ms >= 500) => {
                         let pairs = e["detail"]["pairs"].as_array().cloned().unwrap_or_default();
                         let each: Vec<String> = pairs
                             .iter()
                             .map(|p| {
-                                let took: Vec<String> = p["probes"].as_array().map(|v| v.iter().map(|x| format!("{} ms", x["took"])).collect()).unwrap_or_default();
+                                let took: Vec<String> =
+                                    p["probes"].as_array().map(|v| v.iter().map(|x| format!("{} ms", x["took"])).collect()).unwrap_or_default();
                                 format!("{} with {}: {} (probes took {})", p["prefill"], p["decode"], p["result"], took.join(", "))
                             })
                             .collect();

@@ -14,6 +14,7 @@ use crate::config::{Role, Worker};
 use crate::engine::context::{Notes, Tally, Underway};
 use crate::engine::halt;
 use crate::engine::machine::Engine;
+use crate::engine::plan_steps;
 use crate::engine::runbook::{self, Sequence, WorkerRun};
 use crate::engine::step_run::{Fail, StepRun};
 use crate::engine::work::Asked;
@@ -296,7 +297,7 @@ pub(in crate::engine) async fn drain<U: Units, L: Logs, P: Probes>(
     // holds name the maintenance (`pdctl fleet status` tells a rebooting host from a dead one).
     let holds_as = maintenance_hold(ctx.writes.id);
     let slot_ctx = crate::engine::context::Ctx { writes: crate::engine::context::Writes { id: &holds_as, ..ctx.writes }, ..ctx };
-    if let Err((step, f)) = runbook::take_slots(eng, &order, sink, slot_ctx).await {
+    if let Err((step, f)) = plan_steps::take_slots(eng, &order, sink, slot_ctx).await {
         let _ = ledger.clear_maintenance();
         return t.summary(Outcome::Failed, Some(halt::failure(eng, &first.unit, step, f).await));
     }

@@ -32,6 +32,7 @@ mod halt;
 pub mod host;
 mod in_place;
 mod machine;
+mod plan_steps;
 mod policy;
 mod reconcile;
 mod recovery;

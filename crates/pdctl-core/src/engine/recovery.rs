@@ -221,7 +221,7 @@ pub(in crate::engine) async fn revert<U: Units, L: Logs, P: Probes>(
     // would cause among them) is asked before any file is put back; only its verdict is said.
     let (quiet, _unheard) = tokio::sync::mpsc::unbounded_channel();
     let asked = Ctx { load_changes: true, ..ctx };
-    if let Err((unit, f)) = crate::engine::runbook::preflight(eng, plan, &quiet, true, asked).await {
+    if let Err((unit, f)) = crate::engine::plan_steps::preflight(eng, plan, &quiet, true, asked).await {
         StepRun::start(sink, &unit, Step::Preflight).fail(&f);
         return end(Outcome::Failed, &done, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
     }

@@ -13,6 +13,7 @@ use crate::engine::context::{Ctx, Notes, Outage, Scope, Tally, Writes};
 use crate::engine::gates::switch_role::{self, RoleChange, Undo};
 use crate::engine::halt;
 use crate::engine::machine::Engine;
+use crate::engine::plan_steps;
 use crate::engine::runbook::{self, Sequence, WorkerRun};
 use crate::engine::step_run::lock;
 use crate::engine::work::{Finished, RolloutRun};
@@ -159,7 +160,7 @@ where
     /// floor) — touching nothing. `Some`: the failure the run would stop at.
     pub async fn role_preflight(&self, flips: &[Flip], sink: &Sink, known: Option<&crate::engine::KnownChanges>) -> Option<crate::events::Failure> {
         let ctx = Ctx { known, ..Ctx::none(Outage::of(self.settings.rollout.allow_outage), false) };
-        match runbook::preflight(self, &Plan { workers: old_workers(self, flips) }, sink, true, ctx).await {
+        match plan_steps::preflight(self, &Plan { workers: old_workers(self, flips) }, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),
         }
@@ -189,7 +190,7 @@ async fn change<U: Units, L: Logs, P: Probes>(eng: &mut Engine<U, L, P>, r: &Rol
         abort_in_flight: false,
         fleet_rollout: None,
     };
-    if let Err((unit, f)) = runbook::preflight(eng, &Plan { workers: old.clone() }, sink, false, ctx).await {
+    if let Err((unit, f)) = plan_steps::preflight(eng, &Plan { workers: old.clone() }, sink, false, ctx).await {
         return t.summary(Outcome::Failed, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
     }
     if let Some(dir) = r.revisions {

@@ -13,6 +13,7 @@ use crate::engine::context::{Ctx, Notes, Scope, Tally, Underway};
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
+use crate::engine::plan_steps;
 use crate::engine::runbook;
 use crate::engine::step_run::{lock, Fail};
 use crate::engine::work::{Groups, SwitchPlan};
@@ -37,12 +38,12 @@ pub(in crate::engine) async fn plan<U: Units, L: Logs, P: Probes>(
         }
         _ => ctx,
     };
-    if let Err((unit, f)) = runbook::preflight(eng, plan, sink, false, ctx).await {
+    if let Err((unit, f)) = plan_steps::preflight(eng, plan, sink, false, ctx).await {
         return t.summary(Outcome::Failed, Some(halt::failure(eng, &unit, Step::Preflight, f).await));
     }
     // A new checkpoint read into memory before anyone stops: each start then reads it from there.
     if ctx.outage.restarts() {
-        runbook::prefetch(eng, &gates::prefetch::targets(eng, &plan.workers).await, sink, abort, notes).await;
+        plan_steps::prefetch(eng, &gates::prefetch::targets(eng, &plan.workers).await, sink, abort, notes).await;
     }
     // A change of the model the workers compute with, on a host with two groups of both
     // roles (or, with [fleet], across the hosts behind the gateway): the old group serves
@@ -175,7 +176,7 @@ async fn together<U: Units, L: Logs, P: Probes>(
     if let Some(c) = ctx.clients {
         *lock(&c.current) = Some(format!("{} + {}", p.unit, d.unit));
     }
-    let slots = match runbook::take_slots(eng, &[p, d], sink, ctx).await {
+    let slots = match plan_steps::take_slots(eng, &[p, d], sink, ctx).await {
         Ok(s) => s,
         Err((step, f)) => return Err(halt::failure(eng, &p.unit, step, f).await),
     };

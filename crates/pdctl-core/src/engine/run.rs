@@ -10,6 +10,7 @@ use crate::engine::context::{Clients, Ctx, Notes, Outage, Scope, Tally, Underway
 use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
+use crate::engine::plan_steps;
 use crate::engine::policy::{self, AfterInPlace, Failed, Rollback};
 use crate::engine::roll;
 use crate::engine::runbook;
@@ -227,7 +228,7 @@ where
             scope: Scope { switch: Some(&switch_plan), ..Scope::default() },
             ..Ctx::none(Outage::of(allow_outage || self.settings.rollout.allow_outage), load_changes)
         };
-        let failed = match runbook::preflight(self, plan, sink, true, ctx).await {
+        let failed = match plan_steps::preflight(self, plan, sink, true, ctx).await {
             Ok(()) => None,
             Err((unit, f)) => Some(halt::failure(self, &unit, Step::Preflight, f).await),
         };

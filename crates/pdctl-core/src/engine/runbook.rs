@@ -3,30 +3,25 @@
 //! re-verification, `check` — a filter of it ([`Sequence`]). The order is written here once. Each
 //! sequence is a chain of step functions, each calling its gate (`gates/`, a file each) and
 //! taking what the step before handed on ([`Drained`] → [`Restarted`] → [`Up`]): a step cannot
-//! run before the one whose output it needs. This file alone turns a worker's steps into events.
+//! run before the one whose output it needs. This file turns a worker's steps into events (`plan_steps.rs` those that
+//! run once for a plan or a group: preflight, prefetch, the fleet slots).
 
-use std::future::Future;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use pdctl_parse::service::ServiceScrape;
-use serde::Serialize;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
-use crate::details::{PrefetchRead, SlotWait};
-use crate::engine::context::{Ctx, Notes, Outage, Repaired};
+use crate::engine::context::{Ctx, Outage, Repaired};
 use crate::engine::gates::{
-    drain, health, metrics, pair, prefetch, preflight, ready, restart, router, service_level, slot, soak, stop, stranded_kv, switch_role, Deferred, Restarted,
+    drain, health, metrics, pair, ready, restart, router, service_level, slot, soak, stop, stranded_kv, switch_role, Deferred, Restarted,
 };
 use crate::engine::halt;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{crash_since, detail_of, Fail, StepRun, Verdict};
-use crate::engine::steps::{rule, GateMode, HELD_FOR_SWITCH, RAN_THROUGH};
-use crate::events::{Failure, Sink, Status, Step};
-use crate::fleet::SlotRecord;
-use crate::names::{FLEET, ROUTER};
-use crate::plan::Plan;
+use crate::engine::plan_steps::take_slots;
+use crate::engine::step_run::{crash_since, judged, report, Fail, StepRun, Verdict};
+use crate::engine::steps::{rule, HELD_FOR_SWITCH, RAN_THROUGH};
+use crate::events::{Failure, Sink, Step};
 use crate::ports::{Logs, Probes, UnitState, Units};
 use crate::state::revisions;
 
@@ -146,22 +141,6 @@ pub(in crate::engine) struct Up<W> {
     out: Out,
 }
 
-/// Run one step and write its events: started, then the gate's verdict (its typed detail
-/// serialized here), or its failure. The one place a worker's step becomes events.
-async fn report<D: Serialize, T>(sink: &Sink, unit: &str, step: Step, fut: impl Future<Output = Result<(Verdict<D>, T), Fail>>) -> Result<T, (Step, Fail)> {
-    let s = StepRun::start(sink, unit, step);
-    match fut.await {
-        Ok((verdict, v)) => {
-            s.end(verdict);
-            Ok(v)
-        }
-        Err(f) => {
-            s.fail(&f);
-            Err((step, f))
-        }
-    }
-}
-
 /// A worker's step that fails before its gate runs (a repair refused, clients failing after
 /// its soak): started and failed at once.
 pub(in crate::engine) fn failed_before(sink: &Sink, unit: &str, step: Step, f: Fail) -> (Step, Fail) {
@@ -169,17 +148,7 @@ pub(in crate::engine) fn failed_before(sink: &Sink, unit: &str, step: Step, f: F
     (step, f)
 }
 
-/// [`report`] of a gate that hands nothing on.
-async fn judged<D: Serialize>(sink: &Sink, unit: &str, step: Step, fut: impl Future<Output = Result<Verdict<D>, Fail>>) -> Result<(), (Step, Fail)> {
-    report(sink, unit, step, async { fut.await.map(|v| (v, ())) }).await
-}
-
-impl<U, L, P> Engine<U, L, P>
-where
-    U: Units,
-    L: Logs,
-    P: Probes,
-{
+impl<U: Units, L: Logs, P: Probes> Engine<U, L, P> {
     /// Only the restart and ready steps of one worker, exactly as a rollout runs them (events go
     /// to `sink`; the ready event's detail has `detect_ms`): for the benchmark, and for anyone who
     /// wants to time them. Returns the unit's state after the restart.
@@ -193,51 +162,6 @@ where
             Ok(run) => Ok(run.after),
             Err((step, f)) => Err(halt::failure(self, &w.unit, step, f).await),
         }
-    }
-}
-
-/// Preflight, before anything is touched: every worker of the plan in order, then the fleet's
-/// store (with `[fleet]`) and the gateway (when verified). Returns the unit (or `fleet`,
-/// `router`) that failed.
-pub(in crate::engine) async fn preflight<U: Units, L, P: Probes>(
-    eng: &Engine<U, L, P>,
-    plan: &Plan,
-    sink: &Sink,
-    dry: bool,
-    ctx: Ctx<'_>,
-) -> Result<(), (String, Fail)> {
-    let mut seen = preflight::Seen::first(eng).await;
-    for w in &plan.workers {
-        let gate = async { preflight::preflight_worker(eng, w, plan, dry, ctx, &mut seen).await.map(Verdict::passed) };
-        judged(sink, &w.unit, Step::Preflight, gate).await.map_err(|(_, f)| (w.unit.clone(), f))?;
-    }
-    if slot::applies(eng) {
-        let gate = async { preflight::preflight_fleet(eng, dry).await.map(Verdict::passed) };
-        judged(sink, FLEET, Step::Preflight, gate).await.map_err(|(_, f)| (FLEET.to_string(), f))?;
-    }
-    if eng.settings.verify.router {
-        let gate = async { preflight::preflight_router(eng).await.map(Verdict::passed) };
-        judged(sink, ROUTER, Step::Preflight, gate).await.map_err(|(_, f)| (ROUTER.to_string(), f))?;
-    }
-    Ok(())
-}
-
-/// New checkpoints read into the page cache before the first worker stops or pauses: a step of
-/// the rollout for each, written under the first worker that reads it (progress as `started`
-/// events); what was not read, and why, is said in the summary.
-pub(in crate::engine) async fn prefetch<U, L, P>(eng: &Engine<U, L, P>, targets: &[prefetch::Target], sink: &Sink, abort: &AtomicBool, notes: &Notes) {
-    if rule(Step::Prefetch, &eng.settings).mode == GateMode::Off {
-        return;
-    }
-    for t in targets {
-        let Some(unit) = t.units.first() else { continue };
-        let s = StepRun::start(sink, unit, Step::Prefetch);
-        let v = prefetch::prefetch(t, abort, &|p: PrefetchRead| s.emit(Status::Started, detail_of(&p))).await;
-        match &v {
-            Verdict::Skipped(why) => notes.push(why.clone()),
-            Verdict::Passed(_, said) => notes.extend(said.note.clone()),
-        }
-        s.end(v);
     }
 }
 
@@ -367,31 +291,6 @@ async fn verified<U: Units, L: Logs, P: Probes>(eng: &Engine<U, L, P>, r: &Worke
     metrics(eng, r).await?;
     stranded(eng, r).await?;
     Ok(repaired)
-}
-
-/// The slot step for `ws` at once (one worker, a pair restarted together, a host's workers):
-/// their slots of the fleet's budget (nothing without `[fleet]`).
-pub(in crate::engine) async fn take_slots<U, L, P: Probes>(
-    eng: &Engine<U, L, P>,
-    ws: &[&Worker],
-    sink: &Sink,
-    ctx: Ctx<'_>,
-) -> Result<Vec<SlotRecord>, (Step, Fail)> {
-    let Some(first) = ws.first().filter(|_| slot::applies(eng)) else { return Ok(Vec::new()) };
-    let s = StepRun::start(sink, &first.unit, Step::Slot);
-    // Each new reason to wait, as the step's progress.
-    let waiting = |why: &str| s.emit(Status::Started, detail_of(&SlotWait { waiting: why.to_string() }));
-    let r = slot::slot(eng, ws, ctx, &waiting).await;
-    match r {
-        Ok((verdict, recs)) => {
-            s.end(verdict);
-            Ok(recs)
-        }
-        Err(f) => {
-            s.fail(&f);
-            Err((Step::Slot, f))
-        }
-    }
 }
 
 /// The drain step (with its baseline for the service gate taken just before), and the point

@@ -1,7 +1,10 @@
 //! The shared plumbing of a step: its failure before it becomes an event ([`Fail`]), the event
 //! stream of one step ([`StepRun`]), bounded waits, and what each step is ([`rule`]).
 
+use std::future::Future;
 use std::time::{Duration, Instant};
+
+use serde::Serialize;
 
 use serde_json::Value;
 
@@ -131,6 +134,38 @@ impl<'a> StepRun<'a> {
         }
         self.emit(Status::Failed, d);
     }
+}
+
+/// Run one step and write its events: started, then the gate's verdict (its typed detail
+/// serialized here), or its failure. What the runbook and the plan's steps
+/// write for a step.
+pub(in crate::engine) async fn report<D: Serialize, T>(
+    sink: &Sink,
+    unit: &str,
+    step: Step,
+    fut: impl Future<Output = Result<(Verdict<D>, T), Fail>>,
+) -> Result<T, (Step, Fail)> {
+    let s = StepRun::start(sink, unit, step);
+    match fut.await {
+        Ok((verdict, v)) => {
+            s.end(verdict);
+            Ok(v)
+        }
+        Err(f) => {
+            s.fail(&f);
+            Err((step, f))
+        }
+    }
+}
+
+/// [`report`] of a gate that hands nothing on.
+pub(in crate::engine) async fn judged<D: Serialize>(
+    sink: &Sink,
+    unit: &str,
+    step: Step,
+    fut: impl Future<Output = Result<Verdict<D>, Fail>>,
+) -> Result<(), (Step, Fail)> {
+    report(sink, unit, step, async { fut.await.map(|v| (v, ())) }).await
 }
 
 /// A step's typed detail as the event's JSON (the contract's keys: each type's test holds them).

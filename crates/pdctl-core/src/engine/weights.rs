@@ -33,6 +33,7 @@ use crate::config::{Role, Worker};
 use crate::engine::after_load::{loaded_notes, pause_mode, Served, IN_PLACE_NOTE};
 use crate::engine::context::Notes;
 use crate::engine::halt;
+use crate::engine::plan_steps;
 use crate::engine::runbook;
 use crate::engine::work::WeightsTarget;
 use crate::state::paused::paused_path;
@@ -129,7 +130,7 @@ where
         // The new checkpoint read into memory before anyone pauses: the loads read it from there.
         let new_to = before.iter().filter(|(_, served)| served.0 != to.model_path).map(|(w, _)| w.unit.as_str());
         let reads = crate::engine::gates::prefetch::for_load(to.model_path, new_to);
-        runbook::prefetch(self, &reads, sink, &std::sync::atomic::AtomicBool::new(false), notes).await;
+        plan_steps::prefetch(self, &reads, sink, &std::sync::atomic::AtomicBool::new(false), notes).await;
         self.long_load_ahead(&before, dir, notes).await;
         let (paused, steps) = match self.pause_all(&before, sink, notes).await {
             Ok(p) => p,

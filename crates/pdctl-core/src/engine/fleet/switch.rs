@@ -221,7 +221,7 @@ where
         let held_out = "this host's new workers stay out of the gateway (held, on the new model)".to_string();
         let mut slots = Vec::new();
         for w in &g.new {
-            match crate::engine::runbook::take_slots(self, &[w], sink, ctx).await {
+            match crate::engine::plan_steps::take_slots(self, &[w], sink, ctx).await {
                 Ok(s) => slots.push((w, s)),
                 Err((_, fail)) => {
                     let why = format!("{}: no fleet slot ({})", w.unit, fail.cause.sentence());
@@ -322,7 +322,7 @@ where
         // back once they answer), then restart, decodes first, through every gate (each gives
         // its slot back once verified).
         for w in &g.old {
-            if let Err((step, fail)) = crate::engine::runbook::take_slots(self, &[w], sink, ctx).await {
+            if let Err((step, fail)) = crate::engine::plan_steps::take_slots(self, &[w], sink, ctx).await {
                 return Err(run.t.summary(Outcome::Failed, Some(halt::failure(self, &w.unit, step, fail).await)));
             }
         }

@@ -198,70 +198,9 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
     limit: Duration,
 ) -> (Result<JobOutcome, UnitsError>, TakenOut) {
     let t0 = Instant::now();
-    let mut follow = eng.logs.follow(cursor, &w.unit);
     let checked = std::sync::atomic::AtomicBool::new(false);
-    let first_check = async {
-        while let Some(Ok(e)) = follow.next().await {
-            let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
-            if of_old && e.message().contains(crate::sglang::stop::REMAINING_MARK) {
-                return Some(e.message().to_string());
-            }
-        }
-        None
-    };
-    let stay = async {
-        match tokio::time::timeout(FIRST_CHECK_BY.saturating_sub(t0.elapsed()), first_check).await {
-            Err(_) => format!("{:.1} s after its SIGTERM: its server logged no drain check by then", t0.elapsed().as_secs_f64()),
-            Ok(None) => "when the journal could no longer be followed during its stop".to_string(),
-            Ok(Some(line)) => {
-                checked.store(true, std::sync::atomic::Ordering::Relaxed);
-                let remaining = crate::sglang::stop::remaining_in(&line);
-                let stay = take_out_after_check(remaining);
-                if stay.is_zero() {
-                    format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&line))
-                } else {
-                    tokio::time::sleep(stay).await;
-                    format!(
-                        "{:.1} s after its server's first drain check counted {} request(s), {:.0} s before the next: {}",
-                        stay.as_secs_f64(),
-                        remaining.unwrap_or_default(),
-                        crate::sglang::stop::WATCHDOG_PERIOD.saturating_sub(stay).as_secs_f64(),
-                        crate::sglang::stop::remaining_part(&line)
-                    )
-                }
-            }
-        }
-    };
-    // The gateway's own health checks see the 503 SGLang's `/health` answers while it drains
-    // and stop routing to it (smg and 0.3.2: after 3 failed checks): from then on it serves
-    // nothing, so it is taken out then, and the outage on record starts there.
-    // Or its old process is gone (killed or crashed before a check was logged): nothing
-    // serves at its address until the new one is up.
-    let serves_no_more = async {
-        loop {
-            tokio::time::sleep(POLL).await;
-            if let Ok(st) = eng.units.state(&w.unit).await {
-                if st.main_pid == 0 || (!old_invocation.is_empty() && st.invocation_id != old_invocation) {
-                    return format!("when its old process was gone before a drain check was logged ({}/{})", st.active_state, st.sub_state);
-                }
-            }
-            for (r, id) in &d.entries {
-                if let Ok(list) = eng.probes.router_workers(*r).await {
-                    match list.iter().find(|x| &x.id == id) {
-                        None => return format!("when the gateway no longer listed it (replica {r})"),
-                        Some(x) if !x.admitted() => {
-                            return format!(
-                                "when the gateway's own health checks stopped routing to it (is_healthy: {}, status: {})",
-                                x.is_healthy,
-                                x.status.as_deref().unwrap_or("-")
-                            )
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-        }
-    };
+    let stay = stay_through_first_check(eng, w, cursor, old_invocation, t0, &checked);
+    let serves_no_more = serves_no_more(eng, w, d, old_invocation);
     // A pair restarted together: once the other half is out of the gateway, this one is sent
     // nothing new (a PD request needs a prefill and a decode).
     let other_left = async {
@@ -296,6 +235,82 @@ pub(in crate::engine) async fn restart_taking_out<U: Units, L: Logs, P: Probes>(
         None => restart.await,
     };
     (out, taken)
+}
+
+/// Until the deferred worker is to leave the gateway by SGLang's drain looks (`old_invocation`'s
+/// `Gracefully exiting... Remaining number of requests N` lines, followed from `cursor`): at the
+/// first look when it counted none, just before the next when it counted some
+/// ([`take_out_after_check`]), or [`FIRST_CHECK_BY`] after `t0` (its SIGTERM) without a look.
+/// Returns why; `checked` is set once a look was seen.
+async fn stay_through_first_check<U, L: Logs, P>(
+    eng: &Engine<U, L, P>,
+    w: &Worker,
+    cursor: Option<String>,
+    old_invocation: &str,
+    t0: Instant,
+    checked: &std::sync::atomic::AtomicBool,
+) -> String {
+    let mut follow = eng.logs.follow(cursor, &w.unit);
+    let first_check = async {
+        while let Some(Ok(e)) = follow.next().await {
+            let of_old = e.get("_SYSTEMD_INVOCATION_ID").is_none_or(|i| old_invocation.is_empty() || i == old_invocation);
+            if of_old && e.message().contains(crate::sglang::stop::REMAINING_MARK) {
+                return Some(e.message().to_string());
+            }
+        }
+        None
+    };
+    match tokio::time::timeout(FIRST_CHECK_BY.saturating_sub(t0.elapsed()), first_check).await {
+        Err(_) => format!("{:.1} s after its SIGTERM: its server logged no drain check by then", t0.elapsed().as_secs_f64()),
+        Ok(None) => "when the journal could no longer be followed during its stop".to_string(),
+        Ok(Some(line)) => {
+            checked.store(true, std::sync::atomic::Ordering::Relaxed);
+            let remaining = crate::sglang::stop::remaining_in(&line);
+            let stay = take_out_after_check(remaining);
+            if stay.is_zero() {
+                format!("at its server's first drain check: {}", crate::sglang::stop::remaining_part(&line))
+            } else {
+                tokio::time::sleep(stay).await;
+                format!(
+                    "{:.1} s after its server's first drain check counted {} request(s), {:.0} s before the next: {}",
+                    stay.as_secs_f64(),
+                    remaining.unwrap_or_default(),
+                    crate::sglang::stop::WATCHDOG_PERIOD.saturating_sub(stay).as_secs_f64(),
+                    crate::sglang::stop::remaining_part(&line)
+                )
+            }
+        }
+    }
+}
+
+/// Once the deferred worker serves nothing any more: its old process gone (killed or crashed
+/// before a look was logged), or the gateway no longer routes to it — its own health checks see
+/// the 503 SGLang's `/health` answers while it drains (smg and 0.3.2: after 3 failed checks), and
+/// the outage on record starts there. Returns why.
+async fn serves_no_more<U: Units, L, P: Probes>(eng: &Engine<U, L, P>, w: &Worker, d: &Deferred, old_invocation: &str) -> String {
+    loop {
+        tokio::time::sleep(POLL).await;
+        if let Ok(st) = eng.units.state(&w.unit).await {
+            if st.main_pid == 0 || (!old_invocation.is_empty() && st.invocation_id != old_invocation) {
+                return format!("when its old process was gone before a drain check was logged ({}/{})", st.active_state, st.sub_state);
+            }
+        }
+        for (r, id) in &d.entries {
+            if let Ok(list) = eng.probes.router_workers(*r).await {
+                match list.iter().find(|x| &x.id == id) {
+                    None => return format!("when the gateway no longer listed it (replica {r})"),
+                    Some(x) if !x.admitted() => {
+                        return format!(
+                            "when the gateway's own health checks stopped routing to it (is_healthy: {}, status: {})",
+                            x.is_healthy,
+                            x.status.as_deref().unwrap_or("-")
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+    }
 }
 
 /// Take a deferred drain's worker out of every replica now; what could not be removed is
