@@ -3,8 +3,8 @@
 //! re-verification, `check` — a filter of it ([`Sequence`]). The order is written here once. Each
 //! sequence is a chain of step functions, each calling its gate (`gates/`, a file each) and
 //! taking what the step before handed on ([`Drained`] → [`Restarted`] → [`Up`]): a step cannot
-//! run before the one whose output it needs. This file turns a worker's steps into events (`plan_steps.rs` those that
-//! run once for a plan or a group: preflight, prefetch, the fleet slots).
+//! run before the one whose output it needs. This file turns a worker's steps into events;
+//! `plan_steps.rs` those that run once for a plan or a group (preflight, prefetch, the slots).
 
 use std::time::{Duration, Instant};
 
