@@ -123,7 +123,9 @@ fn a_halt_keeps_the_error_window_open_to_the_end() {
     let at = |step: &str, status: &str| humantime::parse_rfc3339(r.event(P, step, status)["at"].as_str().unwrap()).unwrap();
     let out = at("ready", "failed").duration_since(out_of_router_since(&r, P)).unwrap();
     // The first sample without an admitted prefill comes within one probe period (2/s) of its
-    // taking out.
-    assert!(a["longest_error_ms"].as_u64().unwrap() + 500 >= out.as_millis() as u64, "the window covers taken out → halt ({out:?}): {a}");
+    // taking out, plus the time the sample before took (the next tick waits for it: on a loaded
+    // machine a good probe's own latency: a bare 500 ms margin failed once beside other suites).
+    let probe_ms = a["p99_ms"].as_f64().unwrap_or(0.0).ceil() as u64;
+    assert!(a["longest_error_ms"].as_u64().unwrap() + 500 + probe_ms >= out.as_millis() as u64, "the window covers taken out → halt ({out:?}): {a}");
     assert!(a["p50_ms"].is_null() || a["p50_ms"].as_f64().unwrap() > 0.0, "{a}");
 }

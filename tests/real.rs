@@ -150,24 +150,41 @@ fn loads(stack: &Stack, url: &str) -> (u64, u64) {
 
 #[test]
 fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_server_itself() {
-    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
-    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
-    // 1. pdctl's drain waits for two long requests before the decode's stop.
-    let reqs = long_requests_on_the_decode(&stack, 2, 1500);
+    // The gateway checks health every 30 s (smg's default is 60 s), not every second as the
+    // sandbox's: its own checks do not take the draining decode out before pdctl does.
+    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { router_health_interval_secs: 30, ..real_opts() });
+    // Its TimeoutStopSec (60 s) covers drain_timeout and two of SGLang's drain checks: pdctl lets
+    // SGLang drain the decode, the only one of its role, in its stop.
+    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"45s\"\n");
+    // 1. Two long requests run on the decode: it stays in the gateway through its stop's drain
+    // and SGLang's own drain finishes both.
+    let reqs = long_requests_on_the_decode(&stack, 2, 3500);
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));
     for (i, h) in reqs.into_iter().enumerate() {
         let (status, tokens, _) = h.join().expect("request thread");
-        assert_eq!((status, tokens), (200, 1500), "long request {i} finished whole across the decode's restart\n{}", logs(&stack));
+        assert_eq!((status, tokens), (200, 3500), "long request {i} finished whole across the decode's restart\n{}", logs(&stack));
     }
     let drain = &r.event(D, "drain", "passed")["detail"];
     println!("drain: {drain}");
-    let stop = &r.event(D, "restart", "passed")["detail"]["stop"];
+    assert!(drain["not_deferred"].is_null(), "the decode was left to SGLang's own drain: {drain:#}");
+    let restart = &r.event(D, "restart", "passed")["detail"];
+    let stop = &restart["stop"];
     println!("the stop after the drain: {stop}");
     assert_eq!(stop["ended_by"], "drained", "{stop:#}");
+    // Its first drain check counted the requests still running: it served on, and was taken out
+    // of the gateway a second before SGLang's next check, not at SIGTERM.
+    let taken = &restart["taken_out"];
+    println!("taken out of the gateway: {taken}");
+    let when = taken["when"].as_str().unwrap_or("");
+    assert!(when.contains("after its server's first drain check counted") && when.contains("before the next"), "{restart:#}\n{}", logs(&stack));
+    assert!(taken["after_ms"].as_u64().is_some_and(|ms| ms >= 4000), "stayed through the first check: {taken}");
     // 2. Without pdctl's drain the server drains itself: SIGTERM reaches its main process only
-    // (KillMode=mixed), and the request in flight on it finishes.
-    fragment(&config, "30-no-drain", "[rollout]\ndrain = false\n");
+    // (KillMode=mixed), and the request in flight on it finishes. The gateway is not told: with
+    // its health checked every 30 s it keeps routing to the restarting decode, and smg's circuit
+    // breakers open for their 60 s (`--cb-timeout-duration-secs`): the router gate would fail
+    // `circuit_open`, truthfully (measured). What this part checks is the server's own drain.
+    fragment(&config, "30-no-drain", "[rollout]\ndrain = false\n[verify]\nrouter = false\n");
     let reqs = long_requests_on_the_decode(&stack, 1, 3000);
     let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"], Duration::from_secs(600));
     assert_eq!(r.code, 0, "{}", explain(&stack, &r));

@@ -15,7 +15,7 @@ use crate::engine::context::Notes;
 use crate::engine::machine::Engine;
 use crate::plan::Plan;
 use crate::ports::{Logs, Probes, Units};
-use crate::state::in_place::{one_target, target, Target};
+use crate::state::in_place::{one_target, target, NotInPlace, Target};
 use crate::state::revisions;
 
 impl<U, L, P> Engine<U, L, P>
@@ -26,12 +26,12 @@ where
 {
     /// The weights a config rollout of `units` loads without a restart; `Err`: why it restarts
     /// them instead (one sentence, for the rollout's notes).
-    pub async fn in_place_target(&self, dir: &Path, units: &[String]) -> Result<Target, String> {
+    pub async fn in_place_target(&self, dir: &Path, units: &[String]) -> Result<Target, NotInPlace> {
         if self.settings.rollout.in_place == InPlace::Never {
-            return Err("[rollout] in_place = \"never\"".into());
+            return Err(NotInPlace::Never);
         }
         if self.settings.fleet.is_some() {
-            return Err("with [fleet] the other hosts' workers would pair with these across versions (`pdctl fleet weights` loads every host in step)".into());
+            return Err(NotInPlace::Fleet);
         }
         let mut per_worker = Vec::new();
         for unit in units {
@@ -42,10 +42,10 @@ where
                     // The tokenizer files are read off the async threads.
                     tokio::task::spawn_blocking(move || target(&last, &current, crate::sglang::tokenizer::same))
                         .await
-                        .unwrap_or_else(|e| Err(format!("its files could not be compared ({e})")))
+                        .unwrap_or_else(|e| Err(NotInPlace::NotCompared(e.to_string())))
                 }
-                (Err(e), _) => Err(format!("its unit cannot be read ({e})")),
-                (_, None) => Err("the files it runs are not on record".into()),
+                (Err(e), _) => Err(NotInPlace::UnitUnreadable(e.to_string())),
+                (_, None) => Err(NotInPlace::NoRecord),
             };
             per_worker.push((unit.clone(), t));
         }
@@ -54,7 +54,7 @@ where
         let t = one_target(&per_worker)?;
         // Loading some PD workers alone would pair them with the others across versions.
         if let Some(w) = self.settings.workers.iter().find(|w| w.role != Role::Regular && !units.contains(&w.unit)) {
-            return Err(format!("{} does not change with the others: new weights in only some PD workers would pair versions", w.unit));
+            return Err(NotInPlace::PartOfPd(w.unit.clone()));
         }
         Ok(t)
     }

@@ -28,6 +28,91 @@ use crate::state::revisions::Revision;
 /// as it resolves the same).
 pub const IN_PLACE_FLAGS: &[&str] = &["--model-path", "--model", "--weight-version", "--tokenizer-path"];
 
+/// Why a change is not loaded in place, so a rollout restarts instead: one sentence that names the
+/// flag, line, file or worker (the rollout's notes and `pdctl rollout diff` say it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotInPlace {
+    /// `[rollout] in_place = "never"`.
+    #[error("[rollout] in_place = \"never\"")]
+    Never,
+    /// A fleet's other hosts would pair across versions.
+    #[error("with [fleet] the other hosts' workers would pair with these across versions (`pdctl fleet weights` loads every host in step)")]
+    Fleet,
+    /// A file's contents were not kept on record.
+    #[error("{0}'s contents are not on record")]
+    NotOnRecord(String),
+    /// A line other than `ExecStart=` changes (`line` already redacted).
+    #[error("{path} changes more than its ExecStart's weights ({line})")]
+    OtherLines {
+        /// The file.
+        path: String,
+        /// The line, as it may be said.
+        line: String,
+    },
+    /// Not exactly one `ExecStart=` takes effect.
+    #[error("its ExecStart is not one command line")]
+    NotOneCommand,
+    /// The command line cannot be split into flags.
+    #[error("its ExecStart does not read")]
+    Unreadable,
+    /// Another flag changes (`change` already redacted).
+    #[error("its ExecStart changes {0} besides --model-path and --weight-version: only new weights load in place")]
+    OtherFlags(String),
+    /// The new command names no model.
+    #[error("its new ExecStart names no --model-path")]
+    NoModelPath,
+    /// The weights are the same.
+    #[error("its ExecStart's weights do not change")]
+    WeightsUnchanged,
+    /// The tokenizer the new files resolve is not the one that runs.
+    #[error("{named} changes {running} → {asked} ({why}): SGLang loads weights in place, not a tokenizer, so this is a restart; to load in place keep the tokenizer it runs (--tokenizer-path {running})")]
+    Tokenizer {
+        /// How the new files name it.
+        named: &'static str,
+        /// The tokenizer the server runs.
+        running: String,
+        /// The one the new files resolve.
+        asked: String,
+        /// Why they differ.
+        why: String,
+    },
+    /// A worker's files could not be compared (the reader thread failed).
+    #[error("its files could not be compared ({0})")]
+    NotCompared(String),
+    /// A worker's unit cannot be read from systemd.
+    #[error("its unit cannot be read ({0})")]
+    UnitUnreadable(String),
+    /// No revision of a worker is on record.
+    #[error("the files it runs are not on record")]
+    NoRecord,
+    /// One worker's reason.
+    #[error("{unit}: {why}")]
+    Worker {
+        /// The worker's unit.
+        unit: String,
+        /// Why.
+        why: Box<NotInPlace>,
+    },
+    /// Two workers ask for different weights.
+    #[error("{unit} asks for {asked} but {other} for {theirs}: one load serves every worker the same weights")]
+    Differ {
+        /// The worker that differs.
+        unit: String,
+        /// What it asks for.
+        asked: String,
+        /// The first worker.
+        other: String,
+        /// What that asks for.
+        theirs: String,
+    },
+    /// The plan changes no worker.
+    #[error("no worker changes")]
+    NothingChanges,
+    /// A PD worker that does not change would pair with the loaded ones across versions.
+    #[error("{0} does not change with the others: new weights in only some PD workers would pair versions")]
+    PartOfPd(String),
+}
+
 /// The weights a worker's new files ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -87,7 +172,7 @@ type SettingLines = BTreeMap<String, Vec<String>>;
 /// A revision read as systemd would: its effective `ExecStart=` (the unit file's, then each
 /// drop-in's in file-name order; an empty `ExecStart=` clears the list), and every other setting
 /// line of each file (section headers, blank lines and comments aside).
-fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), String> {
+fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), NotInPlace> {
     let name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
     let mut units: Vec<(&String, &str)> = Vec::new();
     let mut others = BTreeMap::new();
@@ -95,7 +180,7 @@ fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), String> {
         if f.sha256 == "absent" {
             continue;
         }
-        let Some(text) = f.contents.as_deref() else { return Err(format!("{path}'s contents are not on record")) };
+        let Some(text) = f.contents.as_deref() else { return Err(NotInPlace::NotOnRecord(path.clone())) };
         let mut rest = Vec::new();
         for line in logical_lines(text) {
             let t = line.trim();
@@ -135,7 +220,7 @@ fn read(rev: &Revision) -> Result<(Vec<String>, SettingLines), String> {
 /// is not interpreted): what a dry run compares before the manager has loaded the files.
 /// `None`: no `ExecStart=`.
 pub fn effective_argv(rev: &Revision) -> Result<Option<Vec<String>>, String> {
-    let (exec, _) = read(rev)?;
+    let (exec, _) = read(rev).map_err(|e| e.to_string())?;
     let Some(argv) = exec.first().and_then(|l| l.strip_prefix("ExecStart=")).map(|cmd| cmd.split_whitespace().map(String::from).collect::<Vec<_>>()) else {
         return Ok(None);
     };
@@ -211,7 +296,7 @@ fn first_change(old: &[String], new: &[String]) -> String {
 /// What `new` asks a worker running `old` to load, when that is all that changes; `Err`: why it
 /// needs a restart (one sentence that names the flag or line). `same_tokenizer(a, b)` tells
 /// whether two tokenizer paths hold the same tokenizer (`Err`: why not).
-pub fn target<E: std::fmt::Display>(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str) -> Result<(), E>) -> Result<Target, String> {
+pub fn target<E: std::fmt::Display>(old: &Revision, new: &Revision, same_tokenizer: impl Fn(&str, &str) -> Result<(), E>) -> Result<Target, NotInPlace> {
     let (old_exec, old_rest) = read(old)?;
     let (new_exec, new_rest) = read(new)?;
     let paths: std::collections::BTreeSet<&String> = old_rest.keys().chain(new_rest.keys()).collect();
@@ -219,53 +304,46 @@ pub fn target<E: std::fmt::Display>(old: &Revision, new: &Revision, same_tokeniz
         let (a, b) = (old_rest.get(p).cloned().unwrap_or_default(), new_rest.get(p).cloned().unwrap_or_default());
         if a != b {
             let changed = b.iter().find(|l| !a.contains(l)).or_else(|| a.iter().find(|l| !b.contains(l))).cloned().unwrap_or_default();
-            return Err(format!("{p} changes more than its ExecStart's weights ({})", said(&changed)));
+            return Err(NotInPlace::OtherLines { path: p.clone(), line: said(&changed) });
         }
     }
     let ([a], [b]) = (old_exec.as_slice(), new_exec.as_slice()) else {
-        return Err("its ExecStart is not one command line".into());
+        return Err(NotInPlace::NotOneCommand);
     };
-    let (Some((ar, av)), Some((br, bv))) = (split_exec(a), split_exec(b)) else { return Err("its ExecStart does not read".into()) };
+    let (Some((ar, av)), Some((br, bv))) = (split_exec(a), split_exec(b)) else { return Err(NotInPlace::Unreadable) };
     if ar != br {
-        return Err(format!(
-            "its ExecStart changes {} besides --model-path and --weight-version: only new weights load in place",
-            crate::redact::line(&first_change(&ar, &br))
-        ));
+        return Err(NotInPlace::OtherFlags(crate::redact::line(&first_change(&ar, &br))));
     }
     let Some(model_path) = bv.get("--model-path").filter(|p| !p.is_empty()).cloned() else {
-        return Err("its new ExecStart names no --model-path".into());
+        return Err(NotInPlace::NoModelPath);
     };
     let weights = |v: &BTreeMap<String, String>| (v.get("--model-path").cloned(), v.get("--weight-version").cloned());
     if weights(&av) == weights(&bv) {
-        return Err("its ExecStart's weights do not change".into());
+        return Err(NotInPlace::WeightsUnchanged);
     }
     // The tokenizer the server runs (it keeps its start's) and the one the new files resolve.
     let tokenizer = |v: &BTreeMap<String, String>| v.get("--tokenizer-path").or(v.get("--model-path")).cloned().unwrap_or_default();
     let (running, asked) = (tokenizer(&av), tokenizer(&bv));
     if let Err(why) = same_tokenizer(&running, &asked) {
         let named = if bv.contains_key("--tokenizer-path") { "--tokenizer-path" } else { "its tokenizer (no --tokenizer-path: it follows --model-path)" };
-        return Err(format!(
-            "{named} changes {running} → {asked} ({why}): SGLang loads weights in place, not a tokenizer, so this is a restart; to load in place keep the tokenizer it runs (--tokenizer-path {running})"
-        ));
+        return Err(NotInPlace::Tokenizer { named, running, asked, why: why.to_string() });
     }
     Ok(Target { model_path, version: bv.get("--weight-version").cloned() })
 }
 
 /// One target for a whole plan: every worker's change loadable in place, all to the same
 /// weights; `Err`: why the plan restarts instead.
-pub fn one_target(per_worker: &[(String, Result<Target, String>)]) -> Result<Target, String> {
+pub fn one_target(per_worker: &[(String, Result<Target, NotInPlace>)]) -> Result<Target, NotInPlace> {
     let mut first: Option<(&str, &Target)> = None;
     for (unit, t) in per_worker {
-        let t = t.as_ref().map_err(|why| format!("{unit}: {why}"))?;
+        let t = t.as_ref().map_err(|why| NotInPlace::Worker { unit: unit.clone(), why: Box::new(why.clone()) })?;
         match first {
             None => first = Some((unit, t)),
-            Some((u, f)) if f != t => {
-                return Err(format!("{unit} asks for {} but {u} for {}: one load serves every worker the same weights", show(t), show(f)))
-            }
+            Some((u, f)) if f != t => return Err(NotInPlace::Differ { unit: unit.clone(), asked: show(t), other: u.to_string(), theirs: show(f) }),
             Some(_) => {}
         }
     }
-    first.map(|(_, t)| t.clone()).ok_or_else(|| "no worker changes".to_string())
+    first.map(|(_, t)| t.clone()).ok_or(NotInPlace::NothingChanges)
 }
 
 /// "/models/b (weight_version v2)".
@@ -331,7 +409,7 @@ mod tests {
         assert_eq!(target(&rev(&[("/u", UNIT)]), &new, by_path).map(|t| t.model_path), Ok("/m/b".to_string()));
         // One that adds a second ExecStart (systemd would run both) is not one command.
         let new = rev(&[("/u", UNIT), ("/u.d/60.conf", "[Service]\nExecStart=x --model-path /m/b\n")]);
-        assert!(target(&rev(&[("/u", UNIT)]), &new, by_path).unwrap_err().contains("not one command"));
+        assert!(target(&rev(&[("/u", UNIT)]), &new, by_path).unwrap_err().to_string().contains("not one command"));
         // Across a continuation line too.
         let cont = UNIT.replace(" --port 1", " \\\n  --port 1");
         let new = rev(&[("/u", &cont.replace("/m/a", "/m/b"))]);
@@ -350,17 +428,17 @@ mod tests {
     #[test]
     fn any_other_change_needs_a_restart_and_names_the_flag() {
         let old = rev(&[("/u", UNIT)]);
-        let e = target(&old, &rev(&[("/u", &UNIT.replace("--port 1", "--port 2").replace("/m/a", "/m/b"))]), by_path).unwrap_err();
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("--port 1", "--port 2").replace("/m/a", "/m/b"))]), by_path).unwrap_err().to_string();
         assert!(e.contains("changes --port 1 → 2 besides --model-path"), "{e}");
-        let e = target(&old, &rev(&[("/u", &UNIT.replace("/m/a", "/m/b --dtype float16"))]), by_path).unwrap_err();
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("/m/a", "/m/b --dtype float16"))]), by_path).unwrap_err().to_string();
         assert!(e.contains("--dtype float16 added"), "{e}");
-        let e = target(&old, &rev(&[("/u", &UNIT.replace(" --disaggregation-mode prefill", ""))]), by_path).unwrap_err();
+        let e = target(&old, &rev(&[("/u", &UNIT.replace(" --disaggregation-mode prefill", ""))]), by_path).unwrap_err().to_string();
         assert!(e.contains("--disaggregation-mode prefill removed"), "{e}");
-        let e = target(&old, &rev(&[("/u", &UNIT.replace("Restart=no", "Restart=on-failure"))]), by_path).unwrap_err();
+        let e = target(&old, &rev(&[("/u", &UNIT.replace("Restart=no", "Restart=on-failure"))]), by_path).unwrap_err().to_string();
         assert!(e.contains("Restart=on-failure"), "{e}");
-        let e = target(&old, &rev(&[("/u", UNIT), ("/e", "A=1")]), by_path).unwrap_err();
+        let e = target(&old, &rev(&[("/u", UNIT), ("/e", "A=1")]), by_path).unwrap_err().to_string();
         assert!(e.contains("/e changes more") && e.contains("A=… (value not shown)") && !e.contains("A=1"), "an env value is never said: {e}");
-        assert!(target(&old, &old, by_path).unwrap_err().contains("do not change"));
+        assert!(target(&old, &old, by_path).unwrap_err().to_string().contains("do not change"));
         // A new version of the same path: the tokenizer stays.
         let free = UNIT.replace(" --tokenizer-path /m/tok", "");
         let v2 = free.replace("/m/a", "/m/a --weight-version v2");
@@ -375,7 +453,7 @@ mod tests {
         let moved = rev(&[("/u", &free.replace("/m/a", "/m/b"))]);
         let same_files = |_: &str, _: &str| Ok::<(), String>(());
         assert_eq!(target(&old, &moved, same_files).map(|t| t.model_path), Ok("/m/b".to_string()));
-        let e = target(&old, &moved, by_path).unwrap_err();
+        let e = target(&old, &moved, by_path).unwrap_err().to_string();
         assert!(e.starts_with("its tokenizer (no --tokenizer-path: it follows --model-path) changes /m/a → /m/b (other files)"), "{e}");
         assert!(e.contains("keep the tokenizer it runs (--tokenizer-path /m/a)"), "{e}");
         // The runbook's way: the new files pin the tokenizer the server started with.
@@ -383,7 +461,7 @@ mod tests {
         assert_eq!(target(&old, &pinned, by_path).map(|t| t.model_path), Ok("/m/b".to_string()));
         // Pinned to another tokenizer: a restart, and the flag is named.
         let other = rev(&[("/u", &UNIT.replace("/m/a", "/m/b").replace("/m/tok", "/m/tok2"))]);
-        let e = target(&rev(&[("/u", UNIT)]), &other, by_path).unwrap_err();
+        let e = target(&rev(&[("/u", UNIT)]), &other, by_path).unwrap_err().to_string();
         assert!(e.starts_with("--tokenizer-path changes /m/tok → /m/tok2"), "{e}");
         // A pinned tokenizer dropped while it is the model path's: the same tokenizer.
         let unpin = rev(&[("/u", &UNIT.replace("/m/tok", "/m/a").replace("--model-path /m/a", "--model-path /m/a --weight-version v3"))]);
@@ -395,9 +473,9 @@ mod tests {
     fn one_plan_loads_one_target_or_restarts() {
         let t = |p: &str| Ok(Target { model_path: p.into(), version: None });
         assert_eq!(one_target(&[("p".into(), t("/m/b")), ("d".into(), t("/m/b"))]), t("/m/b"));
-        let e = one_target(&[("p".into(), t("/m/b")), ("d".into(), t("/m/c"))]).unwrap_err();
+        let e = one_target(&[("p".into(), t("/m/b")), ("d".into(), t("/m/c"))]).unwrap_err().to_string();
         assert!(e.contains("d asks for /m/c but p for /m/b"), "{e}");
-        let e = one_target(&[("p".into(), t("/m/b")), ("d".into(), Err("x is new".into()))]).unwrap_err();
-        assert_eq!(e, "d: x is new");
+        let e = one_target(&[("p".into(), t("/m/b")), ("d".into(), Err(NotInPlace::NoModelPath))]).unwrap_err();
+        assert_eq!(e.to_string(), "d: its new ExecStart names no --model-path");
     }
 }

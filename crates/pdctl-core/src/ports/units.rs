@@ -1,0 +1,171 @@
+//! The systemd port ([`Units`]): a unit's state, configuration and jobs, and what went wrong
+//! talking to systemd.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::cause::Cause;
+pub use crate::systemd_states::{ActiveState, JobResult, ServiceResult, SubState};
+
+/// A unit's runtime state, read uncached.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitState {
+    /// `loaded`, `not-found`, `masked`, …
+    pub load_state: String,
+    /// `active`, `activating`, `failed`, …
+    pub active_state: ActiveState,
+    /// `running`, `auto-restart`, `dead`, …
+    pub sub_state: SubState,
+    /// Hex InvocationID of the current run ("" when none).
+    pub invocation_id: String,
+    /// Main PID (0 when none).
+    pub main_pid: u32,
+    /// PID of the last main process, kept after it exits.
+    pub exec_main_pid: u32,
+    /// Automatic restarts so far.
+    pub n_restarts: u32,
+    /// Service result (`success`, `exit-code`, `timeout`, `start-limit-hit`, …).
+    pub result: ServiceResult,
+    /// CLD_* code of the main process's exit (1 exited, 2 killed, 3 dumped core).
+    pub exec_main_code: i32,
+    /// Exit status or signal of the main process.
+    pub exec_main_status: i32,
+    /// When the unit last entered `active` (µs since the epoch, 0 = never).
+    pub active_enter_us: u64,
+    /// When the current main process started (µs since the epoch).
+    pub exec_main_start_us: u64,
+    /// When the unit last left `active` — a stop began (µs since the epoch, 0 = never).
+    pub active_exit_us: u64,
+    /// When the unit last entered `inactive` — a stop ended (µs since the epoch, 0 = never).
+    pub inactive_enter_us: u64,
+}
+
+/// A unit's configuration as systemd parsed it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitConfig {
+    /// argv of each ExecStart= command, with a `--config FILE.yaml` merged in as SGLang merges
+    /// it (`sglang::launch_config`): what the server runs with.
+    pub exec_start: Vec<Vec<String>>,
+    /// argv of each ExecStart= command as systemd holds it (no `--config` file merged in): what a
+    /// drop-in that replaces the command starts from (`pdctl role set`).
+    pub exec_start_words: Vec<Vec<String>>,
+    /// The `--config` files ExecStart names: part of the unit's configuration (snapshotted with
+    /// its revision, restored by a rollback, a change of one is a change of the unit).
+    pub config_files: Vec<String>,
+    /// Why a `--config` file cannot be merged (unreadable, not YAML…): SGLang would not start.
+    pub launch_config_error: Option<String>,
+    /// `KEY=value` from Environment= (unit and drop-ins merged).
+    pub environment: Vec<String>,
+    /// EnvironmentFile= paths (and whether a missing one is ignored).
+    pub environment_files: Vec<(String, bool)>,
+    /// The unit file.
+    pub fragment_path: String,
+    /// Drop-ins systemd loaded.
+    pub drop_in_paths: Vec<String>,
+    /// The unit file changed on disk since the last daemon-reload.
+    pub need_daemon_reload: bool,
+    /// `TimeoutStopSec=`: how long systemd lets a stop take before SIGKILL (`None`: infinity).
+    /// SGLang's stop waits for its requests in flight, so this bounds a stop.
+    pub timeout_stop: Option<Duration>,
+    /// `KillMode=` (`None`: not known). With systemd's default `control-group` the stop's
+    /// SIGTERM also reaches SGLang's scheduler process, which dies of it; see `sglang::stop`.
+    pub kill_mode: Option<String>,
+}
+
+/// How our job (a restart, stop or start) ended.
+#[derive(Debug, Clone)]
+pub struct JobOutcome {
+    /// The job's result: `done`, `failed`, `timeout`, `canceled`, `dependency`, `skipped`, …
+    pub job_result: JobResult,
+    /// Time from the call to our job's removal.
+    pub job_time: Duration,
+    /// The unit right after the job (uncached).
+    pub state: UnitState,
+}
+
+/// What went wrong talking to systemd: which class, and the driver's sentence (what to do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitsError {
+    /// The unit does not exist.
+    NoSuchUnit(String),
+    /// The bus or manager cannot be reached.
+    Unreachable(String),
+    /// Permission denied (or interactive authentication required).
+    Denied(String),
+    /// A call or the job took longer than its limit.
+    Timeout(String),
+    /// Anything else systemd said.
+    Refused(String),
+}
+
+impl UnitsError {
+    /// The cause it is.
+    pub fn cause(self) -> Cause {
+        match self {
+            UnitsError::NoSuchUnit(message) => Cause::UnitMissing { message },
+            UnitsError::Unreachable(message) => Cause::SystemdUnreachable { message },
+            UnitsError::Denied(message) => Cause::AccessDenied { message },
+            UnitsError::Timeout(message) => Cause::SystemdTimeout { message },
+            UnitsError::Refused(message) => Cause::SystemdRefused { message },
+        }
+    }
+}
+
+impl std::fmt::Display for UnitsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnitsError::NoSuchUnit(m) | UnitsError::Unreachable(m) | UnitsError::Denied(m) | UnitsError::Timeout(m) | UnitsError::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Change notifications for one unit.
+pub trait Watch: Send {
+    /// The next change (`None`: the source ended).
+    fn changed(&mut self) -> impl Future<Output = Option<()>> + Send;
+}
+
+/// systemd.
+pub trait Units: Send + Sync {
+    /// Watch type.
+    type W: Watch;
+    /// Uncached state.
+    fn state(&self, unit: &str) -> impl Future<Output = Result<UnitState, UnitsError>> + Send;
+    /// Parsed configuration.
+    fn config(&self, unit: &str) -> impl Future<Output = Result<UnitConfig, UnitsError>> + Send;
+    /// daemon-reload.
+    fn reload(&self) -> impl Future<Output = Result<(), UnitsError>> + Send;
+    /// ResetFailedUnit.
+    fn reset_failed(&self, unit: &str) -> impl Future<Output = Result<(), UnitsError>> + Send;
+    /// Start watching (before acting).
+    fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::W, UnitsError>> + Send;
+    /// Restart and wait for our job.
+    fn restart(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
+    /// Stop (host maintenance: the unit stays down until the host's resume) and wait for our job.
+    fn stop(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
+    /// Start a unit that is not running (a host's resume) and wait for our job.
+    fn start(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systemd_states_keep_their_names_and_an_unknown_one_is_kept_by_name() {
+        for s in ["active", "reloading", "inactive", "failed", "activating", "deactivating", "maintenance"] {
+            assert_eq!(ActiveState::from(s).as_str(), s);
+        }
+        for s in ["running", "auto-restart", "dead", "stop-sigterm"] {
+            assert_eq!(SubState::from(s).to_string(), s);
+        }
+        assert_eq!(ActiveState::from("failed"), ActiveState::Failed);
+        assert_eq!(ActiveState::from("maintenance"), ActiveState::Other("maintenance".into()));
+        assert_eq!(SubState::from("auto-restart"), SubState::AutoRestart);
+        assert_eq!((ActiveState::default(), SubState::default()), (ActiveState::Inactive, SubState::Dead));
+        assert_eq!(JobResult::from("done"), JobResult::Done);
+        assert_eq!(JobResult::from("canceled").to_string(), "canceled");
+        assert_eq!(ServiceResult::from("start-limit-hit"), ServiceResult::StartLimitHit);
+        assert_eq!(ServiceResult::from("exit-code"), ServiceResult::Other("exit-code".into()));
+    }
+}
