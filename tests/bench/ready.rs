@@ -235,6 +235,17 @@ struct Hops {
     stamped: f64,
 }
 
+impl Hops {
+    /// The read → the stamp (the engine's stamp has whole milliseconds: ±1 ms).
+    fn engine(&self) -> f64 {
+        (self.stamped - self.detect).max(0.0)
+    }
+    /// The stamp → the CLI's line (pdctld's stream; ±1 ms).
+    fn delivery(&self) -> f64 {
+        (self.total - self.stamped).max(0.0)
+    }
+}
+
 /// Phase 1, pdctl: the engine's own restart and ready gates, `n` times; each ready event's
 /// detect_ms.
 async fn engine_ready(config: &std::path::Path, unit: &str, n: usize) -> Vec<f64> {
@@ -260,9 +271,8 @@ async fn engine_ready(config: &std::path::Path, unit: &str, n: usize) -> Vec<f64
 fn print_end_to_end(hops: &[Hops]) {
     let e2e: Vec<f64> = hops.iter().map(|h| h.total).collect();
     let own: Vec<f64> = hops.iter().map(|h| h.detect).collect();
-    // The engine's stamp has whole milliseconds: its hops are ±1 ms.
-    let engine: Vec<f64> = hops.iter().map(|h| (h.stamped - h.detect).max(0.0)).collect();
-    let delivery: Vec<f64> = hops.iter().map(|h| (h.total - h.stamped).max(0.0)).collect();
+    let engine: Vec<f64> = hops.iter().map(Hops::engine).collect();
+    let delivery: Vec<f64> = hops.iter().map(Hops::delivery).collect();
     println!(
         "ready line → the CLI's printed event = the line's arrival at a reader of `pdctl restart --rolling --json` − the ready line's __REALTIME_TIMESTAMP"
     );
@@ -284,10 +294,6 @@ fn print_end_to_end(hops: &[Hops]) {
     slow.sort_by(|a, b| b.total.total_cmp(&a.total));
     println!(
         "  the five slowest (total = detect + engine + delivery, ms): {}",
-        slow.iter()
-            .take(5)
-            .map(|h| format!("{:.1} = {:.1} + {:.1} + {:.1}", h.total, h.detect, (h.stamped - h.detect).max(0.0), (h.total - h.stamped).max(0.0)))
-            .collect::<Vec<_>>()
-            .join("; ")
+        slow.iter().take(5).map(|h| format!("{:.1} = {:.1} + {:.1} + {:.1}", h.total, h.detect, h.engine(), h.delivery())).collect::<Vec<_>>().join("; ")
     );
 }
