@@ -6,9 +6,10 @@
 //! One real stack at a time (`.config/nextest.toml`: ~3 GB of memory per server). Each failure
 //! names the gate and prints the servers' last lines.
 
+use std::path::Path;
 use std::time::Duration;
 
-use pdctl_tests::pdctl_sandbox::stack::{http_get_with, Stack, StackOptions};
+use pdctl_tests::pdctl_sandbox::stack::{http_get_with, Pdctld, Stack, StackOptions};
 use pdctl_tests::real_stack::{explain, fragment, logs, real_opts};
 use pdctl_tests::{http, live_daemon, pdctl_daemon, raw_api, stack_with_pdctld_opts, until, Load};
 use serde_json::{json, Value};
@@ -16,15 +17,40 @@ use serde_json::{json, Value};
 const P: &str = "sglang-dsv4-prefill.service";
 const D: &str = "sglang-dsv4-decode.service";
 
+// A real stack boots in ~40 s here, so the tests that need the same stack share one: each part
+// is a function of its own below, run in turn, and a failure names its part (its line).
+
+/// With API keys on both servers and on smg, and admin keys on both servers (the shape of a
+/// shared cluster): a rolling restart under load, then new weights in place under load.
 #[test]
-fn a_rolling_restart_of_the_unchanged_real_pair_passes_every_gate_under_load() {
+fn with_keys_on_every_server_a_rolling_restart_and_new_weights_in_place_pass_under_load() {
+    let keys = StackOptions { api_key: Some("real-s3cret".into()), admin_api_key: Some("real-adm1n".into()), ..real_opts() };
+    let (stack, config, d) = stack_with_pdctld_opts(&keys);
+    the_api_asks_for_the_key(&stack);
+    a_rolling_restart_passes_every_gate_under_load(&stack, &config, &d);
+    new_weights_go_in_place_under_load(&stack, &config, &d);
+}
+
+/// One unchanged real pair, in turn: a change it cannot pair with is refused (and a harmless
+/// one rolls out), pdctld killed mid-drain is reconciled, the host is drained for maintenance
+/// and resumed.
+#[test]
+fn one_real_pair_refuses_what_cannot_pair_reconciles_a_killed_pdctld_and_comes_back_from_maintenance() {
     let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+    a_change_the_decode_cannot_pair_with_is_refused_and_a_harmless_flag_rolls_out(&stack, &config, &d);
+    pdctld_killed_mid_drain_is_reconciled_at_its_next_start(&stack, &config, &d);
+    a_host_drained_for_maintenance_stops_through_sglangs_drain_and_resumes_through_every_gate(&stack, &config, &d);
+}
+
+/// A rolling restart of the unchanged pair under load: every gate passes on the real server's
+/// own evidence, the stops are SGLang's drain, the ready lines this start's.
+fn a_rolling_restart_passes_every_gate_under_load(stack: &Stack, config: &Path, d: &Pdctld) {
     let router = stack.router.clone().expect("router");
-    let load = Load::start(&router.url, 2.0, 8);
-    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], Duration::from_secs(900));
+    let load = Load::start_with_key(&router.url, 2.0, 8, stack.api_key.clone());
+    let r = pdctl_daemon(d, config, &["restart", "--rolling", "--json"], Duration::from_secs(900));
     let (sent, failed) = load.stop();
     println!("clients through smg during the rollout: {sent} sent, {failed} failed");
-    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    assert_eq!(r.code, 0, "{}", explain(stack, &r));
     // Every gate of each worker passed, on the real server's own evidence.
     for unit in [P, D] {
         for step in ["preflight", "drain", "restart", "ready", "health", "pair", "router", "metrics", "soak"] {
@@ -34,13 +60,15 @@ fn a_rolling_restart_of_the_unchanged_real_pair_passes_every_gate_under_load() {
         // although /server_info reports the transfer backend resolved (`mooncake`).
         let pre = &r.event(unit, "preflight", "passed")["detail"];
         assert_eq!(pre["kill_mode"], "mixed", "{pre:#}");
+        // pdctl's own calls carry the key the server asks for.
+        assert_eq!(pre["api_key_check"], "accepted", "{pre:#}");
         // The ready line of this start, from its new main process.
         let ready = &r.event(unit, "ready", "passed")["detail"];
         let pid = stack.show(unit, "MainPID").expect("MainPID");
         assert_eq!(ready["pid"].as_u64().map(|p| p.to_string()), Some(pid), "{ready:#}");
         // The stop was SGLang's drain (KillMode=mixed), not a crash and not the manager's SIGKILL.
         let stop = &r.event(unit, "restart", "passed")["detail"]["stop"];
-        assert_eq!(stop["ended_by"], "drained", "{stop:#}\n{}", logs(&stack));
+        assert_eq!(stop["ended_by"], "drained", "{stop:#}\n{}", logs(stack));
         println!("{unit}: stop {} ms ({}); ready detected {} ms after journald had it", stop["stop_ms"], stop["why"], ready["detect_ms"]);
     }
     let stranded = &r.event(D, "stranded_kv", "passed")["detail"];
@@ -199,28 +227,16 @@ fn long_requests_finish_through_the_drain_and_through_a_stop_that_drains_the_ser
     println!("answered {} ms after the decode's SIGTERM", (answered_us - sigterm_us) / 1000);
 }
 
-#[test]
-fn api_keys_on_both_servers_and_on_the_gateway() {
-    let (stack, config, d) = stack_with_pdctld_opts(&StackOptions { api_key: Some("real-s3cret".into()), ..real_opts() });
-    // The real server refuses its API without the key; /health, /ready and /metrics stay open.
+/// The real server refuses its API without the key; /health, /ready and /metrics stay open.
+fn the_api_asks_for_the_key(stack: &Stack) {
     let (status, _) = http_get_with(&format!("{}/v1/loads", stack.decode.url), None).expect("GET");
     assert_eq!(status, 401);
     assert_eq!(http_get_with(&format!("{}/health", stack.decode.url), None).expect("GET").0, 200);
-    let load = Load::start_with_key(&stack.router.as_ref().expect("router").url, 1.0, 4, stack.api_key.clone());
-    let r = pdctl_daemon(&d, &config, &["restart", "--rolling", "--json"], Duration::from_secs(900));
-    let (sent, failed) = load.stop();
-    println!("clients: {sent} sent, {failed} failed");
-    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
-    for unit in [P, D] {
-        assert_eq!(r.event(unit, "preflight", "passed")["detail"]["api_key_check"], "accepted");
-        r.event(unit, "pair", "passed");
-        r.event(unit, "router", "passed");
-    }
 }
 
-#[test]
-fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_rolls_out() {
-    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
+/// A page size the running decode was not asked for is refused before anything restarts; a
+/// harmless flag instead rolls out through every gate, and the server was asked for it.
+fn a_change_the_decode_cannot_pair_with_is_refused_and_a_harmless_flag_rolls_out(stack: &Stack, config: &Path, d: &Pdctld) {
     let exec_with = |extra: &[&str]| -> String {
         let unit = stack.worker_unit(&stack.prefill, &real_opts(), &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         unit.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart").to_string()
@@ -228,8 +244,8 @@ fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_roll
     let before = stack.show(P, "InvocationID").expect("InvocationID");
     // A page size the running decode was not asked for: every transfer would fail.
     let bad = stack.drop_in(P, "50-change", &format!("[Service]\nExecStart=\n{}\n", exec_with(&["--page-size", "16"]))).expect("drop-in");
-    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], Duration::from_secs(300));
-    assert_eq!(r.code, 1, "{}", explain(&stack, &r));
+    let r = pdctl_daemon(d, config, &["rollout", "apply", "--json"], Duration::from_secs(300));
+    assert_eq!(r.code, 1, "{}", explain(stack, &r));
     let f = &r.summary["failed"];
     assert_eq!((f["unit"].as_str(), f["step"].as_str(), f["cause_code"].as_str()), (Some(P), Some("preflight"), Some("incompatible_change")), "{f:#}");
     assert!(f["cause"].as_str().unwrap_or("").contains(&format!("page_size 16 ({P} new) vs 1 ({D} running)")), "{f:#}");
@@ -238,8 +254,8 @@ fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_roll
     // A harmless flag instead: rolled out through every gate, and the server was asked for it.
     std::fs::write(&bad, format!("[Service]\nExecStart=\n{}\n", exec_with(&["--max-running-requests", "64"]))).expect("drop-in");
     stack.sandbox.daemon_reload().expect("reload");
-    let r = pdctl_daemon(&d, &config, &["rollout", "apply", "--json"], Duration::from_secs(600));
-    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    let r = pdctl_daemon(d, config, &["rollout", "apply", "--json"], Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(stack, &r));
     for step in ["preflight", "restart", "ready", "health", "pair", "router", "metrics", "soak"] {
         r.event(P, step, "passed");
     }
@@ -248,14 +264,14 @@ fn a_change_the_real_decode_cannot_pair_with_is_refused_and_a_harmless_flag_roll
     assert!(info["launch_command"].as_str().is_some_and(|c| c.contains("--max-running-requests 64")), "{}", info["launch_command"]);
 }
 
-#[test]
-fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
-    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
-    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
-    let reqs = long_requests_on_the_decode(&stack, 1, 1500);
-    let mut c = live_daemon(&d, &config, &["restart", "--rolling", "--unit", D, "--json"]);
+/// pdctld killed while it drains the decode: at its next start it reconciles, the decode
+/// serves behind the gateway again and the request in flight finished.
+fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start(stack: &Stack, config: &Path, d: &Pdctld) {
+    fragment(config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
+    let reqs = long_requests_on_the_decode(stack, 1, 1500);
+    let mut c = live_daemon(d, config, &["restart", "--rolling", "--unit", D, "--json"]);
     c.wait_line(Duration::from_secs(120), |e| e["unit"] == D && e["step"] == "drain" && e["status"] == "started").expect("the decode's drain started");
-    pdctl_tests::kill_and_wait(&stack, &d.unit);
+    pdctl_tests::kill_and_wait(stack, &d.unit);
     let _ = c.finish(Duration::from_secs(20));
     stack.sandbox.systemctl(&["start", &d.unit]).expect("pdctld starts again");
     // Reconciled: the decode serves behind the gateway, the ledger is empty, nothing is lost.
@@ -265,9 +281,9 @@ fn pdctld_killed_mid_drain_is_reconciled_at_its_next_start() {
     );
     let (_, st) = raw_api(&d.socket, "GET", "/v1/status", "");
     assert_eq!(st["drained"], json!([]), "{st:#}");
-    stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(&stack)));
+    stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(stack)));
     let (status, tokens, _) = reqs.into_iter().next().expect("one").join().expect("request thread");
-    assert_eq!((status, tokens), (200, 1500), "the request in flight finished\n{}", logs(&stack));
+    assert_eq!((status, tokens), (200, 1500), "the request in flight finished\n{}", logs(stack));
 }
 
 /// The stale pair on the real server, made certain: a decode whose heartbeat looks every 30 s
@@ -307,32 +323,29 @@ fn served(stack: &Stack, url: &str) -> (String, String) {
     (v["model_path"].as_str().unwrap_or("").to_string(), v["weight_version"].as_str().unwrap_or("").to_string())
 }
 
-#[test]
-fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
-    // API keys on both servers and smg, admin keys on both servers. After a retract pause 0.5.23's decode asks the prefill to
-    // recompute its requests' KV through the prefill's /generate without the key: 401, each
-    // fails (smg may retry it from the start, which hides it from the client). pdctl pauses the
-    // decode in place instead.
-    // And an admin key: pause, continue, the load and the flush take it, not the API key.
-    let keys = StackOptions { api_key: Some("real-s3cret".into()), admin_api_key: Some("real-adm1n".into()), ..real_opts() };
-    let (stack, config, d) = stack_with_pdctld_opts(&keys);
+/// New weights in place under load, with keys on every server. After a retract pause 0.5.23's
+/// decode asks the prefill to recompute its requests' KV through the prefill's /generate without
+/// the key: 401, each fails (smg may retry it from the start, which hides it from the client).
+/// pdctl pauses the decode in place instead. With an admin key, pause, continue, the load and the
+/// flush take it, not the API key.
+fn new_weights_go_in_place_under_load(stack: &Stack, config: &Path, d: &Pdctld) {
     // The decode paused in place still runs its two long requests after the continue, and its
     // cache is flushed only once it is idle, within `health_timeout`: with the default 30 s one
     // fresh-clone CI run (2026-12-06, the machine loaded) failed `weights_failed` while they
     // were still decoding. The bound a loaded machine needs, not the test's own timing.
-    fragment(&config, "20-flush", "[rollout]\nhealth_timeout = \"120s\"\n");
+    fragment(config, "20-flush", "[rollout]\nhealth_timeout = \"120s\"\n");
     let real = stack.real.clone().expect("the real server");
     let v2 = real.model_v2.display().to_string();
     let runs = || (stack.show(P, "InvocationID").expect("p"), stack.show(D, "InvocationID").expect("d"));
     let before = runs();
     let load = Load::start_with_key(&stack.router.as_ref().expect("router").url, 2.0, 8, stack.api_key.clone());
     // Long requests on the decode when the pause comes: retracted, recomputed, answered.
-    let long = long_requests_on_the_decode(&stack, 2, 3000);
-    let r = pdctl_daemon(&d, &config, &["rollout", "weights", "--model-path", &v2, "--version", "v2", "--json"], Duration::from_secs(600));
+    let long = long_requests_on_the_decode(stack, 2, 3000);
+    let r = pdctl_daemon(d, config, &["rollout", "weights", "--model-path", &v2, "--version", "v2", "--json"], Duration::from_secs(600));
     let (sent, failed) = load.stop();
     let long: Vec<(u16, u64, u64)> = long.into_iter().map(|h| h.join().expect("request thread")).collect();
     println!("clients through smg during the rollout: {sent} sent, {failed} failed; the long requests: {long:?}");
-    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    assert_eq!(r.code, 0, "{}", explain(stack, &r));
     for (unit, pause) in [(D, "in_place"), (P, "retract")] {
         let step = &r.event(unit, "weights", "passed")["detail"];
         assert_eq!(step["to"]["weight_version"], "v2", "{step:#}");
@@ -342,19 +355,19 @@ fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
         println!("{unit}: paused {} ms, cache flushed {flushed}", step["paused_ms"]);
     }
     for url in [&stack.prefill.url, &stack.decode.url] {
-        assert_eq!(served(&stack, url), (v2.clone(), "v2".to_string()), "{url} reports the weights it serves\n{}", logs(&stack));
+        assert_eq!(served(stack, url), (v2.clone(), "v2".to_string()), "{url} reports the weights it serves\n{}", logs(stack));
     }
     assert_eq!(runs(), before, "nothing was restarted");
-    assert!(long.iter().all(|(s, n, _)| *s == 200 && *n == 3000), "every long request held by the pause finished: {long:?}\n{}", logs(&stack));
+    assert!(long.iter().all(|(s, n, _)| *s == 200 && *n == 3000), "every long request held by the pause finished: {long:?}\n{}", logs(stack));
     // They ran across the pause: answered after the decode's weights step started (its pause).
     let at = r.event(D, "weights", "started")["at"].as_str().and_then(|t| humantime::parse_rfc3339(t).ok()).expect("the step's time");
     let at_us = at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(u64::MAX);
     assert!(long.iter().all(|(_, _, answered)| *answered > at_us), "the long requests ran across the pause (answered after {at:?}): {long:?}");
-    assert_eq!(failed, 0, "no client request failed ({sent} sent)\n{}", logs(&stack));
+    assert_eq!(failed, 0, "no client request failed ({sent} sent)\n{}", logs(stack));
     // Not even one the gateway retried: the decode never re-fetched KV through the prefill.
     let out = stack.sandbox.journalctl(&["-u", D, "--no-pager", "-o", "cat"]).expect("journal");
     let decode_log = String::from_utf8_lossy(&out.stdout);
-    assert!(!decode_log.contains("PD rebootstrap prefill failed"), "{}", logs(&stack));
+    assert!(!decode_log.contains("PD rebootstrap prefill failed"), "{}", logs(stack));
     // The record says why the decode was paused in place.
     let id = r.summary["id"].as_str().expect("id");
     let (_, rec) = raw_api(&d.socket, "GET", &format!("/v1/rollouts/{id}"), "");
@@ -366,32 +379,31 @@ fn new_weights_go_in_place_under_load_with_keys_on_every_server() {
 /// "reboot" (the manager starts the units again, pdctld starts again) pdctld brings them back by
 /// itself through every gate: the ready line of the boot's own start, found from the cursor
 /// recorded before the stop; the real PD pair; the gateway's re-admission.
-#[test]
-fn a_host_drained_for_maintenance_stops_through_sglangs_drain_and_resumes_through_every_gate() {
+fn a_host_drained_for_maintenance_stops_through_sglangs_drain_and_resumes_through_every_gate(stack: &Stack, config: &Path, d: &Pdctld) {
     use pdctl_tests::host_maintenance::{host_status, newest, passed, reboot};
-    let (stack, config, d) = stack_with_pdctld_opts(&real_opts());
-    fragment(&config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
-    let reqs = long_requests_on_the_decode(&stack, 1, 1500);
+    fragment(config, "20-drain", "[rollout]\ndrain_timeout = \"120s\"\n");
+    let reqs = long_requests_on_the_decode(stack, 1, 1500);
     let args = ["host", "drain", "--allow-outage", "--reason", "driver update", "--json"];
-    let r = pdctl_daemon(&d, &config, &args, Duration::from_secs(600));
-    assert_eq!(r.code, 0, "{}", explain(&stack, &r));
+    let r = pdctl_daemon(d, config, &args, Duration::from_secs(600));
+    assert_eq!(r.code, 0, "{}", explain(stack, &r));
     let (status, tokens, _) = reqs.into_iter().next().expect("one").join().expect("request thread");
-    assert_eq!((status, tokens), (200, 1500), "the request in flight finished through the host's drain\n{}", logs(&stack));
+    assert_eq!((status, tokens), (200, 1500), "the request in flight finished through the host's drain\n{}", logs(stack));
     for unit in [P, D] {
         assert_eq!(stack.show(unit, "ActiveState").expect("ActiveState"), "inactive", "{unit} stopped");
         let stop = &r.event(unit, "stop", "passed")["detail"];
         println!("{unit}'s stop for maintenance: {stop}");
-        assert_eq!(stop["stop"]["ended_by"], "drained", "SGLang's drain, not a crash or a SIGKILL: {stop:#}\n{}", logs(&stack));
+        assert_eq!(stop["stop"]["ended_by"], "drained", "SGLang's drain, not a crash or a SIGKILL: {stop:#}\n{}", logs(stack));
+        assert!(stop["stop"]["stop_ms"].as_u64().is_some(), "the stop took a measured time: {stop:#}");
     }
     assert!(r.index(D, "stop", "passed") < r.index(P, "stop", "passed"), "the decode stops before the prefill");
-    assert_eq!(host_status(&d)["maintenance"]["phase"], "down");
+    assert_eq!(host_status(d)["maintenance"]["phase"], "down");
     println!("the decode's drain for maintenance: {}", r.event(D, "drain", "passed")["detail"]);
 
     let rebooted = std::time::Instant::now();
-    reboot(&stack, &d);
-    let resumed = until(Duration::from_secs(600), Duration::from_millis(500), || host_status(&d)["maintenance"].is_null());
-    let rec = newest(&d);
-    assert!(resumed, "resumed by pdctld at its start: {:#}\n{}", host_status(&d), logs(&stack));
+    reboot(stack, d);
+    let resumed = until(Duration::from_secs(600), Duration::from_millis(500), || host_status(d)["maintenance"].is_null());
+    let rec = newest(d);
+    assert!(resumed, "resumed by pdctld at its start: {:#}\n{}", host_status(d), logs(stack));
     println!("back in service {:.0} s after the reboot", rebooted.elapsed().as_secs_f64());
     assert_eq!((rec["kind"].as_str(), rec["lifecycle"]["state"].as_str()), (Some("host_resume"), Some("succeeded")), "{rec:#}");
     for unit in [P, D] {
@@ -408,7 +420,7 @@ fn a_host_drained_for_maintenance_stops_through_sglangs_drain_and_resumes_throug
         assert_eq!(ready["pid"].as_u64().map(|p| p.to_string()), Some(pid), "{ready:#}");
     }
     assert!(passed(&rec, P, "pair") || passed(&rec, D, "pair"), "the real pair probed: {rec:#}");
-    stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(&stack)));
-    let after = long_requests(&stack, 1, 16).into_iter().next().expect("one").join().expect("request thread");
-    assert_eq!((after.0, after.1), (200, 16), "a request through the gateway after the resume\n{}", logs(&stack));
+    stack.wait_router_healthy(2, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", logs(stack)));
+    let after = long_requests(stack, 1, 16).into_iter().next().expect("one").join().expect("request thread");
+    assert_eq!((after.0, after.1), (200, 16), "a request through the gateway after the resume\n{}", logs(stack));
 }

@@ -93,7 +93,9 @@ impl EndedBy {
 /// What one stop took and why, from the unit's timestamps and its journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StopReport {
-    /// From leaving `active` to `inactive` (`None`: systemd gave no timestamps).
+    /// From leaving `active` to `inactive` (`None`: systemd gave no timestamps). A stop for host
+    /// maintenance whose unit systemd unloaded after it (nothing references it) takes its stop
+    /// job's time instead: the job runs from the SIGTERM to `inactive`.
     pub stop_ms: Option<u64>,
     /// The unit's `TimeoutStopSec=` (`None`: infinity).
     pub timeout_stop_ms: Option<u64>,

@@ -116,7 +116,8 @@ pub(in crate::engine) async fn restart<U: Units, L: Logs, P: Probes>(
             (out?, Some(taken))
         }
     };
-    let stop = stop_report(eng, unit, &out.state, timeout_stop).await;
+    let took = crate::sglang::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us);
+    let stop = stop_report(eng, unit, took, timeout_stop).await;
     let typed = RestartDetail {
         job_result: out.job_result.to_string(),
         job_ms: out.job_time.as_millis() as u64,
@@ -159,16 +160,15 @@ pub(in crate::engine) async fn reset_if_failed<U: Units, L, P>(eng: &Engine<U, L
 }
 
 /// What the stop of `unit`'s old process was (a drain, a watchdog kill, SGLang's own tree kill),
-/// from its last lines and `after` (the unit's state after the job). The old process's last
+/// from its last lines and `took` (how long it took, when known). The old process's last
 /// lines reach the journal through its own stream; a SIGTERM line without a watchdog check yet is
 /// read again (bounded) so the last check, written just before the exit, is not missed.
 pub(in crate::engine) async fn stop_report<U, L: Logs, P>(
     eng: &Engine<U, L, P>,
     unit: &str,
-    after: &UnitState,
+    took: Option<Duration>,
     timeout_stop: Option<Duration>,
 ) -> crate::sglang::stop::StopReport {
-    let took = crate::sglang::stop::duration(after.active_exit_us, after.inactive_enter_us);
     let mut stop = crate::sglang::stop::report(&[], took, timeout_stop);
     for _ in 0..5 {
         let lines = eng.logs.last_lines(unit, 300).await.unwrap_or_default();

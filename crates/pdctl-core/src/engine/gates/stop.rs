@@ -91,7 +91,11 @@ pub(in crate::engine) async fn stop<U: Units, L: Logs, P: Probes>(
     let timeout_stop = eng.units.config(unit).await?.timeout_stop;
     let limit = crate::sglang::stop::job_limit(eng.settings.rollout.job_timeout, timeout_stop);
     let out = eng.units.stop(unit, limit).await?;
-    let stop = restart::stop_report(eng, unit, &out.state, timeout_stop).await;
+    // systemd unloads a stopped unit that nothing references (one not enabled), and its
+    // timestamps with it; the stop job's own time is then the stop's: it runs from the SIGTERM
+    // to `inactive`.
+    let took = crate::sglang::stop::duration(out.state.active_exit_us, out.state.inactive_enter_us).or(Some(out.job_time));
+    let stop = restart::stop_report(eng, unit, took, timeout_stop).await;
     let typed = StopDetail {
         job_result: out.job_result.to_string(),
         job_ms: out.job_time.as_millis() as u64,
