@@ -405,5 +405,8 @@ fn a_quantization_change_in_2p2d_is_rolled_as_a_coherent_switch_with_no_mixed_pa
     assert_eq!(roles, ["prefill", "prefill", "decode", "decode"], "the stack's order");
     assert!(at(p0, "restart") < at(d0, "restart") && at(d0, "restart") < at(p0, "router"), "the new group restarts before it is admitted");
     assert!(at(p0, "router") < at(d1, "restart") && at(d1, "restart") < at(p1, "restart"), "the old group restarts after the switch, its decode first");
+    // Its router detail is the gate's (the gateway's entry) and when it was admitted at the switch.
+    let admitted = &r.events[at(p0, "router")]["detail"];
+    assert!(admitted["router_id"].is_string() && admitted["switch"]["admitted_after_ms"].is_u64(), "{admitted:#}");
     println!("coherent switch: no PD pair routable for {window} ms; {failed} of {sent} requests failed through the gateway over the rollout");
 }

@@ -26,7 +26,7 @@ struct Reconciled<'a> {
     /// When (seconds since the epoch).
     drained_at: u64,
     /// The router gate's detail.
-    router: serde_json::Value,
+    router: crate::engine::gates::router::RouterDetail,
     /// How long the reconcile took.
     waited_ms: u64,
 }
@@ -276,13 +276,14 @@ mod held_tests {
 #[cfg(test)]
 mod detail_tests {
     use super::*;
+    use crate::engine::gates::router::{Admitted, RouterDetail};
     use serde_json::json;
 
     #[test]
     fn the_reconcile_detail_has_the_keys_of_the_contract() {
         assert_eq!(
-            detail_of(&Reconciled { same_run: true, drained_by: "r1", drained_at: 2, router: json!({"router_id": "i"}), waited_ms: 3 }),
-            json!({"same_run": true, "drained_by": "r1", "drained_at": 2, "router": {"router_id": "i"}, "waited_ms": 3})
+            detail_of(&Reconciled { same_run: true, drained_by: "r1", drained_at: 2, router: RouterDetail::One(Admitted::example()), waited_ms: 3 }),
+            json!({"same_run": true, "drained_by": "r1", "drained_at": 2, "router": detail_of(&Admitted::example()), "waited_ms": 3})
         );
     }
 }

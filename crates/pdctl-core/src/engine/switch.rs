@@ -28,7 +28,7 @@ use crate::engine::gates;
 use crate::engine::halt;
 use crate::engine::machine::Engine;
 use crate::engine::runbook::{self, Sequence, WorkerRun};
-use crate::engine::step_run::{Fail, StepRun};
+use crate::engine::step_run::{Fail, StepRun, Verdict};
 use crate::engine::work::Groups;
 use crate::events::{Outcome, Sink, Step, Summary};
 use crate::plan::Plan;
@@ -238,9 +238,9 @@ where
     pub(in crate::engine) async fn admit_at_switch<'w>(&self, w: &'w Worker, sink: &Sink, ctx: Ctx<'_>, t_out: Instant) -> Result<(), (&'w Worker, Fail)> {
         let s = StepRun::start(sink, &w.unit, Step::Router);
         match gates::router::router_recorded(self, w, true, true, ctx.writes.ledger.map(|l| (l, ctx.writes.id))).await {
-            Ok(mut d) => {
-                d["switch"] = crate::engine::step_run::detail_of(&AdmittedAtSwitch { admitted_after_ms: t_out.elapsed().as_millis() as u64 });
-                s.pass(d);
+            Ok(router) => {
+                let switch = AdmittedAtSwitch { admitted_after_ms: t_out.elapsed().as_millis() as u64 };
+                s.end(Verdict::passed(AtSwitch { router, switch }));
                 Ok(())
             }
             Err(f) => {
@@ -283,7 +283,7 @@ where
             let s = StepRun::start(sink, &w.unit, Step::Reconcile);
             match gates::router::router(self, w, true, false).await {
                 Ok(d) => {
-                    s.pass(d);
+                    s.end(Verdict::passed(d));
                     if let Some(l) = ctx.writes.ledger {
                         let _ = l.clear(&w.unit);
                     }
@@ -315,10 +315,35 @@ where
     }
 }
 
+/// A new group's worker's router detail: the gate's, and when it was admitted at the switch.
+#[derive(serde::Serialize)]
+struct AtSwitch {
+    /// The router gate's detail.
+    #[serde(flatten)]
+    router: gates::router::RouterDetail,
+    /// When it was admitted.
+    switch: AdmittedAtSwitch,
+}
+
 /// Its part of a new group's router detail (`switch`): when it was admitted, after the old group
 /// was taken out.
 #[derive(serde::Serialize)]
 struct AdmittedAtSwitch {
     /// After the old group left the gateway.
     admitted_after_ms: u64,
+}
+
+#[cfg(test)]
+mod detail_tests {
+    use super::*;
+    use crate::engine::gates::router::{Admitted, RouterDetail};
+    use crate::engine::step_run::detail_of;
+
+    #[test]
+    fn a_worker_admitted_at_the_switch_has_the_router_gates_keys_and_its_own() {
+        let mut want = detail_of(&Admitted::example());
+        want["switch"] = serde_json::json!({"admitted_after_ms": 7});
+        let d = AtSwitch { router: RouterDetail::One(Admitted::example()), switch: AdmittedAtSwitch { admitted_after_ms: 7 } };
+        assert_eq!(detail_of(&d), want);
+    }
 }

@@ -6,7 +6,6 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::cause::Cause;
 use crate::config::{Role, Worker};
@@ -15,7 +14,7 @@ use crate::engine::context::{Ctx, Outage};
 use crate::engine::gates;
 use crate::engine::gates::pd_checks;
 use crate::engine::machine::Engine;
-use crate::engine::step_run::{detail_of, Fail};
+use crate::engine::step_run::Fail;
 use crate::engine::steps::{rule, GateMode};
 use crate::engine::work::KnownChanges;
 use crate::events::Step;
@@ -133,7 +132,7 @@ pub(in crate::engine) async fn preflight_worker<U: Units, L, P: Probes>(
     dry: bool,
     ctx: Ctx<'_>,
     seen: &mut Seen,
-) -> Result<Value, Fail> {
+) -> Result<PreflightDetail, Fail> {
     let Loaded { st, cfg, needs_reload, did_reload, on_disk } = loaded(eng, w, dry, ctx, seen).await?;
     let metrics_flag = would_start(eng, w, &cfg).map_err(Fail::from)?;
     let gpus = gpus_disjoint(w, &cfg, seen).map_err(Fail::from)?;
@@ -163,7 +162,7 @@ pub(in crate::engine) async fn preflight_worker<U: Units, L, P: Probes>(
     warnings.extend(said);
     let coherence = coherence.flatten();
     let outage = outage_of(eng, w, plan, seen.gateway.as_deref(), ctx).map_err(Fail::from)?;
-    let detail = PreflightDetail {
+    Ok(PreflightDetail {
         outage,
         active_state: st.active_state.to_string(),
         sub_state: st.sub_state.to_string(),
@@ -182,8 +181,7 @@ pub(in crate::engine) async fn preflight_worker<U: Units, L, P: Probes>(
         warnings,
         api_key_check,
         coherence,
-    };
-    Ok(serde_json::to_value(&detail).unwrap_or_default())
+    })
 }
 
 /// A worker's unit as its restart will find it.
@@ -387,8 +385,8 @@ fn outage_of<U, L, P>(
 
 /// With [fleet]: etcd answers, the fleet's limits agree with this host's, and what is paused
 /// and held. Runs with `[fleet]` and its coordinator (`gates::slot::applies`).
-pub(in crate::engine) async fn preflight_fleet<U, L, P: Probes>(eng: &Engine<U, L, P>, dry: bool) -> Result<Value, Fail> {
-    let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else { return Ok(Value::Null) };
+pub(in crate::engine) async fn preflight_fleet<U, L, P: Probes>(eng: &Engine<U, L, P>, dry: bool) -> Result<Option<FleetSeen<'_>>, Fail> {
+    let (Some(c), Some(f)) = (&eng.coordinator, &eng.settings.fleet) else { return Ok(None) };
     let local = crate::fleet::Limits { max_unavailable: f.max_unavailable.clone() };
     let r = async {
         for e in &f.etcd {
@@ -408,7 +406,7 @@ pub(in crate::engine) async fn preflight_fleet<U, L, P: Probes>(eng: &Engine<U, 
         let limits = limits.map_err(|d| Fail::from(Cause::from(d)))?;
         let paused = crate::fleet::paused(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
         let slots = crate::fleet::slots(c.as_ref(), &f.name).await.map_err(|e| Fail::from(Cause::FleetUnreachable { message: e.to_string() }))?;
-        Ok::<Value, Fail>(detail_of(&FleetSeen { fleet: &f.name, host: &f.host, limits, paused, slots }))
+        Ok::<_, Fail>(Some(FleetSeen { fleet: &f.name, host: &f.host, limits, paused, slots }))
     }
     .await;
     r
@@ -448,7 +446,7 @@ pub(in crate::engine) async fn not_blocked<U, L, P: Probes>(eng: &Engine<U, L, P
 
 /// The fleet's preflight: its name, this host, the limits, the pause and every role's slots.
 #[derive(Serialize)]
-struct FleetSeen<'a> {
+pub(in crate::engine) struct FleetSeen<'a> {
     fleet: &'a str,
     host: &'a str,
     limits: crate::fleet::Limits,
@@ -468,6 +466,7 @@ pub(in crate::engine) struct GatewaySeen {
 #[cfg(test)]
 mod detail_tests {
     use super::*;
+    use crate::engine::step_run::detail_of;
     use serde_json::json;
 
     #[test]

@@ -3,8 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::cause::{Cause, RouterSeen};
 use crate::config::{Role, Worker};
 use crate::engine::gates;
@@ -24,7 +22,7 @@ pub(in crate::engine) async fn router<U: Units, L, P: Probes>(
     w: &Worker,
     may_register: bool,
     peers_drained: bool,
-) -> Result<Value, Fail> {
+) -> Result<RouterDetail, Fail> {
     router_recorded(eng, w, may_register, peers_drained, None).await
 }
 
@@ -36,16 +34,19 @@ pub(in crate::engine) async fn router_recorded<U: Units, L, P: Probes>(
     may_register: bool,
     peers_drained: bool,
     ledger: Option<(&Ledger, &str)>,
-) -> Result<Value, Fail> {
+) -> Result<RouterDetail, Fail> {
     let t0 = Instant::now();
     let n = eng.probes.replicas();
     let mut details = Vec::new();
     for r in 0..n {
         details.push(router_on(eng, r, w, may_register, peers_drained, t0, ledger).await?);
     }
-    Ok(match details.len() {
-        1 => details.pop().unwrap_or_default(),
-        _ => detail_of(&OnReplicas { replicas: details, waited_ms: t0.elapsed().as_millis() as u64 }),
+    Ok(match (details.pop(), details.is_empty()) {
+        (Some(one), true) => RouterDetail::One(one),
+        (last, _) => {
+            details.extend(last);
+            RouterDetail::OnReplicas { replicas: details, waited_ms: t0.elapsed().as_millis() as u64 }
+        }
     })
 }
 
@@ -59,7 +60,7 @@ pub(in crate::engine) async fn router_on<U: Units, L, P: Probes>(
     peers_drained: bool,
     t0: Instant,
     ledger: Option<(&Ledger, &str)>,
-) -> Result<Value, Fail> {
+) -> Result<Admitted, Fail> {
     let limit = eng.settings.rollout.router_timeout;
     let role = w.role.as_str();
     let mut a = Admission { t0, peers_drained, registered: None, re_added: None, peer_down: false };
@@ -158,7 +159,7 @@ async fn serves_through_gateway<U, L, P: Probes>(
                 .then_some("not sent: every worker of the other role is drained by this rollout (the pair gate proved the pair)")),
             waited_ms: t0.elapsed().as_millis() as u64,
         };
-        return Ok(Through::Admitted(serde_json::to_value(&admitted).unwrap_or_default()));
+        return Ok(Through::Admitted(admitted));
     };
     a.peer_down = w.role != Role::Regular && !other_admitted;
     // No worker of the other role is even listed: none can be admitted while this gate waits,
@@ -179,13 +180,20 @@ async fn serves_through_gateway<U, L, P: Probes>(
     Ok(Through::NotYet(RouterSeen::SmokeFailed(e.to_string())))
 }
 
-/// The router step's detail on a gateway of several replicas: each one's.
+/// The router step's detail: one replica's [`Admitted`] as is; on a gateway of several
+/// replicas, each one's.
 #[derive(serde::Serialize)]
-struct OnReplicas {
-    /// Each replica's detail, in config order.
-    replicas: Vec<Value>,
-    /// How long the step took.
-    waited_ms: u64,
+#[serde(untagged)]
+pub(in crate::engine) enum RouterDetail {
+    /// The gateway has one replica.
+    One(Admitted),
+    /// Several replicas.
+    OnReplicas {
+        /// Each replica's detail, in config order.
+        replicas: Vec<Admitted>,
+        /// How long the step took.
+        waited_ms: u64,
+    },
 }
 
 /// The router step's detail when no worker of the other role is listed: it ends at once.
@@ -206,7 +214,7 @@ struct EndedEarly<'a> {
 /// The router step's detail on one replica (the JSON in docs/cli.md): the gateway's entry, what
 /// pdctl did to it, its breaker and the request that went through.
 #[derive(serde::Serialize)]
-struct Admitted {
+pub(in crate::engine) struct Admitted {
     /// The gateway's id of the worker.
     router_id: String,
     /// The type the gateway lists it with.
@@ -225,8 +233,8 @@ struct Admitted {
 
 /// One look at a listed, healthy worker through the gateway.
 enum Through {
-    /// Admitted: the router step's detail.
-    Admitted(Value),
+    /// Admitted: the router step's detail on this replica.
+    Admitted(Admitted),
     /// Not yet, and what was seen.
     NotYet(RouterSeen),
 }
@@ -273,7 +281,20 @@ mod tests {
 
     #[test]
     fn the_router_detail_has_the_keys_of_the_contract() {
-        let a = Admitted {
+        let want = json!({"router_id": "i", "worker_type": "decode", "re_registered": false, "re_added_after": null, "cb_state": 0.0, "smoke_request": "200", "waited_ms": 3});
+        assert_eq!(serde_json::to_value(Admitted::example()).unwrap_or_default(), want);
+        // One replica's detail as is; several under `replicas`.
+        assert_eq!(serde_json::to_value(RouterDetail::One(Admitted::example())).unwrap_or_default(), want);
+        let both = RouterDetail::OnReplicas { replicas: vec![Admitted::example(), Admitted::example()], waited_ms: 5 };
+        assert_eq!(serde_json::to_value(both).unwrap_or_default(), json!({"replicas": [want.clone(), want], "waited_ms": 5}));
+    }
+}
+
+#[cfg(test)]
+impl Admitted {
+    /// A decode admitted after 3 ms, its breaker closed, the request through the gateway answered.
+    pub(in crate::engine) fn example() -> Admitted {
+        Admitted {
             router_id: "i".into(),
             worker_type: "decode".into(),
             re_registered: false,
@@ -281,9 +302,7 @@ mod tests {
             cb_state: Some(0.0),
             smoke_request: Some("200"),
             waited_ms: 3,
-        };
-        let want = json!({"router_id": "i", "worker_type": "decode", "re_registered": false, "re_added_after": null, "cb_state": 0.0, "smoke_request": "200", "waited_ms": 3});
-        assert_eq!(serde_json::to_value(&a).unwrap_or_default(), want);
+        }
     }
 }
 
