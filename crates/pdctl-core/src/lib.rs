@@ -33,5 +33,4 @@ pub mod revert;
 pub mod service;
 pub mod sglang;
 pub mod state;
-pub mod systemd_states;
 pub mod wire;

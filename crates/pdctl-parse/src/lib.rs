@@ -1,8 +1,9 @@
 //! `pdctl-parse`: the pure parsers of what SGLang and its gateways export — Prometheus text
 //! ([`prom`]), the KV gauges and their identity per stats rank ([`kv`]), histogram quantiles
 //! ([`quantile`]), a worker's service figures over a window ([`service`]), a gateway's answer
-//! counters and breakers ([`gateway`]). No HTTP client and no I/O: the HTTP drivers
-//! (`pdctl-probe`) fetch, pdctl-core judges, both through these.
+//! counters and breakers ([`gateway`]); and systemd's names for a unit's states and results
+//! ([`systemd`]). No HTTP client and no I/O: the drivers (`pdctl-probe`, `pdctl-systemd`) fetch
+//! and read into these, pdctl-core judges by them.
 
 #![warn(missing_docs)]
 
@@ -11,3 +12,4 @@ pub mod kv;
 pub mod prom;
 pub mod quantile;
 pub mod service;
+pub mod systemd;

@@ -21,26 +21,6 @@ fn units_error(e: pdctl_systemd::Error) -> UnitsError {
     }
 }
 
-/// Core's view of a driver's unit state.
-pub fn unit_state(s: pdctl_systemd::UnitState) -> UnitState {
-    UnitState {
-        load_state: s.load_state,
-        active_state: s.active_state.into(),
-        sub_state: s.sub_state.into(),
-        invocation_id: s.invocation_id,
-        main_pid: s.main_pid,
-        exec_main_pid: s.exec_main_pid,
-        n_restarts: s.n_restarts,
-        result: s.result.into(),
-        exec_main_code: s.exec_main_code,
-        exec_main_status: s.exec_main_status,
-        active_enter_us: s.active_enter_us,
-        exec_main_start_us: s.exec_main_start_us,
-        active_exit_us: s.active_exit_us,
-        inactive_enter_us: s.inactive_enter_us,
-    }
-}
-
 fn unit_config(c: pdctl_systemd::UnitConfig) -> UnitConfig {
     use pdctl_core::sglang::launch_config;
     let mut config_files = Vec::new();
@@ -107,7 +87,7 @@ impl SystemdUnits {
 impl Units for SystemdUnits {
     type W = DbusWatch;
     async fn state(&self, unit: &str) -> Result<UnitState, UnitsError> {
-        self.0.state(unit).await.map(unit_state).map_err(units_error)
+        self.0.state(unit).await.map_err(units_error)
     }
     async fn config(&self, unit: &str) -> Result<UnitConfig, UnitsError> {
         self.0.config(unit).await.map(unit_config).map_err(units_error)
@@ -123,15 +103,15 @@ impl Units for SystemdUnits {
     }
     async fn restart(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
         let o = self.0.restart(unit, job_timeout).await.map_err(units_error)?;
-        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: unit_state(o.state) })
+        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: o.state })
     }
     async fn stop(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
         let o = self.0.stop(unit, job_timeout).await.map_err(units_error)?;
-        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: unit_state(o.state) })
+        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: o.state })
     }
     async fn start(&self, unit: &str, job_timeout: Duration) -> Result<JobOutcome, UnitsError> {
         let o = self.0.start(unit, job_timeout).await.map_err(units_error)?;
-        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: unit_state(o.state) })
+        Ok(JobOutcome { job_result: o.job_result.into(), job_time: o.job_time, state: o.state })
     }
 }
 /// The bus `settings` name.

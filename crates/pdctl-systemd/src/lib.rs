@@ -15,6 +15,8 @@ use futures_util::StreamExt as _;
 use zbus::proxy::CacheProperties;
 use zbus::{Connection, OwnedObjectPath};
 
+pub use pdctl_parse::systemd::UnitState;
+
 /// Timeout of one D-Bus call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout of a daemon-reload (it answers when the reload is over).
@@ -194,39 +196,6 @@ async fn call<T>(action: &str, unit: &str, limit: Duration, f: impl std::future:
     }
 }
 
-/// A unit's runtime state, read uncached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnitState {
-    /// `loaded`, `not-found`, `masked`, …
-    pub load_state: String,
-    /// `active`, `activating`, `failed`, …
-    pub active_state: String,
-    /// `running`, `auto-restart`, `dead`, …
-    pub sub_state: String,
-    /// Hex InvocationID of the current run ("" when none).
-    pub invocation_id: String,
-    /// Main PID (0 when none).
-    pub main_pid: u32,
-    /// PID of the last main process, kept after it exits.
-    pub exec_main_pid: u32,
-    /// Automatic restarts so far.
-    pub n_restarts: u32,
-    /// Service result (`success`, `exit-code`, `timeout`, …).
-    pub result: String,
-    /// CLD_* code of the main process's exit (1 exited, 2 killed).
-    pub exec_main_code: i32,
-    /// Exit status or signal of the main process.
-    pub exec_main_status: i32,
-    /// When the unit last entered `active` (µs since the epoch, 0 = never).
-    pub active_enter_us: u64,
-    /// When the current main process started (µs since the epoch).
-    pub exec_main_start_us: u64,
-    /// When the unit last left `active` (a stop began; µs since the epoch, 0 = never).
-    pub active_exit_us: u64,
-    /// When the unit last entered `inactive` (a stop ended; µs since the epoch, 0 = never).
-    pub inactive_enter_us: u64,
-}
-
 /// A unit's configuration as systemd parsed it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitConfig {
@@ -353,13 +322,13 @@ impl Systemd {
         let get = async {
             let st = UnitState {
                 load_state: u.load_state().await.map_err(r("LoadState"))?,
-                active_state: u.active_state().await.map_err(r("ActiveState"))?,
-                sub_state: u.sub_state().await.map_err(r("SubState"))?,
+                active_state: u.active_state().await.map_err(r("ActiveState"))?.into(),
+                sub_state: u.sub_state().await.map_err(r("SubState"))?.into(),
                 invocation_id: u.invocation_id().await.map_err(r("InvocationID"))?.iter().map(|b| format!("{b:02x}")).collect(),
                 main_pid: s.main_pid().await.map_err(r("MainPID"))?,
                 exec_main_pid: s.exec_main_pid().await.map_err(r("ExecMainPID"))?,
                 n_restarts: s.n_restarts().await.map_err(r("NRestarts"))?,
-                result: s.result().await.map_err(r("Result"))?,
+                result: s.result().await.map_err(r("Result"))?.into(),
                 exec_main_code: s.exec_main_code().await.map_err(r("ExecMainCode"))?,
                 exec_main_status: s.exec_main_status().await.map_err(r("ExecMainStatus"))?,
                 active_enter_us: u.active_enter_timestamp().await.map_err(r("ActiveEnterTimestamp"))?,

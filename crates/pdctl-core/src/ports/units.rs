@@ -5,40 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::cause::Cause;
-pub use crate::systemd_states::{ActiveState, JobResult, ServiceResult, SubState};
-
-/// A unit's runtime state, read uncached.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UnitState {
-    /// `loaded`, `not-found`, `masked`, …
-    pub load_state: String,
-    /// `active`, `activating`, `failed`, …
-    pub active_state: ActiveState,
-    /// `running`, `auto-restart`, `dead`, …
-    pub sub_state: SubState,
-    /// Hex InvocationID of the current run ("" when none).
-    pub invocation_id: String,
-    /// Main PID (0 when none).
-    pub main_pid: u32,
-    /// PID of the last main process, kept after it exits.
-    pub exec_main_pid: u32,
-    /// Automatic restarts so far.
-    pub n_restarts: u32,
-    /// Service result (`success`, `exit-code`, `timeout`, `start-limit-hit`, …).
-    pub result: ServiceResult,
-    /// CLD_* code of the main process's exit (1 exited, 2 killed, 3 dumped core).
-    pub exec_main_code: i32,
-    /// Exit status or signal of the main process.
-    pub exec_main_status: i32,
-    /// When the unit last entered `active` (µs since the epoch, 0 = never).
-    pub active_enter_us: u64,
-    /// When the current main process started (µs since the epoch).
-    pub exec_main_start_us: u64,
-    /// When the unit last left `active` — a stop began (µs since the epoch, 0 = never).
-    pub active_exit_us: u64,
-    /// When the unit last entered `inactive` — a stop ended (µs since the epoch, 0 = never).
-    pub inactive_enter_us: u64,
-}
+pub use pdctl_parse::systemd::{ActiveState, JobResult, ServiceResult, SubState, UnitState};
 
 /// A unit's configuration as systemd parsed it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -145,27 +112,4 @@ pub trait Units: Send + Sync {
     fn stop(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
     /// Start a unit that is not running (a host's resume) and wait for our job.
     fn start(&self, unit: &str, job_timeout: Duration) -> impl Future<Output = Result<JobOutcome, UnitsError>> + Send;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn systemd_states_keep_their_names_and_an_unknown_one_is_kept_by_name() {
-        for s in ["active", "reloading", "inactive", "failed", "activating", "deactivating", "maintenance"] {
-            assert_eq!(ActiveState::from(s).as_str(), s);
-        }
-        for s in ["running", "auto-restart", "dead", "stop-sigterm"] {
-            assert_eq!(SubState::from(s).to_string(), s);
-        }
-        assert_eq!(ActiveState::from("failed"), ActiveState::Failed);
-        assert_eq!(ActiveState::from("maintenance"), ActiveState::Other("maintenance".into()));
-        assert_eq!(SubState::from("auto-restart"), SubState::AutoRestart);
-        assert_eq!((ActiveState::default(), SubState::default()), (ActiveState::Inactive, SubState::Dead));
-        assert_eq!(JobResult::from("done"), JobResult::Done);
-        assert_eq!(JobResult::from("canceled").to_string(), "canceled");
-        assert_eq!(ServiceResult::from("start-limit-hit"), ServiceResult::StartLimitHit);
-        assert_eq!(ServiceResult::from("exit-code"), ServiceResult::Other("exit-code".into()));
-    }
 }
