@@ -112,18 +112,32 @@ pub fn revert_order(summaries: &BTreeMap<String, HostSummary>) -> Vec<String> {
     changed.into_iter().map(|(h, _)| h.clone()).collect()
 }
 
-/// Whether `host` may start its revert now: `Ok(true)` when every host before it in `order` has
-/// reverted successfully, `Ok(false)` while one of them has not ended, `Err(host)` naming the
-/// first before it whose revert did not succeed (this host's revert does not start).
-pub fn revert_turn(order: &[String], host: &str, reverted: &BTreeMap<String, HostSummary>) -> Result<bool, String> {
+/// Whether a host may start its revert ([`revert_turn`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevertTurn {
+    /// Every host before it in the order has reverted successfully: now.
+    Now,
+    /// One of them has not ended yet.
+    Wait,
+    /// `failed`, before it, did not revert successfully: the revert halts here (this host keeps
+    /// the rollout's change).
+    Never {
+        /// The first host before it whose revert did not succeed.
+        failed: String,
+    },
+}
+
+/// Whether `host` may start its revert now, the hosts before it in `order` having reverted as
+/// `reverted` says.
+pub fn revert_turn(order: &[String], host: &str, reverted: &BTreeMap<String, HostSummary>) -> RevertTurn {
     for h in order.iter().take_while(|h| h.as_str() != host) {
         match reverted.get(h) {
-            None => return Ok(false),
+            None => return RevertTurn::Wait,
             Some(s) if s.result == HostResult::Succeeded => {}
-            Some(_) => return Err(h.clone()),
+            Some(_) => return RevertTurn::Never { failed: h.clone() },
         }
     }
-    Ok(true)
+    RevertTurn::Now
 }
 
 /// The bake's part of the fleet summary: one sentence (`None`: the rollout had no bake, or it
@@ -182,13 +196,13 @@ mod tests {
     fn a_host_reverts_only_after_every_host_before_it_reverted_and_never_after_a_failed_one() {
         let order: Vec<String> = ["c", "b", "a"].iter().map(|h| h.to_string()).collect();
         let mut done = BTreeMap::new();
-        assert_eq!(revert_turn(&order, "c", &done), Ok(true), "the first goes at once");
-        assert_eq!(revert_turn(&order, "a", &done), Ok(false));
+        assert_eq!(revert_turn(&order, "c", &done), RevertTurn::Now, "the first goes at once");
+        assert_eq!(revert_turn(&order, "a", &done), RevertTurn::Wait);
         done.extend([host("c", HostResult::Succeeded, &["p"], 1)]);
-        assert_eq!(revert_turn(&order, "b", &done), Ok(true));
-        assert_eq!(revert_turn(&order, "a", &done), Ok(false), "b has not ended");
+        assert_eq!(revert_turn(&order, "b", &done), RevertTurn::Now);
+        assert_eq!(revert_turn(&order, "a", &done), RevertTurn::Wait, "b has not ended");
         done.extend([host("b", HostResult::Failed, &["p"], 2)]);
-        assert_eq!(revert_turn(&order, "a", &done), Err("b".into()), "no revert after a failed one");
+        assert_eq!(revert_turn(&order, "a", &done), RevertTurn::Never { failed: "b".into() }, "no revert after a failed one");
     }
 
     #[test]

@@ -179,16 +179,17 @@ impl Daemon {
         };
         let deadline = Instant::now() + TURN_WAIT;
         loop {
+            use pdctl_core::fleet::RevertTurn;
             match pdctl_core::fleet::revert_turn(&rv.order, &f.host, &reverts(c, f, r).await) {
-                Ok(true) => break,
-                Ok(false) if Instant::now() < deadline => tokio::time::sleep(POLL).await,
-                Ok(false) => {
+                RevertTurn::Now => break,
+                RevertTurn::Wait if Instant::now() < deadline => tokio::time::sleep(POLL).await,
+                RevertTurn::Wait => {
                     let why = format!("not reverted: the reverts before it did not end within {}", humantime::format_duration(TURN_WAIT));
                     put_until_taken(c, &key, &ended(HostResult::NotStarted, None, why)).await;
                     return;
                 }
-                Err(h) => {
-                    let why = format!("not reverted: {h}'s revert did not succeed, so the revert halts (it still runs the rollout's change)");
+                RevertTurn::Never { failed } => {
+                    let why = format!("not reverted: {failed}'s revert did not succeed, so the revert halts (it still runs the rollout's change)");
                     put_until_taken(c, &key, &ended(HostResult::NotStarted, None, why)).await;
                     return;
                 }
