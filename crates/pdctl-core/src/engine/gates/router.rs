@@ -41,12 +41,9 @@ pub(in crate::engine) async fn router_recorded<U: Units, L, P: Probes>(
     for r in 0..n {
         details.push(router_on(eng, r, w, may_register, peers_drained, t0, ledger).await?);
     }
-    Ok(match (details.pop(), details.is_empty()) {
-        (Some(one), true) => RouterDetail::One(one),
-        (last, _) => {
-            details.extend(last);
-            RouterDetail::OnReplicas { replicas: details, waited_ms: t0.elapsed().as_millis() as u64 }
-        }
+    Ok(match <[Admitted; 1]>::try_from(details) {
+        Ok([one]) => RouterDetail::One(one),
+        Err(replicas) => RouterDetail::OnReplicas { replicas, waited_ms: t0.elapsed().as_millis() as u64 },
     })
 }
 
